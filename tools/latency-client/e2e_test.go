@@ -617,3 +617,40 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+func TestSweep(t *testing.T) {
+	t.Parallel()
+	ln := startServer(t, "tcp", "127.0.0.1:0", handleEcho)
+	tg := tcpTarget(t, ln)
+	var out, errOut bytes.Buffer
+	code := execute(testCtx(t), []string{"sweep", "--server-port", strconv.Itoa(tg.port),
+		"--sizes", "1,64KiB,16MiB", "--number", "3", "--json"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	var r SweepReport
+	require.NoError(t, json.Unmarshal(out.Bytes(), &r))
+	require.Len(t, r.Runs, 3)
+	for i, want := range []int64{1, 64 << 10, 16 << 20} {
+		assert.Equal(t, want, r.Runs[i].Size)
+		assert.Equal(t, 3, r.Runs[i].RoundTrips)
+		assert.Zero(t, r.Runs[i].Errors)
+	}
+
+	out.Reset()
+	code = execute(testCtx(t), []string{"sweep", "--server-port", strconv.Itoa(tg.port), "--sizes", "1,2", "--number", "2"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 3, "header and one row per size")
+	assert.Contains(t, lines[0], "trips/s")
+}
+
+func TestServeClosedListener(t *testing.T) {
+	t.Parallel()
+	var lc net.ListenConfig
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	require.NoError(t, ln.Close())
+	// A listener closed by someone else ends Serve with an error rather
+	// than a retry loop.
+	err = Serve(testCtx(t), ln, testServerConfig(), "test", handleEcho)
+	require.ErrorIs(t, err, net.ErrClosed)
+}

@@ -89,6 +89,7 @@ with "latency-client serve".`,
 	}
 
 	cmd.AddCommand(newServeCommand(stdout), newBulkCommand(stdout, stderr), newConnrateCommand(stdout, stderr),
+		newSweepCommand(stdout, stderr),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

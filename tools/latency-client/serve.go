@@ -61,6 +61,7 @@ func Serve(ctx context.Context, ln net.Listener, cfg ServerConfig, name string, 
 	defer stopAccept()
 
 	var acceptErr error
+	var backoff time.Duration
 	for {
 		select {
 		case sem <- struct{}{}:
@@ -75,13 +76,24 @@ func Serve(ctx context.Context, ln net.Listener, cfg ServerConfig, name string, 
 			if ctx.Err() != nil {
 				break
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				acceptErr = fmt.Errorf("accept on %s: %w", ln.Addr(), err)
+				break
 			}
-			acceptErr = fmt.Errorf("accept on %s: %w", ln.Addr(), err)
-			break
+			// Transient failures such as running out of file descriptors
+			// are retried with a capped backoff, as net/http does, rather
+			// than ending the server.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			logger.Info("Accept failed, retrying", "address", ln.Addr().String(), "delay", backoff, "err", err)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			continue
 		}
+		backoff = 0
 		mu.Lock()
 		conns[c] = struct{}{}
 		mu.Unlock()
