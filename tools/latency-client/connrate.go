@@ -20,6 +20,7 @@ type connrateOptions struct {
 	number      int
 	size        byteSize
 	concurrency int
+	halfClose   bool
 	timeout     time.Duration
 	json        bool
 }
@@ -33,6 +34,7 @@ func (o *connrateOptions) addFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.number, "number", o.number, "total connections to make")
 	fs.Var(&o.size, "size", "request bytes sent on each connection")
 	fs.IntVar(&o.concurrency, "concurrency", o.concurrency, "connections in flight at once")
+	fs.BoolVar(&o.halfClose, "half-close", false, "half-close after the request and require the server's EOF after the echo")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "bound on the whole run")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
 }
@@ -75,6 +77,7 @@ type ConnrateReport struct {
 	Number         int          `json:"number"`
 	Size           int64        `json:"size"`
 	Concurrency    int          `json:"concurrency"`
+	HalfClose      bool         `json:"half_close"`
 	Completed      int          `json:"completed"`
 	Errors         int          `json:"errors"`
 	FirstError     string       `json:"first_error,omitempty"`
@@ -111,7 +114,7 @@ func runConnrate(ctx context.Context, o *connrateOptions) *ConnrateReport {
 		wg.Go(func() {
 			resp := make([]byte, len(req))
 			for next.Add(1) <= int64(o.number) && ctx.Err() == nil {
-				s, err := oneTransaction(ctx, &o.target, req, resp)
+				s, err := oneTransaction(ctx, &o.target, req, resp, o.halfClose)
 				mu.Lock()
 				if err != nil {
 					nErr++
@@ -130,7 +133,7 @@ func runConnrate(ctx context.Context, o *connrateOptions) *ConnrateReport {
 
 	r := &ConnrateReport{
 		Target: o.target.network() + ":" + o.target.address(), Number: o.number, Size: int64(o.size),
-		Concurrency: o.concurrency, Completed: len(samples), Errors: nErr, Seconds: elapsed.Seconds(),
+		Concurrency: o.concurrency, HalfClose: o.halfClose, Completed: len(samples), Errors: nErr, Seconds: elapsed.Seconds(),
 		ConnsPerSecond: perSecond(len(samples), elapsed),
 	}
 	// Connections never attempted because the run timed out are errors too.
@@ -155,8 +158,9 @@ func runConnrate(ctx context.Context, o *connrateOptions) *ConnrateReport {
 
 // oneTransaction times one connection. firstByte runs from the start of the
 // dial to the first echoed byte (time to first byte, connect included);
-// transaction runs to the clean EOF after the full echo.
-func oneTransaction(ctx context.Context, t *target, req, resp []byte) (connrateSample, error) {
+// transaction runs to the last byte of the echo, or with halfClose to the
+// server's EOF that must follow it.
+func oneTransaction(ctx context.Context, t *target, req, resp []byte, halfClose bool) (connrateSample, error) {
 	var s connrateSample
 	start := time.Now()
 	c, stop, err := t.dial(ctx)
@@ -168,8 +172,10 @@ func oneTransaction(ctx context.Context, t *target, req, resp []byte) (connrateS
 	if _, err := c.Write(req); err != nil {
 		return s, fmt.Errorf("write: %w", err)
 	}
-	if err := closeWrite(c); err != nil {
-		return s, fmt.Errorf("half-close: %w", err)
+	if halfClose {
+		if err := closeWrite(c); err != nil {
+			return s, fmt.Errorf("half-close: %w", err)
+		}
 	}
 	if _, err := io.ReadFull(c, resp[:1]); err != nil {
 		return s, fmt.Errorf("read first byte: %w", err)
@@ -181,11 +187,13 @@ func oneTransaction(ctx context.Context, t *target, req, resp []byte) (connrateS
 	if !bytes.Equal(req, resp) {
 		return s, errors.New("echo differs from request")
 	}
-	var extra [1]byte
-	if n, err := c.Read(extra[:]); n > 0 {
-		return s, errors.New("server sent bytes that were never requested")
-	} else if !errors.Is(err, io.EOF) {
-		return s, fmt.Errorf("wait for EOF: %w", err)
+	if halfClose {
+		var extra [1]byte
+		if n, err := c.Read(extra[:]); n > 0 {
+			return s, errors.New("server sent bytes that were never requested")
+		} else if !errors.Is(err, io.EOF) {
+			return s, fmt.Errorf("wait for EOF: %w", err)
+		}
 	}
 	s.transaction = time.Since(start)
 	return s, nil

@@ -572,12 +572,24 @@ func TestConnrate(t *testing.T) {
 	t.Parallel()
 	ln := startServer(t, "tcp", "127.0.0.1:0", handleEcho)
 	tg := tcpTarget(t, ln)
-	var out, errOut bytes.Buffer
-	code := execute(testCtx(t), []string{"connrate", "--server-port", strconv.Itoa(tg.port),
-		"--number", "200", "--size", "100", "--concurrency", "8", "--json"}, &out, &errOut)
-	require.Equal(t, 0, code, errOut.String())
-	var r ConnrateReport
-	require.NoError(t, json.Unmarshal(out.Bytes(), &r))
+	for _, halfClose := range []bool{false, true} {
+		t.Run("half-close="+strconv.FormatBool(halfClose), func(t *testing.T) {
+			t.Parallel()
+			var out, errOut bytes.Buffer
+			code := execute(testCtx(t), []string{"connrate", "--server-port", strconv.Itoa(tg.port),
+				"--number", "200", "--size", "100", "--concurrency", "8", "--json",
+				"--half-close=" + strconv.FormatBool(halfClose)}, &out, &errOut)
+			require.Equal(t, 0, code, errOut.String())
+			var r ConnrateReport
+			require.NoError(t, json.Unmarshal(out.Bytes(), &r))
+			assert.Equal(t, halfClose, r.HalfClose)
+			checkConnrate(t, &r)
+		})
+	}
+}
+
+func checkConnrate(t *testing.T, r *ConnrateReport) {
+	t.Helper()
 	assert.Equal(t, 200, r.Completed)
 	assert.Zero(t, r.Errors)
 	assert.Positive(t, r.ConnsPerSecond)
@@ -653,4 +665,32 @@ func TestServeClosedListener(t *testing.T) {
 	// than a retry loop.
 	err = Serve(testCtx(t), ln, testServerConfig(), "test", handleEcho)
 	require.ErrorIs(t, err, net.ErrClosed)
+}
+
+// fullCloseEcho echoes until EOF and then closes both directions at once,
+// like quic-tun's tunnel, which does not carry half-closes.
+func fullCloseEcho(conn net.Conn, _ ServerConfig) error {
+	_, err := io.Copy(conn, readerOnly{conn})
+	if err == nil {
+		err = conn.(*net.TCPConn).SetLinger(0) // reset instead of FIN
+	}
+	return err
+}
+
+func TestClientsToleratePathsWithoutHalfClose(t *testing.T) {
+	t.Parallel()
+	ln := startServer(t, "tcp", "127.0.0.1:0", fullCloseEcho)
+	o := newProbeOptions()
+	o.target = tcpTarget(t, ln)
+	o.number = 20
+	r := runProbe(testCtx(t), o)
+	require.Zero(t, r.Errors, r.ErrorMessages)
+	assert.Equal(t, 20, r.RoundTrips)
+
+	co := newConnrateOptions()
+	co.target = o.target
+	co.number = 20
+	cr := runConnrate(testCtx(t), co)
+	require.Zero(t, cr.Errors, cr.FirstError)
+	assert.Equal(t, 20, cr.Completed)
 }

@@ -22,6 +22,9 @@ func main() { os.Exit(run()) }
 func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// After the first signal, restore default handling: a second SIGINT
+	// or SIGTERM ends the process at once instead of waiting for a drain.
+	context.AfterFunc(ctx, stop)
 	defer klog.Flush()
 	return execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
 }
