@@ -1,0 +1,190 @@
+package emu
+
+import (
+	"context"
+	"encoding/binary"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// seqpacketPair returns two connected packet-preserving files.
+func seqpacketPair(t *testing.T) (*os.File, *os.File) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	a, b := os.NewFile(uintptr(fds[0]), "a"), os.NewFile(uintptr(fds[1]), "b")
+	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+	return a, b
+}
+
+type fwdHarness struct {
+	clientHost, serverHost *os.File // the hosts' ends
+	c2s, s2c               *Link
+	done                   chan error
+	cancel                 context.CancelFunc
+}
+
+func startForwarder(t *testing.T, c2s, s2c Params) *fwdHarness {
+	t.Helper()
+	ch, cdev := seqpacketPair(t)
+	sh, sdev := seqpacketPair(t)
+	h := &fwdHarness{clientHost: ch, serverHost: sh, c2s: NewLink(c2s, 1), s2c: NewLink(s2c, 2), done: make(chan error, 1)}
+	f := NewForwarder(cdev, sdev, h.c2s, h.s2c)
+	ctx, cancel := context.WithCancel(t.Context())
+	h.cancel = cancel
+	go func() {
+		h.done <- f.Run(ctx, func() { _ = cdev.Close(); _ = sdev.Close() })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-h.done:
+			assert.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Error("forwarder did not stop")
+		}
+	})
+	return h
+}
+
+func stamp(seq uint32, size int) []byte {
+	b := make([]byte, size)
+	binary.BigEndian.PutUint32(b, seq)
+	binary.BigEndian.PutUint64(b[4:], uint64(time.Now().UnixNano()))
+	return b
+}
+
+// receive reads stamped packets until timeout passes without one.
+func receive(t *testing.T, f *os.File, idle time.Duration) (seqs []uint32, delays []time.Duration) {
+	t.Helper()
+	buf := make([]byte, MaxPacket)
+	for {
+		require.NoError(t, f.SetReadDeadline(time.Now().Add(idle)))
+		n, err := f.Read(buf)
+		if err != nil {
+			require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+			return seqs, delays
+		}
+		require.GreaterOrEqual(t, n, 12)
+		seqs = append(seqs, binary.BigEndian.Uint32(buf))
+		delays = append(delays, time.Duration(time.Now().UnixNano()-int64(binary.BigEndian.Uint64(buf[4:]))))
+	}
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func TestForwarderDelayAccuracy(t *testing.T) {
+	h := startForwarder(t, Params{Delay: 5 * time.Millisecond}, Params{Delay: 250 * time.Microsecond})
+	const n = 100
+	go func() {
+		for i := range n {
+			_, _ = h.clientHost.Write(stamp(uint32(i), 200))
+			_, _ = h.serverHost.Write(stamp(uint32(i), 200))
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	type res struct {
+		seqs   []uint32
+		delays []time.Duration
+	}
+	sc := make(chan res, 1)
+	go func() {
+		s, d := receive(t, h.clientHost, time.Second)
+		sc <- res{s, d}
+	}()
+	seqs, delays := receive(t, h.serverHost, time.Second)
+	back := <-sc
+	require.Len(t, seqs, n)
+	require.Len(t, back.seqs, n)
+	for i := range seqs {
+		assert.Equal(t, uint32(i), seqs[i], "order c2s")
+		assert.Equal(t, uint32(i), back.seqs[i], "order s2c")
+	}
+	m := median(delays)
+	t.Logf("c2s 5ms: median %v; s2c 250us: median %v", m, median(back.delays))
+	// Never early; late by well under a timer slack (spinning).
+	assert.GreaterOrEqual(t, m, 5*time.Millisecond)
+	assert.Less(t, m, 5*time.Millisecond+700*time.Microsecond)
+	assert.GreaterOrEqual(t, median(back.delays), 250*time.Microsecond)
+	assert.Less(t, median(back.delays), 950*time.Microsecond)
+}
+
+func TestForwarderLossAndBlackout(t *testing.T) {
+	h := startForwarder(t, Params{Loss: 0.2}, Params{})
+	const n = 2000
+	for i := range n {
+		_, err := h.clientHost.Write(stamp(uint32(i), 100))
+		require.NoError(t, err)
+		if i%100 == 0 {
+			time.Sleep(time.Millisecond) // let the forwarder drain the socket buffer
+		}
+	}
+	seqs, _ := receive(t, h.serverHost, 300*time.Millisecond)
+	got := float64(n-len(seqs)) / n
+	assert.InDelta(t, 0.2, got, 0.05)
+	s := h.c2s.Stats(time.Now())
+	assert.Equal(t, uint64(n), s.RxPackets)
+	assert.Equal(t, uint64(len(seqs)), s.TxPackets)
+	assert.Equal(t, uint64(n-len(seqs)), s.Dropped["loss"])
+
+	// Blackout in s2c: nothing passes while it lasts, then traffic resumes.
+	h.s2c.Blackout(time.Now(), 200*time.Millisecond)
+	for i := range 10 {
+		_, err := h.serverHost.Write(stamp(uint32(i), 100))
+		require.NoError(t, err)
+	}
+	seqs, _ = receive(t, h.clientHost, 100*time.Millisecond)
+	assert.Empty(t, seqs)
+	time.Sleep(150 * time.Millisecond)
+	_, err := h.serverHost.Write(stamp(99, 100))
+	require.NoError(t, err)
+	seqs, _ = receive(t, h.clientHost, 200*time.Millisecond)
+	assert.Equal(t, []uint32{99}, seqs)
+	assert.Equal(t, uint64(10), h.s2c.Stats(time.Now()).Dropped["blackout"])
+}
+
+func TestForwarderBlackoutDropsInFlight(t *testing.T) {
+	h := startForwarder(t, Params{Delay: 50 * time.Millisecond}, Params{})
+	for i := range 5 {
+		_, err := h.clientHost.Write(stamp(uint32(i), 100))
+		require.NoError(t, err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	h.c2s.Blackout(time.Now(), 100*time.Millisecond)
+	seqs, _ := receive(t, h.serverHost, 200*time.Millisecond)
+	assert.Empty(t, seqs)
+	assert.Equal(t, uint64(5), h.c2s.Stats(time.Now()).Dropped["blackout"])
+}
+
+func TestForwarderRateLimit(t *testing.T) {
+	// 8 Mbit/s: 1 MB/s. Offer 400 KB as fast as the socket takes it.
+	h := startForwarder(t, Params{RateBits: 8e6, QueueBytes: 1 << 20}, Params{})
+	const n, size = 400, 1000
+	go func() {
+		for i := range n {
+			_, _ = h.clientHost.Write(stamp(uint32(i), size))
+		}
+	}()
+	start := time.Now()
+	seqs, _ := receive(t, h.serverHost, 200*time.Millisecond)
+	require.Len(t, seqs, n)
+	elapsed := time.Since(start) - 200*time.Millisecond
+	rate := float64(n*size*8) / elapsed.Seconds()
+	t.Logf("8mbit: measured %.2f Mbit/s", rate/1e6)
+	assert.InEpsilon(t, 8e6, rate, 0.1)
+}
