@@ -694,3 +694,30 @@ func TestClientsToleratePathsWithoutHalfClose(t *testing.T) {
 	require.Zero(t, cr.Errors, cr.FirstError)
 	assert.Equal(t, 20, cr.Completed)
 }
+
+func TestProbeLargeMessageToDeadServer(t *testing.T) {
+	t.Parallel()
+	testDone := t.Context().Done()
+	// The server reads a little, half-closes without echoing, then stops
+	// reading, so a 16 MiB request can never be written in full.
+	stuckEcho := func(conn net.Conn, _ ServerConfig) error {
+		if _, err := conn.Read(make([]byte, 1024)); err != nil {
+			return err
+		}
+		_ = closeWrite(conn)
+		<-testDone
+		return nil
+	}
+	ln := startServer(t, "tcp", "127.0.0.1:0", stuckEcho)
+	o := newProbeOptions()
+	o.target = tcpTarget(t, ln)
+	o.size = 16 << 20
+	o.number = 2
+	start := time.Now()
+	r := runProbe(testCtx(t), o)
+	// The server half-closes without echoing: the read fails at once and
+	// the blocked 16 MiB write must not hold the probe until --timeout.
+	assert.Less(t, time.Since(start), 10*time.Second)
+	require.Equal(t, 1, r.Errors)
+	assert.Contains(t, r.ErrorMessages[0], "read echo")
+}

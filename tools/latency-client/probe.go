@@ -199,7 +199,12 @@ func pingPong(c net.Conn, size, number int) ([]time.Duration, time.Duration, err
 		}
 		_, rerr := io.ReadFull(c, recv)
 		if w != nil {
-			if werr := w.wait(); werr != nil {
+			if rerr != nil {
+				// The echo stopped; do not wait for a write the
+				// server may never drain.
+				_ = c.SetWriteDeadline(time.Unix(1, 0))
+			}
+			if werr := w.wait(); werr != nil && rerr == nil {
 				return rtts, time.Since(start), fmt.Errorf("round trip %d: write: %w", seq+1, werr)
 			}
 		}
