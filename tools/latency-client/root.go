@@ -76,6 +76,7 @@ with "latency-client serve".`,
 			return nil
 		},
 	}
+	cmd.CompletionOptions.DisableDefaultCmd = true
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
