@@ -211,12 +211,14 @@ func pingPong(c net.Conn, size, number int) ([]time.Duration, time.Duration, err
 		if rerr != nil {
 			return rtts, time.Since(start), fmt.Errorf("round trip %d: read echo: %w", seq+1, rerr)
 		}
-		rtts = append(rtts, time.Since(t0))
+		rtt := time.Since(t0)
 		if !bytes.Equal(send, recv) {
 			off := firstDifference(send, recv)
 			return rtts, time.Since(start), fmt.Errorf("round trip %d: echo differs from request at byte %d of %d (sent 0x%02x, got 0x%02x)",
 				seq+1, off, size, send[off], recv[off])
 		}
+		// Only verified round trips enter the statistics.
+		rtts = append(rtts, rtt)
 	}
 	total := time.Since(start)
 	// Half-close and read what follows: an echo server that sends bytes
