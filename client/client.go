@@ -1,0 +1,441 @@
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/backoff"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/tunnel"
+)
+
+// TokenSource chooses the destination token for a local connection (pkg/token implements it).
+type TokenSource interface {
+	Token(ctx context.Context, clientAddr net.Addr) (string, error)
+}
+
+// ErrNoSession is returned when no QUIC connection came up within SessionWait.
+var ErrNoSession = errors.New("no connection to the server")
+
+// Config holds everything a Client needs.
+type Config struct {
+	// ServerAddr is the server's UDP host:port.
+	ServerAddr string
+	TLS        *tls.Config
+	QUIC       *quic.Config
+	// Secret authenticates stream headers when non-empty.
+	Secret []byte
+	Tokens TokenSource
+	// Listeners are the local listeners; the client closes them when it stops.
+	Listeners []net.Listener
+
+	// SessionWait bounds how long a local connection waits for a QUIC connection.
+	SessionWait time.Duration
+	// StreamOpenTimeout bounds waiting for stream credit from the server.
+	StreamOpenTimeout time.Duration
+	// MaxConnections bounds concurrently handled local connections.
+	MaxConnections int
+	DrainTimeout   time.Duration
+	// Backoff paces reconnects; nil uses DefaultBackoff.
+	Backoff *backoff.Backoff
+
+	Metrics  *metrics.Client
+	QUICStat *metrics.QUICCollector
+	Registry *tunnel.Registry
+}
+
+// DefaultBackoff is the reconnect pacing: 100 ms doubling to 10 s, full jitter,
+// reset once a connection stayed up for 30 s.
+func DefaultBackoff() *backoff.Backoff {
+	return &backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2,
+		StableAfter: 30 * time.Second, Clock: backoff.RealClock()}
+}
+
+// Client is a quictun client. Create it with New and call Run once.
+type Client struct {
+	cfg   Config
+	pc    net.PacketConn
+	slots chan struct{}
+
+	mu      sync.Mutex
+	cur     *quic.Conn
+	changed chan struct{} // closed and replaced whenever cur changes
+
+	nextConnID atomic.Uint64
+}
+
+// New checks cfg and returns a Client that dials from pc. The caller keeps
+// ownership of pc and closes it after Run returns.
+func New(cfg Config, pc net.PacketConn) (*Client, error) {
+	switch {
+	case cfg.ServerAddr == "":
+		return nil, errors.New("client: server address is required")
+	case cfg.TLS == nil:
+		return nil, errors.New("client: TLS config is required")
+	case cfg.Tokens == nil:
+		return nil, errors.New("client: token source is required")
+	case cfg.Metrics == nil:
+		return nil, errors.New("client: metrics are required")
+	case pc == nil:
+		return nil, errors.New("client: packet conn is required")
+	}
+	if cfg.SessionWait <= 0 {
+		cfg.SessionWait = 10 * time.Second
+	}
+	if cfg.StreamOpenTimeout <= 0 {
+		cfg.StreamOpenTimeout = 10 * time.Second
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = 16384
+	}
+	if cfg.Backoff == nil {
+		cfg.Backoff = DefaultBackoff()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = tunnel.NewRegistry()
+	}
+	return &Client{cfg: cfg, pc: pc, slots: make(chan struct{}, cfg.MaxConnections), changed: make(chan struct{})}, nil
+}
+
+// Ready reports whether a QUIC connection to the server is up (for /readyz).
+func (c *Client) Ready() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur != nil
+}
+
+// Registry is the client's tunnel registry.
+func (c *Client) Registry() *tunnel.Registry { return c.cfg.Registry }
+
+// ConnStats returns the statistics of the current QUIC connection, if any.
+func (c *Client) ConnStats() []metrics.ConnStats {
+	c.mu.Lock()
+	cur := c.cur
+	c.mu.Unlock()
+	if cur == nil {
+		return nil
+	}
+	return []metrics.ConnStats{{Label: "0", Stats: cur.ConnectionStats()}}
+}
+
+// Run serves the listeners and keeps a QUIC connection up until ctx is
+// cancelled; then it closes the listeners, waits up to DrainTimeout for open
+// tunnels, aborts the rest and closes the connection. It returns after every
+// goroutine it started has ended.
+func (c *Client) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	tr := &quic.Transport{Conn: c.pc}
+	defer func() { _ = tr.Close() }()
+
+	// The session outlives ctx until the drain is over.
+	sessCtx, stopSession := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
+	defer stopSession()
+	var wg sync.WaitGroup
+	wg.Go(func() { c.supervise(sessCtx, tr) })
+
+	var handlers sync.WaitGroup
+	for _, ln := range c.cfg.Listeners {
+		logger.Info("Listening for local connections", "address", ln.Addr().Network()+":"+ln.Addr().String())
+		wg.Go(func() { c.acceptLoop(sessCtx, ln, &handlers) })
+	}
+	<-ctx.Done()
+	for _, ln := range c.cfg.Listeners {
+		_ = ln.Close()
+	}
+	if n := c.cfg.Registry.Len(); n > 0 && c.cfg.DrainTimeout > 0 {
+		logger.Info("Draining tunnels", "tunnels", n, "timeout", c.cfg.DrainTimeout)
+		dctx, cancel := context.WithTimeout(context.Background(), c.cfg.DrainTimeout)
+		if err := c.cfg.Registry.WaitEmpty(dctx); err != nil {
+			logger.Info("Drain timeout expired, aborting tunnels", "tunnels", c.cfg.Registry.Len())
+		}
+		cancel()
+	}
+	c.cfg.Registry.AbortAll(proto.CodeShutdown)
+	stopSession()
+	wg.Wait()
+	handlers.Wait()
+	logger.Info("Client stopped")
+	return nil
+}
+
+func (c *Client) setConn(conn *quic.Conn) {
+	c.mu.Lock()
+	c.cur = conn
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+	if conn != nil {
+		c.cfg.Metrics.SessionUp.Set(1)
+	} else {
+		c.cfg.Metrics.SessionUp.Set(0)
+	}
+}
+
+// supervise owns the QUIC connection: dial, wait for its end, redial.
+func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
+	logger := klog.FromContext(ctx)
+	bo := c.cfg.Backoff
+	m := c.cfg.Metrics
+	for ctx.Err() == nil {
+		start := time.Now()
+		conn, err := c.dial(ctx, tr)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if code, ok := proto.FromError(err); ok && code == proto.CodeAuthFailed {
+				m.DialsTotal.WithLabelValues("auth_failed").Inc()
+			} else {
+				m.DialsTotal.WithLabelValues("error").Inc()
+			}
+			logger.V(2).Info("Could not connect to server", "address", c.cfg.ServerAddr, "attempt", bo.Attempts()+1, "err", err)
+			_ = bo.Wait(ctx)
+			continue
+		}
+		id := c.nextConnID.Add(1)
+		used0RTT := conn.ConnectionState().Used0RTT
+		if used0RTT {
+			m.DialsTotal.WithLabelValues("ok_0rtt").Inc()
+		} else {
+			m.DialsTotal.WithLabelValues("ok").Inc()
+		}
+		m.HandshakeDuration.Observe(time.Since(start).Seconds())
+		logger.V(2).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
+			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT)
+		c.setConn(conn)
+		bo.Success(time.Now())
+
+		select {
+		case <-conn.Context().Done():
+		case <-ctx.Done():
+		}
+		c.setConn(nil)
+		if ctx.Err() != nil {
+			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+			if c.cfg.QUICStat != nil {
+				c.cfg.QUICStat.Closed(conn.ConnectionStats())
+			}
+			return
+		}
+		if c.cfg.QUICStat != nil {
+			c.cfg.QUICStat.Closed(conn.ConnectionStats())
+		}
+		cause := context.Cause(conn.Context())
+		m.ReconnectsTotal.Inc()
+		bo.Failure(time.Now())
+		if code, ok := proto.FromError(cause); ok && code == proto.CodeAuthFailed {
+			logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id)
+		} else {
+			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
+		}
+		if bo.Attempts() > 0 {
+			_ = bo.Wait(ctx)
+		}
+	}
+}
+
+func (c *Client) dial(ctx context.Context, tr *quic.Transport) (*quic.Conn, error) {
+	ua, err := net.ResolveUDPAddr("udp", c.cfg.ServerAddr)
+	if err != nil {
+		return nil, fmt.Errorf("resolve %s: %w", c.cfg.ServerAddr, err)
+	}
+	timeout := 10 * time.Second
+	if c.cfg.QUIC != nil && c.cfg.QUIC.HandshakeIdleTimeout > 0 {
+		timeout = 2 * c.cfg.QUIC.HandshakeIdleTimeout
+	}
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := tr.Dial(dctx, ua, c.cfg.TLS, c.cfg.QUIC)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", c.cfg.ServerAddr, err)
+	}
+	return conn, nil
+}
+
+// waitConn returns the current connection, waiting up to SessionWait for one.
+func (c *Client) waitConn(ctx context.Context) (*quic.Conn, error) {
+	t := time.NewTimer(c.cfg.SessionWait)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		cur, ch := c.cur, c.changed
+		c.mu.Unlock()
+		if cur != nil && cur.Context().Err() == nil {
+			return cur, nil
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return nil, ErrNoSession
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (c *Client) acceptLoop(ctx context.Context, ln net.Listener, handlers *sync.WaitGroup) {
+	logger := klog.FromContext(ctx)
+	var delay time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Transient (e.g. EMFILE): pause, as net/http does, instead of exiting.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			logger.Error(err, "Accept failed; retrying", "address", ln.Addr().String(), "delay", delay)
+			select {
+			case <-time.After(delay):
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		delay = 0
+		c.cfg.Metrics.AcceptedTotal.Inc()
+		select {
+		case c.slots <- struct{}{}:
+		default:
+			logger.V(2).Info("Too many local connections; refusing", "limit", c.cfg.MaxConnections)
+			resetConn(nc)
+			c.cfg.Metrics.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
+			continue
+		}
+		handlers.Go(func() {
+			defer func() { <-c.slots }()
+			c.handle(ctx, ln.Addr().String(), nc)
+		})
+	}
+}
+
+func resetConn(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = nc.Close()
+}
+
+// replyStream consumes the server's one-byte reply before the first downstream byte.
+type replyStream struct {
+	*quic.Stream
+	once    bool
+	onReply func(error)
+}
+
+func (r *replyStream) Read(b []byte) (int, error) {
+	if !r.once {
+		r.once = true
+		err := proto.ReadReply(r.Stream)
+		r.onReply(err)
+		if err != nil {
+			return 0, err
+		}
+	}
+	return r.Stream.Read(b)
+}
+
+// handle carries one local connection.
+func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
+	m := c.cfg.Metrics
+	start := time.Now()
+	logger := klog.FromContext(ctx)
+	fail := func(result, msg string, err error) {
+		resetConn(nc)
+		m.StreamsTotal.WithLabelValues(result).Inc()
+		logger.V(2).Info(msg, "remoteAddress", nc.RemoteAddr().String(), "err", err)
+	}
+	sc, ok := nc.(splice.Conn)
+	if !ok {
+		fail(proto.CodeInternal.String(), "Local connection does not support half-close", nil)
+		return
+	}
+	token, err := c.cfg.Tokens.Token(ctx, nc.RemoteAddr())
+	if err != nil {
+		fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
+		return
+	}
+	hdr, err := proto.NewHeader(token, start)
+	if err != nil {
+		fail(proto.CodeInternal.String(), "Could not make stream header", err)
+		return
+	}
+	hb, err := hdr.Append(make([]byte, 0, proto.MaxHeaderLen), c.cfg.Secret)
+	if err != nil {
+		fail(proto.CodeBadToken.String(), "Could not encode destination token", err)
+		return
+	}
+	conn, err := c.waitConn(ctx)
+	if err != nil {
+		fail(metrics.ResultNoSession, "No connection to the server for a local connection", err)
+		return
+	}
+	str, err := conn.OpenStream()
+	if err != nil {
+		var limit quic.StreamLimitReachedError
+		if !errors.As(err, &limit) {
+			fail(proto.CodeConnReset.String(), "Could not open stream", err)
+			return
+		}
+		octx, cancel := context.WithTimeout(ctx, c.cfg.StreamOpenTimeout)
+		str, err = conn.OpenStreamSync(octx)
+		cancel()
+		if err != nil {
+			fail(proto.CodeOverloaded.String(), "Could not open stream: server stream limit", err)
+			return
+		}
+	}
+	// The header goes out now; the application's bytes follow without waiting for the reply.
+	if _, err := str.Write(hb); err != nil {
+		str.CancelRead(proto.CodeInternal.StreamErrorCode())
+		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
+		fail(proto.CodeConnReset.String(), "Could not write stream header", err)
+		return
+	}
+	slog := klog.LoggerWithValues(logger, "streamID", int64(str.StreamID()), "remoteAddress", nc.RemoteAddr().String())
+	rs := &replyStream{Stream: str, onReply: func(err error) {
+		if err == nil {
+			m.StreamOpenDuration.Observe(time.Since(start).Seconds())
+		}
+	}}
+	pipe := splice.New(sc, rs)
+	t := &tunnel.Tunnel{
+		StreamID:    int64(str.StreamID()),
+		Endpoint:    listenAddr,
+		Source:      nc.RemoteAddr().String(),
+		Destination: c.cfg.ServerAddr,
+		CreatedAt:   start,
+		Upstream:    &pipe.ToStream,
+		Downstream:  &pipe.FromStream,
+	}
+	remove := c.cfg.Registry.Add(t, pipe)
+	m.ActiveStreams.Inc()
+	slog.V(4).Info("Opened stream")
+	err = pipe.Run()
+	remove()
+	m.ActiveStreams.Dec()
+	up, down := pipe.ToStream.Load(), pipe.FromStream.Load()
+	m.StreamBytesTotal.WithLabelValues(metrics.DirectionUpstream).Add(float64(up))
+	m.StreamBytesTotal.WithLabelValues(metrics.DirectionDownstream).Add(float64(down))
+	result := metrics.ResultOK
+	var ab *splice.AbortedError
+	if errors.As(err, &ab) {
+		result = metrics.ResultLabel(ab.Code)
+		if code, ok := proto.FromError(ab.Cause); ok && code != proto.CodeConnReset && code != proto.CodeShutdown {
+			slog.V(2).Info("Server refused tunnel", "code", code.String())
+		}
+	}
+	m.StreamsTotal.WithLabelValues(result).Inc()
+	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start), "result", result, "err", err)
+}

@@ -1,0 +1,109 @@
+// Package cli holds what both daemons' command packages share: klog flag
+// wiring, signal handling with a graceful first and a hard second signal, the
+// Prometheus registry, and the admin server.
+package cli
+
+import (
+	"context"
+	"errors"
+	goflag "flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/admin"
+	"github.com/quictun/quictun/pkg/version"
+)
+
+// AddKlogFlags registers only -v and --vmodule of klog on fs; klog logs to stderr.
+func AddKlogFlags(fs *pflag.FlagSet) {
+	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
+	klog.InitFlags(gfs)
+	for _, name := range []string{"v", "vmodule"} {
+		fs.AddGoFlag(gfs.Lookup(name))
+	}
+	fs.Lookup("v").Usage = "log verbosity: 0 start/stop and errors, 1 effective config, 2 connection events, 4 every stream, 5 trace"
+}
+
+// SignalContext returns a context cancelled at the first SIGINT/SIGTERM (start
+// a graceful drain); a second signal exits the process at once. Call stop to
+// release the signal handler.
+func SignalContext(parent context.Context) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case s := <-sigs:
+			klog.InfoS("Received signal; draining (send it again to stop at once)", "signal", s.String())
+			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case s := <-sigs:
+			klog.InfoS("Received second signal; exiting now", "signal", s.String())
+			klog.Flush()
+			os.Exit(1)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		<-exited
+		cancel()
+	}
+}
+
+// NewRegistry returns a registry with build_info, Go and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(version.NewCollector(),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// ListenAdmin opens the admin listener, refusing a non-loopback address without a token.
+func ListenAdmin(address, token string) (net.Listener, error) {
+	if address == "" {
+		return nil, nil
+	}
+	if !admin.IsLoopback(address) && token == "" {
+		return nil, fmt.Errorf("--httpd-listen-on %s is not loopback: set --httpd-token-file so the admin API is not open to the network", address)
+	}
+	ln, err := net.Listen("tcp", address)
+	if err != nil {
+		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	return ln, nil
+}
+
+// ReadSecretFile reads a secret (or token) file: whitespace is trimmed and an
+// empty or too short secret is an error.
+func ReadSecretFile(flag, path string, minLen int) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--%s: %w", flag, err)
+	}
+	s := []byte(strings.TrimSpace(string(b)))
+	if len(s) < minLen {
+		return nil, fmt.Errorf("--%s %s: secret must be at least %d bytes", flag, path, minLen)
+	}
+	return s, nil
+}
+
+// ErrUsage marks an error caused by bad flags or config; main prints usage hints for it.
+var ErrUsage = errors.New("invalid configuration")

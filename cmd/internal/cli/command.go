@@ -1,0 +1,106 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/config"
+	"github.com/quictun/quictun/pkg/version"
+)
+
+// EnvPrefix prefixes environment variables: QUICTUN_LISTEN_ON sets --listen-on.
+const EnvPrefix = "QUICTUN"
+
+// configFlagNames are the flags that are never read from the file or written to it.
+var configFlagNames = []string{"config", "write-config", "check-config"}
+
+// ConfigFlags are the flags about configuration itself, shared by both daemons.
+type ConfigFlags struct {
+	ConfigFile  string
+	WriteConfig bool
+	CheckConfig bool
+}
+
+// AddFlags binds the config flags to fs.
+func (c *ConfigFlags) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "YAML config file; keys are the long flag names (e.g. listen-on: ...). Precedence: defaults < file < QUICTUN_* env < command line")
+	fs.BoolVar(&c.WriteConfig, "write-config", c.WriteConfig, "print the effective config as YAML and exit")
+	fs.BoolVar(&c.CheckConfig, "check-config", c.CheckConfig, "validate the config and exit (non-zero on error)")
+}
+
+// Daemon is what a daemon's Options provide to the shared command.
+type Daemon interface {
+	Config() *ConfigFlags
+	AddFlags(fs *pflag.FlagSet)
+	Validate() error
+	Run(ctx context.Context) error
+}
+
+// NewRootCommand builds a daemon's cobra command: flags, config loading with
+// precedence defaults < file < env < command line, validation, --write-config,
+// --check-config, grouped help and a version subcommand.
+func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:           name,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fs := cmd.Flags()
+			cf := d.Config()
+			if err := config.Load(fs, cf.ConfigFile, EnvPrefix, os.LookupEnv, configFlagNames...); err != nil {
+				return fmt.Errorf("%w:\n%w", ErrUsage, err)
+			}
+			if cf.WriteConfig {
+				return config.WriteYAML(cmd.OutOrStdout(), fs, configFlagNames...)
+			}
+			if err := d.Validate(); err != nil {
+				return fmt.Errorf("%w:\n%w", ErrUsage, err)
+			}
+			if cf.CheckConfig {
+				_, _ = fmt.Fprintln(cmd.OutOrStdout(), "config OK")
+				return nil
+			}
+			if klog.V(1).Enabled() {
+				var b strings.Builder
+				if err := config.WriteYAML(&b, fs, configFlagNames...); err == nil {
+					klog.V(1).InfoS("Effective configuration", "config", b.String())
+				}
+			}
+			klog.InfoS("Starting "+name, "version", version.String())
+			return d.Run(cmd.Context())
+		},
+	}
+	d.Config().AddFlags(cmd.Flags())
+	d.AddFlags(cmd.Flags())
+	AddKlogFlags(cmd.Flags())
+	_ = cmd.MarkFlagFilename("config", "yaml", "yml")
+	SetGroupedHelp(cmd, groups)
+	cmd.AddCommand(&cobra.Command{
+		Use: "version", Short: "Print the version", Args: cobra.NoArgs,
+		Run: func(c *cobra.Command, _ []string) { _, _ = fmt.Fprintln(c.OutOrStdout(), name, version.String()) },
+	})
+	return cmd
+}
+
+// Main runs cmd with args under SignalContext and returns the exit code.
+func Main(cmd *cobra.Command, args []string) int {
+	ctx, stop := SignalContext(context.Background())
+	defer stop()
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(ctx)
+	if err != nil {
+		klog.ErrorS(err, cmd.Name()+" failed")
+	}
+	klog.Flush()
+	if err != nil {
+		return 1
+	}
+	return 0
+}

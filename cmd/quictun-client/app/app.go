@@ -1,0 +1,214 @@
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/cmd/internal/cli"
+	"github.com/quictun/quictun/pkg/admin"
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/token"
+	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/pkg/tunnel"
+)
+
+// Run runs the command with args and returns the exit code.
+func Run(args []string) int { return cli.Main(NewCommand(), args) }
+
+// NewCommand returns the quictun-client command.
+func NewCommand() *cobra.Command {
+	o := NewOptions()
+	cmd := cli.NewRootCommand("quictun-client", o, flagGroups)
+	cmd.Short = "Local end of a quictun TCP-over-QUIC tunnel"
+	cmd.Long = `quictun-client accepts local TCP and UNIX connections and carries each one as a stream over one
+long-lived QUIC connection to quictun-server, which connects it to the destination named by the token.`
+	cmd.Example = `  # forward local port 2222 to the server host's SSH daemon
+  quictun-client --listen-on tcp:127.0.0.1:2222 --server-endpoint server.example.com:7500 \
+      --server-fingerprint sha256:3f1c... --secret-file /etc/quictun/secret \
+      --token-source tcp:127.0.0.1:22`
+	return cmd
+}
+
+// Run starts the client and blocks until ctx is cancelled and the drain is over.
+func (o *Options) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	topts := transport.ClientTLSOptions{
+		ServerName:         o.ServerName,
+		InsecureSkipVerify: o.InsecureSkipVerify,
+		SessionCache:       tls.NewLRUClientSessionCache(16),
+	}
+	if topts.ServerName == "" {
+		host, _, _ := net.SplitHostPort(o.ServerEndpoint)
+		topts.ServerName = host
+	}
+	if o.ServerFingerprint != "" {
+		fp, err := transport.ParseFingerprint(o.ServerFingerprint)
+		if err != nil {
+			return err
+		}
+		topts.Fingerprint = &fp
+	}
+	if o.CAFile != "" {
+		pool, err := transport.LoadCertPool(o.CAFile)
+		if err != nil {
+			return err
+		}
+		topts.RootCAs = pool
+	}
+	if o.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return fmt.Errorf("client certificate: %w", err)
+		}
+		topts.ClientCert = &cert
+	}
+	if o.InsecureSkipVerify {
+		logger.Info("WARNING: the server certificate is not verified (--insecure-skip-verify)")
+	}
+	tlsConf, err := transport.ClientTLSConfig(topts)
+	if err != nil {
+		return err
+	}
+	var secret []byte
+	if o.SecretFile != "" {
+		if secret, err = cli.ReadSecretFile("secret-file", o.SecretFile, 16); err != nil {
+			return err
+		}
+	}
+	tokens, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil)
+	if err != nil {
+		return fmt.Errorf("--token-source: %w", err)
+	}
+	var adminToken string
+	if o.HTTPDTokenFile != "" {
+		b, err := cli.ReadSecretFile("httpd-token-file", o.HTTPDTokenFile, 16)
+		if err != nil {
+			return err
+		}
+		adminToken = string(b)
+	}
+
+	var closers []func()
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	adminLn, err := cli.ListenAdmin(o.HTTPDListenOn, adminToken)
+	if err != nil {
+		return err
+	}
+	if adminLn != nil {
+		closers = append(closers, func() { _ = adminLn.Close() })
+	}
+	listeners := make([]net.Listener, 0, len(o.ListenOn))
+	for _, spec := range o.ListenOn {
+		ln, err := listen(spec)
+		if err != nil {
+			for _, l := range listeners {
+				_ = l.Close()
+			}
+			return err
+		}
+		listeners = append(listeners, ln)
+	}
+	pc, err := transport.ListenUDP(":0")
+	if err != nil {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+		return err
+	}
+	closers = append(closers, func() { _ = pc.Close() })
+
+	reg := cli.NewRegistry()
+	m := metrics.NewClient(reg)
+	qopts := transport.DefaultQUICOptions()
+	qopts.IdleTimeout, qopts.KeepAlivePeriod, qopts.HandshakeTimeout = o.IdleTimeout, o.KeepAlivePeriod, o.HandshakeTimeout
+	registry := tunnel.NewRegistry()
+	bo := client.DefaultBackoff()
+	bo.Max = o.ReconnectMax
+	var c *client.Client
+	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
+	c, err = client.New(client.Config{
+		ServerAddr:        o.ServerEndpoint,
+		TLS:               tlsConf,
+		QUIC:              transport.QUICConfig(qopts),
+		Secret:            secret,
+		Tokens:            tokens,
+		Listeners:         listeners,
+		SessionWait:       o.SessionWait,
+		StreamOpenTimeout: o.StreamOpenTimeout,
+		MaxConnections:    o.MaxConnections,
+		DrainTimeout:      o.DrainTimeout,
+		Backoff:           bo,
+		Metrics:           m,
+		QUICStat:          qstat,
+		Registry:          registry,
+	}, pc)
+	if err != nil {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+		return err
+	}
+	reg.MustRegister(qstat)
+	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(o.ListenOn, ","))
+
+	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAdmin()
+	var ag errgroup.Group
+	if adminLn != nil {
+		logger.Info("Admin server listening", "address", adminLn.Addr().String())
+		ag.Go(func() error {
+			return admin.Serve(adminCtx, adminLn, admin.Handler(admin.Options{
+				Gatherer: reg, Ready: c.Ready, Registry: registry, Conns: c.ConnStats,
+				EnablePprof: o.EnablePprof, BearerToken: adminToken,
+			}))
+		})
+	}
+	err = c.Run(ctx)
+	stopAdmin()
+	if aerr := ag.Wait(); aerr != nil && err == nil {
+		err = aerr
+	}
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+// listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale
+// UNIX socket file left by a previous run is removed first.
+func listen(spec string) (net.Listener, error) {
+	ep, err := endpoint.Parse(spec)
+	if err != nil {
+		return nil, fmt.Errorf("--listen-on %q: %w", spec, err)
+	}
+	if ep.Network == endpoint.NetworkUnix {
+		if fi, err := os.Lstat(ep.Address); err == nil && fi.Mode().Type() == fs.ModeSocket {
+			if c, err := net.Dial("unix", ep.Address); err == nil {
+				_ = c.Close()
+				return nil, fmt.Errorf("--listen-on %s: another process is listening there", spec)
+			}
+			_ = os.Remove(ep.Address)
+		}
+	}
+	ln, err := net.Listen(ep.Network, ep.Address)
+	if err != nil {
+		return nil, fmt.Errorf("--listen-on %s: %w", spec, err)
+	}
+	return ln, nil
+}

@@ -1,0 +1,174 @@
+// Package app wires quictun-client: flags, config, signals, admin server.
+package app
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/quictun/quictun/cmd/internal/cli"
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/token"
+	"github.com/quictun/quictun/pkg/transport"
+)
+
+// Options are every setting of quictun-client. NewOptions holds the defaults.
+type Options struct {
+	cli.ConfigFlags
+
+	ListenOn          []string
+	ServerEndpoint    string
+	TokenSourcePlugin string
+	TokenSource       string
+
+	ServerFingerprint  string
+	CAFile             string
+	ServerName         string
+	InsecureSkipVerify bool
+	CertFile           string
+	KeyFile            string
+	SecretFile         string
+	InsecureNoAuth     bool
+
+	HTTPDListenOn  string
+	HTTPDTokenFile string
+	EnablePprof    bool
+
+	IdleTimeout       time.Duration
+	KeepAlivePeriod   time.Duration
+	HandshakeTimeout  time.Duration
+	SessionWait       time.Duration
+	StreamOpenTimeout time.Duration
+	DrainTimeout      time.Duration
+	MaxConnections    int
+	ReconnectMax      time.Duration
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	q := transport.DefaultQUICOptions()
+	return &Options{
+		ListenOn:          []string{"tcp:127.0.0.1:6500"},
+		TokenSourcePlugin: token.PluginFixed,
+		HTTPDListenOn:     "127.0.0.1:8087",
+		IdleTimeout:       q.IdleTimeout,
+		KeepAlivePeriod:   q.KeepAlivePeriod,
+		HandshakeTimeout:  q.HandshakeTimeout,
+		SessionWait:       10 * time.Second,
+		StreamOpenTimeout: 10 * time.Second,
+		DrainTimeout:      30 * time.Second,
+		MaxConnections:    16384,
+		ReconnectMax:      10 * time.Second,
+	}
+}
+
+var flagGroups = []cli.FlagGroup{
+	{Title: "Tunnel", Names: []string{"listen-on", "server-endpoint", "token-source-plugin", "token-source"}},
+	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth"}},
+	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof"}},
+	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "reconnect-max-delay"}},
+	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
+	{Title: "Logging", Names: []string{"v", "vmodule"}},
+}
+
+// Config returns the config-file flags.
+func (o *Options) Config() *cli.ConfigFlags { return &o.ConfigFlags }
+
+// AddFlags binds every option to fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringSliceVar(&o.ListenOn, "listen-on", o.ListenOn, "local listeners for applications, e.g. tcp:127.0.0.1:6500,unix:/run/quictun/app.sock")
+	fs.StringVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500")
+	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
+	fs.StringVar(&o.TokenSource, "token-source", o.TokenSource, "the token source, e.g. tcp:127.0.0.1:22 for Fixed; tokens name tcp:HOST:PORT or unix:/path on the server side")
+
+	fs.StringVar(&o.ServerFingerprint, "server-fingerprint", o.ServerFingerprint, "pin the server certificate: sha256:<hex> as printed by 'quictun-server fingerprint'")
+	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "verify the server certificate against these PEM CAs")
+	fs.StringVar(&o.ServerName, "server-name", o.ServerName, "name to verify in the server certificate with --ca-file (default: the host of --server-endpoint)")
+	fs.BoolVar(&o.InsecureSkipVerify, "insecure-skip-verify", o.InsecureSkipVerify, "do not verify the server (anyone on the path can impersonate it)")
+	fs.StringVar(&o.SecretFile, "secret-file", o.SecretFile, "file holding the shared secret the server expects")
+	fs.StringVar(&o.CertFile, "cert-file", o.CertFile, "client certificate for mutual TLS (with --key-file)")
+	fs.StringVar(&o.KeyFile, "key-file", o.KeyFile, "private key for --cert-file")
+	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "send no credentials (the server must run with --insecure-no-auth)")
+
+	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
+	fs.StringVar(&o.HTTPDTokenFile, "httpd-token-file", o.HTTPDTokenFile, "bearer token file required by the admin API (mandatory when --httpd-listen-on is not loopback)")
+	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "serve /debug/pprof on the admin server")
+
+	fs.DurationVar(&o.IdleTimeout, "idle-timeout", o.IdleTimeout, "close the QUIC connection after this long without packets; the longest blackout tunnels survive")
+	fs.DurationVar(&o.KeepAlivePeriod, "keepalive-period", o.KeepAlivePeriod, "send a keep-alive after this long without traffic")
+	fs.DurationVar(&o.HandshakeTimeout, "handshake-timeout", o.HandshakeTimeout, "QUIC handshake idle timeout")
+	fs.DurationVar(&o.SessionWait, "session-wait-timeout", o.SessionWait, "how long a local connection waits for a connection to the server before it is reset")
+	fs.DurationVar(&o.StreamOpenTimeout, "stream-open-timeout", o.StreamOpenTimeout, "how long to wait for stream credit when the server's stream limit is reached")
+	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long open tunnels may finish before they are closed")
+	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "concurrent local connections; more are reset")
+	fs.DurationVar(&o.ReconnectMax, "reconnect-max-delay", o.ReconnectMax, "longest pause between reconnect attempts (exponential backoff with jitter from 100ms)")
+}
+
+// Validate returns every problem at once.
+func (o *Options) Validate() error {
+	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if len(o.ListenOn) == 0 {
+		add("--listen-on needs at least one listener")
+	}
+	for _, l := range o.ListenOn {
+		if _, err := endpoint.Parse(l); err != nil {
+			add("--listen-on %q: %w", l, err)
+		}
+	}
+	if o.ServerEndpoint == "" {
+		add("--server-endpoint is required")
+	} else if _, _, err := net.SplitHostPort(o.ServerEndpoint); err != nil {
+		add("--server-endpoint %q: %w", o.ServerEndpoint, err)
+	}
+	if o.TokenSource == "" {
+		add("--token-source is required (e.g. tcp:127.0.0.1:22)")
+	}
+	verifiers := 0
+	for _, set := range []bool{o.ServerFingerprint != "", o.CAFile != "", o.InsecureSkipVerify} {
+		if set {
+			verifiers++
+		}
+	}
+	switch {
+	case verifiers == 0:
+		add("server verification is required: set --server-fingerprint or --ca-file (or --insecure-skip-verify explicitly)")
+	case verifiers > 1:
+		add("choose one of --server-fingerprint, --ca-file, --insecure-skip-verify")
+	}
+	if o.ServerFingerprint != "" {
+		if _, err := transport.ParseFingerprint(o.ServerFingerprint); err != nil {
+			add("--server-fingerprint: %w", err)
+		}
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		add("--cert-file and --key-file go together")
+	}
+	if o.SecretFile == "" && o.CertFile == "" && !o.InsecureNoAuth {
+		add("client authentication is required: set --secret-file or --cert-file/--key-file (or --insecure-no-auth explicitly)")
+	}
+	if o.InsecureNoAuth && (o.SecretFile != "" || o.CertFile != "") {
+		add("--insecure-no-auth contradicts --secret-file/--cert-file")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"idle-timeout", o.IdleTimeout}, {"handshake-timeout", o.HandshakeTimeout}, {"session-wait-timeout", o.SessionWait}, {"stream-open-timeout", o.StreamOpenTimeout}, {"reconnect-max-delay", o.ReconnectMax}} {
+		if d.v <= 0 {
+			add("--%s must be positive", d.name)
+		}
+	}
+	if o.KeepAlivePeriod < 0 || o.DrainTimeout < 0 {
+		add("--keepalive-period and --drain-timeout must not be negative")
+	}
+	if o.KeepAlivePeriod >= o.IdleTimeout && o.IdleTimeout > 0 {
+		add("--keepalive-period (%s) must be shorter than --idle-timeout (%s)", o.KeepAlivePeriod, o.IdleTimeout)
+	}
+	if o.MaxConnections < 1 {
+		add("--max-connections must be at least 1")
+	}
+	return errors.Join(errs...)
+}

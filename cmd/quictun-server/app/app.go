@@ -1,0 +1,174 @@
+package app
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/cmd/internal/cli"
+	"github.com/quictun/quictun/pkg/admin"
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/token"
+	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/server"
+)
+
+// Run runs the command with args and returns the exit code.
+func Run(args []string) int { return cli.Main(NewCommand(), args) }
+
+// NewCommand returns the quictun-server command.
+func NewCommand() *cobra.Command {
+	o := NewOptions()
+	cmd := cli.NewRootCommand("quictun-server", o, flagGroups)
+	cmd.Short = "Remote end of a quictun TCP-over-QUIC tunnel"
+	cmd.Long = `quictun-server accepts QUIC connections from quictun-client, and for each stream dials the
+destination the client names (if the --allow list permits it) and carries the bytes both ways.`
+	cmd.Example = `  # generate a shared secret, start the server, print the fingerprint for clients
+  head -c 32 /dev/urandom | base64 > /etc/quictun/secret
+  quictun-server --listen-on 0.0.0.0:7500 --state-dir /var/lib/quictun-server \
+      --secret-file /etc/quictun/secret --allow tcp:127.0.0.1:22,tcp:10.0.0.0/8:5432
+  quictun-server fingerprint --state-dir /var/lib/quictun-server`
+	var fpDir string
+	fp := &cobra.Command{
+		Use:   "fingerprint",
+		Short: "Print the SHA-256 fingerprint of the server certificate (creating the state if missing), for clients' --server-fingerprint",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			st, err := transport.LoadOrCreateState(fpDir, "", "")
+			if err != nil {
+				return err
+			}
+			_, _ = fmt.Fprintln(c.OutOrStdout(), st.Fingerprint())
+			return nil
+		},
+	}
+	fp.Flags().StringVar(&fpDir, "state-dir", o.StateDir, "server state directory")
+	cmd.AddCommand(fp)
+	return cmd
+}
+
+// Run starts the server and blocks until ctx is cancelled and the drain is over.
+func (o *Options) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	st, err := transport.LoadOrCreateState(o.StateDir, o.CertFile, o.KeyFile)
+	if err != nil {
+		return err
+	}
+	if st.Generated {
+		logger.Info("Generated a self-signed server certificate", "stateDir", o.StateDir)
+	}
+	logger.Info("Server certificate", "fingerprint", st.Fingerprint(), "hint", "give clients --server-fingerprint "+st.Fingerprint())
+
+	var clientCAs *x509.CertPool
+	if o.ClientCAFile != "" {
+		if clientCAs, err = transport.LoadCertPool(o.ClientCAFile); err != nil {
+			return err
+		}
+	}
+	var secret []byte
+	if o.SecretFile != "" {
+		if secret, err = cli.ReadSecretFile("secret-file", o.SecretFile, 16); err != nil {
+			return err
+		}
+	}
+	if o.InsecureNoAuth {
+		logger.Info("WARNING: client authentication is disabled (--insecure-no-auth)")
+	}
+	allow, err := endpoint.ParseAllowList(o.Allow)
+	if err != nil {
+		return err
+	}
+	parser, err := token.NewParser(o.TokenParserPlugin, o.TokenParserKey)
+	if err != nil {
+		return err
+	}
+	var adminToken string
+	if o.HTTPDTokenFile != "" {
+		b, err := cli.ReadSecretFile("httpd-token-file", o.HTTPDTokenFile, 16)
+		if err != nil {
+			return err
+		}
+		adminToken = string(b)
+	}
+	adminLn, err := cli.ListenAdmin(o.HTTPDListenOn, adminToken)
+	if err != nil {
+		return err
+	}
+
+	reg := cli.NewRegistry()
+	m := metrics.NewServer(reg)
+	qopts := transport.DefaultQUICOptions()
+	qopts.IdleTimeout, qopts.KeepAlivePeriod, qopts.HandshakeTimeout = o.IdleTimeout, o.KeepAlivePeriod, o.HandshakeTimeout
+	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
+	registry := tunnel.NewRegistry()
+
+	pc, err := transport.ListenUDP(o.ListenOn)
+	if err != nil {
+		if adminLn != nil {
+			_ = adminLn.Close()
+		}
+		return err
+	}
+	defer func() { _ = pc.Close() }()
+	var srv *server.Server
+	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
+	srv, err = server.New(server.Config{
+		TLS:                transport.ServerTLSConfig(st, clientCAs),
+		QUIC:               transport.QUICConfig(qopts),
+		ResetKey:           &st.ResetKey,
+		TokenKey:           &st.TokenKey,
+		Secret:             secret,
+		Parser:             parser,
+		Allow:              allow,
+		Dialer:             &net.Dialer{KeepAlive: 30 * time.Second},
+		HeaderTimeout:      o.HeaderTimeout,
+		DialTimeout:        o.DialTimeout,
+		MaxConcurrentDials: o.MaxConcurrentDials,
+		DrainTimeout:       o.DrainTimeout,
+		Metrics:            m,
+		QUICStat:           qstat,
+		Registry:           registry,
+	}, pc)
+	if err != nil {
+		if adminLn != nil {
+			_ = adminLn.Close()
+		}
+		return err
+	}
+	reg.MustRegister(qstat)
+	logger.Info("Destinations allowed", "allow", strings.Join(allow.Rules(), ","))
+
+	g, gctx := errgroup.WithContext(ctx)
+	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAdmin()
+	var ag errgroup.Group
+	if adminLn != nil {
+		logger.Info("Admin server listening", "address", adminLn.Addr().String())
+		ag.Go(func() error {
+			return admin.Serve(adminCtx, adminLn, admin.Handler(admin.Options{
+				Gatherer: reg, Ready: srv.Ready, Registry: registry, Conns: srv.ConnStats,
+				EnablePprof: o.EnablePprof, BearerToken: adminToken,
+			}))
+		})
+	}
+	g.Go(func() error { return srv.Run(gctx) })
+	err = g.Wait()
+	stopAdmin()
+	if aerr := ag.Wait(); aerr != nil && err == nil {
+		err = aerr
+	}
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}

@@ -1,0 +1,158 @@
+// Package app wires quictun-server: flags, config, signals, admin server.
+package app
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/quictun/quictun/cmd/internal/cli"
+
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/token"
+	"github.com/quictun/quictun/pkg/transport"
+)
+
+// Options are every setting of quictun-server. NewOptions holds the defaults.
+type Options struct {
+	cli.ConfigFlags
+
+	ListenOn string
+	Allow    []string
+
+	StateDir       string
+	CertFile       string
+	KeyFile        string
+	ClientCAFile   string
+	SecretFile     string
+	InsecureNoAuth bool
+
+	TokenParserPlugin string
+	TokenParserKey    string
+
+	HTTPDListenOn  string
+	HTTPDTokenFile string
+	EnablePprof    bool
+
+	IdleTimeout        time.Duration
+	KeepAlivePeriod    time.Duration
+	HandshakeTimeout   time.Duration
+	HeaderTimeout      time.Duration
+	DialTimeout        time.Duration
+	DrainTimeout       time.Duration
+	MaxStreamsPerConn  int64
+	MaxConcurrentDials int
+	Disable0RTT        bool
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	q := transport.DefaultQUICOptions()
+	return &Options{
+		ListenOn:           "0.0.0.0:7500",
+		Allow:              endpoint.DefaultAllowList().Rules(),
+		StateDir:           "/var/lib/quictun-server",
+		TokenParserPlugin:  token.PluginCleartext,
+		HTTPDListenOn:      "127.0.0.1:8086",
+		IdleTimeout:        q.IdleTimeout,
+		KeepAlivePeriod:    q.KeepAlivePeriod,
+		HandshakeTimeout:   q.HandshakeTimeout,
+		HeaderTimeout:      10 * time.Second,
+		DialTimeout:        10 * time.Second,
+		DrainTimeout:       30 * time.Second,
+		MaxStreamsPerConn:  q.MaxIncomingStreams,
+		MaxConcurrentDials: 256,
+	}
+}
+
+// Flag groups, shown as sections in --help.
+var flagGroups = []cli.FlagGroup{
+	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "token-parser-plugin", "token-parser-key"}},
+	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "insecure-no-auth"}},
+	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof"}},
+	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "disable-0rtt"}},
+	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
+	{Title: "Logging", Names: []string{"v", "vmodule"}},
+}
+
+// Config returns the config-file flags.
+func (o *Options) Config() *cli.ConfigFlags { return &o.ConfigFlags }
+
+// AddFlags binds every option to fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.ListenOn, "listen-on", o.ListenOn, "UDP address to accept QUIC connections on, e.g. 0.0.0.0:7500 or [::]:7500")
+	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only")
+	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
+	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
+
+	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "directory for the generated self-signed certificate and the stateless-reset and session-ticket keys; keep it across restarts")
+	fs.StringVar(&o.CertFile, "cert-file", o.CertFile, "PEM certificate to serve instead of the generated one (with --key-file)")
+	fs.StringVar(&o.KeyFile, "key-file", o.KeyFile, "PEM private key for --cert-file")
+	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "require client certificates signed by these CAs (mutual TLS)")
+	fs.StringVar(&o.SecretFile, "secret-file", o.SecretFile, "file holding the shared secret clients must prove (at least 16 bytes), e.g. from: head -c 32 /dev/urandom | base64 > secret")
+	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "accept clients without authentication (only with a restrictive --allow on a trusted network)")
+
+	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
+	fs.StringVar(&o.HTTPDTokenFile, "httpd-token-file", o.HTTPDTokenFile, "bearer token file required by the admin API (mandatory when --httpd-listen-on is not loopback)")
+	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "serve /debug/pprof on the admin server")
+
+	fs.DurationVar(&o.IdleTimeout, "idle-timeout", o.IdleTimeout, "close a QUIC connection after this long without packets; the longest blackout a tunnel survives (the smaller of both ends wins)")
+	fs.DurationVar(&o.KeepAlivePeriod, "keepalive-period", o.KeepAlivePeriod, "send a keep-alive after this long without traffic")
+	fs.DurationVar(&o.HandshakeTimeout, "handshake-timeout", o.HandshakeTimeout, "QUIC handshake idle timeout")
+	fs.DurationVar(&o.HeaderTimeout, "header-timeout", o.HeaderTimeout, "time a client has to send a stream header")
+	fs.DurationVar(&o.DialTimeout, "dial-timeout", o.DialTimeout, "time to connect to a destination")
+	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long open tunnels may finish before they are closed")
+	fs.Int64Var(&o.MaxStreamsPerConn, "max-streams-per-conn", o.MaxStreamsPerConn, "concurrent tunnels per client connection")
+	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "concurrent destination dials; more wait up to --dial-timeout")
+	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
+}
+
+// Validate returns every problem at once.
+func (o *Options) Validate() error {
+	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if o.ListenOn == "" {
+		add("--listen-on is required")
+	}
+	if _, err := endpoint.ParseAllowList(o.Allow); err != nil {
+		add("--allow: %w", err)
+	}
+	if _, err := token.NewParser(o.TokenParserPlugin, o.TokenParserKey); err != nil {
+		add("--token-parser-plugin/--token-parser-key: %w", err)
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		add("--cert-file and --key-file go together")
+	}
+	if o.CertFile == "" && o.StateDir == "" {
+		add("--state-dir is required when no --cert-file is given")
+	}
+	if o.SecretFile == "" && o.ClientCAFile == "" && !o.InsecureNoAuth {
+		add("client authentication is required: set --secret-file or --client-ca-file (or --insecure-no-auth explicitly)")
+	}
+	if o.InsecureNoAuth && (o.SecretFile != "" || o.ClientCAFile != "") {
+		add("--insecure-no-auth contradicts --secret-file/--client-ca-file")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"idle-timeout", o.IdleTimeout}, {"handshake-timeout", o.HandshakeTimeout}, {"header-timeout", o.HeaderTimeout}, {"dial-timeout", o.DialTimeout}} {
+		if d.v <= 0 {
+			add("--%s must be positive", d.name)
+		}
+	}
+	if o.KeepAlivePeriod < 0 || o.DrainTimeout < 0 {
+		add("--keepalive-period and --drain-timeout must not be negative")
+	}
+	if o.KeepAlivePeriod >= o.IdleTimeout && o.IdleTimeout > 0 {
+		add("--keepalive-period (%s) must be shorter than --idle-timeout (%s)", o.KeepAlivePeriod, o.IdleTimeout)
+	}
+	if o.MaxStreamsPerConn < 1 {
+		add("--max-streams-per-conn must be at least 1")
+	}
+	if o.MaxConcurrentDials < 1 {
+		add("--max-concurrent-dials must be at least 1")
+	}
+	return errors.Join(errs...)
+}

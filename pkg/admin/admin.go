@@ -1,0 +1,164 @@
+// Package admin serves the operator HTTP endpoints of a quictun endpoint:
+// /metrics, /healthz, /readyz, the tunnel and connection lists, and
+// /debug/pprof when enabled.
+package admin
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/tunnel"
+)
+
+// Options configure the admin server.
+type Options struct {
+	Gatherer prometheus.Gatherer
+	// Ready reports readiness for /readyz.
+	Ready func() bool
+	// Registry lists and closes tunnels (GET/DELETE /tunnels).
+	Registry *tunnel.Registry
+	// Conns lists QUIC connection statistics (GET /connections).
+	Conns func() []metrics.ConnStats
+	// EnablePprof mounts /debug/pprof.
+	EnablePprof bool
+	// BearerToken, when set, is required on every request except /healthz and /readyz.
+	BearerToken string
+}
+
+// Handler returns the admin HTTP handler.
+func Handler(o Options) http.Handler {
+	mux := http.NewServeMux()
+	protect := func(h http.Handler) http.Handler {
+		if o.BearerToken == "" {
+			return h
+		}
+		want := []byte("Bearer " + o.BearerToken)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+				w.Header().Set("WWW-Authenticate", "Bearer")
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+	mux.Handle("GET /metrics", protect(promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{
+		MaxRequestsInFlight: 4, ErrorHandling: promhttp.ContinueOnError,
+	})))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if o.Ready != nil && !o.Ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = fmt.Fprintln(w, "ok")
+	})
+	if o.Registry != nil {
+		mux.Handle("GET /tunnels", protect(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, o.Registry.List(time.Now()))
+		})))
+		mux.Handle("DELETE /tunnels/{id}", protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+			if err != nil {
+				http.Error(w, "bad tunnel id", http.StatusBadRequest)
+				return
+			}
+			if !o.Registry.Abort(id, proto.CodeShutdown) {
+				http.Error(w, "no such tunnel", http.StatusNotFound)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		})))
+	}
+	if o.Conns != nil {
+		mux.Handle("GET /connections", protect(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			type conn struct {
+				ID                 string  `json:"id"`
+				SmoothedRTTSeconds float64 `json:"smoothedRttSeconds"`
+				MinRTTSeconds      float64 `json:"minRttSeconds"`
+				LatestRTTSeconds   float64 `json:"latestRttSeconds"`
+				RTTVarianceSeconds float64 `json:"rttVarianceSeconds"`
+				CongestionWindow   uint64  `json:"congestionWindowBytes"`
+				BytesSent          uint64  `json:"bytesSent"`
+				BytesReceived      uint64  `json:"bytesReceived"`
+				BytesLost          uint64  `json:"bytesLost"`
+				PacketsSent        uint64  `json:"packetsSent"`
+				PacketsReceived    uint64  `json:"packetsReceived"`
+				PacketsLost        uint64  `json:"packetsLost"`
+			}
+			cs := o.Conns()
+			out := make([]conn, 0, len(cs))
+			for _, c := range cs {
+				s := c.Stats
+				out = append(out, conn{
+					ID: c.Label, SmoothedRTTSeconds: s.SmoothedRTT.Seconds(), MinRTTSeconds: s.MinRTT.Seconds(),
+					LatestRTTSeconds: s.LatestRTT.Seconds(), RTTVarianceSeconds: s.MeanDeviation.Seconds(),
+					CongestionWindow: uint64(s.CongestionWindow), BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
+					BytesLost: s.BytesLost, PacketsSent: s.PacketsSent, PacketsReceived: s.PacketsReceived, PacketsLost: s.PacketsLost,
+				})
+			}
+			writeJSON(w, out)
+		})))
+	}
+	if o.EnablePprof {
+		mux.Handle("/debug/pprof/", protect(http.HandlerFunc(pprof.Index)))
+		mux.Handle("/debug/pprof/cmdline", protect(http.HandlerFunc(pprof.Cmdline)))
+		mux.Handle("/debug/pprof/profile", protect(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("/debug/pprof/symbol", protect(http.HandlerFunc(pprof.Symbol)))
+		mux.Handle("/debug/pprof/trace", protect(http.HandlerFunc(pprof.Trace)))
+	}
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// Serve serves h on ln until ctx is cancelled, then shuts down within 5 s.
+func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("admin server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return fmt.Errorf("admin server: %w", serr)
+	}
+	return err
+}
+
+// IsLoopback reports whether a listen address binds only to loopback.
+func IsLoopback(address string) bool {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,166 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+// Namespace prefixes every quictun metric.
+const Namespace = "quictun"
+
+// DurationBuckets span 100 µs to 10 s.
+var DurationBuckets = prometheus.ExponentialBucketsRange(0.0001, 10, 16)
+
+// Stream results beyond the protocol codes.
+const (
+	ResultOK = "ok"
+	// ResultNoSession is a client stream that found no QUIC connection in time.
+	ResultNoSession = "no_session"
+)
+
+// Directions for byte counters: upstream flows from the application toward the
+// destination, downstream back.
+const (
+	DirectionUpstream   = "upstream"
+	DirectionDownstream = "downstream"
+)
+
+// Server holds the server's metrics.
+type Server struct {
+	StreamsTotal      *prometheus.CounterVec
+	ActiveStreams     prometheus.Gauge
+	DialDuration      prometheus.Histogram
+	StreamBytesTotal  *prometheus.CounterVec
+	ConnectionsTotal  *prometheus.CounterVec
+	ActiveConnections prometheus.Gauge
+	RefusedTotal      *prometheus.CounterVec
+	Draining          prometheus.Gauge
+}
+
+// NewServer creates and registers the server metrics on reg.
+func NewServer(reg prometheus.Registerer) *Server {
+	const sub = "server"
+	m := &Server{
+		StreamsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "streams_total",
+			Help: "Tunnel streams handled, by result (ok or the error code sent to the client).",
+		}, []string{"result"}),
+		ActiveStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "active_streams",
+			Help: "Tunnel streams currently open.",
+		}),
+		DialDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "dial_duration_seconds",
+			Help: "Time to connect to the destination.", Buckets: DurationBuckets,
+		}),
+		StreamBytesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "stream_bytes_total",
+			Help: "Application bytes carried, by direction (upstream = toward the destination).",
+		}, []string{"direction"}),
+		ConnectionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "connections_total",
+			Help: "QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, shutdown, error).",
+		}, []string{"result"}),
+		ActiveConnections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "active_connections",
+			Help: "QUIC connections currently open.",
+		}),
+		RefusedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "refused_destinations_total",
+			Help: "Streams refused because the destination is not allowed, by network (tcp, unix).",
+		}, []string{"network"}),
+		Draining: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "draining",
+			Help: "1 while the server drains before shutdown.",
+		}),
+	}
+	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.DialDuration, m.StreamBytesTotal,
+		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining)
+	for _, c := range proto.AllCodes() {
+		m.StreamsTotal.WithLabelValues(resultLabel(c))
+	}
+	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
+		m.StreamBytesTotal.WithLabelValues(d)
+	}
+	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "shutdown", "error"} {
+		m.ConnectionsTotal.WithLabelValues(r)
+	}
+	for _, n := range []string{"tcp", "unix"} {
+		m.RefusedTotal.WithLabelValues(n)
+	}
+	return m
+}
+
+// Client holds the client's metrics.
+type Client struct {
+	SessionUp          prometheus.Gauge
+	ReconnectsTotal    prometheus.Counter
+	DialsTotal         *prometheus.CounterVec
+	HandshakeDuration  prometheus.Histogram
+	StreamsTotal       *prometheus.CounterVec
+	ActiveStreams      prometheus.Gauge
+	StreamOpenDuration prometheus.Histogram
+	StreamBytesTotal   *prometheus.CounterVec
+	AcceptedTotal      prometheus.Counter
+}
+
+// NewClient creates and registers the client metrics on reg.
+func NewClient(reg prometheus.Registerer) *Client {
+	const sub = "client"
+	m := &Client{
+		SessionUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "session_up",
+			Help: "1 while a QUIC connection to the server is up.",
+		}),
+		ReconnectsTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "reconnects_total",
+			Help: "QUIC connections lost after having been up (each starts a reconnect).",
+		}),
+		DialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "dials_total",
+			Help: "QUIC connection attempts, by result (ok, ok_0rtt, error, auth_failed).",
+		}, []string{"result"}),
+		HandshakeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "handshake_duration_seconds",
+			Help: "Time to establish the QUIC connection.", Buckets: DurationBuckets,
+		}),
+		StreamsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "streams_total",
+			Help: "Tunneled connections, by result (ok, no_session, or the error code from the server).",
+		}, []string{"result"}),
+		ActiveStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "active_streams",
+			Help: "Tunneled connections currently open.",
+		}),
+		StreamOpenDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "stream_open_duration_seconds",
+			Help: "Time from accepting a local connection to the server's reply that the destination was dialed.", Buckets: DurationBuckets,
+		}),
+		StreamBytesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "stream_bytes_total",
+			Help: "Application bytes carried, by direction (upstream = toward the server).",
+		}, []string{"direction"}),
+		AcceptedTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "accepted_connections_total",
+			Help: "Local connections accepted on the client's listeners.",
+		}),
+	}
+	reg.MustRegister(m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
+		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal)
+	for _, r := range []string{"ok", "ok_0rtt", "error", "auth_failed"} {
+		m.DialsTotal.WithLabelValues(r)
+	}
+	for _, c := range proto.AllCodes() {
+		m.StreamsTotal.WithLabelValues(resultLabel(c))
+	}
+	m.StreamsTotal.WithLabelValues(ResultNoSession)
+	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
+		m.StreamBytesTotal.WithLabelValues(d)
+	}
+	return m
+}
+
+func resultLabel(c proto.Code) string { return c.String() }
+
+// ResultLabel returns the streams_total label for code c.
+func ResultLabel(c proto.Code) string { return resultLabel(c) }

@@ -1,0 +1,128 @@
+package metrics
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go"
+)
+
+// ConnStats is one live connection's statistics, with the label it is exported
+// under when per-connection series are enabled (the client's connection index).
+type ConnStats struct {
+	Label string
+	Stats quic.ConnectionStats
+}
+
+// QUICCollector exports QUIC transport health, read at scrape time.
+// Counters are the sum over live connections plus every closed one, so they
+// only go up. Safe for concurrent use.
+type QUICCollector struct {
+	live    func() []ConnStats
+	perConn bool
+
+	mu     sync.Mutex
+	closed quic.ConnectionStats
+
+	srtt, minRTT, latestRTT, rttVar, cwnd *prometheus.Desc
+	rttHist                               *prometheus.Desc
+	conns                                 *prometheus.Desc
+	pktSent, pktRecv, pktLost             *prometheus.Desc
+	bytesSent, bytesRecv, bytesLost       *prometheus.Desc
+}
+
+// NewQUICCollector returns a collector for side ("client" or "server") over the
+// connections returned by live. perConn adds per-connection RTT and congestion
+// window gauges labelled "conn"; use it only where labels are few (the client).
+func NewQUICCollector(side string, perConn bool, live func() []ConnStats) *QUICCollector {
+	cl := prometheus.Labels{"side": side}
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "quic", name), help, labels, cl)
+	}
+	return &QUICCollector{
+		live:      live,
+		perConn:   perConn,
+		srtt:      d("smoothed_rtt_seconds", "Smoothed RTT of the QUIC connection.", "conn"),
+		minRTT:    d("min_rtt_seconds", "Minimum RTT seen on the QUIC connection.", "conn"),
+		latestRTT: d("latest_rtt_seconds", "Latest RTT sample of the QUIC connection.", "conn"),
+		rttVar:    d("rtt_variance_seconds", "RTT mean deviation of the QUIC connection.", "conn"),
+		cwnd:      d("congestion_window_bytes", "Congestion window of the QUIC connection.", "conn"),
+		rttHist:   d("connection_smoothed_rtt_seconds", "Distribution of the smoothed RTT over live QUIC connections."),
+		conns:     d("connections", "Live QUIC connections."),
+		pktSent:   d("packets_sent_total", "QUIC packets sent."),
+		pktRecv:   d("packets_received_total", "QUIC packets received."),
+		pktLost:   d("packets_lost_total", "QUIC packets declared lost (quic-go does not count tail losses repaired by a probe timeout)."),
+		bytesSent: d("sent_bytes_total", "QUIC bytes sent, including headers and retransmissions."),
+		bytesRecv: d("received_bytes_total", "QUIC bytes received."),
+		bytesLost: d("lost_bytes_total", "QUIC bytes declared lost."),
+	}
+}
+
+// Closed adds the final statistics of a connection that ended.
+func (c *QUICCollector) Closed(s quic.ConnectionStats) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	addStats(&c.closed, s)
+}
+
+func addStats(dst *quic.ConnectionStats, s quic.ConnectionStats) {
+	dst.PacketsSent += s.PacketsSent
+	dst.PacketsReceived += s.PacketsReceived
+	dst.PacketsLost += s.PacketsLost
+	dst.BytesSent += s.BytesSent
+	dst.BytesReceived += s.BytesReceived
+	dst.BytesLost += s.BytesLost
+}
+
+// Describe implements prometheus.Collector.
+func (c *QUICCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.srtt, c.minRTT, c.latestRTT, c.rttVar, c.cwnd, c.rttHist, c.conns,
+		c.pktSent, c.pktRecv, c.pktLost, c.bytesSent, c.bytesRecv, c.bytesLost} {
+		ch <- d
+	}
+}
+
+var rttBuckets = DurationBuckets
+
+// Collect implements prometheus.Collector.
+func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
+	live := c.live()
+	c.mu.Lock()
+	total := c.closed
+	c.mu.Unlock()
+	buckets := make(map[float64]uint64, len(rttBuckets))
+	var sum float64
+	for _, l := range live {
+		s := l.Stats
+		addStats(&total, s)
+		srtt := s.SmoothedRTT.Seconds()
+		sum += srtt
+		for _, b := range rttBuckets {
+			if srtt <= b {
+				buckets[b]++
+			}
+		}
+		if c.perConn {
+			g := func(d *prometheus.Desc, v float64) {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l.Label)
+			}
+			g(c.srtt, srtt)
+			g(c.minRTT, s.MinRTT.Seconds())
+			g(c.latestRTT, s.LatestRTT.Seconds())
+			g(c.rttVar, s.MeanDeviation.Seconds())
+			g(c.cwnd, float64(s.CongestionWindow))
+		}
+	}
+	ch <- prometheus.MustNewConstHistogram(c.rttHist, uint64(len(live)), sum, buckets)
+	ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(len(live)))
+	cnt := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	cnt(c.pktSent, total.PacketsSent)
+	cnt(c.pktRecv, total.PacketsReceived)
+	cnt(c.pktLost, total.PacketsLost)
+	cnt(c.bytesSent, total.BytesSent)
+	cnt(c.bytesRecv, total.BytesReceived)
+	cnt(c.bytesLost, total.BytesLost)
+}
+

@@ -1,0 +1,120 @@
+package proto
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/quic-go/quic-go"
+)
+
+// Code is the reason a stream or connection ended, as carried on the wire in
+// RESET_STREAM, STOP_SENDING and CONNECTION_CLOSE frames and in the Reply byte.
+type Code uint8
+
+// The codes are part of the wire protocol: never renumber them.
+const (
+	// CodeOK means the server dialed the destination; it is the success Reply.
+	CodeOK Code = 0
+	// CodeRefused means the destination is not on the server's allow-list.
+	CodeRefused Code = 1
+	// CodeDialFailed means the server could not connect to the destination.
+	CodeDialFailed Code = 2
+	// CodeAuthFailed means the client's credentials were rejected.
+	CodeAuthFailed Code = 3
+	// CodeBadHeader means the stream header was malformed or too large.
+	CodeBadHeader Code = 4
+	// CodeShutdown means the peer is shutting down.
+	CodeShutdown Code = 5
+	// CodeTimeout means a header, dial or drain deadline expired.
+	CodeTimeout Code = 6
+	// CodeConnReset means the TCP connection on the far side was reset or failed.
+	CodeConnReset Code = 7
+	// CodeInternal means an unexpected local error.
+	CodeInternal Code = 8
+	// CodeOverloaded means a server limit (concurrent dials, streams) was reached.
+	CodeOverloaded Code = 9
+	// CodeReplay means a 0-RTT header was seen before (replay protection).
+	CodeReplay Code = 10
+	// CodeBadToken means the destination token could not be parsed.
+	CodeBadToken Code = 11
+)
+
+var codeNames = [...]string{
+	CodeOK:         "ok",
+	CodeRefused:    "refused",
+	CodeDialFailed: "dial_failed",
+	CodeAuthFailed: "auth_failed",
+	CodeBadHeader:  "bad_header",
+	CodeShutdown:   "shutdown",
+	CodeTimeout:    "timeout",
+	CodeConnReset:  "reset",
+	CodeInternal:   "internal",
+	CodeOverloaded: "overloaded",
+	CodeReplay:     "replay",
+	CodeBadToken:   "bad_token",
+}
+
+// AllCodes lists every defined code, in numeric order (for pre-creating metric series).
+func AllCodes() []Code {
+	out := make([]Code, len(codeNames))
+	for i := range codeNames {
+		out[i] = Code(i)
+	}
+	return out
+}
+
+// String returns the code's snake_case name, used as a metric label value.
+func (c Code) String() string {
+	if int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("code_%d", uint8(c))
+}
+
+// Retryable reports whether an operation that failed with c may succeed if retried later.
+func (c Code) Retryable() bool {
+	switch c {
+	case CodeDialFailed, CodeShutdown, CodeTimeout, CodeOverloaded, CodeConnReset, CodeInternal:
+		return true
+	default:
+		return false
+	}
+}
+
+// StreamErrorCode converts c for CancelRead/CancelWrite.
+func (c Code) StreamErrorCode() quic.StreamErrorCode { return quic.StreamErrorCode(c) }
+
+// ApplicationErrorCode converts c for CloseWithError.
+func (c Code) ApplicationErrorCode() quic.ApplicationErrorCode { return quic.ApplicationErrorCode(c) }
+
+// RemoteError is a failure reported by the peer with a Code.
+type RemoteError struct {
+	Code Code
+}
+
+func (e *RemoteError) Error() string { return "peer reported " + e.Code.String() }
+
+// Is reports whether target is a *RemoteError with the same code, so that
+// errors.Is(err, &RemoteError{Code: CodeRefused}) works.
+func (e *RemoteError) Is(target error) bool {
+	t, ok := target.(*RemoteError)
+	return ok && t.Code == e.Code
+}
+
+// FromError extracts the peer's Code from a quic stream or connection error.
+// It returns false when err does not carry a code sent by the peer.
+func FromError(err error) (Code, bool) {
+	var re *RemoteError
+	if errors.As(err, &re) {
+		return re.Code, true
+	}
+	var se *quic.StreamError
+	if errors.As(err, &se) && se.Remote {
+		return Code(se.ErrorCode), true
+	}
+	var ae *quic.ApplicationError
+	if errors.As(err, &ae) && ae.Remote {
+		return Code(ae.ErrorCode), true
+	}
+	return 0, false
+}

@@ -1,0 +1,162 @@
+package splice
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+// BufferSize is the size of each pooled copy buffer.
+const BufferSize = 32 << 10
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, BufferSize); return &b }}
+
+// Stream is the part of *quic.Stream a Pipe uses.
+type Stream interface {
+	io.Reader
+	io.Writer
+	// Close sends FIN. It is only called by the goroutine that writes.
+	Close() error
+	CancelRead(quic.StreamErrorCode)
+	CancelWrite(quic.StreamErrorCode)
+}
+
+// Conn is a connection that supports half-close: *net.TCPConn and *net.UnixConn.
+type Conn interface {
+	net.Conn
+	CloseWrite() error
+}
+
+// Pipe joins one connection and one stream. Create it with New, then call Run once.
+type Pipe struct {
+	conn Conn
+	str  Stream
+
+	// ToStream counts bytes copied from the connection into the stream.
+	ToStream atomic.Int64
+	// FromStream counts bytes copied from the stream into the connection.
+	FromStream atomic.Int64
+
+	abortOnce sync.Once
+	abortErr  error
+}
+
+// New returns a Pipe for conn and str. The Pipe owns both from Run on.
+func New(conn Conn, str Stream) *Pipe { return &Pipe{conn: conn, str: str} }
+
+// AbortedError is the result of a Pipe that was aborted.
+type AbortedError struct {
+	// Code is sent to the peer as the stream error code.
+	Code proto.Code
+	// Cause is what triggered the abort.
+	Cause error
+}
+
+func (e *AbortedError) Error() string {
+	return fmt.Sprintf("tunnel aborted (%s): %v", e.Code, e.Cause)
+}
+
+func (e *AbortedError) Unwrap() error { return e.Cause }
+
+// ErrAborted is the cause of an abort requested through Abort.
+var ErrAborted = errors.New("aborted locally")
+
+// Abort resets both sides with code and makes Run return. Safe for concurrent
+// use; only the first call has an effect.
+func (p *Pipe) Abort(code proto.Code) { p.abort(code, ErrAborted) }
+
+func (p *Pipe) abort(code proto.Code, cause error) {
+	p.abortOnce.Do(func() {
+		p.abortErr = &AbortedError{Code: code, Cause: cause}
+		p.str.CancelRead(code.StreamErrorCode())
+		p.str.CancelWrite(code.StreamErrorCode())
+		if tc, ok := p.conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // Close sends RST
+		}
+		_ = p.conn.Close()
+	})
+}
+
+// Run copies both ways until both directions have ended or the pipe is aborted,
+// then closes the connection. It returns nil when both directions ended with a
+// clean EOF, otherwise an *AbortedError.
+func (p *Pipe) Run() error {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.toStream()
+	}()
+	p.fromStream()
+	<-done
+	p.abortOnce.Do(func() { _ = p.conn.Close() })
+	return p.abortErr
+}
+
+// toStream copies connection -> stream. It is the only caller of Write and Close on the stream.
+func (p *Pipe) toStream() {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := p.conn.Read(buf)
+		if n > 0 {
+			if _, werr := p.str.Write(buf[:n]); werr != nil {
+				p.abort(codeFor(werr), werr)
+				return
+			}
+			p.ToStream.Add(int64(n))
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				if err := p.str.Close(); err != nil {
+					p.abort(proto.CodeInternal, err)
+				}
+				return
+			}
+			p.abort(proto.CodeConnReset, rerr)
+			return
+		}
+	}
+}
+
+// fromStream copies stream -> connection.
+func (p *Pipe) fromStream() {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := p.str.Read(buf)
+		if n > 0 {
+			if _, werr := p.conn.Write(buf[:n]); werr != nil {
+				p.abort(proto.CodeConnReset, werr)
+				return
+			}
+			p.FromStream.Add(int64(n))
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				if err := p.conn.CloseWrite(); err != nil {
+					p.abort(proto.CodeConnReset, err)
+				}
+				return
+			}
+			p.abort(codeFor(rerr), rerr)
+			return
+		}
+	}
+}
+
+// codeFor picks the code to send when a stream operation failed: the peer's own
+// code is passed on, anything else counts as a reset.
+func codeFor(err error) proto.Code {
+	if c, ok := proto.FromError(err); ok {
+		return c
+	}
+	return proto.CodeConnReset
+}

@@ -1,0 +1,102 @@
+package transport
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// ALPN is the application protocol negotiated by quictun endpoints.
+const ALPN = "quictun/1"
+
+// ErrFingerprintMismatch is returned by the TLS handshake when a pinned server
+// certificate does not match.
+var ErrFingerprintMismatch = errors.New("server certificate fingerprint does not match --server-fingerprint")
+
+// ServerTLSConfig returns a TLS 1.3 server configuration. When clientCAs is
+// non-nil, clients must present a certificate signed by one of them.
+func ServerTLSConfig(s *State, clientCAs *x509.CertPool) *tls.Config {
+	c := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{s.Cert},
+		NextProtos:   []string{ALPN},
+	}
+	if clientCAs != nil {
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+		c.ClientCAs = clientCAs
+	}
+	c.SetSessionTicketKeys([][32]byte{s.TicketKey})
+	return c
+}
+
+// ClientTLSOptions says how a client verifies the server and proves who it is.
+type ClientTLSOptions struct {
+	// ServerName is verified against the certificate when RootCAs is used.
+	ServerName string
+	// RootCAs verifies the server's chain (--ca-file).
+	RootCAs *x509.CertPool
+	// Fingerprint pins the server's leaf certificate (--server-fingerprint).
+	Fingerprint *[32]byte
+	// InsecureSkipVerify accepts any server (--insecure-skip-verify).
+	InsecureSkipVerify bool
+	// ClientCert is presented for mutual TLS.
+	ClientCert *tls.Certificate
+	// SessionCache enables resumption and 0-RTT.
+	SessionCache tls.ClientSessionCache
+}
+
+// ErrNoServerVerification is returned when no way to verify the server was chosen.
+var ErrNoServerVerification = errors.New("no server verification: set --server-fingerprint or --ca-file, or --insecure-skip-verify")
+
+// ClientTLSConfig returns a TLS 1.3 client configuration.
+func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
+	c := &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		NextProtos:         []string{ALPN},
+		ServerName:         o.ServerName,
+		ClientSessionCache: o.SessionCache,
+	}
+	if o.ClientCert != nil {
+		c.Certificates = []tls.Certificate{*o.ClientCert}
+	}
+	switch {
+	case o.Fingerprint != nil:
+		want := *o.Fingerprint
+		// Chain verification is replaced by the pin; everything else in TLS stays.
+		c.InsecureSkipVerify = true
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return ErrFingerprintMismatch
+			}
+			got := sha256.Sum256(cs.PeerCertificates[0].Raw)
+			if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+				return ErrFingerprintMismatch
+			}
+			return nil
+		}
+	case o.RootCAs != nil:
+		c.RootCAs = o.RootCAs
+	case o.InsecureSkipVerify:
+		c.InsecureSkipVerify = true
+	default:
+		return nil, ErrNoServerVerification
+	}
+	return c, nil
+}
+
+// LoadCertPool reads PEM certificates from file.
+func LoadCertPool(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("CA file: %w", err)
+	}
+	p := x509.NewCertPool()
+	if !p.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("CA file %s: no PEM certificates", file)
+	}
+	return p, nil
+}

@@ -1,0 +1,177 @@
+package tunnel
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+// Aborter ends a tunnel early; *splice.Pipe implements it.
+type Aborter interface{ Abort(code proto.Code) }
+
+// Tunnel is one open tunneled connection.
+type Tunnel struct {
+	ID          uint64
+	StreamID    int64
+	ConnID      uint64
+	Endpoint    string // the local listener (client) or the QUIC listener (server)
+	Source      string // the application's address (client) or the client's QUIC address (server)
+	Destination string
+	CreatedAt   time.Time
+
+	// Upstream and Downstream count application bytes toward and from the destination.
+	Upstream   *atomic.Int64
+	Downstream *atomic.Int64
+
+	aborter Aborter
+}
+
+// Info is the JSON view of a tunnel, in the shape quic-tun's /tunnels used, plus rates.
+type Info struct {
+	UUID                  string    `json:"uuid"`
+	StreamID              int64     `json:"streamId"`
+	ConnID                uint64    `json:"connId"`
+	Endpoint              string    `json:"endpoint"`
+	ClientAppAddr         string    `json:"clientAppAddr"`
+	ServerAppAddr         string    `json:"serverAppAddr"`
+	CreatedAt             time.Time `json:"createdAt"`
+	UpstreamBytes         int64     `json:"upstreamBytes"`
+	DownstreamBytes       int64     `json:"downstreamBytes"`
+	UpstreamBytesPerSec   float64   `json:"upstreamBytesPerSec"`
+	DownstreamBytesPerSec float64   `json:"downstreamBytesPerSec"`
+
+	id uint64
+}
+
+// Registry is safe for concurrent use.
+type Registry struct {
+	next atomic.Uint64
+
+	mu      sync.Mutex
+	tunnels map[uint64]*entry
+	empty   chan struct{} // closed while the registry is empty
+}
+
+type entry struct {
+	t        *Tunnel
+	lastAt   time.Time
+	lastUp   int64
+	lastDown int64
+	rateUp   float64
+	rateDown float64
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	r := &Registry{tunnels: map[uint64]*entry{}, empty: make(chan struct{})}
+	close(r.empty)
+	return r
+}
+
+// Add registers t, assigns its ID and returns a function that removes it.
+func (r *Registry) Add(t *Tunnel, a Aborter) (remove func()) {
+	t.ID = r.next.Add(1)
+	t.aborter = a
+	r.mu.Lock()
+	if len(r.tunnels) == 0 {
+		r.empty = make(chan struct{})
+	}
+	r.tunnels[t.ID] = &entry{t: t, lastAt: t.CreatedAt}
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if _, ok := r.tunnels[t.ID]; !ok {
+			return
+		}
+		delete(r.tunnels, t.ID)
+		if len(r.tunnels) == 0 {
+			close(r.empty)
+		}
+	}
+}
+
+// Len returns the number of open tunnels.
+func (r *Registry) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.tunnels)
+}
+
+// Abort aborts the tunnel with id and reports whether it existed.
+func (r *Registry) Abort(id uint64, code proto.Code) bool {
+	r.mu.Lock()
+	e, ok := r.tunnels[id]
+	r.mu.Unlock()
+	if ok && e.t.aborter != nil {
+		e.t.aborter.Abort(code)
+	}
+	return ok
+}
+
+// AbortAll aborts every open tunnel.
+func (r *Registry) AbortAll(code proto.Code) {
+	r.mu.Lock()
+	as := make([]Aborter, 0, len(r.tunnels))
+	for _, e := range r.tunnels {
+		if e.t.aborter != nil {
+			as = append(as, e.t.aborter)
+		}
+	}
+	r.mu.Unlock()
+	for _, a := range as {
+		a.Abort(code)
+	}
+}
+
+// WaitEmpty blocks until no tunnel is open or ctx is done.
+func (r *Registry) WaitEmpty(ctx context.Context) error {
+	r.mu.Lock()
+	ch := r.empty
+	r.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// List returns a snapshot sorted by ID. Rates are computed over the time since
+// the previous List call that saw the tunnel (or since it was created).
+func (r *Registry) List(now time.Time) []Info {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Info, 0, len(r.tunnels))
+	for _, e := range r.tunnels {
+		t := e.t
+		up, down := t.Upstream.Load(), t.Downstream.Load()
+		if dt := now.Sub(e.lastAt).Seconds(); dt >= 0.5 {
+			e.rateUp = float64(up-e.lastUp) / dt
+			e.rateDown = float64(down-e.lastDown) / dt
+			e.lastAt, e.lastUp, e.lastDown = now, up, down
+		}
+		out = append(out, Info{
+			UUID:                  strconv.FormatUint(t.ID, 10),
+			StreamID:              t.StreamID,
+			ConnID:                t.ConnID,
+			Endpoint:              t.Endpoint,
+			ClientAppAddr:         t.Source,
+			ServerAppAddr:         t.Destination,
+			CreatedAt:             t.CreatedAt,
+			UpstreamBytes:         up,
+			DownstreamBytes:       down,
+			UpstreamBytesPerSec:   e.rateUp,
+			DownstreamBytesPerSec: e.rateDown,
+			id:                    t.ID,
+		})
+	}
+	slices.SortFunc(out, func(a, b Info) int { return cmp.Compare(a.id, b.id) })
+	return out
+}

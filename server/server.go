@@ -1,0 +1,410 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/tunnel"
+)
+
+// TokenParser turns a destination token into an endpoint (pkg/token implements it).
+type TokenParser interface {
+	Parse(token string) (endpoint.Endpoint, error)
+}
+
+// Dialer connects to destinations; *net.Dialer implements it.
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Config holds everything a Server needs. Zero durations and limits take the
+// defaults of DefaultConfig.
+type Config struct {
+	TLS      *tls.Config
+	QUIC     *quic.Config
+	ResetKey *quic.StatelessResetKey
+	TokenKey *quic.TokenGeneratorKey
+
+	// Secret, when non-empty, is the shared secret every stream header must be
+	// authenticated with. When empty, the TLS layer must authenticate clients
+	// (mutual TLS) or the operator explicitly chose no authentication.
+	Secret []byte
+	Parser TokenParser
+	Allow  *endpoint.AllowList
+	// Resolver resolves destination host names (nil: net.DefaultResolver).
+	Resolver endpoint.Resolver
+	Dialer   Dialer
+
+	HeaderTimeout      time.Duration
+	DialTimeout        time.Duration
+	MaxConcurrentDials int
+	DrainTimeout       time.Duration
+	ReplayWindow       time.Duration
+	MaxReplayEntries   int
+
+	Metrics  *metrics.Server
+	QUICStat *metrics.QUICCollector // optional; told about closed connections
+	Registry *tunnel.Registry
+}
+
+// DefaultConfig returns the defaults for the limits and timeouts.
+func DefaultConfig() Config {
+	return Config{
+		HeaderTimeout:      10 * time.Second,
+		DialTimeout:        10 * time.Second,
+		MaxConcurrentDials: 256,
+		DrainTimeout:       30 * time.Second,
+		ReplayWindow:       2 * time.Minute,
+		MaxReplayEntries:   1 << 20,
+	}
+}
+
+// Server is a quictun server. Create it with New and call Run once.
+type Server struct {
+	cfg    Config
+	pc     net.PacketConn
+	dials  chan struct{}
+	replay *replayCache
+
+	nextConnID atomic.Uint64
+	ready      atomic.Bool
+	draining   atomic.Bool
+
+	mu    sync.Mutex
+	conns map[uint64]*quic.Conn
+}
+
+// New checks cfg and returns a Server that will serve on pc. The caller keeps
+// ownership of pc and closes it after Run returns.
+func New(cfg Config, pc net.PacketConn) (*Server, error) {
+	def := DefaultConfig()
+	if cfg.HeaderTimeout <= 0 {
+		cfg.HeaderTimeout = def.HeaderTimeout
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = def.DialTimeout
+	}
+	if cfg.MaxConcurrentDials <= 0 {
+		cfg.MaxConcurrentDials = def.MaxConcurrentDials
+	}
+	if cfg.DrainTimeout < 0 {
+		cfg.DrainTimeout = 0
+	}
+	if cfg.ReplayWindow <= 0 {
+		cfg.ReplayWindow = def.ReplayWindow
+	}
+	if cfg.MaxReplayEntries <= 0 {
+		cfg.MaxReplayEntries = def.MaxReplayEntries
+	}
+	switch {
+	case cfg.TLS == nil:
+		return nil, errors.New("server: TLS config is required")
+	case cfg.Parser == nil:
+		return nil, errors.New("server: token parser is required")
+	case cfg.Allow == nil:
+		return nil, errors.New("server: allow-list is required")
+	case cfg.Metrics == nil:
+		return nil, errors.New("server: metrics are required")
+	case pc == nil:
+		return nil, errors.New("server: packet conn is required")
+	}
+	if cfg.Dialer == nil {
+		cfg.Dialer = &net.Dialer{}
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = tunnel.NewRegistry()
+	}
+	return &Server{
+		cfg:    cfg,
+		pc:     pc,
+		dials:  make(chan struct{}, cfg.MaxConcurrentDials),
+		replay: newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
+		conns:  map[uint64]*quic.Conn{},
+	}, nil
+}
+
+// Ready reports whether the server is listening and not draining (for /readyz).
+func (s *Server) Ready() bool { return s.ready.Load() && !s.draining.Load() }
+
+// Addr is the UDP address the server listens on.
+func (s *Server) Addr() net.Addr { return s.pc.LocalAddr() }
+
+// Registry is the server's tunnel registry.
+func (s *Server) Registry() *tunnel.Registry { return s.cfg.Registry }
+
+// ConnStats returns statistics of the live QUIC connections (for metrics and the admin API).
+func (s *Server) ConnStats() []metrics.ConnStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]metrics.ConnStats, 0, len(s.conns))
+	for id, c := range s.conns {
+		out = append(out, metrics.ConnStats{Label: fmt.Sprint(id), Stats: c.ConnectionStats()})
+	}
+	return out
+}
+
+// Run serves until ctx is cancelled, then drains: it stops accepting
+// connections, refuses new streams, waits up to DrainTimeout for open tunnels,
+// aborts the rest and closes every connection. It returns after every goroutine
+// it started has ended.
+func (s *Server) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	tr := &quic.Transport{Conn: s.pc, StatelessResetKey: s.cfg.ResetKey, TokenGeneratorKey: s.cfg.TokenKey}
+	defer func() { _ = tr.Close() }()
+	ln, err := tr.ListenEarly(s.cfg.TLS, s.cfg.QUIC)
+	if err != nil {
+		return fmt.Errorf("listen quic on %s: %w", s.pc.LocalAddr(), err)
+	}
+	s.ready.Store(true)
+	logger.Info("Server listening", "address", s.pc.LocalAddr().String())
+
+	// Connections outlive ctx until the drain is over.
+	connCtx, cancelConns := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
+	defer cancelConns()
+	var wg sync.WaitGroup
+	acceptErr := make(chan error, 1)
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept(ctx)
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			wg.Go(func() { s.serveConn(connCtx, c) })
+		}
+	})
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-acceptErr:
+		acceptErr <- err
+		if ctx.Err() == nil {
+			runErr = fmt.Errorf("accept: %w", err)
+		}
+	}
+
+	s.draining.Store(true)
+	s.cfg.Metrics.Draining.Set(1)
+	_ = ln.Close()
+	<-acceptErr
+	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
+		logger.Info("Draining tunnels", "tunnels", n, "timeout", s.cfg.DrainTimeout)
+		dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+		err := s.cfg.Registry.WaitEmpty(dctx)
+		cancel()
+		if err != nil {
+			logger.Info("Drain timeout expired, aborting tunnels", "tunnels", s.cfg.Registry.Len())
+		}
+	}
+	s.cfg.Registry.AbortAll(proto.CodeShutdown)
+	cancelConns()
+	wg.Wait()
+	s.ready.Store(false)
+	logger.Info("Server stopped")
+	return runErr
+}
+
+func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
+	id := s.nextConnID.Add(1)
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "connID", id, "remoteAddress", conn.RemoteAddr().String())
+	ctx = klog.NewContext(ctx, logger)
+	s.mu.Lock()
+	s.conns[id] = conn
+	s.mu.Unlock()
+	m := s.cfg.Metrics
+	m.ActiveConnections.Inc()
+	logger.V(2).Info("Accepted connection", "used0RTT", conn.ConnectionState().Used0RTT)
+
+	stop := context.AfterFunc(ctx, func() {
+		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "server shutting down")
+	})
+	var streams sync.WaitGroup
+	for {
+		str, err := conn.AcceptStream(conn.Context())
+		if err != nil {
+			break
+		}
+		early := false
+		select {
+		case <-conn.HandshakeComplete():
+		default:
+			early = true
+		}
+		if s.draining.Load() {
+			str.CancelRead(proto.CodeShutdown.StreamErrorCode())
+			str.CancelWrite(proto.CodeShutdown.StreamErrorCode())
+			m.StreamsTotal.WithLabelValues(proto.CodeShutdown.String()).Inc()
+			continue
+		}
+		streams.Go(func() { s.handleStream(ctx, conn, id, str, early) })
+	}
+	streams.Wait()
+	stop()
+
+	cause := context.Cause(conn.Context())
+	result := connResult(cause)
+	m.ConnectionsTotal.WithLabelValues(result).Inc()
+	m.ActiveConnections.Dec()
+	s.mu.Lock()
+	delete(s.conns, id)
+	s.mu.Unlock()
+	if s.cfg.QUICStat != nil {
+		s.cfg.QUICStat.Closed(conn.ConnectionStats())
+	}
+	logger.V(2).Info("Closed connection", "result", result, "err", cause)
+}
+
+func connResult(err error) string {
+	var idle *quic.IdleTimeoutError
+	var app *quic.ApplicationError
+	switch {
+	case errors.As(err, &idle):
+		return "idle_timeout"
+	case errors.As(err, &app):
+		switch proto.Code(app.ErrorCode) {
+		case proto.CodeAuthFailed:
+			return "auth_failed"
+		case proto.CodeShutdown:
+			return "shutdown"
+		}
+		return "closed"
+	}
+	return "error"
+}
+
+// handleStream serves one tunnel stream from header to close.
+func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint64, str *quic.Stream, early bool) {
+	m := s.cfg.Metrics
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(str.StreamID()))
+	start := time.Now()
+	fail := func(code proto.Code, msg string, kv ...any) {
+		str.CancelRead(code.StreamErrorCode())
+		str.CancelWrite(code.StreamErrorCode())
+		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
+		lvl := klog.Level(4)
+		if code == proto.CodeRefused || code == proto.CodeAuthFailed || code == proto.CodeReplay {
+			lvl = 2 // an operator wants to see these
+		}
+		logger.V(int(lvl)).Info(msg, append(kv, "code", code.String())...)
+	}
+
+	_ = str.SetReadDeadline(start.Add(s.cfg.HeaderTimeout))
+	h, err := proto.Decode(str)
+	if err != nil {
+		code := proto.CodeBadHeader
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			code = proto.CodeTimeout
+		} else if _, ok := proto.FromError(err); ok {
+			code = proto.CodeConnReset
+		}
+		fail(code, "Rejected stream header", "err", err)
+		return
+	}
+	_ = str.SetReadDeadline(time.Time{})
+
+	if len(s.cfg.Secret) > 0 {
+		if err := h.Verify(s.cfg.Secret); err != nil {
+			fail(proto.CodeAuthFailed, "Rejected stream: authentication failed")
+			_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "authentication failed")
+			return
+		}
+	}
+	if early {
+		if code := s.replay.check(h, time.Now()); code != proto.CodeOK {
+			fail(code, "Rejected 0-RTT stream", "headerTime", h.Time)
+			return
+		}
+	}
+	dest, err := s.cfg.Parser.Parse(h.Token)
+	if err != nil {
+		fail(proto.CodeBadToken, "Rejected stream: bad destination token", "err", err)
+		return
+	}
+	dial, rule, err := s.cfg.Allow.Authorize(ctx, s.cfg.Resolver, dest)
+	if err != nil {
+		if errors.Is(err, endpoint.ErrForbidden) {
+			m.RefusedTotal.WithLabelValues(dest.Network).Inc()
+			fail(proto.CodeRefused, "Refused destination", "destination", dest.String())
+			return
+		}
+		fail(proto.CodeDialFailed, "Could not resolve destination", "destination", dest.String(), "err", err)
+		return
+	}
+
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	select {
+	case s.dials <- struct{}{}:
+	case <-dctx.Done():
+		cancel()
+		fail(proto.CodeOverloaded, "Too many concurrent dials", "destination", dest.String())
+		return
+	}
+	dialStart := time.Now()
+	nc, err := s.cfg.Dialer.DialContext(dctx, dial.Network, dial.Address)
+	<-s.dials
+	cancel()
+	m.DialDuration.Observe(time.Since(dialStart).Seconds())
+	if err != nil {
+		code := proto.CodeDialFailed
+		if errors.Is(err, context.DeadlineExceeded) {
+			code = proto.CodeTimeout
+		}
+		fail(code, "Dial failed", "destination", dest.String(), "err", err)
+		return
+	}
+	sc, ok := nc.(splice.Conn)
+	if !ok {
+		_ = nc.Close()
+		fail(proto.CodeInternal, "Dialed connection does not support half-close", "destination", dest.String())
+		return
+	}
+	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
+		_ = nc.Close()
+		fail(proto.CodeConnReset, "Could not write reply", "err", err)
+		return
+	}
+
+	pipe := splice.New(sc, str)
+	t := &tunnel.Tunnel{
+		StreamID:    int64(str.StreamID()),
+		ConnID:      connID,
+		Endpoint:    s.pc.LocalAddr().String(),
+		Source:      conn.RemoteAddr().String(),
+		Destination: dial.String(),
+		CreatedAt:   start,
+		Upstream:    &pipe.FromStream,
+		Downstream:  &pipe.ToStream,
+	}
+	remove := s.cfg.Registry.Add(t, pipe)
+	m.ActiveStreams.Inc()
+	logger.V(4).Info("Opened stream", "destination", dial.String(), "rule", rule)
+	err = pipe.Run()
+	remove()
+	m.ActiveStreams.Dec()
+	up, down := pipe.FromStream.Load(), pipe.ToStream.Load()
+	m.StreamBytesTotal.WithLabelValues(metrics.DirectionUpstream).Add(float64(up))
+	m.StreamBytesTotal.WithLabelValues(metrics.DirectionDownstream).Add(float64(down))
+	result := metrics.ResultOK
+	var ab *splice.AbortedError
+	if errors.As(err, &ab) {
+		result = metrics.ResultLabel(ab.Code)
+	}
+	m.StreamsTotal.WithLabelValues(result).Inc()
+	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
+		"duration", time.Since(start), "result", result, "err", err)
+}
