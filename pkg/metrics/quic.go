@@ -125,4 +125,3 @@ func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
 	cnt(c.bytesRecv, total.BytesReceived)
 	cnt(c.bytesLost, total.BytesLost)
 }
-

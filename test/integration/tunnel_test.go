@@ -388,4 +388,3 @@ func TestNoSessionFailsCleanly(t *testing.T) {
 	refusedRead(t, cl.Addr)
 	assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.StreamsTotal.WithLabelValues("no_session")))
 }
-
