@@ -81,7 +81,9 @@ type fileValue struct {
 // they replace the file's value. An empty envPrefix still consults NAME
 // variables; a nil lookupEnv disables the environment.
 //
-// Flags set by Load report Changed() == true afterwards. Every problem is
+// A file value for a flag that the environment or the command line overrides
+// is shape-checked but not parsed by the flag. Flags set by Load report
+// Changed() == true afterwards. Every problem is
 // reported (errors.Join), each wrapping ErrUnknownKey, ErrForbiddenKey,
 // ErrDuplicateKey, ErrInvalidValue or ErrSyntax, or the os error for an
 // unreadable file.
