@@ -1,0 +1,57 @@
+# quictun Makefile. Go is expected at /usr/local/go or on PATH.
+export PATH := /usr/local/go/bin:$(PATH)
+GO       ?= go
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS  := -s -w -X github.com/quictun/quictun/pkg/version.Version=$(VERSION) -X github.com/quictun/quictun/pkg/version.Revision=$(REVISION) -X main.version=$(VERSION)
+FUZZTIME ?= 30s
+BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./tools/linkem
+
+.PHONY: all build demo test test-short check vet fmt fmt-check fuzz bench bench-full bench-compare e2e clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/ $(BINARIES)
+
+## demo: local demo on loopback: echo server, quictun-server, quictun-client, latency direct and through the tunnel
+demo: build
+	bash scripts/demo.sh
+
+## test: what CI runs: format and vet checks, then every test with the race detector
+test: fmt-check vet
+	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./...
+
+test-short:
+	$(GO) test -race -short -count=1 ./...
+
+vet:
+	$(GO) vet ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+## fuzz: run every fuzz target for FUZZTIME each (CI runs only their seed corpora, as part of test)
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; done
+
+## bench: Go benchmarks plus the quick profile of the emulated-link harness (root, a few minutes)
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./pkg/... 
+	$(GO) run ./tools/bench/harness --profile quick --bin bin
+
+bench-full: build
+	$(GO) run ./tools/bench/harness --profile full --bin bin
+
+## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
+bench-compare:
+	$(GO) run ./tools/bench/harness compare $(OLD) $(NEW)
+
+clean:
+	rm -rf bin
