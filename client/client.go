@@ -352,8 +352,8 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 	start := time.Now()
 	logger := klog.FromContext(ctx)
 	fail := func(result, msg string, err error) {
-		resetConn(nc)
 		m.StreamsTotal.WithLabelValues(result).Inc()
+		resetConn(nc)
 		logger.V(2).Info(msg, "remoteAddress", nc.RemoteAddr().String(), "err", err)
 	}
 	sc, ok := nc.(splice.Conn)

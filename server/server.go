@@ -293,9 +293,9 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(str.StreamID()))
 	start := time.Now()
 	fail := func(code proto.Code, msg string, kv ...any) {
+		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
 		str.CancelRead(code.StreamErrorCode())
 		str.CancelWrite(code.StreamErrorCode())
-		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
 		lvl := klog.Level(4)
 		if code == proto.CodeRefused || code == proto.CodeAuthFailed || code == proto.CodeReplay {
 			lvl = 2 // an operator wants to see these
