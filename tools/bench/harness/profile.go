@@ -1,0 +1,201 @@
+package harness
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Scenario names, also the keys of results.json samples.
+const (
+	ScLatency  = "latency"
+	ScBulk     = "bulk"
+	ScEcho     = "echo-tps"
+	ScReqSize  = "request-size"
+	ScConnrate = "connrate"
+	ScBlackout = "blackout"
+	ScScale    = "scale"
+)
+
+// AllScenarios in the order they run.
+func AllScenarios() []string {
+	return []string{ScLatency, ScBulk, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScScale}
+}
+
+// Profile sizes a benchmark run.
+type Profile struct {
+	Name      string
+	Reps      int
+	Scenarios []string
+
+	LatencyLinks  []LinkSpec
+	LatencyNumber int
+	LatencySize   int
+
+	BulkLinks    []LinkSpec
+	BulkParallel []int
+	BulkDuration time.Duration
+
+	EchoLink   LinkSpec
+	EchoSizes  []string
+	EchoConns  int
+	EchoNumber int
+
+	ReqSizes       []string
+	ReqBytesBudget int64 // per run: number = budget/size, clamped
+	ReqMinNumber   int
+	ReqMaxNumber   int
+
+	ConnrateLinks  []LinkSpec
+	ConnrateNumber int
+
+	BlackoutLink LinkSpec
+	Blackouts    []time.Duration
+	BlackoutReps int
+
+	ScaleLink   LinkSpec
+	ScaleConns  int
+	ScaleNumber int
+
+	// MaxDuration bounds the whole run.
+	MaxDuration time.Duration
+}
+
+// Link helpers. LAN is 0.25 ms one-way, WAN 12.5 ms one-way (RTT 0.5 / 25 ms).
+const (
+	LANDelay = "0.25ms"
+	WANDelay = "12.5ms"
+)
+
+func pct(p float64) string {
+	s := strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.2f", p*100), "0"), ".")
+	return s + "%"
+}
+
+// LinkOf builds a named link spec; rate "" or "0" is unlimited.
+func LinkOf(name, delay string, loss float64, rate string) LinkSpec {
+	p := map[string]string{"delay": delay, "loss": fmt.Sprint(loss)}
+	if rate != "" {
+		p["rate"] = rate
+	}
+	n := name + " loss " + pct(loss)
+	if rate != "" && rate != "0" {
+		n = name + " " + rate + " loss " + pct(loss)
+	}
+	return LinkSpec{Name: n, Params: p}
+}
+
+func latencyLinks() []LinkSpec {
+	var out []LinkSpec
+	for _, l := range []struct{ name, delay string }{{"LAN", LANDelay}, {"WAN", WANDelay}} {
+		for _, loss := range []float64{0, 0.01, 0.02} {
+			out = append(out, LinkOf(l.name, l.delay, loss, ""))
+		}
+	}
+	return out
+}
+
+// Profiles returns the named profile.
+func Profiles(name string) (Profile, error) {
+	switch name {
+	case "quick":
+		return Profile{
+			Name: "quick", Reps: 1,
+			Scenarios:     []string{ScLatency, ScBulk, ScBlackout},
+			LatencyLinks:  latencyLinks(),
+			LatencyNumber: 1000, LatencySize: 1000,
+			BulkLinks: []LinkSpec{
+				LinkOf("WAN", WANDelay, 0, "100mbit"),
+				LinkOf("WAN", WANDelay, 0.01, "100mbit"),
+			},
+			BulkParallel: []int{1},
+			BulkDuration: 5 * time.Second,
+			EchoLink:     LinkOf("LAN", LANDelay, 0, ""),
+			EchoSizes:    []string{"1KB", "10KB", "100KB"}, EchoConns: 4, EchoNumber: 100,
+			ReqSizes:       []string{"128", "16KiB", "1MiB"},
+			ReqBytesBudget: 64 << 20, ReqMinNumber: 10, ReqMaxNumber: 1000,
+			ConnrateLinks:  []LinkSpec{LinkOf("LAN", LANDelay, 0, "")},
+			ConnrateNumber: 200,
+			BlackoutLink:   LinkOf("WAN", WANDelay, 0, ""),
+			Blackouts:      []time.Duration{5 * time.Second},
+			BlackoutReps:   1,
+			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
+			ScaleConns:     200, ScaleNumber: 20,
+			MaxDuration: 25 * time.Minute,
+		}, nil
+	case "full":
+		var bulk []LinkSpec
+		for _, rate := range []string{"100mbit", "0"} {
+			for _, loss := range []float64{0, 0.001, 0.005, 0.01, 0.05} {
+				bulk = append(bulk, LinkOf("WAN", WANDelay, loss, rate))
+			}
+		}
+		return Profile{
+			Name: "full", Reps: 3,
+			Scenarios:     AllScenarios(),
+			LatencyLinks:  latencyLinks(),
+			LatencyNumber: 1000, LatencySize: 1000,
+			BulkLinks:    bulk,
+			BulkParallel: []int{1, 4},
+			BulkDuration: 8 * time.Second,
+			EchoLink:     LinkOf("LAN", LANDelay, 0, ""),
+			EchoSizes:    []string{"1KB", "4KB", "16KB", "64KB", "100KB"}, EchoConns: 8, EchoNumber: 200,
+			ReqSizes:       []string{"128", "1KiB", "16KiB", "256KiB", "1MiB", "16MiB"},
+			ReqBytesBudget: 256 << 20, ReqMinNumber: 10, ReqMaxNumber: 2000,
+			ConnrateLinks:  []LinkSpec{LinkOf("LAN", LANDelay, 0, ""), LinkOf("WAN", WANDelay, 0, "")},
+			ConnrateNumber: 500,
+			BlackoutLink:   LinkOf("WAN", WANDelay, 0, ""),
+			Blackouts:      []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 35 * time.Second},
+			BlackoutReps:   2,
+			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
+			ScaleConns:     1000, ScaleNumber: 50,
+			MaxDuration: 4 * time.Hour,
+		}, nil
+	case "smoke":
+		// Seconds-long run of every scenario, for the harness's own tests.
+		return Profile{
+			Name: "smoke", Reps: 1,
+			Scenarios:     AllScenarios(),
+			LatencyLinks:  []LinkSpec{LinkOf("LAN", LANDelay, 0, ""), LinkOf("WAN", WANDelay, 0.01, "")},
+			LatencyNumber: 20, LatencySize: 1000,
+			BulkLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit")},
+			BulkParallel: []int{1, 2},
+			BulkDuration: time.Second,
+			EchoLink:     LinkOf("LAN", LANDelay, 0, ""),
+			EchoSizes:    []string{"1KB", "100KB"}, EchoConns: 2, EchoNumber: 10,
+			ReqSizes:       []string{"128", "1MiB"},
+			ReqBytesBudget: 4 << 20, ReqMinNumber: 2, ReqMaxNumber: 50,
+			ConnrateLinks:  []LinkSpec{LinkOf("LAN", LANDelay, 0, "")},
+			ConnrateNumber: 20,
+			BlackoutLink:   LinkOf("LAN", LANDelay, 0, ""),
+			Blackouts:      []time.Duration{time.Second},
+			BlackoutReps:   1,
+			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
+			ScaleConns:     20, ScaleNumber: 5,
+			MaxDuration: 5 * time.Minute,
+		}, nil
+	default:
+		return Profile{}, fmt.Errorf("profile %q: want quick, full or smoke", name)
+	}
+}
+
+// ParseSize reads "128", "16KiB", "1MiB", "1KB", "100KB" (KB = 1000).
+func ParseSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q: want a positive number with an optional KB/KiB/MB/MiB suffix", s)
+	}
+	return n * mult, nil
+}

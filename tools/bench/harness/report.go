@@ -1,0 +1,347 @@
+package harness
+
+import (
+	"fmt"
+	"image/color"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// Metric is a column of a scenario table.
+type Metric struct {
+	Key, Label string
+	// Higher tells whether a larger value is better (for the compare table).
+	Higher bool
+}
+
+// ScenarioInfo describes how a scenario is reported.
+type ScenarioInfo struct {
+	Title   string
+	What    string
+	Metrics []Metric
+}
+
+// Scenarios describes each scenario for the report.
+func Scenarios() map[string]ScenarioInfo {
+	return map[string]ScenarioInfo{
+		ScLatency: {"1. Latency (ping-pong)", "One connection, 1000 round trips of 1000 B, as quic-tun's report. First packet = first round trip (includes opening the tunnel stream); total = all round trips.",
+			[]Metric{{"first_packet_ms", "first packet ms", false}, {"total_ms", "total ms", false}, {"p99_ms", "p99 RTT ms", false}}},
+		ScBulk: {"2. Bulk throughput", "Download (server to client) from `latency-client serve`'s sink for a fixed time, by the harness's own sink-protocol client (it stops with a byte, not a half-close, which kcptun does not carry); byte count and CRC-32C verified, 1 or 4 parallel connections. CPU: user+system seconds of the tunnel's client and server processes per GB carried (direct TCP has no tunnel process).",
+			[]Metric{{"mbit_per_s", "Mbit/s", true}, {"cpu_client_s_per_gb", "client CPU s/GB", false}, {"cpu_server_s_per_gb", "server CPU s/GB", false}}},
+		ScEcho: {"3a. Echo TPS by message size", "Several connections in parallel, ping-pong of the given size, unlimited link.",
+			[]Metric{{"tps", "round trips/s", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p99_ms", "p99 ms", false}}},
+		ScReqSize: {"3b. QPS and throughput by request size", "One connection, request = echo of the given size, unlimited link.",
+			[]Metric{{"tps", "QPS", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p50_ms", "p50 ms", false}}},
+		ScConnrate: {"4. New-connection cost", "Short connections: connect, one 100 B request, echo, close; 8 in flight.",
+			[]Metric{{"conns_per_s", "conns/s", true}, {"first_byte_p50_ms", "first byte p50 ms", false}, {"first_byte_p99_ms", "first byte p99 ms", false}}},
+		ScBlackout: {"5. Recovery after a blackout", "100 % loss both ways for the given time. In-flight: a 1000 B request sent on an open connection just after the cut started; seconds from the end of the cut to its echo. New connection: seconds from the end of the cut to the first new connection that completes a round trip. Survived: the tunnel's QUIC connection was not replaced (quictun reconnect counter unchanged).",
+			[]Metric{{"inflight_after_s", "in-flight done after s", false}, {"newconn_after_s", "new conn after s", false}, {"tunnel_survived", "tunnel survived", true}}},
+		ScScale: {"6. Scale", "Many concurrent ping-pong connections. RSS: peak resident memory of the tunnel's client and server processes during the run (direct: the echo server).",
+			[]Metric{{"p50_ms", "p50 ms", false}, {"p99_ms", "p99 ms", false}, {"rss_client_mib", "client RSS MiB", false}, {"rss_server_mib", "server RSS MiB", false}}},
+	}
+}
+
+// fmtNum prints 3-4 significant digits.
+func fmtNum(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case v == 0:
+		return "0"
+	case a >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	case a >= 100:
+		return fmt.Sprintf("%.1f", v)
+	case a >= 1:
+		return fmt.Sprintf("%.2f", v)
+	default:
+		return fmt.Sprintf("%.3g", v)
+	}
+}
+
+func fmtSummary(s Summary, ok bool) string {
+	if !ok {
+		return "–"
+	}
+	cell := fmtNum(s.Median)
+	if s.N > 1 {
+		cell += fmt.Sprintf(" (%s–%s)", fmtNum(s.Min), fmtNum(s.Max))
+	}
+	if s.Errors > 0 {
+		cell += fmt.Sprintf(" ⚠%d", s.Errors)
+	}
+	return cell
+}
+
+type row struct{ link, cs string }
+
+// rowsOf lists the (link, case) rows of a scenario in first-seen order.
+func rowsOf(samples []Sample, sc string) []row {
+	var out []row
+	seen := map[row]bool{}
+	for _, s := range samples {
+		if s.Scenario != sc {
+			continue
+		}
+		r := row{s.Link, s.Case}
+		if !seen[r] {
+			seen[r] = true
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// WriteReport writes report.md and the charts into dir.
+func WriteReport(dir string, res *Results) error {
+	f, err := os.Create(filepath.Join(dir, "report.md"))
+	if err != nil {
+		return fmt.Errorf("create report: %w", err)
+	}
+	defer f.Close()
+	agg := Aggregate(res.Samples)
+	w := &errWriter{w: f}
+	m := res.Machine
+	w.printf("# quictun benchmark report (%s profile)\n\n", res.Profile)
+	w.printf("Run %s to %s UTC. Figures are measurements, not pass/fail criteria.\n\n",
+		res.Started.Format("2006-01-02 15:04:05"), res.Finished.Format("15:04:05"))
+	w.printf("## Machine and tools\n\n| | |\n|---|---|\n")
+	w.printf("| host | %s |\n| kernel | %s |\n| CPU | %s × %d |\n| memory | %s |\n| load at start | %s |\n| harness Go | %s |\n",
+		m.Hostname, m.Kernel, m.CPUModel, m.CPUs, m.MemTotal, m.Load, m.GoVersion)
+	tools := make([]string, 0, len(res.Tools))
+	for k := range res.Tools {
+		tools = append(tools, k)
+	}
+	sort.Strings(tools)
+	for _, k := range tools {
+		w.printf("| %s | %s |\n", k, res.Tools[k])
+	}
+	w.printf("\n## Method\n\n")
+	w.printf("- Two network namespaces (client host 198.18.0.1, server host 198.18.0.2) joined by TUN devices and the userspace link emulator `tools/linkem` running inside the harness; the same delay, loss and rate apply to each direction.\n")
+	w.printf("- Variants: %s. `direct` connects to the echo server across the link; tunnels listen on the client host's loopback and reach the echo server on the server host's loopback. All variants run on the same link in the same run, interleaved (the first variant rotates).\n", strings.Join(res.Variants, ", "))
+	w.printf("- Workload: `bin/latency-client` (probe, bulk, connrate) in the client namespace against `latency-client serve` in the server namespace.\n")
+	w.printf("- Repetitions: %d (blackout cases may use fewer). Cells: median (min–max) over the repetitions; ⚠N = N repetitions reported an error (see the errors section).\n", res.Reps)
+	w.printf("- Raw data: `results.json` (every sample with latency-client's JSON); process logs under `raw/` (not committed).\n\n")
+
+	w.printf("### Links\n\n| link | parameters (each direction) |\n|---|---|\n")
+	for _, l := range res.Links {
+		if l.Name == "check" || strings.HasPrefix(l.Name, "check ") {
+			continue
+		}
+		keys := make([]string, 0, len(l.Params))
+		for k := range l.Params {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var ps []string
+		for _, k := range keys {
+			ps = append(ps, k+"="+l.Params[k])
+		}
+		w.printf("| %s | %s |\n", l.Name, strings.Join(ps, " "))
+	}
+	if len(res.Checks) > 0 {
+		w.printf("\n## Link validation (emulator accuracy)\n\n| check | configured | measured |\n|---|---|---|\n")
+		for _, c := range res.Checks {
+			w.printf("| %s | %s | %s |\n", c.Name, c.Configured, c.Measured)
+		}
+	}
+	info := Scenarios()
+	for _, sc := range AllScenarios() {
+		rows := rowsOf(res.Samples, sc)
+		if len(rows) == 0 {
+			continue
+		}
+		si := info[sc]
+		w.printf("\n## %s\n\n%s\n\n", si.Title, si.What)
+		w.printf("| link | case | metric |")
+		for _, v := range res.Variants {
+			w.printf(" %s |", v)
+		}
+		w.printf("\n|---|---|---|%s\n", strings.Repeat("---|", len(res.Variants)))
+		for _, r := range rows {
+			for _, mt := range si.Metrics {
+				has := false
+				cells := make([]string, 0, len(res.Variants))
+				for _, v := range res.Variants {
+					s, ok := agg[Key{sc, r.link, r.cs, v, mt.Key}]
+					has = has || ok
+					cells = append(cells, fmtSummary(s, ok))
+				}
+				if !has {
+					continue
+				}
+				w.printf("| %s | %s | %s | %s |\n", r.link, r.cs, mt.Label, strings.Join(cells, " | "))
+			}
+		}
+		charts, err := writeCharts(dir, sc, si, rows, res.Variants, agg)
+		if err != nil {
+			w.printf("\n(chart failed: %v)\n", err)
+		}
+		for _, c := range charts {
+			w.printf("\n![%s](%s)\n", c, c)
+		}
+	}
+	var errs []string
+	for _, s := range res.Samples {
+		if s.Error != "" {
+			errs = append(errs, fmt.Sprintf("- %s / %s / %s / %s / rep %d: %s", s.Scenario, s.Link, s.Case, s.Variant, s.Rep, oneLine(s.Error)))
+		}
+	}
+	if len(errs) > 0 || len(res.Notes) > 0 {
+		w.printf("\n## Errors and notes\n\n")
+		for _, n := range res.Notes {
+			w.printf("- %s\n", n)
+		}
+		for _, e := range errs {
+			w.printf("%s\n", e)
+		}
+	}
+	w.printf("\n## Reproduce\n\n```\nmake build && go run ./tools/bench run --profile %s\ngo run ./tools/bench compare OLD_DIR NEW_DIR\n```\n", res.Profile)
+	return w.err
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
+
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) printf(format string, a ...any) {
+	if e.err == nil {
+		_, e.err = fmt.Fprintf(e.w, format, a...)
+	}
+}
+
+// writeCharts draws one grouped bar chart of the scenario's first metric
+// per link family (the first word of the link name: LAN, WAN).
+func writeCharts(dir, sc string, si ScenarioInfo, rows []row, variants []string, agg map[Key]Summary) ([]string, error) {
+	mt := si.Metrics[0]
+	families := map[string][]row{}
+	var order []string
+	for _, r := range rows {
+		fam := strings.SplitN(r.link, " ", 2)[0]
+		if _, ok := families[fam]; !ok {
+			order = append(order, fam)
+		}
+		families[fam] = append(families[fam], r)
+	}
+	var out []string
+	for _, fam := range order {
+		rs := families[fam]
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("%s: %s (%s)", si.Title, mt.Label, fam)
+		p.Y.Label.Text = mt.Label
+		labels := make([]string, len(rs))
+		for i, r := range rs {
+			l := strings.TrimSpace(strings.TrimPrefix(r.link, fam))
+			if len(rs) > 1 && r.cs != "" && (sc != ScLatency) {
+				l = strings.TrimSpace(l + " " + r.cs)
+			}
+			labels[i] = l
+		}
+		w := vg.Points(math.Max(4, math.Min(20, 300/float64(len(rs)*max(1, len(variants))))))
+		drawn := 0
+		for vi, v := range variants {
+			vals := make(plotter.Values, len(rs))
+			for i, r := range rs {
+				if s, ok := agg[Key{sc, r.link, r.cs, v, mt.Key}]; ok {
+					vals[i] = s.Median
+					drawn++
+				}
+			}
+			bars, err := plotter.NewBarChart(vals, w)
+			if err != nil {
+				return out, fmt.Errorf("bar chart: %w", err)
+			}
+			bars.LineStyle.Width = 0
+			bars.Color = plotutil.Color(vi)
+			bars.Offset = w * vg.Length(float64(vi)-float64(len(variants)-1)/2)
+			p.Add(bars)
+			p.Legend.Add(v, bars)
+		}
+		if drawn == 0 {
+			continue
+		}
+		p.Legend.Top = true
+		p.NominalX(labels...)
+		if len(labels) > 4 {
+			p.X.Tick.Label.Rotation = math.Pi / 6
+			p.X.Tick.Label.XAlign = -0.9
+		}
+		p.Add(plotter.NewGrid())
+		p.BackgroundColor = color.White
+		name := fmt.Sprintf("%s-%s-%s.png", sc, strings.ToLower(fam), strings.ReplaceAll(mt.Key, "_", "-"))
+		if err := p.Save(9*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, name)); err != nil {
+			return out, fmt.Errorf("save chart: %w", err)
+		}
+		out = append(out, name)
+	}
+	return out, nil
+}
+
+// Compare writes a table of NEW/OLD ratios of the medians of every metric
+// present in both runs.
+func Compare(w io.Writer, oldRes, newRes *Results) error {
+	a, b := Aggregate(oldRes.Samples), Aggregate(newRes.Samples)
+	info := Scenarios()
+	higher := map[string]bool{}
+	for _, si := range info {
+		for _, m := range si.Metrics {
+			higher[m.Key] = m.Higher
+		}
+	}
+	keys := make([]Key, 0, len(b))
+	for k := range b {
+		if _, ok := a[k]; ok {
+			keys = append(keys, k)
+		}
+	}
+	scOrder := AllScenarios()
+	sort.Slice(keys, func(i, j int) bool {
+		ki, kj := keys[i], keys[j]
+		if ki.Scenario != kj.Scenario {
+			return slices.Index(scOrder, ki.Scenario) < slices.Index(scOrder, kj.Scenario)
+		}
+		return ki.String() < kj.String()
+	})
+	ew := &errWriter{w: w}
+	ew.printf("Comparing OLD %s (%s) with NEW %s (%s). Ratio = NEW/OLD median; ↑ better / ↓ worse where the direction is known.\n\n",
+		oldRes.Started.Format("2006-01-02T15:04Z"), oldRes.Profile, newRes.Started.Format("2006-01-02T15:04Z"), newRes.Profile)
+	ew.printf("| scenario | link | case | variant | metric | old | new | new/old |\n|---|---|---|---|---|---|---|---|\n")
+	for _, k := range keys {
+		o, n := a[k], b[k]
+		ratio := "–"
+		if o.Median != 0 {
+			r := n.Median / o.Median
+			ratio = fmt.Sprintf("%.3f", r)
+			if h, ok := higher[k.Metric]; ok && math.Abs(r-1) > 0.05 {
+				if (r > 1) == h {
+					ratio += " ↑"
+				} else {
+					ratio += " ↓"
+				}
+			}
+		}
+		ew.printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", k.Scenario, k.Link, k.Case, k.Variant, k.Metric, fmtNum(o.Median), fmtNum(n.Median), ratio)
+	}
+	if len(keys) == 0 {
+		ew.printf("(no metric is present in both runs)\n")
+	}
+	return ew.err
+}

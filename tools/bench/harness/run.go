@@ -1,0 +1,336 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/tools/linkem/emu"
+	"github.com/quictun/quictun/tools/linkem/netns"
+)
+
+// Options configure a run.
+type Options struct {
+	Profile    Profile
+	BinDir     string   // latency-client and quictun binaries
+	ResultsDir string   // parent of the <date> directory
+	Prefix     string   // namespace prefix
+	Variants   []string // empty: every available one
+	Scenarios  []string // empty: the profile's
+	Reps       int      // 0: the profile's
+	ServerArgs []string // extra quictun-server flags
+	ClientArgs []string // extra quictun-client flags
+	SkipChecks bool     // skip the link validation
+	Spin       time.Duration
+	Now        func() time.Time
+}
+
+// Runner holds a run's state.
+type Runner struct {
+	opts    Options
+	prof    Profile
+	env     Env
+	ctl     *emu.Control
+	topo    *netns.Topology
+	echo    *Proc
+	vars    []Variant
+	res     *Results
+	outDir  string
+	lcLog   io.Writer
+	started time.Time
+}
+
+// Run performs a benchmark run and returns its output directory. It tears
+// everything down before returning, also on error or when ctx is cancelled.
+func Run(ctx context.Context, opts Options) (dir string, err error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	r := &Runner{opts: opts, prof: opts.Profile, started: opts.Now()}
+	if opts.Reps > 0 {
+		r.prof.Reps = opts.Reps
+		r.prof.BlackoutReps = min(r.prof.BlackoutReps, opts.Reps)
+	}
+	if len(opts.Scenarios) > 0 {
+		r.prof.Scenarios = opts.Scenarios
+	}
+	if err := r.preflight(); err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.prof.MaxDuration)
+	defer cancel()
+
+	r.outDir = filepath.Join(opts.ResultsDir, r.started.UTC().Format("2006-01-02T150405Z"))
+	raw := filepath.Join(r.outDir, "raw")
+	if err := os.MkdirAll(raw, 0o755); err != nil {
+		return "", fmt.Errorf("create output dir: %w", err)
+	}
+	lcLog, err := os.Create(filepath.Join(raw, "latency-client.log"))
+	if err != nil {
+		return "", fmt.Errorf("create log: %w", err)
+	}
+	defer lcLog.Close()
+	r.lcLog = lcLog
+	work, err := os.MkdirTemp("", "quictun-bench-")
+	if err != nil {
+		return "", fmt.Errorf("create work dir: %w", err)
+	}
+	defer os.RemoveAll(work)
+
+	r.res = &Results{Version: 1, Profile: r.prof.Name, Started: r.started.UTC(), Machine: machineInfo(),
+		Tools: toolVersions(ctx, opts.BinDir), Reps: r.prof.Reps}
+	defer func() {
+		r.res.Finished = opts.Now().UTC()
+		if err != nil {
+			r.res.Notes = append(r.res.Notes, "run ended early: "+err.Error())
+		}
+		if serr := r.res.Save(filepath.Join(r.outDir, "results.json")); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		if rerr := WriteReport(r.outDir, r.res); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+
+	// Topology and emulator.
+	_ = netns.Teardown(context.WithoutCancel(ctx), opts.Prefix)
+	topo, err := netns.Setup(ctx, opts.Prefix)
+	if err != nil {
+		return r.outDir, fmt.Errorf("set up namespaces: %w", err)
+	}
+	r.topo = topo
+	r.env = Env{ClientNS: topo.Client.NS, ServerNS: topo.Server.NS, ServerIP: netns.ServerIP,
+		BinDir: opts.BinDir, WorkDir: work, LogDir: raw}
+	c2s, s2c := emu.NewLink(emu.DefaultParams(), 1), emu.NewLink(emu.DefaultParams(), 2)
+	r.ctl = emu.NewControl(c2s, s2c, emu.RealClock())
+	fwd := emu.NewForwarder(topo.Client.TUN, topo.Server.TUN, c2s, s2c)
+	if opts.Spin >= 0 {
+		fwd.Spin = opts.Spin
+	}
+	fctx, stopFwd := context.WithCancel(context.WithoutCancel(ctx))
+	fwdDone := make(chan error, 1)
+	go func() { fwdDone <- fwd.Run(fctx, topo.Close) }()
+	defer func() {
+		for _, v := range r.vars {
+			v.Stop()
+		}
+		if r.echo != nil {
+			r.echo.Stop(5 * time.Second)
+		}
+		stopFwd()
+		if ferr := <-fwdDone; ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+		if terr := netns.Teardown(context.Background(), opts.Prefix); terr != nil {
+			err = errors.Join(err, terr)
+		}
+		cns, sns := netns.Names(opts.Prefix)
+		if netns.Exists(cns) || netns.Exists(sns) {
+			err = errors.Join(err, fmt.Errorf("namespaces %s/%s still exist after teardown", cns, sns))
+		}
+		klog.InfoS("Tore down the testbed", "prefix", opts.Prefix)
+	}()
+
+	if !opts.SkipChecks {
+		r.validate(ctx)
+		_ = r.res.Save(filepath.Join(r.outDir, "results.json"))
+	}
+	if err := r.startEndpoints(ctx); err != nil {
+		return r.outDir, err
+	}
+	for _, sc := range r.prof.Scenarios {
+		if ctx.Err() != nil {
+			break
+		}
+		klog.InfoS("Started scenario", "scenario", sc)
+		if err := r.scenario(ctx, sc); err != nil {
+			return r.outDir, fmt.Errorf("scenario %s: %w", sc, err)
+		}
+		_ = r.res.Save(filepath.Join(r.outDir, "results.json"))
+	}
+	if ctx.Err() != nil {
+		return r.outDir, fmt.Errorf("run stopped: %w", context.Cause(ctx))
+	}
+	return r.outDir, nil
+}
+
+func (r *Runner) preflight() error {
+	var errs []error
+	if os.Geteuid() != 0 {
+		errs = append(errs, errors.New("the benchmark needs root (namespaces, TUN)"))
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		errs = append(errs, fmt.Errorf("/dev/net/tun: %w", err))
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		errs = append(errs, fmt.Errorf("iproute2: %w", err))
+	}
+	if _, err := os.Stat(filepath.Join(r.opts.BinDir, "latency-client")); err != nil {
+		errs = append(errs, fmt.Errorf("latency-client not built (make build): %w", err))
+	}
+	if err := netns.ValidatePrefix(r.opts.Prefix); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// startEndpoints starts the echo/sink server and every variant.
+func (r *Runner) startEndpoints(ctx context.Context) error {
+	var err error
+	r.echo, err = StartProc("latency-client-serve", r.env.ServerNS, filepath.Join(r.env.LogDir, "latency-client-serve.log"),
+		r.env.bin("latency-client"), "serve", "--listen", fmt.Sprintf("0.0.0.0:%d", EchoPort),
+		"--sink-listen", fmt.Sprintf("0.0.0.0:%d", SinkPort), "--max-connections", "8192")
+	if err != nil {
+		return err
+	}
+	r.setLink(ctx, LinkOf("LAN", LANDelay, 0, ""))
+	if err := waitEcho(ctx, r.env.ClientNS, net.JoinHostPort(r.env.ServerIP, fmt.Sprint(EchoPort)), 20*time.Second); err != nil {
+		return fmt.Errorf("echo server: %w", err)
+	}
+	want := map[string]bool{}
+	for _, v := range r.opts.Variants {
+		want[v] = true
+	}
+	all := len(want) == 0
+	cands := []Variant{&direct{}}
+	if KcptunAvailable() {
+		cands = append(cands, &kcptun{})
+	} else if want["kcptun"] {
+		return errors.New("kcptun requested but kcptun-client/kcptun-server are not installed (apt-get install kcptun)")
+	} else {
+		r.res.Notes = append(r.res.Notes, "kcptun not installed: column skipped")
+	}
+	if QuictunAvailable(r.opts.BinDir) {
+		cands = append(cands, &quictun{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs})
+	} else if want["quictun"] {
+		return fmt.Errorf("quictun requested but %s/quictun-{server,client} are not built", r.opts.BinDir)
+	} else {
+		r.res.Notes = append(r.res.Notes, "quictun binaries not built: column skipped")
+	}
+	for _, v := range cands {
+		if !all && !want[v.Name()] {
+			continue
+		}
+		if err := v.Start(ctx, &r.env); err != nil {
+			v.Stop()
+			if !all {
+				return fmt.Errorf("start %s: %w", v.Name(), err)
+			}
+			r.res.Notes = append(r.res.Notes, fmt.Sprintf("%s failed to start, column skipped: %v", v.Name(), err))
+			klog.InfoS("Variant failed to start", "variant", v.Name(), "err", err)
+			continue
+		}
+		r.vars = append(r.vars, v)
+		r.res.Variants = append(r.res.Variants, v.Name())
+		klog.InfoS("Started variant", "variant", v.Name())
+	}
+	return nil
+}
+
+// setLink applies spec to both directions, resetting every other parameter.
+func (r *Runner) setLink(ctx context.Context, spec LinkSpec) {
+	both := map[string]any{}
+	for k, v := range emu.DefaultParams().ToMap() {
+		both[k] = v
+	}
+	for k, v := range spec.Params {
+		both[k] = v
+	}
+	if err := r.ctl.Apply(emu.ConfigUpdate{Both: both}); err != nil {
+		// Specs are built by the profile; an invalid one is a bug.
+		panic(fmt.Sprintf("invalid link %s: %v", spec.Name, err))
+	}
+	found := false
+	for _, l := range r.res.Links {
+		found = found || l.Name == spec.Name
+	}
+	if !found {
+		r.res.Links = append(r.res.Links, spec)
+	}
+	// Let queues from the previous setting drain.
+	select {
+	case <-ctx.Done():
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// ordered returns the variants rotated by i, so each variant goes first in
+// turn (interleaving without a fixed order bias).
+func (r *Runner) ordered(i int) []Variant {
+	n := len(r.vars)
+	out := make([]Variant, 0, n)
+	for k := range n {
+		out = append(out, r.vars[(k+i)%n])
+	}
+	return out
+}
+
+// latencyClient runs bin/latency-client in the client namespace and
+// decodes its JSON into v. A run that measured an error (exit 1) still
+// returns its JSON, with the error.
+func (r *Runner) latencyClient(ctx context.Context, timeout time.Duration, v any, args ...string) (json []byte, runErr error, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, rerr := runInNS(ctx, r.env.ClientNS, r.lcLog, r.env.bin("latency-client"), append(args, "--json")...)
+	raw, perr := parseJSON(out, v)
+	if perr != nil {
+		return nil, nil, errors.Join(perr, rerr)
+	}
+	return raw, rerr, nil
+}
+
+func machineInfo() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
+	m.Hostname, _ = os.Hostname()
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				m.CPUModel = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "MemTotal:"); ok {
+				m.MemTotal = strings.TrimSpace(v)
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m.Load = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return m
+}
+
+func toolVersions(ctx context.Context, binDir string) map[string]string {
+	out := map[string]string{}
+	try := func(name string, args ...string) {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		b, err := exec.CommandContext(cctx, args[0], args[1:]...).CombinedOutput()
+		if err == nil {
+			out[name] = strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+		}
+	}
+	try("latency-client", filepath.Join(binDir, "latency-client"), "version")
+	try("quictun-server", filepath.Join(binDir, "quictun-server"), "version")
+	try("quictun-client", filepath.Join(binDir, "quictun-client"), "version")
+	if KcptunAvailable() {
+		try("kcptun", "dpkg-query", "-W", "-f=${Version}", "kcptun")
+	}
+	return out
+}

@@ -1,0 +1,71 @@
+package harness
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/tools/linkem/netns"
+)
+
+// TestRunSmoke runs the smoke profile end to end with direct TCP (and
+// kcptun when installed) and checks the outputs and the teardown.
+func TestRunSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipping the end-to-end harness run under -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: needs root to create network namespaces and TUN devices")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Skip("skipping: /dev/net/tun is missing")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("skipping: the ip command (iproute2) is missing")
+	}
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin, "github.com/quictun/quictun/tools/latency-client")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run(), "build latency-client")
+
+	p, err := Profiles("smoke")
+	require.NoError(t, err)
+	variants := []string{"direct"}
+	if KcptunAvailable() {
+		variants = append(variants, "kcptun")
+	}
+	prefix := "hs" + strconv.Itoa(os.Getpid()%100000)
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	dir, err := Run(ctx, Options{Profile: p, BinDir: bin, ResultsDir: out, Prefix: prefix, Variants: variants,
+		Scenarios: []string{ScLatency, ScBulk, ScConnrate, ScBlackout}, SkipChecks: true, Spin: time.Millisecond})
+	require.NoError(t, err)
+
+	c, s := netns.Names(prefix)
+	assert.False(t, netns.Exists(c), "namespace %s left behind", c)
+	assert.False(t, netns.Exists(s), "namespace %s left behind", s)
+
+	res, err := LoadResults(dir)
+	require.NoError(t, err)
+	assert.Equal(t, variants, res.Variants)
+	seen := map[string]int{}
+	for _, smp := range res.Samples {
+		seen[smp.Scenario+"/"+smp.Variant]++
+		assert.Empty(t, smp.Error, "%s/%s/%s", smp.Scenario, smp.Link, smp.Variant)
+	}
+	for _, v := range variants {
+		assert.Equal(t, 2, seen[ScLatency+"/"+v])
+		assert.Equal(t, 2, seen[ScBulk+"/"+v])
+		assert.Equal(t, 1, seen[ScBlackout+"/"+v])
+	}
+	_, err = os.Stat(filepath.Join(dir, "report.md"))
+	require.NoError(t, err)
+}

@@ -1,0 +1,134 @@
+// Command bench runs the quictun benchmark harness (issue 3): direct TCP,
+// kcptun and quictun on the same emulated link, and writes
+// bench/results/<date>/{report.md,results.json,*.png}. See bench/README.md.
+package main
+
+import (
+	goflag "flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/tools/bench/harness"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	if err := newRootCommand().Execute(); err != nil {
+		klog.ErrorS(err, "bench failed")
+		klog.Flush()
+		return 1
+	}
+	klog.Flush()
+	return 0
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{Use: "bench", Short: "quictun benchmark harness", SilenceUsage: true}
+	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
+	klog.InitFlags(gfs)
+	root.PersistentFlags().AddGoFlag(gfs.Lookup("v"))
+	root.AddCommand(newRunCommand(), newCompareCommand(), newReportCommand())
+	return root
+}
+
+func newRunCommand() *cobra.Command {
+	var (
+		profile, binDir, out, prefix string
+		variants, scenarios          []string
+		serverArgs, clientArgs       []string
+		reps                         int
+		skipChecks                   bool
+		spin, maxDuration            time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run a profile (root: creates network namespaces) and write bench/results/<date>/",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := harness.Profiles(profile)
+			if err != nil {
+				return err
+			}
+			if maxDuration > 0 {
+				p.MaxDuration = maxDuration
+			}
+			valid := map[string]bool{}
+			for _, s := range harness.AllScenarios() {
+				valid[s] = true
+			}
+			for _, s := range scenarios {
+				if !valid[s] {
+					return fmt.Errorf("--scenarios: unknown %q (want %v)", s, harness.AllScenarios())
+				}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			dir, err := harness.Run(ctx, harness.Options{
+				Profile: p, BinDir: binDir, ResultsDir: out, Prefix: prefix,
+				Variants: variants, Scenarios: scenarios, Reps: reps,
+				ServerArgs: serverArgs, ClientArgs: clientArgs, SkipChecks: skipChecks, Spin: spin,
+			})
+			if dir != "" {
+				fmt.Printf("Report: %s/report.md\n", dir)
+			}
+			return err
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout) or full (every scenario of issue 3)")
+	fs.StringVar(&binDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
+	fs.StringVar(&out, "out", "bench/results", "results directory; each run writes <out>/<UTC date>/")
+	fs.StringVar(&prefix, "prefix", "qb", "network namespace prefix (<prefix>-c, <prefix>-s)")
+	fs.StringSliceVar(&variants, "variants", nil, "variants to run (direct,kcptun,quictun); default: every available one")
+	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,bulk,echo-tps,request-size,connrate,blackout,scale); default: the profile's")
+	fs.IntVar(&reps, "reps", 0, "repetitions per case (0: the profile's)")
+	fs.StringSliceVar(&serverArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable), e.g. --quictun-server-arg=--idle-timeout=60s")
+	fs.StringSliceVar(&clientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")
+	fs.BoolVar(&skipChecks, "skip-validation", false, "skip the emulator accuracy checks at the start")
+	fs.DurationVar(&spin, "spin", time.Millisecond, "emulator spin window (see tools/linkem)")
+	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
+	return cmd
+}
+
+func newCompareCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "compare OLD NEW",
+		Short: "Print NEW/OLD ratios of every median (OLD/NEW: result directories or results.json files)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(_ *cobra.Command, args []string) error {
+			o, err := harness.LoadResults(args[0])
+			if err != nil {
+				return err
+			}
+			n, err := harness.LoadResults(args[1])
+			if err != nil {
+				return err
+			}
+			return harness.Compare(os.Stdout, o, n)
+		},
+	}
+}
+
+func newReportCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "report DIR",
+		Short: "Rewrite DIR/report.md and charts from DIR/results.json",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			r, err := harness.LoadResults(args[0])
+			if err != nil {
+				return err
+			}
+			return harness.WriteReport(args[0], r)
+		},
+	}
+}
