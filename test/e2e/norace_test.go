@@ -1,0 +1,6 @@
+//go:build !race
+
+package e2e
+
+// raceEnabled reports whether the tests (and so the binaries) are built with -race.
+const raceEnabled = false
