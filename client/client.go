@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/backoff"
+	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
@@ -50,6 +51,17 @@ type Config struct {
 	// Backoff paces reconnects; nil uses DefaultBackoff.
 	Backoff *backoff.Backoff
 
+	// HeartbeatInterval is how often a heartbeat datagram goes to the server
+	// (0 disables heartbeats and path rescue).
+	HeartbeatInterval time.Duration
+	// RescueAfter is how long without a heartbeat echo before the client
+	// probes a new path to the server (see rescue.go).
+	RescueAfter time.Duration
+	// TailProbes is how many tail-loss probe datagrams follow a burst of
+	// upstream writes (0 disables); TailProbeDelay spaces them.
+	TailProbes     int
+	TailProbeDelay time.Duration
+
 	Metrics  *metrics.Client
 	QUICStat *metrics.QUICCollector
 	Registry *tunnel.Registry
@@ -69,8 +81,10 @@ type Client struct {
 	slots chan struct{}
 
 	mu      sync.Mutex
-	cur     *quic.Conn
+	cur     *session
 	changed chan struct{} // closed and replaced whenever cur changes
+
+	liveness liveness.Stats
 
 	nextConnID atomic.Uint64
 }
@@ -99,6 +113,15 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.MaxConnections <= 0 {
 		cfg.MaxConnections = 16384
 	}
+	if cfg.RescueAfter <= 0 {
+		cfg.RescueAfter = time.Second
+	}
+	if cfg.TailProbeDelay <= 0 {
+		cfg.TailProbeDelay = time.Millisecond
+	}
+	if cfg.TailProbes < 0 {
+		cfg.TailProbes = 0
+	}
 	if cfg.Backoff == nil {
 		cfg.Backoff = DefaultBackoff()
 	}
@@ -115,6 +138,15 @@ func (c *Client) Ready() bool {
 	return c.cur != nil
 }
 
+// session is one QUIC connection with its tail prober.
+type session struct {
+	conn   *quic.Conn
+	prober *liveness.TailProber
+}
+
+// LivenessStats counts heartbeat and tail-probe datagrams.
+func (c *Client) LivenessStats() *liveness.Stats { return &c.liveness }
+
 // Registry is the client's tunnel registry.
 func (c *Client) Registry() *tunnel.Registry { return c.cfg.Registry }
 
@@ -126,7 +158,7 @@ func (c *Client) ConnStats() []metrics.ConnStats {
 	if cur == nil {
 		return nil
 	}
-	return []metrics.ConnStats{{Label: "0", Stats: cur.ConnectionStats()}}
+	return []metrics.ConnStats{{Label: "0", Stats: cur.conn.ConnectionStats()}}
 }
 
 // Run serves the listeners and keeps a QUIC connection up until ctx is
@@ -169,13 +201,13 @@ func (c *Client) Run(ctx context.Context) error {
 	return nil
 }
 
-func (c *Client) setConn(conn *quic.Conn) {
+func (c *Client) setSession(sess *session) {
 	c.mu.Lock()
-	c.cur = conn
+	c.cur = sess
 	close(c.changed)
 	c.changed = make(chan struct{})
 	c.mu.Unlock()
-	if conn != nil {
+	if sess != nil {
 		c.cfg.Metrics.SessionUp.Set(1)
 	} else {
 		c.cfg.Metrics.SessionUp.Set(0)
@@ -213,14 +245,12 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		m.HandshakeDuration.Observe(time.Since(start).Seconds())
 		logger.V(2).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
 			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT)
-		c.setConn(conn)
+		sess := &session{conn: conn, prober: liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness)}
+		c.setSession(sess)
 		bo.Success(time.Now())
 
-		select {
-		case <-conn.Context().Done():
-		case <-ctx.Done():
-		}
-		c.setConn(nil)
+		c.monitor(ctx, tr, sess) // returns when the connection or ctx ends
+		c.setSession(nil)
 		if ctx.Err() != nil {
 			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
 			if c.cfg.QUICStat != nil {
@@ -263,15 +293,15 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport) (*quic.Conn, erro
 	return conn, nil
 }
 
-// waitConn returns the current connection, waiting up to SessionWait for one.
-func (c *Client) waitConn(ctx context.Context) (*quic.Conn, error) {
+// waitSession returns the current session, waiting up to SessionWait for one.
+func (c *Client) waitSession(ctx context.Context) (*session, error) {
 	t := time.NewTimer(c.cfg.SessionWait)
 	defer t.Stop()
 	for {
 		c.mu.Lock()
 		cur, ch := c.cur, c.changed
 		c.mu.Unlock()
-		if cur != nil && cur.Context().Err() == nil {
+		if cur != nil && cur.conn.Context().Err() == nil {
 			return cur, nil
 		}
 		select {
@@ -376,11 +406,12 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 		fail(proto.CodeBadToken.String(), "Could not encode destination token", err)
 		return
 	}
-	conn, err := c.waitConn(ctx)
+	sess, err := c.waitSession(ctx)
 	if err != nil {
 		fail(metrics.ResultNoSession, "No connection to the server for a local connection", err)
 		return
 	}
+	conn := sess.conn
 	str, err := conn.OpenStream()
 	if err != nil {
 		var limit quic.StreamLimitReachedError
@@ -410,6 +441,7 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 		}
 	}}
 	pipe := splice.New(sc, rs)
+	pipe.AfterWrite = sess.prober.Kick
 	t := &tunnel.Tunnel{
 		StreamID:    int64(str.StreamID()),
 		Endpoint:    listenAddr,

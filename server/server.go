@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
@@ -56,6 +57,13 @@ type Config struct {
 	ReplayWindow       time.Duration
 	MaxReplayEntries   int
 
+	// TailProbes is how many tail-loss probe datagrams follow a burst of
+	// downstream writes (0 disables); TailProbeDelay spaces them.
+	TailProbes     int
+	TailProbeDelay time.Duration
+	// MaxEchoesPerSecond bounds heartbeat echoes per connection.
+	MaxEchoesPerSecond int
+
 	Metrics  *metrics.Server
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
 	Registry *tunnel.Registry
@@ -70,6 +78,9 @@ func DefaultConfig() Config {
 		DrainTimeout:       30 * time.Second,
 		ReplayWindow:       2 * time.Minute,
 		MaxReplayEntries:   1 << 20,
+		TailProbes:         1,
+		TailProbeDelay:     time.Millisecond,
+		MaxEchoesPerSecond: 50,
 	}
 }
 
@@ -79,6 +90,8 @@ type Server struct {
 	pc     net.PacketConn
 	dials  chan struct{}
 	replay *replayCache
+
+	liveness liveness.Stats
 
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
@@ -109,6 +122,15 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	}
 	if cfg.MaxReplayEntries <= 0 {
 		cfg.MaxReplayEntries = def.MaxReplayEntries
+	}
+	if cfg.TailProbes < 0 {
+		cfg.TailProbes = 0
+	}
+	if cfg.TailProbeDelay <= 0 {
+		cfg.TailProbeDelay = def.TailProbeDelay
+	}
+	if cfg.MaxEchoesPerSecond <= 0 {
+		cfg.MaxEchoesPerSecond = def.MaxEchoesPerSecond
 	}
 	switch {
 	case cfg.TLS == nil:
@@ -142,6 +164,9 @@ func (s *Server) Ready() bool { return s.ready.Load() && !s.draining.Load() }
 
 // Addr is the UDP address the server listens on.
 func (s *Server) Addr() net.Addr { return s.pc.LocalAddr() }
+
+// LivenessStats counts heartbeat and tail-probe datagrams.
+func (s *Server) LivenessStats() *liveness.Stats { return &s.liveness }
 
 // Registry is the server's tunnel registry.
 func (s *Server) Registry() *tunnel.Registry { return s.cfg.Registry }
@@ -234,6 +259,13 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "server shutting down")
 	})
 	var streams sync.WaitGroup
+	var prober *liveness.TailProber
+	if conn.ConnectionState().SupportsDatagrams.Remote {
+		prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness)
+		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
+		streams.Go(func() { recv.Run(conn.Context()) })
+		streams.Go(func() { prober.Run(conn.Context()) })
+	}
 	for {
 		str, err := conn.AcceptStream(conn.Context())
 		if err != nil {
@@ -251,7 +283,7 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 			m.StreamsTotal.WithLabelValues(proto.CodeShutdown.String()).Inc()
 			continue
 		}
-		streams.Go(func() { s.handleStream(ctx, conn, id, str, early) })
+		streams.Go(func() { s.handleStream(ctx, conn, id, str, early, prober) })
 	}
 	streams.Wait()
 	stop()
@@ -288,7 +320,7 @@ func connResult(err error) string {
 }
 
 // handleStream serves one tunnel stream from header to close.
-func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint64, str *quic.Stream, early bool) {
+func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint64, str *quic.Stream, early bool, prober *liveness.TailProber) {
 	m := s.cfg.Metrics
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(str.StreamID()))
 	start := time.Now()
@@ -380,6 +412,9 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	}
 
 	pipe := splice.New(sc, str)
+	if prober != nil {
+		pipe.AfterWrite = prober.Kick
+	}
 	t := &tunnel.Tunnel{
 		StreamID:    int64(str.StreamID()),
 		ConnID:      connID,

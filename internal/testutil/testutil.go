@@ -129,6 +129,8 @@ type ClientOptions struct {
 	Mutate      func(*client.Config)
 	QUIC        func(*transport.QUICOptions)
 	WaitReady   bool
+	// ServerAddr overrides the address dialed (e.g. a proxy in front of the server).
+	ServerAddr string
 }
 
 // Client is a running in-process client.
@@ -194,9 +196,14 @@ func StartClient(t testing.TB, srv *Server, o ClientOptions) *Client {
 	require.NoError(t, err)
 	bo := client.DefaultBackoff()
 	bo.Max = 500 * time.Millisecond
+	serverAddr := srv.Addr
+	if o.ServerAddr != "" {
+		serverAddr = o.ServerAddr
+	}
 	cfg := client.Config{
-		ServerAddr: srv.Addr, TLS: tlsConf, QUIC: transport.QUICConfig(qo), Secret: secret, Tokens: tokens,
+		ServerAddr: serverAddr, TLS: tlsConf, QUIC: transport.QUICConfig(qo), Secret: secret, Tokens: tokens,
 		Listeners: o.Listeners, Metrics: m, SessionWait: 5 * time.Second, DrainTimeout: 5 * time.Second, Backoff: bo,
+		HeartbeatInterval: 200 * time.Millisecond, TailProbes: 1,
 	}
 	if o.Mutate != nil {
 		o.Mutate(&cfg)

@@ -102,6 +102,7 @@ type Client struct {
 	StreamOpenDuration prometheus.Histogram
 	StreamBytesTotal   *prometheus.CounterVec
 	AcceptedTotal      prometheus.Counter
+	PathRescuesTotal   *prometheus.CounterVec
 }
 
 // NewClient creates and registers the client metrics on reg.
@@ -144,8 +145,12 @@ func NewClient(reg prometheus.Registerer) *Client {
 			Namespace: Namespace, Subsystem: sub, Name: "accepted_connections_total",
 			Help: "Local connections accepted on the client's listeners.",
 		}),
+		PathRescuesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "path_rescues_total",
+			Help: "Blackout rescues: switched (a new path validated), recovered (the old path came back first), error.",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
+	reg.MustRegister(m.PathRescuesTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
 		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal)
 	for _, r := range []string{"ok", "ok_0rtt", "error", "auth_failed"} {
 		m.DialsTotal.WithLabelValues(r)
@@ -154,6 +159,9 @@ func NewClient(reg prometheus.Registerer) *Client {
 		m.StreamsTotal.WithLabelValues(resultLabel(c))
 	}
 	m.StreamsTotal.WithLabelValues(ResultNoSession)
+	for _, r := range []string{"switched", "recovered", "error"} {
+		m.PathRescuesTotal.WithLabelValues(r)
+	}
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
 	}

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
+
+	"github.com/quictun/quictun/pkg/liveness"
 )
 
 // ConnStats is one live connection's statistics, with the label it is exported
@@ -124,4 +126,37 @@ func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
 	cnt(c.bytesSent, total.BytesSent)
 	cnt(c.bytesRecv, total.BytesReceived)
 	cnt(c.bytesLost, total.BytesLost)
+}
+
+// LivenessCollector exports the heartbeat and tail-probe datagram counters.
+type LivenessCollector struct {
+	stats *liveness.Stats
+	desc  *prometheus.Desc
+}
+
+// NewLivenessCollector returns a collector of stats for side ("client" or "server").
+func NewLivenessCollector(side string, stats *liveness.Stats) *LivenessCollector {
+	return &LivenessCollector{stats: stats, desc: prometheus.NewDesc(
+		prometheus.BuildFQName(Namespace, "quic", "datagrams_total"),
+		"Liveness datagrams by type: heartbeat_sent, echo_received, echo_sent, tail_probe_sent, invalid (received and dropped).",
+		[]string{"type"}, prometheus.Labels{"side": side})}
+}
+
+// Describe implements prometheus.Collector.
+func (c *LivenessCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *LivenessCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, v := range []struct {
+		typ string
+		n   uint64
+	}{
+		{"heartbeat_sent", c.stats.HeartbeatsSent.Load()},
+		{"echo_received", c.stats.EchoesReceived.Load()},
+		{"echo_sent", c.stats.EchoesSent.Load()},
+		{"tail_probe_sent", c.stats.TailProbesSent.Load()},
+		{"invalid", c.stats.Invalid.Load()},
+	} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v.n), v.typ)
+	}
 }

@@ -43,6 +43,10 @@ type Pipe struct {
 	// FromStream counts bytes copied from the stream into the connection.
 	FromStream atomic.Int64
 
+	// AfterWrite, if set before Run, is called after every write to the stream
+	// (quictun uses it to send a tail-loss probe after a burst). It must not block.
+	AfterWrite func()
+
 	abortOnce sync.Once
 	abortErr  error
 }
@@ -111,6 +115,9 @@ func (p *Pipe) toStream() {
 				return
 			}
 			p.ToStream.Add(int64(n))
+			if p.AfterWrite != nil {
+				p.AfterWrite()
+			}
 		}
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) {

@@ -43,6 +43,7 @@ func QUICConfig(o QUICOptions) *quic.Config {
 		MaxIncomingStreams:             o.MaxIncomingStreams,
 		MaxIncomingUniStreams:          -1,
 		Allow0RTT:                      o.Allow0RTT,
+		EnableDatagrams:                true, // heartbeats and tail-loss probes (pkg/liveness)
 		InitialStreamReceiveWindow:     512 << 10,
 		MaxStreamReceiveWindow:         6 << 20,
 		InitialConnectionReceiveWindow: 1 << 20,

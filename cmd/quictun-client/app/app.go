@@ -154,6 +154,9 @@ func (o *Options) Run(ctx context.Context) error {
 		MaxConnections:    o.MaxConnections,
 		DrainTimeout:      o.DrainTimeout,
 		Backoff:           bo,
+		HeartbeatInterval: o.HeartbeatInterval,
+		RescueAfter:       o.RescueAfter,
+		TailProbes:        o.TailProbes,
 		Metrics:           m,
 		QUICStat:          qstat,
 		Registry:          registry,
@@ -164,7 +167,7 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	reg.MustRegister(qstat)
+	reg.MustRegister(qstat, metrics.NewLivenessCollector("client", c.LivenessStats()))
 	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(o.ListenOn, ","))
 
 	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))

@@ -135,6 +135,7 @@ func (o *Options) Run(ctx context.Context) error {
 		DialTimeout:        o.DialTimeout,
 		MaxConcurrentDials: o.MaxConcurrentDials,
 		DrainTimeout:       o.DrainTimeout,
+		TailProbes:         o.TailProbes,
 		Metrics:            m,
 		QUICStat:           qstat,
 		Registry:           registry,
@@ -145,7 +146,7 @@ func (o *Options) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	reg.MustRegister(qstat)
+	reg.MustRegister(qstat, metrics.NewLivenessCollector("server", srv.LivenessStats()))
 	logger.Info("Destinations allowed", "allow", strings.Join(allow.Rules(), ","))
 
 	g, gctx := errgroup.WithContext(ctx)

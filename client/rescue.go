@@ -1,0 +1,164 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/liveness"
+)
+
+// monitor runs the session's datagram receiver, tail prober and heartbeats,
+// and rescues the connection after a blackout: when no heartbeat echo arrived
+// for RescueAfter, it probes a new path (a fresh UDP socket, so the probe is
+// not stuck behind the connection's backed-off probe timer) and switches to it
+// as soon as the server answers. quic-go then re-sends everything outstanding
+// at once. monitor returns when the connection or ctx ends, after every
+// goroutine it started has ended.
+func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session) {
+	conn := sess.conn
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(conn.Context(), cancel)
+	defer stop()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if !conn.ConnectionState().SupportsDatagrams.Remote {
+		klog.FromContext(ctx).V(2).Info("Server does not support datagrams; heartbeats and tail probes are off")
+		<-mctx.Done()
+		return
+	}
+	recv := liveness.NewReceiver(conn, false, 0, &c.liveness)
+	wg.Go(func() { recv.Run(mctx) })
+	wg.Go(func() { sess.prober.Run(mctx) })
+	if c.cfg.HeartbeatInterval <= 0 {
+		<-mctx.Done()
+		return
+	}
+	r := &rescuer{c: c, conn: conn, transports: []*quic.Transport{tr}}
+	defer r.close()
+	tick := time.NewTicker(c.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	var seq uint64
+	var rescuing sync.WaitGroup
+	defer rescuing.Wait()
+	busy := false
+	done := make(chan struct{}, 1)
+	for {
+		select {
+		case <-mctx.Done():
+			return
+		case <-done:
+			busy = false
+		case <-tick.C:
+			seq++
+			_ = liveness.SendHeartbeat(conn, seq, &c.liveness)
+			quiet := time.Since(recv.LastEcho())
+			if !busy && quiet > c.cfg.RescueAfter && time.Since(r.lastSwitch) > c.cfg.RescueAfter {
+				busy = true
+				rescuing.Go(func() {
+					r.rescue(mctx, recv)
+					done <- struct{}{}
+				})
+			}
+		}
+	}
+}
+
+// rescuer owns the extra sockets of one connection. They must live as long
+// as the connection: closing a quic.Transport destroys every connection that
+// ever used it.
+type rescuer struct {
+	c          *Client
+	conn       *quic.Conn
+	transports []*quic.Transport // [0] dialed the connection; at most one more
+	udp        []*net.UDPConn
+	active     int
+	lastSwitch time.Time
+}
+
+func (r *rescuer) close() {
+	for _, t := range r.transports[1:] {
+		_ = t.Close()
+	}
+	for _, u := range r.udp {
+		_ = u.Close()
+	}
+}
+
+// other returns a transport other than the active one, creating the spare socket once.
+func (r *rescuer) other() (int, error) {
+	if len(r.transports) == 1 {
+		network := "udp4"
+		if ua, ok := r.transports[0].Conn.LocalAddr().(*net.UDPAddr); ok && ua.IP.To4() == nil && !ua.IP.IsUnspecified() {
+			network = "udp6"
+		}
+		laddr := &net.UDPAddr{}
+		if ua, ok := r.transports[0].Conn.LocalAddr().(*net.UDPAddr); ok {
+			laddr.IP = ua.IP // same interface family and address, new port
+		}
+		u, err := net.ListenUDP(network, laddr)
+		if err != nil {
+			return 0, fmt.Errorf("rescue socket: %w", err)
+		}
+		r.udp = append(r.udp, u)
+		r.transports = append(r.transports, &quic.Transport{Conn: u})
+	}
+	return 1 - r.active, nil
+}
+
+// rescue probes one new path until it validates, the link recovers by itself
+// (a heartbeat echo arrives), or ctx ends.
+func (r *rescuer) rescue(ctx context.Context, recv *liveness.Receiver) {
+	logger := klog.FromContext(ctx)
+	m := r.c.cfg.Metrics
+	idx, err := r.other()
+	if err != nil {
+		m.PathRescuesTotal.WithLabelValues("error").Inc()
+		logger.Error(err, "Could not open a socket for path rescue")
+		return
+	}
+	path, err := r.conn.AddPath(r.transports[idx])
+	if err != nil {
+		m.PathRescuesTotal.WithLabelValues("error").Inc()
+		logger.V(2).Info("Could not add a path", "err", err)
+		return
+	}
+	start := time.Now()
+	logger.V(2).Info("No heartbeat echo; probing a new path", "quiet", time.Since(recv.LastEcho()))
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err = path.Probe(pctx) // each call sends a PATH_CHALLENGE at once
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Since(recv.LastEcho()) < r.c.cfg.RescueAfter {
+			// The old path came back by itself.
+			_ = path.Close()
+			m.PathRescuesTotal.WithLabelValues("recovered").Inc()
+			return
+		}
+	}
+	if ctx.Err() != nil {
+		_ = path.Close()
+		return
+	}
+	if err := path.Switch(); err != nil {
+		_ = path.Close()
+		m.PathRescuesTotal.WithLabelValues("error").Inc()
+		logger.V(2).Info("Could not switch path", "err", err)
+		return
+	}
+	r.active = idx
+	r.lastSwitch = time.Now()
+	m.PathRescuesTotal.WithLabelValues("switched").Inc()
+	logger.V(2).Info("Switched to a new path after a blackout", "localAddress", r.transports[idx].Conn.LocalAddr().String(),
+		"probing", time.Since(start))
+}
