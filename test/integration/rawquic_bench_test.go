@@ -97,4 +97,3 @@ func BenchmarkRawQUIC(b *testing.B) {
 		}
 	})
 }
-
