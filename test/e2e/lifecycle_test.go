@@ -1,0 +1,303 @@
+package e2e
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil"
+)
+
+// TestGracefulDrain: SIGTERM while a transfer runs. Readiness turns 503 first,
+// new tunnels are refused, the running transfer completes intact within
+// --drain-timeout, and the server exits 0.
+func TestGracefulDrain(t *testing.T) {
+	checkLeaks(t)
+	drain(t, false)
+}
+
+// TestGracefulDrainDeliversLastBytes is TestGracefulDrain with the application
+// half-closing right after its last write and reading the echo to EOF, as
+// `cat file | nc` does: every byte and the EOF must arrive.
+func TestGracefulDrainDeliversLastBytes(t *testing.T) {
+	skipBug(t, "the server closes its QUIC connections (CONNECTION_CLOSE) as soon as the last tunnel's pipe "+
+		"returns, while the tail of the downstream data and the FIN are still unacknowledged: the client loses them "+
+		"and resets the application (e.g. 4165772 of 4194304 bytes, then ECONNRESET); see /work/helpers/e2e.md")
+	checkLeaks(t)
+	drain(t, true)
+}
+
+// skipBug skips a test that demonstrates a known bug, unless QUICTUN_E2E_BUGS=1.
+func skipBug(t *testing.T, bug string) {
+	t.Helper()
+	if os.Getenv("QUICTUN_E2E_BUGS") != "1" {
+		t.Skip("BUG: " + bug + " (set QUICTUN_E2E_BUGS=1 to run)")
+	}
+}
+
+// drain runs the drain scenario. With toEOF the application half-closes after
+// its last write and reads the echo to EOF; otherwise it reads back every byte
+// before half-closing, so only the final FIN is in flight when the tunnel ends.
+func drain(t *testing.T, toEOF bool) {
+	echo := testutil.EchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--drain-timeout", "20s"}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo})
+
+	c := dialApp(t, cl.Addr)
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
+	const chunk, chunks = 64 << 10, 64 // 4 MiB, written in two halves around the signal
+	sentHash, gotHash := sha256.New(), sha256.New()
+	var readN int64
+	var readErr error
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		if toEOF {
+			readN, readErr = io.Copy(gotHash, c)
+		} else {
+			readN, readErr = io.CopyN(gotHash, c, chunk*chunks)
+		}
+	}()
+	write := func(n int) {
+		buf := make([]byte, chunk)
+		for range n {
+			_, _ = rand.Read(buf)
+			sentHash.Write(buf)
+			_, err := c.Write(buf)
+			require.NoError(t, err)
+		}
+	}
+	write(chunks / 2)
+	waitMetric(t, srv, 5*time.Second, eq(1), "quictun_server_active_streams")
+
+	sigAt := time.Now()
+	srv.signal(t, syscall.SIGTERM)
+	waitFor(t, 5*time.Second, "server /readyz 503", func() bool {
+		code, _ := httpDo(http.MethodGet, srv.AdminURL+"/readyz")
+		return code == http.StatusServiceUnavailable
+	})
+	require.False(t, srv.exited(), "the server must wait for the open tunnel")
+	assert.Equal(t, 1.0, scrape(t, srv).val("quictun_server_draining"))
+
+	// A new tunnel during the drain is refused with "shutdown", not hung.
+	late := dialApp(t, cl.Addr)
+	err := echoOnce(late, "late")
+	assert.Error(t, err, "a tunnel opened during the drain must fail")
+	waitMetric(t, srv, 5*time.Second, eq(1), "quictun_server_streams_total", "result", "shutdown")
+
+	write(chunks / 2)
+	if toEOF {
+		require.NoError(t, c.CloseWrite())
+	}
+	select {
+	case <-readDone:
+	case <-time.After(ioTimeout):
+		t.Fatal("transfer did not finish during the drain")
+	}
+	require.NoError(t, readErr, "after %d of %d bytes", readN, chunk*chunks)
+	assert.Equal(t, int64(chunk*chunks), readN)
+	assert.Equal(t, sentHash.Sum(nil), gotHash.Sum(nil))
+	if !toEOF {
+		require.NoError(t, c.CloseWrite())
+		n, err := io.Copy(io.Discard, c)
+		t.Logf("after the echo, the half-close ended with %d extra bytes, err %v (want 0, nil)", n, err)
+	}
+
+	code, ok := srv.waitExit(exitTimeout)
+	require.True(t, ok, "server did not exit after the drain")
+	assert.Equal(t, 0, code, "a graceful drain exits 0")
+	t.Logf("SIGTERM to exit with one 4 MiB transfer in flight: %v", time.Since(sigAt))
+}
+
+// TestSecondSignalExitsAtOnce: a second SIGTERM during a long drain stops the
+// server immediately.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--drain-timeout", "5m"}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo})
+	c := dialApp(t, cl.Addr)
+	_, err := c.Write([]byte("x"))
+	require.NoError(t, err)
+	waitMetric(t, srv, 5*time.Second, eq(1), "quictun_server_active_streams")
+
+	srv.signal(t, syscall.SIGTERM)
+	waitFor(t, 5*time.Second, "draining", func() bool { return !srv.ready() })
+	start := time.Now()
+	srv.signal(t, syscall.SIGTERM)
+	code, ok := srv.waitExit(10 * time.Second)
+	require.True(t, ok, "second SIGTERM must exit at once, not wait for the 5m drain")
+	assert.Equal(t, 1, code, "the drain was cut short")
+	t.Logf("second SIGTERM to exit: %v", time.Since(start))
+	// The process exits without closing its QUIC connections, so the client
+	// learns of it only from its idle timeout (or a stateless reset after a
+	// restart): the application's read does not end within 2 s.
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_, err = io.ReadAll(c)
+	t.Logf("application read after the hard exit: %v", err)
+}
+
+// TestServerKillRestart: SIGKILL the server under 100 open tunnels and restart
+// it on the same port with the same --state-dir. Every old connection fails
+// (never hangs), the client reconnects by itself and new connections succeed.
+func TestServerKillRestart(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo})
+
+	const n = 100
+	old := make([]*net.TCPConn, n)
+	for i := range old {
+		old[i] = dialApp(t, cl.Addr)
+		_ = old[i].SetDeadline(time.Now().Add(ioTimeout))
+		msg := fmt.Sprintf("ping %03d", i)
+		_, err := io.WriteString(old[i], msg)
+		require.NoError(t, err)
+		buf := make([]byte, len(msg))
+		_, err = io.ReadFull(old[i], buf)
+		require.NoError(t, err)
+		require.Equal(t, msg, string(buf))
+	}
+	waitMetric(t, srv, 10*time.Second, eq(n), "quictun_server_active_streams")
+
+	srv.kill(t)
+	killedAt := time.Now()
+	srv2 := startServer(t, serverOpts{StateDir: srv.StateDir, SecretFile: srv.SecretFile, UDPPort: srv.udpPort, AdminPort: srv.adminPort,
+		Allow: []string{"tcp:" + echo}})
+	restartedAt := time.Now()
+	require.Equal(t, srv.Fingerprint, srv2.Fingerprint, "same --state-dir, same identity")
+
+	// The applications keep talking on their old connections: each must see an
+	// error or EOF without its echo, within the bound.
+	type outcome struct {
+		err  error
+		echo bool
+		at   time.Duration
+	}
+	outcomes := make([]outcome, n)
+	var wg sync.WaitGroup
+	for i, c := range old {
+		wg.Go(func() {
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			msg := fmt.Sprintf("after %03d", i)
+			_, err := io.WriteString(c, msg)
+			if err == nil {
+				buf := make([]byte, len(msg))
+				_, err = io.ReadFull(c, buf)
+				outcomes[i].echo = err == nil && string(buf) == msg
+			}
+			outcomes[i].err, outcomes[i].at = err, time.Since(restartedAt)
+		})
+	}
+
+	// Meanwhile a new application connects, retrying as an application would.
+	attempts := 0
+	var firstOK time.Duration
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		attempts++
+		err := echoOnce(dialApp(t, cl.Addr), "new")
+		if err == nil {
+			firstOK = time.Since(restartedAt)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new connection succeeded within 15s of the restart (%d attempts, last: %v)", attempts, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wg.Wait()
+
+	kinds := map[string]int{}
+	var slowest time.Duration
+	for i, o := range outcomes {
+		var ne net.Error
+		switch {
+		case o.echo:
+			t.Errorf("old connection %d still echoed after the server was killed", i)
+			kinds["echo"]++
+		case o.err == nil:
+			kinds["no error"]++
+		case errors.As(o.err, &ne) && ne.Timeout():
+			t.Errorf("old connection %d hung: %v", i, o.err)
+			kinds["hang"]++
+		case errors.Is(o.err, io.EOF) || errors.Is(o.err, io.ErrUnexpectedEOF):
+			kinds["eof"]++
+		case isReset(o.err):
+			kinds["reset"]++
+		default:
+			kinds[o.err.Error()]++
+		}
+		slowest = max(slowest, o.at)
+	}
+	t.Logf("server restart (same port and state): restart took %v after SIGKILL; old connections: %v, last failed %v after restart; "+
+		"first new connection OK %v after restart (attempt %d; target 1s)", restartedAt.Sub(killedAt), kinds, slowest, firstOK, attempts)
+	assert.Equal(t, 1.0, scrape(t, cl).val("quictun_client_session_up"))
+	assert.GreaterOrEqual(t, scrape(t, cl).val("quictun_client_reconnects_total"), 1.0)
+	assert.Contains(t, cl.log(), "Lost connection to server")
+	if firstOK > 3*time.Second {
+		t.Errorf("new connections succeeded only %v after the restart; want a few seconds at most", firstOK)
+	}
+}
+
+// TestClientKill: SIGKILL the client under open tunnels. The server notices
+// within its idle timeout, releases every stream and closes the destination
+// connections.
+func TestClientKill(t *testing.T) {
+	checkLeaks(t)
+	const n = 5
+	ended := make(chan struct{}, n)
+	dest := testutil.ServeTCP(t, func(c net.Conn) {
+		_, _ = io.Copy(c, c)
+		ended <- struct{}{}
+	})
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + dest}, Args: []string{"--idle-timeout", "3s", "--keepalive-period", "1s"}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + dest})
+	for range n {
+		c := dialApp(t, cl.Addr)
+		_ = c.SetDeadline(time.Now().Add(ioTimeout))
+		_, err := c.Write([]byte("hi"))
+		require.NoError(t, err)
+		_, err = io.ReadFull(c, make([]byte, 2))
+		require.NoError(t, err)
+	}
+	waitMetric(t, srv, 5*time.Second, eq(n), "quictun_server_active_streams")
+
+	cl.kill(t)
+	killed := time.Now()
+	waitMetric(t, srv, 3*time.Second+10*time.Second, eq(0), "quictun_server_active_streams")
+	released := time.Since(killed)
+	m := scrape(t, srv)
+	assert.Equal(t, 0.0, m.val("quictun_server_active_connections"))
+	assert.Equal(t, 1.0, m.val("quictun_server_connections_total", "result", "idle_timeout"))
+	assert.Equal(t, 0.0, m.val("quictun_server_streams_total", "result", "ok"), "a dead client's streams are not ok")
+	assert.Empty(t, listTunnels(t, srv))
+	for i := range n {
+		select {
+		case <-ended:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("destination connection %d still open after the server released the stream", i)
+		}
+	}
+	var results []string
+	for _, mf := range m.families["quictun_server_streams_total"].GetMetric() {
+		if v := mf.GetCounter().GetValue(); v > 0 {
+			results = append(results, fmt.Sprintf("%s=%v", mf.GetLabel()[0].GetValue(), v))
+		}
+	}
+	t.Logf("client SIGKILL with %d tunnels, server --idle-timeout 3s --keepalive-period 1s: streams released after %v; server streams_total %v",
+		n, released, results)
+	_ = os.Stderr.Sync()
+}
