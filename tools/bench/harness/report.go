@@ -29,25 +29,31 @@ type ScenarioInfo struct {
 	Title   string
 	What    string
 	Metrics []Metric
+	// Charts lists the metric keys drawn as charts (default: the first metric).
+	Charts []string
 }
 
 // Scenarios describes each scenario for the report.
 func Scenarios() map[string]ScenarioInfo {
 	return map[string]ScenarioInfo{
 		ScLatency: {"1. Latency (ping-pong)", "One connection, 1000 round trips of 1000 B, as quic-tun's report. First packet = first round trip (includes opening the tunnel stream); total = all round trips.",
-			[]Metric{{"first_packet_ms", "first packet ms", false}, {"total_ms", "total ms", false}, {"p99_ms", "p99 RTT ms", false}}},
+			[]Metric{{"first_packet_ms", "first packet ms", false}, {"total_ms", "total ms", false}, {"p99_ms", "p99 RTT ms", false}},
+			[]string{"total_ms", "first_packet_ms"}},
 		ScBulk: {"2. Bulk throughput", "Download (server to client) from `latency-client serve`'s sink for a fixed time, by the harness's own sink-protocol client (it stops with a byte, not a half-close, which kcptun does not carry); byte count and CRC-32C verified, 1 or 4 parallel connections. CPU: user+system seconds of the tunnel's client and server processes per GB carried (direct TCP has no tunnel process).",
-			[]Metric{{"mbit_per_s", "Mbit/s", true}, {"cpu_client_s_per_gb", "client CPU s/GB", false}, {"cpu_server_s_per_gb", "server CPU s/GB", false}}},
+			[]Metric{{"mbit_per_s", "Mbit/s", true}, {"cpu_client_s_per_gb", "client CPU s/GB", false}, {"cpu_server_s_per_gb", "server CPU s/GB", false}},
+			[]string{"mbit_per_s", "cpu_client_s_per_gb"}},
 		ScEcho: {"3a. Echo TPS by message size", "Several connections in parallel, ping-pong of the given size, unlimited link.",
-			[]Metric{{"tps", "round trips/s", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p99_ms", "p99 ms", false}}},
+			[]Metric{{"tps", "round trips/s", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p99_ms", "p99 ms", false}}, nil},
 		ScReqSize: {"3b. QPS and throughput by request size", "One connection, request = echo of the given size, unlimited link.",
-			[]Metric{{"tps", "QPS", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p50_ms", "p50 ms", false}}},
+			[]Metric{{"tps", "QPS", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p50_ms", "p50 ms", false}}, nil},
 		ScConnrate: {"4. New-connection cost", "Short connections: connect, one 100 B request, echo, close; 8 in flight.",
-			[]Metric{{"conns_per_s", "conns/s", true}, {"first_byte_p50_ms", "first byte p50 ms", false}, {"first_byte_p99_ms", "first byte p99 ms", false}}},
+			[]Metric{{"conns_per_s", "conns/s", true}, {"first_byte_p50_ms", "first byte p50 ms", false}, {"first_byte_p99_ms", "first byte p99 ms", false}}, nil},
 		ScBlackout: {"5. Recovery after a blackout", "100 % loss both ways for the given time. In-flight: a 1000 B request sent on an open connection just after the cut started; seconds from the end of the cut to its echo. New connection: seconds from the end of the cut to the first new connection that completes a round trip. Survived: the tunnel's QUIC connection was not replaced (quictun reconnect counter unchanged).",
-			[]Metric{{"inflight_after_s", "in-flight done after s", false}, {"newconn_after_s", "new conn after s", false}, {"tunnel_survived", "tunnel survived", true}}},
+			[]Metric{{"inflight_after_s", "in-flight done after s", false}, {"newconn_after_s", "new conn after s", false}, {"tunnel_survived", "tunnel survived", true}},
+			[]string{"inflight_after_s", "newconn_after_s"}},
 		ScScale: {"6. Scale", "Many concurrent ping-pong connections. RSS: peak resident memory of the tunnel's client and server processes during the run (direct: the echo server).",
-			[]Metric{{"p50_ms", "p50 ms", false}, {"p99_ms", "p99 ms", false}, {"rss_client_mib", "client RSS MiB", false}, {"rss_server_mib", "server RSS MiB", false}}},
+			[]Metric{{"p50_ms", "p50 ms", false}, {"p99_ms", "p99 ms", false}, {"rss_client_mib", "client RSS MiB", false}, {"rss_server_mib", "server RSS MiB", false}},
+			[]string{"p99_ms", "rss_client_mib"}},
 	}
 }
 
@@ -231,7 +237,27 @@ func (e *errWriter) printf(format string, a ...any) {
 // writeCharts draws one grouped bar chart of the scenario's first metric
 // per link family (the first word of the link name: LAN, WAN).
 func writeCharts(dir, sc string, si ScenarioInfo, rows []row, variants []string, agg map[Key]Summary) ([]string, error) {
-	mt := si.Metrics[0]
+	keys := si.Charts
+	if len(keys) == 0 {
+		keys = []string{si.Metrics[0].Key}
+	}
+	var out []string
+	for _, k := range keys {
+		for _, mt := range si.Metrics {
+			if mt.Key != k {
+				continue
+			}
+			c, err := writeMetricCharts(dir, sc, si, mt, rows, variants, agg)
+			out = append(out, c...)
+			if err != nil {
+				return out, err
+			}
+		}
+	}
+	return out, nil
+}
+
+func writeMetricCharts(dir, sc string, si ScenarioInfo, mt Metric, rows []row, variants []string, agg map[Key]Summary) ([]string, error) {
 	families := map[string][]row{}
 	var order []string
 	for _, r := range rows {
