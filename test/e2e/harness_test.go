@@ -455,11 +455,17 @@ func hasLabels(s *dto.Metric, kv []string) bool {
 func waitMetric(t *testing.T, d *daemon, timeout time.Duration, cond func(float64) bool, name string, labels ...string) float64 {
 	t.Helper()
 	var v float64
-	waitFor(t, timeout, fmt.Sprintf("%s %s%v (last %v)", d.name, name, labels, &v), func() bool {
+	deadline := time.Now().Add(timeout)
+	for {
 		v = scrape(t, d).val(name, labels...)
-		return cond(v)
-	})
-	return v
+		if cond(v) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s %s%v: last value %v", timeout, d.name, name, labels, v)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func eq(want float64) func(float64) bool { return func(v float64) bool { return v == want } }
