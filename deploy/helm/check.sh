@@ -5,8 +5,9 @@
 #   3. helm template with each of them, and checks that invalid values are refused,
 #   4. validates the rendered manifests strictly against the Kubernetes API types
 #      (deploy/validate: unknown fields, names, labels, selectors, named ports,
-#      volumes, the security policy), the alert rules as promtool does, and every
-#      PromQL expression of the Grafana dashboard,
+#      volumes, the security policy), the alert rules as promtool does, every
+#      PromQL expression of the Grafana dashboard, and the compose file as
+#      "docker compose config" loads it (compose-go),
 #   5. runs go test ./test/deploy with helm on PATH, so the chart tests run too.
 # Usage: deploy/helm/check.sh [OUTDIR]   (rendered manifests are kept in OUTDIR if given)
 # Needs Go and the Go module proxy (first run: about 4 minutes to build helm).
@@ -72,6 +73,11 @@ done
 log "validating Prometheus rules and the Grafana dashboard"
 "$out/validate" rules "$root/deploy/prometheus/alerts.yml"
 "$out/validate" dashboard "$root/deploy/grafana/quictun-dashboard.json"
+
+log "validating the compose file (with stand-in secrets, as init.sh would create)"
+cp -r "$root/deploy/docker" "$out/compose"
+for f in secret admin-token; do printf '0123456789abcdef0123456789\n' > "$out/compose/secrets/$f"; done
+(cd "$out/compose" && "$out/validate" compose docker-compose.yml)
 
 log "go test ./test/deploy (with helm)"
 (cd "$root" && go test -count=1 ./test/deploy/)

@@ -4,6 +4,7 @@
 //	validate k8s [-external NAME,...] FILE...   rendered manifests (helm template output)
 //	validate rules FILE...                      Prometheus rule files (promtool check rules)
 //	validate dashboard FILE...                  Grafana dashboards: every PromQL expression parses
+//	validate compose FILE...                    docker compose files, as "docker compose config" loads them
 //
 // Manifests are decoded strictly into the Kubernetes API types (unknown or
 // duplicate fields are errors), then checked for what an API server or a
@@ -19,6 +20,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -29,6 +31,7 @@ import (
 	"regexp"
 	"strings"
 
+	composecli "github.com/compose-spec/compose-go/v2/cli"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
@@ -59,6 +62,8 @@ func main() {
 		err = checkRules(os.Args[2:])
 	case "dashboard":
 		err = checkDashboards(os.Args[2:])
+	case "compose":
+		err = checkCompose(os.Args[2:])
 	default:
 		usage()
 	}
@@ -69,7 +74,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: validate k8s [-external NAME,...] FILE... | rules FILE... | dashboard FILE...")
+	fmt.Fprintln(os.Stderr, "usage: validate k8s [-external NAME,...] FILE... | rules FILE... | dashboard FILE... | compose FILE...")
 	os.Exit(2)
 }
 
@@ -561,4 +566,42 @@ func walkExprs(v any, fn func(string)) {
 			walkExprs(x, fn)
 		}
 	}
+}
+
+// checkCompose loads each compose file with compose-go, the library behind
+// "docker compose config": the compose specification's JSON schema, interpolation
+// (variables from the environment and the file's .env), merge keys, and the
+// consistency of references (networks, volumes, configs, secrets).
+func checkCompose(paths []string) error {
+	if len(paths) == 0 {
+		return errors.New("compose: no files")
+	}
+	var errs []error
+	for _, p := range paths {
+		opts, err := composecli.NewProjectOptions([]string{p},
+			composecli.WithOsEnv, composecli.WithDotEnv, composecli.WithConsistency(true))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p, err))
+			continue
+		}
+		proj, err := opts.LoadProject(context.Background())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p, err))
+			continue
+		}
+		for _, s := range proj.Services {
+			for _, sec := range s.Secrets {
+				def, ok := proj.Secrets[sec.Source]
+				if !ok {
+					errs = append(errs, fmt.Errorf("%s: service %s: undefined secret %s", p, s.Name, sec.Source))
+					continue
+				}
+				if _, err := os.Stat(def.File); err != nil {
+					errs = append(errs, fmt.Errorf("%s: secret %s: %w", p, sec.Source, err))
+				}
+			}
+		}
+		fmt.Printf("%s: project %q, %d services\n", p, proj.Name, len(proj.Services))
+	}
+	return errors.Join(errs...)
 }
