@@ -3,9 +3,12 @@ package deploy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -207,6 +210,7 @@ func checkStateSecret(t *testing.T, sec manifest) {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	assert.Len(t, entries, len(files), "the server wrote into its (read-only) state directory")
+	tlsHandshake(t, st.Cert, readFile(t, filepath.Join(dir, transport.CertFileName)))
 	var zero [32]byte
 	assert.NotEqual(t, zero, [32]byte(st.ResetKey))
 	assert.NotEqual(t, zero, st.TicketKey)
@@ -310,4 +314,23 @@ func TestHelmRefusesInvalidValues(t *testing.T) {
 		out, err := exec.Command(helm, args...).CombinedOutput()
 		assert.Error(t, err, "helm %v accepted: %s", set, out)
 	}
+}
+
+// tlsHandshake runs a TLS 1.3 handshake with the generated certificate, the client
+// verifying it as its own CA for the name quictun-server: what the sidecar's
+// --ca-file cert.pem --server-name quictun-server does.
+func tlsHandshake(t *testing.T, cert tls.Certificate, caPEM []byte) {
+	t.Helper()
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(caPEM))
+	sc, cc := net.Pipe()
+	defer func() { _ = sc.Close(); _ = cc.Close() }()
+	require.NoError(t, sc.SetDeadline(time.Now().Add(10*time.Second)))
+	require.NoError(t, cc.SetDeadline(time.Now().Add(10*time.Second)))
+	srv := tls.Server(sc, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13})
+	done := make(chan error, 1)
+	go func() { done <- srv.Handshake() }()
+	cli := tls.Client(cc, &tls.Config{RootCAs: pool, ServerName: transport.ServerName, MinVersion: tls.VersionTLS13})
+	require.NoError(t, cli.Handshake(), "client handshake")
+	require.NoError(t, <-done, "server handshake")
 }
