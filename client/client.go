@@ -131,17 +131,32 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	return &Client{cfg: cfg, pc: pc, slots: make(chan struct{}, cfg.MaxConnections), changed: make(chan struct{})}, nil
 }
 
-// Ready reports whether a QUIC connection to the server is up (for /readyz).
+// Ready reports whether a QUIC connection to the server is up (for /readyz):
+// its handshake completed, so the server is known to be there. A resumed
+// connection is used for 0-RTT data before that, but does not count yet.
 func (c *Client) Ready() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.cur != nil
+	return c.cur != nil && isClosed(c.cur.conn.HandshakeComplete())
 }
 
 // session is one QUIC connection with its tail prober.
 type session struct {
 	conn   *quic.Conn
 	prober *liveness.TailProber
+}
+
+func (c *Client) newSession(conn *quic.Conn) *session {
+	return &session{conn: conn, prober: liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness)}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // LivenessStats counts heartbeat and tail-probe datagrams.
@@ -236,6 +251,24 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			continue
 		}
 		id := c.nextConnID.Add(1)
+		sess := c.newSession(conn)
+		c.setSession(sess) // usable at once: with a session ticket, streams go out as 0-RTT data
+		if !isClosed(conn.HandshakeComplete()) {
+			select {
+			case <-conn.HandshakeComplete():
+			case <-conn.Context().Done():
+			case <-ctx.Done():
+			}
+			if conn.Context().Err() == nil && ctx.Err() == nil && !conn.ConnectionState().Used0RTT {
+				// The server rejected 0-RTT: its data was dropped; handlers re-send (earlyPhase).
+				m.DialsTotal.WithLabelValues("0rtt_rejected").Inc()
+				if next, err := conn.NextConnection(ctx); err == nil {
+					conn = next
+					sess = c.newSession(conn)
+					c.setSession(sess)
+				}
+			}
+		}
 		used0RTT := conn.ConnectionState().Used0RTT
 		if used0RTT {
 			m.DialsTotal.WithLabelValues("ok_0rtt").Inc()
@@ -245,8 +278,6 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		m.HandshakeDuration.Observe(time.Since(start).Seconds())
 		logger.V(2).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
 			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT)
-		sess := &session{conn: conn, prober: liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness)}
-		c.setSession(sess)
 		bo.Success(time.Now())
 
 		c.monitor(ctx, tr, sess) // returns when the connection or ctx ends
@@ -280,13 +311,18 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport) (*quic.Conn, erro
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", c.cfg.ServerAddr, err)
 	}
-	timeout := 10 * time.Second
+	// One attempt lasts one handshake timeout: a new attempt sends a fresh
+	// Initial at once, instead of waiting for a backed-off retransmission, so
+	// a server that comes back is reached within about a second.
+	timeout := 3 * time.Second
 	if c.cfg.QUIC != nil && c.cfg.QUIC.HandshakeIdleTimeout > 0 {
-		timeout = 2 * c.cfg.QUIC.HandshakeIdleTimeout
+		timeout = c.cfg.QUIC.HandshakeIdleTimeout
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	conn, err := tr.Dial(dctx, ua, c.cfg.TLS, c.cfg.QUIC)
+	// DialEarly returns as soon as 0-RTT keys exist when a session ticket is
+	// cached (after a reconnect), and after the handshake otherwise.
+	conn, err := tr.DialEarly(dctx, ua, c.cfg.TLS, c.cfg.QUIC)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", c.cfg.ServerAddr, err)
 	}
@@ -376,6 +412,15 @@ func (r *replyStream) Read(b []byte) (int, error) {
 	return r.Stream.Read(b)
 }
 
+// header encodes a stream header for token with a fresh nonce.
+func (c *Client) header(token string) ([]byte, error) {
+	hdr, err := proto.NewHeader(token, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	return hdr.Append(make([]byte, 0, proto.MaxHeaderLen), c.cfg.Secret)
+}
+
 // handle carries one local connection.
 func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 	m := c.cfg.Metrics
@@ -396,14 +441,9 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 		fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
 		return
 	}
-	hdr, err := proto.NewHeader(token, start)
+	hb, err := c.header(token)
 	if err != nil {
-		fail(proto.CodeInternal.String(), "Could not make stream header", err)
-		return
-	}
-	hb, err := hdr.Append(make([]byte, 0, proto.MaxHeaderLen), c.cfg.Secret)
-	if err != nil {
-		fail(proto.CodeBadToken.String(), "Could not encode destination token", err)
+		fail(proto.CodeBadToken.String(), "Could not encode stream header", err)
 		return
 	}
 	sess, err := c.waitSession(ctx)
@@ -433,6 +473,12 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
 		fail(proto.CodeConnReset.String(), "Could not write stream header", err)
 		return
+	}
+	if !isClosed(conn.HandshakeComplete()) {
+		if str, err = c.earlyPhase(ctx, conn, sc, str, token); err != nil {
+			fail(proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err)
+			return
+		}
 	}
 	slog := klog.LoggerWithValues(logger, "streamID", int64(str.StreamID()), "remoteAddress", nc.RemoteAddr().String())
 	rs := &replyStream{Stream: str, onReply: func(err error) {

@@ -4,7 +4,6 @@ package testutil
 
 import (
 	"context"
-	"crypto/tls"
 	"io"
 	"net"
 	"sync"
@@ -169,7 +168,7 @@ func StartClient(t testing.TB, srv *Server, o ClientOptions) *Client {
 	}
 	pin, err := transport.ParseFingerprint(fp)
 	require.NoError(t, err)
-	topts := transport.ClientTLSOptions{Fingerprint: &pin, SessionCache: tls.NewLRUClientSessionCache(4)}
+	topts := transport.ClientTLSOptions{Fingerprint: &pin, SessionCache: transport.NewStickySessionCache(4)}
 	if o.TLS != nil {
 		o.TLS(&topts)
 	}

@@ -119,7 +119,7 @@ func NewClient(reg prometheus.Registerer) *Client {
 		}),
 		DialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "dials_total",
-			Help: "QUIC connection attempts, by result (ok, ok_0rtt, error, auth_failed).",
+			Help: "QUIC connection attempts, by result (ok, ok_0rtt: resumed with 0-RTT, 0rtt_rejected: resumed but the server refused 0-RTT, error, auth_failed).",
 		}, []string{"result"}),
 		HandshakeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "handshake_duration_seconds",
@@ -152,7 +152,7 @@ func NewClient(reg prometheus.Registerer) *Client {
 	}
 	reg.MustRegister(m.PathRescuesTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
 		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal)
-	for _, r := range []string{"ok", "ok_0rtt", "error", "auth_failed"} {
+	for _, r := range []string{"ok", "ok_0rtt", "0rtt_rejected", "error", "auth_failed"} {
 		m.DialsTotal.WithLabelValues(r)
 	}
 	for _, c := range proto.AllCodes() {

@@ -28,7 +28,7 @@ func DefaultQUICOptions() QUICOptions {
 	return QUICOptions{
 		IdleTimeout:        90 * time.Second,
 		KeepAlivePeriod:    5 * time.Second,
-		HandshakeTimeout:   5 * time.Second,
+		HandshakeTimeout:   3 * time.Second,
 		MaxIncomingStreams: 10000,
 		Allow0RTT:          true,
 	}

@@ -100,3 +100,25 @@ func LoadCertPool(file string) (*x509.CertPool, error) {
 	}
 	return p, nil
 }
+
+// StickySessionCache is a TLS client session cache that keeps a ticket when a
+// handshake that tried it fails. crypto/tls deletes the ticket then, so a
+// client redialing a server that is down would have none left when the
+// server comes back, and its reconnect could not use 0-RTT. A ticket the
+// server no longer accepts is simply replaced after the full handshake.
+type StickySessionCache struct {
+	tls.ClientSessionCache
+}
+
+// NewStickySessionCache returns a StickySessionCache holding up to capacity tickets.
+func NewStickySessionCache(capacity int) *StickySessionCache {
+	return &StickySessionCache{ClientSessionCache: tls.NewLRUClientSessionCache(capacity)}
+}
+
+// Put stores cs under key; a nil cs (a deletion) is ignored.
+func (c *StickySessionCache) Put(key string, cs *tls.ClientSessionState) {
+	if cs == nil {
+		return
+	}
+	c.ClientSessionCache.Put(key, cs)
+}

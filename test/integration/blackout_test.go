@@ -37,6 +37,28 @@ func lossyProxy(t *testing.T, srv *testutil.Server, oneWay time.Duration, dark *
 	return pc.LocalAddr().String()
 }
 
+// recordingProxy puts a UDP proxy in front of srv that shows every
+// client-to-server packet to record.
+func recordingProxy(t *testing.T, srv *testutil.Server, record func([]byte)) string {
+	t.Helper()
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	sa, err := net.ResolveUDPAddr("udp", srv.Addr)
+	require.NoError(t, err)
+	p := &quicproxy.Proxy{
+		Conn: pc, ServerAddr: sa,
+		DropPacket: func(d quicproxy.Direction, _, _ net.Addr, pkt []byte) bool {
+			if d == quicproxy.DirectionIncoming {
+				record(pkt)
+			}
+			return false
+		},
+	}
+	require.NoError(t, p.Start())
+	t.Cleanup(func() { _ = p.Close(); _ = pc.Close() })
+	return pc.LocalAddr().String()
+}
+
 // TestBlackoutRecovery is the "Mars test": the link goes dark while a request
 // is in flight. The request must complete once the link is back, and the
 // tunnel's QUIC connection (with the application's TCP connection) survives.

@@ -47,7 +47,7 @@ func (o *Options) Run(ctx context.Context) error {
 	topts := transport.ClientTLSOptions{
 		ServerName:         o.ServerName,
 		InsecureSkipVerify: o.InsecureSkipVerify,
-		SessionCache:       tls.NewLRUClientSessionCache(16),
+		SessionCache:       transport.NewStickySessionCache(16),
 	}
 	if topts.ServerName == "" {
 		host, _, _ := net.SplitHostPort(o.ServerEndpoint)
