@@ -255,6 +255,7 @@ func TestHelmFullValues(t *testing.T) {
 	// The client sidecar: a native sidecar whose flags the client accepts, verifying
 	// the server with the public certificate only.
 	job := kinds["Job"][0]
+	assert.Equal(t, "test", dig(job, "metadata", "annotations", "helm.sh/hook"), "the example runs with helm test")
 	side := dig(job, "spec", "template", "spec", "initContainers", 0)
 	assert.Equal(t, "Always", dig(side, "restartPolicy"))
 	assert.Equal(t, "/readyz", dig(side, "startupProbe", "httpGet", "path"))
