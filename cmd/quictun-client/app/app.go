@@ -38,12 +38,14 @@ long-lived QUIC connection to quictun-server, which connects it to the destinati
   quictun-client --listen-on tcp:127.0.0.1:2222 --server-endpoint server.example.com:7500 \
       --server-fingerprint sha256:3f1c... --secret-file /etc/quictun/secret \
       --token-source tcp:127.0.0.1:22`
+	cmd.AddCommand(cli.NewCheckCommand(true))
 	return cmd
 }
 
 // Run starts the client and blocks until ctx is cancelled and the drain is over.
 func (o *Options) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
+	cli.LogHostCheck(o.ServerEndpoint)
 	topts := transport.ClientTLSOptions{
 		ServerName:         o.ServerName,
 		InsecureSkipVerify: o.InsecureSkipVerify,
@@ -142,10 +144,18 @@ func (o *Options) Run(ctx context.Context) error {
 	bo.Max = o.ReconnectMax
 	var c *client.Client
 	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
+	qconf := transport.QUICConfig(qopts)
+	if o.QlogDir != "" {
+		if err := os.MkdirAll(o.QlogDir, 0o700); err != nil {
+			return fmt.Errorf("--qlog-dir: %w", err)
+		}
+		qconf.Tracer = transport.QlogTracer(o.QlogDir, func(err error) { logger.Error(err, "Could not write qlog") })
+		logger.Info("Writing a qlog file per connection; this costs throughput", "qlogDir", o.QlogDir)
+	}
 	c, err = client.New(client.Config{
 		ServerAddr:        o.ServerEndpoint,
 		TLS:               tlsConf,
-		QUIC:              transport.QUICConfig(qopts),
+		QUIC:              qconf,
 		Secret:            secret,
 		Tokens:            tokens,
 		Listeners:         listeners,

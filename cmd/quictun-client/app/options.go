@@ -36,6 +36,7 @@ type Options struct {
 	HTTPDListenOn  string
 	HTTPDTokenFile string
 	EnablePprof    bool
+	QlogDir        string
 
 	IdleTimeout       time.Duration
 	KeepAlivePeriod   time.Duration
@@ -74,7 +75,7 @@ func NewOptions() *Options {
 var flagGroups = []cli.FlagGroup{
 	{Title: "Tunnel", Names: []string{"listen-on", "server-endpoint", "token-source-plugin", "token-source"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth"}},
-	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof"}},
+	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "reconnect-max-delay"}},
 	{Title: "Loss and blackout recovery", Names: []string{"heartbeat-interval", "rescue-after", "tail-probes"}},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
@@ -103,6 +104,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
 	fs.StringVar(&o.HTTPDTokenFile, "httpd-token-file", o.HTTPDTokenFile, "bearer token file required by the admin API (mandatory when --httpd-listen-on is not loopback)")
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "serve /debug/pprof on the admin server")
+	fs.StringVar(&o.QlogDir, "qlog-dir", o.QlogDir, "write a qlog file per QUIC connection into this directory (open them in qvis: https://qvis.quictools.info); costs throughput, off by default")
 
 	fs.DurationVar(&o.IdleTimeout, "idle-timeout", o.IdleTimeout, "close the QUIC connection after this long without packets; the longest blackout tunnels survive")
 	fs.DurationVar(&o.KeepAlivePeriod, "keepalive-period", o.KeepAlivePeriod, "send a keep-alive after this long without traffic")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -53,13 +54,14 @@ destination the client names (if the --allow list permits it) and carries the by
 		},
 	}
 	fp.Flags().StringVar(&fpDir, "state-dir", o.StateDir, "server state directory")
-	cmd.AddCommand(fp)
+	cmd.AddCommand(fp, cli.NewCheckCommand(false))
 	return cmd
 }
 
 // Run starts the server and blocks until ctx is cancelled and the drain is over.
 func (o *Options) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
+	cli.LogHostCheck("")
 	st, err := transport.LoadOrCreateState(o.StateDir, o.CertFile, o.KeyFile)
 	if err != nil {
 		return err
@@ -122,9 +124,17 @@ func (o *Options) Run(ctx context.Context) error {
 	defer func() { _ = pc.Close() }()
 	var srv *server.Server
 	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
+	qconf := transport.QUICConfig(qopts)
+	if o.QlogDir != "" {
+		if err := os.MkdirAll(o.QlogDir, 0o700); err != nil {
+			return fmt.Errorf("--qlog-dir: %w", err)
+		}
+		qconf.Tracer = transport.QlogTracer(o.QlogDir, func(err error) { logger.Error(err, "Could not write qlog") })
+		logger.Info("Writing a qlog file per connection; this costs throughput", "qlogDir", o.QlogDir)
+	}
 	srv, err = server.New(server.Config{
 		TLS:                transport.ServerTLSConfig(st, clientCAs),
-		QUIC:               transport.QUICConfig(qopts),
+		QUIC:               qconf,
 		ResetKey:           &st.ResetKey,
 		TokenKey:           &st.TokenKey,
 		Secret:             secret,

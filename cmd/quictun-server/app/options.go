@@ -35,6 +35,7 @@ type Options struct {
 	HTTPDListenOn  string
 	HTTPDTokenFile string
 	EnablePprof    bool
+	QlogDir        string
 
 	IdleTimeout        time.Duration
 	KeepAlivePeriod    time.Duration
@@ -73,7 +74,7 @@ func NewOptions() *Options {
 var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "insecure-no-auth"}},
-	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof"}},
+	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "disable-0rtt", "tail-probes"}},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
 	{Title: "Logging", Names: []string{"v", "vmodule"}},
@@ -99,6 +100,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
 	fs.StringVar(&o.HTTPDTokenFile, "httpd-token-file", o.HTTPDTokenFile, "bearer token file required by the admin API (mandatory when --httpd-listen-on is not loopback)")
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "serve /debug/pprof on the admin server")
+	fs.StringVar(&o.QlogDir, "qlog-dir", o.QlogDir, "write a qlog file per QUIC connection into this directory (open them in qvis: https://qvis.quictools.info); costs throughput, off by default")
 
 	fs.DurationVar(&o.IdleTimeout, "idle-timeout", o.IdleTimeout, "close a QUIC connection after this long without packets; the longest blackout a tunnel survives (the smaller of both ends wins)")
 	fs.DurationVar(&o.KeepAlivePeriod, "keepalive-period", o.KeepAlivePeriod, "send a keep-alive after this long without traffic")
