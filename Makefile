@@ -43,15 +43,15 @@ fuzz:
 
 ## bench: Go benchmarks plus the quick profile of the emulated-link harness (root, a few minutes)
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./pkg/... 
-	$(GO) run ./tools/bench/harness --profile quick --bin bin
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./test/integration/ ./pkg/...
+	$(GO) run ./tools/bench run --profile quick --bin bin
 
 bench-full: build
-	$(GO) run ./tools/bench/harness --profile full --bin bin
+	$(GO) run ./tools/bench run --profile full --bin bin
 
 ## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
 bench-compare:
-	$(GO) run ./tools/bench/harness compare $(OLD) $(NEW)
+	$(GO) run ./tools/bench compare $(OLD) $(NEW)
 
 clean:
 	rm -rf bin
