@@ -1,0 +1,434 @@
+package splice_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/transport"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const testTimeout = 20 * time.Second
+
+// quicConns returns a connected QUIC client and server connection on loopback,
+// each on its own transport and UDP socket, all closed when the test ends.
+func quicConns(tb testing.TB) (cli, srv *quic.Conn) {
+	tb.Helper()
+	st, err := transport.LoadOrCreateState(tb.TempDir(), "", "")
+	require.NoError(tb, err)
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{InsecureSkipVerify: true})
+	require.NoError(tb, err)
+	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
+
+	udp := func() *net.UDPConn {
+		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		require.NoError(tb, err)
+		return c
+	}
+	spc, cpc := udp(), udp()
+	str := &quic.Transport{Conn: spc}
+	ctr := &quic.Transport{Conn: cpc}
+	ln, err := str.Listen(transport.ServerTLSConfig(st, nil), qconf)
+	require.NoError(tb, err)
+	tb.Cleanup(func() {
+		_ = ln.Close()
+		_ = ctr.Close()
+		_ = str.Close()
+		_ = cpc.Close()
+		_ = spc.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	cli, err = ctr.Dial(ctx, spc.LocalAddr(), ctls, qconf)
+	require.NoError(tb, err)
+	srv, err = ln.Accept(ctx)
+	require.NoError(tb, err)
+	tb.Cleanup(func() {
+		_ = cli.CloseWithError(0, "")
+		_ = srv.CloseWithError(0, "")
+	})
+	return cli, srv
+}
+
+// streamPair opens a stream from cli and accepts it on srv; one byte is sent
+// first so that the peer sees the stream. Both ends are ready for use.
+func streamPair(tb testing.TB, cli, srv *quic.Conn) (a, b *quic.Stream) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	a, err := cli.OpenStreamSync(ctx)
+	require.NoError(tb, err)
+	_, err = a.Write([]byte{'x'})
+	require.NoError(tb, err)
+	b, err = srv.AcceptStream(ctx)
+	require.NoError(tb, err)
+	one := make([]byte, 1)
+	_, err = io.ReadFull(b, one)
+	require.NoError(tb, err)
+	return a, b
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(tb testing.TB) (a, b *net.TCPConn) {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(tb, err)
+	defer func() { _ = ln.Close() }()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	d, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(tb, err)
+	r := <-ch
+	require.NoError(tb, r.err)
+	tb.Cleanup(func() {
+		_ = d.Close()
+		_ = r.c.Close()
+	})
+	return r.c.(*net.TCPConn), d.(*net.TCPConn)
+}
+
+// fixture is a running Pipe between tcp (its TCP side: the test holds app, the
+// other end) and a QUIC stream whose other end is peer.
+type fixture struct {
+	pipe   *splice.Pipe
+	app    *net.TCPConn
+	peer   *quic.Stream
+	done   chan error
+	writes atomic.Int64
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	cli, srv := quicConns(t)
+	pipeStr, peer := streamPair(t, cli, srv)
+	pipeConn, app := tcpPair(t)
+	f := &fixture{pipe: splice.New(pipeConn, pipeStr), app: app, peer: peer, done: make(chan error, 1)}
+	f.pipe.AfterWrite = func() { f.writes.Add(1) }
+	go func() { f.done <- f.pipe.Run() }()
+	t.Cleanup(func() {
+		f.pipe.Abort(proto.CodeShutdown) // no-op if Run already ended
+		select {
+		case <-f.done:
+		case <-time.After(testTimeout):
+			t.Error("Run did not return")
+		}
+	})
+	return f
+}
+
+// wait returns Run's result, failing the test if it takes longer than d.
+func (f *fixture) wait(t *testing.T, d time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-f.done:
+		f.done <- err // keep it for Cleanup
+		return err
+	case <-time.After(d):
+		t.Fatalf("Run did not return within %s", d)
+		return nil
+	}
+}
+
+// readAllHash reads r to EOF and returns the SHA-256 and length.
+func readAllHash(r io.Reader) ([32]byte, int64, error) {
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum, n, err
+}
+
+func randomBytes(t testing.TB, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return b
+}
+
+func TestPipeCopiesBothWaysWithIntegrity(t *testing.T) {
+	t.Parallel()
+	const size = 3 << 20
+	f := newFixture(t)
+	up, down := randomBytes(t, size), randomBytes(t, size+12345)
+
+	type result struct {
+		sum [32]byte
+		n   int64
+		err error
+	}
+	upRes, downRes := make(chan result, 1), make(chan result, 1)
+	go func() { s, n, err := readAllHash(f.peer); upRes <- result{s, n, err} }()
+	go func() { s, n, err := readAllHash(f.app); downRes <- result{s, n, err} }()
+	writeErr := make(chan error, 2)
+	go func() {
+		_, err := f.app.Write(up)
+		if err == nil {
+			err = f.app.CloseWrite()
+		}
+		writeErr <- err
+	}()
+	go func() {
+		_, err := f.peer.Write(down)
+		if err == nil {
+			err = f.peer.Close()
+		}
+		writeErr <- err
+	}()
+	for range 2 {
+		select {
+		case err := <-writeErr:
+			require.NoError(t, err)
+		case <-time.After(testTimeout):
+			t.Fatal("write timed out")
+		}
+	}
+	for _, c := range []struct {
+		name string
+		ch   chan result
+		want []byte
+	}{{"upstream", upRes, up}, {"downstream", downRes, down}} {
+		select {
+		case r := <-c.ch:
+			require.NoError(t, r.err, c.name)
+			assert.Equal(t, int64(len(c.want)), r.n, c.name)
+			assert.Equal(t, sha256.Sum256(c.want), r.sum, "%s: SHA-256 differs", c.name)
+		case <-time.After(testTimeout):
+			t.Fatalf("%s: read timed out", c.name)
+		}
+	}
+	require.NoError(t, f.wait(t, testTimeout), "both directions ended with EOF")
+	assert.Equal(t, int64(len(up)), f.pipe.ToStream.Load())
+	assert.Equal(t, int64(len(down)), f.pipe.FromStream.Load())
+	// Each read is at most BufferSize, and AfterWrite follows every stream write.
+	assert.GreaterOrEqual(t, f.writes.Load(), int64(len(up)/splice.BufferSize), "AfterWrite after every write")
+}
+
+func TestPipeHalfClose(t *testing.T) {
+	t.Parallel()
+	msg := []byte("still flowing after the other side finished")
+
+	t.Run("tcp EOF first", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		_, err := f.app.Write([]byte("hello"))
+		require.NoError(t, err)
+		require.NoError(t, f.app.CloseWrite())
+		got, err := io.ReadAll(f.peer) // the stream FIN arrives as EOF
+		require.NoError(t, err)
+		assert.Equal(t, "hello", string(got))
+
+		// The other direction still flows.
+		_, err = f.peer.Write(msg)
+		require.NoError(t, err)
+		buf := make([]byte, len(msg))
+		require.NoError(t, f.app.SetReadDeadline(time.Now().Add(testTimeout)))
+		_, err = io.ReadFull(f.app, buf)
+		require.NoError(t, err)
+		assert.Equal(t, msg, buf)
+		select {
+		case err := <-f.done:
+			t.Fatalf("Run returned while a direction was open: %v", err)
+		default:
+		}
+
+		require.NoError(t, f.peer.Close())
+		n, err := f.app.Read(buf)
+		assert.Zero(t, n)
+		require.ErrorIs(t, err, io.EOF, "stream FIN becomes TCP FIN")
+		require.NoError(t, f.wait(t, testTimeout))
+		assert.Equal(t, int64(5), f.pipe.ToStream.Load())
+		assert.Equal(t, int64(len(msg)), f.pipe.FromStream.Load())
+	})
+
+	t.Run("stream EOF first", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		_, err := f.peer.Write([]byte("bye"))
+		require.NoError(t, err)
+		require.NoError(t, f.peer.Close())
+		require.NoError(t, f.app.SetReadDeadline(time.Now().Add(testTimeout)))
+		got, err := io.ReadAll(f.app)
+		require.NoError(t, err)
+		assert.Equal(t, "bye", string(got))
+
+		_, err = f.app.Write(msg)
+		require.NoError(t, err)
+		buf := make([]byte, len(msg))
+		require.NoError(t, f.peer.SetReadDeadline(time.Now().Add(testTimeout)))
+		_, err = io.ReadFull(f.peer, buf)
+		require.NoError(t, err)
+		assert.Equal(t, msg, buf)
+
+		require.NoError(t, f.app.CloseWrite())
+		n, err := f.peer.Read(buf)
+		assert.Zero(t, n)
+		require.ErrorIs(t, err, io.EOF)
+		require.NoError(t, f.wait(t, testTimeout))
+		assert.Equal(t, int64(len(msg)), f.pipe.ToStream.Load())
+		assert.Equal(t, int64(3), f.pipe.FromStream.Load())
+	})
+}
+
+// streamErrorCode reads from s until it fails and returns the stream error.
+func readStreamError(t *testing.T, s *quic.Stream) *quic.StreamError {
+	t.Helper()
+	require.NoError(t, s.SetReadDeadline(time.Now().Add(testTimeout)))
+	_, err := io.Copy(io.Discard, s)
+	require.Error(t, err, "want a stream reset, got a clean EOF")
+	var se *quic.StreamError
+	require.ErrorAs(t, err, &se)
+	return se
+}
+
+func TestPipeTCPResetResetsStream(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	_, err := f.app.Write([]byte("some data"))
+	require.NoError(t, err)
+	buf := make([]byte, 9)
+	_, err = io.ReadFull(f.peer, buf)
+	require.NoError(t, err)
+
+	require.NoError(t, f.app.SetLinger(0))
+	require.NoError(t, f.app.Close()) // RST
+
+	se := readStreamError(t, f.peer)
+	assert.Equal(t, proto.CodeConnReset.StreamErrorCode(), se.ErrorCode)
+	assert.True(t, se.Remote)
+	code, ok := proto.FromError(se)
+	assert.True(t, ok)
+	assert.Equal(t, proto.CodeConnReset, code)
+
+	err = f.wait(t, testTimeout)
+	var ae *splice.AbortedError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, proto.CodeConnReset, ae.Code)
+	assert.ErrorIs(t, err, syscall.ECONNRESET, "the cause is kept")
+}
+
+func TestPipeStreamResetResetsTCP(t *testing.T) {
+	t.Parallel()
+	for _, code := range []proto.Code{proto.CodeShutdown, proto.CodeTimeout, proto.CodeInternal} {
+		t.Run(code.String(), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			f.peer.CancelWrite(code.StreamErrorCode())
+
+			require.NoError(t, f.app.SetReadDeadline(time.Now().Add(testTimeout)))
+			_, err := io.Copy(io.Discard, f.app)
+			require.Error(t, err, "want a TCP reset, got a clean EOF")
+			assert.ErrorIs(t, err, syscall.ECONNRESET)
+
+			err = f.wait(t, testTimeout)
+			var ae *splice.AbortedError
+			require.ErrorAs(t, err, &ae)
+			assert.Equal(t, code, ae.Code, "the peer's code is passed on")
+
+			// The pipe also stops the peer's reading side with the code.
+			se := readStreamError(t, f.peer)
+			assert.Equal(t, code.StreamErrorCode(), se.ErrorCode)
+		})
+	}
+}
+
+func TestPipeAbort(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	// Traffic in flight both ways does not delay the abort.
+	_, err := f.app.Write([]byte("in flight"))
+	require.NoError(t, err)
+
+	start := time.Now()
+	go f.pipe.Abort(proto.CodeShutdown)
+	err = f.wait(t, 5*time.Second)
+	assert.Less(t, time.Since(start), 5*time.Second)
+
+	var ae *splice.AbortedError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, proto.CodeShutdown, ae.Code)
+	assert.ErrorIs(t, err, splice.ErrAborted)
+	assert.Contains(t, err.Error(), "shutdown")
+
+	// A second Abort with another code changes nothing.
+	f.pipe.Abort(proto.CodeInternal)
+	require.ErrorAs(t, f.wait(t, time.Second), &ae)
+	assert.Equal(t, proto.CodeShutdown, ae.Code)
+
+	require.NoError(t, f.app.SetReadDeadline(time.Now().Add(testTimeout)))
+	_, err = io.Copy(io.Discard, f.app)
+	assert.ErrorIs(t, err, syscall.ECONNRESET, "aborted TCP side is reset, not closed")
+
+	// The peer gets the code; it may first read the bytes already sent.
+	se := readStreamError(t, f.peer)
+	assert.Equal(t, proto.CodeShutdown.StreamErrorCode(), se.ErrorCode)
+}
+
+func TestAbortedErrorUnwrap(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("boom")
+	err := error(&splice.AbortedError{Code: proto.CodeDialFailed, Cause: cause})
+	assert.ErrorIs(t, err, cause)
+	assert.Contains(t, err.Error(), "dial_failed")
+	assert.Contains(t, err.Error(), "boom")
+}
+
+// BenchmarkPipe measures loopback throughput TCP -> Pipe -> QUIC stream.
+func BenchmarkPipe(b *testing.B) {
+	cli, srv := quicConns(b)
+	pipeStr, peer := streamPair(b, cli, srv)
+	pipeConn, app := tcpPair(b)
+	p := splice.New(pipeConn, pipeStr)
+	done := make(chan error, 1)
+	go func() { done <- p.Run() }()
+
+	chunk := make([]byte, 64<<10)
+	total := int64(b.N) * int64(len(chunk))
+	b.SetBytes(int64(len(chunk)))
+	b.ReportAllocs()
+	got := make(chan int64, 1)
+	go func() {
+		n, _ := io.Copy(io.Discard, peer)
+		got <- n
+	}()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := app.Write(chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := app.CloseWrite(); err != nil {
+		b.Fatal(err)
+	}
+	if n := <-got; n != total {
+		b.Fatalf("peer read %d bytes, want %d", n, total)
+	}
+	b.StopTimer()
+	_ = peer.Close()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+}
