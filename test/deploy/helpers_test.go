@@ -71,7 +71,7 @@ func checkConfig(t *testing.T, daemon string, args ...string) (string, error) {
 	return out.String(), err
 }
 
-// durationFlag returns a duration-valued key of a config (YAML text, "key: value" lines).
+// yamlScalar returns the scalar value of a top-level key in YAML text ("key: value" lines).
 func yamlScalar(t *testing.T, yamlText []byte, key string) string {
 	t.Helper()
 	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(key) + `:\s*"?([^"\s#]+)"?`).FindSubmatch(yamlText)
