@@ -37,7 +37,7 @@ func floodGarbage(t *testing.T, addr string, n int, d time.Duration) {
 		_, _ = rand.Read(buf)
 		if i%4 == 0 {
 			size = 1200
-			buf[0] = 0xc0 | buf[0]&0x0f         // long header, Initial
+			buf[0] = 0xc0 | buf[0]&0x0f             // long header, Initial
 			binary.BigEndian.PutUint32(buf[1:5], 1) // QUIC v1
 			buf[5] = 8                              // DCID length
 		}

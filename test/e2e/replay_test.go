@@ -2,8 +2,8 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"os"
