@@ -252,3 +252,45 @@ func TestTunnelsAPI(t *testing.T) {
 	waitMetric(t, srv, 5*time.Second, eq(2), "quictun_server_streams_total", "result", "shutdown")
 	assert.Equal(t, 0.0, scrape(t, srv).val("quictun_server_active_streams"))
 }
+
+// httpDoAuth is httpDo with an Authorization header.
+func httpDoAuth(method, url, auth string) int {
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		return 0
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestAdminToken: the admin API refuses a non-loopback address without a
+// token; with --httpd-token-file every endpoint but the probes needs it.
+func TestAdminToken(t *testing.T) {
+	checkLeaks(t)
+	secret := newSecretFile(t)
+	// 192.0.2.1 (TEST-NET-1) is not ours: the check must refuse it before any bind.
+	r := run(t, nil, bins.server, "--secret-file", secret, "--state-dir", t.TempDir(), "--listen-on", "127.0.0.1:0",
+		"--httpd-listen-on", "192.0.2.1:8086")
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stderr, "--httpd-listen-on 192.0.2.1:8086 is not loopback: set --httpd-token-file")
+
+	const token = "e2e-admin-token-0123456789"
+	srv := startServer(t, serverOpts{Args: []string{"--httpd-token-file", writeFile(t, "admin-token", token+"\n"), "--enable-pprof"}})
+	for _, path := range []string{"/metrics", "/tunnels", "/connections", "/debug/pprof/"} {
+		assert.Equal(t, http.StatusUnauthorized, httpDoAuth(http.MethodGet, srv.AdminURL+path, ""), "%s without token", path)
+		assert.Equal(t, http.StatusUnauthorized, httpDoAuth(http.MethodGet, srv.AdminURL+path, "Bearer wrong"), "%s wrong token", path)
+		assert.Equal(t, http.StatusOK, httpDoAuth(http.MethodGet, srv.AdminURL+path, "Bearer "+token), "%s with token", path)
+	}
+	assert.Equal(t, http.StatusUnauthorized, httpDoAuth(http.MethodDelete, srv.AdminURL+"/tunnels/1", ""))
+	for _, path := range []string{"/healthz", "/readyz"} {
+		assert.Equal(t, http.StatusOK, httpDoAuth(http.MethodGet, srv.AdminURL+path, ""), "%s is for probes, no token", path)
+	}
+}
