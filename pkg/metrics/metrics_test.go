@@ -1,0 +1,375 @@
+package metrics_test
+
+import (
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/quic-go/quic-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+func TestMetricsLint(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		reg  func(*prometheus.Registry)
+	}{
+		{"server", func(r *prometheus.Registry) { metrics.NewServer(r) }},
+		{"client", func(r *prometheus.Registry) { metrics.NewClient(r) }},
+		{"quic and liveness", func(r *prometheus.Registry) {
+			r.MustRegister(metrics.NewQUICCollector("client", true, func() []metrics.ConnStats {
+				return []metrics.ConnStats{{Label: "0", Stats: quic.ConnectionStats{SmoothedRTT: time.Millisecond}}}
+			}), metrics.NewLivenessCollector("client", &liveness.Stats{}))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			reg := prometheus.NewPedanticRegistry()
+			tc.reg(reg)
+			problems, err := testutil.GatherAndLint(reg)
+			require.NoError(t, err)
+			assert.Empty(t, problems)
+			mfs, err := reg.Gather()
+			require.NoError(t, err)
+			require.NotEmpty(t, mfs)
+			for _, mf := range mfs {
+				assert.True(t, strings.HasPrefix(mf.GetName(), metrics.Namespace+"_"), mf.GetName())
+				for _, m := range mf.GetMetric() {
+					for _, l := range m.GetLabel() {
+						assert.NotContains(t, []string{"ip", "address", "destination", "stream_id", "token"}, l.GetName(),
+							"%s: high-cardinality label", mf.GetName())
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestServerPrecreatedSeries(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	metrics.NewServer(reg)
+	expected := `
+# HELP quictun_server_stream_bytes_total Application bytes carried, by direction (upstream = toward the destination).
+# TYPE quictun_server_stream_bytes_total counter
+quictun_server_stream_bytes_total{direction="downstream"} 0
+quictun_server_stream_bytes_total{direction="upstream"} 0
+# HELP quictun_server_connections_total QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, shutdown, error).
+# TYPE quictun_server_connections_total counter
+quictun_server_connections_total{result="auth_failed"} 0
+quictun_server_connections_total{result="closed"} 0
+quictun_server_connections_total{result="error"} 0
+quictun_server_connections_total{result="idle_timeout"} 0
+quictun_server_connections_total{result="shutdown"} 0
+# HELP quictun_server_refused_destinations_total Streams refused because the destination is not allowed, by network (tcp, unix).
+# TYPE quictun_server_refused_destinations_total counter
+quictun_server_refused_destinations_total{network="tcp"} 0
+quictun_server_refused_destinations_total{network="unix"} 0
+# HELP quictun_server_active_streams Tunnel streams currently open.
+# TYPE quictun_server_active_streams gauge
+quictun_server_active_streams 0
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected),
+		"quictun_server_stream_bytes_total", "quictun_server_connections_total",
+		"quictun_server_refused_destinations_total", "quictun_server_active_streams"))
+
+	results := labelValues(t, reg, "quictun_server_streams_total", "result")
+	for _, c := range proto.AllCodes() {
+		assert.Contains(t, results, metrics.ResultLabel(c))
+	}
+	assert.Contains(t, results, "ok")
+	assert.Len(t, results, len(proto.AllCodes()))
+}
+
+func TestClientPrecreatedSeries(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	m := metrics.NewClient(reg)
+	expected := `
+# HELP quictun_client_dials_total QUIC connection attempts, by result (ok, ok_0rtt: resumed with 0-RTT, 0rtt_rejected: resumed but the server refused 0-RTT, error, auth_failed).
+# TYPE quictun_client_dials_total counter
+quictun_client_dials_total{result="0rtt_rejected"} 0
+quictun_client_dials_total{result="auth_failed"} 0
+quictun_client_dials_total{result="error"} 0
+quictun_client_dials_total{result="ok"} 0
+quictun_client_dials_total{result="ok_0rtt"} 0
+# HELP quictun_client_path_rescues_total Blackout rescues: switched (a new path validated), recovered (the old path came back first), error.
+# TYPE quictun_client_path_rescues_total counter
+quictun_client_path_rescues_total{result="error"} 0
+quictun_client_path_rescues_total{result="recovered"} 0
+quictun_client_path_rescues_total{result="switched"} 0
+# HELP quictun_client_session_up 1 while a QUIC connection to the server is up.
+# TYPE quictun_client_session_up gauge
+quictun_client_session_up 0
+# HELP quictun_client_reconnects_total QUIC connections lost after having been up (each starts a reconnect).
+# TYPE quictun_client_reconnects_total counter
+quictun_client_reconnects_total 0
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected),
+		"quictun_client_dials_total", "quictun_client_path_rescues_total",
+		"quictun_client_session_up", "quictun_client_reconnects_total"))
+
+	results := labelValues(t, reg, "quictun_client_streams_total", "result")
+	assert.Contains(t, results, metrics.ResultNoSession)
+	assert.Contains(t, results, "ok")
+	assert.Contains(t, results, "refused")
+	assert.Equal(t, []string{"downstream", "upstream"}, labelValues(t, reg, "quictun_client_stream_bytes_total", "direction"))
+
+	// The returned handles feed the registered series.
+	m.StreamsTotal.WithLabelValues(metrics.ResultLabel(proto.CodeRefused)).Inc()
+	m.SessionUp.Set(1)
+	assert.InDelta(t, 1, testutil.ToFloat64(m.StreamsTotal.WithLabelValues("refused")), 0)
+	assert.InDelta(t, 1, testutil.ToFloat64(m.SessionUp), 0)
+}
+
+func TestDurationBuckets(t *testing.T) {
+	t.Parallel()
+	b := metrics.DurationBuckets
+	require.NotEmpty(t, b)
+	assert.InDelta(t, 0.0001, b[0], 1e-9)
+	assert.InDelta(t, 10, b[len(b)-1], 1e-6)
+	assert.True(t, sort.Float64sAreSorted(b))
+}
+
+// labelValues returns the sorted values of label on the series of metric name.
+func labelValues(t *testing.T, g prometheus.Gatherer, name, label string) []string {
+	t.Helper()
+	mf := family(t, g, name)
+	var out []string
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label {
+				out = append(out, l.GetValue())
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func family(t *testing.T, g prometheus.Gatherer, name string) *dto.MetricFamily {
+	t.Helper()
+	mfs, err := g.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf
+		}
+	}
+	t.Fatalf("metric %s not gathered", name)
+	return nil
+}
+
+// values returns name{conn=...} -> value for a family (counter, gauge, or histogram sample count).
+func values(t *testing.T, g prometheus.Gatherer, name string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, m := range family(t, g, name).GetMetric() {
+		key := ""
+		for _, l := range m.GetLabel() {
+			if l.GetName() != "side" {
+				key += l.GetName() + "=" + l.GetValue()
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			out[key] = m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			out[key] = m.GetGauge().GetValue()
+		case m.Histogram != nil:
+			out[key] = float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return out
+}
+
+// fakeConns is a mutable set of live connection stats.
+type fakeConns struct {
+	mu    sync.Mutex
+	conns []metrics.ConnStats
+}
+
+func (f *fakeConns) live() []metrics.ConnStats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]metrics.ConnStats(nil), f.conns...)
+}
+
+func (f *fakeConns) set(cs ...metrics.ConnStats) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.conns = cs
+}
+
+func stats(n uint64, srtt time.Duration) quic.ConnectionStats {
+	return quic.ConnectionStats{
+		PacketsSent: n, PacketsReceived: 2 * n, PacketsLost: n / 10,
+		BytesSent: 1000 * n, BytesReceived: 2000 * n, BytesLost: 100 * n,
+		SmoothedRTT: srtt, MinRTT: srtt / 2, LatestRTT: srtt + time.Millisecond, MeanDeviation: srtt / 4,
+		CongestionWindow: 12000 + n,
+	}
+}
+
+func TestQUICCollectorCounters(t *testing.T) {
+	t.Parallel()
+	fc := &fakeConns{}
+	col := metrics.NewQUICCollector("server", false, fc.live)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+
+	counters := []string{
+		"quictun_quic_packets_sent_total", "quictun_quic_packets_received_total", "quictun_quic_packets_lost_total",
+		"quictun_quic_sent_bytes_total", "quictun_quic_received_bytes_total", "quictun_quic_lost_bytes_total",
+	}
+	snapshot := func() map[string]float64 {
+		out := map[string]float64{}
+		for _, n := range counters {
+			out[n] = values(t, reg, n)[""]
+		}
+		return out
+	}
+	for _, v := range snapshot() {
+		assert.Zero(t, v, "nothing yet")
+	}
+	assert.Equal(t, map[string]float64{"": 0}, values(t, reg, "quictun_quic_connections"))
+
+	a := metrics.ConnStats{Label: "a", Stats: stats(100, 10*time.Millisecond)}
+	b := metrics.ConnStats{Label: "b", Stats: stats(50, 3*time.Second)}
+	fc.set(a, b)
+	s1 := snapshot()
+	assert.InDelta(t, 150, s1["quictun_quic_packets_sent_total"], 0)
+	assert.InDelta(t, 300, s1["quictun_quic_packets_received_total"], 0)
+	assert.InDelta(t, 15, s1["quictun_quic_packets_lost_total"], 0)
+	assert.InDelta(t, 150000, s1["quictun_quic_sent_bytes_total"], 0)
+	assert.InDelta(t, 300000, s1["quictun_quic_received_bytes_total"], 0)
+	assert.InDelta(t, 15000, s1["quictun_quic_lost_bytes_total"], 0)
+	assert.Equal(t, map[string]float64{"": 2}, values(t, reg, "quictun_quic_connections"))
+	assert.Equal(t, map[string]float64{"": 2}, values(t, reg, "quictun_quic_connection_smoothed_rtt_seconds"))
+
+	// b closes with its final stats: totals do not drop.
+	bFinal := stats(60, time.Second)
+	fc.set(a)
+	col.Closed(bFinal)
+	s2 := snapshot()
+	assert.InDelta(t, 160, s2["quictun_quic_packets_sent_total"], 0, "live a + closed b")
+	for _, n := range counters {
+		assert.GreaterOrEqual(t, s2[n], s1[n], "%s went down after a close", n)
+	}
+	assert.Equal(t, map[string]float64{"": 1}, values(t, reg, "quictun_quic_connections"))
+
+	// a closes too; nothing live, totals are the closed sums.
+	fc.set()
+	col.Closed(a.Stats)
+	s3 := snapshot()
+	assert.InDelta(t, 160, s3["quictun_quic_packets_sent_total"], 0)
+	assert.InDelta(t, 320, s3["quictun_quic_packets_received_total"], 0)
+	assert.InDelta(t, 160000, s3["quictun_quic_sent_bytes_total"], 0)
+	assert.Equal(t, map[string]float64{"": 0}, values(t, reg, "quictun_quic_connections"))
+
+	// Without perConn there are no per-connection series.
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		assert.NotEqual(t, "quictun_quic_smoothed_rtt_seconds", mf.GetName())
+	}
+}
+
+func TestQUICCollectorPerConnAndHistogram(t *testing.T) {
+	t.Parallel()
+	fc := &fakeConns{}
+	fc.set(
+		metrics.ConnStats{Label: "0", Stats: stats(1, 10*time.Millisecond)},
+		metrics.ConnStats{Label: "1", Stats: stats(2, 2*time.Second)},
+	)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.NewQUICCollector("client", true, fc.live))
+
+	assert.Equal(t, map[string]float64{"conn=0": 0.010, "conn=1": 2}, values(t, reg, "quictun_quic_smoothed_rtt_seconds"))
+	assert.Equal(t, map[string]float64{"conn=0": 0.005, "conn=1": 1}, values(t, reg, "quictun_quic_min_rtt_seconds"))
+	assert.Equal(t, map[string]float64{"conn=0": 0.011, "conn=1": 2.001}, values(t, reg, "quictun_quic_latest_rtt_seconds"))
+	assert.Equal(t, map[string]float64{"conn=0": 0.0025, "conn=1": 0.5}, values(t, reg, "quictun_quic_rtt_variance_seconds"))
+	assert.Equal(t, map[string]float64{"conn=0": 12001, "conn=1": 12002}, values(t, reg, "quictun_quic_congestion_window_bytes"))
+
+	h := family(t, reg, "quictun_quic_connection_smoothed_rtt_seconds").GetMetric()[0].GetHistogram()
+	assert.Equal(t, uint64(2), h.GetSampleCount())
+	assert.InDelta(t, 2.010, h.GetSampleSum(), 1e-9)
+	for _, b := range h.GetBucket() {
+		want := uint64(0)
+		if b.GetUpperBound() >= 0.010 {
+			want++
+		}
+		if b.GetUpperBound() >= 2 {
+			want++
+		}
+		assert.Equal(t, want, b.GetCumulativeCount(), "bucket le=%g", b.GetUpperBound())
+	}
+	for _, m := range family(t, reg, "quictun_quic_smoothed_rtt_seconds").GetMetric() {
+		var side string
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "side" {
+				side = l.GetValue()
+			}
+		}
+		assert.Equal(t, "client", side)
+	}
+}
+
+func TestQUICCollectorConcurrent(t *testing.T) {
+	t.Parallel()
+	fc := &fakeConns{}
+	col := metrics.NewQUICCollector("server", false, fc.live)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 100 {
+				col.Closed(quic.ConnectionStats{PacketsSent: 1})
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 20 {
+			_, err := reg.Gather()
+			assert.NoError(t, err)
+		}
+	})
+	wg.Wait()
+	assert.InDelta(t, 400, values(t, reg, "quictun_quic_packets_sent_total")[""], 0)
+}
+
+func TestLivenessCollector(t *testing.T) {
+	t.Parallel()
+	st := &liveness.Stats{}
+	st.HeartbeatsSent.Add(5)
+	st.EchoesReceived.Add(4)
+	st.EchoesSent.Add(3)
+	st.TailProbesSent.Add(2)
+	st.Invalid.Add(1)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.NewLivenessCollector("server", st))
+	expected := `
+# HELP quictun_quic_datagrams_total Liveness datagrams by type: heartbeat_sent, echo_received, echo_sent, tail_probe_sent, invalid (received and dropped).
+# TYPE quictun_quic_datagrams_total counter
+quictun_quic_datagrams_total{side="server",type="echo_received"} 4
+quictun_quic_datagrams_total{side="server",type="echo_sent"} 3
+quictun_quic_datagrams_total{side="server",type="heartbeat_sent"} 5
+quictun_quic_datagrams_total{side="server",type="invalid"} 1
+quictun_quic_datagrams_total{side="server",type="tail_probe_sent"} 2
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected)))
+
+	st.Invalid.Add(10) // read at scrape time
+	assert.InDelta(t, 11, values(t, reg, "quictun_quic_datagrams_total")["type=invalid"], 0)
+}
