@@ -187,3 +187,39 @@ func TestDialTimeoutResult(t *testing.T) {
 	assert.Equal(t, float64(n), m.val("quictun_server_streams_total", "result", "timeout"))
 	assert.Equal(t, 0.0, m.val("quictun_server_streams_total", "result", "dial_failed"))
 }
+
+// TestSlowDestinationDialSlots: dials to a destination that never answers must
+// not use up the server's dial slots for everyone. With --max-concurrent-dials
+// 4 and 4 such dials pending, a tunnel to a healthy destination must still be
+// served at once.
+func TestSlowDestinationDialSlots(t *testing.T) {
+	skipBug(t, "design limit: --max-concurrent-dials is one pool for all clients and destinations; dials to a "+
+		"blackholed destination hold their slots for the whole --dial-timeout, so once they fill the pool every "+
+		"other new tunnel waits for a slot (and fails with overloaded when its own --dial-timeout expires first)")
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	slow := unacceptedListener(t)
+	tokens := writeFile(t, "tokens", fmt.Sprintf("127.0.0.2 tcp:%s\n* tcp:%s\n", slow, echo))
+	srv := startServer(t, serverOpts{Args: []string{"--dial-timeout", "3s", "--max-concurrent-dials", "4"}})
+	cl := startClient(t, srv, clientOpts{Token: tokens, Args: []string{"--token-source-plugin", "File"}})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for range 4 {
+		wg.Go(func() {
+			c, err := dialFrom(t, "127.0.0.2", cl.Addr)
+			if err != nil {
+				return
+			}
+			_ = c.SetDeadline(time.Now().Add(ioTimeout))
+			_, _ = io.ReadAll(c)
+		})
+	}
+	waitMetric(t, cl, 5*time.Second, ge(4), "quictun_client_active_streams")
+	time.Sleep(100 * time.Millisecond) // let the server start the 4 dials
+	start := time.Now()
+	err := echoOnce(dialApp(t, cl.Addr), "healthy")
+	took := time.Since(start)
+	t.Logf("echo with the dial pool full of blackholed dials: err %v after %v", err, took)
+	require.NoError(t, err)
+	assert.Less(t, took, time.Second, "a healthy destination waited for a slow one's dial slot")
+}
