@@ -179,8 +179,8 @@ func TestReceiverRecordsLastEcho(t *testing.T) {
 
 func TestReceiverInvalidDatagrams(t *testing.T) {
 	t.Parallel()
-	long := append([]byte{liveness.TypeHeartbeat}, make([]byte, 64)...) // 65 bytes
-	maxLen := append([]byte{liveness.TypeHeartbeat}, make([]byte, 63)...)  // 64 bytes
+	long := append([]byte{liveness.TypeHeartbeat}, make([]byte, 64)...)   // 65 bytes
+	maxLen := append([]byte{liveness.TypeHeartbeat}, make([]byte, 63)...) // 64 bytes
 	for _, tc := range []struct {
 		name        string
 		server      bool
