@@ -1,0 +1,128 @@
+package server
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+var replayT0 = time.Date(2026, 11, 23, 5, 0, 0, 0, time.UTC)
+
+func hdr(n byte, at time.Time) *proto.Header {
+	h := &proto.Header{Time: at}
+	h.Nonce[0] = n
+	h.Nonce[proto.NonceLen-1] = n
+	return h
+}
+
+func TestReplayCacheWindow(t *testing.T) {
+	t.Parallel()
+	const w = time.Minute
+	for _, tc := range []struct {
+		name   string
+		offset time.Duration // header time minus now
+		want   proto.Code
+	}{
+		{"now", 0, proto.CodeOK},
+		{"a bit old", -30 * time.Second, proto.CodeOK},
+		{"exactly window old", -w, proto.CodeOK},
+		{"just too old", -w - time.Nanosecond, proto.CodeReplay},
+		{"far too old", -time.Hour, proto.CodeReplay},
+		{"a bit ahead (clock skew)", 30 * time.Second, proto.CodeOK},
+		{"exactly window ahead", w, proto.CodeOK},
+		{"too far ahead", w + time.Second, proto.CodeReplay},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newReplayCache(w, 10)
+			assert.Equal(t, tc.want, c.check(hdr(1, replayT0.Add(tc.offset)), replayT0))
+			if tc.want != proto.CodeOK {
+				assert.Empty(t, c.seen, "rejected headers are not remembered")
+			}
+		})
+	}
+}
+
+func TestReplayCacheSameNonce(t *testing.T) {
+	t.Parallel()
+	const w = time.Minute
+	c := newReplayCache(w, 10)
+	h := hdr(1, replayT0)
+	require.Equal(t, proto.CodeOK, c.check(h, replayT0))
+	assert.Equal(t, proto.CodeReplay, c.check(h, replayT0), "immediate replay")
+	assert.Equal(t, proto.CodeReplay, c.check(h, replayT0.Add(w)), "replay at the end of the window")
+	assert.Equal(t, proto.CodeReplay, c.check(h, replayT0.Add(w+time.Second)), "outside the window it is too old anyway")
+	assert.Equal(t, proto.CodeOK, c.check(hdr(2, replayT0), replayT0.Add(time.Second)), "another nonce is fine")
+
+	// The same nonce with another timestamp is still a replay.
+	assert.Equal(t, proto.CodeReplay, c.check(hdr(1, replayT0.Add(10*time.Second)), replayT0.Add(20*time.Second)))
+}
+
+func TestReplayCacheCapacity(t *testing.T) {
+	t.Parallel()
+	const w = 10 * time.Second
+	c := newReplayCache(w, 3)
+	for i := range 3 {
+		require.Equal(t, proto.CodeOK, c.check(hdr(byte(i), replayT0), replayT0), "entry %d", i)
+	}
+	assert.Equal(t, proto.CodeOverloaded, c.check(hdr(9, replayT0), replayT0))
+	assert.Equal(t, proto.CodeReplay, c.check(hdr(0, replayT0), replayT0), "a replay is still a replay when full")
+	assert.Len(t, c.seen, 3, "the refused nonce is not stored")
+
+	// Entries expire at header time + window + 1 s; then the GC makes room.
+	later := replayT0.Add(w + time.Second)
+	assert.Equal(t, proto.CodeOverloaded, c.check(hdr(9, later), later), "not expired yet at the exact expiry")
+	later = later.Add(time.Millisecond)
+	assert.Equal(t, proto.CodeOK, c.check(hdr(9, later), later), "expired entries are freed")
+	assert.Len(t, c.seen, 1)
+}
+
+func TestReplayCachePeriodicGC(t *testing.T) {
+	t.Parallel()
+	const w = 8 * time.Second
+	c := newReplayCache(w, 1000)
+	for i := range 10 {
+		require.Equal(t, proto.CodeOK, c.check(hdr(byte(i), replayT0), replayT0))
+	}
+	require.Len(t, c.seen, 10)
+	// Past the entries' expiry and more than window/4 since the last GC: swept
+	// although the cache is far from full.
+	now := replayT0.Add(w + 2*time.Second)
+	require.Equal(t, proto.CodeOK, c.check(hdr(100, now), now))
+	assert.Len(t, c.seen, 1, "expired entries swept")
+
+	// A GC less than window/4 after the last one does not run.
+	require.Equal(t, proto.CodeOK, c.check(hdr(101, now), now.Add(w/8)))
+	assert.Len(t, c.seen, 2)
+}
+
+func TestReplayCacheConcurrent(t *testing.T) {
+	t.Parallel()
+	c := newReplayCache(time.Minute, 1<<16)
+	const workers, per = 8, 200
+	var ok atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range per {
+				h := &proto.Header{Time: replayT0}
+				h.Nonce[0], h.Nonce[1] = byte(w), byte(i)
+				if c.check(h, replayT0) == proto.CodeOK {
+					ok.Add(1)
+				}
+				// Every worker also replays one shared nonce; exactly one wins.
+				if c.check(hdr(255, replayT0), replayT0) == proto.CodeOK {
+					ok.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int64(workers*per+1), ok.Load())
+}
