@@ -1,0 +1,280 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/quictun/quictun/cmd/internal/cli"
+	"github.com/quictun/quictun/pkg/config"
+	"github.com/quictun/quictun/pkg/version"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestReadSecretFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	for _, tc := range []struct {
+		name    string
+		path    string
+		want    string
+		wantErr string
+	}{
+		{"trimmed", write("ok", "  0123456789abcdef\n\n"), "0123456789abcdef", ""},
+		{"inner spaces kept", write("inner", "0123 4567 89ab cdef"), "0123 4567 89ab cdef", ""},
+		{"too short after trimming", write("short", "0123456789abcde \n"), "", "at least 16 bytes"},
+		{"empty", write("empty", "\n"), "", "at least 16 bytes"},
+		{"missing", filepath.Join(dir, "missing"), "", "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := cli.ReadSecretFile("secret-file", tc.path, 16)
+			if tc.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+				assert.Contains(t, err.Error(), "--secret-file", "names the flag")
+				assert.NotContains(t, err.Error(), "0123456789abcde", "never prints the secret")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, string(got))
+		})
+	}
+}
+
+func TestListenAdmin(t *testing.T) {
+	t.Parallel()
+	ln, err := cli.ListenAdmin("", "")
+	require.NoError(t, err)
+	assert.Nil(t, ln, "empty address disables the admin server")
+
+	_, err = cli.ListenAdmin("0.0.0.0:0", "")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--httpd-token-file")
+
+	for _, tc := range []struct{ addr, token string }{
+		{"127.0.0.1:0", ""},
+		{"127.0.0.1:0", "tok"},
+		{"0.0.0.0:0", "tok"}, // non-loopback with a token is allowed (bound to all interfaces)
+	} {
+		ln, err := cli.ListenAdmin(tc.addr, tc.token)
+		require.NoError(t, err, tc.addr)
+		require.NotNil(t, ln)
+		require.NoError(t, ln.Close())
+	}
+
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = busy.Close() }()
+	_, err = cli.ListenAdmin(busy.Addr().String(), "")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "admin listener")
+}
+
+func TestNewRegistry(t *testing.T) {
+	t.Parallel()
+	mfs, err := cli.NewRegistry().Gather()
+	require.NoError(t, err)
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	assert.True(t, names["quictun_build_info"])
+	assert.True(t, names["go_goroutines"])
+	// process_* metrics exist only where procfs is readable (Linux).
+	assert.True(t, names["process_open_fds"] || names["process_cpu_seconds_total"])
+}
+
+func TestAddKlogFlags(t *testing.T) {
+	t.Parallel()
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	cli.AddKlogFlags(fs)
+	var names []string
+	fs.VisitAll(func(f *pflag.Flag) { names = append(names, f.Name) })
+	assert.ElementsMatch(t, []string{"v", "vmodule"}, names, "only -v and --vmodule, no klog file flags")
+}
+
+// fakeDaemon records what the root command does with it.
+type fakeDaemon struct {
+	cf       cli.ConfigFlags
+	name     string
+	count    int
+	validErr error
+	ran      bool
+	runCtx   context.Context
+}
+
+func (d *fakeDaemon) Config() *cli.ConfigFlags { return &d.cf }
+func (d *fakeDaemon) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&d.name, "name", "default", "a name")
+	fs.IntVar(&d.count, "count", 1, "a count")
+}
+func (d *fakeDaemon) Validate() error { return d.validErr }
+func (d *fakeDaemon) Run(ctx context.Context) error {
+	d.ran, d.runCtx = true, ctx
+	return nil
+}
+
+func execute(t *testing.T, d *fakeDaemon, args ...string) (string, error) {
+	t.Helper()
+	cmd := cli.NewRootCommand("fake", d, []cli.FlagGroup{{Title: "Things", Names: []string{"name"}}})
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestRootCommand(t *testing.T) {
+	// Not parallel: t.Setenv.
+	for _, k := range []string{"QUICTUN_NAME", "QUICTUN_COUNT"} {
+		t.Setenv(k, "") // restored when the test ends
+		require.NoError(t, os.Unsetenv(k))
+	}
+	t.Run("runs a valid config", func(t *testing.T) {
+		d := &fakeDaemon{}
+		_, err := execute(t, d, "--name", "x")
+		require.NoError(t, err)
+		assert.True(t, d.ran)
+		assert.NotNil(t, d.runCtx)
+		assert.Equal(t, "x", d.name)
+	})
+	t.Run("validation error is a usage error and does not run", func(t *testing.T) {
+		d := &fakeDaemon{validErr: errors.New("--name is bad")}
+		_, err := execute(t, d)
+		require.ErrorIs(t, err, cli.ErrUsage)
+		assert.Contains(t, err.Error(), "--name is bad")
+		assert.False(t, d.ran)
+	})
+	t.Run("check-config validates and does not run", func(t *testing.T) {
+		d := &fakeDaemon{}
+		out, err := execute(t, d, "--check-config")
+		require.NoError(t, err)
+		assert.Equal(t, "config OK\n", out)
+		assert.False(t, d.ran)
+
+		d = &fakeDaemon{validErr: errors.New("nope")}
+		_, err = execute(t, d, "--check-config")
+		require.ErrorIs(t, err, cli.ErrUsage)
+	})
+	t.Run("write-config skips validation and writes flags only", func(t *testing.T) {
+		d := &fakeDaemon{validErr: errors.New("nope")}
+		out, err := execute(t, d, "--write-config", "--count", "7")
+		require.NoError(t, err)
+		assert.False(t, d.ran)
+		assert.Contains(t, out, "count: 7")
+		assert.Contains(t, out, "name: default")
+		for _, skipped := range []string{"config:", "write-config:", "check-config:", "help:"} {
+			assert.NotContains(t, out, "\n"+skipped, "config flags are not written")
+		}
+	})
+	t.Run("precedence file < env < flag", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "c.yaml")
+		require.NoError(t, os.WriteFile(file, []byte("name: from-file\ncount: 2\n"), 0o600))
+		d := &fakeDaemon{}
+		_, err := execute(t, d, "--config", file)
+		require.NoError(t, err)
+		assert.Equal(t, "from-file", d.name)
+		assert.Equal(t, 2, d.count)
+
+		t.Setenv("QUICTUN_NAME", "from-env")
+		d = &fakeDaemon{}
+		_, err = execute(t, d, "--config", file)
+		require.NoError(t, err)
+		assert.Equal(t, "from-env", d.name)
+		assert.Equal(t, 2, d.count)
+
+		d = &fakeDaemon{}
+		_, err = execute(t, d, "--config", file, "--name", "from-flag")
+		require.NoError(t, err)
+		assert.Equal(t, "from-flag", d.name)
+	})
+	t.Run("unknown key names file and line", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "bad.yaml")
+		require.NoError(t, os.WriteFile(file, []byte("name: a\n\nnmae: b\n"), 0o600))
+		d := &fakeDaemon{}
+		_, err := execute(t, d, "--config", file)
+		require.ErrorIs(t, err, cli.ErrUsage)
+		require.ErrorIs(t, err, config.ErrUnknownKey)
+		assert.Contains(t, err.Error(), file+":3")
+		assert.Contains(t, err.Error(), `"nmae"`)
+		assert.False(t, d.ran)
+	})
+	t.Run("missing config file", func(t *testing.T) {
+		_, err := execute(t, &fakeDaemon{}, "--config", filepath.Join(t.TempDir(), "nope.yaml"))
+		require.ErrorIs(t, err, os.ErrNotExist)
+	})
+	t.Run("positional arguments rejected", func(t *testing.T) {
+		d := &fakeDaemon{}
+		_, err := execute(t, d, "extra")
+		require.Error(t, err)
+		assert.False(t, d.ran)
+	})
+	t.Run("version", func(t *testing.T) {
+		d := &fakeDaemon{}
+		out, err := execute(t, d, "version")
+		require.NoError(t, err)
+		assert.Equal(t, "fake "+version.String()+"\n", out)
+		assert.False(t, d.ran)
+	})
+	t.Run("grouped help", func(t *testing.T) {
+		out, err := execute(t, &fakeDaemon{}, "--help")
+		require.NoError(t, err)
+		things := strings.Index(out, "Things:")
+		other := strings.Index(out, "Other:")
+		require.NotEqual(t, -1, things, out)
+		require.NotEqual(t, -1, other, out)
+		assert.Less(t, things, other)
+		assert.Contains(t, out[things:other], "--name")
+		assert.NotContains(t, out[things:other], "--count")
+		assert.Contains(t, out[other:], "--count")
+		assert.Contains(t, out, "QUICTUN_")
+		assert.Contains(t, out, "version")
+	})
+}
+
+func TestSignalContext(t *testing.T) {
+	// Not parallel: it installs a process-wide signal handler.
+	t.Run("stop without a signal", func(t *testing.T) {
+		ctx, stop := cli.SignalContext(context.Background())
+		assert.NoError(t, ctx.Err())
+		stop()
+		assert.ErrorIs(t, ctx.Err(), context.Canceled)
+	})
+	t.Run("parent cancel", func(t *testing.T) {
+		parent, cancel := context.WithCancel(context.Background())
+		ctx, stop := cli.SignalContext(parent)
+		defer stop()
+		cancel()
+		assert.ErrorIs(t, ctx.Err(), context.Canceled)
+	})
+	t.Run("first SIGTERM cancels", func(t *testing.T) {
+		ctx, stop := cli.SignalContext(context.Background())
+		defer stop()
+		require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("context not cancelled by SIGTERM")
+		}
+	})
+}
