@@ -1,0 +1,269 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
+
+	"github.com/quictun/quictun/cmd/internal/cli"
+	"github.com/quictun/quictun/pkg/config"
+	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/pkg/version"
+)
+
+func validOptions() *Options {
+	o := NewOptions()
+	o.SecretFile = "/etc/quictun/secret"
+	return o
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		mutate  func(*Options)
+		wantErr []string // substrings; empty means valid
+	}{
+		{"defaults with a secret", func(*Options) {}, nil},
+		{"client CA instead of secret", func(o *Options) { o.SecretFile, o.ClientCAFile = "", "/ca.pem" }, nil},
+		{"secret and client CA", func(o *Options) { o.ClientCAFile = "/ca.pem" }, nil},
+		{"explicit no auth", func(o *Options) { o.SecretFile, o.InsecureNoAuth = "", true }, nil},
+		{"cert and key without state dir", func(o *Options) { o.CertFile, o.KeyFile, o.StateDir = "/c", "/k", "" }, nil},
+		{"keepalive disabled", func(o *Options) { o.KeepAlivePeriod = 0 }, nil},
+		{"drain 0", func(o *Options) { o.DrainTimeout = 0 }, nil},
+		{"tail probes 0 and 4", func(o *Options) { o.TailProbes = 4 }, nil},
+		{"empty allow list denies all", func(o *Options) { o.Allow = nil }, nil},
+
+		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
+		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},
+		{"unknown token parser", func(o *Options) { o.TokenParserPlugin = "Nope" }, []string{"--token-parser-plugin"}},
+		{"cert without key", func(o *Options) { o.CertFile = "/c" }, []string{"--cert-file and --key-file go together"}},
+		{"key without cert", func(o *Options) { o.KeyFile = "/k" }, []string{"--cert-file and --key-file go together"}},
+		{"no state dir", func(o *Options) { o.StateDir = "" }, []string{"--state-dir is required"}},
+		{"no auth", func(o *Options) { o.SecretFile = "" }, []string{"client authentication is required"}},
+		{"no auth contradiction", func(o *Options) { o.InsecureNoAuth = true }, []string{"--insecure-no-auth contradicts"}},
+		{"no auth contradiction CA", func(o *Options) { o.SecretFile, o.ClientCAFile, o.InsecureNoAuth = "", "/ca", true }, []string{"--insecure-no-auth contradicts"}},
+		{"idle timeout 0", func(o *Options) { o.IdleTimeout = 0 }, []string{"--idle-timeout must be positive"}},
+		{"handshake timeout negative", func(o *Options) { o.HandshakeTimeout = -time.Second }, []string{"--handshake-timeout must be positive"}},
+		{"header timeout 0", func(o *Options) { o.HeaderTimeout = 0 }, []string{"--header-timeout must be positive"}},
+		{"dial timeout 0", func(o *Options) { o.DialTimeout = 0 }, []string{"--dial-timeout must be positive"}},
+		{"negative keepalive", func(o *Options) { o.KeepAlivePeriod = -1 }, []string{"--keepalive-period and --drain-timeout must not be negative"}},
+		{"negative drain", func(o *Options) { o.DrainTimeout = -1 }, []string{"must not be negative"}},
+		{"keepalive not below idle", func(o *Options) { o.KeepAlivePeriod = o.IdleTimeout }, []string{"--keepalive-period (1m30s) must be shorter than --idle-timeout (1m30s)"}},
+		{"no streams", func(o *Options) { o.MaxStreamsPerConn = 0 }, []string{"--max-streams-per-conn"}},
+		{"tail probes 5", func(o *Options) { o.TailProbes = 5 }, []string{"--tail-probes must be 0..4"}},
+		{"tail probes negative", func(o *Options) { o.TailProbes = -1 }, []string{"--tail-probes must be 0..4"}},
+		{"no dials", func(o *Options) { o.MaxConcurrentDials = 0 }, []string{"--max-concurrent-dials"}},
+		{"every error at once", func(o *Options) {
+			*o = Options{Allow: []string{"bogus"}, TokenParserPlugin: "Nope", CertFile: "/c", KeepAlivePeriod: -1}
+		}, []string{
+			"--listen-on", "--allow", "--token-parser-plugin", "--cert-file and --key-file",
+			"client authentication is required", "--idle-timeout", "--handshake-timeout", "--header-timeout",
+			"--dial-timeout", "must not be negative", "--max-streams-per-conn", "--max-concurrent-dials",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := validOptions()
+			tc.mutate(o)
+			err := o.Validate()
+			if len(tc.wantErr) == 0 {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			for _, s := range tc.wantErr {
+				assert.Contains(t, err.Error(), s)
+			}
+			if len(tc.wantErr) > 1 {
+				assert.GreaterOrEqual(t, strings.Count(err.Error(), "\n")+1, len(tc.wantErr), "one line per problem")
+			}
+		})
+	}
+}
+
+func TestNewOptionsDefaults(t *testing.T) {
+	t.Parallel()
+	o := NewOptions()
+	q := transport.DefaultQUICOptions()
+	assert.Equal(t, q.IdleTimeout, o.IdleTimeout)
+	assert.Equal(t, q.MaxIncomingStreams, o.MaxStreamsPerConn)
+	assert.Equal(t, "127.0.0.1:8086", o.HTTPDListenOn, "admin API on loopback by default")
+	assert.NotEmpty(t, o.Allow, "loopback-only allow list by default")
+	assert.False(t, o.InsecureNoAuth)
+	assert.False(t, o.EnablePprof)
+	err := o.Validate()
+	require.Error(t, err, "defaults alone need an auth choice")
+	assert.Contains(t, err.Error(), "client authentication is required")
+}
+
+// execute runs a fresh quictun-server command in-process.
+func execute(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := NewCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := cmd.ExecuteContext(ctx)
+	return out.String(), err
+}
+
+// clearEnv unsets every QUICTUN_* variable for the test (restored afterwards).
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, cli.EnvPrefix+"_") {
+			t.Setenv(k, "")
+			require.NoError(t, os.Unsetenv(k))
+		}
+	}
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+	return p
+}
+
+func effective(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	out, err := execute(t, append(args, "--write-config")...)
+	require.NoError(t, err)
+	m := map[string]any{}
+	require.NoError(t, yaml.Unmarshal([]byte(out), &m), out)
+	return m
+}
+
+func TestCommandWriteAndCheckConfigRoundTrip(t *testing.T) {
+	clearEnv(t)
+	args := []string{
+		"--listen-on", "127.0.0.1:7601", "--secret-file", "/etc/quictun/secret",
+		"--allow", "ssh=tcp:127.0.0.1:22,tcp:10.0.0.0/8:5432", "--idle-timeout", "45s",
+		"--max-concurrent-dials", "9", "--disable-0rtt",
+	}
+	first, err := execute(t, append(args, "--write-config")...)
+	require.NoError(t, err)
+	m := map[string]any{}
+	require.NoError(t, yaml.Unmarshal([]byte(first), &m))
+	assert.Equal(t, "127.0.0.1:7601", m["listen-on"])
+	assert.Equal(t, "45s", m["idle-timeout"])
+	assert.Equal(t, 9, m["max-concurrent-dials"])
+	assert.Equal(t, true, m["disable-0rtt"])
+	assert.Len(t, m["allow"], 2)
+	for _, k := range []string{"config", "write-config", "check-config", "help"} {
+		assert.NotContains(t, m, k)
+	}
+
+	file := writeFile(t, "server.yaml", first)
+	second, err := execute(t, "--config", file, "--write-config")
+	require.NoError(t, err)
+	assert.Equal(t, first, second, "the written config loads back to the same config")
+
+	out, err := execute(t, "--config", file, "--check-config")
+	require.NoError(t, err)
+	assert.Equal(t, "config OK\n", out)
+
+	// The defaults alone are not a valid server config.
+	_, err = execute(t, "--check-config")
+	require.ErrorIs(t, err, cli.ErrUsage)
+	assert.Contains(t, err.Error(), "--secret-file")
+}
+
+func TestCommandPrecedence(t *testing.T) {
+	clearEnv(t)
+	file := writeFile(t, "c.yaml", "listen-on: 127.0.0.1:1\nsecret-file: /s\ndial-timeout: 3s\n")
+	for _, tc := range []struct {
+		name   string
+		env    string
+		flag   bool
+		useCfg bool
+		want   string
+	}{
+		{"default", "", false, false, "0.0.0.0:7500"},
+		{"file", "", false, true, "127.0.0.1:1"},
+		{"env over file", "127.0.0.1:2", false, true, "127.0.0.1:2"},
+		{"flag over env and file", "127.0.0.1:2", true, true, "127.0.0.1:3"},
+		{"env without file", "127.0.0.1:2", false, false, "127.0.0.1:2"},
+		{"flag over file", "", true, true, "127.0.0.1:3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv("QUICTUN_LISTEN_ON", tc.env)
+			}
+			var args []string
+			if tc.useCfg {
+				args = append(args, "--config", file)
+			}
+			if tc.flag {
+				args = append(args, "--listen-on", "127.0.0.1:3")
+			}
+			m := effective(t, args...)
+			assert.Equal(t, tc.want, m["listen-on"])
+			if tc.useCfg {
+				assert.Equal(t, "3s", m["dial-timeout"], "other file keys still apply")
+			}
+		})
+	}
+	t.Run("env list and duration", func(t *testing.T) {
+		t.Setenv("QUICTUN_ALLOW", "tcp:127.0.0.1:22,tcp:127.0.0.1:80")
+		t.Setenv("QUICTUN_HEADER_TIMEOUT", "2s")
+		m := effective(t)
+		assert.Equal(t, []any{"tcp:127.0.0.1:22", "tcp:127.0.0.1:80"}, m["allow"])
+		assert.Equal(t, "2s", m["header-timeout"])
+	})
+	t.Run("bad env value", func(t *testing.T) {
+		t.Setenv("QUICTUN_IDLE_TIMEOUT", "soon")
+		_, err := execute(t, "--check-config", "--secret-file", "/s")
+		require.ErrorIs(t, err, cli.ErrUsage)
+		assert.Contains(t, err.Error(), "QUICTUN_IDLE_TIMEOUT")
+	})
+}
+
+func TestCommandUnknownKey(t *testing.T) {
+	clearEnv(t)
+	file := writeFile(t, "typo.yaml", "secret-file: /s\nlisten-on: 127.0.0.1:1\nlisten-onn: 127.0.0.1:2\n")
+	_, err := execute(t, "--config", file, "--check-config")
+	require.ErrorIs(t, err, cli.ErrUsage)
+	require.ErrorIs(t, err, config.ErrUnknownKey)
+	assert.Contains(t, err.Error(), file+":3")
+	assert.Contains(t, err.Error(), `"listen-onn"`)
+}
+
+func TestCommandVersionAndFingerprint(t *testing.T) {
+	clearEnv(t)
+	out, err := execute(t, "version")
+	require.NoError(t, err)
+	assert.Equal(t, "quictun-server "+version.String()+"\n", out)
+
+	dir := filepath.Join(t.TempDir(), "state")
+	out, err = execute(t, "fingerprint", "--state-dir", dir)
+	require.NoError(t, err)
+	st, err := transport.LoadOrCreateState(dir, "", "")
+	require.NoError(t, err)
+	assert.False(t, st.Generated, "the fingerprint command created the state")
+	assert.Equal(t, st.Fingerprint()+"\n", out)
+	_, err = transport.ParseFingerprint(strings.TrimSpace(out))
+	require.NoError(t, err)
+
+	_, err = execute(t, "unexpected-arg")
+	require.Error(t, err)
+
+	out, err = execute(t, "--help")
+	require.NoError(t, err)
+	for _, g := range flagGroups {
+		assert.Contains(t, out, g.Title+":")
+	}
+	assert.NotContains(t, out, "\nOther:", "every flag is in a group")
+}
