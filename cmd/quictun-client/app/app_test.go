@@ -44,7 +44,7 @@ func TestValidate(t *testing.T) {
 		{"IPv6 endpoint", func(o *Options) { o.ServerEndpoint = "[2001:db8::1]:7500" }, nil},
 		{"several listeners", func(o *Options) { o.ListenOn = []string{"tcp:127.0.0.1:1", "unix:/tmp/a.sock"} }, nil},
 		{"heartbeats off, rescue anything", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = 0, 0 }, nil},
-		{"rescue exactly twice heartbeat", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 2 * time.Second }, nil},
+		{"rescue exactly twice heartbeat", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 2*time.Second }, nil},
 		{"keepalive off", func(o *Options) { o.KeepAlivePeriod = 0 }, nil},
 
 		{"no listener", func(o *Options) { o.ListenOn = nil }, []string{"--listen-on needs at least one listener"}},
@@ -68,7 +68,7 @@ func TestValidate(t *testing.T) {
 		{"keepalive above idle", func(o *Options) { o.KeepAlivePeriod = 2 * o.IdleTimeout }, []string{"--keepalive-period (3m0s) must be shorter"}},
 		{"negative heartbeat", func(o *Options) { o.HeartbeatInterval = -1 }, []string{"--heartbeat-interval must not be negative"}},
 		{"tail probes 5", func(o *Options) { o.TailProbes = 5 }, []string{"--tail-probes must be 0..4"}},
-		{"rescue too soon", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 1999 * time.Millisecond }, []string{"--rescue-after (1.999s) must be at least twice --heartbeat-interval (1s)"}},
+		{"rescue too soon", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 1999*time.Millisecond }, []string{"--rescue-after (1.999s) must be at least twice --heartbeat-interval (1s)"}},
 		{"no connections", func(o *Options) { o.MaxConnections = 0 }, []string{"--max-connections must be at least 1"}},
 		{"every error at once", func(o *Options) {
 			*o = Options{ServerFingerprint: "xx", CAFile: "/ca", KeyFile: "/k", HeartbeatInterval: time.Second}
