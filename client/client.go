@@ -62,6 +62,10 @@ type Config struct {
 	TailProbes     int
 	TailProbeDelay time.Duration
 
+	// WrapConn, when set, wraps the extra UDP sockets of path rescue the
+	// way the main socket was wrapped (forward error correction).
+	WrapConn func(net.PacketConn) net.PacketConn
+
 	Metrics  *metrics.Client
 	QUICStat *metrics.QUICCollector
 	Registry *tunnel.Registry

@@ -108,7 +108,11 @@ func (r *rescuer) other() (int, error) {
 			return 0, fmt.Errorf("rescue socket: %w", err)
 		}
 		r.udp = append(r.udp, u)
-		r.transports = append(r.transports, &quic.Transport{Conn: u})
+		var pc net.PacketConn = u
+		if r.c.cfg.WrapConn != nil {
+			pc = r.c.cfg.WrapConn(u)
+		}
+		r.transports = append(r.transports, &quic.Transport{Conn: pc})
 	}
 	return 1 - r.active, nil
 }

@@ -33,6 +33,8 @@ type ServerOptions struct {
 	Addr     string // default 127.0.0.1:0
 	Mutate   func(*server.Config)
 	QUIC     func(*transport.QUICOptions)
+	// WrapConn wraps the server's UDP socket (e.g. with forward error correction).
+	WrapConn func(net.PacketConn) net.PacketConn
 }
 
 // Server is a running in-process server.
@@ -106,7 +108,11 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 	if o.Mutate != nil {
 		o.Mutate(&cfg)
 	}
-	srv, err := server.New(cfg, pc)
+	var spc net.PacketConn = pc
+	if o.WrapConn != nil {
+		spc = o.WrapConn(pc)
+	}
+	srv, err := server.New(cfg, spc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Server: srv, Addr: pc.LocalAddr().String(), State: st, StateDir: o.StateDir, Registry: reg, Metrics: m,
@@ -130,6 +136,8 @@ type ClientOptions struct {
 	WaitReady   bool
 	// ServerAddr overrides the address dialed (e.g. a proxy in front of the server).
 	ServerAddr string
+	// WrapConn wraps the client's UDP sockets (e.g. with forward error correction).
+	WrapConn func(net.PacketConn) net.PacketConn
 }
 
 // Client is a running in-process client.
@@ -207,7 +215,12 @@ func StartClient(t testing.TB, srv *Server, o ClientOptions) *Client {
 	if o.Mutate != nil {
 		o.Mutate(&cfg)
 	}
-	cl, err := client.New(cfg, pc)
+	cfg.WrapConn = o.WrapConn
+	var cpc net.PacketConn = pc
+	if o.WrapConn != nil {
+		cpc = o.WrapConn(pc)
+	}
+	cl, err := client.New(cfg, cpc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{Client: cl, Addr: o.Listeners[0].Addr().String(), Registry: reg, Metrics: m, stop: cancel, done: make(chan error, 1), pc: pc}

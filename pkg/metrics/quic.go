@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 
+	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/liveness"
 )
 
@@ -156,6 +157,38 @@ func (c *LivenessCollector) Collect(ch chan<- prometheus.Metric) {
 		{"echo_sent", c.stats.EchoesSent.Load()},
 		{"tail_probe_sent", c.stats.TailProbesSent.Load()},
 		{"invalid", c.stats.Invalid.Load()},
+	} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v.n), v.typ)
+	}
+}
+
+// FECCollector exports forward error correction counters.
+type FECCollector struct {
+	stats *fec.Stats
+	desc  *prometheus.Desc
+}
+
+// NewFECCollector returns a collector of stats for side ("client" or "server").
+func NewFECCollector(side string, stats *fec.Stats) *FECCollector {
+	return &FECCollector{stats: stats, desc: prometheus.NewDesc(
+		prometheus.BuildFQName(Namespace, "fec", "datagrams_total"),
+		"Forward error correction datagrams by type: data_sent, parity_sent, data_received, parity_received, recovered (rebuilt from parity), unrecoverable, malformed.",
+		[]string{"type"}, prometheus.Labels{"side": side})}
+}
+
+// Describe implements prometheus.Collector.
+func (c *FECCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *FECCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats
+	for _, v := range []struct {
+		typ string
+		n   uint64
+	}{
+		{"data_sent", s.DataSent.Load()}, {"parity_sent", s.ParitySent.Load()},
+		{"data_received", s.DataReceived.Load()}, {"parity_received", s.ParityRecv.Load()},
+		{"recovered", s.Recovered.Load()}, {"unrecoverable", s.Unrecoverable.Load()}, {"malformed", s.Malformed.Load()},
 	} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v.n), v.typ)
 	}

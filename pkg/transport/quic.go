@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"golang.org/x/sys/unix"
 )
 
 // QUICOptions are the tunables of a QUIC connection that quictun exposes.
@@ -21,6 +22,8 @@ type QUICOptions struct {
 	MaxIncomingStreams int64
 	// Allow0RTT lets the server accept 0-RTT data.
 	Allow0RTT bool
+	// DisablePathMTUDiscovery keeps packets at 1280 bytes (room for FEC framing).
+	DisablePathMTUDiscovery bool
 }
 
 // DefaultQUICOptions are the defaults of both endpoints.
@@ -44,6 +47,7 @@ func QUICConfig(o QUICOptions) *quic.Config {
 		MaxIncomingUniStreams:          -1,
 		Allow0RTT:                      o.Allow0RTT,
 		EnableDatagrams:                true, // heartbeats and tail-loss probes (pkg/liveness)
+		DisablePathMTUDiscovery:        o.DisablePathMTUDiscovery,
 		InitialStreamReceiveWindow:     512 << 10,
 		MaxStreamReceiveWindow:         6 << 20,
 		InitialConnectionReceiveWindow: 1 << 20,
@@ -63,4 +67,21 @@ func ListenUDP(address string) (*net.UDPConn, error) {
 		return nil, fmt.Errorf("listen udp %s: %w", address, err)
 	}
 	return c, nil
+}
+
+// ForceSocketBuffers sets c's receive and send buffers to size, past
+// net.core.rmem_max/wmem_max when the process has CAP_NET_ADMIN (as quic-go
+// does for sockets it manages directly; it cannot for a wrapped socket).
+func ForceSocketBuffers(c *net.UDPConn, size int) {
+	rc, err := c.SyscallConn()
+	if err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size) != nil {
+				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, size)
+			}
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size) != nil {
+				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, size)
+			}
+		})
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
@@ -134,6 +135,26 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	closers = append(closers, func() { _ = pc.Close() })
+	var packetConn net.PacketConn = pc
+	var wrap func(net.PacketConn) net.PacketConn
+	var fecStats []*fec.Stats
+	if o.FEC != "" {
+		fcfg, _ := fec.ParseSpec(o.FEC) // validated
+		fcfg.EncodeAll = true
+		wrap = func(u net.PacketConn) net.PacketConn {
+			if uc, ok := u.(*net.UDPConn); ok {
+				transport.ForceSocketBuffers(uc, 7<<20)
+			}
+			fc, err := fec.New(u, fcfg)
+			if err != nil { // cannot happen: the spec was validated
+				return u
+			}
+			fecStats = append(fecStats, &fc.Stats)
+			return fc
+		}
+		packetConn = wrap(pc)
+		logger.Info("Forward error correction on", "fec", o.FEC)
+	}
 
 	reg := cli.NewRegistry()
 	m := metrics.NewClient(reg)
@@ -144,6 +165,7 @@ func (o *Options) Run(ctx context.Context) error {
 	bo.Max = o.ReconnectMax
 	var c *client.Client
 	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
+	qopts.DisablePathMTUDiscovery = o.FEC != "" // leave room for the FEC header
 	qconf := transport.QUICConfig(qopts)
 	if o.QlogDir != "" {
 		if err := os.MkdirAll(o.QlogDir, 0o700); err != nil {
@@ -170,7 +192,8 @@ func (o *Options) Run(ctx context.Context) error {
 		Metrics:           m,
 		QUICStat:          qstat,
 		Registry:          registry,
-	}, pc)
+		WrapConn:          wrap,
+	}, packetConn)
 	if err != nil {
 		for _, l := range listeners {
 			_ = l.Close()
@@ -178,6 +201,9 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(qstat, metrics.NewLivenessCollector("client", c.LivenessStats()))
+	if len(fecStats) > 0 {
+		reg.MustRegister(metrics.NewFECCollector("client", fecStats[0]))
+	}
 	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(o.ListenOn, ","))
 
 	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))

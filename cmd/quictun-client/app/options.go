@@ -11,6 +11,7 @@ import (
 
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 )
@@ -37,6 +38,7 @@ type Options struct {
 	HTTPDTokenFile string
 	EnablePprof    bool
 	QlogDir        string
+	FEC            string
 
 	IdleTimeout       time.Duration
 	KeepAlivePeriod   time.Duration
@@ -77,7 +79,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "reconnect-max-delay"}},
-	{Title: "Loss and blackout recovery", Names: []string{"heartbeat-interval", "rescue-after", "tail-probes"}},
+	{Title: "Loss and blackout recovery", Names: []string{"heartbeat-interval", "rescue-after", "tail-probes", "fec"}},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
 	{Title: "Logging", Names: []string{"v", "vmodule"}},
 }
@@ -104,6 +106,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
 	fs.StringVar(&o.HTTPDTokenFile, "httpd-token-file", o.HTTPDTokenFile, "bearer token file required by the admin API (mandatory when --httpd-listen-on is not loopback)")
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "serve /debug/pprof on the admin server")
+	fs.StringVar(&o.FEC, "fec", o.FEC, "forward error correction K/M, e.g. 10/3: after every K datagrams (or 1 ms), M Reed-Solomon parity datagrams let the server rebuild up to M lost ones before QUIC sees a loss; keeps throughput under random loss at M/K more bandwidth; costs GSO; the server needs --fec too; empty = off")
 	fs.StringVar(&o.QlogDir, "qlog-dir", o.QlogDir, "write a qlog file per QUIC connection into this directory (open them in qvis: https://qvis.quictools.info); costs throughput, off by default")
 
 	fs.DurationVar(&o.IdleTimeout, "idle-timeout", o.IdleTimeout, "close the QUIC connection after this long without packets; the longest blackout tunnels survive")
@@ -187,6 +190,11 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxConnections < 1 {
 		add("--max-connections must be at least 1")
+	}
+	if o.FEC != "" {
+		if _, err := fec.ParseSpec(o.FEC); err != nil {
+			add("--fec: %w", err)
+		}
 	}
 	return errors.Join(errs...)
 }

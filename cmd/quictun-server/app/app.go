@@ -17,6 +17,7 @@ import (
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
@@ -122,6 +123,18 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = pc.Close() }()
+	var packetConn net.PacketConn = pc
+	var fecConn *fec.Conn
+	if o.FEC != "" {
+		fcfg, _ := fec.ParseSpec(o.FEC) // validated
+		transport.ForceSocketBuffers(pc, 7<<20)
+		if fecConn, err = fec.New(pc, fcfg); err != nil {
+			return err
+		}
+		packetConn = fecConn
+		qopts.DisablePathMTUDiscovery = true // leave room for the FEC header
+		logger.Info("Forward error correction on for clients that use it", "fec", o.FEC)
+	}
 	var srv *server.Server
 	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
 	qconf := transport.QUICConfig(qopts)
@@ -149,7 +162,7 @@ func (o *Options) Run(ctx context.Context) error {
 		Metrics:            m,
 		QUICStat:           qstat,
 		Registry:           registry,
-	}, pc)
+	}, packetConn)
 	if err != nil {
 		if adminLn != nil {
 			_ = adminLn.Close()
@@ -157,6 +170,9 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(qstat, metrics.NewLivenessCollector("server", srv.LivenessStats()))
+	if fecConn != nil {
+		reg.MustRegister(metrics.NewFECCollector("server", &fecConn.Stats))
+	}
 	logger.Info("Destinations allowed", "allow", strings.Join(allow.Rules(), ","))
 
 	g, gctx := errgroup.WithContext(ctx)

@@ -11,6 +11,7 @@ import (
 	"github.com/quictun/quictun/cmd/internal/cli"
 
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 )
@@ -36,6 +37,7 @@ type Options struct {
 	HTTPDTokenFile string
 	EnablePprof    bool
 	QlogDir        string
+	FEC            string
 
 	IdleTimeout        time.Duration
 	KeepAlivePeriod    time.Duration
@@ -75,7 +77,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "insecure-no-auth"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
-	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "disable-0rtt", "tail-probes"}},
+	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "disable-0rtt", "tail-probes", "fec"}},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
 	{Title: "Logging", Names: []string{"v", "vmodule"}},
 }
@@ -100,6 +102,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
 	fs.StringVar(&o.HTTPDTokenFile, "httpd-token-file", o.HTTPDTokenFile, "bearer token file required by the admin API (mandatory when --httpd-listen-on is not loopback)")
 	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "serve /debug/pprof on the admin server")
+	fs.StringVar(&o.FEC, "fec", o.FEC, "answer clients that use forward error correction with parity of K/M, e.g. 10/3 (see quictun-client --fec); plain clients are still served; costs GSO for all; empty = off")
 	fs.StringVar(&o.QlogDir, "qlog-dir", o.QlogDir, "write a qlog file per QUIC connection into this directory (open them in qvis: https://qvis.quictools.info); costs throughput, off by default")
 
 	fs.DurationVar(&o.IdleTimeout, "idle-timeout", o.IdleTimeout, "close a QUIC connection after this long without packets; the longest blackout a tunnel survives (the smaller of both ends wins)")
@@ -161,6 +164,11 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxConcurrentDials < 1 {
 		add("--max-concurrent-dials must be at least 1")
+	}
+	if o.FEC != "" {
+		if _, err := fec.ParseSpec(o.FEC); err != nil {
+			add("--fec: %w", err)
+		}
 	}
 	return errors.Join(errs...)
 }
