@@ -373,3 +373,21 @@ quictun_quic_datagrams_total{side="server",type="tail_probe_sent"} 2
 	st.Invalid.Add(10) // read at scrape time
 	assert.InDelta(t, 11, values(t, reg, "quictun_quic_datagrams_total")["type=invalid"], 0)
 }
+
+func TestQUICCollectorMonotonicAcrossClose(t *testing.T) {
+	t.Parallel()
+	t.Skip("BUG: QUIC counters dip while a connection is closing: server.handleConn and client.Run drop the connection from the live set, then call QUICCollector.Closed, so a scrape in between sees neither and quictun_quic_*_total goes down (Prometheus reads a counter reset: rate() spikes). Calling Closed first double-counts instead. Fix: make QUICCollector keep the last totals it exported and export max(last, live+closed) per counter (under c.mu), or let it own the live set (Add/Remove under one lock)")
+	fc := &fakeConns{}
+	col := metrics.NewQUICCollector("server", false, fc.live)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+	a := metrics.ConnStats{Label: "a", Stats: stats(100, time.Millisecond)}
+	fc.set(a)
+	before := values(t, reg, "quictun_quic_packets_sent_total")[""]
+	fc.set() // the connection left the live set ...
+	during := values(t, reg, "quictun_quic_packets_sent_total")[""]
+	col.Closed(a.Stats) // ... and only now is it added to the closed sums
+	after := values(t, reg, "quictun_quic_packets_sent_total")[""]
+	assert.GreaterOrEqual(t, during, before, "counter went down during a close")
+	assert.GreaterOrEqual(t, after, during)
+}
