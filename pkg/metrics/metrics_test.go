@@ -376,7 +376,6 @@ quictun_quic_datagrams_total{side="server",type="tail_probe_sent"} 2
 
 func TestQUICCollectorMonotonicAcrossClose(t *testing.T) {
 	t.Parallel()
-	t.Skip("BUG: QUIC counters dip while a connection is closing: server.handleConn and client.Run drop the connection from the live set, then call QUICCollector.Closed, so a scrape in between sees neither and quictun_quic_*_total goes down (Prometheus reads a counter reset: rate() spikes). Calling Closed first double-counts instead. Fix: make QUICCollector keep the last totals it exported and export max(last, live+closed) per counter (under c.mu), or let it own the live set (Add/Remove under one lock)")
 	fc := &fakeConns{}
 	col := metrics.NewQUICCollector("server", false, fc.live)
 	reg := prometheus.NewPedanticRegistry()

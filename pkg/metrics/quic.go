@@ -26,6 +26,10 @@ type QUICCollector struct {
 
 	mu     sync.Mutex
 	closed quic.ConnectionStats
+	// last holds the counters last exported: a connection leaves the live set
+	// just before it is added to closed, and a scrape in between must not see
+	// the counters go down.
+	last quic.ConnectionStats
 
 	srtt, minRTT, latestRTT, rttVar, cwnd *prometheus.Desc
 	rttHist                               *prometheus.Desc
@@ -92,12 +96,21 @@ func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
 	live := c.live()
 	c.mu.Lock()
 	total := c.closed
+	for _, l := range live {
+		addStats(&total, l.Stats)
+	}
+	total.PacketsSent = max(total.PacketsSent, c.last.PacketsSent)
+	total.PacketsReceived = max(total.PacketsReceived, c.last.PacketsReceived)
+	total.PacketsLost = max(total.PacketsLost, c.last.PacketsLost)
+	total.BytesSent = max(total.BytesSent, c.last.BytesSent)
+	total.BytesReceived = max(total.BytesReceived, c.last.BytesReceived)
+	total.BytesLost = max(total.BytesLost, c.last.BytesLost)
+	c.last = total
 	c.mu.Unlock()
 	buckets := make(map[float64]uint64, len(rttBuckets))
 	var sum float64
 	for _, l := range live {
 		s := l.Stats
-		addStats(&total, s)
 		srtt := s.SmoothedRTT.Seconds()
 		sum += srtt
 		for _, b := range rttBuckets {

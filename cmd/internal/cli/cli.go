@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -107,3 +108,34 @@ func ReadSecretFile(flag, path string, minLen int) ([]byte, error) {
 
 // ErrUsage marks an error caused by bad flags or config; main prints usage hints for it.
 var ErrUsage = errors.New("invalid configuration")
+
+// ValidateHostPort checks a HOST:PORT flag value: a numeric port (1..65535,
+// or 0 when allowZeroPort) and, when requireHost, a non-empty host.
+func ValidateHostPort(flag, value string, requireHost, allowZeroPort bool) error {
+	host, port, err := net.SplitHostPort(value)
+	if err != nil {
+		return fmt.Errorf("--%s %q: %w", flag, value, err)
+	}
+	if requireHost && host == "" {
+		return fmt.Errorf("--%s %q: missing host", flag, value)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || (p == 0 && !allowZeroPort) {
+		return fmt.Errorf("--%s %q: port must be a number from 1 to 65535", flag, value)
+	}
+	return nil
+}
+
+// ValidateAdmin checks that a non-loopback admin listener has a token.
+func ValidateAdmin(listen, tokenFile string) error {
+	if listen == "" {
+		return nil
+	}
+	if err := ValidateHostPort("httpd-listen-on", listen, false, true); err != nil {
+		return err
+	}
+	if !admin.IsLoopback(listen) && tokenFile == "" {
+		return fmt.Errorf("--httpd-listen-on %s is not loopback: set --httpd-token-file so the admin API is not open to the network", listen)
+	}
+	return nil
+}

@@ -4,7 +4,6 @@ package app
 import (
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -136,8 +135,11 @@ func (o *Options) Validate() error {
 	}
 	if o.ServerEndpoint == "" {
 		add("--server-endpoint is required")
-	} else if _, _, err := net.SplitHostPort(o.ServerEndpoint); err != nil {
-		add("--server-endpoint %q: %w", o.ServerEndpoint, err)
+	} else if err := cli.ValidateHostPort("server-endpoint", o.ServerEndpoint, true, false); err != nil {
+		errs = append(errs, err)
+	}
+	if err := cli.ValidateAdmin(o.HTTPDListenOn, o.HTTPDTokenFile); err != nil {
+		errs = append(errs, err)
 	}
 	if o.TokenSource == "" {
 		add("--token-source is required (e.g. tcp:127.0.0.1:22)")

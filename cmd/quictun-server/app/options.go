@@ -123,6 +123,11 @@ func (o *Options) Validate() error {
 	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if o.ListenOn == "" {
 		add("--listen-on is required")
+	} else if err := cli.ValidateHostPort("listen-on", o.ListenOn, false, true); err != nil {
+		errs = append(errs, err)
+	}
+	if err := cli.ValidateAdmin(o.HTTPDListenOn, o.HTTPDTokenFile); err != nil {
+		errs = append(errs, err)
 	}
 	if _, err := endpoint.ParseAllowList(o.Allow); err != nil {
 		add("--allow: %w", err)
