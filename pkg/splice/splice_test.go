@@ -1,10 +1,12 @@
 package splice_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync/atomic"
@@ -430,5 +432,114 @@ func BenchmarkPipe(b *testing.B) {
 	_ = peer.Close()
 	if err := <-done; err != nil {
 		b.Fatal(err)
+	}
+}
+
+func TestPipePeerStopSending(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.peer.CancelRead(proto.CodeTimeout.StreamErrorCode()) // STOP_SENDING
+
+	// The pipe notices on its next write to the stream after STOP_SENDING
+	// arrived, so keep writing until the TCP side fails.
+	stop := make(chan struct{})
+	writeErr := make(chan error, 1)
+	go func() {
+		for range 500 {
+			if _, err := f.app.Write([]byte("data the peer no longer wants")); err != nil {
+				writeErr <- err
+				return
+			}
+			select {
+			case <-stop:
+				writeErr <- nil
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		writeErr <- errors.New("the pipe never failed")
+	}()
+	err := f.wait(t, testTimeout)
+	close(stop)
+	var ae *splice.AbortedError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, proto.CodeTimeout, ae.Code, "the peer's STOP_SENDING code is passed on")
+
+	// The TCP side is reset: the writer or a read reports it (Linux reports a
+	// reset once, to whichever call comes first).
+	werr := <-writeErr
+	if werr == nil {
+		require.NoError(t, f.app.SetReadDeadline(time.Now().Add(testTimeout)))
+		_, werr = io.Copy(io.Discard, f.app)
+	}
+	assert.True(t, errors.Is(werr, syscall.ECONNRESET) || errors.Is(werr, syscall.EPIPE), "want a reset, got %v", werr)
+}
+
+func TestPipeAbortBeforeRun(t *testing.T) {
+	t.Parallel()
+	cli, srv := quicConns(t)
+	pipeStr, peer := streamPair(t, cli, srv)
+	pipeConn, app := tcpPair(t)
+	p := splice.New(pipeConn, pipeStr)
+	p.Abort(proto.CodeRefused)
+	done := make(chan error, 1)
+	go func() { done <- p.Run() }()
+	select {
+	case err := <-done:
+		var ae *splice.AbortedError
+		require.ErrorAs(t, err, &ae)
+		assert.Equal(t, proto.CodeRefused, ae.Code)
+	case <-time.After(testTimeout):
+		t.Fatal("Run of an aborted pipe did not return")
+	}
+	require.NoError(t, app.SetReadDeadline(time.Now().Add(testTimeout)))
+	_, err := io.Copy(io.Discard, app)
+	assert.ErrorIs(t, err, syscall.ECONNRESET)
+	se := readStreamError(t, peer)
+	assert.Equal(t, proto.CodeRefused.StreamErrorCode(), se.ErrorCode)
+}
+
+func TestPipeManyConcurrent(t *testing.T) {
+	t.Parallel()
+	// Many pipes over one QUIC connection, each echoing through its own TCP
+	// pair, to exercise stream multiplexing and the shared buffer pool.
+	cli, srv := quicConns(t)
+	const n = 16
+	errs := make(chan error, n)
+	for i := range n {
+		pipeStr, peer := streamPair(t, cli, srv)
+		pipeConn, app := tcpPair(t)
+		p := splice.New(pipeConn, pipeStr)
+		done := make(chan error, 1)
+		go func() { done <- p.Run() }()
+		go func() {
+			msg := bytes.Repeat([]byte{byte(i)}, 100<<10)
+			go func() {
+				_, _ = peer.Write(msg)
+				_ = peer.Close()
+			}()
+			got, err := io.ReadAll(app)
+			if err == nil && !bytes.Equal(got, msg) {
+				err = fmt.Errorf("pipe %d: got %d bytes, corrupted", i, len(got))
+			}
+			if err == nil {
+				err = app.CloseWrite()
+			}
+			if err == nil {
+				_, err = io.Copy(io.Discard, peer)
+			}
+			if err == nil {
+				err = <-done
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		select {
+		case err := <-errs:
+			require.NoError(t, err)
+		case <-time.After(testTimeout):
+			t.Fatal("timed out")
+		}
 	}
 }
