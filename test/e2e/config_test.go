@@ -111,7 +111,7 @@ func TestCheckConfig(t *testing.T) {
 		{name: "bad allow rule", args: []string{"--secret-file", secret, "--allow", "tcp:127.0.0.1"}, wantCode: 1,
 			want: []string{"--allow"}},
 		{name: "every problem at once", args: []string{"--listen-on", "", "--idle-timeout", "0s", "--max-streams-per-conn", "0"}, wantCode: 1,
-			want: []string{"--listen-on is required", "client authentication is required", "--idle-timeout must be positive", "--max-streams-per-conn must be at least 1"}},
+			want: []string{"--listen-on", "client authentication is required", "--idle-timeout must be positive", "--max-streams-per-conn must be at least 1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := run(t, tc.env, bins.server, append(tc.args, "--check-config")...)

@@ -109,7 +109,7 @@ func TestDestinationFailures(t *testing.T) {
 	waitMetric(t, cl, 5*time.Second, ge(nSlow), "quictun_client_active_streams")
 	echoStart := time.Now()
 	for range 3 {
-		require.NoError(t, echoOnce(dialApp(t, cl.Addr), "fast lane"))
+		require.NoError(t, echoVia(t, cl.Addr, "fast lane"))
 	}
 	echoDur := time.Since(echoStart)
 	select {
@@ -217,7 +217,7 @@ func TestSlowDestinationDialSlots(t *testing.T) {
 	waitMetric(t, cl, 5*time.Second, ge(4), "quictun_client_active_streams")
 	time.Sleep(100 * time.Millisecond) // let the server start the 4 dials
 	start := time.Now()
-	err := echoOnce(dialApp(t, cl.Addr), "healthy")
+	err := echoVia(t, cl.Addr, "healthy")
 	took := time.Since(start)
 	t.Logf("echo with the dial pool full of blackholed dials: err %v after %v", err, took)
 	require.NoError(t, err)

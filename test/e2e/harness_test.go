@@ -505,6 +505,18 @@ func transfer(c *net.TCPConn, n int64) (sent, got [32]byte, gotN int64, err erro
 	return sent, got, gotN, err
 }
 
+// echoVia connects to addr and does echoOnce. A connection the tunnel resets
+// at once may fail already in connect (ECONNRESET): that error is returned too.
+func echoVia(t *testing.T, addr, msg string) error {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	return echoOnce(c.(*net.TCPConn), msg)
+}
+
 // echoOnce does one small round trip through an echo tunnel and closes c cleanly.
 func echoOnce(c *net.TCPConn, msg string) error {
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))

@@ -76,7 +76,7 @@ func TestGarbageUDP(t *testing.T) {
 	assert.False(t, srv.exited(), "server died")
 	assert.True(t, srv.ready(), "server not ready after the flood")
 	assert.NotContains(t, srv.log(), "panic")
-	require.NoError(t, echoOnce(dialApp(t, cl.Addr), "still here"))
+	require.NoError(t, echoVia(t, cl.Addr, "still here"))
 	cm, sm := scrape(t, cl), scrape(t, srv)
 	assert.Equal(t, 1.0, sm.val("quictun_server_active_connections"), "garbage must not create connections")
 	assert.Equal(t, 0.0, cm.val("quictun_client_reconnects_total"), "the legitimate connection must survive")
@@ -254,7 +254,7 @@ func TestBadCredentialsThroughClient(t *testing.T) {
 			tc.o.NoWait = true
 			tc.o.Args = append(tc.o.Args, "--reconnect-max-delay", "500ms")
 			cl := startClient(t, srv, tc.o)
-			err := echoOnce(dialApp(t, cl.Addr), "secret data")
+			err := echoVia(t, cl.Addr, "secret data")
 			assert.Error(t, err, tc.name)
 			assert.True(t, isReset(err), "%s: want a reset, got %v", tc.name, err)
 			waitFor(t, 10*time.Second, tc.name+" log", func() bool { return strings.Contains(cl.log(), tc.log) })
