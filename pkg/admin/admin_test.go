@@ -297,3 +297,46 @@ func TestServeListenerError(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, strings.HasPrefix(err.Error(), "admin server:"), err.Error())
 }
+
+func TestServeForceClosesAfterShutdownTimeout(t *testing.T) {
+	t.Parallel()
+	t.Skip("BUG: admin.Serve does not close connections still active when its 5 s Shutdown times out (e.g. a /debug/pprof/profile?seconds=30 or a slow /metrics client): it returns context.DeadlineExceeded while the handler goroutine and its connection live on; fix: after srv.Shutdown(sctx) fails, call srv.Close() (and return nil or a wrapped error)")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	handlerDone := make(chan struct{})
+	started := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(handlerDone)
+		close(started)
+		select {
+		case <-r.Context().Done(): // the connection was closed
+		case <-release:
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- admin.Serve(ctx, ln, h) }()
+
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	go func() {
+		resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Get("http://" + ln.Addr().String() + "/slow")
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	<-started
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	select {
+	case <-handlerDone:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the active request was not closed after the shutdown timeout")
+	}
+}
