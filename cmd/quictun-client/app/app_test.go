@@ -6,12 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
+	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/config"
@@ -263,4 +265,49 @@ func TestCommandVersionAndHelp(t *testing.T) {
 		assert.Contains(t, out, g.Title+":")
 	}
 	assert.NotContains(t, out, "\nOther:", "every flag is in a group")
+}
+
+// lockedBuffer is a bytes.Buffer safe for klog's writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestEffectiveConfigLogRedactsToken(t *testing.T) {
+	// Not parallel: klog's output and verbosity are global.
+	t.Skip("BUG: at -v=1 cli.NewRootCommand logs the effective config with config.WriteYAML, so the client's --token-source (the token itself for Fixed, a URL that may carry credentials for Http) is logged in clear, against STYLE.md (\"V(1) effective config, with secrets redacted\", \"Never log tokens\"); fix: let the Daemon name its sensitive flags (e.g. a Redact() []string method: token-source, token-parser-key) and log with config.WriteYAMLRedacted")
+	clearEnv(t)
+	buf := &lockedBuffer{}
+	klog.LogToStderr(false)
+	klog.SetOutput(buf)
+	var v klog.Level
+	t.Cleanup(func() {
+		klog.Flush()
+		require.NoError(t, v.Set("0"))
+		klog.SetOutput(os.Stderr)
+		klog.LogToStderr(true)
+	})
+	const secretToken = "tcp:10.9.8.7:2222"
+	// --ca-file does not exist, so Run fails before any network activity, but
+	// only after the effective config was logged. Loopback only: no DNS.
+	_, err := execute(t, "-v=1", "--server-endpoint", "127.0.0.1:1", "--token-source", secretToken,
+		"--ca-file", filepath.Join(t.TempDir(), "missing-ca.pem"), "--secret-file", "/nonexistent/secret",
+		"--httpd-listen-on", "", "--listen-on", "tcp:127.0.0.1:1")
+	require.ErrorContains(t, err, "CA file")
+	klog.Flush()
+	out := buf.String()
+	require.Contains(t, out, "Effective configuration", "the config was logged at -v=1 (err: %v)", err)
+	assert.NotContains(t, out, secretToken)
 }
