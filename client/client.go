@@ -18,6 +18,7 @@ import (
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
 
@@ -91,6 +92,7 @@ type Client struct {
 	liveness liveness.Stats
 
 	nextConnID atomic.Uint64
+	draining   atomic.Bool
 }
 
 // New checks cfg and returns a Client that dials from pc. The caller keeps
@@ -137,11 +139,17 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 
 // Ready reports whether a QUIC connection to the server is up (for /readyz):
 // its handshake completed, so the server is known to be there. A resumed
-// connection is used for 0-RTT data before that, but does not count yet.
+// connection is used for 0-RTT data before that, but does not count yet;
+// nor does anything once the client has started to drain.
 func (c *Client) Ready() bool {
+	cur := c.current()
+	return !c.draining.Load() && cur != nil && isClosed(cur.conn.HandshakeComplete())
+}
+
+func (c *Client) current() *session {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.cur != nil && isClosed(c.cur.conn.HandshakeComplete())
+	return c.cur
 }
 
 // session is one QUIC connection with its tail prober.
@@ -204,11 +212,15 @@ func (c *Client) Run(ctx context.Context) error {
 	for _, ln := range c.cfg.Listeners {
 		_ = ln.Close()
 	}
+	c.draining.Store(true)
 	if n := c.cfg.Registry.Len(); n > 0 && c.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", c.cfg.DrainTimeout)
 		dctx, cancel := context.WithTimeout(context.Background(), c.cfg.DrainTimeout)
 		if err := c.cfg.Registry.WaitEmpty(dctx); err != nil {
 			logger.Info("Drain timeout expired, aborting tunnels", "tunnels", c.cfg.Registry.Len())
+		} else if cur := c.current(); cur != nil {
+			// Let the server acknowledge the last bytes before the connection closes.
+			transport.Linger(dctx, []*quic.Conn{cur.conn})
 		}
 		cancel()
 	}
@@ -445,11 +457,6 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 		fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
 		return
 	}
-	hb, err := c.header(token)
-	if err != nil {
-		fail(proto.CodeBadToken.String(), "Could not encode stream header", err)
-		return
-	}
 	sess, err := c.waitSession(ctx)
 	if err != nil {
 		fail(metrics.ResultNoSession, "No connection to the server for a local connection", err)
@@ -471,7 +478,15 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 			return
 		}
 	}
-	// The header goes out now; the application's bytes follow without waiting for the reply.
+	// The header goes out now; the application's bytes follow without waiting
+	// for the reply. It is made now, not at accept: its timestamp must be fresh.
+	hb, err := c.header(token)
+	if err != nil {
+		str.CancelRead(proto.CodeInternal.StreamErrorCode())
+		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
+		fail(proto.CodeBadToken.String(), "Could not encode stream header", err)
+		return
+	}
 	if _, err := str.Write(hb); err != nil {
 		str.CancelRead(proto.CodeInternal.StreamErrorCode())
 		str.CancelWrite(proto.CodeInternal.StreamErrorCode())

@@ -95,13 +95,15 @@ func (r *rescuer) close() {
 // other returns a transport other than the active one, creating the spare socket once.
 func (r *rescuer) other() (int, error) {
 	if len(r.transports) == 1 {
-		network := "udp4"
-		if ua, ok := r.transports[0].Conn.LocalAddr().(*net.UDPAddr); ok && ua.IP.To4() == nil && !ua.IP.IsUnspecified() {
+		// Same address family and local address as the main socket, new port; a
+		// wildcard main socket gets a wildcard dual-stack one.
+		network, laddr := "udp", &net.UDPAddr{}
+		if ua, ok := r.transports[0].Conn.LocalAddr().(*net.UDPAddr); ok && !ua.IP.IsUnspecified() {
+			laddr.IP = ua.IP
 			network = "udp6"
-		}
-		laddr := &net.UDPAddr{}
-		if ua, ok := r.transports[0].Conn.LocalAddr().(*net.UDPAddr); ok {
-			laddr.IP = ua.IP // same interface family and address, new port
+			if ua.IP.To4() != nil {
+				network = "udp4"
+			}
 		}
 		u, err := net.ListenUDP(network, laddr)
 		if err != nil {

@@ -49,3 +49,16 @@ func (c *replayCache) check(h *proto.Header, now time.Time) proto.Code {
 	c.seen[h.Nonce] = h.Time.Add(c.window + time.Second)
 	return proto.CodeOK
 }
+
+// record remembers the nonce of a header that arrived after the handshake, so
+// that a later early (0-RTT) copy of it is refused. Full caches skip it.
+func (c *replayCache) record(h *proto.Header, now time.Time) {
+	if d := now.Sub(h.Time); d > c.window || d < -c.window {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.seen) < c.max {
+		c.seen[h.Nonce] = h.Time.Add(c.window + time.Second)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
 
@@ -93,6 +94,10 @@ type Server struct {
 
 	liveness liveness.Stats
 
+	// started bounds what 0-RTT may carry: the replay cache is in memory, so a
+	// header made before this process started cannot be checked against it.
+	started time.Time
+
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
 	draining   atomic.Bool
@@ -151,11 +156,12 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		cfg.Registry = tunnel.NewRegistry()
 	}
 	return &Server{
-		cfg:    cfg,
-		pc:     pc,
-		dials:  make(chan struct{}, cfg.MaxConcurrentDials),
-		replay: newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
-		conns:  map[uint64]*quic.Conn{},
+		cfg:     cfg,
+		pc:      pc,
+		dials:   make(chan struct{}, cfg.MaxConcurrentDials),
+		replay:  newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
+		conns:   map[uint64]*quic.Conn{},
+		started: time.Now(),
 	}, nil
 }
 
@@ -230,11 +236,20 @@ func (s *Server) Run(ctx context.Context) error {
 	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", s.cfg.DrainTimeout)
 		dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-		err := s.cfg.Registry.WaitEmpty(dctx)
-		cancel()
-		if err != nil {
+		if err := s.cfg.Registry.WaitEmpty(dctx); err != nil {
 			logger.Info("Drain timeout expired, aborting tunnels", "tunnels", s.cfg.Registry.Len())
+		} else {
+			// The last bytes and FINs were handed to QUIC, not yet acknowledged:
+			// closing the connections now would discard them.
+			s.mu.Lock()
+			conns := make([]*quic.Conn, 0, len(s.conns))
+			for _, c := range s.conns {
+				conns = append(conns, c)
+			}
+			s.mu.Unlock()
+			transport.Linger(dctx, conns)
 		}
+		cancel()
 	}
 	s.cfg.Registry.AbortAll(proto.CodeShutdown)
 	cancelConns()
@@ -357,10 +372,16 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 		}
 	}
 	if early {
-		if code := s.replay.check(h, time.Now()); code != proto.CodeOK {
+		code := s.replay.check(h, time.Now())
+		if h.Time.Before(s.started.Truncate(time.Second)) {
+			code = proto.CodeReplay // recorded before a restart: the cache cannot know it
+		}
+		if code != proto.CodeOK {
 			fail(code, "Rejected 0-RTT stream", "headerTime", h.Time)
 			return
 		}
+	} else {
+		s.replay.record(h, time.Now())
 	}
 	dest, err := s.cfg.Parser.Parse(h.Token)
 	if err != nil {
@@ -393,7 +414,7 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	m.DialDuration.Observe(time.Since(dialStart).Seconds())
 	if err != nil {
 		code := proto.CodeDialFailed
-		if errors.Is(err, context.DeadlineExceeded) {
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
 			code = proto.CodeTimeout
 		}
 		fail(code, "Dial failed", "destination", dest.String(), "err", err)

@@ -109,9 +109,17 @@ func (r *Receiver) Run(ctx context.Context) {
 	}
 }
 
+// heartbeatLen pads heartbeats so their QUIC packet exceeds 42 bytes: quic-go
+// answers only packets longer than that with a stateless reset, and an idle
+// client must learn quickly that a restarted server no longer knows it.
+const heartbeatLen = 40
+
 // SendHeartbeat sends heartbeat number seq.
 func SendHeartbeat(c Conn, seq uint64, stats *Stats) error {
-	b := binary.BigEndian.AppendUint64([]byte{TypeHeartbeat}, seq)
+	b := make([]byte, 1, heartbeatLen)
+	b[0] = TypeHeartbeat
+	b = binary.BigEndian.AppendUint64(b, seq)
+	b = b[:heartbeatLen]
 	if err := c.SendDatagram(b); err != nil {
 		return err
 	}

@@ -248,7 +248,9 @@ func TestSendHeartbeat(t *testing.T) {
 	t.Parallel()
 	c, st := newFakeConn(), &liveness.Stats{}
 	require.NoError(t, liveness.SendHeartbeat(c, 0x0102030405060708, st))
-	assert.Equal(t, [][]byte{{liveness.TypeHeartbeat, 1, 2, 3, 4, 5, 6, 7, 8}}, c.sentCopy())
+	// Padded to 40 bytes so the QUIC packet is long enough to draw a stateless reset.
+	want := append([]byte{liveness.TypeHeartbeat, 1, 2, 3, 4, 5, 6, 7, 8}, make([]byte, 31)...)
+	assert.Equal(t, [][]byte{want}, c.sentCopy())
 	assert.Equal(t, uint64(1), st.HeartbeatsSent.Load())
 
 	c.sendErr = errors.New("too large")

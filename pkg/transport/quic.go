@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"time"
@@ -83,5 +84,29 @@ func ForceSocketBuffers(c *net.UDPConn, size int) {
 				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, size)
 			}
 		})
+	}
+}
+
+// Linger gives the peers of conns time to acknowledge what was sent last
+// before the connections are closed (CONNECTION_CLOSE discards unacknowledged
+// data): it returns when every connection has ended, after three probe
+// timeouts of the slowest connection (at least 200 ms, at most 3 s), or when
+// ctx is done.
+func Linger(ctx context.Context, conns []*quic.Conn) {
+	var wait time.Duration
+	for _, c := range conns {
+		st := c.ConnectionStats()
+		wait = max(wait, 3*(st.SmoothedRTT+4*st.MeanDeviation+26*time.Millisecond))
+	}
+	t := time.NewTimer(min(max(wait, 200*time.Millisecond), 3*time.Second))
+	defer t.Stop()
+	for _, c := range conns {
+		select {
+		case <-c.Context().Done():
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
 	}
 }
