@@ -17,6 +17,10 @@ import (
 // EnvPrefix prefixes environment variables: QUICTUN_LISTEN_ON sets --listen-on.
 const EnvPrefix = "QUICTUN"
 
+// redactedFlags are never logged: a token (or a URL that may carry
+// credentials) and the token parser's key. Secrets themselves are files.
+var redactedFlags = []string{"token-source", "token-parser-key"}
+
 // configFlagNames are the flags that are never read from the file or written to it.
 var configFlagNames = []string{"config", "write-config", "check-config"}
 
@@ -69,7 +73,7 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 			}
 			if klog.V(1).Enabled() {
 				var b strings.Builder
-				if err := config.WriteYAML(&b, fs, configFlagNames...); err == nil {
+				if err := config.WriteYAMLRedacted(&b, fs, redactedFlags, configFlagNames...); err == nil {
 					klog.V(1).InfoS("Effective configuration", "config", b.String())
 				}
 			}
