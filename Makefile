@@ -7,7 +7,7 @@ LDFLAGS  := -s -w -X github.com/quictun/quictun/pkg/version.Version=$(VERSION) -
 FUZZTIME ?= 30s
 BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./tools/linkem
 
-.PHONY: all build demo test test-short check vet fmt fmt-check fuzz bench bench-full bench-compare e2e clean
+.PHONY: all build demo test test-short check vet fmt fmt-check fuzz bench bench-full bench-compare e2e deploy-check clean
 
 all: build
 
@@ -21,6 +21,14 @@ demo: build
 ## test: what CI runs: format and vet checks, then every test with the race detector
 test: fmt-check vet
 	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./...
+
+## e2e: black-box tests of the built binaries (also part of make test)
+e2e:
+	$(GO) test -race -count=1 ./test/e2e/
+
+## deploy-check: lint and render the Helm chart, validate deploy/ offline (installs helm with go install if missing, ~4 min the first time)
+deploy-check:
+	bash deploy/helm/check.sh
 
 test-short:
 	$(GO) test -race -short -count=1 ./...
