@@ -95,7 +95,11 @@ type delivery struct {
 }
 
 type peer struct {
-	// sending
+	// sendMu keeps a group's data frames ahead of its parity on the wire: the
+	// flush timer must not send parity between a datagram joining the group
+	// and that datagram being sent. Taken before c.mu.
+	sendMu sync.Mutex
+	// sending (under c.mu)
 	gid     uint32
 	shards  [][]byte // length-prefixed copies of this group's datagrams
 	timer   *time.Timer
@@ -187,6 +191,10 @@ func (c *Conn) WriteTo(b []byte, addr net.Addr) (int, error) {
 		c.mu.Unlock()
 		return c.PacketConn.WriteTo(b, addr)
 	}
+	c.mu.Unlock()
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	c.mu.Lock()
 	frame := make([]byte, headerLen+len(b))
 	frame[0], frame[1] = kindData, byte(len(p.shards))
 	binary.BigEndian.PutUint32(frame[4:8], p.gid)
@@ -212,6 +220,8 @@ func (c *Conn) WriteTo(b []byte, addr net.Addr) (int, error) {
 }
 
 func (c *Conn) flush(p *peer) {
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
 	c.mu.Lock()
 	p.timer = nil
 	var parity [][]byte
