@@ -47,6 +47,7 @@ func newRunCommand() *cobra.Command {
 		serverArgs, clientArgs       []string
 		reps                         int
 		skipChecks                   bool
+		tcpCC                        string
 		spin, maxDuration            time.Duration
 	)
 	cmd := &cobra.Command{
@@ -75,7 +76,7 @@ func newRunCommand() *cobra.Command {
 			dir, err := harness.Run(ctx, harness.Options{
 				Profile: p, BinDir: binDir, ResultsDir: out, Prefix: prefix,
 				Variants: variants, Scenarios: scenarios, Reps: reps,
-				ServerArgs: serverArgs, ClientArgs: clientArgs, SkipChecks: skipChecks, Spin: spin,
+				ServerArgs: serverArgs, ClientArgs: clientArgs, SkipChecks: skipChecks, Spin: spin, TCPCC: tcpCC,
 			})
 			if dir != "" {
 				fmt.Printf("Report: %s/report.md\n", dir)
@@ -94,6 +95,7 @@ func newRunCommand() *cobra.Command {
 	fs.StringSliceVar(&serverArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable), e.g. --quictun-server-arg=--idle-timeout=60s")
 	fs.StringSliceVar(&clientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")
 	fs.BoolVar(&skipChecks, "skip-validation", false, "skip the emulator accuracy checks at the start")
+	fs.StringVar(&tcpCC, "tcp-cc", "", "TCP congestion control in both namespaces, e.g. cubic or bbr (default: the kernel's, recorded in the report)")
 	fs.DurationVar(&spin, "spin", time.Millisecond, "emulator spin window (see tools/linkem)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
 	return cmd

@@ -123,6 +123,9 @@ func WriteReport(dir string, res *Results) error {
 	w.printf("## Machine and tools\n\n| | |\n|---|---|\n")
 	w.printf("| host | %s |\n| kernel | %s |\n| CPU | %s × %d |\n| memory | %s |\n| load at start | %s |\n| harness Go | %s |\n",
 		m.Hostname, m.Kernel, m.CPUModel, m.CPUs, m.MemTotal, m.Load, m.GoVersion)
+	if m.TCPCongestion != "" {
+		w.printf("| TCP congestion control (namespaces; direct TCP and the tunnels' loopback legs) | %s |\n", m.TCPCongestion)
+	}
 	tools := make([]string, 0, len(res.Tools))
 	for k := range res.Tools {
 		tools = append(tools, k)
@@ -283,11 +286,13 @@ func writeMetricCharts(dir, sc string, si ScenarioInfo, mt Metric, rows []row, v
 		}
 		w := vg.Points(math.Max(4, math.Min(20, 300/float64(len(rs)*max(1, len(variants))))))
 		drawn := 0
+		top := 0.0
 		for vi, v := range variants {
 			vals := make(plotter.Values, len(rs))
 			for i, r := range rs {
 				if s, ok := agg[Key{sc, r.link, r.cs, v, mt.Key}]; ok {
 					vals[i] = s.Median
+					top = math.Max(top, s.Median)
 					drawn++
 				}
 			}
@@ -305,6 +310,8 @@ func writeMetricCharts(dir, sc string, si ScenarioInfo, mt Metric, rows []row, v
 			continue
 		}
 		p.Legend.Top = true
+		p.Y.Min = 0
+		p.Y.Max = math.Max(top*1.3, 1e-9) // room for the legend
 		p.NominalX(labels...)
 		if len(labels) > 4 {
 			p.X.Tick.Label.Rotation = math.Pi / 6

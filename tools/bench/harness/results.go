@@ -19,6 +19,8 @@ type Machine struct {
 	MemTotal  string `json:"mem_total"`
 	GoVersion string `json:"go_version"`
 	Load      string `json:"load_at_start"`
+	// TCPCongestion is net.ipv4.tcp_congestion_control in the namespaces.
+	TCPCongestion string `json:"tcp_congestion_control,omitempty"`
 }
 
 // Check is one validation of the emulated link: configured vs measured.

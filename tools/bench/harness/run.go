@@ -31,6 +31,7 @@ type Options struct {
 	ServerArgs []string // extra quictun-server flags
 	ClientArgs []string // extra quictun-client flags
 	SkipChecks bool     // skip the link validation
+	TCPCC      string   // net.ipv4.tcp_congestion_control in both namespaces ("": keep the kernel default)
 	Spin       time.Duration
 	Now        func() time.Time
 }
@@ -109,6 +110,11 @@ func Run(ctx context.Context, opts Options) (dir string, err error) {
 		return r.outDir, fmt.Errorf("set up namespaces: %w", err)
 	}
 	r.topo = topo
+	cc, err := setTCPCC([]string{topo.Client.NS, topo.Server.NS}, opts.TCPCC)
+	if err != nil {
+		return r.outDir, err
+	}
+	r.res.Machine.TCPCongestion = cc
 	r.env = Env{ClientNS: topo.Client.NS, ServerNS: topo.Server.NS, ServerIP: netns.ServerIP,
 		BinDir: opts.BinDir, WorkDir: work, LogDir: raw}
 	c2s, s2c := emu.NewLink(emu.DefaultParams(), 1), emu.NewLink(emu.DefaultParams(), 2)
@@ -287,6 +293,32 @@ func (r *Runner) latencyClient(ctx context.Context, timeout time.Duration, v any
 		return nil, nil, errors.Join(perr, rerr)
 	}
 	return raw, rerr, nil
+}
+
+// setTCPCC sets (when cc is not empty) and returns the TCP congestion
+// control of the namespaces.
+func setTCPCC(namespaces []string, cc string) (string, error) {
+	const path = "/proc/sys/net/ipv4/tcp_congestion_control"
+	var got string
+	for _, ns := range namespaces {
+		err := netns.Do(ns, func() error {
+			if cc != "" {
+				if err := os.WriteFile(path, []byte(cc), 0o644); err != nil {
+					return fmt.Errorf("set tcp_congestion_control %s: %w", cc, err)
+				}
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return fmt.Errorf("read tcp_congestion_control: %w", err)
+			}
+			got = strings.TrimSpace(string(b))
+			return nil
+		})
+		if err != nil {
+			return "", fmt.Errorf("namespace %s: %w", ns, err)
+		}
+	}
+	return got, nil
 }
 
 func machineInfo() Machine {
