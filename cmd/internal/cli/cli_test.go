@@ -278,3 +278,39 @@ func TestSignalContext(t *testing.T) {
 		}
 	})
 }
+
+func TestMainExitCodes(t *testing.T) {
+	// Not parallel: Main installs a process-wide signal handler.
+	clearEnvFor(t, "QUICTUN_NAME", "QUICTUN_COUNT")
+	d := &fakeDaemon{}
+	cmd := cli.NewRootCommand("fake", d, nil)
+	cmd.SetOut(&bytes.Buffer{})
+	assert.Equal(t, 0, cli.Main(cmd, []string{"--check-config"}))
+	assert.False(t, d.ran)
+
+	d = &fakeDaemon{validErr: errors.New("bad")}
+	cmd = cli.NewRootCommand("fake", d, nil)
+	cmd.SetOut(&bytes.Buffer{})
+	assert.Equal(t, 1, cli.Main(cmd, nil), "a validation error exits 1")
+
+	d = &fakeDaemon{}
+	cmd = cli.NewRootCommand("fake", d, nil)
+	cmd.SetOut(&bytes.Buffer{})
+	assert.Equal(t, 0, cli.Main(cmd, []string{"--name", "n"}))
+	assert.True(t, d.ran)
+	require.NotNil(t, d.runCtx)
+	assert.ErrorIs(t, d.runCtx.Err(), context.Canceled, "the signal context is released when Main returns")
+
+	cmd = cli.NewRootCommand("fake", &fakeDaemon{}, nil)
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	assert.Equal(t, 1, cli.Main(cmd, []string{"--no-such-flag"}))
+}
+
+func clearEnvFor(t *testing.T, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		t.Setenv(k, "")
+		require.NoError(t, os.Unsetenv(k))
+	}
+}
