@@ -506,7 +506,7 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 		}
 	}}
 	pipe := splice.New(sc, rs)
-	pipe.AfterWrite = sess.prober.Kick
+	pipe.AfterWrite, pipe.AfterRead = sess.prober.Kick, sess.prober.Heard
 	t := &tunnel.Tunnel{
 		StreamID:    int64(str.StreamID()),
 		Endpoint:    listenAddr,

@@ -434,7 +434,7 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 
 	pipe := splice.New(sc, str)
 	if prober != nil {
-		pipe.AfterWrite = prober.Kick
+		pipe.AfterWrite, pipe.AfterRead = prober.Kick, prober.Heard
 	}
 	t := &tunnel.Tunnel{
 		StreamID:    int64(str.StreamID()),

@@ -135,6 +135,9 @@ type TailProber struct {
 	delay time.Duration
 	stats *Stats
 	kick  chan struct{}
+
+	kickedAt atomic.Int64 // unix nanos of the last Kick
+	heardAt  atomic.Int64 // unix nanos of the last Heard
 }
 
 // NewTailProber returns a prober sending count probes, the first delay after
@@ -148,10 +151,21 @@ func (p *TailProber) Kick() {
 	if p == nil || p.count == 0 {
 		return
 	}
+	p.kickedAt.Store(time.Now().UnixNano())
 	select {
 	case p.kick <- struct{}{}:
 	default:
 	}
+}
+
+// Heard tells the prober the peer's data just arrived. A probe still pending
+// for a burst written before is skipped: on a short path the answer beat the
+// probe, so the burst was not lost, and the probe would only add packets.
+func (p *TailProber) Heard() {
+	if p == nil || p.count == 0 {
+		return
+	}
+	p.heardAt.Store(time.Now().UnixNano())
 }
 
 // Run sends probes after kicks until ctx is done.
@@ -175,6 +189,9 @@ func (p *TailProber) Run(ctx context.Context) {
 				t.Stop()
 				return
 			case <-t.C:
+			}
+			if p.heardAt.Load() > p.kickedAt.Load() {
+				break
 			}
 			if p.c.SendDatagram(probe) == nil {
 				p.stats.TailProbesSent.Add(1)

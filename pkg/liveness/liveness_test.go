@@ -361,3 +361,24 @@ func TestTailProberDisabledAndStop(t *testing.T) {
 		})
 	})
 }
+
+func TestTailProberSkipsWhenThePeerAnswered(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const delay = 5 * time.Millisecond
+		c, st := newFakeConn(), &liveness.Stats{}
+		p := liveness.NewTailProber(c, 2, delay, st)
+		stop := startProber(p)
+		defer stop()
+		p.Kick()
+		time.Sleep(time.Millisecond)
+		p.Heard() // the answer arrived before the probe was due: the burst was not lost
+		time.Sleep(time.Second)
+		assert.Empty(t, c.sentCopy())
+
+		p.Kick() // a new burst, no answer: probes go out
+		time.Sleep(time.Second)
+		assert.Len(t, c.sentCopy(), 2)
+		assert.Equal(t, uint64(2), st.TailProbesSent.Load())
+	})
+}

@@ -46,6 +46,9 @@ type Pipe struct {
 	// AfterWrite, if set before Run, is called after every write to the stream
 	// (quictun uses it to send a tail-loss probe after a burst). It must not block.
 	AfterWrite func()
+	// AfterRead, if set before Run, is called after every read from the
+	// stream that returned data. It must not block.
+	AfterRead func()
 
 	abortOnce sync.Once
 	abortErr  error
@@ -139,6 +142,9 @@ func (p *Pipe) fromStream() {
 	buf := *bp
 	for {
 		n, rerr := p.str.Read(buf)
+		if n > 0 && p.AfterRead != nil {
+			p.AfterRead()
+		}
 		if n > 0 {
 			if _, werr := p.conn.Write(buf[:n]); werr != nil {
 				p.abort(proto.CodeConnReset, werr)
