@@ -126,3 +126,30 @@ func TestReplayCacheConcurrent(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, int64(workers*per+1), ok.Load())
 }
+
+// BenchmarkReplayCacheCheck measures one check on a cache that is half full
+// and one that is full of unexpired nonces (every check then sweeps the map).
+func BenchmarkReplayCacheCheck(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		fill int
+	}{{"half_full", 1 << 15}, {"full", 1 << 16}} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := newReplayCache(time.Minute, 1<<16)
+			for i := range tc.fill {
+				h := &proto.Header{Time: replayT0}
+				h.Nonce[0], h.Nonce[1], h.Nonce[2] = byte(i), byte(i>>8), 1
+				c.check(h, replayT0)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				h := &proto.Header{Time: replayT0}
+				h.Nonce[0], h.Nonce[1], h.Nonce[2], h.Nonce[3] = byte(i), byte(i>>8), byte(i>>16), 2
+				c.check(h, replayT0)
+				if len(c.seen) > tc.fill { // keep the fill level
+					delete(c.seen, h.Nonce)
+				}
+			}
+		})
+	}
+}
