@@ -1,0 +1,96 @@
+package liveness_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/transport"
+)
+
+// quicConns returns a connected client and server *quic.Conn on loopback with
+// quictun's QUIC config (datagrams enabled), closed when the test ends.
+func quicConns(t *testing.T) (cli, srv *quic.Conn) {
+	t.Helper()
+	st, err := transport.LoadOrCreateState(t.TempDir(), "", "")
+	require.NoError(t, err)
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{InsecureSkipVerify: true})
+	require.NoError(t, err)
+	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
+	udp := func() *net.UDPConn {
+		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		require.NoError(t, err)
+		return c
+	}
+	spc, cpc := udp(), udp()
+	str, ctr := &quic.Transport{Conn: spc}, &quic.Transport{Conn: cpc}
+	ln, err := str.Listen(transport.ServerTLSConfig(st, nil), qconf)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		_ = ctr.Close()
+		_ = str.Close()
+		_ = cpc.Close()
+		_ = spc.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cli, err = ctr.Dial(ctx, spc.LocalAddr(), ctls, qconf)
+	require.NoError(t, err)
+	srv, err = ln.Accept(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = cli.CloseWithError(0, "")
+		_ = srv.CloseWithError(0, "")
+	})
+	return cli, srv
+}
+
+func TestHeartbeatOverQUIC(t *testing.T) {
+	t.Parallel()
+	cli, srv := quicConns(t)
+	var _ liveness.Conn = cli // *quic.Conn is a liveness.Conn
+
+	srvStats, cliStats := &liveness.Stats{}, &liveness.Stats{}
+	echoer := liveness.NewReceiver(srv, true, 50, srvStats)
+	client := liveness.NewReceiver(cli, false, 0, cliStats)
+	created := client.LastEcho()
+	prober := liveness.NewTailProber(cli, 2, time.Millisecond, cliStats)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 3)
+	for _, run := range []func(context.Context){echoer.Run, client.Run, prober.Run} {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			run(ctx)
+		}()
+	}
+	defer func() {
+		cancel()
+		for range 3 {
+			<-done
+		}
+	}()
+
+	// Datagrams are unreliable: resend until an echo comes back (loopback: at once).
+	seq := uint64(0)
+	require.Eventually(t, func() bool {
+		seq++
+		require.NoError(t, liveness.SendHeartbeat(cli, seq, cliStats))
+		return cliStats.EchoesReceived.Load() > 0
+	}, 10*time.Second, 20*time.Millisecond)
+	assert.True(t, client.LastEcho().After(created))
+	assert.Positive(t, srvStats.EchoesSent.Load())
+	assert.Equal(t, seq, cliStats.HeartbeatsSent.Load())
+
+	prober.Kick()
+	require.Eventually(t, func() bool { return cliStats.TailProbesSent.Load() == 2 }, 10*time.Second, 5*time.Millisecond)
+	assert.Zero(t, srvStats.Invalid.Load(), "tail probes are not invalid")
+	assert.Zero(t, cliStats.Invalid.Load())
+}
