@@ -208,8 +208,9 @@ func TestPipeCleanEndDoesNotCancel(t *testing.T) {
 	pipeConn, app := tcpPair(t)
 	s := newFakeStream()
 	p := splice.New(pipeConn, s)
-	var after int
+	var after, reads int
 	p.AfterWrite = func() { after++ } // called from the one goroutine that writes
+	p.AfterRead = func() { reads++ }  // called from the one goroutine that reads the stream
 	done := runPipe(t, p)
 
 	_, err := app.Write([]byte("abc"))
@@ -234,4 +235,5 @@ func TestPipeCleanEndDoesNotCancel(t *testing.T) {
 	assert.Equal(t, int64(3), p.ToStream.Load())
 	assert.Equal(t, int64(4), p.FromStream.Load())
 	assert.Equal(t, 1, after)
+	assert.Equal(t, 1, reads, "one read with data; the EOF read does not count")
 }

@@ -120,6 +120,7 @@ type fixture struct {
 	peer   *quic.Stream
 	done   chan error
 	writes atomic.Int64
+	reads  atomic.Int64
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -129,6 +130,7 @@ func newFixture(t *testing.T) *fixture {
 	pipeConn, app := tcpPair(t)
 	f := &fixture{pipe: splice.New(pipeConn, pipeStr), app: app, peer: peer, done: make(chan error, 1)}
 	f.pipe.AfterWrite = func() { f.writes.Add(1) }
+	f.pipe.AfterRead = func() { f.reads.Add(1) }
 	go func() { f.done <- f.pipe.Run() }()
 	t.Cleanup(func() {
 		f.pipe.Abort(proto.CodeShutdown) // no-op if Run already ended
@@ -227,6 +229,7 @@ func TestPipeCopiesBothWaysWithIntegrity(t *testing.T) {
 	assert.Equal(t, int64(len(down)), f.pipe.FromStream.Load())
 	// Each read is at most BufferSize, and AfterWrite follows every stream write.
 	assert.GreaterOrEqual(t, f.writes.Load(), int64(len(up)/splice.BufferSize), "AfterWrite after every write")
+	assert.GreaterOrEqual(t, f.reads.Load(), int64(len(down)/splice.BufferSize), "AfterRead after every read with data")
 }
 
 func TestPipeHalfClose(t *testing.T) {
