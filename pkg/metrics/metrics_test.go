@@ -389,4 +389,9 @@ func TestQUICCollectorMonotonicAcrossClose(t *testing.T) {
 	after := values(t, reg, "quictun_quic_packets_sent_total")[""]
 	assert.GreaterOrEqual(t, during, before, "counter went down during a close")
 	assert.GreaterOrEqual(t, after, during)
+	assert.InDelta(t, 100, after, 0, "exact again once the close is recorded")
+
+	// The clamp does not freeze the counters: new traffic still shows.
+	fc.set(metrics.ConnStats{Label: "b", Stats: stats(10, time.Millisecond)})
+	assert.InDelta(t, 110, values(t, reg, "quictun_quic_packets_sent_total")[""], 0)
 }

@@ -314,3 +314,68 @@ func clearEnvFor(t *testing.T, keys ...string) {
 		require.NoError(t, os.Unsetenv(k))
 	}
 }
+
+func TestValidateHostPort(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		value               string
+		requireHost, zeroOK bool
+		wantErr             string
+	}{
+		{"127.0.0.1:7500", true, false, ""},
+		{"[::1]:7500", true, false, ""},
+		{"server.example.com:65535", true, false, ""},
+		{":7500", false, false, ""},
+		{":7500", true, false, "missing host"},
+		{"127.0.0.1:0", false, true, ""},
+		{"127.0.0.1:0", false, false, "port must be a number from 1 to 65535"},
+		{"127.0.0.1:", false, true, "port must be a number"},
+		{"127.0.0.1:65536", false, false, "port must be a number"},
+		{"127.0.0.1:http", false, false, "port must be a number"},
+		{"127.0.0.1:-1", false, false, "port must be a number"},
+		{"garbage", false, false, "missing port"},
+		{"::1:7500", false, false, "too many colons"},
+		{"", false, false, "missing port"},
+	} {
+		t.Run(tc.value, func(t *testing.T) {
+			t.Parallel()
+			err := cli.ValidateHostPort("listen-on", tc.value, tc.requireHost, tc.zeroOK)
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.wantErr)
+			assert.Contains(t, err.Error(), "--listen-on", "names the flag")
+		})
+	}
+}
+
+func TestValidateAdmin(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		listen, tokenFile, wantErr string
+	}{
+		{"", "", ""},
+		{"127.0.0.1:8086", "", ""},
+		{"[::1]:0", "", ""},
+		{"localhost:8086", "", ""},
+		{"0.0.0.0:8086", "", "--httpd-token-file"},
+		{"10.1.2.3:8086", "", "--httpd-token-file"},
+		{":8086", "", "--httpd-token-file"},
+		{"0.0.0.0:8086", "/etc/quictun/admin-token", ""},
+		{"127.0.0.1", "", "--httpd-listen-on"},
+		{"127.0.0.1:99999", "", "--httpd-listen-on"},
+	} {
+		t.Run(tc.listen+"/"+tc.tokenFile, func(t *testing.T) {
+			t.Parallel()
+			err := cli.ValidateAdmin(tc.listen, tc.tokenFile)
+			if tc.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.wantErr)
+		})
+	}
+}
