@@ -395,3 +395,40 @@ func TestQUICCollectorMonotonicAcrossClose(t *testing.T) {
 	fc.set(metrics.ConnStats{Label: "b", Stats: stats(10, time.Millisecond)})
 	assert.InDelta(t, 110, values(t, reg, "quictun_quic_packets_sent_total")[""], 0)
 }
+
+func TestQUICCollectorNoDoubleCountDuringClose(t *testing.T) {
+	t.Parallel()
+	t.Skip("BUG: QUICCollector.Collect calls live() before taking c.mu, so a connection that is Closed between that snapshot and the lock is counted twice (live stats + closed stats); the max() clamp then holds the inflated totals, so a long-lived connection's whole traffic shows as a spike followed by flat counters. Fix: call c.live() while holding c.mu (Closed then waits for the scrape; servers and clients never hold their own lock while calling Closed), and document that live must not call Closed")
+	x := metrics.ConnStats{Label: "x", Stats: stats(100, time.Millisecond)}
+	var col *metrics.QUICCollector
+	inLive := make(chan struct{})
+	closedDone := make(chan struct{})
+	var once sync.Once
+	live := func() []metrics.ConnStats {
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return nil // x is gone after its close
+		}
+		close(inLive)
+		select { // give a concurrent Closed the chance to run now
+		case <-closedDone:
+		case <-time.After(100 * time.Millisecond):
+		}
+		return []metrics.ConnStats{x}
+	}
+	col = metrics.NewQUICCollector("server", false, live)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(col)
+
+	go func() {
+		<-inLive
+		col.Closed(x.Stats) // the connection ends during the scrape
+		close(closedDone)
+	}()
+	during := values(t, reg, "quictun_quic_packets_sent_total")[""]
+	<-closedDone
+	after := values(t, reg, "quictun_quic_packets_sent_total")[""]
+	assert.InDelta(t, 100, during, 0, "counted once during the close")
+	assert.InDelta(t, 100, after, 0, "exact after the close")
+}
