@@ -161,9 +161,6 @@ func TestDestinationFailures(t *testing.T) {
 // TestDialTimeoutResult: a dial that runs into --dial-timeout is reported to
 // the client as "timeout", every time.
 func TestDialTimeoutResult(t *testing.T) {
-	skipBug(t, "server.handleStream classifies a dial error as timeout only if errors.Is(err, context.DeadlineExceeded); "+
-		"when the socket's write deadline fires before the context's timer, net returns os.ErrDeadlineExceeded "+
-		"(\"i/o timeout\") and the stream is reset with dial_failed instead (4 of 5 in one run)")
 	checkLeaks(t)
 	slow := unacceptedListener(t)
 	srv := startServer(t, serverOpts{Args: []string{"--dial-timeout", "1s"}})

@@ -215,9 +215,6 @@ func TestZeroRTTReplay(t *testing.T) {
 	assert.Zero(t, delivered, "the replayed request reached the destination again")
 
 	t.Run("after restart", func(t *testing.T) {
-		skipBug(t, "the replay cache is in memory while the session-ticket key persists in --state-dir: "+
-			"after a restart, a 0-RTT flight recorded less than 2 minutes earlier is accepted once more and "+
-			"its request reaches the destination again")
 		srv.kill(t)
 		srv2 := startServer(t, serverOpts{StateDir: srv.StateDir, SecretFile: srv.SecretFile, UDPPort: srv.udpPort,
 			AdminPort: srv.adminPort, Allow: []string{"tcp:" + dest}, Args: srvArgs})
