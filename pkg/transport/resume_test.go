@@ -139,3 +139,73 @@ func TestZeroRTTAcrossRestart(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorIs(t, err, transport.ErrFingerprintMismatch)
 }
+
+// TestStatelessResetAfterRestart checks the stateless-reset key's purpose: a
+// server that lost its connections (crash) and restarts on the same port with
+// the same state tells the client at once, instead of at its idle timeout.
+func TestStatelessResetAfterRestart(t *testing.T) {
+	t.Parallel()
+	st, err := transport.LoadOrCreateState(filepath.Join(t.TempDir(), "state"), "", "")
+	require.NoError(t, err)
+	pin, err := transport.ParseFingerprint(st.Fingerprint())
+	require.NoError(t, err)
+	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
+
+	// The "crashed" server: its socket vanishes without CONNECTION_CLOSE.
+	pc1, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	addr := pc1.LocalAddr().(*net.UDPAddr)
+	tr1 := &quic.Transport{Conn: pc1, StatelessResetKey: &st.ResetKey, TokenGeneratorKey: &st.TokenKey}
+	ln1, err := tr1.Listen(transport.ServerTLSConfig(st, nil), qconf)
+	require.NoError(t, err)
+
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin})
+	require.NoError(t, err)
+	cpc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	ctr := &quic.Transport{Conn: cpc}
+	t.Cleanup(func() {
+		_ = ctr.Close()
+		_ = cpc.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := ctr.Dial(ctx, addr, ctls, qconf)
+	require.NoError(t, err)
+	sconn, err := ln1.Accept(ctx)
+	require.NoError(t, err)
+	require.NoError(t, pc1.Close()) // crash: no CONNECTION_CLOSE reaches the client
+	_ = sconn
+	t.Cleanup(func() {
+		_ = ln1.Close()
+		_ = tr1.Close()
+	})
+
+	// Restart on the same port with the same keys.
+	var pc2 *net.UDPConn
+	require.Eventually(t, func() bool {
+		pc2, err = net.ListenUDP("udp", addr)
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond)
+	tr2 := &quic.Transport{Conn: pc2, StatelessResetKey: &st.ResetKey, TokenGeneratorKey: &st.TokenKey}
+	ln2, err := tr2.Listen(transport.ServerTLSConfig(st, nil), qconf)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = ln2.Close()
+		_ = tr2.Close()
+		_ = pc2.Close()
+	})
+
+	// The client sends something; the new server answers with a stateless reset.
+	str, err := conn.OpenStream()
+	require.NoError(t, err)
+	_, err = str.Write(make([]byte, 1200))
+	require.NoError(t, err)
+	select {
+	case <-conn.Context().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client did not learn of the restart (idle timeout is 90 s)")
+	}
+	var sr *quic.StatelessResetError
+	assert.ErrorAs(t, context.Cause(conn.Context()), &sr)
+}
