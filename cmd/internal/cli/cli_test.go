@@ -379,3 +379,54 @@ func TestValidateAdmin(t *testing.T) {
 		})
 	}
 }
+
+// checkingDaemon also checks files, like the real daemons.
+type checkingDaemon struct {
+	fakeDaemon
+	checks  int
+	fileErr error
+}
+
+func (d *checkingDaemon) CheckFiles() error {
+	d.checks++
+	return d.fileErr
+}
+
+func TestCheckFilesOnlyForCheckConfig(t *testing.T) {
+	clearEnvFor(t, "QUICTUN_NAME", "QUICTUN_COUNT")
+	run := func(d *checkingDaemon, args ...string) (string, error) {
+		cmd := cli.NewRootCommand("fake", d, nil)
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(args)
+		err := cmd.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	d := &checkingDaemon{}
+	out, err := run(d, "--check-config")
+	require.NoError(t, err)
+	assert.Equal(t, "config OK\n", out)
+	assert.Equal(t, 1, d.checks)
+
+	d = &checkingDaemon{fileErr: errors.New("--secret-file: too short")}
+	out, err = run(d, "--check-config")
+	require.ErrorIs(t, err, cli.ErrUsage)
+	assert.Contains(t, err.Error(), "too short")
+	assert.NotContains(t, out, "config OK")
+
+	d = &checkingDaemon{fileErr: errors.New("unused")}
+	_, err = run(d)
+	require.NoError(t, err, "a normal start reads the files itself, in Run")
+	assert.Zero(t, d.checks)
+	assert.True(t, d.ran)
+
+	d = &checkingDaemon{fileErr: errors.New("unused")}
+	_, err = run(d, "--write-config")
+	require.NoError(t, err)
+	assert.Zero(t, d.checks)
+
+	d = &checkingDaemon{fakeDaemon: fakeDaemon{validErr: errors.New("invalid")}}
+	_, err = run(d, "--check-config")
+	require.Error(t, err)
+	assert.Zero(t, d.checks, "files are read only for a valid config")
+}
