@@ -153,3 +153,32 @@ func BenchmarkReplayCacheCheck(b *testing.B) {
 		})
 	}
 }
+
+func TestReplayCacheRecord(t *testing.T) {
+	t.Parallel()
+	const w = time.Minute
+	c := newReplayCache(w, 2)
+
+	// A header seen after the handshake makes a later early copy a replay.
+	h := hdr(1, replayT0)
+	c.record(h, replayT0)
+	assert.Equal(t, proto.CodeReplay, c.check(h, replayT0.Add(time.Second)))
+
+	// Outside the window nothing is stored (check refuses such headers anyway).
+	c.record(hdr(2, replayT0.Add(-2*w)), replayT0)
+	c.record(hdr(3, replayT0.Add(2*w)), replayT0)
+	assert.Len(t, c.seen, 1)
+
+	// A full cache skips recording and does not grow.
+	c.record(hdr(4, replayT0), replayT0)
+	require.Len(t, c.seen, 2)
+	c.record(hdr(5, replayT0), replayT0)
+	assert.Len(t, c.seen, 2)
+	_, ok := c.seen[hdr(5, replayT0).Nonce]
+	assert.False(t, ok)
+
+	// Recorded entries expire like checked ones.
+	later := replayT0.Add(w + 2*time.Second)
+	assert.Equal(t, proto.CodeOK, c.check(hdr(6, later), later))
+	assert.Len(t, c.seen, 1, "expired recorded nonces were swept")
+}
