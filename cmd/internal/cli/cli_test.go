@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -429,4 +430,30 @@ func TestCheckFilesOnlyForCheckConfig(t *testing.T) {
 	_, err = run(d, "--check-config")
 	require.Error(t, err)
 	assert.Zero(t, d.checks, "files are read only for a valid config")
+}
+
+func TestCheckCommand(t *testing.T) {
+	t.Parallel()
+	for _, withRemote := range []bool{false, true} {
+		cmd := cli.NewCheckCommand(withRemote)
+		assert.Equal(t, withRemote, cmd.Flags().Lookup("server-endpoint") != nil)
+	}
+	cmd := cli.NewCheckCommand(false)
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs(nil)
+	err := cmd.Execute()
+	report := out.String()
+	assert.Contains(t, report, "udp-buffers")
+	// The result depends on this host; the exit status must match the report.
+	if regexp.MustCompile(`(?m)^(warn|error) `).MatchString(report) {
+		require.ErrorIs(t, err, cli.ErrUsage, report)
+	} else {
+		require.NoError(t, err, report)
+	}
+	cmd = cli.NewCheckCommand(false)
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"extra"})
+	assert.Error(t, cmd.Execute(), "no positional arguments")
 }
