@@ -172,10 +172,9 @@ func TestStatelessResetAfterRestart(t *testing.T) {
 	defer cancel()
 	conn, err := ctr.Dial(ctx, addr, ctls, qconf)
 	require.NoError(t, err)
-	sconn, err := ln1.Accept(ctx)
+	_, err = ln1.Accept(ctx)
 	require.NoError(t, err)
 	require.NoError(t, pc1.Close()) // crash: no CONNECTION_CLOSE reaches the client
-	_ = sconn
 	t.Cleanup(func() {
 		_ = ln1.Close()
 		_ = tr1.Close()
