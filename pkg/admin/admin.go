@@ -143,11 +143,14 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := srv.Shutdown(sctx)
+	if err := srv.Shutdown(sctx); err != nil {
+		// Requests still running (a long pprof profile, a slow scraper) are cut off.
+		_ = srv.Close()
+	}
 	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
 		return fmt.Errorf("admin server: %w", serr)
 	}
-	return err
+	return nil
 }
 
 // IsLoopback reports whether a listen address binds only to loopback.

@@ -300,7 +300,6 @@ func TestServeListenerError(t *testing.T) {
 
 func TestServeForceClosesAfterShutdownTimeout(t *testing.T) {
 	t.Parallel()
-	t.Skip("BUG: admin.Serve does not close connections still active when its 5 s Shutdown times out (e.g. a /debug/pprof/profile?seconds=30 or a slow /metrics client): it returns context.DeadlineExceeded while the handler goroutine and its connection live on; fix: after srv.Shutdown(sctx) fails, call srv.Close() (and return nil or a wrapped error)")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	release := make(chan struct{})

@@ -398,7 +398,6 @@ func TestQUICCollectorMonotonicAcrossClose(t *testing.T) {
 
 func TestQUICCollectorNoDoubleCountDuringClose(t *testing.T) {
 	t.Parallel()
-	t.Skip("BUG: QUICCollector.Collect calls live() before taking c.mu, so a connection that is Closed between that snapshot and the lock is counted twice (live stats + closed stats); the max() clamp then holds the inflated totals, so a long-lived connection's whole traffic shows as a spike followed by flat counters. Fix: call c.live() while holding c.mu (Closed then waits for the scrape; servers and clients never hold their own lock while calling Closed), and document that live must not call Closed")
 	x := metrics.ConnStats{Label: "x", Stats: stats(100, time.Millisecond)}
 	var col *metrics.QUICCollector
 	inLive := make(chan struct{})

@@ -93,8 +93,10 @@ var rttBuckets = DurationBuckets
 
 // Collect implements prometheus.Collector.
 func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
-	live := c.live()
+	// live is read under c.mu so that a connection cannot be both in it and
+	// in closed (Closed waits for the scrape); live must not call Closed.
 	c.mu.Lock()
+	live := c.live()
 	total := c.closed
 	for _, l := range live {
 		addStats(&total, l.Stats)

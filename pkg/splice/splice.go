@@ -124,9 +124,10 @@ func (p *Pipe) toStream() {
 		}
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) {
-				if err := p.str.Close(); err != nil {
-					p.abort(proto.CodeInternal, err)
-				}
+				// Close fails only when the stream was already cancelled: the
+				// peer sent STOP_SENDING (it resets its side too, which
+				// fromStream reports with the peer's code) or we aborted.
+				_ = p.str.Close()
 				return
 			}
 			p.abort(proto.CodeConnReset, rerr)

@@ -58,8 +58,8 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fs := cmd.Flags()
 			cf := d.Config()
-			if err := config.Load(fs, cf.ConfigFile, EnvPrefix, os.LookupEnv, configFlagNames...); err != nil {
-				return fmt.Errorf("%w:\n%w", ErrUsage, err)
+			if err := LoadConfig(fs, cf.ConfigFile); err != nil {
+				return err
 			}
 			if cf.WriteConfig {
 				return config.WriteYAML(cmd.OutOrStdout(), fs, configFlagNames...)
@@ -97,6 +97,16 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 		Run: func(c *cobra.Command, _ []string) { _, _ = fmt.Fprintln(c.OutOrStdout(), name, version.String()) },
 	})
 	return cmd
+}
+
+// LoadConfig applies the config file and QUICTUN_* environment to the flags
+// of fs that were not set on the command line (for subcommands that share the
+// daemon's flags).
+func LoadConfig(fs *pflag.FlagSet, file string) error {
+	if err := config.Load(fs, file, EnvPrefix, os.LookupEnv, configFlagNames...); err != nil {
+		return fmt.Errorf("%w:\n%w", ErrUsage, err)
+	}
+	return nil
 }
 
 // Main runs cmd with args under SignalContext and returns the exit code.

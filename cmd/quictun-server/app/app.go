@@ -40,13 +40,19 @@ destination the client names (if the --allow list permits it) and carries the by
   quictun-server --listen-on 0.0.0.0:7500 --state-dir /var/lib/quictun-server \
       --secret-file /etc/quictun/secret --allow tcp:127.0.0.1:22,tcp:10.0.0.0/8:5432
   quictun-server fingerprint --state-dir /var/lib/quictun-server`
-	var fpDir string
+	fpOpts := NewOptions()
 	fp := &cobra.Command{
 		Use:   "fingerprint",
 		Short: "Print the SHA-256 fingerprint of the server certificate (creating the state if missing), for clients' --server-fingerprint",
-		Args:  cobra.NoArgs,
+		Long: `Print the SHA-256 fingerprint of the server certificate for clients' --server-fingerprint. It reads
+the same --config file, QUICTUN_* environment and flags as the server, so it finds the same
+--state-dir (or --cert-file); a missing state is created.`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			st, err := transport.LoadOrCreateState(fpDir, "", "")
+			if err := cli.LoadConfig(c.Flags(), fpOpts.ConfigFile); err != nil {
+				return err
+			}
+			st, err := transport.LoadOrCreateState(fpOpts.StateDir, fpOpts.CertFile, fpOpts.KeyFile)
 			if err != nil {
 				return err
 			}
@@ -54,7 +60,8 @@ destination the client names (if the --allow list permits it) and carries the by
 			return nil
 		},
 	}
-	fp.Flags().StringVar(&fpDir, "state-dir", o.StateDir, "server state directory")
+	fpOpts.Config().AddFlags(fp.Flags())
+	fpOpts.AddFlags(fp.Flags())
 	cmd.AddCommand(fp, cli.NewCheckCommand(false))
 	return cmd
 }

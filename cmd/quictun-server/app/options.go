@@ -140,8 +140,8 @@ func (o *Options) Validate() error {
 	if (o.CertFile == "") != (o.KeyFile == "") {
 		add("--cert-file and --key-file go together")
 	}
-	if o.CertFile == "" && o.StateDir == "" {
-		add("--state-dir is required when no --cert-file is given")
+	if o.StateDir == "" {
+		add("--state-dir is required (it holds the stateless-reset and session-ticket keys, and the certificate unless --cert-file is given)")
 	}
 	if o.SecretFile == "" && o.ClientCAFile == "" && !o.InsecureNoAuth {
 		add("client authentication is required: set --secret-file or --client-ca-file (or --insecure-no-auth explicitly)")
