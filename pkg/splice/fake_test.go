@@ -232,3 +232,33 @@ func TestPipeCleanEndDoesNotCancel(t *testing.T) {
 	assert.Equal(t, 1, after)
 	assert.Equal(t, 1, reads, "one read with data; the EOF read does not count")
 }
+
+// A Close that fails (the stream was cancelled: the peer sent STOP_SENDING)
+// ends the upstream direction quietly; the other direction goes on.
+func TestPipeCloseErrorEndsDirectionQuietly(t *testing.T) {
+	t.Parallel()
+	pipeConn, app := tcpPair(t)
+	s := newFakeStream()
+	s.closeErr = errors.New("close called for canceled stream 0")
+	p := splice.New(pipeConn, s)
+	r := runPipe(t, p)
+
+	require.NoError(t, app.CloseWrite())
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.closed
+	}, testTimeout, time.Millisecond, "Close called at EOF")
+
+	go func() {
+		_, _ = s.pw.Write([]byte("downstream"))
+		_ = s.pw.Close()
+	}()
+	got, err := io.ReadAll(app)
+	require.NoError(t, err)
+	assert.Equal(t, "downstream", string(got))
+	require.NoError(t, waitRun(t, r))
+	read, write := s.codes()
+	assert.Empty(t, read, "no abort")
+	assert.Empty(t, write)
+}
