@@ -457,3 +457,15 @@ func TestCheckCommand(t *testing.T) {
 	cmd.SetArgs([]string{"extra"})
 	assert.Error(t, cmd.Execute(), "no positional arguments")
 }
+
+func TestConfigFileFromEnvironment(t *testing.T) {
+	t.Skip("BUG: --help says every flag can be set as QUICTUN_<NAME>, but QUICTUN_CONFIG is silently ignored (configFlagNames are skipped for the environment too), so a container setting QUICTUN_CONFIG=/etc/quictun/server.yaml runs on defaults without a word; fix: in RunE, when --config was not given, take it from QUICTUN_CONFIG before config.Load (or reject QUICTUN_CONFIG/QUICTUN_CHECK_CONFIG/QUICTUN_WRITE_CONFIG with an error and exclude them in the help text)")
+	clearEnvFor(t, "QUICTUN_NAME", "QUICTUN_COUNT")
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("name: from-file\n"), 0o600))
+	t.Setenv("QUICTUN_CONFIG", file)
+	d := &fakeDaemon{}
+	_, err := execute(t, d)
+	require.NoError(t, err)
+	assert.Equal(t, "from-file", d.name)
+}
