@@ -2,10 +2,8 @@
 package app
 
 import (
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -204,43 +202,15 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// CheckFiles reads the files the client reads at start (for --check-config).
-// A file that does not exist here is skipped: configs are often checked on
-// another host than the one they are for.
+// CheckFiles reads the files the client reads at start (for --check-config);
+// see cli.CheckStartFiles.
 func (o *Options) CheckFiles() error {
-	var errs []error
-	if present(o.SecretFile) {
-		if _, err := cli.ReadSecretFile("secret-file", o.SecretFile, 16); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if present(o.HTTPDTokenFile) {
-		if _, err := cli.ReadSecretFile("httpd-token-file", o.HTTPDTokenFile, 16); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if present(o.CAFile) {
-		if _, err := transport.LoadCertPool(o.CAFile); err != nil {
-			errs = append(errs, fmt.Errorf("--ca-file: %w", err))
-		}
-	}
-	if present(o.CertFile) {
-		if _, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile); err != nil {
-			errs = append(errs, fmt.Errorf("--cert-file/--key-file: %w", err))
-		}
-	}
-	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFile) && present(o.TokenSource) {
+	errs := cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, HTTPDTokenFile: o.HTTPDTokenFile,
+		CAFlag: "ca-file", CAFile: o.CAFile, CertFile: o.CertFile, KeyFile: o.KeyFile})
+	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFile) && cli.Present(o.TokenSource) {
 		if _, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
 			errs = append(errs, fmt.Errorf("--token-source: %w", err))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func present(path string) bool {
-	if path == "" {
-		return false
-	}
-	_, err := os.Stat(path)
-	return !errors.Is(err, os.ErrNotExist)
 }
