@@ -54,9 +54,13 @@ type Config struct {
 	HeaderTimeout      time.Duration
 	DialTimeout        time.Duration
 	MaxConcurrentDials int
-	DrainTimeout       time.Duration
-	ReplayWindow       time.Duration
-	MaxReplayEntries   int
+	// MaxDialsPerDestination bounds concurrent dials to one address, so a
+	// slow or blackholed destination cannot take every dial slot; more are
+	// refused at once with CodeOverloaded. 0: a quarter of MaxConcurrentDials.
+	MaxDialsPerDestination int
+	DrainTimeout           time.Duration
+	ReplayWindow           time.Duration
+	MaxReplayEntries       int
 
 	// TailProbes is how many tail-loss probe datagrams follow a burst of
 	// downstream writes (0 disables); TailProbeDelay spaces them.
@@ -104,6 +108,9 @@ type Server struct {
 
 	mu    sync.Mutex
 	conns map[uint64]*quic.Conn
+
+	dialsMu     sync.Mutex
+	dialsByDest map[string]int
 }
 
 // New checks cfg and returns a Server that will serve on pc. The caller keeps
@@ -118,6 +125,9 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	}
 	if cfg.MaxConcurrentDials <= 0 {
 		cfg.MaxConcurrentDials = def.MaxConcurrentDials
+	}
+	if cfg.MaxDialsPerDestination <= 0 {
+		cfg.MaxDialsPerDestination = max(1, cfg.MaxConcurrentDials/4)
 	}
 	if cfg.DrainTimeout < 0 {
 		cfg.DrainTimeout = 0
@@ -156,12 +166,13 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		cfg.Registry = tunnel.NewRegistry()
 	}
 	return &Server{
-		cfg:     cfg,
-		pc:      pc,
-		dials:   make(chan struct{}, cfg.MaxConcurrentDials),
-		replay:  newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
-		conns:   map[uint64]*quic.Conn{},
-		started: time.Now(),
+		cfg:         cfg,
+		pc:          pc,
+		dials:       make(chan struct{}, cfg.MaxConcurrentDials),
+		replay:      newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
+		conns:       map[uint64]*quic.Conn{},
+		dialsByDest: map[string]int{},
+		started:     time.Now(),
 	}, nil
 }
 
@@ -316,6 +327,24 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	logger.V(2).Info("Closed connection", "result", result, "err", cause)
 }
 
+func (s *Server) acquireDestination(dest string) bool {
+	s.dialsMu.Lock()
+	defer s.dialsMu.Unlock()
+	if s.dialsByDest[dest] >= s.cfg.MaxDialsPerDestination {
+		return false
+	}
+	s.dialsByDest[dest]++
+	return true
+}
+
+func (s *Server) releaseDestination(dest string) {
+	s.dialsMu.Lock()
+	defer s.dialsMu.Unlock()
+	if s.dialsByDest[dest]--; s.dialsByDest[dest] <= 0 {
+		delete(s.dialsByDest, dest)
+	}
+}
+
 func connResult(err error) string {
 	var idle *quic.IdleTimeoutError
 	var app *quic.ApplicationError
@@ -399,17 +428,24 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 		return
 	}
 
+	if !s.acquireDestination(dial.String()) {
+		fail(proto.CodeOverloaded, "Too many concurrent dials to one destination", "destination", dest.String(),
+			"limit", s.cfg.MaxDialsPerDestination)
+		return
+	}
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	select {
 	case s.dials <- struct{}{}:
 	case <-dctx.Done():
 		cancel()
+		s.releaseDestination(dial.String())
 		fail(proto.CodeOverloaded, "Too many concurrent dials", "destination", dest.String())
 		return
 	}
 	dialStart := time.Now()
 	nc, err := s.cfg.Dialer.DialContext(dctx, dial.Network, dial.Address)
 	<-s.dials
+	s.releaseDestination(dial.String())
 	cancel()
 	m.DialDuration.Observe(time.Since(dialStart).Seconds())
 	if err != nil {

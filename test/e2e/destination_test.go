@@ -181,9 +181,6 @@ func TestDialTimeoutResult(t *testing.T) {
 // 4 and 4 such dials pending, a tunnel to a healthy destination must still be
 // served at once.
 func TestSlowDestinationDialSlots(t *testing.T) {
-	skipBug(t, "design limit: --max-concurrent-dials is one pool for all clients and destinations; dials to a "+
-		"blackholed destination hold their slots for the whole --dial-timeout, so once they fill the pool every "+
-		"other new tunnel waits for a slot (and fails with overloaded when its own --dial-timeout expires first)")
 	checkLeaks(t)
 	echo := testutil.EchoServer(t)
 	slow := unacceptedListener(t)

@@ -47,6 +47,7 @@ type Options struct {
 	DrainTimeout       time.Duration
 	MaxStreamsPerConn  int64
 	MaxConcurrentDials int
+	MaxDialsPerDest    int
 	Disable0RTT        bool
 	TailProbes         int
 }
@@ -77,7 +78,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "insecure-no-auth"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
-	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "disable-0rtt", "tail-probes", "fec"}},
+	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "disable-0rtt", "tail-probes", "fec"}},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
 	{Title: "Logging", Names: []string{"v", "vmodule"}},
 }
@@ -114,6 +115,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.MaxStreamsPerConn, "max-streams-per-conn", o.MaxStreamsPerConn, "concurrent tunnels per client connection")
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "concurrent destination dials; more wait up to --dial-timeout")
 	fs.IntVar(&o.TailProbes, "tail-probes", o.TailProbes, "tiny datagrams sent right after each burst of downstream data, so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables")
+	fs.IntVar(&o.MaxDialsPerDest, "max-dials-per-destination", o.MaxDialsPerDest, "concurrent dials to one destination address, so a slow or unreachable one cannot take every dial slot (more are refused at once with overloaded); 0 = a quarter of --max-concurrent-dials")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
@@ -166,6 +168,9 @@ func (o *Options) Validate() error {
 	}
 	if o.TailProbes < 0 || o.TailProbes > 4 {
 		add("--tail-probes must be 0..4")
+	}
+	if o.MaxDialsPerDest < 0 {
+		add("--max-dials-per-destination must not be negative")
 	}
 	if o.MaxConcurrentDials < 1 {
 		add("--max-concurrent-dials must be at least 1")
