@@ -55,8 +55,8 @@ type Config struct {
 	DialTimeout        time.Duration
 	MaxConcurrentDials int
 	// MaxDialsPerDestination bounds concurrent dials to one address, so a
-	// slow or blackholed destination cannot take every dial slot; more are
-	// refused at once with CodeOverloaded. 0: a quarter of MaxConcurrentDials.
+	// slow or blackholed destination cannot take every dial slot; more wait
+	// (within DialTimeout) without holding one. 0: a quarter of MaxConcurrentDials.
 	MaxDialsPerDestination int
 	DrainTimeout           time.Duration
 	ReplayWindow           time.Duration
@@ -110,7 +110,13 @@ type Server struct {
 	conns map[uint64]*quic.Conn
 
 	dialsMu     sync.Mutex
-	dialsByDest map[string]int
+	dialsByDest map[string]*destSlots
+}
+
+// destSlots is the dial semaphore of one destination, shared by its waiters.
+type destSlots struct {
+	slots chan struct{}
+	refs  int
 }
 
 // New checks cfg and returns a Server that will serve on pc. The caller keeps
@@ -171,7 +177,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		dials:       make(chan struct{}, cfg.MaxConcurrentDials),
 		replay:      newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
 		conns:       map[uint64]*quic.Conn{},
-		dialsByDest: map[string]int{},
+		dialsByDest: map[string]*destSlots{},
 		started:     time.Now(),
 	}, nil
 }
@@ -327,20 +333,29 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	logger.V(2).Info("Closed connection", "result", result, "err", cause)
 }
 
-func (s *Server) acquireDestination(dest string) bool {
+// destination returns dest's dial semaphore, counting the caller as a user
+// until releaseDestination.
+func (s *Server) destination(dest string) *destSlots {
 	s.dialsMu.Lock()
 	defer s.dialsMu.Unlock()
-	if s.dialsByDest[dest] >= s.cfg.MaxDialsPerDestination {
-		return false
+	d := s.dialsByDest[dest]
+	if d == nil {
+		d = &destSlots{slots: make(chan struct{}, s.cfg.MaxDialsPerDestination)}
+		s.dialsByDest[dest] = d
 	}
-	s.dialsByDest[dest]++
-	return true
+	d.refs++
+	return d
 }
 
-func (s *Server) releaseDestination(dest string) {
+// releaseDestination ends a use of dest's semaphore, freeing a slot if held.
+func (s *Server) releaseDestination(dest string, held bool) {
 	s.dialsMu.Lock()
 	defer s.dialsMu.Unlock()
-	if s.dialsByDest[dest]--; s.dialsByDest[dest] <= 0 {
+	d := s.dialsByDest[dest]
+	if held {
+		<-d.slots
+	}
+	if d.refs--; d.refs == 0 {
 		delete(s.dialsByDest, dest)
 	}
 }
@@ -428,24 +443,29 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 		return
 	}
 
-	if !s.acquireDestination(dial.String()) {
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	slots := s.destination(dial.String())
+	select {
+	case slots.slots <- struct{}{}:
+	case <-dctx.Done():
+		cancel()
+		s.releaseDestination(dial.String(), false)
 		fail(proto.CodeOverloaded, "Too many concurrent dials to one destination", "destination", dest.String(),
 			"limit", s.cfg.MaxDialsPerDestination)
 		return
 	}
-	dctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	select {
 	case s.dials <- struct{}{}:
 	case <-dctx.Done():
 		cancel()
-		s.releaseDestination(dial.String())
+		s.releaseDestination(dial.String(), true)
 		fail(proto.CodeOverloaded, "Too many concurrent dials", "destination", dest.String())
 		return
 	}
 	dialStart := time.Now()
 	nc, err := s.cfg.Dialer.DialContext(dctx, dial.Network, dial.Address)
 	<-s.dials
-	s.releaseDestination(dial.String())
+	s.releaseDestination(dial.String(), true)
 	cancel()
 	m.DialDuration.Observe(time.Since(dialStart).Seconds())
 	if err != nil {

@@ -115,7 +115,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.MaxStreamsPerConn, "max-streams-per-conn", o.MaxStreamsPerConn, "concurrent tunnels per client connection")
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "concurrent destination dials; more wait up to --dial-timeout")
 	fs.IntVar(&o.TailProbes, "tail-probes", o.TailProbes, "tiny datagrams sent right after each burst of downstream data, so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables")
-	fs.IntVar(&o.MaxDialsPerDest, "max-dials-per-destination", o.MaxDialsPerDest, "concurrent dials to one destination address, so a slow or unreachable one cannot take every dial slot (more are refused at once with overloaded); 0 = a quarter of --max-concurrent-dials")
+	fs.IntVar(&o.MaxDialsPerDest, "max-dials-per-destination", o.MaxDialsPerDest, "concurrent dials to one destination address, so a slow or unreachable one cannot take every dial slot (more wait without holding a slot); 0 = a quarter of --max-concurrent-dials")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
