@@ -62,6 +62,9 @@ func TestValidate(t *testing.T) {
 		{"tail probes 5", func(o *Options) { o.TailProbes = 5 }, []string{"--tail-probes must be 0..4"}},
 		{"tail probes negative", func(o *Options) { o.TailProbes = -1 }, []string{"--tail-probes must be 0..4"}},
 		{"no dials", func(o *Options) { o.MaxConcurrentDials = 0 }, []string{"--max-concurrent-dials"}},
+		{"per-destination dials default", func(o *Options) { o.MaxDialsPerDest = 0 }, nil},
+		{"per-destination dials set", func(o *Options) { o.MaxDialsPerDest = 4 }, nil},
+		{"per-destination dials negative", func(o *Options) { o.MaxDialsPerDest = -1 }, []string{"--max-dials-per-destination must not be negative"}},
 		{"every error at once", func(o *Options) {
 			*o = Options{Allow: []string{"bogus"}, TokenParserPlugin: "Nope", CertFile: "/c", KeepAlivePeriod: -1}
 		}, []string{
