@@ -69,6 +69,14 @@ type Config struct {
 	// MaxEchoesPerSecond bounds heartbeat echoes per connection.
 	MaxEchoesPerSecond int
 
+	// HandshakesPerSecond bounds new connections per source IP (token
+	// bucket, burst twice that; 0 disables). A source past half its burst
+	// must first prove its address (a Retry round trip), so spoofed floods
+	// cannot use a victim's budget.
+	HandshakesPerSecond float64
+	// MaxConnsPerSource bounds open connections per source IP (0 disables).
+	MaxConnsPerSource int
+
 	Metrics  *metrics.Server
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
 	Registry *tunnel.Registry
@@ -77,15 +85,17 @@ type Config struct {
 // DefaultConfig returns the defaults for the limits and timeouts.
 func DefaultConfig() Config {
 	return Config{
-		HeaderTimeout:      10 * time.Second,
-		DialTimeout:        10 * time.Second,
-		MaxConcurrentDials: 256,
-		DrainTimeout:       30 * time.Second,
-		ReplayWindow:       2 * time.Minute,
-		MaxReplayEntries:   1 << 20,
-		TailProbes:         1,
-		TailProbeDelay:     time.Millisecond,
-		MaxEchoesPerSecond: 50,
+		HeaderTimeout:       10 * time.Second,
+		DialTimeout:         10 * time.Second,
+		MaxConcurrentDials:  256,
+		DrainTimeout:        30 * time.Second,
+		ReplayWindow:        2 * time.Minute,
+		MaxReplayEntries:    1 << 20,
+		TailProbes:          1,
+		TailProbeDelay:      time.Millisecond,
+		MaxEchoesPerSecond:  50,
+		HandshakesPerSecond: 20,
+		MaxConnsPerSource:   64,
 	}
 }
 
@@ -95,6 +105,7 @@ type Server struct {
 	pc     net.PacketConn
 	dials  chan struct{}
 	replay *replayCache
+	limits *sourceLimiter
 
 	liveness liveness.Stats
 
@@ -176,6 +187,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		pc:          pc,
 		dials:       make(chan struct{}, cfg.MaxConcurrentDials),
 		replay:      newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
+		limits:      newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource),
 		conns:       map[uint64]*quic.Conn{},
 		dialsByDest: map[string]*destSlots{},
 		started:     time.Now(),
@@ -211,7 +223,17 @@ func (s *Server) ConnStats() []metrics.ConnStats {
 // it started has ended.
 func (s *Server) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	tr := &quic.Transport{Conn: s.pc, StatelessResetKey: s.cfg.ResetKey, TokenGeneratorKey: s.cfg.TokenKey}
+	tr := &quic.Transport{
+		Conn: s.pc, StatelessResetKey: s.cfg.ResetKey, TokenGeneratorKey: s.cfg.TokenKey,
+		VerifySourceAddress: func(a net.Addr) bool { return s.limits.suspicious(sourceIP(a), time.Now()) },
+		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
+			if !s.limits.allowHandshake(sourceIP(ci.RemoteAddr), time.Now()) {
+				s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("handshake_rate").Inc()
+				return nil, errHandshakeRate
+			}
+			return ctx, nil
+		},
+	}
 	defer func() { _ = tr.Close() }()
 	ln, err := tr.ListenEarly(s.cfg.TLS, s.cfg.QUIC)
 	if err != nil {
@@ -276,9 +298,20 @@ func (s *Server) Run(ctx context.Context) error {
 	return runErr
 }
 
+// errHandshakeRate refuses a connection from a source over its handshake rate.
+var errHandshakeRate = errors.New("too many new connections from this address")
+
 func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	id := s.nextConnID.Add(1)
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "connID", id, "remoteAddress", conn.RemoteAddr().String())
+	src := sourceIP(conn.RemoteAddr())
+	if !s.limits.open(src, time.Now()) {
+		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit").Inc()
+		logger.V(2).Info("Refused connection: too many from this address", "limit", s.cfg.MaxConnsPerSource)
+		_ = conn.CloseWithError(proto.CodeOverloaded.ApplicationErrorCode(), "too many connections from this address")
+		return
+	}
+	defer s.limits.closed(src)
 	ctx = klog.NewContext(ctx, logger)
 	s.mu.Lock()
 	s.conns[id] = conn

@@ -35,6 +35,8 @@ type Server struct {
 	ActiveConnections prometheus.Gauge
 	RefusedTotal      *prometheus.CounterVec
 	Draining          prometheus.Gauge
+	// RefusedConnectionsTotal counts QUIC connections refused by per-source limits.
+	RefusedConnectionsTotal *prometheus.CounterVec
 }
 
 // NewServer creates and registers the server metrics on reg.
@@ -74,8 +76,15 @@ func NewServer(reg prometheus.Registerer) *Server {
 			Help: "1 while the server drains before shutdown.",
 		}),
 	}
+	m.RefusedConnectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "refused_connections_total",
+		Help: "QUIC connections refused by per-source limits, by reason (handshake_rate, per_source_limit).",
+	}, []string{"reason"})
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.DialDuration, m.StreamBytesTotal,
-		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining)
+		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal)
+	for _, r := range []string{"handshake_rate", "per_source_limit"} {
+		m.RefusedConnectionsTotal.WithLabelValues(r)
+	}
 	for _, c := range proto.AllCodes() {
 		m.StreamsTotal.WithLabelValues(resultLabel(c))
 	}

@@ -165,6 +165,8 @@ func (o *Options) Run(ctx context.Context) error {
 		DialTimeout:            o.DialTimeout,
 		MaxConcurrentDials:     o.MaxConcurrentDials,
 		MaxDialsPerDestination: o.MaxDialsPerDest,
+		HandshakesPerSecond:    o.HandshakeRate,
+		MaxConnsPerSource:      o.MaxConnsPerSource,
 		DrainTimeout:           o.DrainTimeout,
 		TailProbes:             o.TailProbes,
 		Metrics:                m,

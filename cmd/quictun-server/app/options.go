@@ -48,6 +48,8 @@ type Options struct {
 	MaxStreamsPerConn  int64
 	MaxConcurrentDials int
 	MaxDialsPerDest    int
+	HandshakeRate      float64
+	MaxConnsPerSource  int
 	Disable0RTT        bool
 	TailProbes         int
 }
@@ -70,6 +72,8 @@ func NewOptions() *Options {
 		MaxStreamsPerConn:  q.MaxIncomingStreams,
 		MaxConcurrentDials: 256,
 		TailProbes:         1,
+		HandshakeRate:      20,
+		MaxConnsPerSource:  64,
 	}
 }
 
@@ -78,7 +82,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "insecure-no-auth"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
-	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "disable-0rtt", "tail-probes", "fec"}},
+	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "disable-0rtt", "tail-probes", "fec"}},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
 	{Title: "Logging", Names: []string{"v", "vmodule"}},
 }
@@ -116,6 +120,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "concurrent destination dials; more wait up to --dial-timeout")
 	fs.IntVar(&o.TailProbes, "tail-probes", o.TailProbes, "tiny datagrams sent right after each burst of downstream data, so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables")
 	fs.IntVar(&o.MaxDialsPerDest, "max-dials-per-destination", o.MaxDialsPerDest, "concurrent dials to one destination address, so a slow or unreachable one cannot take every dial slot (more wait without holding a slot); 0 = a quarter of --max-concurrent-dials")
+	fs.Float64Var(&o.HandshakeRate, "handshake-rate", o.HandshakeRate, "new QUIC connections per second per source IP (burst twice that); a source past half its burst must first prove its address (one Retry round trip); 0 = unlimited")
+	fs.IntVar(&o.MaxConnsPerSource, "max-conns-per-source", o.MaxConnsPerSource, "open QUIC connections per source IP; more are closed with overloaded; 0 = unlimited")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
@@ -168,6 +174,9 @@ func (o *Options) Validate() error {
 	}
 	if o.TailProbes < 0 || o.TailProbes > 4 {
 		add("--tail-probes must be 0..4")
+	}
+	if o.HandshakeRate < 0 || o.MaxConnsPerSource < 0 {
+		add("--handshake-rate and --max-conns-per-source must not be negative")
 	}
 	if o.MaxDialsPerDest < 0 {
 		add("--max-dials-per-destination must not be negative")
