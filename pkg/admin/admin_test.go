@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -338,4 +339,25 @@ func TestServeForceClosesAfterShutdownTimeout(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("the active request was not closed after the shutdown timeout")
 	}
+}
+
+// failingCollector always fails, next to a healthy metric.
+type failingCollector struct{ desc *prometheus.Desc }
+
+func (c failingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c failingCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.NewInvalidMetric(c.desc, errors.New("stats unavailable"))
+}
+
+func TestMetricsContinueOnError(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	ok := prometheus.NewGauge(prometheus.GaugeOpts{Name: "quictun_test_up", Help: "Test gauge."})
+	ok.Set(1)
+	reg.MustRegister(ok, failingCollector{prometheus.NewDesc("quictun_test_broken", "Broken.", nil, nil)})
+	h := admin.Handler(admin.Options{Gatherer: reg})
+	rr := httptest.NewRecorder()
+	h.ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	assert.Equal(t, http.StatusOK, rr.Code, "one failing collector does not hide the others")
+	assert.Contains(t, rr.Body.String(), "quictun_test_up 1")
 }
