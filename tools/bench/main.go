@@ -102,7 +102,8 @@ func newRunCommand() *cobra.Command {
 }
 
 func newCompareCommand() *cobra.Command {
-	return &cobra.Command{
+	var all bool
+	cmd := &cobra.Command{
 		Use:   "compare OLD NEW",
 		Short: "Print NEW/OLD ratios of every median (OLD/NEW: result directories or results.json files)",
 		Args:  cobra.ExactArgs(2),
@@ -115,9 +116,11 @@ func newCompareCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return harness.Compare(os.Stdout, o, n)
+			return harness.Compare(os.Stdout, o, n, all)
 		},
 	}
+	cmd.Flags().BoolVar(&all, "all", false, "compare every recorded metric, not only those in the report's tables")
+	return cmd
 }
 
 func newReportCommand() *cobra.Command {

@@ -63,6 +63,7 @@ func tcpPingPong(ctx context.Context, cns, sns, serverIP string, n, size int) ([
 	}
 	defer c.Close()
 	defer s.Close()
+	defer context.AfterFunc(ctx, func() { _ = c.Close(); _ = s.Close() })()
 	deadline := time.Now().Add(2 * time.Minute)
 	_ = c.SetDeadline(deadline)
 	_ = s.SetDeadline(deadline)
@@ -135,6 +136,7 @@ func tcpBulk(ctx context.Context, cns, sns, serverIP string, d time.Duration) (f
 	}
 	defer c.Close()
 	defer s.Close()
+	defer context.AfterFunc(ctx, func() { _ = c.Close(); _ = s.Close() })()
 	var received int64
 	var first, last time.Time
 	var wg sync.WaitGroup

@@ -328,9 +328,9 @@ func writeMetricCharts(dir, sc string, si ScenarioInfo, mt Metric, rows []row, v
 	return out, nil
 }
 
-// Compare writes a table of NEW/OLD ratios of the medians of every metric
-// present in both runs.
-func Compare(w io.Writer, oldRes, newRes *Results) error {
+// Compare writes a table of NEW/OLD ratios of the medians present in both
+// runs: the metrics shown in the report, or every metric when all is set.
+func Compare(w io.Writer, oldRes, newRes *Results, all bool) error {
 	a, b := Aggregate(oldRes.Samples), Aggregate(newRes.Samples)
 	info := Scenarios()
 	higher := map[string]bool{}
@@ -339,9 +339,15 @@ func Compare(w io.Writer, oldRes, newRes *Results) error {
 			higher[m.Key] = m.Higher
 		}
 	}
+	shown := map[string]bool{}
+	for sc, si := range info {
+		for _, m := range si.Metrics {
+			shown[sc+"/"+m.Key] = true
+		}
+	}
 	keys := make([]Key, 0, len(b))
 	for k := range b {
-		if _, ok := a[k]; ok {
+		if _, ok := a[k]; ok && (all || shown[k.Scenario+"/"+k.Metric]) {
 			keys = append(keys, k)
 		}
 	}
@@ -351,7 +357,13 @@ func Compare(w io.Writer, oldRes, newRes *Results) error {
 		if ki.Scenario != kj.Scenario {
 			return slices.Index(scOrder, ki.Scenario) < slices.Index(scOrder, kj.Scenario)
 		}
-		return ki.String() < kj.String()
+		if ki.Link != kj.Link || ki.Case != kj.Case {
+			return ki.Link+ki.Case < kj.Link+kj.Case
+		}
+		if ki.Metric != kj.Metric {
+			return ki.Metric < kj.Metric
+		}
+		return ki.Variant < kj.Variant
 	})
 	ew := &errWriter{w: w}
 	ew.printf("Comparing OLD %s (%s) with NEW %s (%s). Ratio = NEW/OLD median; ↑ better / ↓ worse where the direction is known.\n\n",

@@ -76,11 +76,21 @@ func TestSaveLoadReportCompare(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	require.NoError(t, Compare(&out, res, newer))
+	require.NoError(t, Compare(&out, res, newer, false))
 	cmp := out.String()
 	assert.Contains(t, cmp, "| latency | LAN loss 1% | 1000 x 1000 B | quictun | total_ms | 2000 | 1000 | 0.500 ↑ |")
 	assert.Contains(t, cmp, "| bulk | WAN 100mbit loss 0% | 1 stream(s) | quictun | mbit_per_s | 90.00 | 45.00 | 0.500 ↓ |")
 	assert.Contains(t, cmp, "| latency | LAN loss 1% | 1000 x 1000 B | direct | total_ms | 4500 | 4500 | 1.000 |")
+
+	// Metrics outside the report's tables appear only with all.
+	res.Samples[0].Metrics["connect_ms"] = 1
+	newer.Samples[0].Metrics["connect_ms"] = 2
+	out.Reset()
+	require.NoError(t, Compare(&out, res, newer, false))
+	assert.NotContains(t, out.String(), "connect_ms")
+	out.Reset()
+	require.NoError(t, Compare(&out, res, newer, true))
+	assert.Contains(t, out.String(), "| connect_ms | 1.00 | 2.00 | 2.000 |")
 }
 
 func TestProfiles(t *testing.T) {

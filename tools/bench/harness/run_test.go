@@ -69,3 +69,40 @@ func TestRunSmoke(t *testing.T) {
 	_, err = os.Stat(filepath.Join(dir, "report.md"))
 	require.NoError(t, err)
 }
+
+// TestRunCancelled stops a run midway (as Ctrl-C does) and checks that it
+// returns, keeps what it measured, and tears everything down.
+func TestRunCancelled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipping the end-to-end harness run under -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: needs root to create network namespaces and TUN devices")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Skip("skipping: /dev/net/tun is missing")
+	}
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin, "github.com/quictun/quictun/tools/latency-client")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run(), "build latency-client")
+	p, err := Profiles("smoke")
+	require.NoError(t, err)
+	p.Blackouts = []time.Duration{time.Minute} // still running when cancelled
+	prefix := "hc" + strconv.Itoa(os.Getpid()%100000)
+	ctx, cancel := context.WithCancel(t.Context())
+	timer := time.AfterFunc(12*time.Second, cancel)
+	defer timer.Stop()
+	start := time.Now()
+	dir, err := Run(ctx, Options{Profile: p, BinDir: bin, ResultsDir: t.TempDir(), Prefix: prefix, Variants: []string{"direct"},
+		Scenarios: []string{ScLatency, ScBlackout}, SkipChecks: true, Spin: time.Millisecond})
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), 45*time.Second, "cancellation was not prompt")
+	c, s := netns.Names(prefix)
+	assert.False(t, netns.Exists(c), "namespace %s left behind", c)
+	assert.False(t, netns.Exists(s), "namespace %s left behind", s)
+	res, lerr := LoadResults(dir)
+	require.NoError(t, lerr)
+	assert.NotEmpty(t, res.Samples, "the latency samples measured before the cancel are kept")
+	assert.NotEmpty(t, res.Notes)
+}

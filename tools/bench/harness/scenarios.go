@@ -331,6 +331,8 @@ func (r *Runner) blackoutOne(ctx context.Context, v Variant, rep int, d time.Dur
 		return
 	}
 	defer c.Close()
+	stopClose := context.AfterFunc(ctx, func() { _ = c.Close() }) // cancellation ends the wait
+	defer stopClose()
 	buf := make([]byte, 1000)
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if err := roundTrip(c, buf); err != nil {
@@ -375,7 +377,10 @@ func (r *Runner) blackoutOne(ctx context.Context, v Variant, rep int, d time.Dur
 				return
 			}
 			freshErr = err
-			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
 	})
 	wg.Wait()

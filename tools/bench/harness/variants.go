@@ -311,6 +311,7 @@ func echoOnce(ctx context.Context, ns, addr string, size int) error {
 		return err
 	}
 	defer c.Close()
+	defer context.AfterFunc(actx, func() { _ = c.Close() })()
 	dl, _ := actx.Deadline()
 	_ = c.SetDeadline(dl)
 	return roundTrip(c, make([]byte, size))
