@@ -84,6 +84,8 @@ quictun_server_active_streams 0
 		"quictun_server_stream_bytes_total", "quictun_server_connections_total",
 		"quictun_server_refused_destinations_total", "quictun_server_active_streams"))
 
+	assert.Equal(t, []string{"handshake_rate", "per_source_limit"}, labelValues(t, reg, "quictun_server_refused_connections_total", "reason"))
+
 	results := labelValues(t, reg, "quictun_server_streams_total", "result")
 	for _, c := range proto.AllCodes() {
 		assert.Contains(t, results, metrics.ResultLabel(c))

@@ -65,6 +65,9 @@ func TestValidate(t *testing.T) {
 		{"per-destination dials default", func(o *Options) { o.MaxDialsPerDest = 0 }, nil},
 		{"per-destination dials set", func(o *Options) { o.MaxDialsPerDest = 4 }, nil},
 		{"per-destination dials negative", func(o *Options) { o.MaxDialsPerDest = -1 }, []string{"--max-dials-per-destination must not be negative"}},
+		{"per-source limits off", func(o *Options) { o.HandshakeRate, o.MaxConnsPerSource = 0, 0 }, nil},
+		{"negative handshake rate", func(o *Options) { o.HandshakeRate = -0.5 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
+		{"negative conns per source", func(o *Options) { o.MaxConnsPerSource = -1 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
 		{"every error at once", func(o *Options) {
 			*o = Options{Allow: []string{"bogus"}, TokenParserPlugin: "Nope", CertFile: "/c", KeepAlivePeriod: -1}
 		}, []string{
