@@ -7,7 +7,7 @@ LDFLAGS  := -s -w -X github.com/quictun/quictun/pkg/version.Version=$(VERSION) -
 FUZZTIME ?= 30s
 BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./tools/linkem
 
-.PHONY: all build demo test test-short check vet fmt fmt-check fuzz bench bench-full bench-compare e2e deploy-check clean
+.PHONY: all build demo test test-short check vet fmt fmt-check fuzz bench bench-full bench-compare e2e soak deploy-check clean
 
 all: build
 
@@ -25,6 +25,11 @@ test: fmt-check vet
 ## e2e: black-box tests of the built binaries (also part of make test)
 e2e:
 	$(GO) test -race -count=1 ./test/e2e/
+
+## soak: mixed traffic through a lossy link with blackouts and server restarts for SOAK (default 1h); checks data and leaks
+SOAK ?= 1h
+soak:
+	QUICTUN_SOAK_DURATION=$(SOAK) $(GO) test -count=1 -run '^TestSoak$$' -timeout 0 -v ./test/integration/
 
 ## deploy-check: lint and render the Helm chart, validate deploy/ offline (installs helm with go install if missing, ~4 min the first time)
 deploy-check:
