@@ -14,8 +14,10 @@ type sourceLimiter struct {
 	burst   float64
 	maxOpen int
 
-	mu      sync.Mutex
-	sources map[string]*source
+	mu        sync.Mutex
+	sources   map[string]*source
+	overflow  source // shared bucket of untracked sources when the table is full
+	lastSweep time.Time
 }
 
 type source struct {
@@ -24,10 +26,15 @@ type source struct {
 	open   int
 }
 
-const maxTrackedSources = 1 << 16
+const (
+	maxTrackedSources = 1 << 16
+	// overflowFactor scales the rate of the bucket shared by untracked sources.
+	overflowFactor = 10
+)
 
 func newSourceLimiter(handshakesPerSecond float64, maxOpen int) *sourceLimiter {
-	return &sourceLimiter{rate: handshakesPerSecond, burst: 2 * handshakesPerSecond, maxOpen: maxOpen, sources: map[string]*source{}}
+	return &sourceLimiter{rate: handshakesPerSecond, burst: 2 * handshakesPerSecond, maxOpen: maxOpen, sources: map[string]*source{},
+		overflow: source{tokens: overflowFactor * 2 * handshakesPerSecond}}
 }
 
 func sourceIP(a net.Addr) string {
@@ -41,23 +48,37 @@ func sourceIP(a net.Addr) string {
 	return host
 }
 
-// getLocked returns ip's state with its bucket refilled to now; l.mu must be held.
-func (l *sourceLimiter) getLocked(ip string, now time.Time) *source {
+// getLocked returns ip's state with its bucket refilled to now, creating it
+// when insert is set and the table has room; nil otherwise. l.mu must be held.
+// The table is bounded: when full, idle entries are swept at most once a
+// second, so a flood of (spoofed) new sources costs O(1) per packet.
+func (l *sourceLimiter) getLocked(ip string, now time.Time, insert bool) *source {
 	s := l.sources[ip]
 	if s == nil {
-		if len(l.sources) >= maxTrackedSources {
+		if !insert {
+			return nil
+		}
+		if len(l.sources) >= maxTrackedSources && now.Sub(l.lastSweep) >= time.Second {
+			l.lastSweep = now
 			for k, v := range l.sources {
 				if v.open == 0 && now.Sub(v.last) > time.Minute {
 					delete(l.sources, k)
 				}
 			}
 		}
+		if len(l.sources) >= maxTrackedSources {
+			return nil
+		}
 		s = &source{tokens: l.burst, last: now}
 		l.sources[ip] = s
 	}
-	s.tokens = min(l.burst, s.tokens+now.Sub(s.last).Seconds()*l.rate)
-	s.last = now
+	refill(s, now, l.rate, l.burst)
 	return s
+}
+
+func refill(s *source, now time.Time, rate, burst float64) {
+	s.tokens = min(burst, s.tokens+now.Sub(s.last).Seconds()*rate)
+	s.last = now
 }
 
 // allowHandshake takes a handshake token for ip and reports whether one was left.
@@ -67,7 +88,11 @@ func (l *sourceLimiter) allowHandshake(ip string, now time.Time) bool {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := l.getLocked(ip, now)
+	s := l.getLocked(ip, now, true)
+	if s == nil { // table full: untracked sources share one bucket
+		s = &l.overflow
+		refill(s, now, overflowFactor*l.rate, overflowFactor*l.burst)
+	}
 	if s.tokens < 1 {
 		return false
 	}
@@ -83,14 +108,23 @@ func (l *sourceLimiter) suspicious(ip string, now time.Time) bool {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.getLocked(ip, now).tokens < l.burst/2
+	s := l.getLocked(ip, now, false)
+	if s == nil {
+		// Unknown sources are trusted while the table has room; when it is
+		// full (a flood of new, possibly spoofed, sources) they must validate.
+		return len(l.sources) >= maxTrackedSources
+	}
+	return s.tokens < l.burst/2
 }
 
 // open counts a new connection from ip and reports whether it is within the cap.
 func (l *sourceLimiter) open(ip string, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := l.getLocked(ip, now)
+	s := l.getLocked(ip, now, true)
+	if s == nil {
+		return true // untracked (table full): its handshake already passed the shared bucket
+	}
 	if l.maxOpen > 0 && s.open >= l.maxOpen {
 		return false
 	}
