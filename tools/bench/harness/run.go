@@ -103,18 +103,13 @@ func Run(ctx context.Context, opts Options) (dir string, err error) {
 		}
 	}()
 
-	// Topology and emulator.
-	_ = netns.Teardown(context.WithoutCancel(ctx), opts.Prefix)
+	// Topology and emulator. Existing namespaces of the prefix are not
+	// touched (another run may own them): Setup refuses them.
 	topo, err := netns.Setup(ctx, opts.Prefix)
 	if err != nil {
 		return r.outDir, fmt.Errorf("set up namespaces: %w", err)
 	}
 	r.topo = topo
-	cc, err := setTCPCC([]string{topo.Client.NS, topo.Server.NS}, opts.TCPCC)
-	if err != nil {
-		return r.outDir, err
-	}
-	r.res.Machine.TCPCongestion = cc
 	r.env = Env{ClientNS: topo.Client.NS, ServerNS: topo.Server.NS, ServerIP: netns.ServerIP,
 		BinDir: opts.BinDir, WorkDir: work, LogDir: raw}
 	c2s, s2c := emu.NewLink(emu.DefaultParams(), 1), emu.NewLink(emu.DefaultParams(), 2)
@@ -146,6 +141,11 @@ func Run(ctx context.Context, opts Options) (dir string, err error) {
 		}
 		klog.InfoS("Tore down the testbed", "prefix", opts.Prefix)
 	}()
+	cc, err := setTCPCC([]string{topo.Client.NS, topo.Server.NS}, opts.TCPCC)
+	if err != nil {
+		return r.outDir, err
+	}
+	r.res.Machine.TCPCongestion = cc
 
 	if !opts.SkipChecks {
 		r.validate(ctx)
@@ -304,7 +304,10 @@ func setTCPCC(namespaces []string, cc string) (string, error) {
 		err := netns.Do(ns, func() error {
 			if cc != "" {
 				if err := os.WriteFile(path, []byte(cc), 0o644); err != nil {
-					return fmt.Errorf("set tcp_congestion_control %s: %w", cc, err)
+					// Outside the initial namespace only algorithms listed in the
+					// global net.ipv4.tcp_allowed_congestion_control may be set;
+					// the harness does not change global settings.
+					return fmt.Errorf("set tcp_congestion_control %s (must be listed in the global net.ipv4.tcp_allowed_congestion_control): %w", cc, err)
 				}
 			}
 			b, err := os.ReadFile(path)

@@ -106,3 +106,28 @@ func TestRunCancelled(t *testing.T) {
 	assert.NotEmpty(t, res.Samples, "the latency samples measured before the cancel are kept")
 	assert.NotEmpty(t, res.Notes)
 }
+
+// TestRunTeardownOnEarlyError fails right after the namespaces exist (an
+// unknown congestion control) and checks that they are removed.
+func TestRunTeardownOnEarlyError(t *testing.T) {
+	if testing.Short() {
+		t.Skip("skipping the end-to-end harness run under -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: needs root to create network namespaces and TUN devices")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Skip("skipping: /dev/net/tun is missing")
+	}
+	bin := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "latency-client"), []byte("#!/bin/sh\nexit 1\n"), 0o755))
+	p, err := Profiles("smoke")
+	require.NoError(t, err)
+	prefix := "he" + strconv.Itoa(os.Getpid()%100000)
+	_, err = Run(t.Context(), Options{Profile: p, BinDir: bin, ResultsDir: t.TempDir(), Prefix: prefix,
+		SkipChecks: true, TCPCC: "no-such-cc"})
+	require.ErrorContains(t, err, "tcp_congestion_control")
+	c, s := netns.Names(prefix)
+	assert.False(t, netns.Exists(c), "namespace %s left behind", c)
+	assert.False(t, netns.Exists(s), "namespace %s left behind", s)
+}
