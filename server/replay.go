@@ -31,7 +31,9 @@ func (c *replayCache) check(h *proto.Header, now time.Time) proto.Code {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if now.Sub(c.lastGC) > c.window/4 || len(c.seen) >= c.max {
+	// Sweep a quarter window at a time, or when full at most once a second,
+	// so a full cache of live entries does not cost a scan per check.
+	if now.Sub(c.lastGC) > c.window/4 || (len(c.seen) >= c.max && now.Sub(c.lastGC) > time.Second) {
 		for n, exp := range c.seen {
 			if now.After(exp) {
 				delete(c.seen, n)

@@ -11,16 +11,23 @@ import (
 )
 
 // NewCheckCommand returns the "check" subcommand: it prints the host report
-// and exits non-zero when something important is off. withRemote adds
-// --server-endpoint for the path MTU check.
-func NewCheckCommand(withRemote bool) *cobra.Command {
-	var remote string
+// and exits non-zero when something important is off. It takes the daemon's
+// flags, config file and environment (AddDaemonFlags), so remote (the server
+// endpoint, for the path MTU check; nil for none) sees the configured value.
+func NewCheckCommand(d Daemon, remote func() string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Check the host for QUIC: UDP buffer limits, GSO, path MTU; print fixes",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			fs := hostcheck.Run(hostcheck.Options{Remote: remote})
+			if err := LoadConfig(c.Flags(), d.Config().ConfigFile); err != nil {
+				return err
+			}
+			var r string
+			if remote != nil {
+				r = remote()
+			}
+			fs := hostcheck.Run(hostcheck.Options{Remote: r})
 			for _, f := range fs {
 				_, _ = fmt.Fprintf(c.OutOrStdout(), "%-5s %-12s %s\n", f.Severity, f.Check, f.Detail)
 				if f.Fix != "" {
@@ -33,10 +40,16 @@ func NewCheckCommand(withRemote bool) *cobra.Command {
 			return nil
 		},
 	}
-	if withRemote {
-		cmd.Flags().StringVar(&remote, "server-endpoint", "", "server UDP address, to check the path MTU")
-	}
+	AddDaemonFlags(cmd, d)
 	return cmd
+}
+
+// AddDaemonFlags gives a subcommand the daemon's flags (config, options,
+// logging), so it reads the same configuration.
+func AddDaemonFlags(cmd *cobra.Command, d Daemon) {
+	d.Config().AddFlags(cmd.Flags())
+	d.AddFlags(cmd.Flags())
+	AddKlogFlags(cmd.Flags())
 }
 
 // LogHostCheck logs one line per finding that needs attention, with its fix,

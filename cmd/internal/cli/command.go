@@ -102,7 +102,12 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 // LoadConfig applies the config file and QUICTUN_* environment to the flags
 // of fs that were not set on the command line (for subcommands that share the
 // daemon's flags).
+//
+// When no --config was given, QUICTUN_CONFIG names the file.
 func LoadConfig(fs *pflag.FlagSet, file string) error {
+	if f := fs.Lookup("config"); file == "" && (f == nil || !f.Changed) {
+		file = os.Getenv(EnvPrefix + "_CONFIG")
+	}
 	if err := config.Load(fs, file, EnvPrefix, os.LookupEnv, configFlagNames...); err != nil {
 		return fmt.Errorf("%w:\n%w", ErrUsage, err)
 	}

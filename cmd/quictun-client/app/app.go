@@ -39,7 +39,8 @@ long-lived QUIC connection to quictun-server, which connects it to the destinati
   quictun-client --listen-on tcp:127.0.0.1:2222 --server-endpoint server.example.com:7500 \
       --server-fingerprint sha256:3f1c... --secret-file /etc/quictun/secret \
       --token-source tcp:127.0.0.1:22`
-	cmd.AddCommand(cli.NewCheckCommand(true))
+	checkOpts := NewOptions()
+	cmd.AddCommand(cli.NewCheckCommand(checkOpts, func() string { return checkOpts.ServerEndpoint }))
 	return cmd
 }
 

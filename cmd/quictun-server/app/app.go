@@ -60,9 +60,8 @@ the same --config file, QUICTUN_* environment and flags as the server, so it fin
 			return nil
 		},
 	}
-	fpOpts.Config().AddFlags(fp.Flags())
-	fpOpts.AddFlags(fp.Flags())
-	cmd.AddCommand(fp, cli.NewCheckCommand(false))
+	cli.AddDaemonFlags(fp, fpOpts)
+	cmd.AddCommand(fp, cli.NewCheckCommand(NewOptions(), nil))
 	return cmd
 }
 
