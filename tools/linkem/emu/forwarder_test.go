@@ -89,6 +89,25 @@ func median(d []time.Duration) time.Duration {
 }
 
 func TestForwarderDelayAccuracy(t *testing.T) {
+	// Up to three attempts: a CPU shared with other test packages can delay
+	// a whole attempt; a broken forwarder fails all three.
+	var m, mBack time.Duration
+	for attempt := range 3 {
+		m, mBack = measureDelays(t)
+		t.Logf("attempt %d: c2s 5ms: median %v; s2c 250us: median %v", attempt+1, m, mBack)
+		if m < 5*time.Millisecond+700*time.Microsecond && mBack < 950*time.Microsecond {
+			break
+		}
+	}
+	// Never early; late by well under a timer slack (spinning).
+	assert.GreaterOrEqual(t, m, 5*time.Millisecond)
+	assert.Less(t, m, 5*time.Millisecond+700*time.Microsecond)
+	assert.GreaterOrEqual(t, mBack, 250*time.Microsecond)
+	assert.Less(t, mBack, 950*time.Microsecond)
+}
+
+func measureDelays(t *testing.T) (c2s, s2c time.Duration) {
+	t.Helper()
 	h := startForwarder(t, Params{Delay: 5 * time.Millisecond}, Params{Delay: 250 * time.Microsecond})
 	const n = 100
 	go func() {
@@ -115,13 +134,7 @@ func TestForwarderDelayAccuracy(t *testing.T) {
 		assert.Equal(t, uint32(i), seqs[i], "order c2s")
 		assert.Equal(t, uint32(i), back.seqs[i], "order s2c")
 	}
-	m := median(delays)
-	t.Logf("c2s 5ms: median %v; s2c 250us: median %v", m, median(back.delays))
-	// Never early; late by well under a timer slack (spinning).
-	assert.GreaterOrEqual(t, m, 5*time.Millisecond)
-	assert.Less(t, m, 5*time.Millisecond+700*time.Microsecond)
-	assert.GreaterOrEqual(t, median(back.delays), 250*time.Microsecond)
-	assert.Less(t, median(back.delays), 950*time.Microsecond)
+	return median(delays), median(back.delays)
 }
 
 func TestForwarderLossAndBlackout(t *testing.T) {
@@ -172,7 +185,21 @@ func TestForwarderBlackoutDropsInFlight(t *testing.T) {
 }
 
 func TestForwarderRateLimit(t *testing.T) {
-	// 8 Mbit/s: 1 MB/s. Offer 400 KB as fast as the socket takes it.
+	var rate float64
+	for attempt := range 3 {
+		rate = measureRate(t)
+		t.Logf("attempt %d: 8mbit: measured %.2f Mbit/s", attempt+1, rate/1e6)
+		if rate > 7.2e6 {
+			break // only a busy CPU makes it slower; faster is a bug
+		}
+	}
+	assert.InEpsilon(t, 8e6, rate, 0.1)
+}
+
+// measureRate offers 400 KB at 8 Mbit/s (1 MB/s) as fast as the socket
+// takes it and returns the delivered rate.
+func measureRate(t *testing.T) float64 {
+	t.Helper()
 	h := startForwarder(t, Params{RateBits: 8e6, QueueBytes: 1 << 20}, Params{})
 	const n, size = 400, 1000
 	go func() {
@@ -184,7 +211,5 @@ func TestForwarderRateLimit(t *testing.T) {
 	seqs, _ := receive(t, h.serverHost, 200*time.Millisecond)
 	require.Len(t, seqs, n)
 	elapsed := time.Since(start) - 200*time.Millisecond
-	rate := float64(n*size*8) / elapsed.Seconds()
-	t.Logf("8mbit: measured %.2f Mbit/s", rate/1e6)
-	assert.InEpsilon(t, 8e6, rate, 0.1)
+	return float64(n*size*8) / elapsed.Seconds()
 }
