@@ -3,6 +3,8 @@ package integration
 import (
 	"io"
 	"net"
+	"os"
+	"strconv"
 	"runtime"
 	"testing"
 	"time"
@@ -44,7 +46,10 @@ func TestIdleTunnelMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measurement")
 	}
-	const n = 1000
+	n := 1000
+	if v, err := strconv.Atoi(os.Getenv("QUICTUN_IDLE_CONNS")); err == nil && v > 0 {
+		n = v // e.g. 10000: needs ulimit -n above 3*n
+	}
 	echo := testutil.EchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
@@ -61,8 +66,8 @@ func TestIdleTunnelMemory(t *testing.T) {
 	tunneled := openIdle(t, cl.Addr, n)
 	require.Eventually(t, func() bool { return srv.Server.Registry().Len() == n }, 10*time.Second, 10*time.Millisecond)
 	afterTunnel := memInUse()
-	perDirect := float64(afterDirect-base) / n
-	perTunnel := float64(afterTunnel-base2) / n
+	perDirect := float64(afterDirect-base) / float64(n)
+	perTunnel := float64(afterTunnel-base2) / float64(n)
 	t.Logf("idle connections: direct %.1f KiB each; through the tunnel %.1f KiB each, i.e. %.1f KiB for client and server together",
 		perDirect/1024, perTunnel/1024, (perTunnel-perDirect)/1024)
 	for _, c := range tunneled {
