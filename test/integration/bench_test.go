@@ -69,3 +69,32 @@ func BenchmarkBulk(b *testing.B) {
 	b.Run("direct", func(b *testing.B) { run(b, sink) })
 	b.Run("tunnel", func(b *testing.B) { run(b, cl.Addr) })
 }
+
+// BenchmarkShortConnections: connect, one 100-byte round trip, close.
+func BenchmarkShortConnections(b *testing.B) {
+	echo := testutil.EchoServer(b)
+	srv := testutil.StartServer(b, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	cl := testutil.StartClient(b, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+	run := func(b *testing.B, addr string) {
+		msg := make([]byte, 100)
+		got := make([]byte, 100)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if _, err := c.Write(msg); err != nil {
+					b.Error(err)
+				}
+				if _, err := io.ReadFull(c, got); err != nil {
+					b.Error(err)
+				}
+				_ = c.Close()
+			}
+		})
+	}
+	b.Run("direct", func(b *testing.B) { run(b, echo) })
+	b.Run("tunnel", func(b *testing.B) { run(b, cl.Addr) })
+}
