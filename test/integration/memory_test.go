@@ -4,8 +4,8 @@ import (
 	"io"
 	"net"
 	"os"
-	"strconv"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
