@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/quic-go/quic-go"
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/hostcheck"
+	"github.com/quictun/quictun/pkg/transport"
 )
 
 // NewCheckCommand returns the "check" subcommand: it prints the host report
@@ -63,4 +65,18 @@ func LogHostCheck(remote string) {
 		}
 		klog.InfoS("Host check: "+f.Detail, "check", f.Check, "severity", f.Severity.String(), "fix", f.Fix)
 	}
+}
+
+// EnableQlog makes qconf write a qlog file per connection into dir (created
+// with mode 0700); nothing happens when dir is empty.
+func EnableQlog(qconf *quic.Config, dir string, logger klog.Logger) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("--qlog-dir: %w", err)
+	}
+	qconf.Tracer = transport.QlogTracer(dir, func(err error) { logger.Error(err, "Could not write qlog") })
+	logger.Info("Writing a qlog file per connection; this costs throughput", "qlogDir", dir)
+	return nil
 }

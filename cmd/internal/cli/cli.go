@@ -77,6 +77,21 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
+// OpenAdmin reads the admin token file (if any) and opens the admin listener
+// (nil when address is empty). It returns the token for the handler.
+func OpenAdmin(address, tokenFile string) (net.Listener, string, error) {
+	var token string
+	if tokenFile != "" {
+		b, err := ReadSecretFile("httpd-token-file", tokenFile, 16)
+		if err != nil {
+			return nil, "", err
+		}
+		token = string(b)
+	}
+	ln, err := ListenAdmin(address, token)
+	return ln, token, err
+}
+
 // ListenAdmin opens the admin listener, refusing a non-loopback address without a token.
 func ListenAdmin(address, token string) (net.Listener, error) {
 	if address == "" {

@@ -95,14 +95,6 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--token-source: %w", err)
 	}
-	var adminToken string
-	if o.HTTPDTokenFile != "" {
-		b, err := cli.ReadSecretFile("httpd-token-file", o.HTTPDTokenFile, 16)
-		if err != nil {
-			return err
-		}
-		adminToken = string(b)
-	}
 
 	var closers []func()
 	defer func() {
@@ -110,7 +102,7 @@ func (o *Options) Run(ctx context.Context) error {
 			c()
 		}
 	}()
-	adminLn, err := cli.ListenAdmin(o.HTTPDListenOn, adminToken)
+	adminLn, adminToken, err := cli.OpenAdmin(o.HTTPDListenOn, o.HTTPDTokenFile)
 	if err != nil {
 		return err
 	}
@@ -168,12 +160,8 @@ func (o *Options) Run(ctx context.Context) error {
 	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
 	qopts.DisablePathMTUDiscovery = o.FEC != "" // leave room for the FEC header
 	qconf := transport.QUICConfig(qopts)
-	if o.QlogDir != "" {
-		if err := os.MkdirAll(o.QlogDir, 0o700); err != nil {
-			return fmt.Errorf("--qlog-dir: %w", err)
-		}
-		qconf.Tracer = transport.QlogTracer(o.QlogDir, func(err error) { logger.Error(err, "Could not write qlog") })
-		logger.Info("Writing a qlog file per connection; this costs throughput", "qlogDir", o.QlogDir)
+	if err := cli.EnableQlog(qconf, o.QlogDir, logger); err != nil {
+		return err
 	}
 	c, err = client.New(client.Config{
 		ServerAddr:        o.ServerEndpoint,

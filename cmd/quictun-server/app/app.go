@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"time"
 
@@ -101,15 +100,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var adminToken string
-	if o.HTTPDTokenFile != "" {
-		b, err := cli.ReadSecretFile("httpd-token-file", o.HTTPDTokenFile, 16)
-		if err != nil {
-			return err
-		}
-		adminToken = string(b)
-	}
-	adminLn, err := cli.ListenAdmin(o.HTTPDListenOn, adminToken)
+	adminLn, adminToken, err := cli.OpenAdmin(o.HTTPDListenOn, o.HTTPDTokenFile)
 	if err != nil {
 		return err
 	}
@@ -144,12 +135,8 @@ func (o *Options) Run(ctx context.Context) error {
 	var srv *server.Server
 	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
 	qconf := transport.QUICConfig(qopts)
-	if o.QlogDir != "" {
-		if err := os.MkdirAll(o.QlogDir, 0o700); err != nil {
-			return fmt.Errorf("--qlog-dir: %w", err)
-		}
-		qconf.Tracer = transport.QlogTracer(o.QlogDir, func(err error) { logger.Error(err, "Could not write qlog") })
-		logger.Info("Writing a qlog file per connection; this costs throughput", "qlogDir", o.QlogDir)
+	if err := cli.EnableQlog(qconf, o.QlogDir, logger); err != nil {
+		return err
 	}
 	srv, err = server.New(server.Config{
 		TLS:                    transport.ServerTLSConfig(st, clientCAs),
