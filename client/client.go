@@ -300,13 +300,12 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		c.setSession(nil)
 		if ctx.Err() != nil {
 			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
-			if c.cfg.QUICStat != nil {
-				c.cfg.QUICStat.Closed(conn.ConnectionStats())
-			}
-			return
 		}
 		if c.cfg.QUICStat != nil {
 			c.cfg.QUICStat.Closed(conn.ConnectionStats())
+		}
+		if ctx.Err() != nil {
+			return
 		}
 		cause := context.Cause(conn.Context())
 		m.ReconnectsTotal.Inc()
