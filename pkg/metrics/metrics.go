@@ -86,7 +86,7 @@ func NewServer(reg prometheus.Registerer) *Server {
 		m.RefusedConnectionsTotal.WithLabelValues(r)
 	}
 	for _, c := range proto.AllCodes() {
-		m.StreamsTotal.WithLabelValues(resultLabel(c))
+		m.StreamsTotal.WithLabelValues(ResultLabel(c))
 	}
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
@@ -165,7 +165,7 @@ func NewClient(reg prometheus.Registerer) *Client {
 		m.DialsTotal.WithLabelValues(r)
 	}
 	for _, c := range proto.AllCodes() {
-		m.StreamsTotal.WithLabelValues(resultLabel(c))
+		m.StreamsTotal.WithLabelValues(ResultLabel(c))
 	}
 	m.StreamsTotal.WithLabelValues(ResultNoSession)
 	for _, r := range []string{"switched", "recovered", "error"} {
@@ -177,7 +177,5 @@ func NewClient(reg prometheus.Registerer) *Client {
 	return m
 }
 
-func resultLabel(c proto.Code) string { return c.String() }
-
 // ResultLabel returns the streams_total label for code c.
-func ResultLabel(c proto.Code) string { return resultLabel(c) }
+func ResultLabel(c proto.Code) string { return c.String() }
