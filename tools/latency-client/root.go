@@ -90,7 +90,7 @@ with "latency-client serve".`,
 	}
 
 	cmd.AddCommand(newServeCommand(stdout), newBulkCommand(stdout, stderr), newConnrateCommand(stdout, stderr),
-		newSweepCommand(stdout, stderr),
+		newSweepCommand(stdout, stderr), newFloodCommand(stdout, stderr),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",
