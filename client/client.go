@@ -159,7 +159,9 @@ type session struct {
 }
 
 func (c *Client) newSession(conn *quic.Conn) *session {
-	return &session{conn: conn, prober: liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness)}
+	prober := liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness).
+		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
+	return &session{conn: conn, prober: prober}
 }
 
 func isClosed(ch <-chan struct{}) bool {

@@ -326,7 +326,8 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	var streams sync.WaitGroup
 	var prober *liveness.TailProber
 	if conn.ConnectionState().SupportsDatagrams.Remote {
-		prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness)
+		prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
+			WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
 		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
 		streams.Go(func() { recv.Run(conn.Context()) })
 		streams.Go(func() { prober.Run(conn.Context()) })

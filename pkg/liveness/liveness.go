@@ -17,6 +17,7 @@ package liveness
 import (
 	"context"
 	"encoding/binary"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -127,15 +128,38 @@ func SendHeartbeat(c Conn, seq uint64, stats *Stats) error {
 	return nil
 }
 
+// ShortPathWait bounds the adaptive wait before the first tail probe. On a
+// path where two smoothed RTTs plus 2 ms (for the peer's turnaround, which
+// srtt does not include) fit in it, the first probe waits that long instead
+// of the fixed delay: in request/response traffic the
+// answer nearly always comes first and the probe (and the acknowledgement it
+// elicits) is skipped, while a lost burst is still found after about three
+// RTTs, far sooner than a probe timeout (srtt + 4·rttvar + 26 ms). On longer
+// paths a wait of two RTTs would lose against the probe timeout, and the
+// fixed delay applies.
+const ShortPathWait = 10 * time.Millisecond
+
+// turnaround is the allowance for the peer's answer beyond two RTTs.
+const turnaround = 2 * time.Millisecond
+
 // TailProber sends up to Count tail probes after each burst of writes. Kick is
-// cheap and never blocks; Run sends the probes. Safe for concurrent use.
+// cheap and never blocks or wakes another goroutine: it arms a timer once per
+// burst. Safe for concurrent use.
 type TailProber struct {
 	c     Conn
 	count int
 	delay time.Duration
 	stats *Stats
-	kick  chan struct{}
+	rtt   func() time.Duration
 
+	mu         sync.Mutex
+	timer      *time.Timer
+	left       int   // probes left in this round
+	roundStart int64 // unix nanos of the Kick that started the round
+	sentAt     int64 // unix nanos of the last probe
+	closed     bool  // Run returned
+
+	armed    atomic.Bool  // a round is pending
 	kickedAt atomic.Int64 // unix nanos of the last Kick
 	heardAt  atomic.Int64 // unix nanos of the last Heard
 }
@@ -143,7 +167,28 @@ type TailProber struct {
 // NewTailProber returns a prober sending count probes, the first delay after
 // a Kick and the next ones delay apart. count 0 makes Kick a no-op.
 func NewTailProber(c Conn, count int, delay time.Duration, stats *Stats) *TailProber {
-	return &TailProber{c: c, count: count, delay: delay, stats: stats, kick: make(chan struct{}, 1)}
+	p := &TailProber{c: c, count: count, delay: delay, stats: stats}
+	p.timer = time.AfterFunc(time.Hour, p.fire)
+	p.timer.Stop()
+	return p
+}
+
+// WithRTT lets the first probe adapt to the path's smoothed RTT (see
+// ShortPathWait); rtt returns 0 while unknown. It returns p.
+func (p *TailProber) WithRTT(rtt func() time.Duration) *TailProber {
+	p.rtt = rtt
+	return p
+}
+
+// firstDelay is the wait between a burst's first write and its first probe.
+func (p *TailProber) firstDelay() time.Duration {
+	d := p.delay
+	if p.rtt != nil {
+		if srtt := p.rtt(); srtt > 0 && 2*srtt+turnaround <= ShortPathWait {
+			d = max(d, 2*srtt+turnaround)
+		}
+	}
+	return d
 }
 
 // Kick tells the prober data was just written.
@@ -152,9 +197,62 @@ func (p *TailProber) Kick() {
 		return
 	}
 	p.kickedAt.Store(time.Now().UnixNano())
-	select {
-	case p.kick <- struct{}{}:
-	default:
+	p.arm()
+}
+
+// arm starts a round of probes unless one is pending.
+func (p *TailProber) arm() {
+	if p.armed.Load() || !p.armed.CompareAndSwap(false, true) {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.left = p.count
+	p.roundStart = p.kickedAt.Load()
+	p.timer.Reset(p.firstDelay())
+}
+
+// fire runs on the timer's goroutine: it sends the next probe of the round,
+// unless the peer answered after the last write.
+func (p *TailProber) fire() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	kicked, heard := p.kickedAt.Load(), p.heardAt.Load()
+	answered := heard > kicked
+	if !answered && heard > p.roundStart && p.left == p.count {
+		// The answer to the round's first writes came; the writes since
+		// then are a new burst (the next request): give it its own wait.
+		p.roundStart = kicked
+		p.timer.Reset(time.Until(time.Unix(0, kicked).Add(p.firstDelay())))
+		p.mu.Unlock()
+		return
+	}
+	if !answered {
+		p.sentAt = time.Now().UnixNano()
+		if p.c.SendDatagram([]byte{TypeTail}) == nil {
+			p.stats.TailProbesSent.Add(1)
+		}
+		p.left--
+		if p.left > 0 {
+			p.timer.Reset(p.delay)
+			p.mu.Unlock()
+			return
+		}
+	}
+	covered := max(p.sentAt, p.heardAt.Load())
+	p.mu.Unlock()
+	p.armed.Store(false)
+	// A Kick that saw the round still pending was folded into it. If it
+	// came after the last probe (or the answer), nothing covers its data:
+	// start a new round.
+	if p.kickedAt.Load() > covered {
+		p.arm()
 	}
 }
 
@@ -168,34 +266,15 @@ func (p *TailProber) Heard() {
 	p.heardAt.Store(time.Now().UnixNano())
 }
 
-// Run sends probes after kicks until ctx is done.
+// Run keeps the prober working until ctx is done, then stops it: no probe is
+// sent after Run returns.
 func (p *TailProber) Run(ctx context.Context) {
 	if p.count == 0 {
 		return
 	}
-	t := time.NewTimer(time.Hour)
-	t.Stop()
-	probe := []byte{TypeTail}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-p.kick:
-		}
-		for range p.count {
-			t.Reset(p.delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			if p.heardAt.Load() > p.kickedAt.Load() {
-				break
-			}
-			if p.c.SendDatagram(probe) == nil {
-				p.stats.TailProbesSent.Add(1)
-			}
-		}
-	}
+	<-ctx.Done()
+	p.mu.Lock()
+	p.closed = true
+	p.timer.Stop()
+	p.mu.Unlock()
 }

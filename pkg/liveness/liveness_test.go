@@ -312,10 +312,16 @@ func TestTailProberCoalescesKicks(t *testing.T) {
 		synctest.Wait()
 
 		p.Kick()
-		synctest.Wait() // the prober took the kick and waits for its timer
+		time.Sleep(3 * time.Millisecond)
 		for range 50 {
-			p.Kick() // a burst while probing: one more round, not 50
+			p.Kick() // more of the burst before the first probe: the same round covers it
 		}
+		time.Sleep(time.Second)
+		assert.Len(t, c.sentCopy(), count)
+
+		p.Kick()
+		time.Sleep(delay + delay/2)
+		p.Kick() // after the first probe of a round: its last probe covers it
 		time.Sleep(time.Second)
 		assert.Len(t, c.sentCopy(), 2*count)
 		assert.Equal(t, uint64(2*count), st.TailProbesSent.Load())
@@ -380,5 +386,66 @@ func TestTailProberSkipsWhenThePeerAnswered(t *testing.T) {
 		time.Sleep(time.Second)
 		assert.Len(t, c.sentCopy(), 2)
 		assert.Equal(t, uint64(2), st.TailProbesSent.Load())
+	})
+}
+
+func TestTailProberAdaptsToShortPaths(t *testing.T) {
+	t.Parallel()
+	const delay = time.Millisecond
+	for _, tc := range []struct {
+		name string
+		srtt time.Duration
+		want time.Duration
+	}{
+		{"rtt unknown", 0, delay},
+		{"loopback", 100 * time.Microsecond, 2200 * time.Microsecond},
+		{"LAN", 2 * time.Millisecond, 6 * time.Millisecond}, // the answer usually wins
+		{"limit", 4 * time.Millisecond, liveness.ShortPathWait},
+		{"WAN", 25 * time.Millisecond, delay}, // two RTTs would lose to the probe timeout
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				c := newFakeConn()
+				p := liveness.NewTailProber(c, 1, delay, &liveness.Stats{}).WithRTT(func() time.Duration { return tc.srtt })
+				stop := startProber(p)
+				defer stop()
+				start := time.Now()
+				p.Kick()
+				time.Sleep(time.Second)
+				at := c.times()
+				require.Len(t, at, 1)
+				assert.Equal(t, tc.want, at[0].Sub(start))
+			})
+		})
+	}
+}
+
+// TestTailProberRequestResponse: in a ping-pong each answer arrives before the
+// probe is due and the next request is written right after it, while the
+// previous round's timer is still pending. No probe may go out, and the
+// last request, never answered, still gets its probe a full wait after it.
+func TestTailProberRequestResponse(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const delay = 5 * time.Millisecond
+		c, st := newFakeConn(), &liveness.Stats{}
+		p := liveness.NewTailProber(c, 1, delay, st)
+		stop := startProber(p)
+		defer stop()
+		var last time.Time
+		for range 100 {
+			last = time.Now()
+			p.Kick() // request
+			time.Sleep(3 * time.Millisecond)
+			p.Heard() // its answer
+		}
+		last = time.Now()
+		p.Kick() // the last request is lost
+		time.Sleep(time.Second)
+		at := c.times()
+		require.Len(t, at, 1, "only the unanswered request is probed")
+		assert.Equal(t, delay, at[0].Sub(last))
+		assert.Equal(t, uint64(1), st.TailProbesSent.Load())
 	})
 }
