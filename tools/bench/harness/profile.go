@@ -16,11 +16,12 @@ const (
 	ScConnrate = "connrate"
 	ScBlackout = "blackout"
 	ScScale    = "scale"
+	ScFlood    = "flood"
 )
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
-	return []string{ScLatency, ScBulk, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScScale}
+	return []string{ScLatency, ScBulk, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScScale, ScFlood}
 }
 
 // Profile sizes a benchmark run.
@@ -57,6 +58,16 @@ type Profile struct {
 	ScaleLink   LinkSpec
 	ScaleConns  int
 	ScaleNumber int
+
+	// Flood: ping-pong through the tunnel, quiet and while garbage UDP
+	// datagrams of FloodDatagram bytes hit the tunnel server's port.
+	FloodLink        LinkSpec
+	FloodKinds       []string // latency-client flood --kind values
+	FloodDatagram    int
+	FloodRate        int // datagrams/s; 0 = as fast as the sender can
+	FloodWarmup      time.Duration
+	FloodProbeNumber int
+	FloodProbeSize   int
 
 	// MaxDuration bounds the whole run.
 	MaxDuration time.Duration
@@ -95,6 +106,9 @@ func latencyLinks() []LinkSpec {
 	}
 	return out
 }
+
+// floodKinds are the flood scenario's kinds of garbage.
+func floodKinds() []string { return []string{"random", "quic-initial", "short-header"} }
 
 // Profiles returns the named profile.
 func Profiles(name string) (Profile, error) {
@@ -150,6 +164,10 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   2,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     1000, ScaleNumber: 50,
+			FloodLink:     LinkOf("LAN", LANDelay, 0, ""),
+			FloodKinds:    floodKinds(),
+			FloodDatagram: 1200, FloodWarmup: time.Second,
+			FloodProbeNumber: 1000, FloodProbeSize: 1000,
 			MaxDuration: 4 * time.Hour,
 		}, nil
 	case "smoke":
@@ -173,6 +191,10 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   1,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     20, ScaleNumber: 5,
+			FloodLink:     LinkOf("LAN", LANDelay, 0, ""),
+			FloodKinds:    floodKinds(),
+			FloodDatagram: 1200, FloodWarmup: 200 * time.Millisecond,
+			FloodProbeNumber: 50, FloodProbeSize: 1000,
 			MaxDuration: 5 * time.Minute,
 		}, nil
 	default:

@@ -54,6 +54,72 @@ func Scenarios() map[string]ScenarioInfo {
 		ScScale: {"6. Scale", "Many concurrent ping-pong connections. RSS: peak resident memory of the tunnel's client and server processes during the run (direct: the echo server).",
 			[]Metric{{"p50_ms", "p50 ms", false}, {"p99_ms", "p99 ms", false}, {"rss_client_mib", "client RSS MiB", false}, {"rss_server_mib", "server RSS MiB", false}},
 			[]string{"p99_ms", "rss_client_mib"}},
+		ScFlood: {"7. Garbage UDP flood against the tunnel server", "One connection does 1000 round trips of 1000 B through the tunnel on the LAN link, first with no flood, then while `latency-client flood` sends 1200 B garbage datagrams at the tunnel server's UDP port as fast as one sender can (sendmmsg, one socket). Kinds: `random` bytes; `quic-initial`, QUIC v1 Initial packets with random 8–20 B connection IDs (the server's new-connection path: Retry, refusal or handshake state); `short-header`, random destination connection IDs (the stateless-reset path). " +
+			"**Where the flood comes from:** inside the server namespace, aimed at the server's own address (198.18.0.2), so it does not cross the emulator. The emulator forwards at most ~144 k packets/s in userspace and would itself saturate and drop first, turning the test into one of the emulated link; from inside the namespace the flood reaches the server's socket at the sender's full speed (the table shows the rate it achieved), while the legitimate client still crosses the emulated LAN. The flood's source is 198.18.0.2, so the server's per-source limits treat it as one address. " +
+			"×quiet = flooded / quiet of the same repetition (median of the per-repetition ratios). CPU % = share of one core during the probe; every process shares the machine's cores, so the flood takes CPU from the tunnel too. Socket drops: the kernel's drop counter of the server's UDP socket (receive buffer full: the server did not read fast enough). Replies/s: datagrams the server sent back to the flood (Retry, Version Negotiation, stateless resets, refusals). Refused: change of `quictun_server_refused_connections_total` (per-source handshake rate). quictun-server has no counter of the garbage it drops; the socket-drop and reply counts stand in for it.",
+			[]Metric{{"p50_ms", "p50 ms", false}, {"p99_ms", "p99 ms", false}, {"total_ms", "total ms", false},
+				{"p50_ratio", "p50 ×quiet", false}, {"p99_ratio", "p99 ×quiet", false}, {"total_ratio", "total ×quiet", false},
+				{"flood_pps", "flood datagrams/s", true}, {"server_cpu_pct", "server CPU %", false}},
+			[]string{"p50_ms", "p99_ms"}},
+	}
+}
+
+// writeFloodTables writes one table per variant for the flood scenario:
+// the flood achieved, the latency and its ratio to the quiet baseline, and
+// the server's state.
+func writeFloodTables(w *errWriter, res *Results, rows []row, agg map[Key]Summary) {
+	cell := func(k Key) string {
+		s, ok := agg[k]
+		return fmtSummary(s, ok)
+	}
+	// yes counts the samples in which a 0/1 metric is 1.
+	yes := func(k Key) string {
+		n, of := 0, 0
+		for _, s := range res.Samples {
+			if s.Scenario != k.Scenario || s.Link != k.Link || s.Case != k.Case || s.Variant != k.Variant {
+				continue
+			}
+			if v, ok := s.Metrics[k.Metric]; ok {
+				of++
+				if v == 1 {
+					n++
+				}
+			}
+		}
+		if of == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%d/%d", n, of)
+	}
+	for _, v := range res.Variants {
+		has := false
+		for _, r := range rows {
+			_, ok := agg[Key{ScFlood, r.link, r.cs, v, "p50_ms"}]
+			has = has || ok
+		}
+		if !has {
+			continue
+		}
+		w.printf("%s, latency:\n\n| link | flood | datagrams/s (Mbit/s) | p50 ms | p99 ms | total ms | p50 ×quiet | p99 ×quiet | total ×quiet |\n", v)
+		w.printf("|---|---|---|---|---|---|---|---|---|\n")
+		for _, r := range rows {
+			k := func(m string) Key { return Key{ScFlood, r.link, r.cs, v, m} }
+			pps := cell(k("flood_pps"))
+			if s, ok := agg[k("flood_mbit_per_s")]; ok {
+				pps += " (" + fmtNum(s.Median) + ")"
+			}
+			w.printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.link, r.cs, pps,
+				cell(k("p50_ms")), cell(k("p99_ms")), cell(k("total_ms")), cell(k("p50_ratio")), cell(k("p99_ratio")), cell(k("total_ratio")))
+		}
+		w.printf("\n%s, server:\n\n| link | flood | replies/s | server CPU %% | flood CPU %% | socket drops | refused | server up | /healthz ok | tunnel kept |\n", v)
+		w.printf("|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, r := range rows {
+			k := func(m string) Key { return Key{ScFlood, r.link, r.cs, v, m} }
+			w.printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.link, r.cs, cell(k("reply_pps")),
+				cell(k("server_cpu_pct")), cell(k("flood_cpu_pct")), cell(k("socket_drops")), cell(k("refused_connections")),
+				yes(k("server_alive")), yes(k("healthz_ok")), yes(k("tunnel_survived")))
+		}
+		w.printf("\n")
 	}
 }
 
@@ -171,25 +237,10 @@ func WriteReport(dir string, res *Results) error {
 		}
 		si := info[sc]
 		w.printf("\n## %s\n\n%s\n\n", si.Title, si.What)
-		w.printf("| link | case | metric |")
-		for _, v := range res.Variants {
-			w.printf(" %s |", v)
-		}
-		w.printf("\n|---|---|---|%s\n", strings.Repeat("---|", len(res.Variants)))
-		for _, r := range rows {
-			for _, mt := range si.Metrics {
-				has := false
-				cells := make([]string, 0, len(res.Variants))
-				for _, v := range res.Variants {
-					s, ok := agg[Key{sc, r.link, r.cs, v, mt.Key}]
-					has = has || ok
-					cells = append(cells, fmtSummary(s, ok))
-				}
-				if !has {
-					continue
-				}
-				w.printf("| %s | %s | %s | %s |\n", r.link, r.cs, mt.Label, strings.Join(cells, " | "))
-			}
+		if sc == ScFlood {
+			writeFloodTables(w, res, rows, agg)
+		} else {
+			writeScenarioTable(w, sc, si, rows, res.Variants, agg)
 		}
 		charts, err := writeCharts(dir, sc, si, rows, res.Variants, agg)
 		if err != nil {
@@ -216,6 +267,31 @@ func WriteReport(dir string, res *Results) error {
 	}
 	w.printf("\n## Reproduce\n\n```\nmake build && go run ./tools/bench run --profile %s\ngo run ./tools/bench compare OLD_DIR NEW_DIR\n```\n", res.Profile)
 	return w.err
+}
+
+// writeScenarioTable writes the generic table of a scenario: one row per
+// (link, case, metric), one column per variant.
+func writeScenarioTable(w *errWriter, sc string, si ScenarioInfo, rows []row, variants []string, agg map[Key]Summary) {
+	w.printf("| link | case | metric |")
+	for _, v := range variants {
+		w.printf(" %s |", v)
+	}
+	w.printf("\n|---|---|---|%s\n", strings.Repeat("---|", len(variants)))
+	for _, r := range rows {
+		for _, mt := range si.Metrics {
+			has := false
+			cells := make([]string, 0, len(variants))
+			for _, v := range variants {
+				s, ok := agg[Key{sc, r.link, r.cs, v, mt.Key}]
+				has = has || ok
+				cells = append(cells, fmtSummary(s, ok))
+			}
+			if !has {
+				continue
+			}
+			w.printf("| %s | %s | %s | %s |\n", r.link, r.cs, mt.Label, strings.Join(cells, " | "))
+		}
+	}
 }
 
 func oneLine(s string) string {

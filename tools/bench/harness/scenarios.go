@@ -82,6 +82,8 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.blackout(ctx)
 	case ScScale:
 		return r.scale(ctx)
+	case ScFlood:
+		return r.flood(ctx)
 	default:
 		return fmt.Errorf("unknown scenario %q", name)
 	}
