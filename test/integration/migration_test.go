@@ -1,0 +1,556 @@
+package integration
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/internal/testutil"
+)
+
+// natRelay is a UDP relay in front of the server that behaves like a NAT:
+// each client address gets a mapping, a socket of its own toward the server.
+// Rebind gives every mapping a new socket (new source port, and a new source
+// IP if asked), as a NAT that lost its state or a new uplink does; packets
+// the server still sends to an old mapping are dropped and counted, as a NAT
+// drops them. Block makes one client address dark in both directions, as if
+// the client's socket had lost its address. Every packet is delayed by
+// oneWay in each direction (in order).
+type natRelay struct {
+	front  *net.UDPConn
+	server *net.UDPAddr
+
+	mu      sync.Mutex
+	maps    map[string]*natMapping // by client address
+	blocked map[string]bool
+	backIP  net.IP
+	retired []*net.UDPConn
+	closed  bool
+
+	toOld      atomic.Int64 // server packets that arrived on a replaced mapping
+	rebindAt   atomic.Int64 // unix nanoseconds of the last Rebind
+	firstAfter atomic.Int64 // unix nanoseconds of the first server packet on a mapping made by it
+
+	up, down *delayLine
+	readers  sync.WaitGroup // socket readers; they push to the delay lines
+	lines    sync.WaitGroup
+}
+
+type natMapping struct {
+	client   *net.UDPAddr
+	back     *net.UDPConn // guarded by natRelay.mu
+	up, down atomic.Int64 // packets forwarded
+}
+
+// delayLine sends packets after a fixed delay, in order.
+type delayLine struct {
+	ch    chan delayed
+	delay time.Duration
+}
+
+type delayed struct {
+	due  time.Time
+	pkt  []byte
+	send func([]byte)
+}
+
+func (d *delayLine) run() {
+	for p := range d.ch {
+		time.Sleep(time.Until(p.due))
+		p.send(p.pkt)
+	}
+}
+
+func (d *delayLine) push(pkt []byte, send func([]byte)) {
+	if d.delay <= 0 {
+		send(pkt)
+		return
+	}
+	select {
+	case d.ch <- delayed{due: time.Now().Add(d.delay), pkt: pkt, send: send}:
+	default: // queue full: drop, as a router would
+	}
+}
+
+// startNATRelay starts a relay toward srv; its mappings use source address
+// 127.0.0.1 until a Rebind changes it. It stops when the test ends.
+func startNATRelay(t *testing.T, srv *testutil.Server, oneWay time.Duration) *natRelay {
+	t.Helper()
+	front, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	sa, err := net.ResolveUDPAddr("udp", srv.Addr)
+	require.NoError(t, err)
+	r := &natRelay{
+		front: front, server: sa,
+		maps: map[string]*natMapping{}, blocked: map[string]bool{}, backIP: net.IPv4(127, 0, 0, 1),
+		up:   &delayLine{ch: make(chan delayed, 512), delay: oneWay},
+		down: &delayLine{ch: make(chan delayed, 512), delay: oneWay},
+	}
+	r.lines.Go(r.up.run)
+	r.lines.Go(r.down.run)
+	r.readers.Go(r.runFront)
+	t.Cleanup(r.close)
+	return r
+}
+
+func (r *natRelay) Addr() string { return r.front.LocalAddr().String() }
+
+// runFront forwards client packets to the server through their mapping.
+func (r *natRelay) runFront() {
+	for {
+		buf := make([]byte, 1500)
+		n, from, err := r.front.ReadFromUDP(buf)
+		if err != nil {
+			return
+		}
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			return
+		}
+		if r.blocked[from.String()] {
+			r.mu.Unlock()
+			continue
+		}
+		m, ok := r.maps[from.String()]
+		if !ok {
+			back, err := net.ListenUDP("udp", &net.UDPAddr{IP: r.backIP})
+			if err != nil {
+				r.mu.Unlock()
+				continue
+			}
+			m = &natMapping{client: from, back: back}
+			r.maps[from.String()] = m
+			r.startBack(m, back, false)
+		}
+		back := m.back
+		r.mu.Unlock()
+		m.up.Add(1)
+		r.up.push(buf[:n], func(p []byte) { _, _ = back.WriteToUDP(p, r.server) })
+	}
+}
+
+// startBack reads the server's packets on back and forwards them to the
+// client while back is the mapping's current socket. Called with r.mu held.
+func (r *natRelay) startBack(m *natMapping, back *net.UDPConn, afterRebind bool) {
+	r.readers.Go(func() {
+		for {
+			buf := make([]byte, 1500)
+			n, err := back.Read(buf)
+			if err != nil {
+				return
+			}
+			r.mu.Lock()
+			current, blocked := m.back == back, r.blocked[m.client.String()]
+			r.mu.Unlock()
+			if !current {
+				r.toOld.Add(1)
+				continue
+			}
+			if afterRebind {
+				r.firstAfter.CompareAndSwap(0, time.Now().UnixNano())
+			}
+			if blocked {
+				continue
+			}
+			m.down.Add(1)
+			r.down.push(buf[:n], func(p []byte) { _, _ = r.front.WriteToUDP(p, m.client) })
+		}
+	})
+}
+
+// Rebind gives every mapping a new socket toward the server on ip (new port).
+func (r *natRelay) Rebind(t *testing.T, ip net.IP) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.backIP = ip
+	r.firstAfter.Store(0)
+	r.rebindAt.Store(time.Now().UnixNano())
+	for _, m := range r.maps {
+		back, err := net.ListenUDP("udp", &net.UDPAddr{IP: ip})
+		require.NoError(t, err)
+		// The old socket stays open, so the server's packets to it are
+		// dropped here (and counted) instead of drawing ICMP errors.
+		r.retired = append(r.retired, m.back)
+		m.back = back
+		r.startBack(m, back, true)
+	}
+}
+
+// Block makes the client address addr dark in both directions.
+func (r *natRelay) Block(addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.blocked[addr] = true
+}
+
+// Clients returns the client addresses seen so far.
+func (r *natRelay) Clients() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for a := range r.maps {
+		out = append(out, a)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Counts returns the packets forwarded for each client address, as "up/down".
+func (r *natRelay) Counts() map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]string{}
+	for a, m := range r.maps {
+		out[a] = fmt.Sprintf("%d/%d", m.up.Load(), m.down.Load())
+	}
+	return out
+}
+
+// ServerAnsweredAfterRebind is how long after the last Rebind the server's
+// first packet reached a new mapping (0 if none did).
+func (r *natRelay) ServerAnsweredAfterRebind() time.Duration {
+	first := r.firstAfter.Load()
+	if first == 0 {
+		return 0
+	}
+	return time.Duration(first - r.rebindAt.Load())
+}
+
+func (r *natRelay) close() {
+	r.mu.Lock()
+	r.closed = true
+	socks := slices.Clone(r.retired)
+	for _, m := range r.maps {
+		socks = append(socks, m.back)
+	}
+	r.mu.Unlock()
+	_ = r.front.Close()
+	for _, s := range socks {
+		_ = s.Close()
+	}
+	r.readers.Wait() // no more pushes
+	close(r.up.ch)
+	close(r.down.ch)
+	r.lines.Wait()
+}
+
+// workload is what the applications do across a migration: ping-pong
+// connections that record when each round trip completed, and one bulk echo
+// transfer whose data is SHA-256-checked.
+type workload struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	errs []error
+	// trips[i] holds the round trips of ping-pong connection i.
+	trips [][]roundTrip
+	// bulkReads holds the times of the bulk reader's reads, bulkBytes its progress.
+	bulkReads []time.Time
+	bulkBytes atomic.Int64
+	bulkDone  chan struct{}
+	conns     []net.Conn
+}
+
+func (w *workload) fail(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.errs = append(w.errs, err)
+}
+
+// startWorkload opens pingPongs connections to addr doing 1000 B round trips
+// every 5 ms and one bulk connection echoing bulk bytes.
+func startWorkload(t *testing.T, addr string, pingPongs int, bulk int64) *workload {
+	t.Helper()
+	w := &workload{stop: make(chan struct{}), trips: make([][]roundTrip, pingPongs), bulkDone: make(chan struct{})}
+	for i := range pingPongs {
+		c := dial(t, addr)
+		w.conns = append(w.conns, c)
+		w.wg.Go(func() {
+			msg, got := make([]byte, 1000), make([]byte, 1000)
+			for n := 0; ; n++ {
+				select {
+				case <-w.stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				_, _ = rand.Read(msg)
+				copy(msg, fmt.Sprintf("conn %d round %d ", i, n))
+				start := time.Now()
+				if _, err := c.Write(msg); err != nil {
+					w.fail(fmt.Errorf("ping-pong %d write: %w", i, err))
+					return
+				}
+				if _, err := io.ReadFull(c, got); err != nil {
+					w.fail(fmt.Errorf("ping-pong %d read: %w", i, err))
+					return
+				}
+				if !bytes.Equal(msg, got) {
+					w.fail(fmt.Errorf("ping-pong %d round %d: echo differs", i, n))
+					return
+				}
+				w.mu.Lock()
+				w.trips[i] = append(w.trips[i], roundTrip{start, time.Now()})
+				w.mu.Unlock()
+			}
+		})
+	}
+	c := dial(t, addr)
+	w.conns = append(w.conns, c)
+	sent := sha256.New()
+	werr := make(chan error, 1)
+	w.wg.Go(func() {
+		_, err := io.Copy(c, io.TeeReader(io.LimitReader(rand.Reader, bulk), sent))
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		werr <- err
+	})
+	w.wg.Go(func() {
+		defer close(w.bulkDone)
+		got := sha256.New()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				got.Write(buf[:n])
+				w.bulkBytes.Add(int64(n))
+				w.mu.Lock()
+				w.bulkReads = append(w.bulkReads, time.Now())
+				w.mu.Unlock()
+			}
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				w.fail(fmt.Errorf("bulk read: %w", err))
+				return
+			}
+		}
+		if err := <-werr; err != nil {
+			w.fail(fmt.Errorf("bulk write: %w", err))
+			return
+		}
+		if m := w.bulkBytes.Load(); m != bulk {
+			w.fail(fmt.Errorf("bulk: echoed %d bytes, sent %d", m, bulk))
+		} else if !bytes.Equal(sent.Sum(nil), got.Sum(nil)) {
+			w.fail(errors.New("bulk: echo differs from what was sent (SHA-256)"))
+		}
+	})
+	return w
+}
+
+// warm waits until every ping-pong connection did 20 round trips and the
+// bulk transfer moved a quarter of its bytes.
+func (w *workload) warm(t *testing.T, bulk int64) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, trips := range w.trips {
+			if len(trips) < 20 {
+				return false
+			}
+		}
+		return w.bulkBytes.Load() >= bulk/4
+	}, 30*time.Second, time.Millisecond, "workload did not get going")
+}
+
+// finish waits for the bulk transfer to end and at least 2 s to pass since
+// at, then stops the ping-pongs and reports every error.
+func (w *workload) finish(t *testing.T, at time.Time) {
+	t.Helper()
+	select {
+	case <-w.bulkDone:
+		time.Sleep(time.Until(at.Add(2 * time.Second)))
+	case <-time.After(25 * time.Second):
+		t.Error("bulk transfer did not finish")
+		for _, c := range w.conns {
+			_ = c.Close()
+		}
+	}
+	close(w.stop)
+	w.wg.Wait()
+	for _, err := range w.errs {
+		t.Error(err)
+	}
+}
+
+// roundTrip is when one ping-pong round trip started and completed.
+type roundTrip struct{ start, end time.Time }
+
+// longestGap returns the longest time between consecutive events (sorted)
+// from the last one before at to the first one more than 5 s after it.
+func longestGap(events []time.Time, at time.Time) time.Duration {
+	i, _ := slices.BinarySearchFunc(events, at, func(e, at time.Time) int { return e.Compare(at) })
+	prev := at
+	if i > 0 {
+		prev = events[i-1]
+	}
+	var gap time.Duration
+	for _, e := range events[i:] {
+		gap = max(gap, e.Sub(prev))
+		prev = e
+		if e.Sub(at) > 5*time.Second {
+			break
+		}
+	}
+	return gap
+}
+
+// report logs how the workload went through a migration at at and returns
+// the stall: the longest time a ping-pong connection went without completing
+// a round trip around at.
+func (w *workload) report(t *testing.T, what string, at time.Time) time.Duration {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var stall time.Duration
+	for i, trips := range w.trips {
+		fresh := time.Duration(-1) // first round trip that started after at
+		ends := make([]time.Time, 0, len(trips))
+		for _, rt := range trips {
+			ends = append(ends, rt.end)
+			if fresh < 0 && !rt.start.Before(at) {
+				fresh = rt.end.Sub(at)
+			}
+		}
+		require.GreaterOrEqual(t, fresh, time.Duration(0), "ping-pong %d completed no round trip after the %s", i, what)
+		gap := longestGap(ends, at)
+		stall = max(stall, gap)
+		t.Logf("%s: ping-pong %d: longest time without a round trip %v; first round trip begun after it done %v after it; %d round trips",
+			what, i, gap.Round(100*time.Microsecond), fresh.Round(100*time.Microsecond), len(trips))
+	}
+	t.Logf("%s: bulk: longest time without a read %v", what, longestGap(w.bulkReads, at).Round(100*time.Microsecond))
+	return stall
+}
+
+// checkSameConnection asserts that the client neither reconnected nor dialed
+// again and that the server kept exactly one connection, never ended.
+func checkSameConnection(t *testing.T, srv *testutil.Server, cl *testutil.Client) {
+	t.Helper()
+	assert.Zero(t, promtest.ToFloat64(cl.Metrics.ReconnectsTotal), "client reconnects")
+	dials := promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("ok")) + promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("ok_0rtt"))
+	assert.Equal(t, 1.0, dials, "client dials")
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.ActiveConnections), "server's live QUIC connections")
+	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "shutdown", "error"} {
+		assert.Zero(t, promtest.ToFloat64(srv.Metrics.ConnectionsTotal.WithLabelValues(r)), "server connections ended (%s)", r)
+	}
+	assert.Len(t, srv.ConnStats(), 1, "server connections")
+}
+
+// migrationBulk is the bulk transfer that runs across a migration.
+func migrationBulk() int64 {
+	if testing.Short() {
+		return 8 << 20
+	}
+	return 32 << 20
+}
+
+// TestNATRebinding: mid-transfer the NAT in front of the client changes the
+// source port (and, in the "address" cases, the source IP) the server sees.
+// The server must follow the client to the new address by itself (QUIC path
+// validation), open tunneled connections must carry on with verified data,
+// and the client's QUIC connection must stay the same. The stall is logged.
+func TestNATRebinding(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ip   net.IP
+		bulk int64
+	}{
+		{"port/ping-pong", net.IPv4(127, 0, 0, 1), 0},
+		{"port/ping-pong+bulk", net.IPv4(127, 0, 0, 1), migrationBulk()},
+		{"address/ping-pong", net.IPv4(127, 0, 0, 2), 0},
+		{"address/ping-pong+bulk", net.IPv4(127, 0, 0, 2), migrationBulk()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			echo := testutil.EchoServer(t)
+			srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+			relay := startNATRelay(t, srv, 5*time.Millisecond)
+			cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: relay.Addr(), WaitReady: true})
+			w := startWorkload(t, cl.Addr, 4, tc.bulk)
+			w.warm(t, tc.bulk)
+			require.Len(t, relay.Clients(), 1, "one client mapping before the rebind")
+			at := time.Now()
+			relay.Rebind(t, tc.ip)
+			w.finish(t, at)
+			stall := w.report(t, "NAT rebinding", at)
+			answered := relay.ServerAnsweredAfterRebind()
+			t.Logf("NAT rebinding to %s: server's first packet to the new mapping after %v; %d server packets went to the old mapping; rescues %v/%v/%v (switched/recovered/error)",
+				tc.ip, answered.Round(100*time.Microsecond), relay.toOld.Load(),
+				promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("switched")),
+				promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("recovered")),
+				promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("error")))
+			assert.Positive(t, answered, "the server never sent to the new mapping: it did not migrate")
+			assert.Less(t, stall, 5*time.Second, "stall after the rebinding")
+			checkSameConnection(t, srv, cl)
+		})
+	}
+}
+
+// TestClientSocketRebind: the client's own UDP socket goes dark (its address
+// is gone, as when an interface drops), so the client must move the
+// connection to a new socket itself: its path rescue (rescue.go) opens one,
+// probes a path from it and switches. Open tunneled connections carry on on
+// the new socket and the QUIC connection stays the same. With a bulk
+// transfer in flight this fails (see the bug text of that case).
+func TestClientSocketRebind(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bulk int64
+		bug  string // known bug: skipped unless QUICTUN_E2E_BUGS=1 (the switch of test/e2e)
+	}{
+		{"ping-pong", 0, ""},
+		{"ping-pong+bulk", migrationBulk(), "with the congestion window full of packets lost on the dead socket, " +
+			"quic-go v0.65 never sends the rescue path's PATH_CHALLENGE (outgoing path probes go out only when the " +
+			"connection may send new data, and a probe timeout does not shrink bytes in flight): no rescue, the " +
+			"tunnels stall until --idle-timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.bug != "" && os.Getenv("QUICTUN_E2E_BUGS") != "1" {
+				t.Skip("BUG: " + tc.bug + " (set QUICTUN_E2E_BUGS=1 to run)")
+			}
+			echo := testutil.EchoServer(t)
+			srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+			relay := startNATRelay(t, srv, 5*time.Millisecond)
+			cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: relay.Addr(), WaitReady: true,
+				Mutate: func(c *client.Config) {
+					c.HeartbeatInterval, c.RescueAfter = 100*time.Millisecond, 300*time.Millisecond
+				}})
+			w := startWorkload(t, cl.Addr, 4, tc.bulk)
+			w.warm(t, tc.bulk)
+			old := relay.Clients()
+			require.Len(t, old, 1, "one client socket before the rebinding")
+			at := time.Now()
+			relay.Block(old[0])
+			w.finish(t, at)
+			stall := w.report(t, "client socket lost", at)
+			now := relay.Clients()
+			t.Logf("client socket lost: client sockets seen by the relay %v (packets up/down %v); rescues %v/%v/%v (switched/recovered/error)",
+				now, relay.Counts(),
+				promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("switched")),
+				promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("recovered")),
+				promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("error")))
+			assert.Len(t, now, 2, "the client moved to exactly one new socket")
+			assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("switched")), "path rescues switched")
+			assert.Less(t, stall, 5*time.Second, "stall after losing the socket")
+			checkSameConnection(t, srv, cl)
+		})
+	}
+}
