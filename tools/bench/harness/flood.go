@@ -21,8 +21,16 @@ import (
 	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
-// FloodNone is the case name of the quiet baseline of the flood scenario.
-const FloodNone = "no flood"
+// Case names of the flood scenario besides the kinds.
+const (
+	// FloodNone is the quiet baseline.
+	FloodNone = "no flood"
+	// FloodControl sends random datagrams at the same speed to a socket in
+	// the server namespace that only reads and discards them, not to the
+	// tunnel server: what the flood costs the machine (CPU, kernel) without
+	// the server having to handle it.
+	FloodControl = "random to a discard socket"
+)
 
 // floodable is a variant whose server host side is a UDP server that the
 // flood scenario can aim at.
@@ -210,10 +218,14 @@ func getIn(ctx context.Context, ns, url string) ([]byte, error) {
 	return body, nil
 }
 
-// floodCases returns the cases of repetition rep: the quiet baseline and
-// every kind, rotated so that no kind always follows the same one.
-func floodCases(kinds []string, rep int) []string {
+// floodCases returns the cases of repetition rep: the quiet baseline,
+// every kind and (when control is set) FloodControl, rotated so that no
+// case always follows the same one.
+func floodCases(kinds []string, control bool, rep int) []string {
 	all := append([]string{FloodNone}, kinds...)
+	if control {
+		all = append(all, FloodControl)
+	}
 	out := make([]string, 0, len(all))
 	for i := range all {
 		out = append(out, all[(i+rep)%len(all)])
@@ -241,7 +253,7 @@ func (r *Runner) flood(ctx context.Context) error {
 			v := targets[(vi+rep)%len(targets)]
 			quiet := map[string]float64{}
 			var flooded []*Sample
-			for _, cs := range floodCases(p.FloodKinds, rep) {
+			for _, cs := range floodCases(p.FloodKinds, p.FloodControl, rep) {
 				if ctx.Err() != nil {
 					return nil
 				}
@@ -284,9 +296,19 @@ func (r *Runner) floodOne(ctx context.Context, v Variant, rep int, kind string) 
 
 	var fl *floodProc
 	if kind != FloodNone {
+		target, fkind := addr, kind
+		if kind == FloodControl {
+			d, err := openDiscard(r.env.ServerNS, r.env.ServerIP)
+			if err != nil {
+				s.Error = err.Error()
+				return s
+			}
+			defer d.close()
+			target, fkind = d.addr(), "random"
+		}
 		var err error
 		// The duration is a safety cap; the flood is stopped when the probe ends.
-		fl, err = startFlood(r.env.ServerNS, r.lcLog, r.env.bin("latency-client"), "--target", addr, "--kind", kind,
+		fl, err = startFlood(r.env.ServerNS, r.lcLog, r.env.bin("latency-client"), "--target", target, "--kind", fkind,
 			"--size", strconv.Itoa(p.FloodDatagram), "--rate", strconv.Itoa(p.FloodRate),
 			"--duration", (p.FloodWarmup + floodProbeTimeout + time.Minute).String())
 		if err != nil {
@@ -399,6 +421,43 @@ func (r *Runner) floodOne(ctx context.Context, v Variant, rep int, kind string) 
 	klog.InfoS("Measured flood case", "variant", v.Name(), "case", kind, "rep", rep, "p50Ms", s.Metrics["p50_ms"],
 		"floodPPS", s.Metrics["flood_pps"], "serverAlive", alive)
 	return s
+}
+
+// discard is a UDP socket that reads and drops everything.
+type discard struct {
+	conn *net.UDPConn
+	done chan struct{}
+}
+
+// openDiscard opens a discard socket on ip inside ns.
+func openDiscard(ns, ip string) (*discard, error) {
+	var c *net.UDPConn
+	err := netns.Do(ns, func() (err error) {
+		c, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(ip)})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open discard socket in %s: %w", ns, err)
+	}
+	_ = c.SetReadBuffer(8 << 20) // as large as quic-go asks for
+	d := &discard{conn: c, done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		buf := make([]byte, 2048)
+		for {
+			if _, _, err := c.ReadFrom(buf); errors.Is(err, net.ErrClosed) {
+				return
+			}
+		}
+	}()
+	return d, nil
+}
+
+func (d *discard) addr() string { return d.conn.LocalAddr().String() }
+
+func (d *discard) close() {
+	_ = d.conn.Close()
+	<-d.done
 }
 
 // floodProbeTimeout bounds one probe of the flood scenario.

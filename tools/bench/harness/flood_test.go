@@ -38,13 +38,13 @@ func TestFloodCasesRotate(t *testing.T) {
 	t.Parallel()
 	kinds := floodKinds()
 	first := map[string]bool{}
-	for rep := range 4 {
-		cs := floodCases(kinds, rep)
-		assert.ElementsMatch(t, append([]string{FloodNone}, kinds...), cs, "every case once per repetition")
+	for rep := range 5 {
+		cs := floodCases(kinds, true, rep)
+		assert.ElementsMatch(t, append([]string{FloodNone, FloodControl}, kinds...), cs, "every case once per repetition")
 		first[cs[0]] = true
 	}
-	assert.Len(t, first, 4, "each case goes first in turn")
-	assert.Equal(t, []string{FloodNone, "random", "quic-initial", "short-header"}, floodCases(kinds, 0))
+	assert.Len(t, first, 5, "each case goes first in turn")
+	assert.Equal(t, []string{FloodNone, "random", "quic-initial", "short-header"}, floodCases(kinds, false, 0))
 }
 
 func TestMergeRaw(t *testing.T) {
@@ -128,13 +128,15 @@ func TestRunFlood(t *testing.T) {
 	res, err := LoadResults(dir)
 	require.NoError(t, err)
 	cases := map[string]Sample{}
+	var names []string
 	for _, smp := range res.Samples {
 		require.Equal(t, ScFlood, smp.Scenario)
 		assert.Equal(t, "quictun", smp.Variant, "direct has no UDP server to flood")
 		assert.Empty(t, smp.Error, smp.Case)
 		cases[smp.Case] = smp
+		names = append(names, smp.Case)
 	}
-	require.Len(t, cases, 4)
+	require.Len(t, cases, 5, "cases: %v", names)
 	for cs, smp := range cases {
 		m := smp.Metrics
 		assert.InDelta(t, 50, m["tps"]*m["total_ms"]/1000, 1, "%s: 50 round trips", cs)
@@ -150,6 +152,7 @@ func TestRunFlood(t *testing.T) {
 		assert.Positive(t, m["p50_ratio"], cs)
 	}
 	assert.Positive(t, cases["short-header"].Metrics["reply_pps"], "stateless resets")
+	assert.Zero(t, cases[FloodControl].Metrics["reply_pps"], "the discard socket answers nothing")
 	assert.Positive(t, cases["quic-initial"].Metrics["reply_pps"], "Retry or refusals")
 	md, err := os.ReadFile(filepath.Join(dir, "report.md"))
 	require.NoError(t, err)

@@ -63,6 +63,7 @@ type Profile struct {
 	// datagrams of FloodDatagram bytes hit the tunnel server's port.
 	FloodLink        LinkSpec
 	FloodKinds       []string // latency-client flood --kind values
+	FloodControl     bool     // also flood a discard socket (see FloodControl)
 	FloodDatagram    int
 	FloodRate        int // datagrams/s; 0 = as fast as the sender can
 	FloodWarmup      time.Duration
@@ -164,8 +165,8 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   2,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     1000, ScaleNumber: 50,
-			FloodLink:     LinkOf("LAN", LANDelay, 0, ""),
-			FloodKinds:    floodKinds(),
+			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
+			FloodKinds: floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: time.Second,
 			FloodProbeNumber: 1000, FloodProbeSize: 1000,
 			MaxDuration: 4 * time.Hour,
@@ -191,8 +192,8 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   1,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     20, ScaleNumber: 5,
-			FloodLink:     LinkOf("LAN", LANDelay, 0, ""),
-			FloodKinds:    floodKinds(),
+			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
+			FloodKinds: floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: 200 * time.Millisecond,
 			FloodProbeNumber: 50, FloodProbeSize: 1000,
 			MaxDuration: 5 * time.Minute,
