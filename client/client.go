@@ -196,7 +196,8 @@ func (c *Client) ConnStats() []metrics.ConnStats {
 // goroutine it started has ended.
 func (c *Client) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	tr := &quic.Transport{Conn: c.pc}
+	// A send error must not end the connection while the host's address changes (senderr.go).
+	tr := &quic.Transport{Conn: sendErrorsAsLoss(c.pc, logger)}
 	defer func() { _ = tr.Close() }()
 
 	// The session outlives ctx until the drain is over.

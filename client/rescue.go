@@ -93,7 +93,7 @@ func (r *rescuer) close() {
 }
 
 // other returns a transport other than the active one, creating the spare socket once.
-func (r *rescuer) other() (int, error) {
+func (r *rescuer) other(logger klog.Logger) (int, error) {
 	if len(r.transports) == 1 {
 		// Same address family and local address as the main socket, new port; a
 		// wildcard main socket gets a wildcard dual-stack one.
@@ -114,7 +114,7 @@ func (r *rescuer) other() (int, error) {
 		if r.c.cfg.WrapConn != nil {
 			pc = r.c.cfg.WrapConn(u)
 		}
-		r.transports = append(r.transports, &quic.Transport{Conn: pc})
+		r.transports = append(r.transports, &quic.Transport{Conn: sendErrorsAsLoss(pc, logger)})
 	}
 	return 1 - r.active, nil
 }
@@ -124,7 +124,7 @@ func (r *rescuer) other() (int, error) {
 func (r *rescuer) rescue(ctx context.Context, recv *liveness.Receiver) {
 	logger := klog.FromContext(ctx)
 	m := r.c.cfg.Metrics
-	idx, err := r.other()
+	idx, err := r.other(logger)
 	if err != nil {
 		m.PathRescuesTotal.WithLabelValues("error").Inc()
 		logger.Error(err, "Could not open a socket for path rescue")
