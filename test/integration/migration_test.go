@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -553,4 +554,48 @@ func TestClientSocketRebind(t *testing.T) {
 			checkSameConnection(t, srv, cl)
 		})
 	}
+}
+
+// unreachableConn fails every write with "network is unreachable" while down
+// is set, as sendmsg does while the host has no address or route.
+type unreachableConn struct {
+	net.PacketConn
+	down *atomic.Bool
+}
+
+func (c unreachableConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	if c.down.Load() {
+		return 0, &net.OpError{Op: "write", Net: "udp", Addr: addr, Err: os.NewSyscallError("sendto", syscall.ENETUNREACH)}
+	}
+	return c.PacketConn.WriteTo(b, addr)
+}
+
+// TestUnreachableWhileRenumbering is the in-process form of a
+// break-before-make renumbering: for 300 ms every send of the client fails
+// with "network is unreachable", then its packets reach the server from a new
+// address (the relay rebinds). The QUIC connection and the tunnels in it must
+// survive: the client counts those datagrams as lost (client/senderr.go).
+func TestUnreachableWhileRenumbering(t *testing.T) {
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	relay := startNATRelay(t, srv, 5*time.Millisecond)
+	var down atomic.Bool
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: relay.Addr(), WaitReady: true,
+		WrapConn: func(pc net.PacketConn) net.PacketConn { return unreachableConn{PacketConn: pc, down: &down} }})
+	bulk := migrationBulk()
+	w := startWorkload(t, cl.Addr, 4, bulk)
+	w.warm(t, bulk)
+	at := time.Now()
+	down.Store(true)
+	time.Sleep(300 * time.Millisecond)
+	relay.Rebind(t, net.IPv4(127, 0, 0, 2))
+	down.Store(false)
+	w.finish(t, at)
+	stall := w.report(t, "unreachable for 300 ms, then a new address", at)
+	t.Logf("unreachable for 300 ms, then a new address: stall %v; rescues %v/%v/%v (switched/recovered/error)", stall.Round(100*time.Microsecond),
+		promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("switched")),
+		promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("recovered")),
+		promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("error")))
+	assert.Less(t, stall, 5*time.Second, "stall after the renumbering")
+	checkSameConnection(t, srv, cl)
 }
