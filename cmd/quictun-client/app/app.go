@@ -53,6 +53,11 @@ func (o *Options) Run(ctx context.Context) error {
 		InsecureSkipVerify: o.InsecureSkipVerify,
 		SessionCache:       transport.NewStickySessionCache(16),
 	}
+	if o.SessionFile != "" {
+		topts.SessionCache = transport.NewFileSessionCache(o.SessionFile, 16, func(err error) {
+			logger.Error(err, "Session tickets", "file", o.SessionFile)
+		})
+	}
 	if topts.ServerName == "" {
 		host, _, _ := net.SplitHostPort(o.ServerEndpoint)
 		topts.ServerName = host

@@ -33,6 +33,7 @@ type Options struct {
 	KeyFile            string
 	SecretFile         string
 	InsecureNoAuth     bool
+	SessionFile        string
 
 	HTTPDListenOn  string
 	HTTPDTokenFile string
@@ -76,7 +77,7 @@ func NewOptions() *Options {
 
 var flagGroups = []cli.FlagGroup{
 	{Title: "Tunnel", Names: []string{"listen-on", "server-endpoint", "token-source-plugin", "token-source"}},
-	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth"}},
+	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "reconnect-max-delay"}},
 	{Title: "Loss and blackout recovery", Names: []string{"heartbeat-interval", "rescue-after", "tail-probes", "fec"}},
@@ -102,6 +103,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CertFile, "cert-file", o.CertFile, "client certificate for mutual TLS (with --key-file)")
 	fs.StringVar(&o.KeyFile, "key-file", o.KeyFile, "private key for --cert-file")
 	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "send no credentials (the server must run with --insecure-no-auth)")
+	fs.StringVar(&o.SessionFile, "session-file", o.SessionFile, "keep TLS session tickets in this file (mode 0600, holds resumption secrets: protect it like --secret-file) so a restarted client resumes with 0-RTT, its first bytes after one RTT; empty = in memory only")
 
 	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
 	fs.StringVar(&o.HTTPDTokenFile, "httpd-token-file", o.HTTPDTokenFile, "bearer token file required by the admin API (mandatory when --httpd-listen-on is not loopback)")
