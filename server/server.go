@@ -225,6 +225,10 @@ func (s *Server) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	tr := &quic.Transport{
 		Conn: s.pc, StatelessResetKey: s.cfg.ResetKey, TokenGeneratorKey: s.cfg.TokenKey,
+		// Every quictun client speaks QUIC v1: a Version Negotiation packet
+		// would only answer garbage (half of all random datagrams look like
+		// an unknown version), to whatever source it claims.
+		DisableVersionNegotiationPackets: true,
 		VerifySourceAddress: func(a net.Addr) bool { return s.limits.suspicious(sourceIP(a), time.Now()) },
 		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
 			if !s.limits.allowHandshake(sourceIP(ci.RemoteAddr), time.Now()) {
