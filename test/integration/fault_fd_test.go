@@ -127,13 +127,13 @@ func TestFaultNoFDLeftForFinalizers(t *testing.T) {
 		echoCheck(t, c, 64<<10)
 		// Server restarts with transfers in flight, one with a 2 s outage in which
 		// the client's dials fail: the client reconnects on its main socket.
-		st := &soakStats{}
+		st := &faultTally{}
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		for range 4 {
 			wg.Go(func() {
 				for ctx.Err() == nil {
-					transferOnce(cl.Addr, 256<<10, st)
+					st.record(256<<10, verifiedTransfer(cl.Addr, 256<<10, time.Minute))
 				}
 			})
 		}
@@ -149,7 +149,7 @@ func TestFaultNoFDLeftForFinalizers(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		cancel()
 		wg.Wait()
-		require.Zero(t, st.corrupted.Load())
+		require.Zero(t, st.corrupted.Load(), "%q", st.errs)
 		t.Logf("transfers across restarts: %d ok, %d failed loudly", st.ok.Load(), st.failed.Load())
 		echoCheck(t, dial(t, cl.Addr), 64<<10)
 		t.Logf("rescues switched %v recovered %v error %v, reconnects %v",

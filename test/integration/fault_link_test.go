@@ -27,7 +27,7 @@ func (f linkFaults) String() string {
 	if f.Dark {
 		return "dark"
 	}
-	return fmt.Sprintf("loss=%.0f%% reorder=%.0f%%/%s dup=%.0f%%", 100*f.Loss, 100*f.Reorder, f.ReorderBy, 100*f.Dup)
+	return fmt.Sprintf("loss=%.4g%% reorder=%.4g%%/%s dup=%.4g%%", 100*f.Loss, 100*f.Reorder, f.ReorderBy, 100*f.Dup)
 }
 
 // linkCounts counts what a faultLink did.
