@@ -229,7 +229,8 @@ func (s *Server) Run(ctx context.Context) error {
 		// would only answer garbage (half of all random datagrams look like
 		// an unknown version), to whatever source it claims.
 		DisableVersionNegotiationPackets: true,
-		VerifySourceAddress: func(a net.Addr) bool { return s.limits.suspicious(sourceIP(a), time.Now()) },
+		Tracer:                           s.cfg.Metrics.DropRecorder(),
+		VerifySourceAddress:              func(a net.Addr) bool { return s.limits.suspicious(sourceIP(a), time.Now()) },
 		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
 			if !s.limits.allowHandshake(sourceIP(ci.RemoteAddr), time.Now()) {
 				s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("handshake_rate").Inc()
@@ -250,6 +251,18 @@ func (s *Server) Run(ctx context.Context) error {
 	connCtx, cancelConns := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
 	defer cancelConns()
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		// Datagrams that are not QUIC at all are only counted: quic-go
+		// queues them (32 at most, the rest are dropped and counted by the
+		// tracer) once someone reads them.
+		buf := make([]byte, 1500)
+		for {
+			if _, _, err := tr.ReadNonQUICPacket(connCtx, buf); err != nil {
+				return
+			}
+			s.cfg.Metrics.DroppedDatagramsTotal.WithLabelValues(metrics.DropNotQUIC).Inc()
+		}
+	})
 	acceptErr := make(chan error, 1)
 	wg.Go(func() {
 		for {

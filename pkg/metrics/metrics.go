@@ -37,6 +37,9 @@ type Server struct {
 	Draining          prometheus.Gauge
 	// RefusedConnectionsTotal counts QUIC connections refused by per-source limits.
 	RefusedConnectionsTotal *prometheus.CounterVec
+	// DroppedDatagramsTotal counts datagrams the server's QUIC transport
+	// dropped before any connection saw them, by reason (see DropRecorder).
+	DroppedDatagramsTotal *prometheus.CounterVec
 }
 
 // NewServer creates and registers the server metrics on reg.
@@ -80,8 +83,15 @@ func NewServer(reg prometheus.Registerer) *Server {
 		Namespace: Namespace, Subsystem: sub, Name: "refused_connections_total",
 		Help: "QUIC connections refused by per-source limits, by reason (handshake_rate, per_source_limit).",
 	}, []string{"reason"})
+	m.DroppedDatagramsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "dropped_datagrams_total",
+		Help: "UDP datagrams dropped before reaching a connection, by reason: not_quic, header_parse_error, unexpected_version (an unknown QUIC version), unknown_connection_id, dos_prevention, unexpected_packet, ... (quic-go's qlog drop triggers).",
+	}, []string{"reason"})
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.DialDuration, m.StreamBytesTotal,
-		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal)
+		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal, m.DroppedDatagramsTotal)
+	for _, r := range []string{DropNotQUIC, "header_parse_error", "unexpected_version", "unknown_connection_id", "dos_prevention"} {
+		m.DroppedDatagramsTotal.WithLabelValues(r)
+	}
 	for _, r := range []string{"handshake_rate", "per_source_limit"} {
 		m.RefusedConnectionsTotal.WithLabelValues(r)
 	}
