@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/proto"
 )
 
 // monitor runs the session's datagram receiver, tail prober and heartbeats,
@@ -29,6 +31,15 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	// quic-go's SendDatagram blocks while its datagram queue is full (a
+	// congestion-limited connection in a blackout), and only the
+	// connection's end releases it: on shutdown, close the connection
+	// before waiting for the goroutines that may be stuck in it.
+	defer func() {
+		if ctx.Err() != nil {
+			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+		}
+	}()
 	if !conn.ConnectionState().SupportsDatagrams.Remote {
 		klog.FromContext(ctx).V(2).Info("Server does not support datagrams; heartbeats and tail probes are off")
 		<-mctx.Done()
@@ -50,6 +61,7 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 	defer rescuing.Wait()
 	busy := false
 	done := make(chan struct{}, 1)
+	var sending atomic.Bool // a heartbeat is being handed to quic-go
 	for {
 		select {
 		case <-mctx.Done():
@@ -58,7 +70,15 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 			busy = false
 		case <-tick.C:
 			seq++
-			_ = liveness.SendHeartbeat(conn, seq, &c.liveness)
+			if sending.CompareAndSwap(false, true) {
+				// Never block the loop: a stuck send skips heartbeats
+				// rather than the rescue and the shutdown.
+				n := seq
+				wg.Go(func() {
+					defer sending.Store(false)
+					_ = liveness.SendHeartbeat(conn, n, &c.liveness)
+				})
+			}
 			quiet := time.Since(recv.LastEcho())
 			if !busy && quiet > c.cfg.RescueAfter && time.Since(r.lastSwitch) > c.cfg.RescueAfter {
 				busy = true

@@ -216,7 +216,9 @@ func (p *TailProber) arm() {
 }
 
 // fire runs on the timer's goroutine: it sends the next probe of the round,
-// unless the peer answered after the last write.
+// unless the peer answered after the last write. The send happens outside
+// the lock: quic-go's SendDatagram blocks while its datagram queue is full
+// (a congestion-limited connection), and Run must still be able to stop.
 func (p *TailProber) fire() {
 	p.mu.Lock()
 	if p.closed {
@@ -235,15 +237,20 @@ func (p *TailProber) fire() {
 	}
 	if !answered {
 		p.sentAt = time.Now().UnixNano()
-		if p.c.SendDatagram([]byte{TypeTail}) == nil {
-			p.stats.TailProbesSent.Add(1)
-		}
 		p.left--
-		if p.left > 0 {
-			p.timer.Reset(p.delay)
-			p.mu.Unlock()
-			return
-		}
+	}
+	more := !answered && p.left > 0
+	p.mu.Unlock()
+
+	if !answered && p.c.SendDatagram([]byte{TypeTail}) == nil {
+		p.stats.TailProbesSent.Add(1)
+	}
+
+	p.mu.Lock()
+	if more && !p.closed {
+		p.timer.Reset(p.delay)
+		p.mu.Unlock()
+		return
 	}
 	covered := max(p.sentAt, p.heardAt.Load())
 	p.mu.Unlock()

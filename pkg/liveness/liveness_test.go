@@ -449,3 +449,35 @@ func TestTailProberRequestResponse(t *testing.T) {
 		assert.Equal(t, uint64(1), st.TailProbesSent.Load())
 	})
 }
+
+// blockingConn's SendDatagram blocks until release is closed, as quic-go's
+// does while its datagram queue is full on a congestion-limited connection.
+type blockingConn struct {
+	fakeConn
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (c *blockingConn) SendDatagram(b []byte) error {
+	select {
+	case c.entered <- struct{}{}:
+	default:
+	}
+	<-c.release
+	return errClosed
+}
+
+func TestTailProberStopsWhileASendIsBlocked(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := &blockingConn{fakeConn: *newFakeConn(), entered: make(chan struct{}, 1), release: make(chan struct{})}
+		p := liveness.NewTailProber(c, 2, time.Millisecond, &liveness.Stats{})
+		stop := startProber(p)
+		p.Kick()
+		<-c.entered // the probe's send is stuck
+		p.Kick()    // never blocks either
+		stop()      // returns although the send is still blocked
+		close(c.release)
+		synctest.Wait()
+	})
+}
