@@ -90,7 +90,7 @@ func newRunCommand() *cobra.Command {
 	fs.StringVar(&out, "out", "bench/results", "results directory; each run writes <out>/<UTC date>/")
 	fs.StringVar(&prefix, "prefix", "qb", "network namespace prefix (<prefix>-c, <prefix>-s)")
 	fs.StringSliceVar(&variants, "variants", nil, "variants to run (direct,kcptun,quictun); default: every available one")
-	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,bulk,echo-tps,request-size,connrate,blackout,scale,flood); default: the profile's")
+	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,bulk,echo-tps,request-size,connrate,blackout,scale,flood); default: the profile's")
 	fs.IntVar(&reps, "reps", 0, "repetitions per case (0: the profile's)")
 	fs.StringSliceVar(&serverArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable), e.g. --quictun-server-arg=--idle-timeout=60s")
 	fs.StringSliceVar(&clientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")

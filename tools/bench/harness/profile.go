@@ -17,11 +17,12 @@ const (
 	ScBlackout = "blackout"
 	ScScale    = "scale"
 	ScFlood    = "flood"
+	ScCold     = "coldstart"
 )
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
-	return []string{ScLatency, ScBulk, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScScale, ScFlood}
+	return []string{ScLatency, ScCold, ScBulk, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScScale, ScFlood}
 }
 
 // Profile sizes a benchmark run.
@@ -58,6 +59,11 @@ type Profile struct {
 	ScaleLink   LinkSpec
 	ScaleConns  int
 	ScaleNumber int
+
+	// Cold start: restart the tunnel client, connect at once, time the first
+	// 1000 B echo; ColdSamples per variant and repetition.
+	ColdLink    LinkSpec
+	ColdSamples int
 
 	// Flood: ping-pong through the tunnel, quiet and while garbage UDP
 	// datagrams of FloodDatagram bytes hit the tunnel server's port.
@@ -117,7 +123,7 @@ func Profiles(name string) (Profile, error) {
 	case "quick":
 		return Profile{
 			Name: "quick", Reps: 1,
-			Scenarios:     []string{ScLatency, ScBulk, ScBlackout},
+			Scenarios:     []string{ScLatency, ScCold, ScBulk, ScBlackout},
 			LatencyLinks:  latencyLinks(),
 			LatencyNumber: 1000, LatencySize: 1000,
 			BulkLinks: []LinkSpec{
@@ -137,6 +143,8 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   1,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     200, ScaleNumber: 20,
+			ColdLink:    LinkOf("WAN", WANDelay, 0, ""),
+			ColdSamples: 5,
 			MaxDuration: 25 * time.Minute,
 		}, nil
 	case "full":
@@ -165,8 +173,10 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   2,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     1000, ScaleNumber: 50,
-			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
-			FloodKinds: floodKinds(), FloodControl: true,
+			ColdLink:    LinkOf("WAN", WANDelay, 0, ""),
+			ColdSamples: 10,
+			FloodLink:   LinkOf("LAN", LANDelay, 0, ""),
+			FloodKinds:  floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: time.Second,
 			FloodProbeNumber: 1000, FloodProbeSize: 1000,
 			MaxDuration: 4 * time.Hour,
@@ -192,8 +202,10 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   1,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     20, ScaleNumber: 5,
-			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
-			FloodKinds: floodKinds(), FloodControl: true,
+			ColdLink:    LinkOf("LAN", LANDelay, 0, ""),
+			ColdSamples: 2,
+			FloodLink:   LinkOf("LAN", LANDelay, 0, ""),
+			FloodKinds:  floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: 200 * time.Millisecond,
 			FloodProbeNumber: 50, FloodProbeSize: 1000,
 			MaxDuration: 5 * time.Minute,

@@ -84,6 +84,8 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.scale(ctx)
 	case ScFlood:
 		return r.flood(ctx)
+	case ScCold:
+		return r.coldstart(ctx)
 	default:
 		return fmt.Errorf("unknown scenario %q", name)
 	}

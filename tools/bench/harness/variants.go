@@ -67,7 +67,8 @@ func (d *direct) Stop()                                      {}
 // --- kcptun (Debian package) ---
 
 type kcptun struct {
-	procs map[string][2]*Proc // service -> client, server
+	procs      map[string][2]*Proc // service -> client, server
+	clientArgs map[string][]string
 }
 
 const (
@@ -85,7 +86,7 @@ func KcptunAvailable() bool {
 func (k *kcptun) Name() string { return "kcptun" }
 
 func (k *kcptun) Start(ctx context.Context, env *Env) error {
-	k.procs = map[string][2]*Proc{}
+	k.procs, k.clientArgs = map[string][2]*Proc{}, map[string][]string{}
 	for _, svc := range []struct {
 		name               string
 		udp, local, local2 int
@@ -98,9 +99,11 @@ func (k *kcptun) Start(ctx context.Context, env *Env) error {
 		if err != nil {
 			return err
 		}
+		cargs := []string{"-l", "127.0.0.1:" + strconv.Itoa(svc.local),
+			"-r", net.JoinHostPort(env.ServerIP, strconv.Itoa(svc.udp)), "--mode", "fast", "--nocomp", "--quiet"}
+		k.clientArgs[svc.name] = cargs
 		cli, err := StartProc("kcptun-client-"+svc.name, env.ClientNS, filepath.Join(env.LogDir, "kcptun-client-"+svc.name+".log"),
-			"kcptun-client", "-l", "127.0.0.1:"+strconv.Itoa(svc.local),
-			"-r", net.JoinHostPort(env.ServerIP, strconv.Itoa(svc.udp)), "--mode", "fast", "--nocomp", "--quiet")
+			"kcptun-client", cargs...)
 		if err != nil {
 			srv.Stop(time.Second)
 			return err
@@ -120,6 +123,24 @@ func (k *kcptun) EndpointPIDs(service string) (client, server []int) {
 	return []int{p[0].PID()}, []int{p[1].PID()}
 }
 func (k *kcptun) Reconnects(context.Context, *Env) float64 { return -1 }
+
+// RestartClient restarts the echo service's kcptun client.
+func (k *kcptun) RestartClient(_ context.Context, env *Env) error {
+	p, ok := k.procs["echo"]
+	if !ok {
+		return fmt.Errorf("kcptun echo client not running")
+	}
+	p[0].Stop(3 * time.Second)
+	cli, err := StartProc("kcptun-client-echo", env.ClientNS, filepath.Join(env.LogDir, "kcptun-client-echo-restarted.log"),
+		"kcptun-client", k.clientArgs["echo"]...)
+	if err != nil {
+		p[1].Stop(3 * time.Second)
+		delete(k.procs, "echo")
+		return err
+	}
+	k.procs["echo"] = [2]*Proc{cli, p[1]}
+	return nil
+}
 func (k *kcptun) Stop() {
 	for _, p := range k.procs {
 		p[0].Stop(3 * time.Second)
@@ -144,6 +165,7 @@ type quictun struct {
 	ServerArgs, ClientArgs []string // extra flags
 	server                 *Proc
 	clients                map[string]*Proc
+	clientArgs             map[string][]string
 }
 
 const (
@@ -187,7 +209,7 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	q.clients = map[string]*Proc{}
+	q.clients, q.clientArgs = map[string]*Proc{}, map[string][]string{}
 	for _, svc := range []struct {
 		name        string
 		local, dest int
@@ -199,7 +221,10 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 			"--token-source-plugin", "Fixed", "--token-source", "tcp:127.0.0.1:" + strconv.Itoa(svc.dest),
 			"--server-fingerprint", fp, "--secret-file", secret,
 			"--httpd-listen-on", svc.admin,
+			// As the systemd unit: tickets survive a restart (cold start).
+			"--session-file", filepath.Join(env.WorkDir, "quictun-sessions-"+svc.name+".json"),
 		}, q.ClientArgs...)
+		q.clientArgs[svc.name] = args
 		p, err := StartProc("quictun-client-"+svc.name, env.ClientNS, filepath.Join(env.LogDir, "quictun-client-"+svc.name+".log"), env.bin("quictun-client"), args...)
 		if err != nil {
 			return err
@@ -219,6 +244,24 @@ func (q *quictun) EndpointPIDs(service string) (client, server []int) {
 		return []int{c.PID()}, []int{q.server.PID()}
 	}
 	return nil, []int{q.server.PID()}
+}
+
+// RestartClient restarts the echo service's client and returns when the new
+// process has started (not when it is ready).
+func (q *quictun) RestartClient(_ context.Context, env *Env) error {
+	p, ok := q.clients["echo"]
+	if !ok {
+		return fmt.Errorf("quictun echo client not running")
+	}
+	p.Stop(5 * time.Second)
+	np, err := StartProc("quictun-client-echo", env.ClientNS, filepath.Join(env.LogDir, "quictun-client-echo-restarted.log"),
+		env.bin("quictun-client"), q.clientArgs["echo"]...)
+	if err != nil {
+		delete(q.clients, "echo")
+		return err
+	}
+	q.clients["echo"] = np
+	return nil
 }
 
 // Reconnects sums quictun_client_reconnects_total of the echo client.
