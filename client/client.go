@@ -467,8 +467,7 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 	conn := sess.conn
 	str, err := conn.OpenStream()
 	if err != nil {
-		var limit quic.StreamLimitReachedError
-		if !errors.As(err, &limit) {
+		if !isStreamLimit(err) {
 			fail(proto.CodeConnReset.String(), "Could not open stream", err)
 			return
 		}
@@ -537,4 +536,13 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 	}
 	m.StreamsTotal.WithLabelValues(result).Inc()
 	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start), "result", result, "err", err)
+}
+
+// isStreamLimit reports whether OpenStream failed only because the server's
+// stream limit is reached (quic-go returns a *StreamLimitReachedError; the
+// value form is accepted too).
+func isStreamLimit(err error) bool {
+	var v quic.StreamLimitReachedError
+	var p *quic.StreamLimitReachedError
+	return errors.As(err, &v) || errors.As(err, &p)
 }

@@ -325,6 +325,15 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	if !s.limits.open(src, time.Now()) {
 		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit").Inc()
 		logger.V(2).Info("Refused connection: too many from this address", "limit", s.cfg.MaxConnsPerSource)
+		// Before the handshake is confirmed, QUIC carries an application's
+		// close only as a bare APPLICATION_ERROR: wait (briefly) for it, so
+		// the client learns why. The handshake's cost is already spent.
+		select {
+		case <-conn.HandshakeComplete():
+		case <-conn.Context().Done():
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
 		_ = conn.CloseWithError(proto.CodeOverloaded.ApplicationErrorCode(), "too many connections from this address")
 		return
 	}

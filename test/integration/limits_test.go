@@ -1,0 +1,173 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/quic-go/quic-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/server"
+)
+
+// echoOK does one round trip through a new tunnel and reports whether it worked.
+func echoOK(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := []byte("still served")
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if string(got) != string(msg) {
+		return errors.New("wrong echo")
+	}
+	return nil
+}
+
+// TestConnectionFloodFromOneAddress: one source address (127.0.0.2) opens QUIC
+// connections as fast as it can. Past the per-source handshake rate the server
+// asks for address validation and then refuses, past the per-source cap it
+// closes connections with overloaded; both are counted, and a client on
+// another address keeps being served throughout.
+func TestConnectionFloodFromOneAddress(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.HandshakesPerSecond, c.MaxConnsPerSource = 5, 4
+	}})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	require.NoError(t, err)
+	tr := &quic.Transport{Conn: pc}
+	t.Cleanup(func() { _ = tr.Close(); _ = pc.Close() })
+	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
+	require.NoError(t, err)
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin})
+	require.NoError(t, err)
+	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
+	sa, err := net.ResolveUDPAddr("udp", srv.Addr)
+	require.NoError(t, err)
+
+	var opened []*quic.Conn
+	refused, legitFailures := 0, 0
+	for i := range 40 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		c, err := tr.Dial(ctx, sa, ctls, qconf)
+		cancel()
+		if err != nil {
+			var te *quic.TransportError
+			// Refused in the Initial: CONNECTION_REFUSED, or APPLICATION_ERROR
+			// (QUIC carries no application code that early, RFC 9000 §10.2.3).
+			if assert.True(t, errors.As(err, &te), "dial %d: refusal is a QUIC transport error: %#v", i, err) {
+				assert.Contains(t, []quic.TransportErrorCode{quic.ConnectionRefused, quic.ApplicationErrorErrorCode}, te.ErrorCode, "dial %d", i)
+			}
+			refused++
+		} else {
+			opened = append(opened, c)
+		}
+		if i%10 == 0 && echoOK(cl.Addr) != nil {
+			legitFailures++
+		}
+	}
+	// Connections past the per-source cap are closed by the server with overloaded.
+	overloaded := 0
+	for _, c := range opened {
+		select {
+		case <-c.Context().Done():
+			var ae *quic.ApplicationError
+			// The server waits for the handshake to finish, so the
+			// client learns the reason: overloaded.
+			if assert.True(t, errors.As(context.Cause(c.Context()), &ae), "closed by the server: %#v", context.Cause(c.Context())) {
+				assert.Equal(t, proto.CodeOverloaded.ApplicationErrorCode(), ae.ErrorCode)
+			}
+			overloaded++
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	alive := len(opened) - overloaded
+	byRate := promtest.ToFloat64(srv.Metrics.RefusedConnectionsTotal.WithLabelValues("handshake_rate"))
+	byCap := promtest.ToFloat64(srv.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit"))
+	t.Logf("40 dials from one address: %d refused (handshake_rate metric %v), %d accepted then closed overloaded (per_source_limit metric %v), %d left open; the other client failed %d of 4 checks",
+		refused, byRate, overloaded, byCap, alive, legitFailures)
+	assert.LessOrEqual(t, alive, 4, "no more than --max-conns-per-source stay open")
+	assert.Positive(t, refused, "the handshake rate refused some")
+	assert.GreaterOrEqual(t, byRate, float64(refused), "every refusal counted (a retransmitted Initial counts again)")
+	assert.Equal(t, float64(overloaded), byCap, "every cap closure counted")
+	assert.Zero(t, legitFailures, "the client on another address is unaffected")
+	require.NoError(t, echoOK(cl.Addr))
+	for _, c := range opened {
+		_ = c.CloseWithError(0, "")
+	}
+}
+
+// TestStreamExhaustion: a client holds every stream the server allows on its
+// connection; its next tunnel waits for credit up to --stream-open-timeout
+// and is then reset (counted as overloaded), while another client is served.
+func TestStreamExhaustion(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	const limit = 8
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo},
+		QUIC: func(o *transport.QUICOptions) { o.MaxIncomingStreams = limit }})
+	greedy := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true,
+		Mutate: func(c *client.Config) { c.StreamOpenTimeout = 300 * time.Millisecond }})
+	other := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+
+	held := make([]net.Conn, 0, limit)
+	for range limit {
+		c := dial(t, greedy.Addr)
+		msg := []byte("hold")
+		_, err := c.Write(msg)
+		require.NoError(t, err)
+		_, err = io.ReadFull(c, msg)
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	start := time.Now()
+	c := dial(t, greedy.Addr)
+	_, _ = c.Write([]byte("one too many"))
+	_, err := io.ReadAll(c)
+	reset := errors.Is(err, syscall.ECONNRESET)
+	took := time.Since(start)
+	t.Logf("stream %d of a %d-stream limit: ended after %v (err %v)", limit+1, limit, took.Round(time.Millisecond), err)
+	for _, code := range proto.AllCodes() {
+		if v := promtest.ToFloat64(greedy.Metrics.StreamsTotal.WithLabelValues(code.String())); v > 0 {
+			t.Logf("client streams %s: %v", code, v)
+		}
+	}
+	for _, code := range proto.AllCodes() {
+		if v := promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(metrics.ResultLabel(code))); v > 0 {
+			t.Logf("server streams %s: %v", metrics.ResultLabel(code), v)
+		}
+	}
+	assert.True(t, reset || err == nil, "the extra tunnel ends (reset or EOF), it does not hang: %v", err)
+	assert.GreaterOrEqual(t, took, 250*time.Millisecond, "it waited for stream credit first")
+	assert.Equal(t, 1.0, promtest.ToFloat64(greedy.Metrics.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String())),
+		"counted as overloaded")
+	require.NoError(t, echoOK(other.Addr), "another client is served")
+
+	// Closing one held tunnel frees credit: the greedy client can open again.
+	_ = held[0].Close()
+	require.Eventually(t, func() bool { return echoOK(greedy.Addr) == nil }, 10*time.Second, 50*time.Millisecond)
+}
