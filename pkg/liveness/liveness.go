@@ -273,8 +273,9 @@ func (p *TailProber) Heard() {
 	p.heardAt.Store(time.Now().UnixNano())
 }
 
-// Run keeps the prober working until ctx is done, then stops it: no probe is
-// sent after Run returns.
+// Run keeps the prober working until ctx is done, then stops it: no probe
+// starts after Run returns (one already handed to SendDatagram may still
+// complete; it ends with the connection at the latest).
 func (p *TailProber) Run(ctx context.Context) {
 	if p.count == 0 {
 		return
