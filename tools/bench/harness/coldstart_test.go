@@ -3,7 +3,6 @@ package harness
 import (
 	"context"
 	"os"
-	"os/exec"
 	"strconv"
 	"testing"
 	"time"
@@ -22,27 +21,13 @@ func TestLinkDelay(t *testing.T) {
 // TestRunColdStart restarts the quictun client in the smoke profile and
 // checks that every sample measured a first echo, in RTTs of the link.
 func TestRunColdStart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("skipping the end-to-end harness run under -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root to create network namespaces and TUN devices")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("skipping: /dev/net/tun is missing")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("skipping: the ip command (iproute2) is missing")
-	}
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin, "github.com/quictun/quictun/tools/latency-client",
-		"github.com/quictun/quictun/cmd/quictun-server", "github.com/quictun/quictun/cmd/quictun-client")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run(), "build latency-client and quictun")
+	needTestbed(t)
+	needIP(t)
+	bin := buildBins(t, "tools/latency-client", "cmd/quictun-server", "cmd/quictun-client")
 
 	p, err := Profiles("smoke")
 	require.NoError(t, err)
-	prefix := "hc" + strconv.Itoa(os.Getpid()%100000)
+	prefix := "hk" + strconv.Itoa(os.Getpid()%100000)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 	dir, err := Run(ctx, Options{Profile: p, BinDir: bin, ResultsDir: t.TempDir(), Prefix: prefix, Variants: []string{"direct", "quictun"},

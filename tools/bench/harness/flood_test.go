@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -95,23 +94,9 @@ func TestFloodReport(t *testing.T) {
 // TestRunFlood runs the flood scenario end to end (smoke profile) against
 // a freshly built quictun and checks the samples and the teardown.
 func TestRunFlood(t *testing.T) {
-	if testing.Short() {
-		t.Skip("skipping the end-to-end harness run under -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root to create network namespaces and TUN devices")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("skipping: /dev/net/tun is missing")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("skipping: the ip command (iproute2) is missing")
-	}
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin, "github.com/quictun/quictun/tools/latency-client",
-		"github.com/quictun/quictun/cmd/quictun-server", "github.com/quictun/quictun/cmd/quictun-client")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run(), "build latency-client and quictun")
+	needTestbed(t)
+	needIP(t)
+	bin := buildBins(t, "tools/latency-client", "cmd/quictun-server", "cmd/quictun-client")
 
 	p, err := Profiles("smoke")
 	require.NoError(t, err)

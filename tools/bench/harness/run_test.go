@@ -3,7 +3,6 @@ package harness
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -18,22 +17,9 @@ import (
 // TestRunSmoke runs the smoke profile end to end with direct TCP (and
 // kcptun when installed) and checks the outputs and the teardown.
 func TestRunSmoke(t *testing.T) {
-	if testing.Short() {
-		t.Skip("skipping the end-to-end harness run under -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root to create network namespaces and TUN devices")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("skipping: /dev/net/tun is missing")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("skipping: the ip command (iproute2) is missing")
-	}
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin, "github.com/quictun/quictun/tools/latency-client")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run(), "build latency-client")
+	needTestbed(t)
+	needIP(t)
+	bin := buildBins(t, "tools/latency-client")
 
 	p, err := Profiles("smoke")
 	require.NoError(t, err)
@@ -73,19 +59,8 @@ func TestRunSmoke(t *testing.T) {
 // TestRunCancelled stops a run midway (as Ctrl-C does) and checks that it
 // returns, keeps what it measured, and tears everything down.
 func TestRunCancelled(t *testing.T) {
-	if testing.Short() {
-		t.Skip("skipping the end-to-end harness run under -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root to create network namespaces and TUN devices")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("skipping: /dev/net/tun is missing")
-	}
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin, "github.com/quictun/quictun/tools/latency-client")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run(), "build latency-client")
+	needTestbed(t)
+	bin := buildBins(t, "tools/latency-client")
 	p, err := Profiles("smoke")
 	require.NoError(t, err)
 	p.Blackouts = []time.Duration{time.Minute} // still running when cancelled
@@ -110,15 +85,7 @@ func TestRunCancelled(t *testing.T) {
 // TestRunTeardownOnEarlyError fails right after the namespaces exist (an
 // unknown congestion control) and checks that they are removed.
 func TestRunTeardownOnEarlyError(t *testing.T) {
-	if testing.Short() {
-		t.Skip("skipping the end-to-end harness run under -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root to create network namespaces and TUN devices")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("skipping: /dev/net/tun is missing")
-	}
+	needTestbed(t)
 	bin := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(bin, "latency-client"), []byte("#!/bin/sh\nexit 1\n"), 0o755))
 	p, err := Profiles("smoke")
