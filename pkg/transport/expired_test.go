@@ -4,7 +4,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -87,30 +86,11 @@ func TestExpiredServerCertificate(t *testing.T) {
 func TestExpiredClientCertificate(t *testing.T) {
 	t.Parallel()
 	st, _ := newState(t)
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"},
-		NotBefore: now.Add(-72 * time.Hour), NotAfter: now.Add(72 * time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	require.NoError(t, err)
-	ca, err := x509.ParseCertificate(caDER)
-	require.NoError(t, err)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "client"},
-		NotBefore: now.Add(-48 * time.Hour), NotAfter: now.Add(-24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	require.NoError(t, err)
-	expiredPool := x509.NewCertPool()
-	expiredPool.AddCert(ca)
+	pool, expired := clientCAValid(t, time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour))
 
-	ccfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{InsecureSkipVerify: true,
-		ClientCert: &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}})
+	ccfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{InsecureSkipVerify: true, ClientCert: &expired})
 	require.NoError(t, err)
-	serr, cerr, _ := handshake(t, transport.ServerTLSConfig(st, expiredPool), ccfg)
+	serr, cerr, _ := handshake(t, transport.ServerTLSConfig(st, pool), ccfg)
 	var ie x509.CertificateInvalidError
 	require.ErrorAs(t, serr, &ie, "server: %v", serr)
 	assert.Equal(t, x509.Expired, ie.Reason)

@@ -314,11 +314,18 @@ func TestCAVerifiedHandshake(t *testing.T) {
 // clientCA returns a CA pool and a client certificate it signed.
 func clientCA(t *testing.T) (*x509.CertPool, tls.Certificate) {
 	t.Helper()
+	return clientCAValid(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+}
+
+// clientCAValid is clientCA with the client certificate valid from notBefore
+// to notAfter (the CA itself is valid from 3 days ago to 3 days ahead).
+func clientCAValid(t *testing.T, notBefore, notAfter time.Time) (*x509.CertPool, tls.Certificate) {
+	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 	caTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test client CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: time.Now().Add(-72 * time.Hour), NotAfter: time.Now().Add(72 * time.Hour),
 		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
@@ -329,7 +336,7 @@ func clientCA(t *testing.T) (*x509.CertPool, tls.Certificate) {
 	require.NoError(t, err)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "client"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: notBefore, NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)

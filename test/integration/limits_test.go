@@ -22,27 +22,8 @@ import (
 	"github.com/quictun/quictun/server"
 )
 
-// echoOK does one round trip through a new tunnel and reports whether it worked.
-func echoOK(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = c.Close() }()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	msg := []byte("still served")
-	if _, err := c.Write(msg); err != nil {
-		return err
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, got); err != nil {
-		return err
-	}
-	if string(got) != string(msg) {
-		return errors.New("wrong echo")
-	}
-	return nil
-}
+// echoOK does one verified transfer through a new tunnel.
+func echoOK(addr string) error { return verifiedTransfer(addr, 1000, 10*time.Second) }
 
 // TestConnectionFloodFromOneAddress: one source address (127.0.0.2) opens QUIC
 // connections as fast as it can. Past the per-source handshake rate the server
