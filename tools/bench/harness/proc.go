@@ -23,6 +23,9 @@ const clockTicks = 100
 // Proc is a long-running process started inside a namespace.
 type Proc struct {
 	Name string
+	ns   string
+	bin  string
+	args []string
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error
@@ -45,12 +48,19 @@ func StartProc(name, ns, logPath, bin string, args ...string) (*Proc, error) {
 		lf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &Proc{Name: name, cmd: cmd, done: make(chan struct{}), log: lf}
+	p := &Proc{Name: name, ns: ns, bin: bin, args: args, cmd: cmd, done: make(chan struct{}), log: lf}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// Restart stops p (see Stop) and starts the same command again, logging to
+// logPath; it returns the new process.
+func (p *Proc) Restart(grace time.Duration, logPath string) (*Proc, error) {
+	p.Stop(grace)
+	return StartProc(p.Name, p.ns, logPath, p.bin, p.args...)
 }
 
 // PID returns the process id.

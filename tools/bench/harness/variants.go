@@ -67,8 +67,7 @@ func (d *direct) Stop()                                      {}
 // --- kcptun (Debian package) ---
 
 type kcptun struct {
-	procs      map[string][2]*Proc // service -> client, server
-	clientArgs map[string][]string
+	procs map[string][2]*Proc // service -> client, server
 }
 
 const (
@@ -86,7 +85,7 @@ func KcptunAvailable() bool {
 func (k *kcptun) Name() string { return "kcptun" }
 
 func (k *kcptun) Start(ctx context.Context, env *Env) error {
-	k.procs, k.clientArgs = map[string][2]*Proc{}, map[string][]string{}
+	k.procs = map[string][2]*Proc{}
 	for _, svc := range []struct {
 		name               string
 		udp, local, local2 int
@@ -99,11 +98,9 @@ func (k *kcptun) Start(ctx context.Context, env *Env) error {
 		if err != nil {
 			return err
 		}
-		cargs := []string{"-l", "127.0.0.1:" + strconv.Itoa(svc.local),
-			"-r", net.JoinHostPort(env.ServerIP, strconv.Itoa(svc.udp)), "--mode", "fast", "--nocomp", "--quiet"}
-		k.clientArgs[svc.name] = cargs
 		cli, err := StartProc("kcptun-client-"+svc.name, env.ClientNS, filepath.Join(env.LogDir, "kcptun-client-"+svc.name+".log"),
-			"kcptun-client", cargs...)
+			"kcptun-client", "-l", "127.0.0.1:"+strconv.Itoa(svc.local),
+			"-r", net.JoinHostPort(env.ServerIP, strconv.Itoa(svc.udp)), "--mode", "fast", "--nocomp", "--quiet")
 		if err != nil {
 			srv.Stop(time.Second)
 			return err
@@ -130,9 +127,7 @@ func (k *kcptun) RestartClient(_ context.Context, env *Env) error {
 	if !ok {
 		return fmt.Errorf("kcptun echo client not running")
 	}
-	p[0].Stop(3 * time.Second)
-	cli, err := StartProc("kcptun-client-echo", env.ClientNS, filepath.Join(env.LogDir, "kcptun-client-echo-restarted.log"),
-		"kcptun-client", k.clientArgs["echo"]...)
+	cli, err := p[0].Restart(3*time.Second, filepath.Join(env.LogDir, "kcptun-client-echo-restarted.log"))
 	if err != nil {
 		p[1].Stop(3 * time.Second)
 		delete(k.procs, "echo")
@@ -141,6 +136,7 @@ func (k *kcptun) RestartClient(_ context.Context, env *Env) error {
 	k.procs["echo"] = [2]*Proc{cli, p[1]}
 	return nil
 }
+
 func (k *kcptun) Stop() {
 	for _, p := range k.procs {
 		p[0].Stop(3 * time.Second)
@@ -165,7 +161,6 @@ type quictun struct {
 	ServerArgs, ClientArgs []string // extra flags
 	server                 *Proc
 	clients                map[string]*Proc
-	clientArgs             map[string][]string
 }
 
 const (
@@ -209,7 +204,7 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	q.clients, q.clientArgs = map[string]*Proc{}, map[string][]string{}
+	q.clients = map[string]*Proc{}
 	for _, svc := range []struct {
 		name        string
 		local, dest int
@@ -224,7 +219,6 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 			// As the systemd unit: tickets survive a restart (cold start).
 			"--session-file", filepath.Join(env.WorkDir, "quictun-sessions-"+svc.name+".json"),
 		}, q.ClientArgs...)
-		q.clientArgs[svc.name] = args
 		p, err := StartProc("quictun-client-"+svc.name, env.ClientNS, filepath.Join(env.LogDir, "quictun-client-"+svc.name+".log"), env.bin("quictun-client"), args...)
 		if err != nil {
 			return err
@@ -253,9 +247,7 @@ func (q *quictun) RestartClient(_ context.Context, env *Env) error {
 	if !ok {
 		return fmt.Errorf("quictun echo client not running")
 	}
-	p.Stop(5 * time.Second)
-	np, err := StartProc("quictun-client-echo", env.ClientNS, filepath.Join(env.LogDir, "quictun-client-echo-restarted.log"),
-		env.bin("quictun-client"), q.clientArgs["echo"]...)
+	np, err := p.Restart(5*time.Second, filepath.Join(env.LogDir, "quictun-client-echo-restarted.log"))
 	if err != nil {
 		delete(q.clients, "echo")
 		return err
