@@ -1,19 +1,19 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/tools/bench/harness"
 )
 
 // scaleConns is how many concurrent tunneled connections TestScale holds:
@@ -35,19 +35,9 @@ func scaleConns(t *testing.T) int {
 // rssKiB reads a process's resident set size.
 func rssKiB(t *testing.T, pid int) int64 {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	b, err := harness.RSSBytes(pid)
 	require.NoError(t, err)
-	defer func() { _ = f.Close() }()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			require.NoError(t, err)
-			return kib
-		}
-	}
-	t.Fatalf("no VmRSS for pid %d", pid)
-	return 0
+	return b >> 10
 }
 
 // roundTrip sends msg on an open connection and reads its echo.
