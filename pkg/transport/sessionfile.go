@@ -70,7 +70,8 @@ func (c *FileSessionCache) load() error {
 	}
 	defer func() { _ = f.Close() }()
 	var sf sessionFile
-	dec := json.NewDecoder(&limitedReader{r: f, n: maxSessionFileBytes})
+	// A file cut at the limit is not valid JSON: it is reported and ignored.
+	dec := json.NewDecoder(io.LimitReader(f, maxSessionFileBytes))
 	if err := dec.Decode(&sf); err != nil {
 		return fmt.Errorf("session file %s: %w", c.path, err)
 	}
@@ -124,22 +125,4 @@ func (c *FileSessionCache) Put(key string, cs *tls.ClientSessionState) {
 	if err != nil {
 		c.report(err)
 	}
-}
-
-// limitedReader fails instead of truncating silently past n bytes.
-type limitedReader struct {
-	r io.Reader
-	n int64
-}
-
-func (l *limitedReader) Read(p []byte) (int, error) {
-	if l.n <= 0 {
-		return 0, fmt.Errorf("larger than %d bytes", maxSessionFileBytes)
-	}
-	if int64(len(p)) > l.n {
-		p = p[:l.n]
-	}
-	n, err := l.r.Read(p)
-	l.n -= int64(n)
-	return n, err
 }

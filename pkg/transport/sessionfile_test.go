@@ -3,6 +3,7 @@ package transport_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,4 +76,17 @@ func TestFileSessionCacheBadFiles(t *testing.T) {
 		transport.NewFileSessionCache(filepath.Join(t.TempDir(), "none.json"), 4, func(err error) { errs = append(errs, err) })
 		assert.Empty(t, errs)
 	})
+}
+
+// TestFileSessionCacheTooLarge: a file past the size bound is reported and ignored.
+func TestFileSessionCacheTooLarge(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "sessions.json")
+	big := `{"version": 1, "sessions": {"k": {"ticket": "` + strings.Repeat("A", 2<<20) + `", "state": "AAAA"}}}`
+	require.NoError(t, os.WriteFile(path, []byte(big), 0o600))
+	var errs []error
+	c := transport.NewFileSessionCache(path, 4, func(err error) { errs = append(errs, err) })
+	require.Len(t, errs, 1)
+	_, ok := c.Get("k")
+	assert.False(t, ok)
 }
