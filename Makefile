@@ -7,11 +7,19 @@ LDFLAGS  := -s -w -X github.com/quictun/quictun/pkg/version.Version=$(VERSION) -
 FUZZTIME ?= 30s
 BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./tools/linkem
 
-.PHONY: all build demo test test-short check vet fmt fmt-check fuzz bench bench-full bench-compare e2e soak deploy-check clean
+.PHONY: all quic-go test-quic-go build demo test test-short check vet fmt fmt-check fuzz bench bench-full bench-compare e2e soak deploy-check clean
 
 all: build
 
-build:
+## quic-go: the patched quic-go tree go.mod's replace points at (third_party/quic-go/README.md); every target below runs it first
+quic-go:
+	@bash scripts/quic-go.sh
+
+## test-quic-go: quic-go's own tests of the packages our patches touch, on the patched tree
+test-quic-go: quic-go
+	cd third_party/quic-go/run-make-quic-go && $(GO) test -count=1 . ./congestion ./internal/ackhandler ./internal/congestion
+
+build: quic-go
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/ $(BINARIES)
 
 ## demo: local demo on loopback: echo server, quictun-server, quictun-client, latency direct and through the tunnel
@@ -19,26 +27,26 @@ demo: build
 	bash scripts/demo.sh
 
 ## test: what CI runs: format and vet checks, then every test with the race detector
-test: fmt-check vet
+test: quic-go fmt-check vet test-quic-go
 	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./...
 
 ## e2e: black-box tests of the built binaries (also part of make test)
-e2e:
+e2e: quic-go
 	$(GO) test -race -count=1 ./test/e2e/
 
 ## soak: mixed traffic through a lossy link with blackouts and server restarts for SOAK (default 1h); checks data and leaks
 SOAK ?= 1h
-soak:
+soak: quic-go
 	QUICTUN_SOAK_DURATION=$(SOAK) $(GO) test -count=1 -run '^TestSoak$$' -timeout 0 -v ./test/integration/
 
 ## deploy-check: lint and render the Helm chart, validate deploy/ offline (installs helm with go install if missing, ~4 min the first time)
 deploy-check:
 	bash deploy/helm/check.sh
 
-test-short:
+test-short: quic-go
 	$(GO) test -race -short -count=1 ./...
 
-vet:
+vet: quic-go
 	$(GO) vet ./...
 
 fmt:
@@ -48,7 +56,7 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 ## fuzz: run every fuzz target for FUZZTIME each (CI runs only their seed corpora, as part of test)
-fuzz:
+fuzz: quic-go
 	@for pkg in $$($(GO) list ./...); do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
@@ -63,7 +71,7 @@ bench-full: build
 	$(GO) run ./tools/bench run --profile full --bin bin
 
 ## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
-bench-compare:
+bench-compare: quic-go
 	$(GO) run ./tools/bench compare $(OLD) $(NEW)
 
 clean:

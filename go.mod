@@ -42,3 +42,5 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+replace github.com/quic-go/quic-go => ./third_party/quic-go/run-make-quic-go
