@@ -187,7 +187,7 @@ func (c *Client) ConnStats() []metrics.ConnStats {
 	if cur == nil {
 		return nil
 	}
-	return []metrics.ConnStats{{Label: "0", Stats: cur.conn.ConnectionStats()}}
+	return []metrics.ConnStats{metrics.ConnStatsOf("0", cur.conn)}
 }
 
 // Run serves the listeners and keeps a QUIC connection up until ctx is

@@ -212,7 +212,7 @@ func (s *Server) ConnStats() []metrics.ConnStats {
 	defer s.mu.Unlock()
 	out := make([]metrics.ConnStats, 0, len(s.conns))
 	for id, c := range s.conns {
-		out = append(out, metrics.ConnStats{Label: fmt.Sprint(id), Stats: c.ConnectionStats()})
+		out = append(out, metrics.ConnStatsOf(fmt.Sprint(id), c))
 	}
 	return out
 }

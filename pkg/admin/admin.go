@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/quictun/quictun/pkg/congestion"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -37,6 +38,29 @@ type Options struct {
 	EnablePprof bool
 	// BearerToken, when set, is required on every request except /healthz and /readyz.
 	BearerToken string
+}
+
+// congestionState is a connection's congestion controller in /connections.
+type congestionState struct {
+	Algorithm             string  `json:"algorithm"`
+	State                 string  `json:"state"`
+	CongestionWindow      int     `json:"congestionWindowBytes"`
+	PacingRate            float64 `json:"pacingRateBytesPerSecond"`
+	BandwidthEstimate     float64 `json:"bandwidthEstimateBytesPerSecond"`
+	MinRTTSeconds         float64 `json:"minRttSeconds"`
+	InflightCap           int     `json:"inflightCapBytes"`
+	LossRateLastRoundTrip float64 `json:"lossRateLastRoundTrip"`
+}
+
+func congestionStateOf(s *congestion.Stats) *congestionState {
+	if s == nil {
+		return nil
+	}
+	return &congestionState{
+		Algorithm: string(s.Algorithm), State: s.State, CongestionWindow: s.CongestionWindowBytes,
+		PacingRate: s.PacingRateBytesPerSecond, BandwidthEstimate: s.BandwidthBytesPerSecond,
+		MinRTTSeconds: s.MinRTT.Seconds(), InflightCap: s.InflightCap, LossRateLastRoundTrip: s.LossRate,
+	}
 }
 
 // Handler returns the admin HTTP handler.
@@ -99,6 +123,8 @@ func Handler(o Options) http.Handler {
 				PacketsSent        uint64  `json:"packetsSent"`
 				PacketsReceived    uint64  `json:"packetsReceived"`
 				PacketsLost        uint64  `json:"packetsLost"`
+				// Congestion is quictun's controller's state; absent with reno (quic-go's own).
+				Congestion *congestionState `json:"congestion,omitempty"`
 			}
 			cs := o.Conns()
 			out := make([]conn, 0, len(cs))
@@ -109,6 +135,7 @@ func Handler(o Options) http.Handler {
 					LatestRTTSeconds: s.LatestRTT.Seconds(), RTTVarianceSeconds: s.MeanDeviation.Seconds(),
 					CongestionWindow: uint64(s.CongestionWindow), BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
 					BytesLost: s.BytesLost, PacketsSent: s.PacketsSent, PacketsReceived: s.PacketsReceived, PacketsLost: s.PacketsLost,
+					Congestion: congestionStateOf(c.Congestion),
 				})
 			}
 			writeJSON(w, out)

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 
+	"github.com/quictun/quictun/pkg/congestion"
 	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/liveness"
 )
@@ -15,6 +16,18 @@ import (
 type ConnStats struct {
 	Label string
 	Stats quic.ConnectionStats
+	// Congestion is the state of quictun's congestion controller; nil when
+	// quic-go's built-in one (reno) is in use.
+	Congestion *congestion.Stats
+}
+
+// ConnStatsOf reads c's statistics and its congestion controller's state.
+func ConnStatsOf(label string, c *quic.Conn) ConnStats {
+	s := ConnStats{Label: label, Stats: c.ConnectionStats()}
+	if cs, ok := congestion.StatsOf(c.CongestionController()); ok {
+		s.Congestion = &cs
+	}
+	return s
 }
 
 // QUICCollector exports QUIC transport health, read at scrape time.
@@ -32,6 +45,9 @@ type QUICCollector struct {
 	last quic.ConnectionStats
 
 	srtt, minRTT, latestRTT, rttVar, cwnd *prometheus.Desc
+	pacingRate, bwEstimate, inflightCap   *prometheus.Desc
+	ccState                               *prometheus.Desc
+	ccStates                              *prometheus.Desc
 	rttHist                               *prometheus.Desc
 	conns                                 *prometheus.Desc
 	pktSent, pktRecv, pktLost             *prometheus.Desc
@@ -47,21 +63,26 @@ func NewQUICCollector(side string, perConn bool, live func() []ConnStats) *QUICC
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "quic", name), help, labels, cl)
 	}
 	return &QUICCollector{
-		live:      live,
-		perConn:   perConn,
-		srtt:      d("smoothed_rtt_seconds", "Smoothed RTT of the QUIC connection.", "conn"),
-		minRTT:    d("min_rtt_seconds", "Minimum RTT seen on the QUIC connection.", "conn"),
-		latestRTT: d("latest_rtt_seconds", "Latest RTT sample of the QUIC connection.", "conn"),
-		rttVar:    d("rtt_variance_seconds", "RTT mean deviation of the QUIC connection.", "conn"),
-		cwnd:      d("congestion_window_bytes", "Congestion window of the QUIC connection.", "conn"),
-		rttHist:   d("connection_smoothed_rtt_seconds", "Distribution of the smoothed RTT over live QUIC connections."),
-		conns:     d("connections", "Live QUIC connections."),
-		pktSent:   d("packets_sent_total", "QUIC packets sent."),
-		pktRecv:   d("packets_received_total", "QUIC packets received."),
-		pktLost:   d("packets_lost_total", "QUIC packets declared lost (quic-go does not count tail losses repaired by a probe timeout)."),
-		bytesSent: d("sent_bytes_total", "QUIC bytes sent, including headers and retransmissions."),
-		bytesRecv: d("received_bytes_total", "QUIC bytes received."),
-		bytesLost: d("lost_bytes_total", "QUIC bytes declared lost."),
+		live:        live,
+		perConn:     perConn,
+		srtt:        d("smoothed_rtt_seconds", "Smoothed RTT of the QUIC connection.", "conn"),
+		minRTT:      d("min_rtt_seconds", "Minimum RTT seen on the QUIC connection.", "conn"),
+		latestRTT:   d("latest_rtt_seconds", "Latest RTT sample of the QUIC connection.", "conn"),
+		rttVar:      d("rtt_variance_seconds", "RTT mean deviation of the QUIC connection.", "conn"),
+		cwnd:        d("congestion_window_bytes", "Congestion window of the QUIC connection.", "conn"),
+		pacingRate:  d("pacing_rate_bytes_per_second", "Pacing rate of the connection's congestion controller (bbr, cubic).", "conn"),
+		bwEstimate:  d("bandwidth_estimate_bytes_per_second", "Bottleneck bandwidth estimated by bbr.", "conn"),
+		inflightCap: d("inflight_cap_bytes", "bbr's loss-driven cap on bytes in flight; 0 when there is none.", "conn"),
+		ccState:     d("congestion_state", "1 for the congestion controller's current state (bbr: startup, drain, probe_bw, probe_rtt; cubic: slow_start, congestion_avoidance, recovery).", "conn", "algorithm", "state"),
+		ccStates:    d("connections_by_congestion_state", "Live QUIC connections by congestion controller and state (reno: quic-go's built-in, state unknown).", "algorithm", "state"),
+		rttHist:     d("connection_smoothed_rtt_seconds", "Distribution of the smoothed RTT over live QUIC connections."),
+		conns:       d("connections", "Live QUIC connections."),
+		pktSent:     d("packets_sent_total", "QUIC packets sent."),
+		pktRecv:     d("packets_received_total", "QUIC packets received."),
+		pktLost:     d("packets_lost_total", "QUIC packets declared lost (quic-go does not count tail losses repaired by a probe timeout)."),
+		bytesSent:   d("sent_bytes_total", "QUIC bytes sent, including headers and retransmissions."),
+		bytesRecv:   d("received_bytes_total", "QUIC bytes received."),
+		bytesLost:   d("lost_bytes_total", "QUIC bytes declared lost."),
 	}
 }
 
@@ -84,6 +105,7 @@ func addStats(dst *quic.ConnectionStats, s quic.ConnectionStats) {
 // Describe implements prometheus.Collector.
 func (c *QUICCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.srtt, c.minRTT, c.latestRTT, c.rttVar, c.cwnd, c.rttHist, c.conns,
+		c.pacingRate, c.bwEstimate, c.inflightCap, c.ccState, c.ccStates,
 		c.pktSent, c.pktRecv, c.pktLost, c.bytesSent, c.bytesRecv, c.bytesLost} {
 		ch <- d
 	}
@@ -111,7 +133,20 @@ func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Unlock()
 	buckets := make(map[float64]uint64, len(rttBuckets))
 	var sum float64
+	type ccKey struct{ alg, state string }
+	states := map[ccKey]int{}
 	for _, l := range live {
+		k := ccKey{"reno", "unknown"}
+		if cs := l.Congestion; cs != nil {
+			k = ccKey{string(cs.Algorithm), cs.State}
+			if c.perConn {
+				ch <- prometheus.MustNewConstMetric(c.pacingRate, prometheus.GaugeValue, cs.PacingRateBytesPerSecond, l.Label)
+				ch <- prometheus.MustNewConstMetric(c.bwEstimate, prometheus.GaugeValue, cs.BandwidthBytesPerSecond, l.Label)
+				ch <- prometheus.MustNewConstMetric(c.inflightCap, prometheus.GaugeValue, float64(cs.InflightCap), l.Label)
+				ch <- prometheus.MustNewConstMetric(c.ccState, prometheus.GaugeValue, 1, l.Label, k.alg, k.state)
+			}
+		}
+		states[k]++
 		s := l.Stats
 		srtt := s.SmoothedRTT.Seconds()
 		sum += srtt
@@ -130,6 +165,9 @@ func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
 			g(c.rttVar, s.MeanDeviation.Seconds())
 			g(c.cwnd, float64(s.CongestionWindow))
 		}
+	}
+	for k, n := range states {
+		ch <- prometheus.MustNewConstMetric(c.ccStates, prometheus.GaugeValue, float64(n), k.alg, k.state)
 	}
 	ch <- prometheus.MustNewConstHistogram(c.rttHist, uint64(len(live)), sum, buckets)
 	ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(len(live)))

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"github.com/quictun/quictun/pkg/congestion"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,6 +27,12 @@ type QUICOptions struct {
 	Allow0RTT bool
 	// DisablePathMTUDiscovery keeps packets at 1280 bytes (room for FEC framing).
 	DisablePathMTUDiscovery bool
+	// Congestion selects the congestion controller of this side's sending
+	// direction; LossThreshold tunes bbr.
+	Congestion    congestion.Algorithm
+	LossThreshold float64
+	// MaxProbeTimeout caps QUIC's backed-off probe timeout (quic-go: 60 s).
+	MaxProbeTimeout time.Duration
 }
 
 // DefaultQUICOptions are the defaults of both endpoints.
@@ -35,6 +43,8 @@ func DefaultQUICOptions() QUICOptions {
 		HandshakeTimeout:   3 * time.Second,
 		MaxIncomingStreams: 10000,
 		Allow0RTT:          true,
+		Congestion:         congestion.Default,
+		MaxProbeTimeout:    500 * time.Millisecond,
 	}
 }
 
@@ -53,6 +63,8 @@ func QUICConfig(o QUICOptions) *quic.Config {
 		MaxStreamReceiveWindow:         6 << 20,
 		InitialConnectionReceiveWindow: 1 << 20,
 		MaxConnectionReceiveWindow:     15 << 20,
+		Congestion:                     congestion.Factory(o.Congestion, congestion.Options{LossThreshold: o.LossThreshold}),
+		MaxProbeTimeout:                o.MaxProbeTimeout,
 	}
 }
 

@@ -158,6 +158,7 @@ func (o *Options) Run(ctx context.Context) error {
 	m := metrics.NewClient(reg)
 	qopts := transport.DefaultQUICOptions()
 	qopts.IdleTimeout, qopts.KeepAlivePeriod, qopts.HandshakeTimeout = o.IdleTimeout, o.KeepAlivePeriod, o.HandshakeTimeout
+	o.CongestionFlags.Apply(&qopts)
 	registry := tunnel.NewRegistry()
 	bo := client.DefaultBackoff()
 	bo.Max = o.ReconnectMax

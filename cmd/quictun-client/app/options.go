@@ -19,6 +19,7 @@ import (
 // Options are every setting of quictun-client. NewOptions holds the defaults.
 type Options struct {
 	cli.ConfigFlags
+	cli.CongestionFlags
 
 	ListenOn          []string
 	ServerEndpoint    string
@@ -58,6 +59,7 @@ type Options struct {
 func NewOptions() *Options {
 	q := transport.DefaultQUICOptions()
 	return &Options{
+		CongestionFlags:   cli.NewCongestionFlags(),
 		ListenOn:          []string{"tcp:127.0.0.1:6500"},
 		TokenSourcePlugin: token.PluginFixed,
 		HTTPDListenOn:     "127.0.0.1:8087",
@@ -81,6 +83,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "reconnect-max-delay"}},
 	{Title: "Loss and blackout recovery", Names: []string{"heartbeat-interval", "rescue-after", "tail-probes", "fec"}},
+	{Title: "Congestion control", Names: cli.CongestionFlagNames},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
 	{Title: "Logging", Names: []string{"v", "vmodule"}},
 }
@@ -90,6 +93,7 @@ func (o *Options) Config() *cli.ConfigFlags { return &o.ConfigFlags }
 
 // AddFlags binds every option to fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	o.CongestionFlags.AddFlags(fs)
 	fs.StringSliceVar(&o.ListenOn, "listen-on", o.ListenOn, "local listeners for applications, e.g. tcp:127.0.0.1:6500,unix:/run/quictun/app.sock")
 	fs.StringVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500")
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
@@ -201,6 +205,7 @@ func (o *Options) Validate() error {
 			add("--fec: %w", err)
 		}
 	}
+	errs = append(errs, o.CongestionFlags.Validate()...)
 	return errors.Join(errs...)
 }
 

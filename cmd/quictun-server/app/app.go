@@ -109,6 +109,7 @@ func (o *Options) Run(ctx context.Context) error {
 	m := metrics.NewServer(reg)
 	qopts := transport.DefaultQUICOptions()
 	qopts.IdleTimeout, qopts.KeepAlivePeriod, qopts.HandshakeTimeout = o.IdleTimeout, o.KeepAlivePeriod, o.HandshakeTimeout
+	o.CongestionFlags.Apply(&qopts)
 	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
 	registry := tunnel.NewRegistry()
 

@@ -19,6 +19,7 @@ import (
 // Options are every setting of quictun-server. NewOptions holds the defaults.
 type Options struct {
 	cli.ConfigFlags
+	cli.CongestionFlags
 
 	ListenOn string
 	Allow    []string
@@ -58,6 +59,7 @@ type Options struct {
 func NewOptions() *Options {
 	q := transport.DefaultQUICOptions()
 	return &Options{
+		CongestionFlags:    cli.NewCongestionFlags(),
 		ListenOn:           "0.0.0.0:7500",
 		Allow:              endpoint.DefaultAllowList().Rules(),
 		StateDir:           "/var/lib/quictun-server",
@@ -83,6 +85,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "insecure-no-auth"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "disable-0rtt", "tail-probes", "fec"}},
+	{Title: "Congestion control", Names: cli.CongestionFlagNames},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
 	{Title: "Logging", Names: []string{"v", "vmodule"}},
 }
@@ -92,6 +95,7 @@ func (o *Options) Config() *cli.ConfigFlags { return &o.ConfigFlags }
 
 // AddFlags binds every option to fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	o.CongestionFlags.AddFlags(fs)
 	fs.StringVar(&o.ListenOn, "listen-on", o.ListenOn, "UDP address to accept QUIC connections on, e.g. 0.0.0.0:7500 or [::]:7500")
 	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
@@ -189,6 +193,7 @@ func (o *Options) Validate() error {
 			add("--fec: %w", err)
 		}
 	}
+	errs = append(errs, o.CongestionFlags.Validate()...)
 	return errors.Join(errs...)
 }
 

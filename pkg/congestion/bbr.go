@@ -1,0 +1,521 @@
+package congestion
+
+import (
+	"sync"
+	"time"
+
+	qc "github.com/quic-go/quic-go/congestion"
+)
+
+// BBR parameters. The model and state machine follow BBR as described in
+// draft-cardwell-iccrg-bbr-congestion-control (v1) with two changes taken from
+// draft-ietf-ccwg-bbr (v3): ProbeRTT keeps half a BDP in flight rather than
+// four packets, and loss above a threshold caps bytes in flight (inflight_hi).
+// Below the threshold, loss is not a congestion signal: that is what keeps a
+// randomly lossy link busy.
+const (
+	startupGain      = 2.885 // 2/ln(2): doubles the delivery rate each round
+	drainGain        = 1 / startupGain
+	cwndGain         = 2.0
+	probeUpGain      = 1.25
+	probeDownGain    = 0.75
+	pacingMargin     = 0.01 // pace 1 % below the estimate to keep queues drained
+	fullBWGrowth     = 1.25
+	fullBWRounds     = 3
+	bwWindowRounds   = 10
+	minRTTWindow     = 10 * time.Second
+	probeRTTDuration = 200 * time.Millisecond
+	lossBeta         = 0.7
+	initialWindow    = 32 // packets, as quic-go
+	minWindowPackets = 4
+	initialRTT       = 100 * time.Millisecond
+)
+
+var probeBWGains = [...]float64{probeUpGain, probeDownGain, 1, 1, 1, 1, 1, 1}
+
+type bbrState uint8
+
+const (
+	bbrStartup bbrState = iota
+	bbrDrain
+	bbrProbeBW
+	bbrProbeRTT
+)
+
+func (s bbrState) String() string {
+	switch s {
+	case bbrStartup:
+		return "startup"
+	case bbrDrain:
+		return "drain"
+	case bbrProbeBW:
+		return "probe_bw"
+	default:
+		return "probe_rtt"
+	}
+}
+
+// BBRController is quictun's BBR. Create it with NewBBR.
+type BBRController struct {
+	rtt           qc.RTTStats
+	lossThreshold float64
+	datagram      int
+
+	pkts ring
+	pace pacer
+
+	// delivery-rate estimator (connection state)
+	delivered        int64
+	lost             int64 // bytes declared lost, MTU probes and PTO give-ups excepted
+	deliveredTime    qc.Time
+	firstSentTime    qc.Time
+	appLimitedUntil  int64 // delivered count up to which samples are app-limited; 0: none
+	bytesInFlight    int
+	lastSampleBW     float64
+	lastSampleAppLtd bool
+
+	// round trips
+	round              int64
+	nextRoundDelivered int64
+	roundDelivered     int // bytes acknowledged in the current round
+	roundLost          int // bytes lost in the current round
+	roundLostPackets   int
+	roundMaxInFlight   int
+	lossRate           float64 // of the last completed round
+
+	// model
+	bwSlots    [bwWindowRounds]float64
+	bwSlotRnd  [bwWindowRounds]int64
+	maxBW      float64 // bytes/s
+	minRTT     time.Duration
+	minRTTTime qc.Time
+
+	// state machine
+	state             bbrState
+	pacingGain        float64
+	cwndGainNow       float64
+	cycleIndex        int
+	cycleStart        qc.Time
+	filledPipe        bool
+	fullBW            float64
+	fullBWCount       int
+	probeRTTDoneTime  qc.Time
+	probeRTTRoundDone bool
+	priorCwnd         int
+
+	cwnd       int
+	pacingRate float64
+	inflightHi int // 0: no cap
+	hiGrowth   int // packets added to inflightHi per round while probing
+
+	mu    sync.Mutex
+	stats Stats
+}
+
+var _ qc.Controller = (*BBRController)(nil)
+
+// NewBBR returns a BBR controller for a connection.
+func NewBBR(info qc.Info, o Options) *BBRController {
+	th := o.LossThreshold
+	if th <= 0 {
+		th = DefaultLossThreshold
+	}
+	b := &BBRController{
+		rtt:           info.RTT,
+		lossThreshold: th,
+		datagram:      info.MaxDatagramSize,
+		pace:          newPacer(info.MaxDatagramSize),
+		state:         bbrStartup,
+		pacingGain:    startupGain,
+		cwndGainNow:   startupGain,
+	}
+	b.cwnd = initialWindow * b.datagram
+	b.setPacingRate()
+	b.publish()
+	return b
+}
+
+func (b *BBRController) minWindow() int { return minWindowPackets * b.datagram }
+
+// bdp is the estimated bandwidth-delay product times gain; 0 without a model.
+func (b *BBRController) bdp(gain float64) int {
+	if b.maxBW == 0 || b.minRTT == 0 {
+		return 0
+	}
+	return int(gain * b.maxBW * b.minRTT.Seconds())
+}
+
+// OnPacketSent implements qc.Controller.
+func (b *BBRController) OnPacketSent(p qc.SentPacket) {
+	b.pace.sent(p.Time, p.Bytes, b.pacingRate)
+	b.bytesInFlight = p.BytesInFlight
+	if !p.AckEliciting {
+		return
+	}
+	if p.BytesInFlight-p.Bytes <= 0 {
+		// Nothing was in flight: the next delivery-rate interval starts now.
+		b.firstSentTime, b.deliveredTime = p.Time, p.Time
+	}
+	b.pkts.add(p.PacketNumber, sentState{
+		appLimited:    b.appLimitedUntil != 0,
+		bytes:         p.Bytes,
+		txInFlight:    p.BytesInFlight,
+		delivered:     b.delivered,
+		lost:          b.lost,
+		deliveredTime: b.deliveredTime,
+		firstSentTime: b.firstSentTime,
+		sentTime:      p.Time,
+	})
+}
+
+// OnAppLimited implements qc.Controller.
+func (b *BBRController) OnAppLimited(bytesInFlight int) {
+	b.appLimitedUntil = max(b.delivered+int64(bytesInFlight), 1)
+}
+
+// SetMaxDatagramSize implements qc.Controller.
+func (b *BBRController) SetMaxDatagramSize(s int) {
+	if s <= 0 {
+		return
+	}
+	b.datagram = s
+	b.pace.datagram = s
+	b.cwnd = max(b.cwnd, b.minWindow())
+	b.publish()
+}
+
+// OnEvent implements qc.Controller.
+func (b *BBRController) OnEvent(e *qc.Event) {
+	b.bytesInFlight = e.BytesInFlight
+	b.roundMaxInFlight = max(b.roundMaxInFlight, e.PriorInFlight)
+
+	// The most recently sent of the acknowledged packets gives the sample.
+	var cand sentState
+	var haveCand bool
+	var ackedBytes int
+	var rttSample time.Duration
+	for i := range e.Acked {
+		a := &e.Acked[i]
+		s := b.pkts.get(a.PacketNumber)
+		if s == nil {
+			continue
+		}
+		b.delivered += int64(s.bytes)
+		b.deliveredTime = e.Time
+		ackedBytes += s.bytes
+		if !haveCand || s.delivered >= cand.delivered {
+			cand, haveCand = *s, true
+		}
+		b.pkts.remove(s)
+	}
+	if n := len(e.Acked); n > 0 {
+		rttSample = e.Time.Sub(e.Acked[n-1].SentTime)
+	}
+	var lostBytes int
+	for i := range e.Lost {
+		l := &e.Lost[i]
+		if s := b.pkts.get(l.PacketNumber); s != nil {
+			b.pkts.remove(s)
+		}
+		if l.MTUProbe || l.ByPTO {
+			continue
+		}
+		lostBytes += l.Bytes
+		b.roundLostPackets++
+	}
+	b.lost += int64(lostBytes)
+	b.roundDelivered += ackedBytes
+	b.roundLost += lostBytes
+	if b.appLimitedUntil != 0 && b.delivered > b.appLimitedUntil {
+		b.appLimitedUntil = 0
+	}
+
+	roundStart := false
+	if haveCand {
+		b.firstSentTime = cand.sentTime
+		if cand.delivered >= b.nextRoundDelivered {
+			b.nextRoundDelivered = b.delivered
+			b.round++
+			roundStart = true
+		}
+		b.sampleBandwidth(cand)
+	}
+	if rttSample > 0 {
+		b.updateMinRTT(e.Time, rttSample)
+	}
+	if roundStart {
+		b.endRound()
+	}
+	b.updateState(e, roundStart, ackedBytes)
+	b.setPacingRate()
+	b.setCwnd(ackedBytes)
+	b.publish()
+}
+
+// sampleBandwidth computes the delivery rate since cand was sent and feeds
+// the max filter (an app-limited sample only when it raises the maximum).
+func (b *BBRController) sampleBandwidth(cand sentState) {
+	sendElapsed := cand.sentTime.Sub(cand.firstSentTime)
+	ackElapsed := b.deliveredTime.Sub(cand.deliveredTime)
+	interval := max(sendElapsed, ackElapsed)
+	b.lastSampleBW, b.lastSampleAppLtd = 0, cand.appLimited
+	if interval <= 0 || (b.minRTT > 0 && interval < b.minRTT/2) {
+		return
+	}
+	// Lost packets crossed the bottleneck (or would have) just as delivered
+	// ones did: while loss stays below the threshold it is taken as random,
+	// not as a queue overflowing, and counted into the rate the path carries.
+	// Otherwise random loss p makes the estimate, and so the pacing rate,
+	// settle at (1-p)² of the link's rate.
+	// A loss with a queue at the bottleneck (RTT above the minimum by more than
+	// an eighth plus a millisecond of noise) may be that queue overflowing:
+	// those losses did not cross the bottleneck and are not counted.
+	delivered := float64(b.delivered - cand.delivered)
+	lost := float64(b.lost - cand.lost)
+	queueFree := b.minRTT == 0 || b.deliveredTime.Sub(cand.sentTime) <= b.minRTT*9/8+time.Millisecond
+	if lost > 0 && queueFree && lost <= b.lossThreshold*(delivered+lost) {
+		delivered += lost
+	}
+	bw := delivered / interval.Seconds()
+	b.lastSampleBW = bw
+	if cand.appLimited && bw < b.maxBW {
+		return
+	}
+	slot := b.round % bwWindowRounds
+	if b.bwSlotRnd[slot] != b.round {
+		b.bwSlotRnd[slot], b.bwSlots[slot] = b.round, 0
+	}
+	b.bwSlots[slot] = max(b.bwSlots[slot], bw)
+	b.recomputeMaxBW()
+}
+
+func (b *BBRController) recomputeMaxBW() {
+	m := 0.0
+	for i, v := range b.bwSlots {
+		if b.round-b.bwSlotRnd[i] < bwWindowRounds {
+			m = max(m, v)
+		}
+	}
+	b.maxBW = m
+}
+
+func (b *BBRController) updateMinRTT(now qc.Time, sample time.Duration) {
+	expired := b.minRTT != 0 && now.Sub(b.minRTTTime) > minRTTWindow
+	if b.minRTT == 0 || sample <= b.minRTT || expired {
+		b.minRTT, b.minRTTTime = sample, now
+	}
+	if expired && b.state != bbrProbeRTT {
+		// Drain the queue for a moment so that the next samples see the path's own RTT.
+		b.enterProbeRTT()
+	}
+}
+
+// endRound closes the loss accounting of a round trip and applies the loss
+// threshold: too much loss caps bytes in flight at 0.7 of what was in flight;
+// each clean round raises the cap, faster each round (as BBRv3's probe-up).
+func (b *BBRController) endRound() {
+	b.recomputeMaxBW()
+	total := b.roundDelivered + b.roundLost
+	b.lossRate = 0
+	if total > 0 {
+		b.lossRate = float64(b.roundLost) / float64(total)
+	}
+	tooMuchLoss := b.lossRate > b.lossThreshold && b.roundLostPackets >= 3
+	switch {
+	case tooMuchLoss:
+		base := b.roundMaxInFlight
+		if b.inflightHi > 0 {
+			base = min(base, b.inflightHi)
+		}
+		b.inflightHi = max(int(lossBeta*float64(base)), b.minWindow())
+		b.hiGrowth = 1
+		if b.state == bbrStartup {
+			b.filledPipe = true
+		}
+		if b.state == bbrProbeBW && b.pacingGain > 1 {
+			b.advanceCycle(b.deliveredTime)
+		}
+	case b.inflightHi > 0:
+		// A clean round: raise the cap, twice as much as last round, so that
+		// it is gone after about ten clean rounds unless loss comes back.
+		b.inflightHi += b.hiGrowth * b.datagram
+		b.hiGrowth = min(2*b.hiGrowth, 1<<16)
+		if t := b.bdp(cwndGain); t > 0 && b.inflightHi > t+3*b.datagram {
+			b.inflightHi = 0 // above what the model wants: no longer a limit
+		}
+	}
+	b.roundDelivered, b.roundLost, b.roundLostPackets = 0, 0, 0
+	b.roundMaxInFlight = b.bytesInFlight
+}
+
+func (b *BBRController) updateState(e *qc.Event, roundStart bool, ackedBytes int) {
+	if roundStart && !b.filledPipe && !b.lastSampleAppLtd {
+		if b.maxBW >= b.fullBW*fullBWGrowth {
+			b.fullBW, b.fullBWCount = b.maxBW, 0
+		} else if b.fullBWCount++; b.fullBWCount >= fullBWRounds {
+			b.filledPipe = true
+		}
+	}
+	switch b.state {
+	case bbrStartup:
+		if b.filledPipe {
+			b.state, b.pacingGain, b.cwndGainNow = bbrDrain, drainGain, startupGain
+		}
+	case bbrDrain:
+		if t := b.bdp(1); t > 0 && e.BytesInFlight <= t {
+			b.enterProbeBW(e.Time)
+		}
+	case bbrProbeBW:
+		if b.phaseDone(e) {
+			b.advanceCycle(e.Time)
+		}
+	case bbrProbeRTT:
+		b.handleProbeRTT(e.Time, roundStart)
+	}
+	// Drain may finish on the same ACK that filled the pipe.
+	if b.state == bbrDrain {
+		if t := b.bdp(1); t > 0 && e.BytesInFlight <= t {
+			b.enterProbeBW(e.Time)
+		}
+	}
+}
+
+func (b *BBRController) enterProbeBW(now qc.Time) {
+	b.state, b.cwndGainNow = bbrProbeBW, cwndGain
+	// Start in a random phase other than the one that drains (as BBR does),
+	// from a deterministic source: the delivered count.
+	b.cycleIndex = 2 + int(b.delivered/int64(max(b.datagram, 1)))%(len(probeBWGains)-2)
+	b.pacingGain = probeBWGains[b.cycleIndex]
+	b.cycleStart = now
+}
+
+func (b *BBRController) phaseDone(e *qc.Event) bool {
+	full := e.Time.Sub(b.cycleStart) > b.minRTT
+	switch {
+	case b.pacingGain > 1:
+		return full && (len(e.Lost) > 0 || e.PriorInFlight >= b.bdp(b.pacingGain))
+	case b.pacingGain < 1:
+		return full || e.PriorInFlight <= b.bdp(1)
+	default:
+		return full
+	}
+}
+
+func (b *BBRController) advanceCycle(now qc.Time) {
+	b.cycleIndex = (b.cycleIndex + 1) % len(probeBWGains)
+	b.pacingGain = probeBWGains[b.cycleIndex]
+	b.cycleStart = now
+}
+
+func (b *BBRController) enterProbeRTT() {
+	b.priorCwnd = max(b.priorCwnd, b.cwnd)
+	b.state, b.pacingGain, b.cwndGainNow = bbrProbeRTT, 1, 1
+	b.probeRTTDoneTime, b.probeRTTRoundDone = 0, false
+}
+
+func (b *BBRController) probeRTTCwnd() int {
+	return max(b.bdp(0.5), b.minWindow())
+}
+
+func (b *BBRController) handleProbeRTT(now qc.Time, roundStart bool) {
+	if b.probeRTTDoneTime.IsZero() {
+		if b.bytesInFlight <= b.probeRTTCwnd() {
+			b.probeRTTDoneTime = now.Add(max(probeRTTDuration, b.minRTT))
+			b.probeRTTRoundDone = false
+			b.nextRoundDelivered = b.delivered
+		}
+		return
+	}
+	if roundStart {
+		b.probeRTTRoundDone = true
+	}
+	if b.probeRTTRoundDone && now.After(b.probeRTTDoneTime) {
+		b.minRTTTime = now
+		b.cwnd = max(b.cwnd, b.priorCwnd)
+		b.priorCwnd = 0
+		if b.filledPipe {
+			b.enterProbeBW(now)
+		} else {
+			b.state, b.pacingGain, b.cwndGainNow = bbrStartup, startupGain, startupGain
+		}
+	}
+}
+
+func (b *BBRController) setPacingRate() {
+	if b.maxBW == 0 {
+		srtt := initialRTT
+		if b.rtt != nil && b.rtt.SmoothedRTT() > 0 {
+			srtt = b.rtt.SmoothedRTT()
+		}
+		b.pacingRate = b.pacingGain * float64(b.cwnd) / srtt.Seconds()
+		return
+	}
+	rate := b.pacingGain * b.maxBW * (1 - pacingMargin)
+	if b.filledPipe || rate > b.pacingRate {
+		b.pacingRate = rate
+	}
+}
+
+func (b *BBRController) setCwnd(ackedBytes int) {
+	target := b.bdp(b.cwndGainNow)
+	if target > 0 {
+		target += 3 * b.datagram // room for ACK aggregation and send quanta
+	}
+	switch {
+	case target == 0:
+		b.cwnd += ackedBytes // no model yet: grow as slow start does
+	case b.filledPipe:
+		b.cwnd = min(b.cwnd+ackedBytes, target)
+	case b.cwnd < target || b.delivered < int64(initialWindow*b.datagram):
+		b.cwnd += ackedBytes
+	}
+	b.cwnd = max(b.cwnd, b.minWindow())
+	if b.state == bbrProbeRTT {
+		b.cwnd = min(b.cwnd, b.probeRTTCwnd())
+	}
+	if b.inflightHi > 0 {
+		b.cwnd = max(min(b.cwnd, b.inflightHi), b.minWindow())
+	}
+}
+
+// CanSend implements qc.Controller.
+func (b *BBRController) CanSend(bytesInFlight int) bool { return bytesInFlight < b.cwnd }
+
+// HasPacingBudget implements qc.Controller.
+func (b *BBRController) HasPacingBudget(now qc.Time) bool {
+	return b.pace.hasBudget(now, b.pacingRate)
+}
+
+// TimeUntilSend implements qc.Controller.
+func (b *BBRController) TimeUntilSend(int) qc.Time { return b.pace.timeUntilSend(b.pacingRate) }
+
+// CongestionWindow implements qc.Controller.
+func (b *BBRController) CongestionWindow() int { return b.cwnd }
+
+// InSlowStart implements qc.Controller: BBR's Startup.
+func (b *BBRController) InSlowStart() bool { return b.state == bbrStartup }
+
+// InRecovery implements qc.Controller: BBR has no loss recovery state.
+func (b *BBRController) InRecovery() bool { return false }
+
+func (b *BBRController) publish() {
+	b.mu.Lock()
+	b.stats = Stats{
+		Algorithm:                BBR,
+		State:                    b.state.String(),
+		CongestionWindowBytes:    b.cwnd,
+		PacingRateBytesPerSecond: b.pacingRate,
+		BandwidthBytesPerSecond:  b.maxBW,
+		MinRTT:                   b.minRTT,
+		InflightCap:              b.inflightHi,
+		LossRate:                 b.lossRate,
+	}
+	b.mu.Unlock()
+}
+
+// Stats implements StatsReporter; safe for concurrent use.
+func (b *BBRController) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats
+}

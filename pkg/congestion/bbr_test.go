@@ -1,0 +1,196 @@
+package congestion
+
+import (
+	"testing"
+	"time"
+
+	qc "github.com/quic-go/quic-go/congestion"
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	mbit     = 1e6 / 8 // bytes per second
+	datagram = 1252
+)
+
+func newTestBBR(o Options) (*BBRController, *fakeRTT) {
+	rtt := &fakeRTT{}
+	return NewBBR(qc.Info{RTT: rtt, MaxDatagramSize: datagram}, o), rtt
+}
+
+func TestBBRStartupFindsTheBottleneck(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	s := newLinkSim(b, rtt, 100*mbit, 12500*time.Microsecond, 0, 256)
+	s.run(time.Second)
+	st := b.Stats()
+	require.Equal(t, "probe_bw", st.State, "startup and drain are over after 40 round trips")
+	require.InDelta(t, 100*mbit, st.BandwidthBytesPerSecond, 5*mbit)
+	require.InDelta(t, 25*time.Millisecond, st.MinRTT, float64(time.Millisecond))
+	g := s.goodput(5 * time.Second)
+	require.Greater(t, g, 0.95*100*mbit)
+	// Startup overshoots (pacing gain 2.89) into a 1.2-BDP queue: some loss,
+	// as with any BBR; it must stay a small share.
+	require.Less(t, float64(s.lostBytes), 0.05*float64(s.delivered))
+}
+
+func TestBBRIgnoresRandomLossBelowThreshold(t *testing.T) {
+	for _, loss := range []float64{0.01, 0.05, 0.10} {
+		b, rtt := newTestBBR(Options{})
+		s := newLinkSim(b, rtt, 100*mbit, 12500*time.Microsecond, loss, 256)
+		s.run(2 * time.Second)
+		g := s.goodput(10 * time.Second)
+		require.Greater(t, g, (1-loss)*0.9*100*mbit, "loss %.0f%%: goodput %.1f Mbit/s", loss*100, g/mbit)
+		require.Zero(t, b.Stats().InflightCap, "random loss below the threshold leaves no cap (startup's overshoot may set one for a while)")
+	}
+}
+
+// With the threshold below the random loss rate, every round counts as
+// congested: the cap comes down and throughput with it. This is the knob's
+// trade (fairness versus lossy links), and it shows the threshold works.
+func TestBBRLossAboveThresholdCapsInflight(t *testing.T) {
+	b, rtt := newTestBBR(Options{LossThreshold: 0.02})
+	s := newLinkSim(b, rtt, 100*mbit, 12500*time.Microsecond, 0.05, 256)
+	s.run(2 * time.Second)
+	g := s.goodput(5 * time.Second)
+	st := b.Stats()
+	require.NotZero(t, st.InflightCap)
+	require.LessOrEqual(t, b.CongestionWindow(), max(st.InflightCap, minWindowPackets*datagram))
+	require.Less(t, g, 0.9*100*mbit)
+
+	tolerant, rtt2 := newTestBBR(Options{LossThreshold: 0.15})
+	s2 := newLinkSim(tolerant, rtt2, 100*mbit, 12500*time.Microsecond, 0.05, 256)
+	s2.run(2 * time.Second)
+	require.Greater(t, s2.goodput(5*time.Second), g)
+}
+
+// A queue overflow (a shallow buffer and a competing burst) is loss above the
+// threshold: the cap comes down, then grows back once rounds are clean.
+func TestBBRBacksOffOnOverflowAndRecovers(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	s := newLinkSim(b, rtt, 100*mbit, 12500*time.Microsecond, 0, 256)
+	s.run(2 * time.Second)
+	s.rate = 25 * mbit // the bottleneck drops to a quarter: the queue overflows
+	s.queue = 16 * datagram
+	s.run(2 * time.Second)
+	st := b.Stats()
+	require.NotZero(t, s.lostBytes)
+	require.InDelta(t, 25*mbit, st.BandwidthBytesPerSecond, 3*mbit, "the max filter forgets the old rate within 10 rounds")
+	require.Greater(t, s.goodput(3*time.Second), 0.85*25*mbit)
+}
+
+// When the path's RTT grows (a route change), no sample reaches the old
+// minimum again: after 10 s BBR enters ProbeRTT and adopts the new one.
+func TestBBRProbeRTTAfterTenSeconds(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	s := newLinkSim(b, rtt, 50*mbit, 10*time.Millisecond, 0, 1000)
+	s.run(2 * time.Second)
+	require.InDelta(t, 20*time.Millisecond, b.Stats().MinRTT, float64(time.Millisecond))
+	s.oneWay = 15 * time.Millisecond
+	seen := map[string]bool{}
+	for range 1200 { // 12 s in 10 ms steps
+		s.run(10 * time.Millisecond)
+		seen[b.Stats().State] = true
+	}
+	require.True(t, seen["probe_rtt"], "states seen: %v", seen)
+	require.Equal(t, "probe_bw", b.Stats().State)
+	require.InDelta(t, 30*time.Millisecond, b.Stats().MinRTT, float64(2*time.Millisecond))
+}
+
+// App-limited samples must not lower the bandwidth estimate: an interactive
+// lull on a bulk connection keeps the model of the path.
+func TestBBRAppLimitedKeepsEstimate(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	s := newLinkSim(b, rtt, 100*mbit, 12500*time.Microsecond, 0, 256)
+	s.run(time.Second)
+	before := b.Stats().BandwidthBytesPerSecond
+	s.appLimit = 5 * mbit
+	s.run(200 * time.Millisecond) // 8 round trips, within the filter's window
+	require.InDelta(t, before, b.Stats().BandwidthBytesPerSecond, 0.05*before)
+}
+
+func TestBBRMTUProbeAndPTOLossesAreNotCongestion(t *testing.T) {
+	b, _ := newTestBBR(Options{LossThreshold: 0.01})
+	now := qc.Time(time.Second)
+	pn := int64(0)
+	for round := range 5 {
+		var ev qc.Event
+		for i := range 20 {
+			pn++
+			b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: pn, Bytes: datagram, BytesInFlight: datagram, AckEliciting: true, MTUProbe: i == 0})
+			if i < 10 {
+				ev.Acked = append(ev.Acked, qc.AckedPacket{PacketNumber: pn, Bytes: datagram, SentTime: now})
+			} else {
+				ev.Lost = append(ev.Lost, qc.LostPacket{PacketNumber: pn, Bytes: datagram, SentTime: now, MTUProbe: i == 10, ByPTO: i > 10})
+			}
+		}
+		now = now.Add(25 * time.Millisecond)
+		ev.Time = now
+		b.OnEvent(&ev)
+		_ = round
+	}
+	require.Zero(t, b.Stats().InflightCap)
+	require.Zero(t, b.Stats().LossRate)
+	require.Zero(t, b.pkts.len(), "every reported packet left the ring")
+}
+
+func TestBBRDatagramSizeChanges(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	s := newLinkSim(b, rtt, 20*mbit, 5*time.Millisecond, 0.01, 64)
+	s.run(500 * time.Millisecond)
+	b.SetMaxDatagramSize(1200)
+	s.datagram = 1200
+	s.run(200 * time.Millisecond)
+	b.SetMaxDatagramSize(1452)
+	s.datagram = 1452
+	s.run(200 * time.Millisecond)
+	require.GreaterOrEqual(t, b.CongestionWindow(), minWindowPackets*1452)
+	b.SetMaxDatagramSize(0) // ignored, no panic
+}
+
+func TestRingHolesAndBound(t *testing.T) {
+	var r ring
+	r.add(10, sentState{bytes: 1})
+	r.add(12, sentState{bytes: 2}) // 11 is a hole (an ACK-only packet)
+	r.add(11, sentState{bytes: 3}) // out of order: ignored
+	require.Nil(t, r.get(11))
+	require.Equal(t, 2, r.get(12).bytes)
+	r.remove(r.get(10))
+	require.Equal(t, 1, r.len(), "the hole at 11 went with 10")
+	r.remove(r.get(12))
+	require.Zero(t, r.len())
+	for pn := int64(0); pn < maxTracked+10; pn++ {
+		r.add(pn, sentState{})
+	}
+	require.Equal(t, maxTracked, r.len())
+	r.add(1<<40, sentState{bytes: 7}) // a jump far ahead starts over
+	require.Equal(t, 1, r.len())
+	require.Equal(t, 7, r.get(1<<40).bytes)
+}
+
+func TestPacer(t *testing.T) {
+	p := newPacer(1000)
+	now := qc.Time(time.Second)
+	rate := 1e6 // 1 MB/s: 1000 B per ms
+	sent := 0
+	for p.hasBudget(now, rate) {
+		p.sent(now, 1000, rate)
+		sent++
+	}
+	require.Equal(t, burstPackets, sent, "a full bucket is a burst of 10 packets")
+	next := p.timeUntilSend(rate)
+	require.Equal(t, minPacingDelay, next.Sub(now))
+	require.False(t, p.hasBudget(now.Add(500*time.Microsecond), rate))
+	require.True(t, p.hasBudget(next, rate))
+}
+
+func TestParseAlgorithm(t *testing.T) {
+	for _, s := range []string{"bbr", "BBR", "cubic", "reno"} {
+		_, err := ParseAlgorithm(s)
+		require.NoError(t, err, s)
+	}
+	_, err := ParseAlgorithm("vegas")
+	require.ErrorContains(t, err, "use one of bbr, cubic, reno")
+	require.Nil(t, Factory(Reno, Options{}), "reno is quic-go's own")
+	require.NotNil(t, Factory(BBR, Options{}))
+	require.NotNil(t, Factory(Cubic, Options{}))
+}

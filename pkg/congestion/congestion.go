@@ -1,0 +1,91 @@
+package congestion
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	qc "github.com/quic-go/quic-go/congestion"
+)
+
+// Algorithm names a congestion controller.
+type Algorithm string
+
+// The algorithms --congestion accepts.
+const (
+	BBR   Algorithm = "bbr"
+	Cubic Algorithm = "cubic"
+	Reno  Algorithm = "reno"
+)
+
+// Default is the algorithm both daemons use unless told otherwise.
+const Default = BBR
+
+// Algorithms lists the accepted names, the default first.
+var Algorithms = []Algorithm{BBR, Cubic, Reno}
+
+// ParseAlgorithm checks a --congestion value.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for _, a := range Algorithms {
+		if strings.EqualFold(s, string(a)) {
+			return a, nil
+		}
+	}
+	return "", fmt.Errorf("unknown congestion controller %q: use one of bbr, cubic, reno", s)
+}
+
+// Options tune the controllers.
+type Options struct {
+	// LossThreshold is the fraction of a round trip's packets BBR may lose
+	// before it takes the loss as congestion and lowers its in-flight cap.
+	// Zero means DefaultLossThreshold.
+	LossThreshold float64
+}
+
+// DefaultLossThreshold tolerates the random loss of bad radio and long-haul
+// links (quictun's purpose) while still backing off when a queue overflows,
+// which loses a larger share of a round's packets.
+const DefaultLossThreshold = 0.15
+
+// Factory returns the quic.Config.Congestion value for a; nil for Reno, which
+// selects quic-go's own NewReno unchanged.
+func Factory(a Algorithm, o Options) qc.NewController {
+	switch a {
+	case BBR:
+		return func(info qc.Info) qc.Controller { return NewBBR(info, o) }
+	case Cubic:
+		return func(info qc.Info) qc.Controller { return NewCubic(info) }
+	default:
+		return nil
+	}
+}
+
+// Stats is a controller's state for /connections and metrics.
+type Stats struct {
+	Algorithm Algorithm
+	// State is the controller's phase: for bbr startup, drain, probe_bw,
+	// probe_rtt; for cubic slow_start, congestion_avoidance, recovery.
+	State                    string
+	CongestionWindowBytes    int
+	PacingRateBytesPerSecond float64
+	BandwidthBytesPerSecond  float64 // bbr's bottleneck estimate; 0 for cubic
+	MinRTT                   time.Duration
+	// InflightCap is bbr's loss-driven cap on bytes in flight (0: none).
+	InflightCap int
+	// LossRate is the share of packets lost in the last completed round trip.
+	LossRate float64
+}
+
+// StatsReporter is implemented by this package's controllers; Stats is safe
+// for concurrent use.
+type StatsReporter interface {
+	Stats() Stats
+}
+
+// StatsOf returns c's state if c is one of ours.
+func StatsOf(c qc.Controller) (Stats, bool) {
+	if r, ok := c.(StatsReporter); ok {
+		return r.Stats(), true
+	}
+	return Stats{}, false
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package congestion_test
+
+const raceEnabled = false
