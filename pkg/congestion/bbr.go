@@ -26,9 +26,13 @@ const (
 	minRTTWindow     = 10 * time.Second
 	probeRTTDuration = 200 * time.Millisecond
 	lossBeta         = 0.7
-	initialWindow    = 32 // packets, as quic-go
-	minWindowPackets = 4
-	initialRTT       = 100 * time.Millisecond
+	// congestedLossRate is the loss a round may have while a queue has built
+	// up before it counts as congestion: none, as for Cubic and Reno.
+	congestedLossRate = 0
+	initialWindow     = 32 // packets, as quic-go
+	minWindowPackets  = 4
+	maxWindowPackets  = 10000 // as quic-go
+	initialRTT        = 100 * time.Millisecond
 )
 
 var probeBWGains = [...]float64{probeUpGain, probeDownGain, 1, 1, 1, 1, 1, 1}
@@ -81,6 +85,7 @@ type BBRController struct {
 	roundLost          int // bytes lost in the current round
 	roundLostPackets   int
 	roundMaxInFlight   int
+	roundMaxRTT        time.Duration
 	lossRate           float64 // of the last completed round
 
 	// model
@@ -102,6 +107,16 @@ type BBRController struct {
 	probeRTTDoneTime  qc.Time
 	probeRTTRoundDone bool
 	priorCwnd         int
+
+	// ACK aggregation (Linux BBR's extra_acked): how far ACKs ran ahead of
+	// the estimated bandwidth, max over two windows of 5 rounds; the window
+	// makes room for it, or bursty ACKs (Wi-Fi, delayed ACKs, busy hosts)
+	// would starve the sender.
+	ackEpochStart  qc.Time
+	ackEpochAcked  int
+	extraAcked     [2]int
+	extraAckedIdx  int
+	extraAckedRnds int
 
 	cwnd       int
 	pacingRate float64
@@ -242,14 +257,36 @@ func (b *BBRController) OnEvent(e *qc.Event) {
 	}
 	if rttSample > 0 {
 		b.updateMinRTT(e.Time, rttSample)
+		b.roundMaxRTT = max(b.roundMaxRTT, rttSample)
 	}
 	if roundStart {
 		b.endRound()
 	}
+	b.updateAckAggregation(e.Time, roundStart, ackedBytes)
 	b.updateState(e, roundStart, ackedBytes)
 	b.setPacingRate()
 	b.setCwnd(ackedBytes)
 	b.publish()
+}
+
+func (b *BBRController) updateAckAggregation(now qc.Time, roundStart bool, acked int) {
+	if acked == 0 || b.maxBW == 0 {
+		return
+	}
+	if roundStart {
+		if b.extraAckedRnds++; b.extraAckedRnds >= 5 {
+			b.extraAckedRnds = 0
+			b.extraAckedIdx ^= 1
+			b.extraAcked[b.extraAckedIdx] = 0
+		}
+	}
+	expected := int(b.maxBW * now.Sub(b.ackEpochStart).Seconds())
+	if b.ackEpochStart.IsZero() || b.ackEpochAcked <= expected || b.ackEpochAcked+acked >= 1<<30 {
+		b.ackEpochStart, b.ackEpochAcked, expected = now, 0, 0
+	}
+	b.ackEpochAcked += acked
+	extra := min(b.ackEpochAcked-expected, b.cwnd)
+	b.extraAcked[b.extraAckedIdx] = max(b.extraAcked[b.extraAckedIdx], extra)
 }
 
 // sampleBandwidth computes the delivery rate since cand was sent and feeds
@@ -289,6 +326,10 @@ func (b *BBRController) sampleBandwidth(cand sentState) {
 	b.recomputeMaxBW()
 }
 
+// recomputeMaxBW takes the maximum over the last bwWindowRounds rounds. It
+// runs only when a sample enters the filter, so that while the sender is
+// application limited (samples that are not fed) the estimate is kept, not
+// aged out: an interactive lull must not forget the path.
 func (b *BBRController) recomputeMaxBW() {
 	m := 0.0
 	for i, v := range b.bwSlots {
@@ -314,13 +355,20 @@ func (b *BBRController) updateMinRTT(now qc.Time, sample time.Duration) {
 // threshold: too much loss caps bytes in flight at 0.7 of what was in flight;
 // each clean round raises the cap, faster each round (as BBRv3's probe-up).
 func (b *BBRController) endRound() {
-	b.recomputeMaxBW()
 	total := b.roundDelivered + b.roundLost
 	b.lossRate = 0
 	if total > 0 {
 		b.lossRate = float64(b.roundLost) / float64(total)
 	}
-	tooMuchLoss := b.lossRate > b.lossThreshold && b.roundLostPackets >= 3
+	// Loss is congestion when it is heavy, or when it comes with a queue:
+	// random loss does not need one, a queue overflowing (another flow
+	// filling the buffer, or our own overshoot) does. So a randomly lossy
+	// path keeps its rate, while on a bottleneck shared with a loss-based
+	// flow (Cubic) bbr backs off on loss as that flow does, which keeps the
+	// two near their fair shares.
+	queued := b.minRTT > 0 && b.roundMaxRTT > b.minRTT*3/2+time.Millisecond
+	tooMuchLoss := (b.roundLostPackets >= 3 && b.lossRate > b.lossThreshold) ||
+		(queued && b.roundLostPackets > 0 && b.lossRate > congestedLossRate)
 	switch {
 	case tooMuchLoss:
 		base := b.roundMaxInFlight
@@ -346,6 +394,7 @@ func (b *BBRController) endRound() {
 	}
 	b.roundDelivered, b.roundLost, b.roundLostPackets = 0, 0, 0
 	b.roundMaxInFlight = b.bytesInFlight
+	b.roundMaxRTT = 0
 }
 
 func (b *BBRController) updateState(e *qc.Event, roundStart bool, ackedBytes int) {
@@ -459,11 +508,15 @@ func (b *BBRController) setPacingRate() {
 func (b *BBRController) setCwnd(ackedBytes int) {
 	target := b.bdp(b.cwndGainNow)
 	if target > 0 {
-		target += 3 * b.datagram // room for ACK aggregation and send quanta
+		target += 3 * b.sendQuantum() // room for send batches
+		if b.filledPipe {
+			target += max(b.extraAcked[0], b.extraAcked[1])
+		}
 	}
 	switch {
 	case target == 0:
-		b.cwnd += ackedBytes // no model yet: grow as slow start does
+		// no model yet: grow as slow start does
+		b.cwnd = min(b.cwnd+ackedBytes, maxWindowPackets*b.datagram)
 	case b.filledPipe:
 		b.cwnd = min(b.cwnd+ackedBytes, target)
 	case b.cwnd < target || b.delivered < int64(initialWindow*b.datagram):
@@ -476,6 +529,15 @@ func (b *BBRController) setCwnd(ackedBytes int) {
 	if b.inflightHi > 0 {
 		b.cwnd = max(min(b.cwnd, b.inflightHi), b.minWindow())
 	}
+}
+
+// sendQuantum is the size of the batches the sender emits (quic-go packs up
+// to 64 KiB per GSO send): the pacing rate's worth of 1 ms, at least two
+// packets, at most 64 KiB, as Linux sizes TSO bursts. On paths whose RTT is
+// mostly end-host processing (loopback, a LAN) the BDP is tiny and these
+// batches, not the BDP, must fit in the window.
+func (b *BBRController) sendQuantum() int {
+	return min(max(int(b.pacingRate/1000), 2*b.datagram), 64<<10)
 }
 
 // CanSend implements qc.Controller.

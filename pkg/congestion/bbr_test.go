@@ -104,8 +104,12 @@ func TestBBRAppLimitedKeepsEstimate(t *testing.T) {
 	s.run(time.Second)
 	before := b.Stats().BandwidthBytesPerSecond
 	s.appLimit = 5 * mbit
-	s.run(200 * time.Millisecond) // 8 round trips, within the filter's window
+	s.run(3 * time.Second) // 120 round trips, far beyond the filter's window
 	require.InDelta(t, before, b.Stats().BandwidthBytesPerSecond, 0.05*before)
+	require.LessOrEqual(t, b.CongestionWindow(), 3*int(before*0.025), "the window stays near 2 BDP")
+	// Bulk again: full rate at once, no startup needed.
+	s.appLimit = 0
+	require.Greater(t, s.goodput(500*time.Millisecond), 0.9*100*mbit)
 }
 
 func TestBBRMTUProbeAndPTOLossesAreNotCongestion(t *testing.T) {

@@ -12,8 +12,11 @@ import (
 const minPacingDelay = time.Millisecond
 
 // pacer is a token bucket refilled at the pacing rate. Its depth allows a
-// burst of max(burstPackets, what the rate sends in 2 ms), so that a sender
-// woken late by the timer catches up and GSO batches stay full.
+// burst of max(burstPackets, what the rate sends in burstTime), so that a
+// sender woken late by the timer catches up and GSO batches stay full. Go's
+// timers oversleep short waits by about a millisecond on a loaded host, and
+// BBR paces at (not above) its estimate: a shallower bucket would lose the
+// time overslept, the estimate would follow the lower rate down, and so on.
 type pacer struct {
 	budget   int // bytes, at last
 	last     qc.Time
@@ -24,8 +27,11 @@ const burstPackets = 10
 
 func newPacer(datagram int) pacer { return pacer{datagram: datagram} }
 
+// burstTime is how much of the rate the bucket holds.
+const burstTime = 2 * time.Millisecond
+
 func (p *pacer) maxBurst(rate float64) int {
-	return max(burstPackets*p.datagram, int(rate*(2*minPacingDelay).Seconds()))
+	return max(burstPackets*p.datagram, int(rate*burstTime.Seconds()))
 }
 
 // budgetAt is the number of bytes that may leave at now, for rate in bytes/s.
