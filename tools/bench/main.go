@@ -44,6 +44,7 @@ func newRunCommand() *cobra.Command {
 	var (
 		profile, binDir, out, prefix string
 		variants, scenarios          []string
+		congestion, directCC         []string
 		serverArgs, clientArgs       []string
 		reps                         int
 		skipChecks                   bool
@@ -71,13 +72,21 @@ func newRunCommand() *cobra.Command {
 					return fmt.Errorf("--scenarios: unknown %q (want %v)", s, harness.AllScenarios())
 				}
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			dir, err := harness.Run(ctx, harness.Options{
+			opts := harness.Options{
 				Profile: p, BinDir: binDir, ResultsDir: out, Prefix: prefix,
 				Variants: variants, Scenarios: scenarios, Reps: reps,
 				ServerArgs: serverArgs, ClientArgs: clientArgs, SkipChecks: skipChecks, Spin: spin, TCPCC: tcpCC,
-			})
+			}
+			// Set but empty means "no per-controller variants"; unset means the profile's.
+			if cmd.Flags().Changed("congestion") {
+				opts.Congestion = nonEmpty(congestion)
+			}
+			if cmd.Flags().Changed("direct-cc") {
+				opts.DirectCC = nonEmpty(directCC)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			dir, err := harness.Run(ctx, opts)
 			if dir != "" {
 				fmt.Printf("Report: %s/report.md\n", dir)
 			}
@@ -85,12 +94,14 @@ func newRunCommand() *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout) or full (every scenario of issue 3)")
+	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout), cc (~15 minutes: bulk under loss, fairness, blackout under load, per congestion controller) or full (every scenario)")
 	fs.StringVar(&binDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
 	fs.StringVar(&out, "out", "bench/results", "results directory; each run writes <out>/<UTC date>/")
 	fs.StringVar(&prefix, "prefix", "qb", "network namespace prefix (<prefix>-c, <prefix>-s)")
-	fs.StringSliceVar(&variants, "variants", nil, "variants to run (direct,kcptun,quictun); default: every available one")
-	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,bulk,echo-tps,request-size,connrate,blackout,scale,flood); default: the profile's")
+	fs.StringSliceVar(&variants, "variants", nil, "variants to run, by name (direct-cubic, quictun-bbr) or family (direct, kcptun, quictun); default: every available one")
+	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,bulk,fairness,echo-tps,request-size,connrate,blackout,blackout-bulk,scale,flood); default: the profile's")
+	fs.StringSliceVar(&congestion, "congestion", nil, "quictun --congestion values, one variant quictun-<cc> each, e.g. bbr,cubic,reno (default: the profile's; cc: bbr,cubic,reno, others none); --congestion= runs one quictun without the flag")
+	fs.StringSliceVar(&directCC, "direct-cc", nil, "TCP congestion controls of direct TCP, one variant direct-<cc> each (server side set per route in the namespaces), e.g. cubic,bbr (default: the profile's; cc: cubic,bbr, others none: one direct with the namespaces' default)")
 	fs.IntVar(&reps, "reps", 0, "repetitions per case (0: the profile's)")
 	fs.StringSliceVar(&serverArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable), e.g. --quictun-server-arg=--idle-timeout=60s")
 	fs.StringSliceVar(&clientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")
@@ -136,4 +147,15 @@ func newReportCommand() *cobra.Command {
 			return harness.WriteReport(args[0], r)
 		},
 	}
+}
+
+// nonEmpty drops empty entries and returns a non-nil slice.
+func nonEmpty(in []string) []string {
+	out := []string{}
+	for _, s := range in {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }

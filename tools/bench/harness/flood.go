@@ -513,7 +513,7 @@ func (q *quictun) FloodTarget(env *Env) (string, int, string) {
 	if q.server != nil {
 		pid = q.server.PID()
 	}
-	return net.JoinHostPort(env.ServerIP, strconv.Itoa(qtUDPPort)), pid, "http://" + qtServerAdmin
+	return net.JoinHostPort(env.ServerIP, strconv.Itoa(q.udpPort())), pid, "http://" + q.local(qtServerAdminPort)
 }
 
 // FloodTarget implements floodable: the UDP port of the echo service's

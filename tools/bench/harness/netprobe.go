@@ -17,14 +17,26 @@ import (
 
 // dialIn opens a TCP connection from inside namespace ns.
 func dialIn(ctx context.Context, ns, addr string) (net.Conn, error) {
+	return dialFrom(ctx, ns, "", addr)
+}
+
+// dialFrom opens a TCP connection from local IP from ("": any) inside
+// namespace ns.
+func dialFrom(ctx context.Context, ns, from, addr string) (net.Conn, error) {
 	var c net.Conn
 	err := netns.Do(ns, func() error {
 		var d net.Dialer
+		if from != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+		}
 		var err error
 		c, err = d.DialContext(ctx, "tcp", addr)
 		return err
 	})
 	if err != nil {
+		if from != "" {
+			return nil, fmt.Errorf("dial %s from %s in %s: %w", addr, from, ns, err)
+		}
 		return nil, fmt.Errorf("dial %s in %s: %w", addr, ns, err)
 	}
 	return c, nil

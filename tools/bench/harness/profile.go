@@ -18,11 +18,17 @@ const (
 	ScScale    = "scale"
 	ScFlood    = "flood"
 	ScCold     = "coldstart"
+	// ScFair: one bulk download through the variant and one direct TCP
+	// Cubic download share the rate-limited link.
+	ScFair = "fairness"
+	// ScBlackoutBulk: a blackout while a bulk download and an interactive
+	// echo run through the same tunnel connection.
+	ScBlackoutBulk = "blackout-bulk"
 )
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
-	return []string{ScLatency, ScCold, ScBulk, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScScale, ScFlood}
+	return []string{ScLatency, ScCold, ScBulk, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood}
 }
 
 // Profile sizes a benchmark run.
@@ -75,6 +81,34 @@ type Profile struct {
 	FloodWarmup      time.Duration
 	FloodProbeNumber int
 	FloodProbeSize   int
+
+	// Fairness: a download through each variant and one through direct TCP
+	// with FairAgainst's congestion control, started together, for
+	// FairDuration on each of FairLinks.
+	FairLinks    []LinkSpec
+	FairDuration time.Duration
+	FairAgainst  string // TCP congestion control of the competing flow (cubic)
+
+	// Blackout with bulk: a download and an interactive echo through the
+	// same tunnel connection; the link is cut for each of
+	// BlackoutBulkDurations after BlackoutBulkWarmup, on each of
+	// BlackoutBulkLinks (their loss is the background loss). Recovery is
+	// awaited up to BlackoutBulkRecovery after the link returns.
+	BlackoutBulkLinks     []LinkSpec
+	BlackoutBulkDurations []time.Duration
+	BlackoutBulkWarmup    time.Duration
+	BlackoutBulkRecovery  time.Duration
+	// BlackoutBulkVariants restricts the scenario to these variants (a
+	// name, or a family such as "quictun" for every quictun-*); empty: all.
+	BlackoutBulkVariants []string
+
+	// Congestion lists quictun --congestion values: one variant
+	// quictun-<cc> each. Empty: one variant "quictun" without the flag.
+	Congestion []string
+	// DirectCC lists TCP congestion controls for direct TCP: one variant
+	// direct-<cc> each, its server side set per route (see direct). Empty:
+	// one variant "direct" with the namespaces' default.
+	DirectCC []string
 
 	// MaxDuration bounds the whole run.
 	MaxDuration time.Duration
@@ -179,6 +213,11 @@ func Profiles(name string) (Profile, error) {
 			FloodKinds:  floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: time.Second,
 			FloodProbeNumber: 1000, FloodProbeSize: 1000,
+			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.01, "100mbit")},
+			FairDuration: 20 * time.Second, FairAgainst: "cubic",
+			BlackoutBulkLinks:     []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.1, "100mbit")},
+			BlackoutBulkDurations: []time.Duration{10 * time.Second, 30 * time.Second},
+			BlackoutBulkWarmup:    3 * time.Second, BlackoutBulkRecovery: recoveryLimit,
 			MaxDuration: 4 * time.Hour,
 		}, nil
 	case "smoke":
@@ -208,10 +247,40 @@ func Profiles(name string) (Profile, error) {
 			FloodKinds:  floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: 200 * time.Millisecond,
 			FloodProbeNumber: 50, FloodProbeSize: 1000,
+			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit")},
+			FairDuration: time.Second, FairAgainst: "cubic",
+			BlackoutBulkLinks:     []LinkSpec{LinkOf("LAN", LANDelay, 0, "100mbit")},
+			BlackoutBulkDurations: []time.Duration{time.Second},
+			BlackoutBulkWarmup:    500 * time.Millisecond, BlackoutBulkRecovery: 20 * time.Second,
 			MaxDuration: 5 * time.Minute,
 		}, nil
+	case "cc":
+		// Congestion control: bulk under random loss, fairness against TCP
+		// Cubic, blackouts under load; about 15 minutes with one repetition.
+		var bulk []LinkSpec
+		for _, loss := range []float64{0, 0.01, 0.02, 0.05} {
+			bulk = append(bulk, LinkOf("WAN", WANDelay, loss, "100mbit"))
+		}
+		return Profile{
+			Name: "cc", Reps: 1,
+			Scenarios:    []string{ScBulk, ScFair, ScBlackoutBulk},
+			BulkLinks:    bulk,
+			BulkParallel: []int{1},
+			BulkDuration: 8 * time.Second,
+			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit")},
+			FairDuration: 15 * time.Second, FairAgainst: "cubic",
+			BlackoutBulkLinks:     []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.1, "100mbit")},
+			BlackoutBulkDurations: []time.Duration{10 * time.Second, 30 * time.Second},
+			BlackoutBulkWarmup:    2 * time.Second, BlackoutBulkRecovery: 30 * time.Second,
+			// Direct TCP BBR is the reference; Cubic and kcptun are left out
+			// here to keep the profile near 15 minutes.
+			BlackoutBulkVariants: []string{"quictun", "direct-bbr"},
+			Congestion:           []string{"bbr", "cubic", "reno"},
+			DirectCC:             []string{"cubic", "bbr"},
+			MaxDuration:          30 * time.Minute,
+		}, nil
 	default:
-		return Profile{}, fmt.Errorf("profile %q: want quick, full or smoke", name)
+		return Profile{}, fmt.Errorf("profile %q: want quick, full, cc or smoke", name)
 	}
 }
 

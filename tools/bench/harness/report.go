@@ -42,9 +42,19 @@ func Scenarios() map[string]ScenarioInfo {
 		ScCold: {"1b. Cold start", "The tunnel's client process is restarted (SIGTERM, then started again as an operator or a boot would) and an application connects at once, retrying until the local listener is up; first byte = from the start of the successful connect to the echo of 1000 B. quictun runs with `--session-file` (as its systemd unit does), so the restarted client resumes with 0-RTT. direct: a new TCP connection (its handshake is part of the first byte). In RTTs: first byte / the link's round-trip time (2 x one-way delay). Since start: from starting the client process to the echo.",
 			[]Metric{{"first_byte_ms", "first byte ms", false}, {"first_byte_rtts", "first byte RTTs", false}, {"since_start_ms", "since process start ms", false}},
 			[]string{"first_byte_rtts"}},
-		ScBulk: {"2. Bulk throughput", "Download (server to client) from `latency-client serve`'s sink for a fixed time, by the harness's own sink-protocol client (it stops with a byte, not a half-close, which kcptun does not carry); byte count and CRC-32C verified, 1 or 4 parallel connections. CPU: user+system seconds of the tunnel's client and server processes per GB carried (direct TCP has no tunnel process).",
-			[]Metric{{"mbit_per_s", "Mbit/s", true}, {"cpu_client_s_per_gb", "client CPU s/GB", false}, {"cpu_server_s_per_gb", "server CPU s/GB", false}},
+		ScBulk: {"2. Bulk throughput", "Download (server to client) from `latency-client serve`'s sink for a fixed time, by the harness's own sink-protocol client (it stops with a byte, not a half-close, which kcptun does not carry); byte count and CRC-32C verified, 1 or 4 parallel connections. ×V: this variant's median over V's on the same link. " + usageText,
+			append([]Metric{{"mbit_per_s", "Mbit/s", true}}, usageColumns...),
 			[]string{"mbit_per_s", "cpu_client_s_per_gb"}},
+		ScFair: {"2b. Fairness against direct TCP Cubic", "One download through the variant and one over direct TCP (server side Cubic, set per route) start together on the same link and run for the same time. Share: each flow's goodput in % of the link rate (of their sum on an unlimited link); Jain: Jain's index of the two rates (1 = equal, 0.5 = one flow has everything). direct-cubic against Cubic is the reference of two equal flows. CPU and emulator columns as in the bulk section, over both flows.",
+			append([]Metric{{"mbit_per_s", "flow Mbit/s", true}, {"against_mbit_per_s", "Cubic Mbit/s", true}, {"share_pct", "flow % of link", true},
+				{"against_share_pct", "Cubic % of link", true}, {"jain", "Jain", true}}, usageColumns[:7]...),
+			[]string{"share_pct", "against_share_pct"}},
+		ScBlackoutBulk: {"5b. Blackout under load", "A download runs and an interactive 1000 B echo connection is open through the same tunnel connection (quictun: the sink client's QUIC connection, the echo connecting from 127.0.0.2, which its File token source sends to the echo server; direct TCP and kcptun: separate connections); after the warm-up, 100 % loss both ways for the given time on top of the link's background loss, and an echo request is sent just after the cut. Echo after: seconds from the end of the cut to the echo. Bulk flowing after: seconds from the end of the cut until 1 MiB of new download data has arrived (first byte: the first of it). Before/after Mbit/s: download rate in the second half of the warm-up, and in the second after it flowed again. Bulk kept: the download connection was still up when the harness stopped it (not reset); its end is then awaited for 5 s and, when it arrives, count and CRC-32C are verified (results.json: bulk_verified; a slow lossy download may still be draining its buffers then, which is not an error). Tunnel survived: the sink client's QUIC connection was not replaced (quictun reconnect counter unchanged). Recovery is awaited for a bounded time (profile); a missing value is a recovery that did not happen within it (see errors). Emulator columns as in the bulk section, over the whole sample.",
+			[]Metric{{"echo_after_s", "echo after s", false}, {"bulk_flowing_after_s", "bulk flowing after s", false}, {"bulk_first_byte_after_s", "bulk first byte after s", false},
+				{"tunnel_survived", "tunnel survived", true}, {"bulk_survived", "bulk kept", true}, {"bulk_before_mbit_per_s", "before Mbit/s", true},
+				{"bulk_after_mbit_per_s", "after Mbit/s", true}, {"emu_cpu_pct", "emulator CPU %", false}, {"emu_queue_drops", "emulator queue drops", false},
+				{"emu_late_pct", "emulator late %", false}},
+			[]string{"echo_after_s", "bulk_flowing_after_s"}},
 		ScEcho: {"3a. Echo TPS by message size", "Several connections in parallel, ping-pong of the given size, unlimited link.",
 			[]Metric{{"tps", "round trips/s", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p99_ms", "p99 ms", false}}, nil},
 		ScReqSize: {"3b. QPS and throughput by request size", "One connection, request = echo of the given size, unlimited link.",
@@ -65,6 +75,88 @@ func Scenarios() map[string]ScenarioInfo {
 				{"flood_pps", "flood datagrams/s", true}, {"server_cpu_pct", "server CPU %", false}},
 			[]string{"p50_ms", "p99_ms"}},
 	}
+}
+
+// usageText explains the CPU and drop columns of the bulk scenarios.
+const usageText = "CPU % = share of one core over the transfer: the tunnel's client and server processes (direct TCP has none), and the emulator: the harness process, in which tools/linkem runs, less the threads that read the downloads (each locked to its OS thread and timed); it includes the Go runtime's work for the emulator (GC of its per-packet buffers). Emulator queue drops: packets dropped by the emulator's rate limiter queue (tail drop, 50 ms at the rate) or delay-line overflow during the transfer, both directions; the configured random loss is counted apart (results.json: emu_loss_drops). Emulator overload shows as: late % = packets that left the emulator's delay line 1 ms or more after their due time, mean late µs = their mean lateness (all packets), and TUN drops = packets the kernel dropped at the namespaces' TUN devices because the emulator did not read them in time. The emulator spins (yields in a loop) during the last millisecond before each delivery to keep the delay accurate, so its CPU % is high whenever packets are in flight and is not by itself a sign of saturation; late % and TUN drops are. CPU s/GB: CPU seconds of the tunnel processes per GB carried. An emulator near 100 % of a core, or a tunnel process near it, is a machine limit, not a protocol one."
+
+// usageColumns are the CPU and drop columns shown beside bulk results.
+var usageColumns = []Metric{
+	{"cpu_client_pct", "client CPU %", false}, {"cpu_server_pct", "server CPU %", false},
+	{"emu_cpu_pct", "emulator CPU %", false}, {"emu_queue_drops", "emulator queue drops", false},
+	{"emu_late_pct", "emulator late %", false}, {"emu_mean_late_us", "emulator mean late µs", false}, {"emu_tun_drops", "TUN drops", false},
+	{"cpu_client_s_per_gb", "client CPU s/GB", false}, {"cpu_server_s_per_gb", "server CPU s/GB", false},
+}
+
+// writeRowTable writes one row per (link, case, variant) and one column per
+// metric; ratioTo lists variants whose mbit_per_s each row is divided by
+// (columns ×V).
+func writeRowTable(w *errWriter, sc string, si ScenarioInfo, rows []row, variants []string, agg map[Key]Summary, ratioTo []string) {
+	var metrics []Metric
+	for _, mt := range si.Metrics {
+		for _, r := range rows {
+			found := false
+			for _, v := range variants {
+				if _, ok := agg[Key{sc, r.link, r.cs, v, mt.Key}]; ok {
+					found = true
+				}
+			}
+			if found {
+				metrics = append(metrics, mt)
+				break
+			}
+		}
+	}
+	w.printf("| link | case | variant |")
+	for i, mt := range metrics {
+		w.printf(" %s |", mt.Label)
+		if i == 0 {
+			for _, b := range ratioTo {
+				w.printf(" ×%s |", b)
+			}
+		}
+	}
+	w.printf("\n|---|---|---|%s\n", strings.Repeat("---|", len(metrics)+len(ratioTo)))
+	for _, r := range rows {
+		for _, v := range variants {
+			cells := make([]string, 0, len(metrics)+len(ratioTo))
+			has := false
+			for i, mt := range metrics {
+				s, ok := agg[Key{sc, r.link, r.cs, v, mt.Key}]
+				has = has || ok
+				cells = append(cells, fmtSummary(s, ok))
+				if i == 0 {
+					for _, b := range ratioTo {
+						cells = append(cells, ratioCell(agg, Key{sc, r.link, r.cs, v, mt.Key}, Key{sc, r.link, r.cs, b, mt.Key}))
+					}
+				}
+			}
+			if has {
+				w.printf("| %s | %s | %s | %s |\n", r.link, r.cs, v, strings.Join(cells, " | "))
+			}
+		}
+	}
+}
+
+// ratioCell is the ratio of the medians of a and b, or "–".
+func ratioCell(agg map[Key]Summary, a, b Key) string {
+	x, ok1 := agg[a]
+	y, ok2 := agg[b]
+	if !ok1 || !ok2 || y.Median == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", x.Median/y.Median)
+}
+
+// directVariants are the direct TCP variants of a run (bulk ratio columns).
+func directVariants(variants []string) []string {
+	var out []string
+	for _, v := range variants {
+		if v == "direct" || strings.HasPrefix(v, "direct-") {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // writeFloodTables writes one table per variant for the flood scenario:
@@ -240,9 +332,14 @@ func WriteReport(dir string, res *Results) error {
 		}
 		si := info[sc]
 		w.printf("\n## %s\n\n%s\n\n", si.Title, si.What)
-		if sc == ScFlood {
+		switch sc {
+		case ScFlood:
 			writeFloodTables(w, res, rows, agg)
-		} else {
+		case ScBulk:
+			writeRowTable(w, sc, si, rows, res.Variants, agg, directVariants(res.Variants))
+		case ScFair, ScBlackoutBulk:
+			writeRowTable(w, sc, si, rows, res.Variants, agg, nil)
+		default:
 			writeScenarioTable(w, sc, si, rows, res.Variants, agg)
 		}
 		charts, err := writeCharts(dir, sc, si, rows, res.Variants, agg)

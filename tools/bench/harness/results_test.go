@@ -95,7 +95,7 @@ func TestSaveLoadReportCompare(t *testing.T) {
 
 func TestProfiles(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"quick", "full", "smoke"} {
+	for _, name := range []string{"quick", "full", "cc", "smoke"} {
 		p, err := Profiles(name)
 		require.NoError(t, err)
 		assert.Equal(t, name, p.Name)
@@ -113,6 +113,31 @@ func TestProfiles(t *testing.T) {
 	assert.Len(t, full.BulkLinks, 10)
 	assert.Equal(t, []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 35 * time.Second}, full.Blackouts)
 	assert.Equal(t, 1000, full.ScaleConns)
+	assert.Empty(t, full.Congestion, "full keeps one quictun variant")
+
+	cc, _ := Profiles("cc")
+	assert.Equal(t, []string{ScBulk, ScFair, ScBlackoutBulk}, cc.Scenarios)
+	var names []string
+	for _, l := range cc.BulkLinks {
+		names = append(names, l.Name)
+	}
+	assert.Equal(t, []string{"WAN 100mbit loss 0%", "WAN 100mbit loss 1%", "WAN 100mbit loss 2%", "WAN 100mbit loss 5%"}, names)
+	assert.Equal(t, []string{"bbr", "cubic", "reno"}, cc.Congestion)
+	assert.Equal(t, []string{"cubic", "bbr"}, cc.DirectCC)
+	assert.Equal(t, "cubic", cc.FairAgainst)
+	assert.Equal(t, []time.Duration{10 * time.Second, 30 * time.Second}, cc.BlackoutBulkDurations)
+	assert.Equal(t, "WAN 100mbit loss 10%", cc.BlackoutBulkLinks[1].Name)
+	// Rough lower bound of its length with 6 variants, 4 of them in the
+	// blackout cases: it must stay near 15 minutes.
+	est := time.Duration(len(cc.BulkLinks)*6)*cc.BulkDuration + time.Duration(len(cc.FairLinks)*6)*cc.FairDuration
+	for _, d := range cc.BlackoutBulkDurations {
+		est += time.Duration(len(cc.BlackoutBulkLinks)*4) * (cc.BlackoutBulkWarmup + d + 2*time.Second)
+	}
+	assert.Less(t, est, 14*time.Minute, "estimate %v", est)
+	for _, name := range AllScenarios() {
+		_, ok := Scenarios()[name]
+		assert.True(t, ok, "report info of %s", name)
+	}
 }
 
 func TestParseSizeAndLinks(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,8 +33,14 @@ type Options struct {
 	ClientArgs []string // extra quictun-client flags
 	SkipChecks bool     // skip the link validation
 	TCPCC      string   // net.ipv4.tcp_congestion_control in both namespaces ("": keep the kernel default)
-	Spin       time.Duration
-	Now        func() time.Time
+	// Congestion: quictun --congestion values, one variant quictun-<cc>
+	// each (nil: the profile's; empty, not nil: one "quictun" without the flag).
+	Congestion []string
+	// DirectCC: TCP congestion controls of direct TCP, one variant
+	// direct-<cc> each (nil: the profile's; empty, not nil: one "direct").
+	DirectCC []string
+	Spin     time.Duration
+	Now      func() time.Time
 }
 
 // Runner holds a run's state.
@@ -64,6 +71,12 @@ func Run(ctx context.Context, opts Options) (dir string, err error) {
 	}
 	if len(opts.Scenarios) > 0 {
 		r.prof.Scenarios = opts.Scenarios
+	}
+	if opts.Congestion != nil {
+		r.prof.Congestion = opts.Congestion
+	}
+	if opts.DirectCC != nil {
+		r.prof.DirectCC = opts.DirectCC
 	}
 	if err := r.preflight(); err != nil {
 		return "", err
@@ -203,33 +216,17 @@ func (r *Runner) startEndpoints(ctx context.Context) error {
 	if err := waitEcho(ctx, r.env.ClientNS, net.JoinHostPort(r.env.ServerIP, fmt.Sprint(EchoPort)), 20*time.Second); err != nil {
 		return fmt.Errorf("echo server: %w", err)
 	}
-	want := map[string]bool{}
-	for _, v := range r.opts.Variants {
-		want[v] = true
-	}
-	all := len(want) == 0
-	cands := []Variant{&direct{}}
-	if KcptunAvailable() {
-		cands = append(cands, &kcptun{})
-	} else if want["kcptun"] {
-		return errors.New("kcptun requested but kcptun-client/kcptun-server are not installed (apt-get install kcptun)")
-	} else {
-		r.res.Notes = append(r.res.Notes, "kcptun not installed: column skipped")
-	}
-	if QuictunAvailable(r.opts.BinDir) {
-		cands = append(cands, &quictun{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs})
-	} else if want["quictun"] {
-		return fmt.Errorf("quictun requested but %s/quictun-{server,client} are not built", r.opts.BinDir)
-	} else {
-		r.res.Notes = append(r.res.Notes, "quictun binaries not built: column skipped")
+	cands, err := r.candidates(ctx)
+	if err != nil {
+		return err
 	}
 	for _, v := range cands {
-		if !all && !want[v.Name()] {
+		if !variantSelected(v.Name(), r.opts.Variants) {
 			continue
 		}
 		if err := v.Start(ctx, &r.env); err != nil {
 			v.Stop()
-			if !all {
+			if slices.Contains(r.opts.Variants, v.Name()) {
 				return fmt.Errorf("start %s: %w", v.Name(), err)
 			}
 			r.res.Notes = append(r.res.Notes, fmt.Sprintf("%s failed to start, column skipped: %v", v.Name(), err))
@@ -241,6 +238,79 @@ func (r *Runner) startEndpoints(ctx context.Context) error {
 		klog.InfoS("Started variant", "variant", v.Name())
 	}
 	return nil
+}
+
+// candidates lists the variants of the run: direct TCP (one per DirectCC),
+// kcptun when installed, and quictun (one per Congestion).
+func (r *Runner) candidates(ctx context.Context) ([]Variant, error) {
+	wanted := func(family string) bool {
+		for _, v := range r.opts.Variants {
+			if v == family || strings.HasPrefix(v, family+"-") {
+				return true
+			}
+		}
+		return false
+	}
+	var cands []Variant
+	if len(r.prof.DirectCC) == 0 {
+		cands = append(cands, &direct{})
+	}
+	for _, cc := range r.prof.DirectCC {
+		cands = append(cands, &direct{CC: cc})
+	}
+	if KcptunAvailable() {
+		cands = append(cands, &kcptun{})
+	} else if wanted("kcptun") {
+		return nil, errors.New("kcptun requested but kcptun-client/kcptun-server are not installed (apt-get install kcptun)")
+	} else {
+		r.res.Notes = append(r.res.Notes, "kcptun not installed: column skipped")
+	}
+	if !QuictunAvailable(r.opts.BinDir) {
+		if wanted("quictun") {
+			return nil, fmt.Errorf("quictun requested but %s/quictun-{server,client} are not built", r.opts.BinDir)
+		}
+		r.res.Notes = append(r.res.Notes, "quictun binaries not built: column skipped")
+		return cands, nil
+	}
+	ccs := r.prof.Congestion
+	if len(ccs) > 0 && !QuictunHasFlag(ctx, r.opts.BinDir, "--congestion") {
+		note := fmt.Sprintf("quictun-server/quictun-client in %s have no --congestion flag: ran one variant \"quictun\" with the binaries' built-in congestion control instead of %s",
+			r.opts.BinDir, strings.Join(prefixed("quictun-", ccs), ", "))
+		r.res.Notes = append(r.res.Notes, note)
+		klog.InfoS("No --congestion flag in the quictun binaries: running plain quictun", "bin", r.opts.BinDir)
+		ccs = nil
+	}
+	if len(ccs) == 0 {
+		ccs = []string{""}
+	}
+	for i, cc := range ccs {
+		cands = append(cands, &quictun{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs, Congestion: cc, Instance: i})
+	}
+	return cands, nil
+}
+
+func prefixed(p string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = p + n
+	}
+	return out
+}
+
+// variantSelected tells whether variant name is among sel, by name or by
+// family (the part before the first '-': "quictun" selects quictun-bbr).
+// An empty sel selects everything.
+func variantSelected(name string, sel []string) bool {
+	if len(sel) == 0 {
+		return true
+	}
+	family, _, _ := strings.Cut(name, "-")
+	for _, s := range sel {
+		if s == name || s == family {
+			return true
+		}
+	}
+	return false
 }
 
 // setLink applies spec to both directions, resetting every other parameter.

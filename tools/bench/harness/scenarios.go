@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"sync"
@@ -86,6 +87,10 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.flood(ctx)
 	case ScCold:
 		return r.coldstart(ctx)
+	case ScFair:
+		return r.fairness(ctx)
+	case ScBlackoutBulk:
+		return r.blackoutBulk(ctx)
 	default:
 		return fmt.Errorf("unknown scenario %q", name)
 	}
@@ -197,14 +202,15 @@ func cpuOf(pids []int) float64 {
 func (r *Runner) bulkOne(ctx context.Context, link LinkSpec, v Variant, rep, par int) {
 	s := Sample{Scenario: ScBulk, Link: link.Name, Case: fmt.Sprintf("%d stream(s)", par), Variant: v.Name(), Rep: rep, Started: time.Now().UTC()}
 	cp, sp := v.EndpointPIDs("sink")
-	c0, s0 := cpuOf(cp), cpuOf(sp)
+	u0 := r.usage(cp, sp)
 	b := bulkDownload(ctx, r.env.ClientNS, v.Sink(), par, r.prof.BulkDuration)
-	c1, s1 := cpuOf(cp), cpuOf(sp)
+	u1 := r.usage(cp, sp)
 	s.Raw, _ = json.Marshal(b)
 	s.Metrics = map[string]float64{"mbit_per_s": b.MbitPerS, "bytes": float64(b.Bytes), "seconds": b.Seconds}
+	maps.Copy(s.Metrics, usageMetrics(u0, u1, b.ReaderCPU, len(cp)+len(sp) > 0))
 	if gb := float64(b.Bytes) / 1e9; gb > 0 && len(cp)+len(sp) > 0 {
-		s.Metrics["cpu_client_s_per_gb"] = (c1 - c0) / gb
-		s.Metrics["cpu_server_s_per_gb"] = (s1 - s0) / gb
+		s.Metrics["cpu_client_s_per_gb"] = (u1.Client - u0.Client) / gb
+		s.Metrics["cpu_server_s_per_gb"] = (u1.Server - u0.Server) / gb
 	}
 	if b.Errors > 0 {
 		s.Error = fmt.Sprintf("bulk: %d of %d stream(s) failed", b.Errors, par)
@@ -427,7 +433,7 @@ func (r *Runner) scale(ctx context.Context) error {
 				return nil
 			}
 			cp, sp := v.EndpointPIDs("echo")
-			if v.Name() == "direct" && r.echo != nil {
+			if _, ok := v.(*direct); ok && r.echo != nil {
 				sp = []int{r.echo.PID()}
 			}
 			sampler := sampleRSS(append(append([]int(nil), cp...), sp...), 200*time.Millisecond)

@@ -8,8 +8,12 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"runtime"
+	"sort"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The harness speaks latency-client's sink protocol (tools/latency-client/
@@ -26,22 +30,120 @@ const (
 type BulkStream struct {
 	Bytes   int64   `json:"bytes"`
 	Seconds float64 `json:"seconds"`
-	Error   string  `json:"error,omitempty"`
-	start   time.Time
-	end     time.Time
+	// ReaderCPU is the CPU time of the harness thread that read the stream
+	// (it runs locked to its OS thread), so that the harness's own CPU use
+	// can be told apart from the in-process emulator's.
+	ReaderCPU float64 `json:"reader_cpu_s"`
+	Error     string  `json:"error,omitempty"`
+	start     time.Time
+	end       time.Time
 }
 
 // BulkDownload is the outcome of parallel download streams.
 type BulkDownload struct {
-	Target   string       `json:"target"`
-	Parallel int          `json:"parallel"`
-	Bytes    int64        `json:"bytes"`
-	Seconds  float64      `json:"seconds"`
-	MbitPerS float64      `json:"mbit_per_s"`
-	Verified bool         `json:"verified"`
-	Errors   int          `json:"errors"`
-	Streams  []BulkStream `json:"streams"`
+	Target    string       `json:"target"`
+	Parallel  int          `json:"parallel"`
+	Bytes     int64        `json:"bytes"`
+	Seconds   float64      `json:"seconds"`
+	MbitPerS  float64      `json:"mbit_per_s"`
+	ReaderCPU float64      `json:"reader_cpu_s"`
+	Verified  bool         `json:"verified"`
+	Errors    int          `json:"errors"`
+	Streams   []BulkStream `json:"streams"`
 }
+
+// flowPoint is the cumulative byte count of a stream at a time.
+type flowPoint struct {
+	T     time.Time
+	Bytes int64
+}
+
+// progress records when a stream's bytes arrived (one point per frame).
+type progress struct {
+	mu  sync.Mutex
+	pts []flowPoint
+}
+
+// maxFlowPoints bounds a progress record (frames are up to 64 KiB: hours
+// of 100 Mbit/s).
+const maxFlowPoints = 1 << 20
+
+func (p *progress) add(t time.Time, cum int64) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.pts) < maxFlowPoints {
+		p.pts = append(p.pts, flowPoint{t, cum})
+	}
+}
+
+// last returns the latest cumulative count.
+func (p *progress) last() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.pts) == 0 {
+		return 0
+	}
+	return p.pts[len(p.pts)-1].Bytes
+}
+
+// points returns a copy of the record.
+func (p *progress) points() []flowPoint {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]flowPoint(nil), p.pts...)
+}
+
+// bytesAt is the cumulative count at t (of the last point not after t).
+func bytesAt(pts []flowPoint, t time.Time) int64 {
+	i := sort.Search(len(pts), func(i int) bool { return pts[i].T.After(t) })
+	if i == 0 {
+		return 0
+	}
+	return pts[i-1].Bytes
+}
+
+// flowAfter returns how long after mark at least want bytes had arrived
+// that arrived after mark, and false if that never happened.
+func flowAfter(pts []flowPoint, mark time.Time, want int64) (time.Duration, bool) {
+	base := bytesAt(pts, mark)
+	for _, p := range pts {
+		if p.T.After(mark) && p.Bytes-base >= want {
+			return p.T.Sub(mark), true
+		}
+	}
+	return 0, false
+}
+
+// rateBetween is the goodput in Mbit/s between a and b.
+func rateBetween(pts []flowPoint, a, b time.Time) float64 {
+	if !b.After(a) {
+		return 0
+	}
+	return float64(bytesAt(pts, b)-bytesAt(pts, a)) * 8 / b.Sub(a).Seconds() / 1e6
+}
+
+// threadCPU returns the CPU time (user+system) of the calling OS thread.
+func threadCPU() float64 {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		return 0
+	}
+	return tvSeconds(ru.Utime) + tvSeconds(ru.Stime)
+}
+
+// processCPU returns the CPU time (user+system) of this process.
+func processCPU() float64 {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return tvSeconds(ru.Utime) + tvSeconds(ru.Stime)
+}
+
+func tvSeconds(tv unix.Timeval) float64 { return float64(tv.Sec) + float64(tv.Usec)/1e6 }
 
 func sinkRequest(count uint64) []byte {
 	b := make([]byte, 16)
@@ -52,24 +154,54 @@ func sinkRequest(count uint64) []byte {
 	return b
 }
 
-// downloadOne reads frames from c until stop fires, then sends the stop
-// byte, reads the end frame and the trailer, and checks count and CRC-32C.
+// downloadOne downloads from c for d (see download).
 func downloadOne(c net.Conn, d time.Duration, limit time.Duration) BulkStream {
-	var s BulkStream
+	return download(c, nil, d, limit, nil)
+}
+
+// download reads frames from c until stop is closed or, if d > 0, for d
+// from the request, then sends the stop byte, reads the end frame and the
+// trailer, and checks count and CRC-32C. limit bounds the whole download;
+// prog, if not nil, records the arrivals. It runs locked to its OS thread
+// and reports that thread's CPU time.
+func download(c net.Conn, stop <-chan struct{}, d, limit time.Duration, prog *progress) (s BulkStream) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0 := threadCPU()
+	defer func() { s.ReaderCPU = threadCPU() - cpu0 }()
 	_ = c.SetDeadline(time.Now().Add(limit))
 	if _, err := c.Write(sinkRequest(0)); err != nil {
 		s.Error = fmt.Sprintf("write request: %v", err)
 		return s
 	}
 	s.start = time.Now()
-	var once sync.Once
+	prog.add(s.start, 0)
+	// The stop byte is written once stop is closed, unless the download
+	// has already ended.
+	var mu sync.Mutex
+	finished := false
 	var stopErr error
-	stop := time.AfterFunc(d, func() {
-		once.Do(func() {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var after <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		after = t.C
+	}
+	wg.Go(func() {
+		select {
+		case <-stop:
+		case <-after:
+		case <-done:
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !finished {
 			_, stopErr = c.Write([]byte{0})
-		})
+		}
 	})
-	defer stop.Stop()
 	br := bufio.NewReaderSize(c, 256<<10)
 	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 	buf := make([]byte, sinkMaxFrame)
@@ -91,6 +223,7 @@ func downloadOne(c net.Conn, d time.Duration, limit time.Duration) BulkStream {
 			}
 			_, _ = h.Write(buf[:n])
 			s.Bytes += int64(n)
+			prog.add(time.Now(), s.Bytes)
 		}
 		tr := make([]byte, sinkTrailerSize)
 		if _, err := io.ReadFull(br, tr); err != nil {
@@ -105,8 +238,11 @@ func downloadOne(c net.Conn, d time.Duration, limit time.Duration) BulkStream {
 		}
 		return nil
 	}()
-	stop.Stop()
-	once.Do(func() {}) // no stop byte after this point
+	mu.Lock()
+	finished = true // no stop byte after this point
+	mu.Unlock()
+	close(done)
+	wg.Wait()
 	if err == nil && stopErr != nil {
 		err = fmt.Errorf("write stop byte: %w", stopErr)
 	}
@@ -163,6 +299,7 @@ func bulkDownload(ctx context.Context, ns, addr string, par int, d time.Duration
 	var first, last time.Time
 	for _, s := range res.Streams {
 		res.Bytes += s.Bytes
+		res.ReaderCPU += s.ReaderCPU
 		if s.Error != "" {
 			res.Errors++
 		}

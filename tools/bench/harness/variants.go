@@ -12,9 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
 // Ports used inside the namespaces.
@@ -30,9 +34,80 @@ type Env struct {
 	BinDir             string // quictun binaries and latency-client
 	WorkDir            string // scratch: state dirs, secrets
 	LogDir             string // process logs
+
+	mu      sync.Mutex
+	ccAddrs map[string]string // TCP congestion control -> server address (see CCServerIP)
 }
 
 func (e *Env) bin(name string) string { return filepath.Join(e.BinDir, name) }
+
+// ccAddrBase: the server host's extra addresses are 198.18.0.<ccAddrBase+i>.
+const ccAddrBase = 11
+
+// CCServerIP returns an extra address of the server host through which TCP
+// connections from the client host use congestion control cc on the
+// server side (the sending side of a download), creating it on first use:
+// the address on the server's link device, a route to it on the client
+// host, and on the server host a source-address rule to a routing table
+// whose route back to the client carries `congctl cc`. Only the two
+// namespaces change; the global net.ipv4.tcp_allowed_congestion_control,
+// which limits what a namespace's default may be set to, does not apply
+// to routes. cc must be built into the kernel (no module loading here).
+func (e *Env) CCServerIP(ctx context.Context, cc string) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ip, ok := e.ccAddrs[cc]; ok {
+		return ip, nil
+	}
+	avail, err := availableCC(e.ServerNS)
+	if err != nil {
+		return "", err
+	}
+	if !slices.Contains(avail, cc) {
+		return "", fmt.Errorf("TCP congestion control %q is not available in this kernel (tcp_available_congestion_control: %s; modules cannot be loaded here)",
+			cc, strings.Join(avail, " "))
+	}
+	if e.ccAddrs == nil {
+		e.ccAddrs = map[string]string{}
+	}
+	i := len(e.ccAddrs)
+	ip := fmt.Sprintf("198.18.0.%d", ccAddrBase+i)
+	table := strconv.Itoa(100 + i)
+	for _, c := range ccRouteCommands(e.ClientNS, e.ServerNS, ip, netns.ClientIP, table, cc) {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		out, err := exec.CommandContext(cctx, "ip", c...).CombinedOutput()
+		cancel()
+		if err != nil {
+			return "", fmt.Errorf("ip %s: %w: %s", strings.Join(c, " "), err, strings.TrimSpace(string(out)))
+		}
+	}
+	e.ccAddrs[cc] = ip
+	return ip, nil
+}
+
+// ccRouteCommands are the ip(8) commands behind CCServerIP.
+func ccRouteCommands(cns, sns, ip, clientIP, table, cc string) [][]string {
+	return [][]string{
+		{"-n", sns, "addr", "add", ip + "/32", "dev", netns.DevName},
+		{"-n", cns, "route", "add", ip + "/32", "dev", netns.DevName, "congctl", cc},
+		{"-n", sns, "rule", "add", "from", ip, "lookup", table},
+		{"-n", sns, "route", "add", clientIP + "/32", "dev", netns.DevName, "congctl", cc, "table", table},
+	}
+}
+
+// availableCC lists net.ipv4.tcp_available_congestion_control in ns.
+func availableCC(ns string) ([]string, error) {
+	var out []string
+	err := netns.Do(ns, func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_available_congestion_control")
+		out = strings.Fields(string(b))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read tcp_available_congestion_control in %s: %w", ns, err)
+	}
+	return out, nil
+}
 
 // Variant is one way of carrying TCP from the client host to the echo and
 // sink servers on the server host.
@@ -54,10 +129,35 @@ type Variant interface {
 
 // --- direct TCP ---
 
-type direct struct{ ip string }
+// direct connects across the link to the echo and sink servers. With CC
+// set, it connects to an address of the server host whose connections use
+// that TCP congestion control (Env.CCServerIP); otherwise the namespaces'
+// default (recorded in the report).
+type direct struct {
+	CC string
+	ip string
+}
 
-func (d *direct) Name() string                               { return "direct" }
-func (d *direct) Start(_ context.Context, env *Env) error    { d.ip = env.ServerIP; return nil }
+func (d *direct) Name() string {
+	if d.CC == "" {
+		return "direct"
+	}
+	return "direct-" + d.CC
+}
+
+func (d *direct) Start(ctx context.Context, env *Env) error {
+	if d.CC == "" {
+		d.ip = env.ServerIP
+		return nil
+	}
+	ip, err := env.CCServerIP(ctx, d.CC)
+	if err != nil {
+		return err
+	}
+	d.ip = ip
+	return nil
+}
+
 func (d *direct) Echo() string                               { return net.JoinHostPort(d.ip, strconv.Itoa(EchoPort)) }
 func (d *direct) Sink() string                               { return net.JoinHostPort(d.ip, strconv.Itoa(SinkPort)) }
 func (d *direct) EndpointPIDs(string) (client, server []int) { return nil, nil }
@@ -157,32 +257,102 @@ func QuictunAvailable(binDir string) bool {
 	return true
 }
 
-type quictun struct {
-	ServerArgs, ClientArgs []string // extra flags
-	server                 *Proc
-	clients                map[string]*Proc
+// QuictunHasFlag tells whether both quictun binaries in binDir accept
+// flag (e.g. "--congestion"), from their --help.
+func QuictunHasFlag(ctx context.Context, binDir, flag string) bool {
+	for _, b := range []string{"quictun-server", "quictun-client"} {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		out, err := exec.CommandContext(cctx, filepath.Join(binDir, b), "--help").CombinedOutput()
+		cancel()
+		if err != nil || !helpHasFlag(string(out), flag) {
+			return false
+		}
+	}
+	return true
 }
 
+// helpHasFlag tells whether a --help text lists flag.
+func helpHasFlag(help, flag string) bool {
+	for _, f := range strings.Fields(help) {
+		f = strings.TrimRight(f, ",")
+		if f == flag || strings.HasPrefix(f, flag+"=") || strings.HasPrefix(f, flag+"[") {
+			return true
+		}
+	}
+	return false
+}
+
+// quictun is one quictun-server and its clients: "echo" (Fixed token, the
+// echo server) and "sink" (File token source: connections from
+// 127.0.0.2 go to the echo server, every other one to the sink, so a
+// download and an interactive echo can share one QUIC connection).
+// Instance k of a run uses its own ports, so several instances (one per
+// congestion controller) run side by side.
+type quictun struct {
+	ServerArgs, ClientArgs []string // extra flags
+	// Congestion is the --congestion value passed to both daemons; "" passes none.
+	Congestion string
+	// Instance numbers the quictun variants of a run (ports, files).
+	Instance int
+	server   *Proc
+	clients  map[string]*Proc
+}
+
+// Ports of instance 0; instance k adds 10*k (the UDP port adds k).
 const (
 	qtUDPPort                = 7500
 	qtEchoLocal, qtSinkLocal = 6500, 6501
-	qtServerAdmin            = "127.0.0.1:8086"
-	qtEchoAdmin              = "127.0.0.1:8087"
-	qtSinkAdmin              = "127.0.0.1:8088"
+	qtServerAdminPort        = 8086
+	qtEchoAdminPort          = 8087
+	qtSinkAdminPort          = 8088
+	// qtMuxEchoIP: connections to the sink client's listener from this
+	// address reach the echo server (see quictun).
+	qtMuxEchoIP = "127.0.0.2"
 )
 
-func (q *quictun) Name() string { return "quictun" }
+func (q *quictun) Name() string {
+	if q.Congestion == "" {
+		return "quictun"
+	}
+	return "quictun-" + q.Congestion
+}
+
+func (q *quictun) udpPort() int { return qtUDPPort + q.Instance }
+
+// local is 127.0.0.1 and port shifted for the instance.
+func (q *quictun) local(port int) string {
+	return "127.0.0.1:" + strconv.Itoa(port+10*q.Instance)
+}
+
+// file names a per-instance file or log (instance 0 keeps the old names).
+func (q *quictun) file(name string) string {
+	if q.Instance == 0 {
+		return name
+	}
+	return q.Name() + "-" + name
+}
+
+func (q *quictun) ccArgs() []string {
+	if q.Congestion == "" {
+		return nil
+	}
+	return []string{"--congestion", q.Congestion}
+}
 
 func (q *quictun) Start(ctx context.Context, env *Env) error {
-	state := filepath.Join(env.WorkDir, "quictun-state")
+	state := filepath.Join(env.WorkDir, q.file("quictun-state"))
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		return fmt.Errorf("quictun state dir: %w", err)
 	}
-	secret := filepath.Join(env.WorkDir, "quictun-secret")
+	secret := filepath.Join(env.WorkDir, q.file("quictun-secret"))
 	raw := make([]byte, 32)
 	_, _ = rand.Read(raw)
 	if err := os.WriteFile(secret, []byte(base64.StdEncoding.EncodeToString(raw)+"\n"), 0o600); err != nil {
 		return fmt.Errorf("quictun secret: %w", err)
+	}
+	tokens := filepath.Join(env.WorkDir, q.file("quictun-tokens"))
+	if err := os.WriteFile(tokens, []byte(muxTokenFile()), 0o600); err != nil {
+		return fmt.Errorf("quictun token file: %w", err)
 	}
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -194,42 +364,61 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 	if !strings.HasPrefix(fp, "sha256:") {
 		return fmt.Errorf("quictun-server fingerprint printed %q", fp)
 	}
+	endpoint := net.JoinHostPort(env.ServerIP, strconv.Itoa(q.udpPort()))
 	args := append([]string{
-		"--listen-on", net.JoinHostPort(env.ServerIP, strconv.Itoa(qtUDPPort)),
+		"--listen-on", endpoint,
 		"--state-dir", state, "--secret-file", secret,
 		"--allow", fmt.Sprintf("tcp:127.0.0.1:%d,tcp:127.0.0.1:%d", EchoPort, SinkPort),
-		"--httpd-listen-on", qtServerAdmin,
-	}, q.ServerArgs...)
-	q.server, err = StartProc("quictun-server", env.ServerNS, filepath.Join(env.LogDir, "quictun-server.log"), env.bin("quictun-server"), args...)
+		"--httpd-listen-on", q.local(qtServerAdminPort),
+	}, q.ccArgs()...)
+	args = append(args, q.ServerArgs...)
+	q.server, err = StartProc(q.file("quictun-server"), env.ServerNS, filepath.Join(env.LogDir, q.file("quictun-server.log")), env.bin("quictun-server"), args...)
 	if err != nil {
 		return err
 	}
 	q.clients = map[string]*Proc{}
 	for _, svc := range []struct {
-		name        string
-		local, dest int
-		admin       string
-	}{{"echo", qtEchoLocal, EchoPort, qtEchoAdmin}, {"sink", qtSinkLocal, SinkPort, qtSinkAdmin}} {
+		name, plugin, source string
+		local, admin         int
+	}{
+		{"echo", "Fixed", "tcp:127.0.0.1:" + strconv.Itoa(EchoPort), qtEchoLocal, qtEchoAdminPort},
+		{"sink", "File", tokens, qtSinkLocal, qtSinkAdminPort},
+	} {
 		args := append([]string{
-			"--listen-on", "tcp:127.0.0.1:" + strconv.Itoa(svc.local),
-			"--server-endpoint", net.JoinHostPort(env.ServerIP, strconv.Itoa(qtUDPPort)),
-			"--token-source-plugin", "Fixed", "--token-source", "tcp:127.0.0.1:" + strconv.Itoa(svc.dest),
+			"--listen-on", "tcp:" + q.local(svc.local),
+			"--server-endpoint", endpoint,
+			"--token-source-plugin", svc.plugin, "--token-source", svc.source,
 			"--server-fingerprint", fp, "--secret-file", secret,
-			"--httpd-listen-on", svc.admin,
+			"--httpd-listen-on", q.local(svc.admin),
 			// As the systemd unit: tickets survive a restart (cold start).
-			"--session-file", filepath.Join(env.WorkDir, "quictun-sessions-"+svc.name+".json"),
-		}, q.ClientArgs...)
-		p, err := StartProc("quictun-client-"+svc.name, env.ClientNS, filepath.Join(env.LogDir, "quictun-client-"+svc.name+".log"), env.bin("quictun-client"), args...)
+			"--session-file", filepath.Join(env.WorkDir, q.file("quictun-sessions-"+svc.name+".json")),
+		}, q.ccArgs()...)
+		args = append(args, q.ClientArgs...)
+		p, err := StartProc(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), env.bin("quictun-client"), args...)
 		if err != nil {
 			return err
 		}
 		q.clients[svc.name] = p
 	}
-	return waitEcho(ctx, env.ClientNS, q.Echo(), 20*time.Second)
+	if err := waitEcho(ctx, env.ClientNS, q.Echo(), 20*time.Second); err != nil {
+		return err
+	}
+	addr, from := q.MuxEcho()
+	return waitEchoFrom(ctx, env.ClientNS, from, addr, 20*time.Second)
 }
 
-func (q *quictun) Echo() string { return "127.0.0.1:" + strconv.Itoa(qtEchoLocal) }
-func (q *quictun) Sink() string { return "127.0.0.1:" + strconv.Itoa(qtSinkLocal) }
+// muxTokenFile is the sink client's File token source.
+func muxTokenFile() string {
+	return fmt.Sprintf("# written by the bench harness\n%s tcp:127.0.0.1:%d\n* tcp:127.0.0.1:%d\n", qtMuxEchoIP, EchoPort, SinkPort)
+}
+
+func (q *quictun) Echo() string { return q.local(qtEchoLocal) }
+func (q *quictun) Sink() string { return q.local(qtSinkLocal) }
+
+// MuxEcho returns where to connect, and from which local address, to reach
+// the echo server through the sink's QUIC connection.
+func (q *quictun) MuxEcho() (addr, from string) { return q.local(qtSinkLocal), qtMuxEchoIP }
+
 func (q *quictun) EndpointPIDs(service string) (client, server []int) {
 	if q.server == nil {
 		return nil, nil
@@ -247,7 +436,7 @@ func (q *quictun) RestartClient(_ context.Context, env *Env) error {
 	if !ok {
 		return fmt.Errorf("quictun echo client not running")
 	}
-	np, err := p.Restart(5*time.Second, filepath.Join(env.LogDir, "quictun-client-echo-restarted.log"))
+	np, err := p.Restart(5*time.Second, filepath.Join(env.LogDir, q.file("quictun-client-echo-restarted.log")))
 	if err != nil {
 		delete(q.clients, "echo")
 		return err
@@ -258,7 +447,17 @@ func (q *quictun) RestartClient(_ context.Context, env *Env) error {
 
 // Reconnects sums quictun_client_reconnects_total of the echo client.
 func (q *quictun) Reconnects(ctx context.Context, env *Env) float64 {
-	v, err := scrapeCounter(ctx, env.ClientNS, "http://"+qtEchoAdmin+"/metrics", "quictun_client_reconnects_total")
+	return q.ServiceReconnects(ctx, env, "echo")
+}
+
+// ServiceReconnects sums quictun_client_reconnects_total of the client of
+// service ("echo" or "sink"), or returns -1.
+func (q *quictun) ServiceReconnects(ctx context.Context, env *Env, service string) float64 {
+	admin := map[string]int{"echo": qtEchoAdminPort, "sink": qtSinkAdminPort}[service]
+	if admin == 0 {
+		return -1
+	}
+	v, err := scrapeCounter(ctx, env.ClientNS, "http://"+q.local(admin)+"/metrics", "quictun_client_reconnects_total")
 	if err != nil {
 		return -1
 	}
@@ -338,10 +537,32 @@ func waitEcho(ctx context.Context, ns, addr string, limit time.Duration) error {
 	}
 }
 
+// waitEchoFrom is waitEcho from local address from ("": any).
+func waitEchoFrom(ctx context.Context, ns, from, addr string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	var last error
+	for {
+		last = echoOnceFrom(ctx, ns, from, addr, 100)
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no echo through %s from %s in %s within %v: %w", addr, from, ns, limit, errors.Join(last, ctx.Err()))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 func echoOnce(ctx context.Context, ns, addr string, size int) error {
+	return echoOnceFrom(ctx, ns, "", addr, size)
+}
+
+func echoOnceFrom(ctx context.Context, ns, from, addr string, size int) error {
 	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	c, err := dialIn(actx, ns, addr)
+	c, err := dialFrom(actx, ns, from, addr)
 	if err != nil {
 		return err
 	}

@@ -85,18 +85,31 @@ func (d *delayLine) push(p heldPacket) int {
 	return n
 }
 
+// LateThreshold: a packet leaving the delay line this much or more after
+// its delivery time counts as late (Stats late_packets): the emulator was
+// too busy, or descheduled, to keep the configured delay.
+const LateThreshold = time.Millisecond
+
 // popDue appends every packet due at now to out; it returns the next
-// delivery time when none is due, or ok=false if the line is empty.
-func (d *delayLine) popDue(now time.Time, out [][]byte) (res [][]byte, next time.Time, ok bool) {
+// delivery time when none is due, or ok=false if the line is empty, and
+// the popped packets' lateness at now (sum, and how many are at least
+// LateThreshold late).
+func (d *delayLine) popDue(now time.Time, out [][]byte) (res [][]byte, next time.Time, ok bool, lateSum time.Duration, late int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for len(d.h) > 0 && !d.h[0].deliver.After(now) {
-		out = append(out, heap.Pop(&d.h).(heldPacket).data)
+		p := heap.Pop(&d.h).(heldPacket)
+		l := now.Sub(p.deliver)
+		lateSum += l
+		if l >= LateThreshold {
+			late++
+		}
+		out = append(out, p.data)
 	}
 	if len(d.h) > 0 {
-		return out, d.h[0].deliver, true
+		return out, d.h[0].deliver, true, lateSum, late
 	}
-	return out, time.Time{}, false
+	return out, time.Time{}, false, lateSum, late
 }
 
 func (d *delayLine) len() int {
@@ -221,8 +234,11 @@ func (f *Forwarder) write(ctx context.Context, dst io.Writer, link *Link, dl *de
 		now := clk.Now()
 		var next time.Time
 		var pending bool
-		due, next, pending = dl.popDue(now, due[:0])
+		var lateSum time.Duration
+		var late int
+		due, next, pending, lateSum, late = dl.popDue(now, due[:0])
 		if len(due) > 0 {
+			link.countLate(lateSum, late)
 			blackout := link.InBlackout(now)
 			for i, p := range due {
 				link.queued(-1, -int64(len(p)))

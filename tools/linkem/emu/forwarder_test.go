@@ -213,3 +213,32 @@ func measureRate(t *testing.T) float64 {
 	elapsed := time.Since(start) - 200*time.Millisecond
 	return float64(n*size*8) / elapsed.Seconds()
 }
+
+// TestDelayLineLateness checks the lateness popDue reports and the Stats
+// counters it feeds.
+func TestDelayLineLateness(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
+	dl := newDelayLine()
+	for i, ms := range []int{0, 1, 2, 10} {
+		dl.push(heldPacket{deliver: t0.Add(time.Duration(ms) * time.Millisecond), data: []byte{byte(i)}})
+	}
+	out, next, ok, sum, late := dl.popDue(t0.Add(2500*time.Microsecond), nil)
+	assert.Equal(t, [][]byte{{0}, {1}, {2}}, out)
+	assert.True(t, ok)
+	assert.Equal(t, t0.Add(10*time.Millisecond), next)
+	assert.Equal(t, 2500*time.Microsecond+1500*time.Microsecond+500*time.Microsecond, sum)
+	assert.Equal(t, 2, late, "2.5 ms and 1.5 ms late; 0.5 ms is not")
+	out, _, ok, sum, late = dl.popDue(t0.Add(10*time.Millisecond), out[:0])
+	assert.Len(t, out, 1)
+	assert.False(t, ok)
+	assert.Zero(t, sum)
+	assert.Zero(t, late)
+
+	l := NewLink(DefaultParams(), 1)
+	l.countLate(4*time.Millisecond, 2)
+	l.countLate(0, 0)
+	st := l.Stats(t0)
+	assert.Equal(t, uint64(2), st.LatePackets)
+	assert.Equal(t, uint64(4*time.Millisecond), st.LatenessNS)
+}

@@ -72,6 +72,8 @@ type linkCounters struct {
 	dropped               [causeCount]atomic.Uint64
 	duplicated, reordered atomic.Uint64
 	writeErrors           atomic.Uint64
+	latePackets           atomic.Uint64
+	latenessNS            atomic.Uint64
 	queuePackets          atomic.Int64
 	queueBytes            atomic.Int64
 	maxQueuePackets       atomic.Int64
@@ -227,6 +229,13 @@ type DirStats struct {
 	RateBacklogBytes int64             `json:"rate_backlog_bytes"`
 	BlackoutLeft     string            `json:"blackout_remaining"`
 	Params           map[string]string `json:"params"`
+
+	// LatePackets left the delay line at least LateThreshold after their
+	// delivery time; LatenessNS sums every packet's lateness (ns) over the
+	// packets that left it (delivered, failed to write, or dropped by a
+	// blackout), for the mean lateness.
+	LatePackets uint64 `json:"late_packets"`
+	LatenessNS  uint64 `json:"lateness_ns_total"`
 }
 
 // Stats returns a snapshot of the counters.
@@ -240,6 +249,8 @@ func (l *Link) Stats(now time.Time) DirStats {
 		Duplicated:   l.stats.duplicated.Load(),
 		Reordered:    l.stats.reordered.Load(),
 		WriteErrors:  l.stats.writeErrors.Load(),
+		LatePackets:  l.stats.latePackets.Load(),
+		LatenessNS:   l.stats.latenessNS.Load(),
 		QueuePackets: l.stats.queuePackets.Load(),
 		QueueBytes:   l.stats.queueBytes.Load(),
 
@@ -266,6 +277,15 @@ func (l *Link) countTx(size int) {
 }
 
 func (l *Link) countDrop(c Cause) { l.stats.dropped[c].Add(1) }
+
+func (l *Link) countLate(sum time.Duration, late int) {
+	if sum > 0 {
+		l.stats.latenessNS.Add(uint64(sum))
+	}
+	if late > 0 {
+		l.stats.latePackets.Add(uint64(late))
+	}
+}
 
 func (l *Link) queued(deltaPackets, deltaBytes int64) {
 	n := l.stats.queuePackets.Add(deltaPackets)
