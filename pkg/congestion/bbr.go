@@ -14,18 +14,20 @@ import (
 // Below the threshold, loss is not a congestion signal: that is what keeps a
 // randomly lossy link busy.
 const (
-	startupGain      = 2.885 // 2/ln(2): doubles the delivery rate each round
-	drainGain        = 1 / startupGain
-	cwndGain         = 2.0
-	probeUpGain      = 1.25
-	probeDownGain    = 0.75
-	pacingMargin     = 0.01 // pace 1 % below the estimate to keep queues drained
-	fullBWGrowth     = 1.25
-	fullBWRounds     = 3
-	bwWindowRounds   = 10
-	minRTTWindow     = 10 * time.Second
-	probeRTTDuration = 200 * time.Millisecond
-	lossBeta         = 0.7
+	startupGain         = 2.885 // 2/ln(2): doubles the delivery rate each round
+	drainGain           = 1 / startupGain
+	cwndGain            = 2.0
+	probeUpGain         = 1.25
+	probeDownGain       = 0.75
+	pacingMargin        = 0.01 // pace 1 % below the estimate to keep queues drained
+	fullBWGrowth        = 1.25
+	fullBWRounds        = 3
+	bwWindowRounds      = 10
+	minRTTWindow        = 10 * time.Second
+	probeRTTDuration    = 200 * time.Millisecond
+	lossBeta            = 0.7
+	rttJumpFactor       = 4
+	rttJumpRoundsNeeded = 3
 	// congestedLossRate is the loss a round may have while a queue has built
 	// up before it counts as congestion: none, as for Cubic and Reno.
 	congestedLossRate = 0
@@ -86,7 +88,20 @@ type BBRController struct {
 	roundLostPackets   int
 	roundMaxInFlight   int
 	roundMaxRTT        time.Duration
-	lossRate           float64 // of the last completed round
+	roundMinRTT        time.Duration
+	prevRoundMinRTT    time.Duration
+	// cycleMinRTT is the least RTT sample of the current ProbeBW gain cycle,
+	// lastCycleMinRTT that of the last completed one. A cycle includes the
+	// phase that drains bbr's own queue: if even then the RTT stays above
+	// the minimum, the queue is another flow's.
+	cycleMinRTT, lastCycleMinRTT time.Duration
+	cycleDrained                 bool // the current cycle had its drain (0.75) phase
+	cutInCycle                   bool // loss with a queue already lowered the cap this cycle
+	// rttJumpRounds counts consecutive rounds whose every RTT sample was
+	// above rttJumpFactor times the minimum: the path got longer.
+	rttJumpRounds int
+	lossRate      float64 // of the last completed round
+	randomLoss    float64 // moving average of the loss rate of rounds without a queue
 
 	// model
 	bwSlots    [bwWindowRounds]float64
@@ -157,7 +172,7 @@ func (b *BBRController) bdp(gain float64) int {
 	if b.maxBW == 0 || b.minRTT == 0 {
 		return 0
 	}
-	return int(gain * b.maxBW * b.minRTT.Seconds())
+	return int(gain * b.bw() * b.minRTT.Seconds())
 }
 
 // OnPacketSent implements qc.Controller.
@@ -258,6 +273,12 @@ func (b *BBRController) OnEvent(e *qc.Event) {
 	if rttSample > 0 {
 		b.updateMinRTT(e.Time, rttSample)
 		b.roundMaxRTT = max(b.roundMaxRTT, rttSample)
+		if b.cycleMinRTT == 0 || rttSample < b.cycleMinRTT {
+			b.cycleMinRTT = rttSample
+		}
+		if b.roundMinRTT == 0 || rttSample < b.roundMinRTT {
+			b.roundMinRTT = rttSample
+		}
 	}
 	if roundStart {
 		b.endRound()
@@ -280,7 +301,7 @@ func (b *BBRController) updateAckAggregation(now qc.Time, roundStart bool, acked
 			b.extraAcked[b.extraAckedIdx] = 0
 		}
 	}
-	expected := int(b.maxBW * now.Sub(b.ackEpochStart).Seconds())
+	expected := int(b.bw() * now.Sub(b.ackEpochStart).Seconds())
 	if b.ackEpochStart.IsZero() || b.ackEpochAcked <= expected || b.ackEpochAcked+acked >= 1<<30 {
 		b.ackEpochStart, b.ackEpochAcked, expected = now, 0, 0
 	}
@@ -296,23 +317,13 @@ func (b *BBRController) sampleBandwidth(cand sentState) {
 	ackElapsed := b.deliveredTime.Sub(cand.deliveredTime)
 	interval := max(sendElapsed, ackElapsed)
 	b.lastSampleBW, b.lastSampleAppLtd = 0, cand.appLimited
-	if interval <= 0 || (b.minRTT > 0 && interval < b.minRTT/2) {
+	// An interval shorter than the path's RTT is ACK compression, not
+	// bandwidth (Linux BBR drops these too): such samples overestimate the
+	// bottleneck, and a pacing rate above it builds a standing queue.
+	if interval <= 0 || (b.minRTT > 0 && interval < b.minRTT) {
 		return
 	}
-	// Lost packets crossed the bottleneck (or would have) just as delivered
-	// ones did: while loss stays below the threshold it is taken as random,
-	// not as a queue overflowing, and counted into the rate the path carries.
-	// Otherwise random loss p makes the estimate, and so the pacing rate,
-	// settle at (1-p)² of the link's rate.
-	// A loss with a queue at the bottleneck (RTT above the minimum by more than
-	// an eighth plus a millisecond of noise) may be that queue overflowing:
-	// those losses did not cross the bottleneck and are not counted.
 	delivered := float64(b.delivered - cand.delivered)
-	lost := float64(b.lost - cand.lost)
-	queueFree := b.minRTT == 0 || b.deliveredTime.Sub(cand.sentTime) <= b.minRTT*9/8+time.Millisecond
-	if lost > 0 && queueFree && lost <= b.lossThreshold*(delivered+lost) {
-		delivered += lost
-	}
 	bw := delivered / interval.Seconds()
 	b.lastSampleBW = bw
 	if cand.appLimited && bw < b.maxBW {
@@ -324,6 +335,17 @@ func (b *BBRController) sampleBandwidth(cand sentState) {
 	}
 	b.bwSlots[slot] = max(b.bwSlots[slot], bw)
 	b.recomputeMaxBW()
+}
+
+// bw is the model's bottleneck bandwidth: the delivery-rate filter's
+// maximum, divided by the share of packets that random loss (loss without a
+// queue) takes. Lost packets crossed the bottleneck, or would have, as
+// delivered ones did; without this, random loss p drives the pacing rate to
+// (1-p)² of the link (each round paces at what was delivered, and delivers
+// that less p). Applied to the filter's output rather than to each sample,
+// so that noisy samples are not amplified.
+func (b *BBRController) bw() float64 {
+	return b.maxBW / (1 - min(b.randomLoss, b.lossThreshold))
 }
 
 // recomputeMaxBW takes the maximum over the last bwWindowRounds rounds. It
@@ -360,13 +382,17 @@ func (b *BBRController) endRound() {
 	if total > 0 {
 		b.lossRate = float64(b.roundLost) / float64(total)
 	}
-	// Loss is congestion when it is heavy, or when it comes with a queue:
-	// random loss does not need one, a queue overflowing (another flow
-	// filling the buffer, or our own overshoot) does. So a randomly lossy
+	// Loss is congestion when it is heavy, or when it comes with a queue that
+	// is not bbr's own (the RTT stayed up through the last gain cycle, whose
+	// drain phase empties bbr's queue): random loss does not need a queue, a
+	// buffer filled by a loss-based flow does. So a randomly lossy
 	// path keeps its rate, while on a bottleneck shared with a loss-based
 	// flow (Cubic) bbr backs off on loss as that flow does, which keeps the
 	// two near their fair shares.
-	queued := b.minRTT > 0 && b.roundMaxRTT > b.minRTT*3/2+time.Millisecond
+	queued := b.queueAt(b.lastCycleMinRTT, 3, 2) && b.queueAt(b.roundMinRTT, 3, 2)
+	if !queued && total > 0 {
+		b.randomLoss += (b.lossRate - b.randomLoss) / 8
+	}
 	tooMuchLoss := (b.roundLostPackets >= 3 && b.lossRate > b.lossThreshold) ||
 		(queued && b.roundLostPackets > 0 && b.lossRate > congestedLossRate)
 	switch {
@@ -377,12 +403,22 @@ func (b *BBRController) endRound() {
 		}
 		b.inflightHi = max(int(lossBeta*float64(base)), b.minWindow())
 		b.hiGrowth = 1
+		if queued {
+			// one cut per gain cycle for loss that comes with a queue
+			b.cutInCycle = true
+		}
 		if b.state == bbrStartup {
 			b.filledPipe = true
 		}
 		if b.state == bbrProbeBW && b.pacingGain > 1 {
 			b.advanceCycle(b.deliveredTime)
 		}
+	case b.inflightHi > 0 && b.queueAt(b.lastCycleMinRTT, 3, 2):
+		// Sharing a queue with other flows: raise the cap by a packet per
+		// round, as Reno and Cubic's friendly region do, so that the flows
+		// converge to their shares instead of bbr taking the queue back.
+		b.inflightHi += b.datagram
+		b.hiGrowth = 1
 	case b.inflightHi > 0:
 		// A clean round: raise the cap, twice as much as last round, so that
 		// it is gone after about ten clean rounds unless loss comes back.
@@ -393,8 +429,30 @@ func (b *BBRController) endRound() {
 		}
 	}
 	b.roundDelivered, b.roundLost, b.roundLostPackets = 0, 0, 0
+	// A path that became much longer (a reroute, or a link that was fast
+	// when the connection started) leaves a stale minimum RTT that makes the
+	// window a fraction of the new BDP for up to 10 s. No queue of another
+	// flow multiplies the RTT by rttJumpFactor (a queue as deep as 3 BDP
+	// does not), so after a few such rounds the old minimum is dropped.
+	if b.minRTT > 0 && b.roundMinRTT > rttJumpFactor*b.minRTT {
+		if b.rttJumpRounds++; b.rttJumpRounds >= rttJumpRoundsNeeded {
+			b.minRTT, b.minRTTTime = b.roundMinRTT, b.deliveredTime
+			b.rttJumpRounds = 0
+		}
+	} else {
+		b.rttJumpRounds = 0
+	}
 	b.roundMaxInFlight = b.bytesInFlight
-	b.roundMaxRTT = 0
+	b.prevRoundMinRTT = b.roundMinRTT
+	b.roundMaxRTT, b.roundMinRTT = 0, 0
+}
+
+// queueAt tells whether rtt, the least RTT sample of a round, shows a queue:
+// it exceeds num/den of the minimum RTT plus a millisecond. The least sample
+// is used because ACK delay and jitter raise single samples, while a queue
+// at the bottleneck raises all of them.
+func (b *BBRController) queueAt(rtt time.Duration, num, den time.Duration) bool {
+	return b.minRTT > 0 && rtt > 0 && rtt > b.minRTT*num/den+time.Millisecond
 }
 
 func (b *BBRController) updateState(e *qc.Event, roundStart bool, ackedBytes int) {
@@ -434,6 +492,7 @@ func (b *BBRController) enterProbeBW(now qc.Time) {
 	// Start in a random phase other than the one that drains (as BBR does),
 	// from a deterministic source: the delivered count.
 	b.cycleIndex = 2 + int(b.delivered/int64(max(b.datagram, 1)))%(len(probeBWGains)-2)
+	b.cycleMinRTT, b.cycleDrained = 0, false
 	b.pacingGain = probeBWGains[b.cycleIndex]
 	b.cycleStart = now
 }
@@ -452,6 +511,16 @@ func (b *BBRController) phaseDone(e *qc.Event) bool {
 
 func (b *BBRController) advanceCycle(now qc.Time) {
 	b.cycleIndex = (b.cycleIndex + 1) % len(probeBWGains)
+	switch b.cycleIndex {
+	case 0:
+		// only a cycle that drained bbr's own queue says whose a queue is
+		if b.cycleDrained {
+			b.lastCycleMinRTT = b.cycleMinRTT
+		}
+		b.cycleMinRTT, b.cycleDrained, b.cutInCycle = 0, false, false
+	case 1:
+		b.cycleDrained = true
+	}
 	b.pacingGain = probeBWGains[b.cycleIndex]
 	b.cycleStart = now
 }
@@ -499,7 +568,7 @@ func (b *BBRController) setPacingRate() {
 		b.pacingRate = b.pacingGain * float64(b.cwnd) / srtt.Seconds()
 		return
 	}
-	rate := b.pacingGain * b.maxBW * (1 - pacingMargin)
+	rate := b.pacingGain * b.bw() * (1 - pacingMargin)
 	if b.filledPipe || rate > b.pacingRate {
 		b.pacingRate = rate
 	}
@@ -510,7 +579,9 @@ func (b *BBRController) setCwnd(ackedBytes int) {
 	if target > 0 {
 		target += 3 * b.sendQuantum() // room for send batches
 		if b.filledPipe {
-			target += max(b.extraAcked[0], b.extraAcked[1])
+			// at most half a BDP (or four send batches where the BDP is
+			// tiny, as on loopback): more only builds a standing queue
+			target += min(max(b.extraAcked[0], b.extraAcked[1]), max(b.bdp(0.5), 4*b.sendQuantum()))
 		}
 	}
 	switch {
@@ -567,7 +638,7 @@ func (b *BBRController) publish() {
 		State:                    b.state.String(),
 		CongestionWindowBytes:    b.cwnd,
 		PacingRateBytesPerSecond: b.pacingRate,
-		BandwidthBytesPerSecond:  b.maxBW,
+		BandwidthBytesPerSecond:  b.bw(),
 		MinRTT:                   b.minRTT,
 		InflightCap:              b.inflightHi,
 		LossRate:                 b.lossRate,

@@ -40,7 +40,9 @@ func TestBBRIgnoresRandomLossBelowThreshold(t *testing.T) {
 		s.run(2 * time.Second)
 		g := s.goodput(10 * time.Second)
 		require.Greater(t, g, (1-loss)*0.9*100*mbit, "loss %.0f%%: goodput %.1f Mbit/s", loss*100, g/mbit)
-		require.Zero(t, b.Stats().InflightCap, "random loss below the threshold leaves no cap (startup's overshoot may set one for a while)")
+		// A cap may come and go (a round with more loss than the threshold
+		// by chance, or startup's overshoot), but it must not bind for long.
+		require.LessOrEqual(t, s.capRounds, s.rounds/10, "loss %.0f%%: rounds with a binding cap", loss*100)
 	}
 }
 
@@ -197,4 +199,19 @@ func TestParseAlgorithm(t *testing.T) {
 	require.Nil(t, Factory(Reno, Options{}), "reno is quic-go's own")
 	require.NotNil(t, Factory(BBR, Options{}))
 	require.NotNil(t, Factory(Cubic, Options{}))
+}
+
+// A connection set up on a short path that becomes a long one (a reroute;
+// in the bench, the emulated link reconfigured under a warm tunnel) must not
+// keep the old minimum RTT for 10 s: its window would be a fraction of the
+// new BDP. Within a few round trips it adopts the new one.
+func TestBBRAdoptsALongerPath(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	s := newLinkSim(b, rtt, 100*mbit, 250*time.Microsecond, 0, 256)
+	s.run(time.Second)
+	require.Less(t, b.Stats().MinRTT, 2*time.Millisecond)
+	s.oneWay = 12500 * time.Microsecond
+	s.run(500 * time.Millisecond)
+	require.InDelta(t, 25*time.Millisecond, b.Stats().MinRTT, float64(2*time.Millisecond))
+	require.Greater(t, s.goodput(2*time.Second), 0.9*100*mbit)
 }

@@ -43,6 +43,9 @@ type linkSim struct {
 	lostBytes int
 	ackEvery  int
 	unacked   int
+	// rounds counts ACK events; capRounds those after which a BBR
+	// controller's in-flight cap was below one BDP (it limited throughput).
+	rounds, capRounds int
 }
 
 type simPkt struct {
@@ -180,6 +183,10 @@ func (s *linkSim) deliverAcks() {
 	s.lostWait = keep
 	ev.BytesInFlight = s.inflight
 	s.c.OnEvent(&ev)
+	s.rounds++
+	if b, ok := s.c.(*BBRController); ok && b.inflightHi > 0 && b.inflightHi < b.bdp(1) {
+		s.capRounds++
+	}
 }
 
 func (s *linkSim) declareTailLost() {
