@@ -8,11 +8,13 @@ import (
 )
 
 // BBR parameters. The model and state machine follow BBR as described in
-// draft-cardwell-iccrg-bbr-congestion-control (v1) with two changes taken from
-// draft-ietf-ccwg-bbr (v3): ProbeRTT keeps half a BDP in flight rather than
-// four packets, and loss above a threshold caps bytes in flight (inflight_hi).
-// Below the threshold, loss is not a congestion signal: that is what keeps a
-// randomly lossy link busy.
+// draft-cardwell-iccrg-bbr-congestion-control (v1), with Linux's extra_acked,
+// and two changes taken from draft-ietf-ccwg-bbr (v3): ProbeRTT keeps half a
+// BDP in flight rather than four packets, and congestive loss caps bytes in
+// flight (inflight_hi). Ours: loss is congestive above a threshold, or when a
+// queue that is not bbr's own shows; otherwise it is random, and the estimate
+// is scaled up by the random loss rate. That is what keeps a randomly lossy
+// link busy. Written from the drafts; no code was copied.
 const (
 	startupGain         = 2.885 // 2/ln(2): doubles the delivery rate each round
 	drainGain           = 1 / startupGain
