@@ -98,7 +98,6 @@ type BBRController struct {
 	// the minimum, the queue is another flow's.
 	cycleMinRTT, lastCycleMinRTT time.Duration
 	cycleDrained                 bool // the current cycle had its drain (0.75) phase
-	cutInCycle                   bool // loss with a queue already lowered the cap this cycle
 	// rttJumpRounds counts consecutive rounds whose every RTT sample was
 	// above rttJumpFactor times the minimum: the path got longer.
 	rttJumpRounds int
@@ -386,8 +385,8 @@ func (b *BBRController) endRound() {
 	}
 	// Loss is congestion when it is heavy, or when it comes with a queue that
 	// is not bbr's own (the RTT stayed up through the last gain cycle, whose
-	// drain phase empties bbr's queue): random loss does not need a queue, a
-	// buffer filled by a loss-based flow does. So a randomly lossy
+	// drain phase empties bbr's queue, and through this round): random loss
+	// does not need a queue, a buffer filled by a loss-based flow does. So a randomly lossy
 	// path keeps its rate, while on a bottleneck shared with a loss-based
 	// flow (Cubic) bbr backs off on loss as that flow does, which keeps the
 	// two near their fair shares.
@@ -405,10 +404,6 @@ func (b *BBRController) endRound() {
 		}
 		b.inflightHi = max(int(lossBeta*float64(base)), b.minWindow())
 		b.hiGrowth = 1
-		if queued {
-			// one cut per gain cycle for loss that comes with a queue
-			b.cutInCycle = true
-		}
 		if b.state == bbrStartup {
 			b.filledPipe = true
 		}
@@ -519,7 +514,7 @@ func (b *BBRController) advanceCycle(now qc.Time) {
 		if b.cycleDrained {
 			b.lastCycleMinRTT = b.cycleMinRTT
 		}
-		b.cycleMinRTT, b.cycleDrained, b.cutInCycle = 0, false, false
+		b.cycleMinRTT, b.cycleDrained = 0, false
 	case 1:
 		b.cycleDrained = true
 	}
