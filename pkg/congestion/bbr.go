@@ -74,12 +74,10 @@ type BBRController struct {
 
 	// delivery-rate estimator (connection state)
 	delivered        int64
-	lost             int64 // bytes declared lost, MTU probes and PTO give-ups excepted
 	deliveredTime    qc.Time
 	firstSentTime    qc.Time
 	appLimitedUntil  int64 // delivered count up to which samples are app-limited; 0: none
 	bytesInFlight    int
-	lastSampleBW     float64
 	lastSampleAppLtd bool
 
 	// round trips
@@ -89,9 +87,7 @@ type BBRController struct {
 	roundLost          int // bytes lost in the current round
 	roundLostPackets   int
 	roundMaxInFlight   int
-	roundMaxRTT        time.Duration
 	roundMinRTT        time.Duration
-	prevRoundMinRTT    time.Duration
 	// cycleMinRTT is the least RTT sample of the current ProbeBW gain cycle,
 	// lastCycleMinRTT that of the last completed one. A cycle includes the
 	// phase that drains bbr's own queue: if even then the RTT stays above
@@ -192,7 +188,6 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 		bytes:         p.Bytes,
 		txInFlight:    p.BytesInFlight,
 		delivered:     b.delivered,
-		lost:          b.lost,
 		deliveredTime: b.deliveredTime,
 		firstSentTime: b.firstSentTime,
 		sentTime:      p.Time,
@@ -254,7 +249,6 @@ func (b *BBRController) OnEvent(e *qc.Event) {
 		lostBytes += l.Bytes
 		b.roundLostPackets++
 	}
-	b.lost += int64(lostBytes)
 	b.roundDelivered += ackedBytes
 	b.roundLost += lostBytes
 	if b.appLimitedUntil != 0 && b.delivered > b.appLimitedUntil {
@@ -273,7 +267,6 @@ func (b *BBRController) OnEvent(e *qc.Event) {
 	}
 	if rttSample > 0 {
 		b.updateMinRTT(e.Time, rttSample)
-		b.roundMaxRTT = max(b.roundMaxRTT, rttSample)
 		if b.cycleMinRTT == 0 || rttSample < b.cycleMinRTT {
 			b.cycleMinRTT = rttSample
 		}
@@ -317,7 +310,7 @@ func (b *BBRController) sampleBandwidth(cand sentState) {
 	sendElapsed := cand.sentTime.Sub(cand.firstSentTime)
 	ackElapsed := b.deliveredTime.Sub(cand.deliveredTime)
 	interval := max(sendElapsed, ackElapsed)
-	b.lastSampleBW, b.lastSampleAppLtd = 0, cand.appLimited
+	b.lastSampleAppLtd = cand.appLimited
 	// An interval shorter than the path's RTT is ACK compression, not
 	// bandwidth (Linux BBR drops these too): such samples overestimate the
 	// bottleneck, and a pacing rate above it builds a standing queue.
@@ -326,7 +319,6 @@ func (b *BBRController) sampleBandwidth(cand sentState) {
 	}
 	delivered := float64(b.delivered - cand.delivered)
 	bw := delivered / interval.Seconds()
-	b.lastSampleBW = bw
 	if cand.appLimited && bw < b.maxBW {
 		return
 	}
@@ -440,8 +432,7 @@ func (b *BBRController) endRound() {
 		b.rttJumpRounds = 0
 	}
 	b.roundMaxInFlight = b.bytesInFlight
-	b.prevRoundMinRTT = b.roundMinRTT
-	b.roundMaxRTT, b.roundMinRTT = 0, 0
+	b.roundMinRTT = 0
 }
 
 // queueAt tells whether rtt, the least RTT sample of a round, shows a queue:

@@ -10,7 +10,6 @@ type sentState struct {
 	bytes         int
 	txInFlight    int // bytes in flight when it was sent, itself included
 	delivered     int64
-	lost          int64 // bytes lost (as congestion may have) before it was sent
 	deliveredTime qc.Time
 	firstSentTime qc.Time
 	sentTime      qc.Time

@@ -41,8 +41,6 @@ type linkSim struct {
 	lostWait  []simPkt // dropped, not yet detected
 	delivered int      // bytes acknowledged
 	lostBytes int
-	ackEvery  int
-	unacked   int
 	// rounds counts ACK events; capRounds those after which a BBR
 	// controller's in-flight cap was below one BDP (it limited throughput).
 	rounds, capRounds int
@@ -59,7 +57,7 @@ type simPkt struct {
 func newLinkSim(c qc.Controller, rtt *fakeRTT, rate float64, oneWay time.Duration, loss float64, queuePackets int) *linkSim {
 	return &linkSim{
 		c: c, rtt: rtt, now: qc.Time(time.Second), rate: rate, oneWay: oneWay, loss: loss,
-		queue: queuePackets * 1252, rng: rand.New(rand.NewPCG(1, 2)), datagram: 1252, ackEvery: 2,
+		queue: queuePackets * 1252, rng: rand.New(rand.NewPCG(1, 2)), datagram: 1252,
 	}
 }
 
