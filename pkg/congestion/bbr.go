@@ -150,8 +150,8 @@ func NewBBR(info qc.Info, o Options) *BBRController {
 	b := &BBRController{
 		rtt:           info.RTT,
 		lossThreshold: th,
-		datagram:      info.MaxDatagramSize,
-		pace:          newPacer(info.MaxDatagramSize),
+		datagram:      datagramSize(info),
+		pace:          newPacer(datagramSize(info)),
 		state:         bbrStartup,
 		pacingGain:    startupGain,
 		cwndGainNow:   startupGain,

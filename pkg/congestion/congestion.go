@@ -60,6 +60,18 @@ func Factory(a Algorithm, o Options) qc.NewController {
 	}
 }
 
+// defaultDatagram is the packet size assumed when quic-go reports none
+// (it always does; this only keeps a controller's arithmetic away from zero).
+const defaultDatagram = 1200
+
+// datagramSize is info's initial maximum packet size, or defaultDatagram.
+func datagramSize(info qc.Info) int {
+	if info.MaxDatagramSize <= 0 {
+		return defaultDatagram
+	}
+	return info.MaxDatagramSize
+}
+
 // Stats is a controller's state for /connections and metrics.
 type Stats struct {
 	Algorithm Algorithm

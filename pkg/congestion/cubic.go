@@ -21,7 +21,6 @@ const (
 	cubicMinWindowPackets     = 2  // RFC 9002 kMinimumWindow
 	cubicMaxWindowPackets     = 10000
 	cubicDefaultRTT           = 100 * time.Millisecond // before the first RTT sample
-	cubicDefaultDatagram      = 1200                   // QUIC's minimum, should Info carry none
 
 	// The window grows only when the sender was using it: bytes in flight
 	// before the ACK within cubicLimitSlack packets of cwnd (or, in slow
@@ -98,10 +97,7 @@ var (
 
 // NewCubic returns a CUBIC controller (RFC 9438) for a connection.
 func NewCubic(info qc.Info) *CubicController {
-	d := info.MaxDatagramSize
-	if d <= 0 {
-		d = cubicDefaultDatagram
-	}
+	d := datagramSize(info)
 	c := &CubicController{
 		rtt:         info.RTT,
 		datagram:    d,

@@ -2,14 +2,7 @@ package congestion_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"io"
-	"math/big"
 	mrand "math/rand/v2"
 	"net"
 	"sync"
@@ -21,6 +14,7 @@ import (
 	"github.com/quic-go/quic-go/testutils/simnet"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/congestion"
 )
 
@@ -152,24 +146,6 @@ func (n *emuNet) newLink(s linkSpec, seed uint64) *link {
 	return l
 }
 
-func tlsConfigs(t *testing.T) (server, client *tls.Config) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "simnet"}, DNSNames: []string{"simnet"},
-		NotBefore: time.Date(1990, 1, 1, 0, 0, 0, 0, time.UTC), NotAfter: time.Date(2090, 1, 1, 0, 0, 0, 0, time.UTC),
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	cert, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	server = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{"simnet"}}
-	client = &tls.Config{RootCAs: pool, ServerName: "simnet", NextProtos: []string{"simnet"}}
-	return server, client
-}
-
 // bulkGoodput sends size bytes from the server to the client over the
 // emulated link (a download, as through the tunnel) with the server using
 // controller alg, and returns the goodput in bit/s of the last three quarters
@@ -181,7 +157,7 @@ func bulkGoodput(t *testing.T, s linkSpec, alg congestion.Algorithm, size int) f
 		cconns, sconns, stop := newEmuNet(t, s, 1)
 		defer stop()
 		cconn, sconn := cconns[0], sconns[0]
-		stlsc, ctlsc := tlsConfigs(t)
+		stlsc, ctlsc := testutil.SelfSignedTLS(t, "simnet")
 		sconf := &quic.Config{
 			Congestion:                 congestion.Factory(alg, congestion.Options{}),
 			MaxConnectionReceiveWindow: 15 << 20, MaxStreamReceiveWindow: 6 << 20,
@@ -296,7 +272,7 @@ func TestBulkOverLossyLinkSimnet(t *testing.T) {
 // download runs a download over conns with the server's controller alg
 // until ctx ends and reports how many bytes arrived after warmup.
 func download(ctx context.Context, t *testing.T, cconn, sconn *simnet.SimConn, alg congestion.Algorithm, warmup time.Duration, got *int64) error {
-	stlsc, ctlsc := tlsConfigs(t)
+	stlsc, ctlsc := testutil.SelfSignedTLS(t, "simnet")
 	ln, err := (&quic.Transport{Conn: sconn}).Listen(stlsc, &quic.Config{
 		Congestion: congestion.Factory(alg, congestion.Options{}), MaxConnectionReceiveWindow: 15 << 20, MaxStreamReceiveWindow: 6 << 20,
 	})

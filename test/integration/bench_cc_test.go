@@ -2,13 +2,7 @@ package integration
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"io"
-	"math/big"
 	"net"
 	"syscall"
 	"testing"
@@ -50,21 +44,6 @@ func bulkRun(b *testing.B, dial func() (io.WriteCloser, func())) {
 	b.ReportMetric((cpuSeconds(b)-cpu0)/gb, "cpu-s/GB")
 }
 
-func selfSignedTLS(b *testing.B) (server, client *tls.Config) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(b, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), DNSNames: []string{"bench"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(b, err)
-	cert, err := x509.ParseCertificate(der)
-	require.NoError(b, err)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{"bench"}},
-		&tls.Config{RootCAs: pool, ServerName: "bench", NextProtos: []string{"bench"}}
-}
-
 // BenchmarkBulkLoopbackCC: one-way bulk on loopback through the tunnel and
 // over bare quic-go with the same congestion controller and quic.Config, so
 // the ratio is the tunnel's own cost (TCP legs, splice, header). Report the
@@ -74,7 +53,7 @@ func BenchmarkBulkLoopbackCC(b *testing.B) {
 		setCC := func(o *transport.QUICOptions) { o.Congestion = alg }
 		b.Run(string(alg), func(b *testing.B) {
 			b.Run("raw-quic", func(b *testing.B) {
-				stls, ctls := selfSignedTLS(b)
+				stls, ctls := testutil.SelfSignedTLS(b, "bench")
 				o := transport.DefaultQUICOptions()
 				setCC(&o)
 				ln, err := quic.ListenAddr("127.0.0.1:0", stls, transport.QUICConfig(o))
