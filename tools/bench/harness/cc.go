@@ -185,6 +185,25 @@ func fairnessMetrics(mine, against, rate float64) map[string]float64 {
 	return m
 }
 
+// steadyWindow is the part of two downloads' common time that follows the
+// warm-up: from warm after the later start to the earlier end. ok is false
+// when nothing is left.
+func steadyWindow(a, b []flowPoint, warm time.Duration) (from, to time.Time, ok bool) {
+	if len(a) == 0 || len(b) == 0 {
+		return from, to, false
+	}
+	from = a[0].T
+	if b[0].T.After(from) {
+		from = b[0].T
+	}
+	from = from.Add(warm)
+	to = a[len(a)-1].T
+	if b[len(b)-1].T.Before(to) {
+		to = b[len(b)-1].T
+	}
+	return from, to, to.After(from)
+}
+
 // fairness runs, for each variant, a download through it and one over
 // direct TCP with the profile's FairAgainst congestion control (the
 // server side's, set by route: Env.CCServerIP), started together on the
@@ -220,13 +239,29 @@ func (r *Runner) fairOne(ctx context.Context, link LinkSpec, v Variant, rep int,
 	cp, sp := v.EndpointPIDs("sink")
 	u0 := r.usage(cp, sp)
 	var mine, other BulkDownload
+	var myProg, otherProg progress
 	var wg sync.WaitGroup
-	wg.Go(func() { mine = bulkDownload(ctx, r.env.ClientNS, v.Sink(), 1, p.FairDuration) })
-	wg.Go(func() { other = bulkDownload(ctx, r.env.ClientNS, against, 1, p.FairDuration) })
+	wg.Go(func() { mine = bulkDownload(ctx, r.env.ClientNS, v.Sink(), 1, p.FairDuration, &myProg) })
+	wg.Go(func() { other = bulkDownload(ctx, r.env.ClientNS, against, 1, p.FairDuration, &otherProg) })
 	wg.Wait()
 	u1 := r.usage(cp, sp)
 	s.Raw, _ = json.Marshal(map[string]BulkDownload{"flow": mine, "against": other})
-	s.Metrics = fairnessMetrics(mine.MbitPerS, other.MbitPerS, linkRateMbit(link))
+	// The shares are those after the warm-up: who leaves slow start first
+	// decides the first seconds, and Cubic's cycle at this RTT is seconds
+	// long, so whole-run averages of short runs rank luck, not controllers.
+	rate := linkRateMbit(link)
+	whole := fairnessMetrics(mine.MbitPerS, other.MbitPerS, rate)
+	s.Metrics = whole
+	a, b := myProg.points(), otherProg.points()
+	if from, to, ok := steadyWindow(a, b, p.FairWarmup); ok {
+		s.Metrics = fairnessMetrics(rateBetween(a, from, to), rateBetween(b, from, to), rate)
+		s.Metrics["steady_s"] = to.Sub(from).Seconds()
+	}
+	for _, k := range []string{"share_pct", "against_share_pct"} {
+		if v, ok := whole[k]; ok {
+			s.Metrics["whole_"+k] = v
+		}
+	}
 	maps.Copy(s.Metrics, usageMetrics(u0, u1, mine.ReaderCPU+other.ReaderCPU, len(cp)+len(sp) > 0))
 	var errs []error
 	for _, b := range []struct {

@@ -75,6 +75,22 @@ func TestFairnessMetrics(t *testing.T) {
 	assert.Zero(t, linkRateMbit(LinkOf("WAN", WANDelay, 0, "")))
 }
 
+func TestSteadyWindow(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 11, 23, 5, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	a := []flowPoint{{at(0), 0}, {at(5), 50}, {at(30), 300}}
+	b := []flowPoint{{at(1), 0}, {at(29), 100}}
+	from, to, ok := steadyWindow(a, b, 10*time.Second)
+	require.True(t, ok)
+	assert.Equal(t, at(11), from, "warm-up counted from the later start")
+	assert.Equal(t, at(29), to, "ends at the earlier end")
+	_, _, ok = steadyWindow(a, b, 30*time.Second)
+	assert.False(t, ok, "warm-up longer than the common time")
+	_, _, ok = steadyWindow(a, nil, 0)
+	assert.False(t, ok)
+}
+
 func TestFlowTimeline(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 11, 23, 5, 0, 0, 0, time.UTC)

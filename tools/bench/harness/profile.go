@@ -85,8 +85,11 @@ type Profile struct {
 	// Fairness: a download through each variant and one through direct TCP
 	// with FairAgainst's congestion control, started together, for
 	// FairDuration on each of FairLinks.
+	// FairWarmup: the shares are measured after it (both flows' start-up
+	// excluded); the whole run's shares are reported beside them.
 	FairLinks    []LinkSpec
 	FairDuration time.Duration
+	FairWarmup   time.Duration
 	FairAgainst  string // TCP congestion control of the competing flow (cubic)
 
 	// Blackout with bulk: a download and an interactive echo through the
@@ -214,7 +217,7 @@ func Profiles(name string) (Profile, error) {
 			FloodDatagram: 1200, FloodWarmup: time.Second,
 			FloodProbeNumber: 1000, FloodProbeSize: 1000,
 			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.01, "100mbit")},
-			FairDuration: 20 * time.Second, FairAgainst: "cubic",
+			FairDuration: 40 * time.Second, FairWarmup: 10 * time.Second, FairAgainst: "cubic",
 			BlackoutBulkLinks:     []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.1, "100mbit")},
 			BlackoutBulkDurations: []time.Duration{10 * time.Second, 30 * time.Second},
 			BlackoutBulkWarmup:    3 * time.Second, BlackoutBulkRecovery: recoveryLimit,
@@ -248,7 +251,7 @@ func Profiles(name string) (Profile, error) {
 			FloodDatagram: 1200, FloodWarmup: 200 * time.Millisecond,
 			FloodProbeNumber: 50, FloodProbeSize: 1000,
 			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit")},
-			FairDuration: time.Second, FairAgainst: "cubic",
+			FairDuration: time.Second, FairWarmup: 300 * time.Millisecond, FairAgainst: "cubic",
 			BlackoutBulkLinks:     []LinkSpec{LinkOf("LAN", LANDelay, 0, "100mbit")},
 			BlackoutBulkDurations: []time.Duration{time.Second},
 			BlackoutBulkWarmup:    500 * time.Millisecond, BlackoutBulkRecovery: 20 * time.Second,
@@ -268,7 +271,7 @@ func Profiles(name string) (Profile, error) {
 			BulkParallel: []int{1},
 			BulkDuration: 8 * time.Second,
 			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit")},
-			FairDuration: 15 * time.Second, FairAgainst: "cubic",
+			FairDuration: 30 * time.Second, FairWarmup: 10 * time.Second, FairAgainst: "cubic",
 			BlackoutBulkLinks:     []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.1, "100mbit")},
 			BlackoutBulkDurations: []time.Duration{10 * time.Second, 30 * time.Second},
 			BlackoutBulkWarmup:    2 * time.Second, BlackoutBulkRecovery: 30 * time.Second,

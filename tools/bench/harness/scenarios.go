@@ -203,7 +203,7 @@ func (r *Runner) bulkOne(ctx context.Context, link LinkSpec, v Variant, rep, par
 	s := Sample{Scenario: ScBulk, Link: link.Name, Case: fmt.Sprintf("%d stream(s)", par), Variant: v.Name(), Rep: rep, Started: time.Now().UTC()}
 	cp, sp := v.EndpointPIDs("sink")
 	u0 := r.usage(cp, sp)
-	b := bulkDownload(ctx, r.env.ClientNS, v.Sink(), par, r.prof.BulkDuration)
+	b := bulkDownload(ctx, r.env.ClientNS, v.Sink(), par, r.prof.BulkDuration, nil)
 	u1 := r.usage(cp, sp)
 	s.Raw, _ = json.Marshal(b)
 	s.Metrics = map[string]float64{"mbit_per_s": b.MbitPerS, "bytes": float64(b.Bytes), "seconds": b.Seconds}

@@ -155,8 +155,8 @@ func sinkRequest(count uint64) []byte {
 }
 
 // downloadOne downloads from c for d (see download).
-func downloadOne(c net.Conn, d time.Duration, limit time.Duration) BulkStream {
-	return download(c, nil, d, limit, nil)
+func downloadOne(c net.Conn, d time.Duration, limit time.Duration, prog *progress) BulkStream {
+	return download(c, nil, d, limit, prog)
 }
 
 // download reads frames from c until stop is closed or, if d > 0, for d
@@ -257,8 +257,12 @@ func download(c net.Conn, stop <-chan struct{}, d, limit time.Duration, prog *pr
 }
 
 // bulkDownload runs par parallel downloads of duration d from the sink at
-// addr, dialled from namespace ns.
-func bulkDownload(ctx context.Context, ns, addr string, par int, d time.Duration) BulkDownload {
+// addr, dialled from namespace ns. prog, if not nil, records the arrivals
+// of a single download (par 1; it is ignored for more).
+func bulkDownload(ctx context.Context, ns, addr string, par int, d time.Duration, prog *progress) BulkDownload {
+	if par > 1 {
+		prog = nil
+	}
 	res := BulkDownload{Target: addr, Parallel: par, Streams: make([]BulkStream, par)}
 	conns := make([]net.Conn, par)
 	for i := range par {
@@ -278,7 +282,7 @@ func bulkDownload(ctx context.Context, ns, addr string, par int, d time.Duration
 		}
 		wg.Go(func() {
 			defer c.Close()
-			res.Streams[i] = downloadOne(c, d, d+60*time.Second)
+			res.Streams[i] = downloadOne(c, d, d+60*time.Second, prog)
 		})
 	}
 	// Cancelling ctx closes the connections, which ends the streams.

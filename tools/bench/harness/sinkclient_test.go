@@ -63,7 +63,7 @@ func TestDownloadOne(t *testing.T) {
 	for _, corrupt := range []bool{false, true} {
 		a, b := net.Pipe()
 		go fakeSink(t, b, corrupt)
-		s := downloadOne(a, 50*time.Millisecond, 5*time.Second)
+		s := downloadOne(a, 50*time.Millisecond, 5*time.Second, nil)
 		_ = a.Close()
 		if corrupt {
 			assert.Contains(t, s.Error, "CRC-32C mismatch")

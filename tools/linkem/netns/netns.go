@@ -128,6 +128,10 @@ func (t *Topology) setup(ctx context.Context) error {
 			for _, k := range []string{"rmem_max", "wmem_max"} {
 				_ = os.WriteFile("/proc/sys/net/core/"+k, []byte(fmt.Sprint(UDPBufferBytes)), 0o644)
 			}
+			// Every TCP connection starts afresh: the kernel otherwise
+			// caches the last connection's ssthresh per destination, and a
+			// measurement would depend on what ran before it.
+			_ = os.WriteFile("/proc/sys/net/ipv4/tcp_no_metrics_save", []byte("1"), 0o644)
 			return nil
 		})
 	}
