@@ -50,6 +50,7 @@ func newRunCommand() *cobra.Command {
 		skipChecks                   bool
 		tcpCC                        string
 		spin, maxDuration            time.Duration
+		blackoutBulk                 []time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -62,6 +63,9 @@ func newRunCommand() *cobra.Command {
 			}
 			if maxDuration > 0 {
 				p.MaxDuration = maxDuration
+			}
+			if len(blackoutBulk) > 0 {
+				p.BlackoutBulkDurations = blackoutBulk
 			}
 			valid := map[string]bool{}
 			for _, s := range harness.AllScenarios() {
@@ -108,6 +112,7 @@ func newRunCommand() *cobra.Command {
 	fs.BoolVar(&skipChecks, "skip-validation", false, "skip the emulator accuracy checks at the start")
 	fs.StringVar(&tcpCC, "tcp-cc", "", "TCP congestion control in both namespaces, e.g. cubic or bbr (default: the kernel's, recorded in the report)")
 	fs.DurationVar(&spin, "spin", time.Millisecond, "emulator spin window (see tools/linkem)")
+	fs.DurationSliceVar(&blackoutBulk, "blackout-bulk-durations", nil, "blackout-bulk scenario: how long the link goes dark, e.g. 60s (default: the profile's)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
 	return cmd
 }
