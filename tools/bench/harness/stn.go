@@ -10,11 +10,15 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
 // Seed 000 (Mars STN benchmark): short connections made one at a time,
@@ -239,6 +243,8 @@ func (r *Runner) shortRun(ctx context.Context, sc string, link LinkSpec, cs stri
 		return
 	}
 	rec0 := r.sinkReconnects(ctx, v)
+	cp, sp := v.EndpointPIDs("sink")
+	u0 := r.usage(cp, sp)
 	raw := shortRaw{Target: v.Sink()}
 	var done []time.Duration
 	var firstErr error
@@ -260,7 +266,9 @@ func (r *Runner) shortRun(ctx context.Context, sc string, link LinkSpec, cs stri
 	}
 	total := time.Since(start)
 	failed := len(raw.Failed)
+	u1 := r.usage(cp, sp)
 	s.Metrics = shortStats(done, failed, total)
+	maps.Copy(s.Metrics, emuLoss(u0, u1))
 	if rec0 >= 0 {
 		if rec1 := r.sinkReconnects(ctx, v); rec1 >= 0 {
 			s.Metrics["reconnects"] = rec1 - rec0
@@ -345,6 +353,9 @@ func (r *Runner) stnBlackout(ctx context.Context) error {
 		return fmt.Errorf("STNResponse: %w", err)
 	}
 	tx := shortTx{Down: size}
+	if syn, err := synSettings(r.env.ClientNS); err == nil {
+		r.res.Notes = append(r.res.Notes, "stn-blackout: direct TCP's SYN retransmissions in the client namespace: "+syn)
+	}
 	r.setLink(ctx, p.STNBlackoutLink)
 	for _, d := range p.STNBlackouts {
 		for rep := range p.Reps {
@@ -421,4 +432,40 @@ func (r *Runner) stnBlackoutOne(ctx context.Context, tx shortTx, d time.Duration
 	for _, s := range samples {
 		r.record(s)
 	}
+}
+
+// synSettings reads the sysctls that schedule SYN retransmissions in ns.
+func synSettings(ns string) (string, error) {
+	var parts []string
+	err := netns.Do(ns, func() error {
+		for _, name := range []string{"tcp_syn_retries", "tcp_syn_linear_timeouts"} {
+			b, err := os.ReadFile("/proc/sys/net/ipv4/" + name)
+			if err != nil {
+				if errors.Is(err, os.ErrNotExist) {
+					continue // older kernels have no linear timeouts
+				}
+				return err
+			}
+			parts = append(parts, "net.ipv4."+name+"="+strings.TrimSpace(string(b)))
+		}
+		return nil
+	})
+	return strings.Join(parts, ", "), err
+}
+
+// emuLoss is what the emulator dropped between two snapshots, both
+// directions: emu_loss_pct, the random loss in % of the packets it
+// received (checks the configured loss on the few packets of short
+// connections), emu_queue_drops and emu_tun_drops (see usageMetrics).
+func emuLoss(a, b usageSnap) map[string]float64 {
+	m := usageMetrics(a, b, 0, false)
+	out := map[string]float64{"emu_queue_drops": m["emu_queue_drops"], "emu_tun_drops": m["emu_tun_drops"]}
+	var drops float64
+	for c, n := range b.Drops {
+		drops += float64(n) - float64(a.Drops[c])
+	}
+	if rx := float64(b.TxPackets) - float64(a.TxPackets) + m["emu_write_errors"] + drops; rx > 0 {
+		out["emu_loss_pct"] = m["emu_loss_drops"] / rx * 100
+	}
+	return out
 }

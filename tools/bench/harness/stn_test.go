@@ -121,6 +121,18 @@ func TestShortStats(t *testing.T) {
 	assert.Equal(t, 2, raw.Errors["boom 0"])
 }
 
+func TestEmuLoss(t *testing.T) {
+	t.Parallel()
+	a := usageSnap{At: time.Unix(0, 0), Drops: map[string]uint64{"loss": 10, "queue": 1}, TxPackets: 100, TUNDrops: 2}
+	b := usageSnap{At: time.Unix(10, 0), Drops: map[string]uint64{"loss": 40, "ge": 10, "queue": 3, "blackout": 5}, TxPackets: 150, WriteErrors: 0, TUNDrops: 3}
+	m := emuLoss(a, b)
+	// received: 50 delivered + 30 + 10 loss + 2 queue + 5 blackout = 97; random loss 40.
+	assert.InDelta(t, 40.0/97*100, m["emu_loss_pct"], 1e-9)
+	assert.InDelta(t, 2, m["emu_queue_drops"], 1e-9)
+	assert.InDelta(t, 1, m["emu_tun_drops"], 1e-9)
+	assert.NotContains(t, emuLoss(a, a), "emu_loss_pct", "nothing received")
+}
+
 func TestBlackoutOutcome(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 11, 23, 22, 0, 0, 0, time.UTC)
@@ -253,6 +265,8 @@ func TestRunSTN(t *testing.T) {
 			var raw shortRaw
 			require.NoError(t, json.Unmarshal(smp.Raw, &raw))
 			assert.Len(t, raw.PerConnectionMS, int(m["connections"]))
+			assert.Contains(t, m, "emu_loss_pct", smp.Case)
+			assert.Zero(t, m["emu_loss_pct"], "%s: no loss configured", smp.Case)
 		case ScSTNBlackout:
 			assert.Equal(t, 1.0, m["ok"], smp.Variant)
 			assert.Contains(t, m, "done_after_s", smp.Variant)
@@ -266,4 +280,5 @@ func TestRunSTN(t *testing.T) {
 	assert.Contains(t, string(md), "## 8a. Short connections (seed 000, Mars STN)")
 	assert.Contains(t, string(md), "| WAN 10/2mbit 13/12ms | 2 x 16 B / 1000 B | quictun |")
 	assert.Contains(t, string(md), "c2s-rate=2mbit")
+	assert.Contains(t, string(md), "net.ipv4.tcp_syn_retries=")
 }
