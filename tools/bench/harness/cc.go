@@ -217,19 +217,9 @@ func (r *Runner) fairness(ctx context.Context) error {
 		return nil
 	}
 	against := net.JoinHostPort(ip, strconv.Itoa(SinkPort))
-	i := 0
-	for _, link := range p.FairLinks {
-		r.setLink(ctx, link)
-		for rep := range p.Reps {
-			i++
-			for _, v := range r.ordered(i) {
-				if ctx.Err() != nil {
-					return nil
-				}
-				r.fairOne(ctx, link, v, rep, against)
-			}
-		}
-	}
+	r.sweep(ctx, p.FairLinks, 1, func(link LinkSpec, _, rep int, v Variant) {
+		r.fairOne(ctx, link, v, rep, against)
+	})
 	return nil
 }
 
@@ -301,24 +291,11 @@ const flowingBytes = 1 << 20
 // through the same tunnel connection, on links with background loss.
 func (r *Runner) blackoutBulk(ctx context.Context) error {
 	p := r.prof
-	i := 0
-	for _, link := range p.BlackoutBulkLinks {
-		r.setLink(ctx, link)
-		for _, d := range p.BlackoutBulkDurations {
-			for rep := range p.Reps {
-				i++
-				for _, v := range r.ordered(i) {
-					if ctx.Err() != nil {
-						return nil
-					}
-					if !variantSelected(v.Name(), p.BlackoutBulkVariants) {
-						continue
-					}
-					r.blackoutBulkOne(ctx, link, v, rep, d)
-				}
-			}
+	r.sweep(ctx, p.BlackoutBulkLinks, len(p.BlackoutBulkDurations), func(link LinkSpec, cs, rep int, v Variant) {
+		if variantSelected(v.Name(), p.BlackoutBulkVariants) {
+			r.blackoutBulkOne(ctx, link, v, rep, p.BlackoutBulkDurations[cs])
 		}
-	}
+	})
 	return nil
 }
 

@@ -24,11 +24,19 @@ const (
 	// ScBlackoutBulk: a blackout while a bulk download and an interactive
 	// echo run through the same tunnel connection.
 	ScBlackoutBulk = "blackout-bulk"
+	// Seed 000 (Mars STN benchmark): short connections one at a time
+	// (connect, request, response, close) on slow and lossy links, their
+	// request- and response-size sweeps, and a new connection started
+	// into a blackout.
+	ScSTNShort    = "stn-short"
+	ScSTNSizes    = "stn-sizes"
+	ScSTNBlackout = "stn-blackout"
 )
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
-	return []string{ScLatency, ScCold, ScBulk, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood}
+	return []string{ScLatency, ScCold, ScBulk, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
+		ScSTNShort, ScSTNSizes, ScSTNBlackout}
 }
 
 // Profile sizes a benchmark run.
@@ -105,6 +113,33 @@ type Profile struct {
 	// name, or a family such as "quictun" for every quictun-*); empty: all.
 	BlackoutBulkVariants []string
 
+	// STN (seed 000): STNLinks run STNNumber (or the link's own Number)
+	// short connections one at a time, each connect, a request of 16 B,
+	// a response of STNResponse bytes, close, bounded by STNConnTimeout
+	// (beyond it the connection counts as failed). STNSweepLinks run
+	// STNSweepNumber connections per size of STNRequestSizes (the request
+	// carries that many bytes, the response is 12 B) and of
+	// STNResponseSizes (16 B request). STNBlackouts: the link
+	// STNBlackoutLink starts at 100 % loss, a new short connection per
+	// variant starts at once (all variants together), the link returns
+	// after the duration; each connection is bounded by STNBlackoutTimeout
+	// from its start.
+	STNLinks           []STNLink
+	STNNumber          int
+	STNResponse        string
+	STNConnTimeout     time.Duration
+	STNSweepLinks      []LinkSpec
+	STNRequestSizes    []string
+	STNResponseSizes   []string
+	STNSweepNumber     int
+	STNBlackoutLink    LinkSpec
+	STNBlackouts       []time.Duration
+	STNBlackoutTimeout time.Duration
+
+	// Variants is the profile's default variant selection (see
+	// Options.Variants); empty: every available one.
+	Variants []string
+
 	// Congestion lists quictun --congestion values: one variant
 	// quictun-<cc> each. Empty: one variant "quictun" without the flag.
 	Congestion []string
@@ -150,6 +185,34 @@ func latencyLinks() []LinkSpec {
 	}
 	return out
 }
+
+// STNLink is a link of the STN short-connection scenario; Number, when
+// not 0, overrides the profile's STNNumber on it.
+type STNLink struct {
+	Link   LinkSpec
+	Number int
+}
+
+// AsymLink builds a link spec with a rate and delay per direction: down is
+// server to client (s2c), up client to server (c2s); loss applies to both.
+func AsymLink(name, downRate, upRate string, downDelay, upDelay time.Duration) LinkSpec {
+	return LinkSpec{Name: name, Params: map[string]string{
+		s2cPrefix + "rate": downRate, c2sPrefix + "rate": upRate,
+		s2cPrefix + "delay": downDelay.String(), c2sPrefix + "delay": upDelay.String(), "loss": "0",
+	}}
+}
+
+// The iOS Network Link Conditioner profiles of seed 000 (no loss).
+func link3G() LinkSpec {
+	return AsymLink("3G 780/330kbit 100/100ms", "780kbit", "330kbit", 100*time.Millisecond, 100*time.Millisecond)
+}
+
+func linkEdge() LinkSpec {
+	return AsymLink("Edge 240/200kbit 400/440ms", "240kbit", "200kbit", 400*time.Millisecond, 440*time.Millisecond)
+}
+
+// STNLossDelay is the one-way delay of the STN loss links (RTT 100 ms).
+const STNLossDelay = "50ms"
 
 // floodKinds are the flood scenario's kinds of garbage.
 func floodKinds() []string { return []string{"random", "quic-initial", "short-header"} }
@@ -255,6 +318,11 @@ func Profiles(name string) (Profile, error) {
 			BlackoutBulkLinks:     []LinkSpec{LinkOf("LAN", LANDelay, 0, "100mbit")},
 			BlackoutBulkDurations: []time.Duration{time.Second},
 			BlackoutBulkWarmup:    500 * time.Millisecond, BlackoutBulkRecovery: 20 * time.Second,
+			STNLinks:  []STNLink{{Link: LinkOf("LAN", LANDelay, 0, "")}, {Link: AsymLink("WAN 10/2mbit 13/12ms", "10mbit", "2mbit", 13*time.Millisecond, 12*time.Millisecond), Number: 2}},
+			STNNumber: 4, STNResponse: "1000", STNConnTimeout: 10 * time.Second,
+			STNSweepLinks:   []LinkSpec{LinkOf("LAN", LANDelay, 0, "")},
+			STNRequestSizes: []string{"16KiB"}, STNResponseSizes: []string{"64KiB"}, STNSweepNumber: 2,
+			STNBlackoutLink: LinkOf("LAN", LANDelay, 0, ""), STNBlackouts: []time.Duration{time.Second}, STNBlackoutTimeout: 20 * time.Second,
 			MaxDuration: 5 * time.Minute,
 		}, nil
 	case "cc":
@@ -282,8 +350,35 @@ func Profiles(name string) (Profile, error) {
 			DirectCC:             []string{"cubic", "bbr"},
 			MaxDuration:          30 * time.Minute,
 		}, nil
+	case "stn":
+		// Seed 000 (Mars STN benchmark), direct TCP against quictun: short
+		// connections on the iOS Network Link Conditioner's 3G and Edge
+		// profiles and at 30 % and 50 % loss each way (RTT 100 ms), the
+		// request- and response-size sweeps on 3G and Edge, and new
+		// connections into 5-35 s blackouts; about 20 minutes.
+		return Profile{
+			Name: "stn", Reps: 1,
+			Scenarios: []string{ScSTNShort, ScSTNBlackout, ScSTNSizes},
+			STNLinks: []STNLink{
+				{Link: LinkOf("RTT100", STNLossDelay, 0.3, "")}, {Link: link3G()}, {Link: linkEdge()},
+				// Direct TCP needs many seconds per connection here.
+				{Link: LinkOf("RTT100", STNLossDelay, 0.5, ""), Number: 10},
+			},
+			STNNumber: 40, STNResponse: "1000", STNConnTimeout: 60 * time.Second,
+			STNSweepLinks: []LinkSpec{link3G(), linkEdge()},
+			// The seed's sizes are not in its text; these are inferred from its
+			// 3G timings (see the report) and kept to two each.
+			STNRequestSizes: []string{"64KiB", "128KiB"}, STNResponseSizes: []string{"64KiB", "192KiB"}, STNSweepNumber: 4,
+			STNBlackoutLink: LinkOf("WAN", WANDelay, 0, ""),
+			STNBlackouts: []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second, 20 * time.Second,
+				25 * time.Second, 30 * time.Second, 35 * time.Second},
+			// As the seed's clients (AFNetworking's default, OkHttp raised to 60 s).
+			STNBlackoutTimeout: 60 * time.Second,
+			Variants:           []string{"direct", "quictun"},
+			MaxDuration:        40 * time.Minute,
+		}, nil
 	default:
-		return Profile{}, fmt.Errorf("profile %q: want quick, full, cc or smoke", name)
+		return Profile{}, fmt.Errorf("profile %q: want quick, full, cc, stn or smoke", name)
 	}
 }
 

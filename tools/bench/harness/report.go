@@ -56,6 +56,13 @@ func Scenarios() map[string]ScenarioInfo {
 				{"bulk_after_mbit_per_s", "after Mbit/s", true}, {"emu_cpu_pct", "emulator CPU %", false}, {"emu_queue_drops", "emulator queue drops", false},
 				{"emu_late_pct", "emulator late %", false}},
 			[]string{"echo_after_s", "bulk_flowing_after_s"}},
+		ScSTNShort: {"8a. Short connections (seed 000, Mars STN)", stnText + " Each sample: the given number of connections one after the other, each a 16 B request and a response of the given size. Total s: wall time of all of them, failures included; ×direct: total over direct TCP's total on the same link (the headline: 40 connections at 30 % loss, RTT 100 ms, 145 s direct vs 11.5 s through a warm tunnel, 0.08x, measured independently). Mean, median (p50), p90 and max: per connection that completed, from the start of the connect to the verified end of the response. Failures: connections not done within the profile's per-connection bound (see errors). Reconnects: the tunnel client's QUIC reconnections during the sample. Emulator loss %: packets the emulator dropped as random loss, in % of those it received, both directions (the configured loss, measured); queue drops: tail drops at its rate limiter; TUN drops: packets it did not read in time.",
+			stnColumns, []string{"total_s", "p50_s"}},
+		ScSTNSizes: {"8b. Short connections by request and response size (seed 000)", stnText + " Request N: the request carries N bytes (the sink protocol's upload, ended by a half-close), the response is 12 B; response N: a 16 B request, a response of N bytes. Columns as in 8a.",
+			stnColumns, []string{"total_s", "p50_s"}},
+		ScSTNBlackout: {"8c. New connection into a blackout (seed 000)", "The link starts at 100 % loss both ways and returns after the given time; a new short connection (16 B request, the 8a response) starts through every variant at once, together, as the cut begins, each bounded by the profile's limit from its start (as the seed's clients: 60 s). Done after s: seconds from the link's return to the verified end of the response (missing: it failed, see errors); took s: from its start to its end or failure. Direct TCP's wait is set by the kernel's SYN retransmission schedule (Linux 6.x: net.ipv4.tcp_syn_linear_timeouts retransmissions 1 s apart, then doubling, up to tcp_syn_retries; older kernels and the seed's iOS clients: 1, 3, 7, 15, 31 s), so it depends on where in that schedule the link returns. Tunnel survived: the sink client's QUIC connection was not replaced.",
+			[]Metric{{"done_after_s", "done after s", false}, {"ok", "completed", true}, {"took_s", "took s", false}, {"tunnel_survived", "tunnel survived", true}},
+			[]string{"done_after_s"}},
 		ScEcho: {"3a. Echo TPS by message size", "Several connections in parallel, ping-pong of the given size, unlimited link.",
 			[]Metric{{"tps", "round trips/s", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p99_ms", "p99 ms", false}}, nil},
 		ScReqSize: {"3b. QPS and throughput by request size", "One connection, request = echo of the given size, unlimited link.",
@@ -80,6 +87,16 @@ func Scenarios() map[string]ScenarioInfo {
 
 // usageText explains the CPU and drop columns of the bulk scenarios.
 const usageText = "CPU % = share of one core over the transfer: the tunnel's client and server processes (direct TCP has none), and the emulator: the harness process, in which tools/linkem runs, less the threads that read the downloads (each locked to its OS thread and timed); it includes the Go runtime's work for the emulator (GC of its per-packet buffers). Emulator queue drops: packets dropped by the emulator's rate limiter queue (tail drop, 50 ms at the rate) or delay-line overflow during the transfer, both directions; the configured random loss is counted apart (results.json: emu_loss_drops). Emulator overload shows as: late % = packets that left the emulator's delay line 1 ms or more after their due time, mean late µs = their mean lateness (all packets), and TUN drops = packets the kernel dropped at the namespaces' TUN devices because the emulator did not read them in time. The emulator spins (yields in a loop) during the last millisecond before each delivery to keep the delay accurate, so its CPU % is high whenever packets are in flight and is not by itself a sign of saturation; late % and TUN drops are. CPU s/GB: CPU seconds of the tunnel processes per GB carried. An emulator near 100 % of a core, or a tunnel process near it, is a machine limit, not a protocol one."
+
+// stnText introduces the STN scenarios.
+const stnText = "Seed 000 (Mars STN benchmark): short connections, one at a time: connect, request, response, close, no retry, as a mobile app's requests without keep-alive. The harness makes them from the client namespace against `latency-client serve`'s sink (request and response sizes may differ; byte counts and CRC-32C are verified). quictun: the tunnel is warm (its QUIC connection is up before the sample); each connection is a new TCP connection to quictun-client on loopback and a new stream. Links: the iOS Network Link Conditioner's 3G (780 kbit/s down, 330 kbit/s up, 100 ms delay each way) and Edge (240/200 kbit/s, 400 ms down, 440 ms up) profiles, and random loss each way with 50 ms one-way delay (RTT 100 ms), unlimited rate."
+
+// stnColumns are the columns of the STN short-connection tables.
+var stnColumns = []Metric{
+	{"total_s", "total s", false}, {"mean_s", "mean s", false}, {"p50_s", "median s", false}, {"p90_s", "p90 s", false},
+	{"max_s", "max s", false}, {"failures", "failures", false}, {"connections", "connections", true}, {"reconnects", "tunnel reconnects", false},
+	{"emu_loss_pct", "emulator loss %", false}, {"emu_queue_drops", "emulator queue drops", false}, {"emu_tun_drops", "TUN drops", false},
+}
 
 // usageColumns are the CPU and drop columns shown beside bulk results.
 var usageColumns = []Metric{
@@ -297,7 +314,7 @@ func WriteReport(dir string, res *Results) error {
 		w.printf("| %s | %s |\n", k, res.Tools[k])
 	}
 	w.printf("\n## Method\n\n")
-	w.printf("- Two network namespaces (client host 198.18.0.1, server host 198.18.0.2) joined by TUN devices and the userspace link emulator `tools/linkem` running inside the harness; the same delay, loss and rate apply to each direction.\n")
+	w.printf("- Two network namespaces (client host 198.18.0.1, server host 198.18.0.2) joined by TUN devices and the userspace link emulator `tools/linkem` running inside the harness; the same delay, loss and rate apply to each direction, except where a link lists `c2s-` (client to server, up) or `s2c-` (server to client, down) parameters.\n")
 	w.printf("- Variants: %s. `direct` connects to the echo server across the link; tunnels listen on the client host's loopback and reach the echo server on the server host's loopback. All variants run on the same link in the same run, interleaved (the first variant rotates).\n", strings.Join(res.Variants, ", "))
 	w.printf("- Workload: `bin/latency-client` (probe, bulk, connrate) in the client namespace against `latency-client serve` in the server namespace.\n")
 	w.printf("- Repetitions: %d (blackout cases may use fewer). Cells: median (min–max) over the repetitions; ⚠N = N repetitions reported an error (see the errors section).\n", res.Reps)
@@ -338,8 +355,10 @@ func WriteReport(dir string, res *Results) error {
 			writeFloodTables(w, res, rows, agg)
 		case ScBulk:
 			writeRowTable(w, sc, si, rows, res.Variants, agg, directVariants(res.Variants))
-		case ScFair, ScBlackoutBulk:
+		case ScFair, ScBlackoutBulk, ScSTNBlackout:
 			writeRowTable(w, sc, si, rows, res.Variants, agg, nil)
+		case ScSTNShort, ScSTNSizes:
+			writeRowTable(w, sc, si, rows, res.Variants, agg, directVariants(res.Variants))
 		default:
 			writeScenarioTable(w, sc, si, rows, res.Variants, agg)
 		}

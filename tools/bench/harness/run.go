@@ -72,6 +72,9 @@ func Run(ctx context.Context, opts Options) (dir string, err error) {
 	if len(opts.Scenarios) > 0 {
 		r.prof.Scenarios = opts.Scenarios
 	}
+	if len(r.opts.Variants) == 0 {
+		r.opts.Variants = r.prof.Variants
+	}
 	if opts.Congestion != nil {
 		r.prof.Congestion = opts.Congestion
 	}
@@ -313,16 +316,44 @@ func variantSelected(name string, sel []string) bool {
 	return false
 }
 
-// setLink applies spec to both directions, resetting every other parameter.
-func (r *Runner) setLink(ctx context.Context, spec LinkSpec) {
-	both := map[string]any{}
+// Per-direction link parameters: a LinkSpec parameter named c2sPrefix+NAME
+// (client to server, "up") or s2cPrefix+NAME (server to client, "down")
+// applies to that direction only and wins over NAME, as linkem's
+// --c2s-NAME and --s2c-NAME flags.
+const (
+	c2sPrefix = "c2s-"
+	s2cPrefix = "s2c-"
+)
+
+// linkUpdate is the emulator update for spec: every parameter reset to
+// its default in both directions, then spec's parameters for both
+// directions, then its per-direction ones.
+func linkUpdate(spec LinkSpec) emu.ConfigUpdate {
+	u := emu.ConfigUpdate{Both: map[string]any{}}
 	for k, v := range emu.DefaultParams().ToMap() {
-		both[k] = v
+		u.Both[k] = v
 	}
 	for k, v := range spec.Params {
-		both[k] = v
+		if name, ok := strings.CutPrefix(k, c2sPrefix); ok {
+			if u.C2S == nil {
+				u.C2S = map[string]any{}
+			}
+			u.C2S[name] = v
+		} else if name, ok := strings.CutPrefix(k, s2cPrefix); ok {
+			if u.S2C == nil {
+				u.S2C = map[string]any{}
+			}
+			u.S2C[name] = v
+		} else {
+			u.Both[k] = v
+		}
 	}
-	if err := r.ctl.Apply(emu.ConfigUpdate{Both: both}); err != nil {
+	return u
+}
+
+// setLink applies spec (see linkUpdate), resetting every other parameter.
+func (r *Runner) setLink(ctx context.Context, spec LinkSpec) {
+	if err := r.ctl.Apply(linkUpdate(spec)); err != nil {
 		// Specs are built by the profile; an invalid one is a bug.
 		panic(fmt.Sprintf("invalid link %s: %v", spec.Name, err))
 	}
@@ -337,6 +368,29 @@ func (r *Runner) setLink(ctx context.Context, spec LinkSpec) {
 	select {
 	case <-ctx.Done():
 	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// sweep runs fn for every link, case (0..cases-1), repetition and
+// variant, in that nesting. Each link is applied once, before its cases;
+// the variant order rotates with every (link, case, repetition), so each
+// variant goes first in turn (see ordered). It returns early when ctx
+// ends.
+func (r *Runner) sweep(ctx context.Context, links []LinkSpec, cases int, fn func(link LinkSpec, cs, rep int, v Variant)) {
+	i := 0
+	for _, link := range links {
+		r.setLink(ctx, link)
+		for cs := range cases {
+			for rep := range r.prof.Reps {
+				i++
+				for _, v := range r.ordered(i) {
+					if ctx.Err() != nil {
+						return
+					}
+					fn(link, cs, rep, v)
+				}
+			}
+		}
 	}
 }
 

@@ -91,6 +91,12 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.fairness(ctx)
 	case ScBlackoutBulk:
 		return r.blackoutBulk(ctx)
+	case ScSTNShort:
+		return r.stnShort(ctx)
+	case ScSTNSizes:
+		return r.stnSizes(ctx)
+	case ScSTNBlackout:
+		return r.stnBlackout(ctx)
 	default:
 		return fmt.Errorf("unknown scenario %q", name)
 	}
@@ -171,21 +177,9 @@ func (r *Runner) latency(ctx context.Context) error {
 
 func (r *Runner) bulk(ctx context.Context) error {
 	p := r.prof
-	i := 0
-	for _, link := range p.BulkLinks {
-		r.setLink(ctx, link)
-		for _, par := range p.BulkParallel {
-			for rep := range p.Reps {
-				i++
-				for _, v := range r.ordered(i) {
-					if ctx.Err() != nil {
-						return nil
-					}
-					r.bulkOne(ctx, link, v, rep, par)
-				}
-			}
-		}
-	}
+	r.sweep(ctx, p.BulkLinks, len(p.BulkParallel), func(link LinkSpec, cs, rep int, v Variant) {
+		r.bulkOne(ctx, link, v, rep, p.BulkParallel[cs])
+	})
 	return nil
 }
 

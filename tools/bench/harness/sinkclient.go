@@ -145,13 +145,63 @@ func processCPU() float64 {
 
 func tvSeconds(tv unix.Timeval) float64 { return float64(tv.Sec) + float64(tv.Usec)/1e6 }
 
-func sinkRequest(count uint64) []byte {
+// Sink protocol directions.
+const (
+	sinkUp   byte = 'U'
+	sinkDown byte = 'D'
+)
+
+// sinkRequest is the 16-byte request of a transfer in direction dir of
+// count bytes (0: until stopped).
+func sinkRequest(dir byte, count uint64) []byte {
 	b := make([]byte, 16)
 	copy(b, "QTSK")
 	b[4] = 1
-	b[5] = 'D'
+	b[5] = dir
 	binary.BigEndian.PutUint64(b[8:], count)
 	return b
+}
+
+// readSinkDownload reads a download's frames up to the end frame, then
+// the trailer, and checks the trailer's count and CRC-32C against what
+// arrived. onFrame, if not nil, is called with the running byte count
+// after each frame. It returns the payload bytes read.
+func readSinkDownload(br *bufio.Reader, onFrame func(total int64)) (int64, error) {
+	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	buf := make([]byte, sinkMaxFrame)
+	var hdr [4]byte
+	var total int64
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return total, fmt.Errorf("read frame header: %w", err)
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if n == 0 {
+			break
+		}
+		if n > sinkMaxFrame {
+			return total, fmt.Errorf("frame of %d bytes: stream corrupted", n)
+		}
+		if _, err := io.ReadFull(br, buf[:n]); err != nil {
+			return total, fmt.Errorf("read frame: %w", err)
+		}
+		_, _ = h.Write(buf[:n])
+		total += int64(n)
+		if onFrame != nil {
+			onFrame(total)
+		}
+	}
+	tr := make([]byte, sinkTrailerSize)
+	if _, err := io.ReadFull(br, tr); err != nil {
+		return total, fmt.Errorf("read trailer: %w", err)
+	}
+	if cnt := binary.BigEndian.Uint64(tr); cnt != uint64(total) {
+		return total, fmt.Errorf("server sent %d bytes, client received %d", cnt, total)
+	}
+	if crc := binary.BigEndian.Uint32(tr[8:]); crc != h.Sum32() {
+		return total, fmt.Errorf("CRC-32C mismatch: server %08x, client %08x", crc, h.Sum32())
+	}
+	return total, nil
 }
 
 // downloadOne downloads from c for d (see download).
@@ -170,7 +220,7 @@ func download(c net.Conn, stop <-chan struct{}, d, limit time.Duration, prog *pr
 	cpu0 := threadCPU()
 	defer func() { s.ReaderCPU = threadCPU() - cpu0 }()
 	_ = c.SetDeadline(time.Now().Add(limit))
-	if _, err := c.Write(sinkRequest(0)); err != nil {
+	if _, err := c.Write(sinkRequest(sinkDown, 0)); err != nil {
 		s.Error = fmt.Sprintf("write request: %v", err)
 		return s
 	}
@@ -203,41 +253,13 @@ func download(c net.Conn, stop <-chan struct{}, d, limit time.Duration, prog *pr
 		}
 	})
 	br := bufio.NewReaderSize(c, 256<<10)
-	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
-	buf := make([]byte, sinkMaxFrame)
-	var hdr [4]byte
-	err := func() error {
-		for {
-			if _, err := io.ReadFull(br, hdr[:]); err != nil {
-				return fmt.Errorf("read frame header: %w", err)
-			}
-			n := binary.BigEndian.Uint32(hdr[:])
-			if n == 0 {
-				break
-			}
-			if n > sinkMaxFrame {
-				return fmt.Errorf("frame of %d bytes: stream corrupted", n)
-			}
-			if _, err := io.ReadFull(br, buf[:n]); err != nil {
-				return fmt.Errorf("read frame: %w", err)
-			}
-			_, _ = h.Write(buf[:n])
-			s.Bytes += int64(n)
-			prog.add(time.Now(), s.Bytes)
-		}
-		tr := make([]byte, sinkTrailerSize)
-		if _, err := io.ReadFull(br, tr); err != nil {
-			return fmt.Errorf("read trailer: %w", err)
-		}
+	_, err := readSinkDownload(br, func(total int64) {
+		s.Bytes = total
+		prog.add(time.Now(), total)
+	})
+	if err == nil {
 		s.end = time.Now()
-		if cnt := binary.BigEndian.Uint64(tr); cnt != uint64(s.Bytes) {
-			return fmt.Errorf("server sent %d bytes, client received %d", cnt, s.Bytes)
-		}
-		if crc := binary.BigEndian.Uint32(tr[8:]); crc != h.Sum32() {
-			return fmt.Errorf("CRC-32C mismatch: server %08x, client %08x", crc, h.Sum32())
-		}
-		return nil
-	}()
+	}
 	mu.Lock()
 	finished = true // no stop byte after this point
 	mu.Unlock()
