@@ -182,6 +182,9 @@ type AllowList struct {
 //	unix:/run/apps/*          a path.Match pattern on the cleaned path ('*' does not cross '/')
 //
 // A CIDR prefix must not have host bits set. An empty list allows nothing.
+// Whatever the rules, Authorize refuses unspecified addresses and metadata
+// addresses not named exactly (ErrReserved); see also ParseRules (deny rules)
+// and WithSelf.
 // Errors wrap ErrInvalidRule and name the bad rule; all bad rules are
 // reported.
 func ParseAllowList(rules []string) (*AllowList, error) { return ParseRules(rules, nil) }
@@ -305,6 +308,7 @@ func MustParseAllowList(rules ...string) *AllowList {
 
 // DefaultAllowList allows loopback only: tcp to 127.0.0.0/8 (rule
 // "loopback4") and ::1 (rule "loopback6") on any port, and no unix sockets.
+// The server adds its own listeners with WithSelf, so they stay refused.
 func DefaultAllowList() *AllowList {
 	return MustParseAllowList("loopback4=tcp:127.0.0.0/8:*", "loopback6=tcp:[::1]:*")
 }
