@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -47,6 +49,11 @@ type Config struct {
 	Secret []byte
 	Parser TokenParser
 	Allow  *endpoint.AllowList
+	// SelfAddrs are the addresses of the server's other listeners (the admin
+	// API). Streams to them, and to the QUIC listener's own address and
+	// port, are refused whatever Allow says (a wildcard address stands for
+	// every local address at that port; see endpoint.AllowList.WithSelf).
+	SelfAddrs []net.Addr
 	// Resolver resolves destination host names (nil: net.DefaultResolver).
 	Resolver endpoint.Resolver
 	Dialer   Dialer
@@ -176,9 +183,21 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	case pc == nil:
 		return nil, errors.New("server: packet conn is required")
 	}
+	// The server's own listeners are refused whatever the rules say.
+	self := make([]netip.AddrPort, 0, len(cfg.SelfAddrs)+1)
+	for _, a := range append([]net.Addr{pc.LocalAddr()}, cfg.SelfAddrs...) {
+		if a == nil {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			self = append(self, ap)
+		}
+	}
+	cfg.Allow = cfg.Allow.WithSelf(nil, self...)
 	if cfg.Dialer == nil {
 		cfg.Dialer = &net.Dialer{}
 	}
+	cfg.Dialer = checkedDialer(cfg.Dialer, cfg.Allow)
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
@@ -492,14 +511,16 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 		fail(proto.CodeBadToken, "Rejected stream: bad destination token", "err", err)
 		return
 	}
+	refuse := func(err error) {
+		reason := endpoint.RefusalReason(err)
+		m.RefusedTotal.WithLabelValues(dest.Network, reason).Inc()
+		fail(proto.CodeRefused, "Refused destination", "destination", dest.String(), "reason", reason, "err", err)
+	}
 	dial, rule, err := s.cfg.Allow.Authorize(ctx, s.cfg.Resolver, dest)
 	if err != nil {
-		if errors.Is(err, endpoint.ErrForbidden) {
-			m.RefusedTotal.WithLabelValues(dest.Network).Inc()
-			fail(proto.CodeRefused, "Refused destination", "destination", dest.String())
-			return
-		}
-		fail(proto.CodeDialFailed, "Could not resolve destination", "destination", dest.String(), "err", err)
+		// Every Authorize error refuses, a name that does not resolve too:
+		// the client learns nothing about which internal names exist.
+		refuse(err)
 		return
 	}
 
@@ -528,6 +549,10 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	s.releaseDestination(dial.String(), true)
 	cancel()
 	m.DialDuration.Observe(time.Since(dialStart).Seconds())
+	if errors.Is(err, endpoint.ErrForbidden) { // CheckDial refused the address the dialer chose
+		refuse(err)
+		return
+	}
 	if err != nil {
 		code := proto.CodeDialFailed
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
@@ -579,4 +604,34 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	m.StreamsTotal.WithLabelValues(result).Inc()
 	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"duration", time.Since(start), "result", result, "err", err)
+}
+
+// checkedDialer makes a *net.Dialer check, with allow.CheckDial, every
+// address it connects to after its own name resolution: a destination that
+// an exact host-name rule allowed is dialed by name, and whatever the name
+// resolves to then must still not be the server itself, a reserved address
+// or a denied one. Other Dialers (test fakes) are returned unchanged; the
+// IP addresses Authorize returns were checked already.
+func checkedDialer(d Dialer, allow *endpoint.AllowList) Dialer {
+	nd, ok := d.(*net.Dialer)
+	if !ok {
+		return d
+	}
+	c := *nd // copy: the caller's dialer is left alone
+	prevCtx, prev := nd.ControlContext, nd.Control
+	c.ControlContext = func(ctx context.Context, network, address string, rc syscall.RawConn) error {
+		if ap, err := netip.ParseAddrPort(address); err == nil {
+			if err := allow.CheckDial(ap); err != nil {
+				return err
+			}
+		}
+		switch {
+		case prevCtx != nil:
+			return prevCtx(ctx, network, address, rc)
+		case prev != nil:
+			return prev(network, address, rc)
+		}
+		return nil
+	}
+	return &c
 }

@@ -28,7 +28,8 @@ var Secret = []byte("0123456789abcdef0123456789abcdef")
 type ServerOptions struct {
 	StateDir string // default: a new temp dir
 	Allow    []string
-	Secret   []byte // nil: Secret; use NoAuth for none
+	Deny     []string // deny rules (endpoint.ParseRules)
+	Secret   []byte   // nil: Secret; use NoAuth for none
 	NoAuth   bool
 	Addr     string // default 127.0.0.1:0
 	Mutate   func(*server.Config)
@@ -78,8 +79,12 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 	st, err := transport.LoadOrCreateState(o.StateDir, "", "")
 	require.NoError(t, err)
 	allow := endpoint.DefaultAllowList()
-	if o.Allow != nil {
-		allow, err = endpoint.ParseAllowList(o.Allow)
+	if o.Allow != nil || o.Deny != nil {
+		rules := o.Allow
+		if rules == nil {
+			rules = allow.Rules()
+		}
+		allow, err = endpoint.ParseRules(rules, o.Deny)
 		require.NoError(t, err)
 	}
 	parser, err := token.NewParser(token.PluginCleartext, "")

@@ -11,17 +11,120 @@ import (
 	"strings"
 )
 
-// ErrForbidden is returned (wrapped) by AllowList.Authorize when no rule
-// allows the destination, or when a host name resolves to at least one
-// address that no rule allows.
+// ErrForbidden is returned (wrapped) by AllowList.Authorize and
+// AllowList.CheckDial for every refused destination: when no rule allows it,
+// when a host name resolves to at least one address that is not allowed, and
+// (through the errors below, which all wrap it) for denied, reserved, own or
+// unresolvable destinations. RefusalReason names which.
 var ErrForbidden = errors.New("destination forbidden")
 
 // ErrResolve is returned (wrapped) by AllowList.Authorize when a host name
-// could not be resolved or resolved to no address.
-var ErrResolve = errors.New("resolve destination")
+// could not be resolved or resolved to no address. It wraps ErrForbidden: a
+// name that does not resolve is refused like a forbidden one, so a client
+// cannot tell an internal name that exists from one that does not.
+var ErrResolve = fmt.Errorf("%w: resolve destination", ErrForbidden)
 
-// ErrInvalidRule is returned (wrapped, naming the rule) by ParseAllowList.
-var ErrInvalidRule = errors.New("invalid allow rule")
+// ErrDenied is returned (wrapped) when a deny rule matches the destination
+// or one of its addresses. Deny rules win over allow rules.
+var ErrDenied = fmt.Errorf("%w by a deny rule", ErrForbidden)
+
+// ErrReserved is returned (wrapped) for addresses no rule can allow (the
+// unspecified addresses 0.0.0.0/8 and ::, which reach the server host itself)
+// and for cloud metadata addresses that no allow rule names exactly (see
+// MetadataAddrs). NAT64 forms (64:ff9b::/96) of these addresses are refused too.
+var ErrReserved = fmt.Errorf("%w: reserved address", ErrForbidden)
+
+// ErrSelf is returned (wrapped) for an address and port the server itself
+// listens on (see WithSelf), whatever the rules say.
+var ErrSelf = fmt.Errorf("%w: the server's own listener", ErrForbidden)
+
+// ErrInvalidRule is returned (wrapped, naming the rule) by ParseAllowList and
+// ParseRules.
+var ErrInvalidRule = errors.New("invalid rule")
+
+// Refusal reasons, as returned by RefusalReason (metric label values).
+const (
+	ReasonNotAllowed = "not_allowed" // no allow rule matches
+	ReasonDenied     = "denied"      // a deny rule matches (ErrDenied)
+	ReasonReserved   = "reserved"    // unspecified or metadata address (ErrReserved)
+	ReasonSelf       = "self"        // the server's own listener (ErrSelf)
+	ReasonUnresolved = "unresolved"  // the name does not resolve (ErrResolve)
+)
+
+// RefusalReasons lists every value RefusalReason returns for a refusal, e.g.
+// to pre-create metric label values.
+func RefusalReasons() []string {
+	return []string{ReasonNotAllowed, ReasonDenied, ReasonReserved, ReasonSelf, ReasonUnresolved}
+}
+
+// RefusalReason returns why err refused a destination (one of
+// RefusalReasons), or "" when err does not wrap ErrForbidden.
+func RefusalReason(err error) string {
+	switch {
+	case errors.Is(err, ErrSelf):
+		return ReasonSelf
+	case errors.Is(err, ErrDenied):
+		return ReasonDenied
+	case errors.Is(err, ErrReserved):
+		return ReasonReserved
+	case errors.Is(err, ErrResolve):
+		return ReasonUnresolved
+	case errors.Is(err, ErrForbidden):
+		return ReasonNotAllowed
+	}
+	return ""
+}
+
+// MetadataAddrs are the cloud instance-metadata and credential endpoints that
+// a broad rule does not admit: only a rule naming the address itself
+// ("tcp:169.254.169.254:80") does. AWS, GCP, Azure, OCI and others use
+// 169.254.169.254 (AWS also fd00:ec2::254 over IPv6 and 169.254.170.2 for
+// ECS task credentials); Alibaba Cloud uses 100.100.100.200.
+func MetadataAddrs() []netip.Addr {
+	return []netip.Addr{
+		netip.AddrFrom4([4]byte{169, 254, 169, 254}),
+		netip.AddrFrom4([4]byte{169, 254, 170, 2}),
+		netip.AddrFrom4([4]byte{100, 100, 100, 200}),
+		netip.MustParseAddr("fd00:ec2::254"),
+	}
+}
+
+// nat64 is the NAT64 well-known prefix (RFC 6052): 64:ff9b::a9fe:a9fe reaches
+// 169.254.169.254 through a NAT64 gateway.
+var nat64 = netip.MustParsePrefix("64:ff9b::/96")
+
+// thisNetwork is 0.0.0.0/8: connecting to 0.0.0.0 reaches the local host.
+var thisNetwork = netip.MustParsePrefix("0.0.0.0/8")
+
+// forms returns ip and, for an address in the NAT64 prefix, the IPv4 address
+// it embeds.
+func forms(ip netip.Addr) []netip.Addr {
+	if ip.Is6() && nat64.Contains(ip) {
+		b := ip.As16()
+		return []netip.Addr{ip, netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})}
+	}
+	return []netip.Addr{ip}
+}
+
+func isUnspecified(ip netip.Addr) bool {
+	for _, f := range forms(ip) {
+		if f.IsUnspecified() || thisNetwork.Contains(f) {
+			return true
+		}
+	}
+	return false
+}
+
+func isMetadata(ip netip.Addr) bool {
+	for _, f := range forms(ip) {
+		for _, m := range MetadataAddrs() {
+			if f == m {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // maxRuleNameLen bounds rule names, which are used as metric label values.
 const maxRuleNameLen = 64
@@ -49,11 +152,19 @@ type rule struct {
 
 func (r *rule) portMatch(p uint16) bool { return p >= r.portLo && p <= r.portHi }
 
-// AllowList is an ordered list of destination rules. The first rule that
-// matches names the decision. It is immutable after construction and safe for
-// concurrent use.
+// AllowList is an ordered list of destination rules (allow rules, and deny
+// rules that win over them) plus the server's own listeners, which are always
+// refused. The first allow rule that matches names the decision. It is
+// immutable after construction and safe for concurrent use.
 type AllowList struct {
 	rules []rule
+	deny  []rule
+
+	// self: the server's own listeners (unmapped); selfPorts: ports of
+	// wildcard listeners, refused on every local address (localAddrs).
+	self       []netip.AddrPort
+	selfPorts  []uint16
+	localAddrs func() ([]netip.Addr, error)
 }
 
 // ParseAllowList parses allow-list rules, each optionally prefixed with a name
@@ -71,23 +182,118 @@ type AllowList struct {
 //	unix:/run/apps/*          a path.Match pattern on the cleaned path ('*' does not cross '/')
 //
 // A CIDR prefix must not have host bits set. An empty list allows nothing.
+// Whatever the rules, Authorize refuses unspecified addresses and metadata
+// addresses not named exactly (ErrReserved); see also ParseRules (deny rules)
+// and WithSelf.
 // Errors wrap ErrInvalidRule and name the bad rule; all bad rules are
 // reported.
-func ParseAllowList(rules []string) (*AllowList, error) {
-	a := &AllowList{rules: make([]rule, 0, len(rules))}
+func ParseAllowList(rules []string) (*AllowList, error) { return ParseRules(rules, nil) }
+
+// ParseRules parses allow rules and deny rules (same forms as ParseAllowList;
+// unnamed deny rules are called "deny0", "deny1", …). A deny rule wins over
+// every allow rule: with allow "tcp:0.0.0.0/0:*" and deny
+// "tcp:169.254.0.0/16:*", link-local IPv4 is refused. A deny rule with a
+// prefix applies to IP destinations and to every address a name resolves to
+// (and to the IPv4 address embedded in a NAT64 address); one with a host name
+// applies to that name; a unix deny rule applies to matching paths. Errors
+// wrap ErrInvalidRule and name every bad rule.
+func ParseRules(allow, deny []string) (*AllowList, error) {
+	a := &AllowList{rules: make([]rule, 0, len(allow)), deny: make([]rule, 0, len(deny))}
 	var errs []error
-	for i, s := range rules {
-		r, err := parseRule(i, s)
+	for i, s := range allow {
+		r, err := parseRule("allow", "rule", i, s)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		a.rules = append(a.rules, r)
 	}
+	for i, s := range deny {
+		r, err := parseRule("deny", "deny", i, s)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		a.deny = append(a.deny, r)
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return a, nil
+}
+
+// WithSelf returns a copy of a that also refuses tcp to the given addresses
+// of the server's own listeners (its QUIC and admin listeners), whatever the
+// rules say. An unspecified address (0.0.0.0:9090, [::]:9090) stands for
+// every local address at that port: loopback, unspecified, and each address
+// local returns (nil: the host's interface addresses, looked up when a
+// destination uses such a port; if the lookup fails the port is refused on
+// every address). Addresses with port 0 are ignored.
+func (a *AllowList) WithSelf(local func() ([]netip.Addr, error), addrs ...netip.AddrPort) *AllowList {
+	b := *a
+	b.self = append([]netip.AddrPort(nil), a.self...)
+	b.selfPorts = append([]uint16(nil), a.selfPorts...)
+	if local != nil {
+		b.localAddrs = local
+	}
+	for _, ap := range addrs {
+		if ap.Port() == 0 || !ap.Addr().IsValid() {
+			continue
+		}
+		ip := ap.Addr().Unmap().WithZone("")
+		if ip.IsUnspecified() {
+			b.selfPorts = append(b.selfPorts, ap.Port())
+			continue
+		}
+		b.self = append(b.self, netip.AddrPortFrom(ip, ap.Port()))
+	}
+	return &b
+}
+
+// interfaceAddrs returns the addresses of the host's interfaces.
+func interfaceAddrs() ([]netip.Addr, error) {
+	as, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netip.Addr, 0, len(as))
+	for _, a := range as {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr().Unmap().WithZone(""))
+		}
+	}
+	return out, nil
+}
+
+// isSelf reports whether ip:port is one of the server's own listeners.
+func (a *AllowList) isSelf(ip netip.Addr, port uint16) bool {
+	for _, s := range a.self {
+		if s.Addr() == ip && s.Port() == port {
+			return true
+		}
+	}
+	for _, p := range a.selfPorts {
+		if p != port {
+			continue
+		}
+		if ip.IsLoopback() || isUnspecified(ip) {
+			return true
+		}
+		local := a.localAddrs
+		if local == nil {
+			local = interfaceAddrs
+		}
+		addrs, err := local()
+		if err != nil {
+			return true // cannot tell: refuse
+		}
+		for _, l := range addrs {
+			if l == ip {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // MustParseAllowList is ParseAllowList for rules known to be valid at compile
@@ -102,18 +308,19 @@ func MustParseAllowList(rules ...string) *AllowList {
 
 // DefaultAllowList allows loopback only: tcp to 127.0.0.0/8 (rule
 // "loopback4") and ::1 (rule "loopback6") on any port, and no unix sockets.
+// The server adds its own listeners with WithSelf, so they stay refused.
 func DefaultAllowList() *AllowList {
 	return MustParseAllowList("loopback4=tcp:127.0.0.0/8:*", "loopback6=tcp:[::1]:*")
 }
 
-func parseRule(i int, s string) (rule, error) {
+func parseRule(kind, namePrefix string, i int, s string) (rule, error) {
 	bad := func(format string, args ...any) (rule, error) {
-		return rule{}, fmt.Errorf("%w %d %q: %s", ErrInvalidRule, i, s, fmt.Sprintf(format, args...))
+		return rule{}, fmt.Errorf("%w: %s rule %d %q: %s", ErrInvalidRule, kind, i, s, fmt.Sprintf(format, args...))
 	}
 	if len(s) > MaxLen+maxRuleNameLen+1 {
 		return bad("too long")
 	}
-	r := rule{name: "rule" + strconv.Itoa(i)}
+	r := rule{name: namePrefix + strconv.Itoa(i)}
 	spec := strings.TrimSpace(s)
 	if name, rest, ok := strings.Cut(spec, "="); ok && !strings.Contains(name, ":") {
 		if err := validRuleName(name); err != nil {
@@ -230,12 +437,17 @@ func parsePortRange(s string) (uint16, uint16, error) {
 	return p, p, err
 }
 
-// Rules returns the rules as "name=spec", in order, e.g. for logging the
-// effective configuration.
-func (a *AllowList) Rules() []string {
-	out := make([]string, len(a.rules))
-	for i := range a.rules {
-		out[i] = a.rules[i].name + "=" + a.rules[i].spec
+// Rules returns the allow rules as "name=spec", in order, e.g. for logging
+// the effective configuration.
+func (a *AllowList) Rules() []string { return specs(a.rules) }
+
+// DenyRules returns the deny rules as "name=spec", in order.
+func (a *AllowList) DenyRules() []string { return specs(a.deny) }
+
+func specs(rules []rule) []string {
+	out := make([]string, len(rules))
+	for i := range rules {
+		out[i] = rules[i].name + "=" + rules[i].spec
 	}
 	return out
 }
@@ -251,26 +463,39 @@ func (a *AllowList) Names() []string {
 }
 
 // Authorize decides whether dest may be dialed, and returns what to dial and
-// the name of the deciding rule.
+// the name of the deciding allow rule.
 //
 // For tcp to an IP literal, the address (unmapped if it is IPv4-mapped IPv6)
 // is matched against the CIDR rules and dial is that address. For tcp to a
-// host name, an exact host-name rule allows it as is (dial == dest); otherwise
-// the name is resolved with r (nil means net.DefaultResolver), EVERY resolved
-// address must match a rule, and dial is the first resolved address with
-// dest's port, so the dialer cannot resolve the name again to something else
-// (DNS rebinding). The name is not resolved when no CIDR rule covers the
-// port. For unix, the path must be absolute; it is cleaned and matched against
-// the patterns (symbolic links are not resolved).
+// host name, an exact host-name rule allows it as is (dial == dest: the
+// caller must check each address its dialer connects to with CheckDial);
+// otherwise the name is resolved with r (nil means net.DefaultResolver),
+// EVERY resolved address must be allowed, and dial is the first resolved
+// address with dest's port, so the dialer cannot resolve the name again to
+// something else (DNS rebinding). The name is not resolved when no CIDR rule
+// covers the port. For unix, the path must be absolute; it is cleaned and
+// matched against the patterns (symbolic links are not resolved).
 //
-// Errors wrap ErrForbidden (refused, including an invalid dest) or ErrResolve
-// (lookup failed; the destination is refused too).
+// Whatever the allow rules say, these are refused: a destination matching a
+// deny rule (ErrDenied); the unspecified addresses, and metadata addresses
+// (MetadataAddrs) unless an allow rule names that exact address (ErrReserved);
+// the server's own listeners (ErrSelf, see WithSelf).
+//
+// Every error wraps ErrForbidden (refused, including an invalid dest); a
+// name that does not resolve wraps ErrResolve too. RefusalReason says why.
 func (a *AllowList) Authorize(ctx context.Context, r Resolver, dest Endpoint) (dial Endpoint, rule string, err error) {
 	d, err := Parse(dest.String())
 	if err != nil {
 		return Endpoint{}, "", fmt.Errorf("%w: %w", ErrForbidden, err)
 	}
 	if d.Network == NetworkUnix {
+		for i := range a.deny {
+			if ru := &a.deny[i]; ru.network == NetworkUnix {
+				if ok, _ := path.Match(ru.pattern, d.Address); ok {
+					return Endpoint{}, "", fmt.Errorf("%w %s: %s", ErrDenied, ru.name, d)
+				}
+			}
+		}
 		for i := range a.rules {
 			ru := &a.rules[i]
 			if ru.network != NetworkUnix {
@@ -293,13 +518,18 @@ func (a *AllowList) Authorize(ctx context.Context, r Resolver, dest Endpoint) (d
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
 		ip = ip.Unmap()
-		name, ok := a.matchIP(ip, port)
-		if !ok {
-			return Endpoint{}, "", fmt.Errorf("%w: %s", ErrForbidden, d)
+		name, err := a.checkIP(ip, port)
+		if err != nil {
+			return Endpoint{}, "", fmt.Errorf("%s: %w", d, err)
 		}
 		return tcpEndpoint(ip, port), name, nil
 	}
 
+	for i := range a.deny {
+		if ru := &a.deny[i]; ru.network == NetworkTCP && ru.host == host && ru.portMatch(port) {
+			return Endpoint{}, "", fmt.Errorf("%w %s: %s", ErrDenied, ru.name, d)
+		}
+	}
 	for i := range a.rules {
 		ru := &a.rules[i]
 		if ru.network == NetworkTCP && ru.host == host && ru.portMatch(port) {
@@ -322,9 +552,9 @@ func (a *AllowList) Authorize(ctx context.Context, r Resolver, dest Endpoint) (d
 	var firstName string
 	for i, ip := range ips {
 		ip = ip.Unmap().WithZone("")
-		name, ok := a.matchIP(ip, port)
-		if !ok {
-			return Endpoint{}, "", fmt.Errorf("%w: %s resolves to %s", ErrForbidden, d, ip)
+		name, err := a.checkIP(ip, port)
+		if err != nil {
+			return Endpoint{}, "", fmt.Errorf("%s resolves to %s: %w", d, ip, err)
 		}
 		if i == 0 {
 			firstName = name
@@ -333,11 +563,82 @@ func (a *AllowList) Authorize(ctx context.Context, r Resolver, dest Endpoint) (d
 	return tcpEndpoint(ips[0].Unmap().WithZone(""), port), firstName, nil
 }
 
+// CheckDial checks an address a dialer is about to connect to, after its own
+// name resolution (e.g. for a destination an exact host-name rule allowed,
+// which is dialed by name): it refuses what no allow rule can override
+// (unspecified, deny rules, the server's own listeners) and metadata
+// addresses no allow rule names exactly. It does not require an allow rule to
+// match. Errors wrap ErrForbidden, as for Authorize.
+func (a *AllowList) CheckDial(addr netip.AddrPort) error {
+	ip := addr.Addr().Unmap().WithZone("")
+	if err := a.refuse(ip, addr.Port()); err != nil {
+		return fmt.Errorf("%s: %w", netip.AddrPortFrom(ip, addr.Port()), err)
+	}
+	if _, ok := a.namesExactly(ip, addr.Port()); isMetadata(ip) && !ok {
+		return fmt.Errorf("%w: %s is a metadata address", ErrReserved, ip)
+	}
+	return nil
+}
+
+// checkIP decides for one (unmapped, unzoned) address.
+func (a *AllowList) checkIP(ip netip.Addr, port uint16) (string, error) {
+	if err := a.refuse(ip, port); err != nil {
+		return "", err
+	}
+	name, ok := a.matchIP(ip, port)
+	if !ok {
+		return "", fmt.Errorf("%w: no rule allows %s", ErrForbidden, netip.AddrPortFrom(ip, port))
+	}
+	if isMetadata(ip) {
+		exact, ok := a.namesExactly(ip, port)
+		if !ok {
+			return "", fmt.Errorf("%w: %s is a metadata address (allow it with a rule naming it exactly)", ErrReserved, ip)
+		}
+		name = exact
+	}
+	return name, nil
+}
+
+// refuse returns the refusal no allow rule can override, or nil.
+func (a *AllowList) refuse(ip netip.Addr, port uint16) error {
+	if isUnspecified(ip) {
+		return fmt.Errorf("%w: %s is unspecified", ErrReserved, ip)
+	}
+	if a.isSelf(ip, port) {
+		return ErrSelf
+	}
+	for i := range a.deny {
+		ru := &a.deny[i]
+		if ru.network != NetworkTCP || !ru.prefix.IsValid() || !ru.portMatch(port) {
+			continue
+		}
+		for _, f := range forms(ip) {
+			if ru.prefix.Contains(f) {
+				return fmt.Errorf("%w %s", ErrDenied, ru.name)
+			}
+		}
+	}
+	return nil
+}
+
 // matchIP returns the name of the first CIDR rule matching ip and port.
 func (a *AllowList) matchIP(ip netip.Addr, port uint16) (string, bool) {
 	for i := range a.rules {
 		ru := &a.rules[i]
 		if ru.network == NetworkTCP && ru.prefix.IsValid() && ru.portMatch(port) && ru.prefix.Contains(ip) {
+			return ru.name, true
+		}
+	}
+	return "", false
+}
+
+// namesExactly returns the first allow rule that names ip itself (a /32 or
+// /128) for port.
+func (a *AllowList) namesExactly(ip netip.Addr, port uint16) (string, bool) {
+	for i := range a.rules {
+		ru := &a.rules[i]
+		if ru.network == NetworkTCP && ru.prefix.IsValid() && ru.portMatch(port) &&
+			ru.prefix.Bits() == ip.BitLen() && ru.prefix.Addr() == ip {
 			return ru.name, true
 		}
 	}

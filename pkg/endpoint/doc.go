@@ -9,5 +9,12 @@
 // resolution cannot rebind the name), and unix paths are cleaned before they
 // are matched, so "../" cannot escape a directory rule.
 //
+// Deny rules (ParseRules) win over allow rules. Some destinations are refused
+// whatever the rules say: the server's own listeners (WithSelf), the
+// unspecified addresses, and cloud metadata addresses unless an allow rule
+// names them exactly. CheckDial applies these to the address a dialer
+// actually connects to, for destinations dialed by name. Every refusal wraps
+// ErrForbidden, and RefusalReason names it for metrics.
+//
 // The package imports only the standard library.
 package endpoint

@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/proto"
 )
 
@@ -33,8 +35,10 @@ type Server struct {
 	StreamBytesTotal  *prometheus.CounterVec
 	ConnectionsTotal  *prometheus.CounterVec
 	ActiveConnections prometheus.Gauge
-	RefusedTotal      *prometheus.CounterVec
-	Draining          prometheus.Gauge
+	// RefusedTotal counts refused destinations by network and reason
+	// (endpoint.RefusalReasons).
+	RefusedTotal *prometheus.CounterVec
+	Draining     prometheus.Gauge
 	// RefusedConnectionsTotal counts QUIC connections refused by per-source limits.
 	RefusedConnectionsTotal *prometheus.CounterVec
 	// DroppedDatagramsTotal counts datagrams the server's QUIC transport
@@ -72,8 +76,8 @@ func NewServer(reg prometheus.Registerer) *Server {
 		}),
 		RefusedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "refused_destinations_total",
-			Help: "Streams refused because the destination is not allowed, by network (tcp, unix).",
-		}, []string{"network"}),
+			Help: "Streams refused because the destination is not allowed, by network (tcp, unix) and reason (not_allowed: no --allow rule; denied: a --deny rule; reserved: unspecified or cloud metadata address; self: the server's own QUIC or admin listener; unresolved: the name does not resolve).",
+		}, []string{"network", "reason"}),
 		Draining: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "draining",
 			Help: "1 while the server drains before shutdown.",
@@ -105,7 +109,9 @@ func NewServer(reg prometheus.Registerer) *Server {
 		m.ConnectionsTotal.WithLabelValues(r)
 	}
 	for _, n := range []string{"tcp", "unix"} {
-		m.RefusedTotal.WithLabelValues(n)
+		for _, r := range endpoint.RefusalReasons() {
+			m.RefusedTotal.WithLabelValues(n, r)
+		}
 	}
 	return m
 }

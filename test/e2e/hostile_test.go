@@ -227,8 +227,8 @@ func TestHostileStreams(t *testing.T) {
 		waitMetric(t, srv, 5*time.Second, eq(want), "quictun_server_streams_total", "result", result)
 	}
 	m = scrape(t, srv)
-	assert.Equal(t, 2.0, m.val("quictun_server_refused_destinations_total", "network", "tcp"))
-	assert.Equal(t, 1.0, m.val("quictun_server_refused_destinations_total", "network", "unix"))
+	assert.Equal(t, 2.0, m.val("quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed"))
+	assert.Equal(t, 1.0, m.val("quictun_server_refused_destinations_total", "network", "unix", "reason", "not_allowed"))
 	assert.Equal(t, 1.0, m.val("quictun_server_dial_duration_seconds"), "only the valid stream was dialed")
 	waitMetric(t, srv, 5*time.Second, eq(2), "quictun_server_connections_total", "result", "auth_failed")
 	assert.True(t, srv.ready())

@@ -280,7 +280,7 @@ func TestRefusedDestination(t *testing.T) {
 	refusedRead(t, cl.Addr)
 	require.Eventually(t, func() bool {
 		return promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("refused")) == 1 &&
-			promtest.ToFloat64(srv.Metrics.RefusedTotal.WithLabelValues("tcp")) == 1 &&
+			promtest.ToFloat64(srv.Metrics.RefusedTotal.WithLabelValues("tcp", "not_allowed")) == 1 &&
 			promtest.ToFloat64(cl.Metrics.StreamsTotal.WithLabelValues("refused")) == 1
 	}, 5*time.Second, 10*time.Millisecond)
 }

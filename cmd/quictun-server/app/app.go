@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -92,7 +93,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.InsecureNoAuth {
 		logger.Info("WARNING: client authentication is disabled (--insecure-no-auth)")
 	}
-	allow, err := endpoint.ParseAllowList(o.Allow)
+	allow, err := endpoint.ParseRules(o.Allow, o.Deny)
 	if err != nil {
 		return err
 	}
@@ -147,6 +148,7 @@ func (o *Options) Run(ctx context.Context) error {
 		Secret:                 secret,
 		Parser:                 parser,
 		Allow:                  allow,
+		SelfAddrs:              adminAddrs(adminLn),
 		Dialer:                 &net.Dialer{KeepAlive: 30 * time.Second},
 		HeaderTimeout:          o.HeaderTimeout,
 		DialTimeout:            o.DialTimeout,
@@ -170,7 +172,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if fecConn != nil {
 		reg.MustRegister(metrics.NewFECCollector("server", &fecConn.Stats))
 	}
-	logger.Info("Destinations allowed", "allow", strings.Join(allow.Rules(), ","))
+	logAllowList(logger, o, allow, srv.Addr(), adminLn)
 
 	g, gctx := errgroup.WithContext(ctx)
 	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
@@ -195,4 +197,29 @@ func (o *Options) Run(ctx context.Context) error {
 		err = nil
 	}
 	return err
+}
+
+// adminAddrs returns the admin listener's address, if there is one.
+func adminAddrs(ln net.Listener) []net.Addr {
+	if ln == nil {
+		return nil
+	}
+	return []net.Addr{ln.Addr()}
+}
+
+// logAllowList logs, at -v 0, what clients may reach, what is always refused,
+// and, when the operator named no destinations, how to narrow the default.
+func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, quicAddr net.Addr, adminLn net.Listener) {
+	own := []string{"udp:" + quicAddr.String()}
+	if adminLn != nil {
+		own = append(own, "tcp:"+adminLn.Addr().String())
+	}
+	kv := []any{"allow", strings.Join(allow.Rules(), ","), "deny", strings.Join(allow.DenyRules(), ","),
+		"alwaysRefused", "the server's own listeners (" + strings.Join(own, ",") + ", on every local address when unspecified), 0.0.0.0/8, ::, cloud metadata addresses unless named exactly"}
+	if slices.Equal(o.Allow, endpoint.DefaultAllowList().Rules()) {
+		logger.Info("Destinations allowed: no --allow given, so clients may reach every TCP port on this host's loopback addresses; name only what they need",
+			append(kv, "hint", "e.g. --allow tcp:127.0.0.1:22 (or allow: [tcp:127.0.0.1:22] in the config file)")...)
+		return
+	}
+	logger.Info("Destinations allowed", kv...)
 }

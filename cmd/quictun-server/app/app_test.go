@@ -44,6 +44,7 @@ func TestValidate(t *testing.T) {
 
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},
+		{"bad deny rule", func(o *Options) { o.Deny = []string{"tcp:10.0.0.1/8:*"} }, []string{`--allow/--deny: invalid rule: deny rule 0 "tcp:10.0.0.1/8:*": prefix 10.0.0.1/8 has host bits set`}},
 		{"unknown token parser", func(o *Options) { o.TokenParserPlugin = "Nope" }, []string{"--token-parser-plugin"}},
 		{"cert without key", func(o *Options) { o.CertFile = "/c" }, []string{"--cert-file and --key-file go together"}},
 		{"key without cert", func(o *Options) { o.KeyFile = "/k" }, []string{"--cert-file and --key-file go together"}},
