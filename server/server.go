@@ -84,8 +84,10 @@ type Config struct {
 	// MaxUnverifiedStreamsPerConn bounds the streams of one connection that
 	// are being served before their header was verified: past it, the
 	// connection's accept loop waits (no goroutine, no read) until one of
-	// them is verified or fails. It is the whole budget of a peer that has
-	// not proven the secret yet.
+	// them is verified or fails. With a Secret it is also a connection's
+	// QUIC stream credit until its first verified header (then QUIC's
+	// MaxIncomingStreams): the whole budget of a peer that has not proven
+	// the secret yet.
 	MaxUnverifiedStreamsPerConn int
 	// MaxUnverifiedStreams bounds, across the server, the streams of
 	// connections that have not yet presented a verified header; past it,
@@ -147,6 +149,11 @@ type Server struct {
 	unverified chan struct{}
 	// active counts the connections admitted by serveConn (MaxConnections).
 	active atomic.Int64
+	// raiseStreamsTo, when positive, is the stream limit a connection gets
+	// once verified: with a shared secret connections start with only
+	// MaxUnverifiedStreamsPerConn streams of credit (quic-go then holds no
+	// more state for an unverified peer).
+	raiseStreamsTo int64
 
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
@@ -232,18 +239,39 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
+	// With a shared secret the handshake proves nothing about the peer: give
+	// it the unverified budget as its stream credit, and the configured limit
+	// once it has presented a verified header (Conn.RaiseMaxIncomingStreams,
+	// our quic-go patch 0004). The limit is the same for every connection, so
+	// the credit a session ticket remembers for 0-RTT never shrinks.
+	var raiseStreamsTo int64
+	if len(cfg.Secret) > 0 {
+		q := &quic.Config{}
+		if cfg.QUIC != nil {
+			q = cfg.QUIC.Clone()
+		}
+		full := q.MaxIncomingStreams
+		if full == 0 {
+			full = quicDefaultMaxIncomingStreams
+		}
+		if pre := int64(cfg.MaxUnverifiedStreamsPerConn); full > pre {
+			q.MaxIncomingStreams, raiseStreamsTo = pre, full
+		}
+		cfg.QUIC = q
+	}
 	replay := newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries)
 	replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
 	return &Server{
-		cfg:         cfg,
-		pc:          pc,
-		dials:       make(chan struct{}, cfg.MaxConcurrentDials),
-		replay:      replay,
-		limits:      newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource),
-		unverified:  make(chan struct{}, cfg.MaxUnverifiedStreams),
-		conns:       map[uint64]*quic.Conn{},
-		dialsByDest: map[string]*destSlots{},
-		started:     time.Now(),
+		cfg:            cfg,
+		pc:             pc,
+		dials:          make(chan struct{}, cfg.MaxConcurrentDials),
+		replay:         replay,
+		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource),
+		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
+		raiseStreamsTo: raiseStreamsTo,
+		conns:          map[uint64]*quic.Conn{},
+		dialsByDest:    map[string]*destSlots{},
+		started:        time.Now(),
 	}, nil
 }
 
@@ -393,6 +421,10 @@ func refuseConn(ctx context.Context, conn *quic.Conn, reason string) {
 	_ = conn.CloseWithError(proto.CodeOverloaded.ApplicationErrorCode(), reason)
 }
 
+// quicDefaultMaxIncomingStreams is quic-go's default for a zero
+// quic.Config.MaxIncomingStreams.
+const quicDefaultMaxIncomingStreams = 100
+
 // connGate is what a connection may hold before it has proven the secret: a
 // few streams being served (slots) and a deadline to present a verified header.
 type connGate struct {
@@ -402,12 +434,20 @@ type connGate struct {
 	verified atomic.Bool
 	deadline *time.Timer // started at the first stream; nil until then
 	quota    *replayQuota
+	// onVerified runs once, when the connection is first verified.
+	onVerified func()
 }
 
 // markVerified records that the connection presented a verified header.
 func (g *connGate) markVerified() {
-	if g.verified.CompareAndSwap(false, true) && g.deadline != nil {
+	if !g.verified.CompareAndSwap(false, true) {
+		return
+	}
+	if g.deadline != nil {
 		g.deadline.Stop()
+	}
+	if g.onVerified != nil {
+		g.onVerified()
 	}
 }
 
@@ -453,6 +493,9 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	gate := &connGate{
 		slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn),
 		quota: newReplayQuota(s.cfg.MaxReplayEntriesPerConn, time.Now()),
+	}
+	if s.raiseStreamsTo > 0 {
+		gate.onVerified = func() { conn.RaiseMaxIncomingStreams(s.raiseStreamsTo) }
 	}
 	// With mutual TLS or without authentication the handshake is all the
 	// proof there is: the connection starts verified.

@@ -37,11 +37,12 @@ func attackerConn(t *testing.T, srv *testutil.Server) *quic.Conn {
 }
 
 // openHeaderless opens n streams on c and writes one byte on each (so the
-// server sees them), never a complete header. It stops early if c closes.
-func openHeaderless(c *quic.Conn, n int) int {
+// server sees them), never a complete header. It stops early if c closes or
+// no stream credit comes within wait.
+func openHeaderless(c *quic.Conn, n int, wait time.Duration) int {
 	opened := 0
 	for range n {
-		ctx, cancel := context.WithTimeout(c.Context(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(c.Context(), wait)
 		str, err := c.OpenStreamSync(ctx)
 		cancel()
 		if err != nil {
@@ -65,10 +66,11 @@ func serverBytesReceived(srv *testutil.Server) uint64 {
 }
 
 // TestUnauthenticatedStreamFlood reproduces issue 11's item 1: a peer without
-// the secret opens 10,000 header-less streams on each of 2 connections. The
-// server holds a fixed budget for them (16 streams per connection, no
-// goroutine for the rest), a client with the secret is still served, and
-// both connections are closed once --auth-timeout has passed.
+// the secret tries to open 10,000 header-less streams on each of 2
+// connections. Before it has shown a valid header a connection gets stream
+// credit for the unverified budget only (16), so the server holds 16 streams
+// and goroutines per connection, a client with the secret is still served,
+// and both connections are closed once --auth-timeout has passed.
 func TestUnauthenticatedStreamFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("opens 20,000 streams")
@@ -77,7 +79,7 @@ func TestUnauthenticatedStreamFlood(t *testing.T) {
 	echo := testutil.EchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
 		c.HeaderTimeout = time.Minute // the streams wait as long as the test needs
-		c.AuthTimeout = 20 * time.Second
+		c.AuthTimeout = 5 * time.Second
 	}})
 	base := runtime.NumGoroutine()
 	baseMem := memInUse()
@@ -90,13 +92,13 @@ func TestUnauthenticatedStreamFlood(t *testing.T) {
 	var wg sync.WaitGroup
 	opened := make([]int, conns)
 	for i, c := range cs {
-		wg.Go(func() { opened[i] = openHeaderless(c, perConn) })
+		wg.Go(func() { opened[i] = openHeaderless(c, perConn, time.Second) })
 	}
 	wg.Wait()
-	require.Equal(t, []int{perConn, perConn}, opened, "the attacker opened every stream the server allows")
+	require.Equal(t, []int{budget, budget}, opened, "stream credit before authentication is the unverified budget")
 	// Every STREAM frame (type, id, 1 byte) is at least 4 bytes: wait until
 	// the server has received them all.
-	require.Eventually(t, func() bool { return serverBytesReceived(srv) >= conns*perConn*4 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return serverBytesReceived(srv) >= uint64(conns*budget*4) }, 30*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == conns*budget },
 		10*time.Second, 10*time.Millisecond, "each connection fills its budget")
 
@@ -107,8 +109,8 @@ func TestUnauthenticatedStreamFlood(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	mem := memInUse()
-	t.Logf("%d header-less streams over %d connections: server goroutines +%d (peak), heap+stacks %+.1f MiB (both ends; the attacker's quic-go holds its 20,000 streams too)",
-		conns*perConn, conns, peak, (float64(mem)-float64(baseMem))/(1<<20))
+	t.Logf("%d header-less streams tried over %d connections, %d opened: server goroutines +%d (peak), heap+stacks %+.1f MiB (both ends)",
+		conns*perConn, conns, opened[0]+opened[1], peak, (float64(mem)-float64(baseMem))/(1<<20))
 	require.LessOrEqual(t, peak, conns*budget+100, "a fixed budget of goroutines per unauthenticated connection")
 	assert.Equal(t, float64(conns*budget), promtest.ToFloat64(srv.Metrics.UnverifiedStreams), "never more than the budget")
 
@@ -151,7 +153,7 @@ func TestAuthTimeout(t *testing.T) {
 	}})
 	idle := attackerConn(t, srv)
 	c := attackerConn(t, srv)
-	require.Equal(t, 20, openHeaderless(c, 20))
+	require.Equal(t, 4, openHeaderless(c, 20, time.Second), "credit for the unverified budget only")
 	select {
 	case <-c.Context().Done():
 	case <-time.After(30 * time.Second):
@@ -275,4 +277,46 @@ func TestMaxConnections(t *testing.T) {
 	require.NoError(t, a.CloseWithError(0, ""))
 	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.ActiveConnections) == 1 }, 10*time.Second, 5*time.Millisecond)
 	attackerConn(t, srv) // a place is free again
+}
+
+// TestStreamCreditRaisedAfterAuthentication: a connection starts with credit
+// for --max-unverified-streams-per-conn streams; its first verified header
+// raises it to --max-streams-per-conn at once. Without a shared secret
+// (mutual TLS, or none) the full credit is given from the start.
+func TestStreamCreditRaisedAfterAuthentication(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.MaxUnverifiedStreamsPerConn = 3
+	}})
+	c := attackerConn(t, srv) // it has the secret here
+	var strs []*quic.Stream
+	for range 3 {
+		str, err := c.OpenStream()
+		require.NoError(t, err)
+		strs = append(strs, str)
+	}
+	_, err := c.OpenStream()
+	var limit *quic.StreamLimitReachedError
+	require.ErrorAs(t, err, &limit, "credit for 3 streams before authentication")
+
+	_, err = strs[0].Write(signedHeader(t, "tcp:"+echo, time.Now()))
+	require.NoError(t, err)
+	_ = strs[0].SetReadDeadline(time.Now().Add(10 * time.Second))
+	require.NoError(t, proto.ReadReply(strs[0]))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 200 {
+		_, err := c.OpenStreamSync(ctx)
+		require.NoError(t, err, "stream %d after authentication", i)
+	}
+
+	noAuth := testutil.StartServer(t, testutil.ServerOptions{NoAuth: true, Mutate: func(c *server.Config) {
+		c.MaxUnverifiedStreamsPerConn = 3
+	}})
+	nc := attackerConn(t, noAuth)
+	for i := range 200 {
+		_, err := nc.OpenStream()
+		require.NoError(t, err, "stream %d without a shared secret", i)
+	}
 }
