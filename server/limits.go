@@ -37,16 +37,31 @@ func newSourceLimiter(handshakesPerSecond float64, maxOpen int) *sourceLimiter {
 		overflow: source{tokens: overflowFactor * 2 * handshakesPerSecond}}
 }
 
+// sourceIP returns the key a source address is limited by: the IPv4 address,
+// or the IPv6 /64 prefix (one subscriber or host typically holds a whole /64,
+// so counting single IPv6 addresses would let it multiply every per-source
+// limit by 2^64).
 func sourceIP(a net.Addr) string {
+	var ip net.IP
 	if ua, ok := a.(*net.UDPAddr); ok {
-		return ua.IP.String()
+		ip = ua.IP
+	} else {
+		host, _, err := net.SplitHostPort(a.String())
+		if err != nil {
+			host = a.String()
+		}
+		if ip = net.ParseIP(host); ip == nil {
+			return host
+		}
 	}
-	host, _, err := net.SplitHostPort(a.String())
-	if err != nil {
-		return a.String()
+	if ip.To4() == nil && len(ip) == net.IPv6len {
+		return ip.Mask(ipv6SourceMask).String() + "/64"
 	}
-	return host
+	return ip.String()
 }
+
+// ipv6SourceMask groups IPv6 sources for the per-source limits.
+var ipv6SourceMask = net.CIDRMask(64, 128)
 
 // getLocked returns ip's state with its bucket refilled to now, creating it
 // when insert is set and the table has room; nil otherwise. l.mu must be held.

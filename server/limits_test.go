@@ -42,6 +42,42 @@ func TestSourceLimiterOpenConnections(t *testing.T) {
 
 func TestSourceIP(t *testing.T) {
 	t.Parallel()
-	assert.Equal(t, "192.0.2.7", sourceIP(&net.UDPAddr{IP: net.ParseIP("192.0.2.7"), Port: 5}))
-	assert.Equal(t, "::1", sourceIP(&net.UDPAddr{IP: net.IPv6loopback, Port: 5}))
+	udp := func(ip string) net.Addr { return &net.UDPAddr{IP: net.ParseIP(ip), Port: 5} }
+	for _, tc := range []struct {
+		addr net.Addr
+		want string
+	}{
+		{udp("192.0.2.7"), "192.0.2.7"},
+		{udp("::ffff:192.0.2.7"), "192.0.2.7"}, // IPv4-mapped: the IPv4 address
+		{udp("::1"), "::/64"},
+		{udp("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::/64"},
+		{&net.IPAddr{IP: net.ParseIP("2001:db8:1:2::9")}, "2001:db8:1:2::/64"},
+		{fakeAddr("[2001:db8:1:2::9]:443"), "2001:db8:1:2::/64"},
+		{fakeAddr("198.51.100.1:443"), "198.51.100.1"},
+		{fakeAddr("not-an-address"), "not-an-address"},
+	} {
+		assert.Equal(t, tc.want, sourceIP(tc.addr), "%s", tc.addr)
+	}
+}
+
+type fakeAddr string
+
+func (a fakeAddr) Network() string { return "udp" }
+func (a fakeAddr) String() string  { return string(a) }
+
+// TestSourceLimiterIPv6Prefix: the addresses of one IPv6 /64 share the
+// per-source limits; another /64 has its own.
+func TestSourceLimiterIPv6Prefix(t *testing.T) {
+	t.Parallel()
+	l := newSourceLimiter(1, 2) // burst 2 handshakes, 2 open connections
+	now := time.Unix(1000, 0)
+	a := func(ip string) string { return sourceIP(&net.UDPAddr{IP: net.ParseIP(ip), Port: 1}) }
+	assert.True(t, l.open(a("2001:db8:0:1::1"), now))
+	assert.True(t, l.open(a("2001:db8:0:1::2"), now))
+	assert.False(t, l.open(a("2001:db8:0:1:ffff::3"), now), "a third address of the same /64 is over the cap")
+	assert.True(t, l.open(a("2001:db8:0:2::1"), now), "another /64 is not affected")
+
+	assert.True(t, l.allowHandshake(a("2001:db8:0:7::1"), now))
+	assert.True(t, l.allowHandshake(a("2001:db8:0:7::2"), now))
+	assert.False(t, l.allowHandshake(a("2001:db8:0:7::3"), now), "one handshake bucket per /64")
 }

@@ -4,63 +4,132 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 )
 
-// replayCache remembers nonces of 0-RTT headers for a time window, so a header
-// replayed inside the window is refused and one outside the window is too old.
+// Reasons a nonce was not recorded (quictun_server_replay_unrecorded_total).
+const (
+	unrecordedCacheFull = metrics.ReplayUnrecordedCacheFull
+	unrecordedConnQuota = metrics.ReplayUnrecordedConnQuota
+)
+
+// replayCache remembers the nonces of stream headers for a time window, so a
+// header used a second time inside the window is refused, and one outside the
+// window is too old. Only headers that passed the MAC and allow-list checks are
+// recorded (admit), each connection within a quota, and 1-RTT streams only up to
+// three quarters of the capacity: the last quarter is kept for 0-RTT streams,
+// which are refused when they cannot be recorded. Safe for concurrent use.
 type replayCache struct {
 	window time.Duration
 	max    int
+	// oneRTTMax is the fill level up to which 1-RTT nonces are recorded.
+	oneRTTMax int
+	// onSize, if set, is told the number of entries after each change (for a gauge).
+	onSize func(int)
 
-	mu      sync.Mutex
-	seen    map[[proto.NonceLen]byte]time.Time // nonce -> expiry
-	lastGC  time.Time
-	evicted int
+	mu     sync.Mutex
+	seen   map[[proto.NonceLen]byte]time.Time // nonce -> expiry
+	lastGC time.Time
 }
 
 func newReplayCache(window time.Duration, max int) *replayCache {
-	return &replayCache{window: window, max: max, seen: make(map[[proto.NonceLen]byte]time.Time)}
+	return &replayCache{window: window, max: max, oneRTTMax: max - max/4, seen: make(map[[proto.NonceLen]byte]time.Time)}
 }
 
-// check records the header's nonce and returns CodeOK if the header is fresh,
-// CodeReplay if it was seen or is outside the window, CodeOverloaded when full.
-func (c *replayCache) check(h *proto.Header, now time.Time) proto.Code {
-	if d := now.Sub(h.Time); d > c.window || d < -c.window {
-		return proto.CodeReplay
+// fresh reports whether a header made at t is inside the window around now.
+func (c *replayCache) fresh(t, now time.Time) bool {
+	d := now.Sub(t)
+	return d <= c.window && d >= -c.window
+}
+
+// replayQuota bounds the nonces one connection records: a token bucket of
+// size n refilled over one window, about the number of its entries alive in
+// the cache at once. Not safe for concurrent use; the cache's lock guards it.
+type replayQuota struct {
+	n      float64
+	tokens float64
+	last   time.Time
+}
+
+func newReplayQuota(n int, now time.Time) *replayQuota {
+	return &replayQuota{n: float64(n), tokens: float64(n), last: now}
+}
+
+func (q *replayQuota) take(now time.Time, window time.Duration) bool {
+	if q == nil {
+		return true
+	}
+	q.tokens = min(q.n, q.tokens+now.Sub(q.last).Seconds()*q.n/window.Seconds())
+	q.last = now
+	if q.tokens < 1 {
+		return false
+	}
+	q.tokens--
+	return true
+}
+
+// admit checks and records the nonce of a header that passed the MAC and
+// allow-list checks. It returns CodeReplay when the header is outside the
+// window or its nonce was seen. Otherwise it records the nonce when it can;
+// when it cannot (cache full for this kind of stream, or q's quota spent) it
+// returns CodeOverloaded for an early (0-RTT) stream, which must not go on
+// unrecorded, and CodeOK for a 1-RTT stream, which is not replayable data; why
+// it was not recorded is in unrecorded.
+func (c *replayCache) admit(h *proto.Header, now time.Time, early bool, q *replayQuota) (code proto.Code, unrecorded string) {
+	if !c.fresh(h.Time, now) {
+		return proto.CodeReplay, ""
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Sweep a quarter window at a time, or when full at most once a second,
 	// so a full cache of live entries does not cost a scan per check.
-	if now.Sub(c.lastGC) > c.window/4 || (len(c.seen) >= c.max && now.Sub(c.lastGC) > time.Second) {
+	if now.Sub(c.lastGC) > c.window/4 || (len(c.seen) >= c.oneRTTMax && now.Sub(c.lastGC) > time.Second) {
+		before := len(c.seen)
 		for n, exp := range c.seen {
 			if now.After(exp) {
 				delete(c.seen, n)
 			}
 		}
 		c.lastGC = now
+		if len(c.seen) != before && c.onSize != nil {
+			c.onSize(len(c.seen))
+		}
 	}
 	if exp, ok := c.seen[h.Nonce]; ok && !now.After(exp) {
-		return proto.CodeReplay
+		return proto.CodeReplay, ""
 	}
-	if len(c.seen) >= c.max {
-		return proto.CodeOverloaded
+	refuse := proto.CodeOK
+	if early {
+		refuse = proto.CodeOverloaded
+	}
+	limit := c.oneRTTMax
+	if early {
+		limit = c.max
+	}
+	if len(c.seen) >= limit {
+		return refuse, unrecordedCacheFull
+	}
+	if !q.take(now, c.window) {
+		return refuse, unrecordedConnQuota
 	}
 	// Keep the nonce until the header's timestamp leaves the window.
 	c.seen[h.Nonce] = h.Time.Add(c.window + time.Second)
-	return proto.CodeOK
+	if c.onSize != nil {
+		c.onSize(len(c.seen))
+	}
+	return proto.CodeOK, ""
 }
 
-// record remembers the nonce of a header that arrived after the handshake, so
-// that a later early (0-RTT) copy of it is refused. Full caches skip it.
-func (c *replayCache) record(h *proto.Header, now time.Time) {
-	if d := now.Sub(h.Time); d > c.window || d < -c.window {
-		return
-	}
+// check admits an early header without a per-connection quota.
+func (c *replayCache) check(h *proto.Header, now time.Time) proto.Code {
+	code, _ := c.admit(h, now, true, nil)
+	return code
+}
+
+// len returns the number of entries.
+func (c *replayCache) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.seen) < c.max {
-		c.seen[h.Nonce] = h.Time.Add(c.window + time.Second)
-	}
+	return len(c.seen)
 }

@@ -154,31 +154,81 @@ func BenchmarkReplayCacheCheck(b *testing.B) {
 	}
 }
 
-func TestReplayCacheRecord(t *testing.T) {
+func TestReplayCacheOneRTT(t *testing.T) {
 	t.Parallel()
 	const w = time.Minute
-	c := newReplayCache(w, 2)
+	c := newReplayCache(w, 8) // 1-RTT nonces are recorded up to 6
+	var sizes []int
+	c.onSize = func(n int) { sizes = append(sizes, n) }
 
-	// A header seen after the handshake makes a later early copy a replay.
+	// A 1-RTT header is recorded, so any later copy (0-RTT or 1-RTT) is a replay.
 	h := hdr(1, replayT0)
-	c.record(h, replayT0)
-	assert.Equal(t, proto.CodeReplay, c.check(h, replayT0.Add(time.Second)))
+	code, why := c.admit(h, replayT0, false, nil)
+	require.Equal(t, proto.CodeOK, code)
+	assert.Empty(t, why)
+	assert.Equal(t, proto.CodeReplay, c.check(h, replayT0.Add(time.Second)), "0-RTT copy")
+	code, _ = c.admit(h, replayT0.Add(time.Second), false, nil)
+	assert.Equal(t, proto.CodeReplay, code, "1-RTT copy on another connection")
 
-	// Outside the window nothing is stored (check refuses such headers anyway).
-	c.record(hdr(2, replayT0.Add(-2*w)), replayT0)
-	c.record(hdr(3, replayT0.Add(2*w)), replayT0)
-	assert.Len(t, c.seen, 1)
+	// The window holds for 1-RTT streams too, and stale headers are not stored.
+	code, _ = c.admit(hdr(2, replayT0.Add(-2*w)), replayT0, false, nil)
+	assert.Equal(t, proto.CodeReplay, code, "too old")
+	code, _ = c.admit(hdr(3, replayT0.Add(2*w)), replayT0, false, nil)
+	assert.Equal(t, proto.CodeReplay, code, "too far ahead")
+	assert.Equal(t, 1, c.len())
 
-	// A full cache skips recording and does not grow.
-	c.record(hdr(4, replayT0), replayT0)
-	require.Len(t, c.seen, 2)
-	c.record(hdr(5, replayT0), replayT0)
-	assert.Len(t, c.seen, 2)
-	_, ok := c.seen[hdr(5, replayT0).Nonce]
-	assert.False(t, ok)
+	// 1-RTT streams stop recording at three quarters, and go on unrecorded;
+	// the last quarter is left to 0-RTT streams.
+	for i := range 5 {
+		code, why := c.admit(hdr(byte(10+i), replayT0), replayT0, false, nil)
+		require.Equal(t, proto.CodeOK, code)
+		require.Empty(t, why, "entry %d", i)
+	}
+	require.Equal(t, 6, c.len())
+	code, why = c.admit(hdr(20, replayT0), replayT0, false, nil)
+	assert.Equal(t, proto.CodeOK, code, "a 1-RTT stream is served unrecorded")
+	assert.Equal(t, unrecordedCacheFull, why)
+	assert.Equal(t, 6, c.len())
+	assert.Equal(t, proto.CodeOK, c.check(hdr(21, replayT0), replayT0), "0-RTT still has room")
+	assert.Equal(t, proto.CodeOK, c.check(hdr(22, replayT0), replayT0))
+	assert.Equal(t, proto.CodeOverloaded, c.check(hdr(23, replayT0), replayT0), "now full for 0-RTT too")
+	assert.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8}, sizes, "the size callback follows every insert")
 
 	// Recorded entries expire like checked ones.
 	later := replayT0.Add(w + 2*time.Second)
-	assert.Equal(t, proto.CodeOK, c.check(hdr(6, later), later))
-	assert.Len(t, c.seen, 1, "expired recorded nonces were swept")
+	code, _ = c.admit(hdr(30, later), later, false, nil)
+	assert.Equal(t, proto.CodeOK, code)
+	assert.Equal(t, 1, c.len(), "expired nonces were swept")
+	assert.Equal(t, 1, sizes[len(sizes)-1])
+}
+
+func TestReplayCacheConnQuota(t *testing.T) {
+	t.Parallel()
+	const w = 30 * time.Second
+	c := newReplayCache(w, 100)
+	q := newReplayQuota(3, replayT0)
+	for i := range 3 {
+		code, why := c.admit(hdr(byte(i), replayT0), replayT0, false, q)
+		require.Equal(t, proto.CodeOK, code)
+		require.Empty(t, why)
+	}
+	code, why := c.admit(hdr(10, replayT0), replayT0, false, q)
+	assert.Equal(t, proto.CodeOK, code, "a 1-RTT stream over its connection's quota is served")
+	assert.Equal(t, unrecordedConnQuota, why, "but not recorded")
+	code, why = c.admit(hdr(11, replayT0), replayT0, true, q)
+	assert.Equal(t, proto.CodeOverloaded, code, "an early stream over the quota is refused")
+	assert.Equal(t, unrecordedConnQuota, why)
+	assert.Equal(t, 3, c.len())
+
+	other := newReplayQuota(3, replayT0)
+	code, why = c.admit(hdr(12, replayT0), replayT0, true, other)
+	assert.Equal(t, proto.CodeOK, code, "another connection has its own quota")
+	assert.Empty(t, why)
+
+	// The quota refills over one window: 3 per 30 s, one every 10 s.
+	code, why = c.admit(hdr(13, replayT0), replayT0.Add(10*time.Second), false, q)
+	assert.Equal(t, proto.CodeOK, code)
+	assert.Empty(t, why)
+	_, why = c.admit(hdr(14, replayT0), replayT0.Add(10*time.Second), false, q)
+	assert.Equal(t, unrecordedConnQuota, why)
 }

@@ -81,8 +81,34 @@ type Config struct {
 	// must first prove its address (a Retry round trip), so spoofed floods
 	// cannot use a victim's budget.
 	HandshakesPerSecond float64
-	// MaxConnsPerSource bounds open connections per source IP (0 disables).
+	// MaxConnsPerSource bounds open connections per source IP, an IPv6
+	// source counted by its /64 (0 disables).
 	MaxConnsPerSource int
+	// MaxConnections bounds open QUIC connections in total; more are refused
+	// (before the handshake when possible) with overloaded.
+	MaxConnections int
+
+	// MaxUnverifiedStreamsPerConn bounds the streams of one connection that
+	// are being served before their header was verified: past it, the
+	// connection's accept loop waits (no goroutine, no read) until one of
+	// them is verified or fails. With a Secret it is also a connection's
+	// QUIC stream credit until its first verified header (then QUIC's
+	// MaxIncomingStreams): the whole budget of a peer that has not proven
+	// the secret yet.
+	MaxUnverifiedStreamsPerConn int
+	// MaxUnverifiedStreams bounds, across the server, the streams of
+	// connections that have not yet presented a verified header; past it,
+	// such streams are reset with overloaded at once.
+	MaxUnverifiedStreams int
+	// AuthTimeout is how long a connection has, from its first stream, to
+	// present a verified header (with a shared secret); then it is closed
+	// with auth_failed. Connections without streams are not timed (idle
+	// clients); they count against MaxConnsPerSource and MaxConnections.
+	AuthTimeout time.Duration
+	// MaxReplayEntriesPerConn bounds the nonces one connection records in
+	// the replay cache per ReplayWindow, so one client cannot fill it.
+	// 0: MaxReplayEntries/64.
+	MaxReplayEntriesPerConn int
 
 	Metrics  *metrics.Server
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
@@ -103,6 +129,11 @@ func DefaultConfig() Config {
 		MaxEchoesPerSecond:  50,
 		HandshakesPerSecond: 20,
 		MaxConnsPerSource:   64,
+
+		MaxConnections:              4096,
+		MaxUnverifiedStreamsPerConn: 16,
+		MaxUnverifiedStreams:        1024,
+		AuthTimeout:                 10 * time.Second,
 	}
 }
 
@@ -119,6 +150,17 @@ type Server struct {
 	// started bounds what 0-RTT may carry: the replay cache is in memory, so a
 	// header made before this process started cannot be checked against it.
 	started time.Time
+
+	// unverified holds a slot per stream being served on a connection that
+	// has not presented a verified header yet (MaxUnverifiedStreams).
+	unverified chan struct{}
+	// active counts the connections admitted by serveConn (MaxConnections).
+	active atomic.Int64
+	// raiseStreamsTo, when positive, is the stream limit a connection gets
+	// once verified: with a shared secret connections start with only
+	// MaxUnverifiedStreamsPerConn streams of credit (quic-go then holds no
+	// more state for an unverified peer).
+	raiseStreamsTo int64
 
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
@@ -171,6 +213,21 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.MaxEchoesPerSecond <= 0 {
 		cfg.MaxEchoesPerSecond = def.MaxEchoesPerSecond
 	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = def.MaxConnections
+	}
+	if cfg.MaxUnverifiedStreamsPerConn <= 0 {
+		cfg.MaxUnverifiedStreamsPerConn = def.MaxUnverifiedStreamsPerConn
+	}
+	if cfg.MaxUnverifiedStreams <= 0 {
+		cfg.MaxUnverifiedStreams = def.MaxUnverifiedStreams
+	}
+	if cfg.AuthTimeout <= 0 {
+		cfg.AuthTimeout = def.AuthTimeout
+	}
+	if cfg.MaxReplayEntriesPerConn <= 0 {
+		cfg.MaxReplayEntriesPerConn = max(1, cfg.MaxReplayEntries/64)
+	}
 	switch {
 	case cfg.TLS == nil:
 		return nil, errors.New("server: TLS config is required")
@@ -201,15 +258,39 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
+	// With a shared secret the handshake proves nothing about the peer: give
+	// it the unverified budget as its stream credit, and the configured limit
+	// once it has presented a verified header (Conn.RaiseMaxIncomingStreams,
+	// our quic-go patch 0005). The limit is the same for every connection, so
+	// the credit a session ticket remembers for 0-RTT never shrinks.
+	var raiseStreamsTo int64
+	if len(cfg.Secret) > 0 {
+		q := &quic.Config{}
+		if cfg.QUIC != nil {
+			q = cfg.QUIC.Clone()
+		}
+		full := q.MaxIncomingStreams
+		if full == 0 {
+			full = quicDefaultMaxIncomingStreams
+		}
+		if pre := int64(cfg.MaxUnverifiedStreamsPerConn); full > pre {
+			q.MaxIncomingStreams, raiseStreamsTo = pre, full
+		}
+		cfg.QUIC = q
+	}
+	replay := newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries)
+	replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
 	return &Server{
-		cfg:         cfg,
-		pc:          pc,
-		dials:       make(chan struct{}, cfg.MaxConcurrentDials),
-		replay:      newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
-		limits:      newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource),
-		conns:       map[uint64]*quic.Conn{},
-		dialsByDest: map[string]*destSlots{},
-		started:     time.Now(),
+		cfg:            cfg,
+		pc:             pc,
+		dials:          make(chan struct{}, cfg.MaxConcurrentDials),
+		replay:         replay,
+		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource),
+		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
+		raiseStreamsTo: raiseStreamsTo,
+		conns:          map[uint64]*quic.Conn{},
+		dialsByDest:    map[string]*destSlots{},
+		started:        time.Now(),
 	}, nil
 }
 
@@ -251,6 +332,10 @@ func (s *Server) Run(ctx context.Context) error {
 		Tracer:                           s.cfg.Metrics.DropRecorder(),
 		VerifySourceAddress:              func(a net.Addr) bool { return s.limits.suspicious(sourceIP(a), time.Now()) },
 		ConnContext: func(ctx context.Context, ci *quic.ClientInfo) (context.Context, error) {
+			if s.active.Load() >= int64(s.cfg.MaxConnections) {
+				s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues(metrics.RefusedMaxConnections).Inc()
+				return nil, errMaxConnections
+			}
 			if !s.limits.allowHandshake(sourceIP(ci.RemoteAddr), time.Now()) {
 				s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("handshake_rate").Inc()
 				return nil, errHandshakeRate
@@ -334,26 +419,73 @@ func (s *Server) Run(ctx context.Context) error {
 	return runErr
 }
 
-// errHandshakeRate refuses a connection from a source over its handshake rate.
-var errHandshakeRate = errors.New("too many new connections from this address")
+var (
+	// errHandshakeRate refuses a connection from a source over its handshake rate.
+	errHandshakeRate = errors.New("too many new connections from this address")
+	// errMaxConnections refuses a connection when the server holds MaxConnections.
+	errMaxConnections = errors.New("server at its connection limit")
+)
+
+// refuseConn closes a connection that is over a limit with overloaded.
+func refuseConn(ctx context.Context, conn *quic.Conn, reason string) {
+	// Before the handshake is confirmed, QUIC carries an application's
+	// close only as a bare APPLICATION_ERROR: wait (briefly) for it, so
+	// the client learns why. The handshake's cost is already spent.
+	select {
+	case <-conn.HandshakeComplete():
+	case <-conn.Context().Done():
+	case <-ctx.Done():
+	case <-time.After(time.Second):
+	}
+	_ = conn.CloseWithError(proto.CodeOverloaded.ApplicationErrorCode(), reason)
+}
+
+// quicDefaultMaxIncomingStreams is quic-go's default for a zero
+// quic.Config.MaxIncomingStreams.
+const quicDefaultMaxIncomingStreams = 100
+
+// connGate is what a connection may hold before it has proven the secret: a
+// few streams being served (slots) and a deadline to present a verified header.
+type connGate struct {
+	// slots holds one token per stream being served whose header was not
+	// verified yet (MaxUnverifiedStreamsPerConn).
+	slots    chan struct{}
+	verified atomic.Bool
+	deadline *time.Timer // started at the first stream; nil until then
+	quota    *replayQuota
+	// onVerified runs once, when the connection is first verified.
+	onVerified func()
+}
+
+// markVerified records that the connection presented a verified header.
+func (g *connGate) markVerified() {
+	if !g.verified.CompareAndSwap(false, true) {
+		return
+	}
+	if g.deadline != nil {
+		g.deadline.Stop()
+	}
+	if g.onVerified != nil {
+		g.onVerified()
+	}
+}
 
 func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	id := s.nextConnID.Add(1)
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "connID", id, "remoteAddress", conn.RemoteAddr().String())
+	if n := s.active.Add(1); n > int64(s.cfg.MaxConnections) {
+		s.active.Add(-1)
+		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues(metrics.RefusedMaxConnections).Inc()
+		logger.V(2).Info("Refused connection: the server is at its connection limit; raise --max-connections if clients need more", "limit", s.cfg.MaxConnections)
+		refuseConn(ctx, conn, "server at its connection limit")
+		return
+	}
+	defer s.active.Add(-1)
 	src := sourceIP(conn.RemoteAddr())
 	if !s.limits.open(src, time.Now()) {
 		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit").Inc()
 		logger.V(2).Info("Refused connection: too many from this address", "limit", s.cfg.MaxConnsPerSource)
-		// Before the handshake is confirmed, QUIC carries an application's
-		// close only as a bare APPLICATION_ERROR: wait (briefly) for it, so
-		// the client learns why. The handshake's cost is already spent.
-		select {
-		case <-conn.HandshakeComplete():
-		case <-conn.Context().Done():
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-		_ = conn.CloseWithError(proto.CodeOverloaded.ApplicationErrorCode(), "too many connections from this address")
+		refuseConn(ctx, conn, "too many connections from this address")
 		return
 	}
 	defer s.limits.closed(src)
@@ -377,6 +509,22 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 		streams.Go(func() { recv.Run(conn.Context()) })
 		streams.Go(func() { prober.Run(conn.Context()) })
 	}
+	gate := &connGate{
+		slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn),
+		quota: newReplayQuota(s.cfg.MaxReplayEntriesPerConn, time.Now()),
+	}
+	if s.raiseStreamsTo > 0 {
+		gate.onVerified = func() { conn.RaiseMaxIncomingStreams(s.raiseStreamsTo) }
+	}
+	// With mutual TLS or without authentication the handshake is all the
+	// proof there is: the connection starts verified.
+	gate.verified.Store(len(s.cfg.Secret) == 0)
+	defer func() {
+		if gate.deadline != nil {
+			gate.deadline.Stop()
+		}
+	}()
+accept:
 	for {
 		str, err := conn.AcceptStream(conn.Context())
 		if err != nil {
@@ -389,12 +537,54 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 			early = true
 		}
 		if s.draining.Load() {
-			str.CancelRead(proto.CodeShutdown.StreamErrorCode())
-			str.CancelWrite(proto.CodeShutdown.StreamErrorCode())
+			resetStream(str, proto.CodeShutdown)
 			m.StreamsTotal.WithLabelValues(proto.CodeShutdown.String()).Inc()
 			continue
 		}
-		streams.Go(func() { s.handleStream(ctx, conn, id, str, early, prober) })
+		// The connection's budget of streams awaiting a verified header:
+		// wait for a slot rather than start a goroutine per stream. A peer
+		// with the secret frees slots in microseconds; one without holds
+		// them until its headers time out or AuthTimeout closes it.
+		select {
+		case gate.slots <- struct{}{}:
+		case <-conn.Context().Done():
+			resetStream(str, proto.CodeShutdown)
+			break accept
+		}
+		global := false
+		if !gate.verified.Load() {
+			select {
+			case s.unverified <- struct{}{}:
+				global = true
+			default:
+				<-gate.slots
+				resetStream(str, proto.CodeOverloaded)
+				m.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
+				m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit).Inc()
+				logger.V(2).Info("Refused stream: too many streams awaiting authentication on the server; raise --max-unverified-streams if legitimate clients hit this",
+					"limit", s.cfg.MaxUnverifiedStreams)
+				continue
+			}
+			if gate.deadline == nil {
+				gate.deadline = time.AfterFunc(s.cfg.AuthTimeout, func() {
+					if gate.verified.Load() {
+						return
+					}
+					m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout).Inc()
+					logger.V(2).Info("Closed connection: no authenticated stream header in time", "authTimeout", s.cfg.AuthTimeout)
+					_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "no authenticated stream header in time")
+				})
+			}
+		}
+		m.UnverifiedStreams.Inc()
+		release := sync.OnceFunc(func() {
+			<-gate.slots
+			if global {
+				<-s.unverified
+			}
+			m.UnverifiedStreams.Dec()
+		})
+		streams.Go(func() { s.handleStream(ctx, conn, id, str, early, prober, gate, release) })
 	}
 	streams.Wait()
 	stop()
@@ -457,15 +647,25 @@ func connResult(err error) string {
 	return "error"
 }
 
-// handleStream serves one tunnel stream from header to close.
-func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint64, str *quic.Stream, early bool, prober *liveness.TailProber) {
+// resetStream aborts both directions of str with code.
+func resetStream(str *quic.Stream, code proto.Code) {
+	str.CancelRead(code.StreamErrorCode())
+	str.CancelWrite(code.StreamErrorCode())
+}
+
+// handleStream serves one tunnel stream from header to close. It calls
+// release once the header is verified or the stream has failed before that,
+// which frees the stream's place in the connection's unverified budget.
+func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint64, str *quic.Stream, early bool,
+	prober *liveness.TailProber, gate *connGate, release func(),
+) {
+	defer release()
 	m := s.cfg.Metrics
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(str.StreamID()))
 	start := time.Now()
 	fail := func(code proto.Code, msg string, kv ...any) {
 		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
-		str.CancelRead(code.StreamErrorCode())
-		str.CancelWrite(code.StreamErrorCode())
+		resetStream(str, code)
 		lvl := klog.Level(4)
 		if code == proto.CodeRefused || code == proto.CodeAuthFailed || code == proto.CodeReplay {
 			lvl = 2 // an operator wants to see these
@@ -494,17 +694,18 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 			return
 		}
 	}
-	if early {
-		code := s.replay.check(h, time.Now())
-		if h.Time.Before(s.started.Truncate(time.Second)) {
-			code = proto.CodeReplay // recorded before a restart: the cache cannot know it
-		}
-		if code != proto.CodeOK {
-			fail(code, "Rejected 0-RTT stream", "headerTime", h.Time)
-			return
-		}
-	} else {
-		s.replay.record(h, time.Now())
+	gate.markVerified()
+	release()
+	// Every header must be fresh, not only 0-RTT ones: a header with a valid
+	// MAC found later (in a log, a core dump) must not open tunnels forever.
+	if now := time.Now(); !s.replay.fresh(h.Time, now) {
+		fail(proto.CodeReplay, "Rejected stream: header timestamp outside the replay window; check the client's clock (NTP)",
+			"headerTime", h.Time, "skew", now.Sub(h.Time).Round(time.Second), "window", s.cfg.ReplayWindow)
+		return
+	}
+	if early && h.Time.Before(s.started.Truncate(time.Second)) {
+		fail(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", h.Time)
+		return // recorded before a restart: the cache cannot know it
 	}
 	dest, err := s.cfg.Parser.Parse(h.Token)
 	if err != nil {
@@ -521,6 +722,16 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 		// Every Authorize error refuses, a name that does not resolve too:
 		// the client learns nothing about which internal names exist.
 		refuse(err)
+		return
+	}
+	// Only headers that passed the MAC and allow-list checks take a place in
+	// the shared replay cache, within the connection's quota.
+	code, unrecorded := s.replay.admit(h, time.Now(), early, gate.quota)
+	if unrecorded != "" {
+		m.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
+	}
+	if code != proto.CodeOK {
+		fail(code, "Rejected stream: header seen before, or no room to record a 0-RTT header", "early", early, "unrecorded", unrecorded)
 		return
 	}
 

@@ -20,6 +20,22 @@ const (
 	ResultNoSession = "no_session"
 )
 
+// Label values of the server's pre-authentication metrics.
+const (
+	// RefusedMaxConnections: refused_connections_total, the server held --max-connections.
+	RefusedMaxConnections = "max_connections"
+	// PreauthAuthTimeout: a connection closed because it presented no verified
+	// stream header within --auth-timeout of its first stream.
+	PreauthAuthTimeout = "auth_timeout"
+	// PreauthUnverifiedStreamsLimit: a stream of a not yet authenticated
+	// connection reset because --max-unverified-streams were in use.
+	PreauthUnverifiedStreamsLimit = "unverified_streams_limit"
+	// ReplayUnrecordedCacheFull and ReplayUnrecordedConnQuota: why a verified
+	// header's nonce was not recorded in the replay cache.
+	ReplayUnrecordedCacheFull = "cache_full"
+	ReplayUnrecordedConnQuota = "conn_quota"
+)
+
 // Directions for byte counters: upstream flows from the application toward the
 // destination, downstream back.
 const (
@@ -44,6 +60,17 @@ type Server struct {
 	// DroppedDatagramsTotal counts datagrams the server's QUIC transport
 	// dropped before any connection saw them, by reason (see DropRecorder).
 	DroppedDatagramsTotal *prometheus.CounterVec
+	// PreauthRejectionsTotal counts what the server refused or closed because
+	// a peer had not (yet) proven the shared secret, by reason.
+	PreauthRejectionsTotal *prometheus.CounterVec
+	// UnverifiedStreams is the number of streams being served whose header
+	// has not been verified yet.
+	UnverifiedStreams prometheus.Gauge
+	// ReplayCacheEntries is the number of nonces in the replay cache.
+	ReplayCacheEntries prometheus.Gauge
+	// ReplayUnrecordedTotal counts verified headers whose nonce the replay
+	// cache did not record, by reason.
+	ReplayUnrecordedTotal *prometheus.CounterVec
 }
 
 // NewServer creates and registers the server metrics on reg.
@@ -85,18 +112,41 @@ func NewServer(reg prometheus.Registerer) *Server {
 	}
 	m.RefusedConnectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "refused_connections_total",
-		Help: "QUIC connections refused by per-source limits, by reason (handshake_rate, per_source_limit).",
+		Help: "QUIC connections refused by connection limits, by reason (handshake_rate, per_source_limit, max_connections).",
 	}, []string{"reason"})
 	m.DroppedDatagramsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "dropped_datagrams_total",
 		Help: "UDP datagrams dropped before reaching a connection, by reason: not_quic, header_parse_error, unexpected_version (an unknown QUIC version), unknown_connection_id, dos_prevention, unexpected_packet, ... (quic-go's qlog drop triggers).",
 	}, []string{"reason"})
+	m.PreauthRejectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "preauth_rejections_total",
+		Help: "Connections closed and streams reset because the peer had not proven the shared secret, by reason: auth_timeout (connection: no verified stream header within --auth-timeout of its first stream), unverified_streams_limit (stream: --max-unverified-streams in use).",
+	}, []string{"reason"})
+	m.UnverifiedStreams = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "unverified_streams",
+		Help: "Streams being served whose header has not been verified yet (at most --max-unverified-streams-per-conn per connection).",
+	})
+	m.ReplayCacheEntries = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "replay_cache_entries",
+		Help: "Stream header nonces held by the replay cache (capacity 1,048,576; 1-RTT streams use up to three quarters).",
+	})
+	m.ReplayUnrecordedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "replay_unrecorded_total",
+		Help: "Verified stream headers whose nonce was not recorded in the replay cache, by reason: cache_full, conn_quota (--max-replay-entries-per-conn). A 0-RTT stream that cannot be recorded is reset with overloaded; a 1-RTT stream is served.",
+	}, []string{"reason"})
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.DialDuration, m.StreamBytesTotal,
-		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal, m.DroppedDatagramsTotal)
+		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal, m.DroppedDatagramsTotal,
+		m.PreauthRejectionsTotal, m.UnverifiedStreams, m.ReplayCacheEntries, m.ReplayUnrecordedTotal)
+	for _, r := range []string{PreauthAuthTimeout, PreauthUnverifiedStreamsLimit} {
+		m.PreauthRejectionsTotal.WithLabelValues(r)
+	}
+	for _, r := range []string{ReplayUnrecordedCacheFull, ReplayUnrecordedConnQuota} {
+		m.ReplayUnrecordedTotal.WithLabelValues(r)
+	}
 	for _, r := range []string{DropNotQUIC, "header_parse_error", "unexpected_version", "unknown_connection_id", "dos_prevention"} {
 		m.DroppedDatagramsTotal.WithLabelValues(r)
 	}
-	for _, r := range []string{"handshake_rate", "per_source_limit"} {
+	for _, r := range []string{"handshake_rate", "per_source_limit", RefusedMaxConnections} {
 		m.RefusedConnectionsTotal.WithLabelValues(r)
 	}
 	for _, c := range proto.AllCodes() {

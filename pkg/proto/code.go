@@ -33,7 +33,8 @@ const (
 	CodeInternal Code = 8
 	// CodeOverloaded means a server limit (concurrent dials, streams) was reached.
 	CodeOverloaded Code = 9
-	// CodeReplay means a 0-RTT header was seen before (replay protection).
+	// CodeReplay means a stream header was seen before, or its timestamp is
+	// outside the server's replay window (replay protection; check clocks).
 	CodeReplay Code = 10
 	// CodeBadToken means the destination token could not be parsed.
 	CodeBadToken Code = 11

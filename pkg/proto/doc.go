@@ -19,5 +19,7 @@
 //	28+n   32    HMAC-SHA256(secret, bytes 0..28+n) when flag bit 0 is set
 //
 // The MAC authenticates the client with a shared secret without an extra round
-// trip; the nonce and timestamp let the server reject replays of 0-RTT data.
+// trip; the nonce and timestamp let the server reject replays of 0-RTT data and
+// stale or reused headers on every stream (a header more than the server's
+// replay window, 2 minutes, away from its clock is refused with CodeReplay).
 package proto

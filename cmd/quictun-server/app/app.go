@@ -156,11 +156,18 @@ func (o *Options) Run(ctx context.Context) error {
 		MaxDialsPerDestination: o.MaxDialsPerDest,
 		HandshakesPerSecond:    o.HandshakeRate,
 		MaxConnsPerSource:      o.MaxConnsPerSource,
-		DrainTimeout:           o.DrainTimeout,
-		TailProbes:             o.TailProbes,
-		Metrics:                m,
-		QUICStat:               qstat,
-		Registry:               registry,
+		MaxConnections:         o.MaxConnections,
+
+		AuthTimeout:                 o.AuthTimeout,
+		MaxUnverifiedStreamsPerConn: o.MaxUnverifiedStreamsPerConn,
+		MaxUnverifiedStreams:        o.MaxUnverifiedStreams,
+		MaxReplayEntriesPerConn:     o.MaxReplayEntriesPerConn,
+
+		DrainTimeout: o.DrainTimeout,
+		TailProbes:   o.TailProbes,
+		Metrics:      m,
+		QUICStat:     qstat,
+		Registry:     registry,
 	}, packetConn)
 	if err != nil {
 		if adminLn != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/quictun/quictun/pkg/config"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/version"
+	"github.com/quictun/quictun/server"
 )
 
 func validOptions() *Options {
@@ -69,6 +70,11 @@ func TestValidate(t *testing.T) {
 		{"per-source limits off", func(o *Options) { o.HandshakeRate, o.MaxConnsPerSource = 0, 0 }, nil},
 		{"negative handshake rate", func(o *Options) { o.HandshakeRate = -0.5 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
 		{"negative conns per source", func(o *Options) { o.MaxConnsPerSource = -1 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
+		{"no connections", func(o *Options) { o.MaxConnections = 0 }, []string{"--max-connections"}},
+		{"no unverified streams per conn", func(o *Options) { o.MaxUnverifiedStreamsPerConn = 0 }, []string{"--max-unverified-streams-per-conn"}},
+		{"no unverified streams", func(o *Options) { o.MaxUnverifiedStreams = -1 }, []string{"--max-unverified-streams and"}},
+		{"no replay entries per conn", func(o *Options) { o.MaxReplayEntriesPerConn = 0 }, []string{"--max-replay-entries-per-conn must be at least 1"}},
+		{"auth timeout 0", func(o *Options) { o.AuthTimeout = 0 }, []string{"--auth-timeout must be positive"}},
 		{"every error at once", func(o *Options) {
 			*o = Options{Allow: []string{"bogus"}, TokenParserPlugin: "Nope", CertFile: "/c", KeepAlivePeriod: -1}
 		}, []string{
@@ -107,6 +113,12 @@ func TestNewOptionsDefaults(t *testing.T) {
 	assert.NotEmpty(t, o.Allow, "loopback-only allow list by default")
 	assert.False(t, o.InsecureNoAuth)
 	assert.False(t, o.EnablePprof)
+	def := server.DefaultConfig()
+	assert.Equal(t, def.MaxConnections, o.MaxConnections)
+	assert.Equal(t, def.AuthTimeout, o.AuthTimeout)
+	assert.Equal(t, def.MaxUnverifiedStreamsPerConn, o.MaxUnverifiedStreamsPerConn)
+	assert.Equal(t, def.MaxUnverifiedStreams, o.MaxUnverifiedStreams)
+	assert.Equal(t, 16384, o.MaxReplayEntriesPerConn)
 	err := o.Validate()
 	require.Error(t, err, "defaults alone need an auth choice")
 	assert.Contains(t, err.Error(), "client authentication is required")

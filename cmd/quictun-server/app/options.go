@@ -14,6 +14,7 @@ import (
 	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/server"
 )
 
 // Options are every setting of quictun-server. NewOptions holds the defaults.
@@ -52,13 +53,20 @@ type Options struct {
 	MaxDialsPerDest    int
 	HandshakeRate      float64
 	MaxConnsPerSource  int
+	MaxConnections     int
 	Disable0RTT        bool
-	TailProbes         int
+
+	AuthTimeout                 time.Duration
+	MaxUnverifiedStreamsPerConn int
+	MaxUnverifiedStreams        int
+	MaxReplayEntriesPerConn     int
+	TailProbes                  int
 }
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	q := transport.DefaultQUICOptions()
+	def := server.DefaultConfig()
 	return &Options{
 		CongestionFlags:    cli.NewCongestionFlags(),
 		ListenOn:           "0.0.0.0:7500",
@@ -77,6 +85,12 @@ func NewOptions() *Options {
 		TailProbes:         1,
 		HandshakeRate:      20,
 		MaxConnsPerSource:  64,
+		MaxConnections:     def.MaxConnections,
+
+		AuthTimeout:                 def.AuthTimeout,
+		MaxUnverifiedStreamsPerConn: def.MaxUnverifiedStreamsPerConn,
+		MaxUnverifiedStreams:        def.MaxUnverifiedStreams,
+		MaxReplayEntriesPerConn:     def.MaxReplayEntries / 64,
 	}
 }
 
@@ -85,7 +99,8 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "insecure-no-auth"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
-	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "disable-0rtt", "tail-probes", "fec"}},
+	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt", "tail-probes", "fec"}},
+	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-replay-entries-per-conn"}},
 	{Title: "Congestion control", Names: cli.CongestionFlagNames},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
 	{Title: "Logging", Names: []string{"v", "vmodule"}},
@@ -127,7 +142,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.TailProbes, "tail-probes", o.TailProbes, "tiny datagrams sent 1 ms after each burst of downstream data (two RTTs + 2 ms on paths under 4 ms; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables")
 	fs.IntVar(&o.MaxDialsPerDest, "max-dials-per-destination", o.MaxDialsPerDest, "concurrent dials to one destination address, so a slow or unreachable one cannot take every dial slot (more wait without holding a slot); 0 = a quarter of --max-concurrent-dials")
 	fs.Float64Var(&o.HandshakeRate, "handshake-rate", o.HandshakeRate, "new QUIC connections per second per source IP (burst twice that); a source past half its burst must first prove its address (one Retry round trip); 0 = unlimited")
-	fs.IntVar(&o.MaxConnsPerSource, "max-conns-per-source", o.MaxConnsPerSource, "open QUIC connections per source IP; more are closed with overloaded; 0 = unlimited")
+	fs.IntVar(&o.MaxConnsPerSource, "max-conns-per-source", o.MaxConnsPerSource, "open QUIC connections per source IP (an IPv6 source counts by its /64); more are closed with overloaded; 0 = unlimited")
+	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "open QUIC connections in total; more are refused (quictun_server_refused_connections_total{reason=\"max_connections\"})")
+	fs.DurationVar(&o.AuthTimeout, "auth-timeout", o.AuthTimeout, "with --secret-file: a connection must present a stream header with a valid MAC within this long of its first stream, or it is closed with auth_failed (idle connections are not timed)")
+	fs.IntVar(&o.MaxUnverifiedStreamsPerConn, "max-unverified-streams-per-conn", o.MaxUnverifiedStreamsPerConn, "with --secret-file, a connection's stream credit until it presents a header with a valid MAC (then --max-streams-per-conn); and the streams per connection served before their header is verified")
+	fs.IntVar(&o.MaxUnverifiedStreams, "max-unverified-streams", o.MaxUnverifiedStreams, "streams, server-wide, of connections that have not yet presented a verified header; more are reset with overloaded")
+	fs.IntVar(&o.MaxReplayEntriesPerConn, "max-replay-entries-per-conn", o.MaxReplayEntriesPerConn, "stream-header nonces one connection may record in the replay cache (1,048,576 entries) per 2-minute window; beyond it 1-RTT streams go unrecorded and 0-RTT streams are reset with overloaded")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
@@ -183,6 +203,12 @@ func (o *Options) Validate() error {
 	}
 	if o.HandshakeRate < 0 || o.MaxConnsPerSource < 0 {
 		add("--handshake-rate and --max-conns-per-source must not be negative")
+	}
+	if o.MaxConnections < 1 || o.MaxUnverifiedStreamsPerConn < 1 || o.MaxUnverifiedStreams < 1 || o.MaxReplayEntriesPerConn < 1 {
+		add("--max-connections, --max-unverified-streams-per-conn, --max-unverified-streams and --max-replay-entries-per-conn must be at least 1")
+	}
+	if o.AuthTimeout <= 0 {
+		add("--auth-timeout must be positive")
 	}
 	if o.MaxDialsPerDest < 0 {
 		add("--max-dials-per-destination must not be negative")

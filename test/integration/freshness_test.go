@@ -1,0 +1,154 @@
+package integration
+
+import (
+	"context"
+	"crypto/tls"
+	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/quic-go/quic-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/server"
+)
+
+// signedHeader encodes a header for token made at at, with the shared secret:
+// what a captured header (from a log, a core dump) looks like.
+func signedHeader(t *testing.T, token string, at time.Time) []byte {
+	t.Helper()
+	h, err := proto.NewHeader(token, at)
+	require.NoError(t, err)
+	b, err := h.Append(nil, testutil.Secret)
+	require.NoError(t, err)
+	return b
+}
+
+// streamResult opens a stream on c, writes b and returns proto.CodeOK when
+// the server replied OK, or the code the server reset the stream with.
+func streamResult(t *testing.T, c *quic.Conn, b []byte) proto.Code {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	str, err := c.OpenStreamSync(ctx)
+	require.NoError(t, err)
+	defer func() { str.CancelRead(0); str.CancelWrite(0) }()
+	_, err = str.Write(b)
+	require.NoError(t, err)
+	_ = str.SetReadDeadline(time.Now().Add(10 * time.Second))
+	err = proto.ReadReply(str)
+	if err == nil {
+		return proto.CodeOK
+	}
+	code, ok := proto.FromError(err)
+	require.True(t, ok, "want a reply or a reset with a code, got %v", err)
+	return code
+}
+
+// TestHeaderFreshnessOnEveryStream (issue 11 item 3): a header with a valid
+// MAC but outside the replay window, or one already used, opens no tunnel on a
+// 1-RTT stream either, on any connection.
+func TestHeaderFreshnessOnEveryStream(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	a, b := attackerConn(t, srv), attackerConn(t, srv)
+	require.True(t, isClosedChan(a.HandshakeComplete()), "1-RTT streams")
+
+	assert.Equal(t, proto.CodeOK, streamResult(t, a, signedHeader(t, "tcp:"+echo, time.Now())), "a fresh header")
+	assert.Equal(t, proto.CodeReplay, streamResult(t, a, signedHeader(t, "tcp:"+echo, time.Now().Add(-10*time.Minute))), "too old")
+	assert.Equal(t, proto.CodeReplay, streamResult(t, b, signedHeader(t, "tcp:"+echo, time.Now().Add(-24*time.Hour))), "far too old")
+	assert.Equal(t, proto.CodeReplay, streamResult(t, b, signedHeader(t, "tcp:"+echo, time.Now().Add(10*time.Minute))), "from the future")
+
+	captured := signedHeader(t, "tcp:"+echo, time.Now())
+	assert.Equal(t, proto.CodeOK, streamResult(t, a, captured))
+	assert.Equal(t, proto.CodeReplay, streamResult(t, b, captured), "the same header on another connection")
+	assert.Equal(t, proto.CodeReplay, streamResult(t, a, captured), "and on the same one")
+	assert.Equal(t, 5.0, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("replay")))
+	require.NoError(t, a.Context().Err(), "a stale header is not an authentication failure: the connection stays")
+}
+
+func isClosedChan(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// zeroRTTResult resumes a session of tlsConf with 0-RTT and returns the result
+// of one stream carrying b as early data.
+func zeroRTTResult(t *testing.T, srv *testutil.Server, tlsConf *tls.Config, b []byte) proto.Code {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := quic.DialAddrEarly(ctx, srv.Addr, tlsConf, transport.QUICConfig(transport.DefaultQUICOptions()))
+	require.NoError(t, err)
+	defer func() { _ = c.CloseWithError(0, "") }()
+	code := streamResult(t, c, b)
+	require.True(t, c.ConnectionState().Used0RTT, "the stream went out as 0-RTT data")
+	return code
+}
+
+// resumableTLS returns a client TLS config with a session ticket from srv.
+func resumableTLS(t *testing.T, srv *testutil.Server, echo string) *tls.Config {
+	t.Helper()
+	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
+	require.NoError(t, err)
+	conf, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin, SessionCache: tls.NewLRUClientSessionCache(4)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := quic.DialAddr(ctx, srv.Addr, conf, transport.QUICConfig(transport.DefaultQUICOptions()))
+	require.NoError(t, err)
+	// After a round trip the server's session ticket has arrived.
+	require.Equal(t, proto.CodeOK, streamResult(t, c, signedHeader(t, "tcp:"+echo, time.Now())))
+	_ = c.CloseWithError(0, "")
+	return conf
+}
+
+// TestRefusedHeadersDoNotFillReplayCache (issue 11 item 4): headers the
+// allow-list refuses, or whose token does not parse, take no place in the
+// shared replay cache, so they cannot make other clients' 0-RTT streams fail.
+func TestRefusedHeadersDoNotFillReplayCache(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.MaxReplayEntries = 8
+	}})
+	resumable := resumableTLS(t, srv, echo) // records one nonce
+	filler := attackerConn(t, srv)
+	for range 10 {
+		require.Equal(t, proto.CodeRefused, streamResult(t, filler, signedHeader(t, "tcp:127.0.0.1:1", time.Now())))
+		require.Equal(t, proto.CodeBadToken, streamResult(t, filler, signedHeader(t, "nonsense", time.Now())))
+	}
+	assert.Equal(t, proto.CodeOK, zeroRTTResult(t, srv, resumable, signedHeader(t, "tcp:"+echo, time.Now())),
+		"another client's 0-RTT stream is served")
+	assert.Equal(t, 2.0, promtest.ToFloat64(srv.Metrics.ReplayCacheEntries), "only the two served headers were recorded")
+}
+
+// TestReplayCacheQuotaPerConnection (issue 11 item 4): one connection records
+// at most --max-replay-entries-per-conn nonces per window; its further 1-RTT
+// streams are served unrecorded, and 0-RTT streams of others still find room.
+func TestReplayCacheQuotaPerConnection(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.MaxReplayEntries = 8
+		c.MaxReplayEntriesPerConn = 3
+	}})
+	resumable := resumableTLS(t, srv, echo)
+	greedy := attackerConn(t, srv) // has the secret here: a client that opens many tunnels
+	for i := range 12 {
+		require.Equal(t, proto.CodeOK, streamResult(t, greedy, signedHeader(t, "tcp:"+echo, time.Now())), "tunnel %d", i)
+	}
+	assert.Equal(t, 4.0, promtest.ToFloat64(srv.Metrics.ReplayCacheEntries), "1 + the greedy connection's quota of 3")
+	assert.Equal(t, 9.0, promtest.ToFloat64(srv.Metrics.ReplayUnrecordedTotal.WithLabelValues("conn_quota")))
+	assert.Equal(t, proto.CodeOK, zeroRTTResult(t, srv, resumable, signedHeader(t, "tcp:"+echo, time.Now())))
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("overloaded")))
+}
