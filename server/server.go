@@ -179,55 +179,32 @@ type destSlots struct {
 	refs  int
 }
 
+// orDefault sets *v to def when it is zero or negative (unset).
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
 // New checks cfg and returns a Server that will serve on pc. The caller keeps
 // ownership of pc and closes it after Run returns.
 func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	def := DefaultConfig()
-	if cfg.HeaderTimeout <= 0 {
-		cfg.HeaderTimeout = def.HeaderTimeout
-	}
-	if cfg.DialTimeout <= 0 {
-		cfg.DialTimeout = def.DialTimeout
-	}
-	if cfg.MaxConcurrentDials <= 0 {
-		cfg.MaxConcurrentDials = def.MaxConcurrentDials
-	}
-	if cfg.MaxDialsPerDestination <= 0 {
-		cfg.MaxDialsPerDestination = max(1, cfg.MaxConcurrentDials/4)
-	}
-	if cfg.DrainTimeout < 0 {
-		cfg.DrainTimeout = 0
-	}
-	if cfg.ReplayWindow <= 0 {
-		cfg.ReplayWindow = def.ReplayWindow
-	}
-	if cfg.MaxReplayEntries <= 0 {
-		cfg.MaxReplayEntries = def.MaxReplayEntries
-	}
-	if cfg.TailProbes < 0 {
-		cfg.TailProbes = 0
-	}
-	if cfg.TailProbeDelay <= 0 {
-		cfg.TailProbeDelay = def.TailProbeDelay
-	}
-	if cfg.MaxEchoesPerSecond <= 0 {
-		cfg.MaxEchoesPerSecond = def.MaxEchoesPerSecond
-	}
-	if cfg.MaxConnections <= 0 {
-		cfg.MaxConnections = def.MaxConnections
-	}
-	if cfg.MaxUnverifiedStreamsPerConn <= 0 {
-		cfg.MaxUnverifiedStreamsPerConn = def.MaxUnverifiedStreamsPerConn
-	}
-	if cfg.MaxUnverifiedStreams <= 0 {
-		cfg.MaxUnverifiedStreams = def.MaxUnverifiedStreams
-	}
-	if cfg.AuthTimeout <= 0 {
-		cfg.AuthTimeout = def.AuthTimeout
-	}
-	if cfg.MaxReplayEntriesPerConn <= 0 {
-		cfg.MaxReplayEntriesPerConn = max(1, cfg.MaxReplayEntries/64)
-	}
+	orDefault(&cfg.HeaderTimeout, def.HeaderTimeout)
+	orDefault(&cfg.DialTimeout, def.DialTimeout)
+	orDefault(&cfg.MaxConcurrentDials, def.MaxConcurrentDials)
+	orDefault(&cfg.MaxDialsPerDestination, max(1, cfg.MaxConcurrentDials/4))
+	cfg.DrainTimeout = max(cfg.DrainTimeout, 0)
+	orDefault(&cfg.ReplayWindow, def.ReplayWindow)
+	orDefault(&cfg.MaxReplayEntries, def.MaxReplayEntries)
+	cfg.TailProbes = max(cfg.TailProbes, 0)
+	orDefault(&cfg.TailProbeDelay, def.TailProbeDelay)
+	orDefault(&cfg.MaxEchoesPerSecond, def.MaxEchoesPerSecond)
+	orDefault(&cfg.MaxConnections, def.MaxConnections)
+	orDefault(&cfg.MaxUnverifiedStreamsPerConn, def.MaxUnverifiedStreamsPerConn)
+	orDefault(&cfg.MaxUnverifiedStreams, def.MaxUnverifiedStreams)
+	orDefault(&cfg.AuthTimeout, def.AuthTimeout)
+	orDefault(&cfg.MaxReplayEntriesPerConn, max(1, cfg.MaxReplayEntries/64))
 	switch {
 	case cfg.TLS == nil:
 		return nil, errors.New("server: TLS config is required")
