@@ -1,10 +1,8 @@
 package harness
 
 import (
-	"context"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -223,25 +221,7 @@ func TestCCReport(t *testing.T) {
 // quictun, and checks the samples, the CPU and drop columns and the
 // teardown.
 func TestRunCC(t *testing.T) {
-	needTestbed(t)
-	needIP(t)
-	bin := buildBins(t, "tools/latency-client", "cmd/quictun-server", "cmd/quictun-client")
-
-	p, err := Profiles("smoke")
-	require.NoError(t, err)
-	prefix := "hb" + strconv.Itoa(os.Getpid()%100000)
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
-	defer cancel()
-	dir, err := Run(ctx, Options{Profile: p, BinDir: bin, ResultsDir: t.TempDir(), Prefix: prefix,
-		Variants: []string{"direct", "quictun"}, DirectCC: []string{"cubic", "bbr"},
-		Scenarios: []string{ScBulk, ScFair, ScBlackoutBulk}, SkipChecks: true, Spin: time.Millisecond})
-	require.NoError(t, err)
-	c, s := netns.Names(prefix)
-	assert.False(t, netns.Exists(c), "namespace %s left behind", c)
-	assert.False(t, netns.Exists(s), "namespace %s left behind", s)
-
-	res, err := LoadResults(dir)
-	require.NoError(t, err)
+	res, dir, p := runTunnelSmoke(t, "hb", func(o *Options) { o.DirectCC = []string{"cubic", "bbr"} }, ScBulk, ScFair, ScBlackoutBulk)
 	require.Len(t, res.Variants, 3, "variants %v, notes %v", res.Variants, res.Notes)
 	assert.Equal(t, []string{"direct-cubic", "direct-bbr"}, res.Variants[:2])
 	n := map[string]int{}

@@ -1,19 +1,14 @@
 package harness
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
 func TestParseUDPDrops(t *testing.T) {
@@ -94,24 +89,7 @@ func TestFloodReport(t *testing.T) {
 // TestRunFlood runs the flood scenario end to end (smoke profile) against
 // a freshly built quictun and checks the samples and the teardown.
 func TestRunFlood(t *testing.T) {
-	needTestbed(t)
-	needIP(t)
-	bin := buildBins(t, "tools/latency-client", "cmd/quictun-server", "cmd/quictun-client")
-
-	p, err := Profiles("smoke")
-	require.NoError(t, err)
-	prefix := "hf" + strconv.Itoa(os.Getpid()%100000)
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
-	defer cancel()
-	dir, err := Run(ctx, Options{Profile: p, BinDir: bin, ResultsDir: t.TempDir(), Prefix: prefix, Variants: []string{"direct", "quictun"},
-		Scenarios: []string{ScFlood}, SkipChecks: true, Spin: time.Millisecond})
-	require.NoError(t, err)
-	c, s := netns.Names(prefix)
-	assert.False(t, netns.Exists(c), "namespace %s left behind", c)
-	assert.False(t, netns.Exists(s), "namespace %s left behind", s)
-
-	res, err := LoadResults(dir)
-	require.NoError(t, err)
+	res, dir, _ := runTunnelSmoke(t, "hf", nil, ScFlood)
 	cases := map[string]Sample{}
 	var names []string
 	for _, smp := range res.Samples {

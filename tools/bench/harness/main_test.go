@@ -1,10 +1,15 @@
 package harness
 
 import (
+	"context"
 	"os"
 	"os/exec"
+	"strconv"
 	"testing"
+	"time"
 
+	"github.com/quictun/quictun/tools/linkem/netns"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
@@ -49,4 +54,33 @@ func buildBins(t *testing.T, pkgs ...string) string {
 	build.Stderr = os.Stderr
 	require.NoError(t, build.Run(), "build %v", pkgs)
 	return bin
+}
+
+// runTunnelSmoke runs scenarios of the smoke profile with direct TCP and
+// quictun (binaries built from this tree) in namespaces named after tag,
+// checks that the testbed was torn down, and returns the results, their
+// directory and the profile. mutate, if not nil, adjusts the options first.
+func runTunnelSmoke(t *testing.T, tag string, mutate func(*Options), scenarios ...string) (*Results, string, Profile) {
+	t.Helper()
+	needTestbed(t)
+	needIP(t)
+	bin := buildBins(t, "tools/latency-client", "cmd/quictun-server", "cmd/quictun-client")
+	p, err := Profiles("smoke")
+	require.NoError(t, err)
+	prefix := tag + strconv.Itoa(os.Getpid()%100000)
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	opts := Options{Profile: p, BinDir: bin, ResultsDir: t.TempDir(), Prefix: prefix, Variants: []string{"direct", "quictun"},
+		Scenarios: scenarios, SkipChecks: true, Spin: time.Millisecond}
+	if mutate != nil {
+		mutate(&opts)
+	}
+	dir, err := Run(ctx, opts)
+	require.NoError(t, err)
+	c, s := netns.Names(prefix)
+	assert.False(t, netns.Exists(c), "namespace %s left behind", c)
+	assert.False(t, netns.Exists(s), "namespace %s left behind", s)
+	res, err := LoadResults(dir)
+	require.NoError(t, err)
+	return res, dir, p
 }

@@ -2,7 +2,6 @@ package harness
 
 import (
 	"cmp"
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -20,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/tools/linkem/emu"
-	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
 func TestLinkUpdatePerDirection(t *testing.T) {
@@ -234,24 +232,7 @@ func TestSinkUploadDownload(t *testing.T) {
 // asymmetric link) with direct TCP and quictun, and checks the samples and
 // the report.
 func TestRunSTN(t *testing.T) {
-	needTestbed(t)
-	needIP(t)
-	bin := buildBins(t, "tools/latency-client", "cmd/quictun-server", "cmd/quictun-client")
-
-	p, err := Profiles("smoke")
-	require.NoError(t, err)
-	prefix := "hn" + strconv.Itoa(os.Getpid()%100000)
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
-	defer cancel()
-	dir, err := Run(ctx, Options{Profile: p, BinDir: bin, ResultsDir: t.TempDir(), Prefix: prefix, Variants: []string{"direct", "quictun"},
-		Scenarios: []string{ScSTNShort, ScSTNSizes, ScSTNBlackout}, SkipChecks: true, Spin: time.Millisecond})
-	require.NoError(t, err)
-	c, s := netns.Names(prefix)
-	assert.False(t, netns.Exists(c), "namespace %s left behind", c)
-	assert.False(t, netns.Exists(s), "namespace %s left behind", s)
-
-	res, err := LoadResults(dir)
-	require.NoError(t, err)
+	res, dir, _ := runTunnelSmoke(t, "hn", nil, ScSTNShort, ScSTNSizes, ScSTNBlackout)
 	n := map[string]int{}
 	for _, smp := range res.Samples {
 		n[smp.Scenario]++
