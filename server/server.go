@@ -501,10 +501,12 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 			gate.deadline.Stop()
 		}
 	}()
+	var acceptErr error
 accept:
 	for {
 		str, err := conn.AcceptStream(conn.Context())
 		if err != nil {
+			acceptErr = err
 			break
 		}
 		early := false
@@ -566,7 +568,12 @@ accept:
 	streams.Wait()
 	stop()
 
+	// AcceptStream can return the close error before quic-go cancels the
+	// connection's context: then that error is the cause.
 	cause := context.Cause(conn.Context())
+	if cause == nil {
+		cause = acceptErr
+	}
 	result := connResult(cause)
 	m.ConnectionsTotal.WithLabelValues(result).Inc()
 	m.ActiveConnections.Dec()
