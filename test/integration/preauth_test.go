@@ -120,15 +120,7 @@ func TestUnauthenticatedStreamFlood(t *testing.T) {
 
 	// --auth-timeout closes the attacker's connections, with auth_failed.
 	for _, c := range cs {
-		select {
-		case <-c.Context().Done():
-		case <-time.After(60 * time.Second):
-			t.Fatal("the unauthenticated connection was not closed")
-		}
-		var ae *quic.ApplicationError
-		require.ErrorAs(t, context.Cause(c.Context()), &ae)
-		assert.Equal(t, proto.CodeAuthFailed.ApplicationErrorCode(), ae.ErrorCode)
-		assert.True(t, ae.Remote)
+		requireClosedByServer(t, c, proto.CodeAuthFailed, 60*time.Second)
 	}
 	assert.Equal(t, float64(conns), promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)))
 	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == 0 }, 10*time.Second, 10*time.Millisecond)
@@ -154,14 +146,7 @@ func TestAuthTimeout(t *testing.T) {
 	idle := attackerConn(t, srv)
 	c := attackerConn(t, srv)
 	require.Equal(t, 4, openHeaderless(c, 20, time.Second), "credit for the unverified budget only")
-	select {
-	case <-c.Context().Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("not closed")
-	}
-	var ae *quic.ApplicationError
-	require.ErrorAs(t, context.Cause(c.Context()), &ae)
-	assert.Equal(t, proto.CodeAuthFailed.ApplicationErrorCode(), ae.ErrorCode)
+	requireClosedByServer(t, c, proto.CodeAuthFailed, 30*time.Second)
 	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)))
 	require.NoError(t, idle.Context().Err(), "a connection without streams is left alone")
 	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == 0 }, 10*time.Second, 10*time.Millisecond)
@@ -319,4 +304,19 @@ func TestStreamCreditRaisedAfterAuthentication(t *testing.T) {
 		_, err := nc.OpenStream()
 		require.NoError(t, err, "stream %d without a shared secret", i)
 	}
+}
+
+// requireClosedByServer waits up to limit for the server to close c with
+// code.
+func requireClosedByServer(t *testing.T, c *quic.Conn, code proto.Code, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-c.Context().Done():
+	case <-time.After(limit):
+		t.Fatalf("the connection was not closed within %v", limit)
+	}
+	var ae *quic.ApplicationError
+	require.ErrorAs(t, context.Cause(c.Context()), &ae)
+	assert.Equal(t, code.ApplicationErrorCode(), ae.ErrorCode)
+	assert.True(t, ae.Remote)
 }
