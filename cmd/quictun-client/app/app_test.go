@@ -48,6 +48,18 @@ func TestValidate(t *testing.T) {
 		{"heartbeats off, rescue anything", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = 0, 0 }, nil},
 		{"rescue exactly twice heartbeat", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 2*time.Second }, nil},
 		{"keepalive off", func(o *Options) { o.KeepAlivePeriod = 0 }, nil},
+		{"localhost and ::1 listeners", func(o *Options) { o.ListenOn = []string{"tcp:localhost:1", "tcp:[::1]:2"} }, nil},
+		{"non-loopback with opt-in", func(o *Options) { o.ListenOn, o.ListenNonLoopback = []string{"tcp:0.0.0.0:6500"}, true }, nil},
+		{"base64 fixed token", func(o *Options) { o.TokenSource = "dGNwOjEyNy4wLjAuMToyMg==" }, nil},
+		{"file token source not read here", func(o *Options) { o.TokenSourcePlugin, o.TokenSource = "File", "/no/such/file" }, nil},
+
+		{"all addresses without opt-in", func(o *Options) { o.ListenOn = []string{"tcp:127.0.0.1:1", "tcp:0.0.0.0:6500"} },
+			[]string{"--listen-on tcp:0.0.0.0:6500 is not loopback", "add --listen-non-loopback"}},
+		{"IPv6 any without opt-in", func(o *Options) { o.ListenOn = []string{"tcp:[::]:6500"} }, []string{"add --listen-non-loopback"}},
+		{"LAN address without opt-in", func(o *Options) { o.ListenOn = []string{"tcp:192.168.1.5:6500"} }, []string{"add --listen-non-loopback"}},
+		{"placeholder fingerprint", func(o *Options) { o.ServerFingerprint = "sha256:" + strings.Repeat("0", 64) },
+			[]string{"all-zero placeholder", "quictun-server fingerprint"}},
+		{"fixed token not an endpoint", func(o *Options) { o.TokenSource = "tcp:bad" }, []string{`--token-source: bad token source: fixed token: "tcp:bad" is not tcp:HOST:PORT`}},
 
 		{"no listener", func(o *Options) { o.ListenOn = nil }, []string{"--listen-on needs at least one listener"}},
 		{"bad listener", func(o *Options) { o.ListenOn = []string{"tcp:127.0.0.1:1", "udp:1.2.3.4:5"} }, []string{`--listen-on "udp:1.2.3.4:5"`}},
@@ -167,10 +179,12 @@ var requiredArgs = []string{
 
 func TestCommandWriteAndCheckConfigRoundTrip(t *testing.T) {
 	clearEnv(t)
+	secret := writeFile(t, "secret", "0123456789abcdef0123\n")
 	args := append([]string{
 		"--listen-on", "tcp:127.0.0.1:2222,unix:/tmp/quictun-test.sock", "--heartbeat-interval", "250ms",
 		"--rescue-after", "2s", "--max-connections", "12",
 	}, requiredArgs...)
+	args = append(args, "--secret-file", secret) // --check-config reads it
 	first, err := execute(t, append(args, "--write-config")...)
 	require.NoError(t, err)
 	m := map[string]any{}
