@@ -101,18 +101,24 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 
 // LoadConfig applies the config file and QUICTUN_* environment to the flags
 // of fs that were not set on the command line (for subcommands that share the
-// daemon's flags).
+// daemon's flags). A QUICTUN_* variable that names no flag is logged at -v 0.
 //
 // When no --config was given, QUICTUN_CONFIG names the file.
 func LoadConfig(fs *pflag.FlagSet, file string) error {
 	if f := fs.Lookup("config"); file == "" && (f == nil || !f.Changed) {
 		file = os.Getenv(EnvPrefix + "_CONFIG")
 	}
+	for _, v := range config.UnknownEnv(fs, EnvPrefix, os.Environ(), knownEnv, configFlagNames...) {
+		klog.InfoS("Ignored an environment variable that names no flag; fix its spelling: "+EnvPrefix+"_ and the long flag name in upper case with '-' as '_'", "variable", v)
+	}
 	if err := config.Load(fs, file, EnvPrefix, os.LookupEnv, configFlagNames...); err != nil {
 		return fmt.Errorf("%w:\n%w", ErrUsage, err)
 	}
 	return nil
 }
+
+// knownEnv are the QUICTUN_* variables read other than as flags.
+var knownEnv = []string{EnvPrefix + "_CONFIG"}
 
 // Main runs cmd with args under SignalContext and returns the exit code.
 func Main(cmd *cobra.Command, args []string) int {

@@ -336,3 +336,29 @@ func TestCheckUsesConfiguredServerEndpoint(t *testing.T) {
 	out, _ = execute(t, "check", "--config", file)
 	assert.Contains(t, out, "path-mtu")
 }
+
+// TestUnknownEnvironmentVariableWarned: a misspelled QUICTUN_* variable is
+// logged at the default verbosity with the likely intended name.
+func TestUnknownEnvironmentVariableWarned(t *testing.T) {
+	// Not parallel: klog's output and the environment are global.
+	clearEnv(t)
+	buf := &lockedBuffer{}
+	klog.LogToStderr(false)
+	klog.SetOutput(buf)
+	t.Cleanup(func() {
+		klog.Flush()
+		klog.SetOutput(os.Stderr)
+		klog.LogToStderr(true)
+	})
+	t.Setenv("QUICTUN_SERVER_ENDPONT", "typo.example:7500")
+	t.Setenv("QUICTUN_TOKEN_SOURCE", "tcp:127.0.0.1:22")
+	_, err := execute(t, "--check-config", "--server-endpoint", "127.0.0.1:7500", "--server-fingerprint", testFingerprint,
+		"--insecure-no-auth")
+	require.NoError(t, err)
+	klog.Flush()
+	out := buf.String()
+	assert.Contains(t, out, "Ignored an environment variable that names no flag")
+	assert.Contains(t, out, "QUICTUN_SERVER_ENDPONT (did you mean QUICTUN_SERVER_ENDPOINT?)")
+	assert.NotContains(t, out, "typo.example", "values are not logged")
+	assert.NotContains(t, out, "QUICTUN_TOKEN_SOURCE", "known variables are not warned about")
+}
