@@ -93,6 +93,10 @@ func TestCheckConfigReadsFiles(t *testing.T) {
 	_, err = execute(t, append(args, "--secret-file", missing)...)
 	require.ErrorIs(t, err, cli.ErrUsage)
 	assert.Contains(t, err.Error(), "--secret-file: open "+missing+": no such file or directory")
+	assert.Contains(t, err.Error(), "--check-config=flags checks only the flags")
+	out, err := execute(t, append(args, "--secret-file", missing, "--check-config=flags")...)
+	require.NoError(t, err, "a config for another host: flags only")
+	assert.Equal(t, "config OK (flags only; files not read)\n", out)
 
 	good := writeFile(t, "good", "0123456789abcdef")
 	require.NoError(t, os.Chmod(good, 0o640))
@@ -101,7 +105,7 @@ func TestCheckConfigReadsFiles(t *testing.T) {
 	assert.Contains(t, err.Error(), "run: chmod 600 "+good)
 
 	require.NoError(t, os.Chmod(good, 0o600))
-	out, err := execute(t, append(args, "--secret-file", good)...)
+	out, err = execute(t, append(args, "--secret-file", good)...)
 	require.NoError(t, err)
 	assert.Equal(t, "config OK\n", out)
 }
