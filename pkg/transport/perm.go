@@ -8,8 +8,8 @@ import (
 	"syscall"
 )
 
-// ErrLoosePermissions is wrapped by CheckPrivate's error for a file or
-// directory that group or others may access.
+// ErrLoosePermissions is wrapped by CheckPrivate's error for a secret file
+// that group or others may access, or a directory of secrets they may write.
 var ErrLoosePermissions = errors.New("accessible by group or others")
 
 // PermissionError is returned by CheckPrivate: Path has mode Mode, which lets
@@ -28,15 +28,18 @@ func (e *PermissionError) Error() string {
 // Unwrap makes errors.Is(err, ErrLoosePermissions) true.
 func (e *PermissionError) Unwrap() error { return ErrLoosePermissions }
 
-// CheckPrivate refuses a secret file (or a directory of them) that is owned
-// by this process's user and that group or others may read, write or enter
-// (mode & 077 != 0), as ssh refuses an unprotected private key. The error
+// CheckPrivate refuses a secret file owned by this process's user that
+// group or others may read, write or execute (mode & 077), as ssh refuses an
+// unprotected private key, and a directory of secrets owned by this user
+// that group or others may write (mode & 022: they could replace a key), as
+// sshd's StrictModes does; a directory others can only read or enter shows
+// file names, and each secret file in it is checked on its own. The error
 // names the chmod to run (600 for a file, 700 for a directory). Like ssh,
-// files owned by another user are not checked: they are how systemd
+// paths owned by another user are not checked: that is how systemd
 // credentials, Docker and Kubernetes secrets reach a service user (read
 // through group or other bits that this user cannot change). A path that
-// does not exist is not an error here (its reader reports it); symlinks
-// are followed. what names the file in the message.
+// does not exist is not an error here (its reader reports it); symlinks are
+// followed. what names the path in the message.
 func CheckPrivate(what, path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -45,13 +48,13 @@ func CheckPrivate(what, path string) error {
 		}
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o077 == 0 {
-		return nil
-	}
-	fix := "chmod 600 " + path
+	loose, fix := fs.FileMode(0o077), "chmod 600 "+path
 	if fi.IsDir() {
-		fix = "chmod 700 " + path
+		loose, fix = 0o022, "chmod 700 "+path
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&loose == 0 {
+		return nil
 	}
 	return &PermissionError{What: what, Path: path, Mode: fi.Mode(), Fix: fix}
 }

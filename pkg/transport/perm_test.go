@@ -33,11 +33,13 @@ func TestCheckPrivate(t *testing.T) {
 		{"0400 file", file("ro", 0o400), ""},
 		{"missing", filepath.Join(dir, "missing"), ""},
 		{"0700 dir", sub("okdir", 0o700), ""},
+		{"0755 dir: names only, files checked on their own", sub("readable", 0o755), ""},
+		{"0710 dir", sub("groupx", 0o710), ""},
 		{"0644 file", file("world", 0o644), "chmod 600 "},
 		{"0640 file", file("group", 0o640), "chmod 600 "},
 		{"0602 file", file("otherw", 0o602), "chmod 600 "},
-		{"0755 dir", sub("opendir", 0o755), "chmod 700 "},
-		{"0710 dir", sub("groupx", 0o710), "chmod 700 "},
+		{"0775 dir", sub("groupw", 0o775), "chmod 700 "},
+		{"0757 dir", sub("otherwdir", 0o757), "chmod 700 "},
 		{"symlink to 0644", link, "chmod 600 "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,7 +66,7 @@ func TestLoadOrCreateStateRefusesLooseState(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, CheckState(dir, ""))
 
-	require.NoError(t, os.Chmod(dir, 0o755))
+	require.NoError(t, os.Chmod(dir, 0o775))
 	_, err = LoadOrCreateState(dir, "", "")
 	require.ErrorIs(t, err, ErrLoosePermissions)
 	assert.Contains(t, err.Error(), "chmod 700 "+dir)

@@ -29,7 +29,7 @@ func TestCheckFiles(t *testing.T) {
 		_, err := transport.LoadOrCreateState(d, "", "")
 		require.NoError(t, err)
 	}
-	require.NoError(t, os.Chmod(looseDir, 0o755))
+	require.NoError(t, os.Chmod(looseDir, 0o770))
 	require.NoError(t, os.Chmod(filepath.Join(looseKeyDir, transport.ResetKeyFileName), 0o640))
 	looseSecret := writeFile(t, "loose-secret", "0123456789abcdef0123\n")
 	require.NoError(t, os.Chmod(looseSecret, 0o604))
@@ -44,7 +44,7 @@ func TestCheckFiles(t *testing.T) {
 		}, []string{"--secret-file: open " + missing, "--httpd-token-file: open " + missing, "--client-ca-file", "--cert-file/--key-file"}},
 		{"missing state dir is created at start", func(o *Options) { o.StateDir = missing }, nil},
 		{"good state dir", func(o *Options) { o.StateDir = a }, nil},
-		{"state dir readable by others", func(o *Options) { o.StateDir = looseDir }, []string{"--state-dir " + looseDir + " is accessible by group or others (mode 0755): run: chmod 700 " + looseDir}},
+		{"state dir readable by others", func(o *Options) { o.StateDir = looseDir }, []string{"--state-dir " + looseDir + " is accessible by group or others (mode 0770): run: chmod 700 " + looseDir}},
 		{"state key readable by group", func(o *Options) { o.StateDir = looseKeyDir },
 			[]string{"--state-dir key file " + filepath.Join(looseKeyDir, transport.ResetKeyFileName), "chmod 600 " + filepath.Join(looseKeyDir, transport.ResetKeyFileName)}},
 		{"secret readable by others", func(o *Options) { o.SecretFile = looseSecret }, []string{"chmod 600 " + looseSecret}},
