@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,6 +94,10 @@ type Client struct {
 
 	nextConnID atomic.Uint64
 	draining   atomic.Bool
+	// authRefused is set when the server closed a connection (or refused a
+	// dial) with auth_failed, and cleared when it accepts a stream header:
+	// while set, Ready is false, as the server refuses every tunnel.
+	authRefused atomic.Bool
 }
 
 // New checks cfg and returns a Client that dials from pc. The caller keeps
@@ -140,10 +145,12 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 // Ready reports whether a QUIC connection to the server is up (for /readyz):
 // its handshake completed, so the server is known to be there. A resumed
 // connection is used for 0-RTT data before that, but does not count yet;
-// nor does anything once the client has started to drain.
+// nor does anything once the client has started to drain, nor while the
+// server refuses our credentials (from its auth_failed close until it
+// accepts a stream header).
 func (c *Client) Ready() bool {
 	cur := c.current()
-	return !c.draining.Load() && cur != nil && isClosed(cur.conn.HandshakeComplete())
+	return !c.draining.Load() && !c.authRefused.Load() && cur != nil && isClosed(cur.conn.HandshakeComplete())
 }
 
 func (c *Client) current() *session {
@@ -253,6 +260,11 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 	logger := klog.FromContext(ctx)
 	bo := c.cfg.Backoff
 	m := c.cfg.Metrics
+	// A failed dial is an error at -v 0 when its message differs from the
+	// previous failure's (a server that is down is not logged every second);
+	// the first connection, and the first after such an error, are logged at
+	// -v 0 too, so the default log says when the tunnel works.
+	lastDialErr, connectedBefore, loggedFailure := "", false, false
 	for ctx.Err() == nil {
 		start := time.Now()
 		conn, err := c.dial(ctx, tr)
@@ -262,10 +274,16 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			}
 			if code, ok := proto.FromError(err); ok && code == proto.CodeAuthFailed {
 				m.DialsTotal.WithLabelValues("auth_failed").Inc()
+				c.authRefused.Store(true)
 			} else {
 				m.DialsTotal.WithLabelValues("error").Inc()
 			}
-			logger.V(2).Info("Could not connect to server", "address", c.cfg.ServerAddr, "attempt", bo.Attempts()+1, "err", err)
+			if msg := err.Error(); msg != lastDialErr {
+				lastDialErr, loggedFailure = msg, true
+				logger.Error(err, "Could not connect to server; retrying", "address", c.cfg.ServerAddr, "fix", DialErrorFix(err))
+			} else {
+				logger.V(2).Info("Could not connect to server", "address", c.cfg.ServerAddr, "attempt", bo.Attempts()+1, "err", err)
+			}
 			_ = bo.Wait(ctx)
 			continue
 		}
@@ -295,7 +313,12 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			m.DialsTotal.WithLabelValues("ok").Inc()
 		}
 		m.HandshakeDuration.Observe(time.Since(start).Seconds())
-		logger.V(2).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
+		level := 2
+		if !connectedBefore || loggedFailure {
+			level = 0
+		}
+		connectedBefore, loggedFailure, lastDialErr = true, false, ""
+		logger.V(level).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
 			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT)
 		bo.Success(time.Now())
 
@@ -314,7 +337,10 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		m.ReconnectsTotal.Inc()
 		bo.Failure(time.Now())
 		if code, ok := proto.FromError(cause); ok && code == proto.CodeAuthFailed {
-			logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id)
+			c.authRefused.Store(true)
+			loggedFailure = true
+			logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id,
+				"fix", "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)")
 		} else {
 			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
 		}
@@ -504,6 +530,7 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 	rs := &replyStream{Stream: str, onReply: func(err error) {
 		if err == nil {
 			m.StreamOpenDuration.Observe(time.Since(start).Seconds())
+			c.authRefused.Store(false) // the server accepted our header
 		}
 	}}
 	pipe := splice.New(sc, rs)
@@ -545,4 +572,24 @@ func isStreamLimit(err error) bool {
 	var v quic.StreamLimitReachedError
 	var p *quic.StreamLimitReachedError
 	return errors.As(err, &v) || errors.As(err, &p)
+}
+
+// DialErrorFix returns what to check for an error of a dial to the server,
+// for the -v 0 log line.
+func DialErrorFix(err error) string {
+	var idle *quic.IdleTimeoutError
+	var hs *quic.HandshakeTimeoutError
+	msg := err.Error()
+	switch {
+	case errors.Is(err, transport.ErrFingerprintMismatch) || strings.Contains(msg, transport.ErrFingerprintMismatch.Error()):
+		return "the server's certificate is not the pinned one: set --server-fingerprint to what 'quictun-server fingerprint' prints on the server host (same --state-dir)"
+	case strings.Contains(msg, "x509:") || strings.Contains(msg, "certificate"):
+		return "the server's certificate did not verify: check --ca-file and --server-name (or pin it with --server-fingerprint)"
+	case errors.As(err, &idle) || errors.As(err, &hs) || errors.Is(err, context.DeadlineExceeded):
+		return "no answer from the server: check --server-endpoint, that quictun-server runs there, and that its UDP port is open in firewalls"
+	case strings.Contains(msg, "resolve"):
+		return "the host of --server-endpoint does not resolve: check its spelling and DNS"
+	default:
+		return "check --server-endpoint and that quictun-server runs there"
+	}
 }

@@ -25,10 +25,21 @@ wait_tcp() { # wait until something listens on 127.0.0.1:$1
     (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
     sleep 0.1
   done
-  echo "nothing listens on 127.0.0.1:$1" >&2; exit 1
+  echo "nothing listens on 127.0.0.1:$1; the logs:" >&2
+  for f in "$work"/*.log; do echo "== $f" >&2; show_log "$f" >&2; done
+  exit 1
 }
 
-head -c 32 /dev/urandom | base64 > "$work/secret"
+# show_log prints a daemon log without its effective-configuration dump (-v 1,
+# one line per flag): the lines that matter are start, listeners, connection
+# and errors. 'quictun-client --write-config' prints the same configuration.
+show_log() {
+  awk '/"Effective configuration" config=</ { skip = 1; print "  (effective configuration left out: add --write-config to the same command line to see it)"; next }
+       skip && /^ >$/ { skip = 0; next }
+       !skip' "$1"
+}
+
+(umask 077; head -c 32 /dev/urandom | base64 > "$work/secret")   # mode 0600: the daemons refuse a secret others can read
 "$BIN/latency-client" serve --listen 127.0.0.1:$ECHO_PORT >"$work/echo.log" 2>&1 & pids+=($!)
 fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
 "$BIN/quictun-server" --listen-on 127.0.0.1:$SERVER_PORT --state-dir "$work/state" \
@@ -49,4 +60,4 @@ echo "== Through quictun (client 127.0.0.1:$CLIENT_PORT -> server 127.0.0.1:$SER
 echo
 echo "This is loopback: the tunnel can only add cost here. For lossy and distant links run 'make bench' (root)."
 echo "== Client log"
-sed -n '1,20p' "$work/client.log"
+show_log "$work/client.log"

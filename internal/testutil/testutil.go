@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/pkg/endpoint"
@@ -139,6 +140,8 @@ type ClientOptions struct {
 	Mutate      func(*client.Config)
 	QUIC        func(*transport.QUICOptions)
 	WaitReady   bool
+	// Logger, when set, is the client's logger (klog.NewContext); default klog's.
+	Logger *klog.Logger
 	// ServerAddr overrides the address dialed (e.g. a proxy in front of the server).
 	ServerAddr string
 	// WrapConn wraps the client's UDP sockets (e.g. with forward error correction).
@@ -228,6 +231,9 @@ func StartClient(t testing.TB, srv *Server, o ClientOptions) *Client {
 	cl, err := client.New(cfg, cpc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
+	if o.Logger != nil {
+		ctx = klog.NewContext(ctx, *o.Logger)
+	}
 	c := &Client{Client: cl, Addr: o.Listeners[0].Addr().String(), Registry: reg, Metrics: m, stop: cancel, done: make(chan error, 1), pc: pc}
 	go func() { c.done <- cl.Run(ctx) }()
 	t.Cleanup(func() { c.Stop(t) })

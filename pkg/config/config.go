@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -315,4 +316,46 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// UnknownEnv returns, sorted, the variables of environ ("NAME=value" pairs,
+// as os.Environ gives) that start with envPrefix + "_" but name no flag of fs
+// that Load would read (skip and "help" excluded) and are not in extra. Each
+// entry is the variable name, and " (did you mean NAME?)" when a flag's
+// variable is within edit distance 2. Load ignores such variables; a caller
+// warns about them, as a misspelled variable otherwise changes nothing
+// silently. Values are never returned.
+func UnknownEnv(fs *pflag.FlagSet, envPrefix string, environ []string, extra []string, skip ...string) []string {
+	skipped := skipSet(skip)
+	known := make(map[string]bool)
+	for _, e := range extra {
+		known[e] = true
+	}
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !skipped[f.Name] {
+			known[EnvName(envPrefix, f.Name)] = true
+		}
+	})
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, envPrefix+"_") || known[name] {
+			continue
+		}
+		entry := name
+		if len(name) <= 100 {
+			best, bestD := "", 3
+			for k := range known {
+				if d := editDistance(name, k); d < bestD || (d == bestD && k < best) {
+					best, bestD = k, d
+				}
+			}
+			if best != "" {
+				entry += " (did you mean " + best + "?)"
+			}
+		}
+		out = append(out, entry)
+	}
+	sort.Strings(out)
+	return out
 }

@@ -325,3 +325,30 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+func TestUnknownEnv(t *testing.T) {
+	t.Parallel()
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	fs.String("server-endpoint", "", "")
+	fs.String("listen-on", "", "")
+	fs.String("config", "", "")
+	environ := []string{
+		"QUICTUN_SERVER_ENDPOINT=a:1", // a flag
+		"QUICTUN_SERVER_ENDPONT=b:2",  // typo
+		"QUICTUN_LISTENON=x",          // typo
+		"QUICTUN_CONFIG=/etc/c.yaml",  // extra
+		"QUICTUN_NOTHING_LIKE_IT=1",   // unknown, no suggestion
+		"QUICTUN_HELP=1",              // help is never read
+		"PATH=/bin", "QUICTUNNEL_X=1", // other prefixes
+	}
+	got := UnknownEnv(fs, "QUICTUN", environ, []string{"QUICTUN_CONFIG"}, "config")
+	assert.Equal(t, []string{
+		"QUICTUN_HELP",
+		"QUICTUN_LISTENON (did you mean QUICTUN_LISTEN_ON?)",
+		"QUICTUN_NOTHING_LIKE_IT",
+		"QUICTUN_SERVER_ENDPONT (did you mean QUICTUN_SERVER_ENDPOINT?)",
+	}, got)
+	for _, g := range got {
+		assert.NotContains(t, g, "b:2", "values are never returned")
+	}
+}

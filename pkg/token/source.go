@@ -53,7 +53,7 @@ const maxFileSize = 16 << 20
 func NewSource(plugin, source string, httpClient *http.Client) (Source, error) {
 	switch strings.ToLower(plugin) {
 	case strings.ToLower(PluginFixed):
-		if err := checkToken(source); err != nil {
+		if err := checkConfiguredToken(source); err != nil {
 			return nil, fmt.Errorf("%w: fixed token: %w", ErrBadSource, err)
 		}
 		return fixedSource(source), nil
@@ -74,6 +74,25 @@ func checkToken(tok string) error {
 		return fmt.Errorf("%w: %d bytes, max %d", ErrTokenTooLong, len(tok), MaxTokenLen)
 	}
 	return nil
+}
+
+// checkConfiguredToken is checkToken for a token from the client's
+// configuration (Fixed, File): it must also be one the server's Cleartext
+// parser can read, with or without its base64 key: an endpoint
+// (tcp:HOST:PORT, unix:/path) or the base64 of one. So a typo is an error
+// at start, not on every connection.
+func checkConfiguredToken(tok string) error {
+	if err := checkToken(tok); err != nil {
+		return err
+	}
+	_, err := cleartextParser{}.Parse(tok)
+	if err == nil {
+		return nil
+	}
+	if _, err64 := (cleartextParser{base64: true}).Parse(tok); err64 == nil {
+		return nil
+	}
+	return fmt.Errorf("%q is not tcp:HOST:PORT, unix:/path or the base64 of one: %w", tok, err)
 }
 
 // fixedSource returns the same token for every client.
@@ -128,7 +147,7 @@ func parseTokenFile(name string, r io.Reader) (*fileSource, error) {
 			errs = append(errs, fmt.Errorf("%s:%d: want \"IP-or-CIDR token\", got %d fields", name, line, len(fields)))
 			continue
 		}
-		if err := checkToken(fields[1]); err != nil {
+		if err := checkConfiguredToken(fields[1]); err != nil {
 			errs = append(errs, fmt.Errorf("%s:%d: %w", name, line, err))
 			continue
 		}

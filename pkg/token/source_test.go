@@ -35,7 +35,9 @@ func TestNewSourcePlugins(t *testing.T) {
 	}{
 		{"fixed", "Fixed", "tcp:127.0.0.1:22", nil},
 		{"fixed lower", "fixed", "tcp:127.0.0.1:22", nil},
-		{"fixed upper", "FIXED", "x", nil},
+		{"fixed upper", "FIXED", "unix:/run/x.sock", nil},
+		{"fixed base64", "Fixed", "dGNwOjEyNy4wLjAuMToyMg==", nil},
+		{"fixed not an endpoint", "Fixed", "tcp:bad", ErrBadSource},
 		{"fixed empty", "Fixed", "", ErrBadSource},
 		{"fixed too long", "Fixed", strings.Repeat("a", MaxTokenLen+1), ErrTokenTooLong},
 		{"file", "file", file, nil},
@@ -80,7 +82,7 @@ func TestFileSource(t *testing.T) {
 10.1.0.0/16     tcp:10.1.0.1:5432   # more specific
 10.1.2.3        tcp:10.1.2.3:22
 
-192.168.0.0/16  dHNwOjEyNy4wLjAuMToyMg==
+192.168.0.0/16  dGNwOjEyNy4wLjAuMToyMg==
 fd00::/8        tcp:[fd00::1]:22
 ::1             tcp:[::1]:22
 `
@@ -98,7 +100,7 @@ fd00::/8        tcp:[fd00::1]:22
 		{"exact", tcpAddr("10.1.2.3:40000"), "tcp:10.1.2.3:22", "tcp:10.1.2.3:22"},
 		{"16 beats 8", tcpAddr("10.1.9.9:1"), "tcp:10.1.0.1:5432", "tcp:10.1.0.1:5432"},
 		{"8", tcpAddr("10.2.0.1:1"), "tcp:10.0.0.1:5432", "tcp:10.0.0.1:5432"},
-		{"opaque token", tcpAddr("192.168.1.1:1"), "dHNwOjEyNy4wLjAuMToyMg==", "dHNwOjEyNy4wLjAuMToyMg=="},
+		{"base64 token", tcpAddr("192.168.1.1:1"), "dGNwOjEyNy4wLjAuMToyMg==", "dGNwOjEyNy4wLjAuMToyMg=="},
 		{"v6", tcpAddr("[fd00::5]:1"), "tcp:[fd00::1]:22", "tcp:[fd00::1]:22"},
 		{"v6 loopback", tcpAddr("[::1]:1"), "tcp:[::1]:22", "tcp:[::1]:22"},
 		{"mapped v4", tcpAddr("[::ffff:10.1.2.3]:1"), "tcp:10.1.2.3:22", "tcp:10.1.2.3:22"},
@@ -131,14 +133,15 @@ func TestFileSourceErrors(t *testing.T) {
 	}{
 		{"one field", "# c\n10.0.0.1\n", ":2: want"},
 		{"three fields", "10.0.0.1 a b\n", ":1: want"},
-		{"bad ip", "\n\n10.0.0.300 tok\n", ":3: "},
-		{"bad cidr", "10.0.0.0/40 tok\n", ":1: "},
-		{"zone", "fe80::1%eth0 tok\n", "zoned"},
-		{"duplicate", "10.0.0.0/8 a\n10.0.0.0/8 b\n", ":2: duplicate entry for 10.0.0.0/8 (first on line 1)"},
-		{"duplicate unmasked", "10.0.0.0/8 a\n10.1.0.0/8 b\n", ":2: duplicate"},
-		{"duplicate default", "* a\n* b\n", ":2: duplicate default"},
+		{"bad ip", "\n\n10.0.0.300 tcp:h:1\n", ":3: "},
+		{"bad cidr", "10.0.0.0/40 tcp:h:1\n", ":1: "},
+		{"zone", "fe80::1%eth0 tcp:h:1\n", "zoned"},
+		{"duplicate", "10.0.0.0/8 tcp:a:1\n10.0.0.0/8 tcp:b:1\n", ":2: duplicate entry for 10.0.0.0/8 (first on line 1)"},
+		{"duplicate unmasked", "10.0.0.0/8 tcp:a:1\n10.1.0.0/8 tcp:b:1\n", ":2: duplicate"},
+		{"duplicate default", "* tcp:a:1\n* tcp:b:1\n", ":2: duplicate default"},
 		{"token too long", "10.0.0.1 " + strings.Repeat("x", MaxTokenLen+1) + "\n", ":1: token too long"},
 		{"empty", "# nothing\n\n", "no entries"},
+		{"not an endpoint", "10.0.0.1 tcp:bad\n", ":1: \"tcp:bad\" is not tcp:HOST:PORT"},
 		{"line too long", strings.Repeat("x", 4096) + " y\n", "too long"},
 	}
 	for _, tc := range tests {
@@ -157,13 +160,13 @@ func TestFileSourceErrors(t *testing.T) {
 
 func TestFileSourceReadOnce(t *testing.T) {
 	t.Parallel()
-	p := writeFile(t, "10.0.0.1 first\n")
+	p := writeFile(t, "10.0.0.1 tcp:first:1\n")
 	s, err := NewSource("File", p, nil)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(p, []byte("10.0.0.1 second\n"), 0o600))
+	require.NoError(t, os.WriteFile(p, []byte("10.0.0.1 tcp:second:1\n"), 0o600))
 	tok, err := s.Token(context.Background(), tcpAddr("10.0.0.1:1"))
 	require.NoError(t, err)
-	assert.Equal(t, "first", tok)
+	assert.Equal(t, "tcp:first:1", tok)
 }
 
 func TestHTTPSource(t *testing.T) {

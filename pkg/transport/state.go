@@ -51,11 +51,41 @@ type State struct {
 // Fingerprint returns the SHA-256 fingerprint of the leaf certificate.
 func (s *State) Fingerprint() string { return Fingerprint(s.Cert.Certificate[0]) }
 
+// privateStateFiles are the files of a state directory that hold secrets.
+var privateStateFiles = []string{KeyFileName, ResetKeyFileName, TicketKeyFileName, TokenKeyFileName}
+
+// CheckState refuses, with CheckPrivate, an existing state directory or key
+// file of it (and keyFile, the --key-file, when set) that group or others
+// may access. It creates nothing; missing files are not an error. Every
+// problem is returned.
+func CheckState(dir, keyFile string) error {
+	var errs []error
+	if keyFile != "" {
+		errs = append(errs, CheckPrivate("--key-file", keyFile))
+	}
+	if dir != "" {
+		errs = append(errs, CheckPrivate("--state-dir", dir))
+		for _, f := range privateStateFiles {
+			errs = append(errs, CheckPrivate("--state-dir key file", filepath.Join(dir, f)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // LoadOrCreateState reads the server state from dir, creating whatever is missing:
 // a self-signed ECDSA P-256 certificate and random keys. Files are written with
 // mode 0600 in a directory of mode 0700. When certFile is non-empty that
-// certificate and keyFile are used instead of the generated one.
+// certificate and keyFile are used instead of the generated one. An existing
+// directory or key file that group or others may access is refused
+// (CheckState).
 func LoadOrCreateState(dir, certFile, keyFile string) (*State, error) {
+	kf := ""
+	if certFile != "" {
+		kf = keyFile
+	}
+	if err := CheckState(dir, kf); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}

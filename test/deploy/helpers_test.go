@@ -48,10 +48,11 @@ func lookTool(t *testing.T, name string) string {
 	return p
 }
 
-// checkConfig runs a daemon's command in-process with args plus --check-config and
-// returns its error and output. --check-config loads the YAML strictly (unknown keys
-// are errors), applies QUICTUN_* variables and validates every flag; it does not read
-// the files the config names.
+// checkConfig runs a daemon's command in-process with args plus
+// --check-config=flags and returns its error and output. It loads the YAML
+// strictly (unknown keys are errors), applies QUICTUN_* variables and validates
+// every flag; it does not read the files the config names, which belong to the
+// host the config is for (plain --check-config reads them).
 func checkConfig(t *testing.T, daemon string, args ...string) (string, error) {
 	t.Helper()
 	var cmd *cobra.Command
@@ -66,7 +67,7 @@ func checkConfig(t *testing.T, daemon string, args ...string) (string, error) {
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
-	cmd.SetArgs(append(args, "--check-config"))
+	cmd.SetArgs(append(args, "--check-config=flags"))
 	err := cmd.Execute()
 	return out.String(), err
 }
@@ -176,3 +177,7 @@ func promMetricNames(expr string) []string {
 	sort.Strings(out)
 	return out
 }
+
+// pastedFingerprint stands for the fingerprint an operator pastes over the
+// example client config's all-zero placeholder, which the client refuses.
+const pastedFingerprint = "sha256:680a65adfc1de69fc250f772ec7ced1db266e84482e689a1a784fd7e41131e7a"

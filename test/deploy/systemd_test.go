@@ -103,6 +103,9 @@ func TestSystemdUnitsStatic(t *testing.T) {
 			for _, a := range exec[3:] {
 				args = append(args, strings.ReplaceAll(a, "%d", t.TempDir())) // %d: credentials directory
 			}
+			if tc.daemon == "quictun-client" {
+				args = append(args, "--server-fingerprint", pastedFingerprint)
+			}
 			out, err := checkConfig(t, tc.daemon, args...)
 			require.NoError(t, err, "ExecStart with deploy/config/%s: %s", tc.config, out)
 
@@ -176,7 +179,11 @@ func TestExampleConfigs(t *testing.T) {
 	out, err := checkConfig(t, "quictun-server", "--config", deployPath(t, "config", "server.yaml"))
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "config OK")
-	out, err = checkConfig(t, "quictun-client", "--config", deployPath(t, "config", "client.yaml"))
+	// The client example carries an all-zero placeholder fingerprint, refused
+	// until the operator pastes the server's.
+	_, err = checkConfig(t, "quictun-client", "--config", deployPath(t, "config", "client.yaml"))
+	require.ErrorContains(t, err, "--server-fingerprint is the all-zero placeholder")
+	out, err = checkConfig(t, "quictun-client", "--config", deployPath(t, "config", "client.yaml"), "--server-fingerprint", pastedFingerprint)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "config OK")
 

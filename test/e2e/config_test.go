@@ -126,10 +126,11 @@ func TestCheckConfig(t *testing.T) {
 			}
 		})
 	}
-	// --check-config validates flags; it does not read the secret, which is
-	// only read at start: a too-short secret passes the check but stops the daemon.
+	// --check-config reads the secret as the daemon does at start: a too-short
+	// secret fails both.
 	r := run(t, nil, bins.server, "--secret-file", short, "--state-dir", state, "--check-config")
-	t.Logf("--check-config with a 8-byte secret file: exit %d", r.code)
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stderr, "secret must be at least 16 bytes")
 	r = run(t, nil, bins.server, "--secret-file", short, "--state-dir", state, "--listen-on", "127.0.0.1:0", "--httpd-listen-on", "")
 	assert.Equal(t, 1, r.code)
 	assert.Contains(t, r.stderr, "secret must be at least 16 bytes")
@@ -200,7 +201,9 @@ func TestFingerprint(t *testing.T) {
 }
 
 // TestCheckConfigCatchesStartupErrors: --check-config fails for a config the
-// daemon cannot start with: a missing or too short secret file, a missing CA.
+// daemon cannot start with: a missing or too short secret file, a missing CA,
+// the example's placeholder fingerprint, a token that is no endpoint, a
+// listener beyond loopback without --listen-non-loopback.
 func TestCheckConfigCatchesStartupErrors(t *testing.T) {
 	checkLeaks(t)
 	short := writeFile(t, "short-secret", "tooshort\n")
@@ -209,10 +212,22 @@ func TestCheckConfigCatchesStartupErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{bins.server, "--state-dir", state, "--secret-file", short},
 		{bins.server, "--state-dir", state, "--client-ca-file", badCA},
+		{bins.server, "--state-dir", state, "--secret-file", filepath.Join(t.TempDir(), "missing-secret")},
+		{bins.client, "--server-endpoint", "127.0.0.1:7500", "--token-source", "tcp:127.0.0.1:22",
+			"--server-fingerprint", "sha256:" + strings.Repeat("0", 64), "--secret-file", newSecretFile(t)},
+		{bins.client, "--server-endpoint", "127.0.0.1:7500", "--token-source", "tcp:bad",
+			"--server-fingerprint", "sha256:" + strings.Repeat("1", 64), "--secret-file", newSecretFile(t)},
+		{bins.client, "--server-endpoint", "127.0.0.1:7500", "--token-source", "tcp:127.0.0.1:22", "--listen-on", "tcp:0.0.0.0:6500",
+			"--server-fingerprint", "sha256:" + strings.Repeat("1", 64), "--secret-file", newSecretFile(t)},
 		{bins.client, "--server-endpoint", "127.0.0.1:7500", "--token-source", "tcp:127.0.0.1:22",
 			"--server-fingerprint", "sha256:" + strings.Repeat("0", 64), "--secret-file", short},
 	} {
 		r := run(t, nil, args[0], append(args[1:], "--check-config")...)
 		assert.NotEqual(t, 0, r.code, "%v --check-config: %s", args[1:], r.stdout)
 	}
+	// The control: the same client config with real values passes.
+	r := run(t, nil, bins.client, "--server-endpoint", "127.0.0.1:7500", "--token-source", "tcp:127.0.0.1:22",
+		"--server-fingerprint", "sha256:"+strings.Repeat("1", 64), "--secret-file", newSecretFile(t), "--check-config")
+	assert.Equal(t, 0, r.code, r.stderr)
+	assert.Equal(t, "config OK\n", r.stdout)
 }

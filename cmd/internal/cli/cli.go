@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/admin"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/version"
 )
 
@@ -108,8 +109,12 @@ func ListenAdmin(address, token string) (net.Listener, error) {
 }
 
 // ReadSecretFile reads a secret (or token) file: whitespace is trimmed and an
-// empty or too short secret is an error.
+// empty or too short secret is an error, and so is a file of ours that group
+// or others may read (transport.CheckPrivate; the error names the chmod).
 func ReadSecretFile(flag, path string, minLen int) ([]byte, error) {
+	if err := transport.CheckPrivate("--"+flag, path); err != nil {
+		return nil, err
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--%s: %w", flag, err)

@@ -176,6 +176,17 @@ func TestRootCommand(t *testing.T) {
 		d = &fakeDaemon{validErr: errors.New("nope")}
 		_, err = execute(t, d, "--check-config")
 		require.ErrorIs(t, err, cli.ErrUsage)
+
+		d = &fakeDaemon{}
+		out, err = execute(t, d, "--check-config=flags")
+		require.NoError(t, err)
+		assert.Equal(t, "config OK (flags only; files not read)\n", out)
+		assert.False(t, d.ran)
+
+		_, err = execute(t, d, "--check-config=everything")
+		require.ErrorIs(t, err, cli.ErrUsage)
+		assert.Contains(t, err.Error(), "want all (the default) or flags")
+		assert.False(t, d.ran)
 	})
 	t.Run("write-config skips validation and writes flags only", func(t *testing.T) {
 		d := &fakeDaemon{validErr: errors.New("nope")}

@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strings"
 
@@ -28,14 +30,27 @@ var configFlagNames = []string{"config", "write-config", "check-config"}
 type ConfigFlags struct {
 	ConfigFile  string
 	WriteConfig bool
-	CheckConfig bool
+	// CheckConfig is "" (run), CheckAll or CheckFlags.
+	CheckConfig string
 }
+
+// Values of --check-config.
+const (
+	// CheckAll validates the flags and reads the files the daemon reads at
+	// start (secrets, keys, certificates, token file): the check for a config
+	// on the host it is for. Plain --check-config means this.
+	CheckAll = "all"
+	// CheckFlags validates the flags only, for a config meant for another
+	// host (the deploy/ tests check the shipped configs this way).
+	CheckFlags = "flags"
+)
 
 // AddFlags binds the config flags to fs.
 func (c *ConfigFlags) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "YAML config file; keys are the long flag names (e.g. listen-on: ...). Precedence: defaults < file < QUICTUN_* env < command line")
 	fs.BoolVar(&c.WriteConfig, "write-config", c.WriteConfig, "print the effective config as YAML and exit")
-	fs.BoolVar(&c.CheckConfig, "check-config", c.CheckConfig, "validate the config and exit (non-zero on error)")
+	fs.StringVar(&c.CheckConfig, "check-config", c.CheckConfig, "validate the config and exit (non-zero on error): --check-config (=all) also reads the secret, key, certificate and token files as at start, so run it on the host the config is for; --check-config=flags checks only the flags, for a config meant for another host")
+	fs.Lookup("check-config").NoOptDefVal = CheckAll
 }
 
 // Daemon is what a daemon's Options provide to the shared command.
@@ -56,30 +71,40 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fs := cmd.Flags()
+			flags := cmd.Flags()
 			cf := d.Config()
-			if err := LoadConfig(fs, cf.ConfigFile); err != nil {
+			if err := LoadConfig(flags, cf.ConfigFile); err != nil {
 				return err
 			}
 			if cf.WriteConfig {
-				return config.WriteYAML(cmd.OutOrStdout(), fs, configFlagNames...)
+				return config.WriteYAML(cmd.OutOrStdout(), flags, configFlagNames...)
 			}
 			if err := d.Validate(); err != nil {
 				return fmt.Errorf("%w:\n%w", ErrUsage, err)
 			}
-			if cf.CheckConfig {
+			switch strings.ToLower(cf.CheckConfig) {
+			case "", "false":
+			case CheckFlags:
+				_, _ = fmt.Fprintln(cmd.OutOrStdout(), "config OK (flags only; files not read)")
+				return nil
+			case CheckAll, "true":
 				// Also read the files the daemon would read at start.
 				if fc, ok := d.(interface{ CheckFiles() error }); ok {
 					if err := fc.CheckFiles(); err != nil {
+						if errors.Is(err, fs.ErrNotExist) {
+							err = errors.Join(err, errors.New("(checking a config for another host? --check-config=flags checks only the flags)"))
+						}
 						return fmt.Errorf("%w:\n%w", ErrUsage, err)
 					}
 				}
 				_, _ = fmt.Fprintln(cmd.OutOrStdout(), "config OK")
 				return nil
+			default:
+				return fmt.Errorf("%w: --check-config=%s: want all (the default) or flags", ErrUsage, cf.CheckConfig)
 			}
 			if klog.V(1).Enabled() {
 				var b strings.Builder
-				if err := config.WriteYAMLRedacted(&b, fs, redactedFlags, configFlagNames...); err == nil {
+				if err := config.WriteYAMLRedacted(&b, flags, redactedFlags, configFlagNames...); err == nil {
 					klog.V(1).InfoS("Effective configuration", "config", b.String())
 				}
 			}
@@ -101,18 +126,24 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 
 // LoadConfig applies the config file and QUICTUN_* environment to the flags
 // of fs that were not set on the command line (for subcommands that share the
-// daemon's flags).
+// daemon's flags). A QUICTUN_* variable that names no flag is logged at -v 0.
 //
 // When no --config was given, QUICTUN_CONFIG names the file.
 func LoadConfig(fs *pflag.FlagSet, file string) error {
 	if f := fs.Lookup("config"); file == "" && (f == nil || !f.Changed) {
 		file = os.Getenv(EnvPrefix + "_CONFIG")
 	}
+	for _, v := range config.UnknownEnv(fs, EnvPrefix, os.Environ(), knownEnv, configFlagNames...) {
+		klog.InfoS("Ignored an environment variable that names no flag; fix its spelling: "+EnvPrefix+"_ and the long flag name in upper case with '-' as '_'", "variable", v)
+	}
 	if err := config.Load(fs, file, EnvPrefix, os.LookupEnv, configFlagNames...); err != nil {
 		return fmt.Errorf("%w:\n%w", ErrUsage, err)
 	}
 	return nil
 }
+
+// knownEnv are the QUICTUN_* variables read other than as flags.
+var knownEnv = []string{EnvPrefix + "_CONFIG"}
 
 // Main runs cmd with args under SignalContext and returns the exit code.
 func Main(cmd *cobra.Command, args []string) int {

@@ -2,9 +2,7 @@ package cli
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"os"
 
 	"github.com/quictun/quictun/pkg/transport"
 )
@@ -16,41 +14,48 @@ type StartFiles struct {
 	CAFlag, CAFile string // --ca-file or --client-ca-file
 	CertFile       string // --cert-file
 	KeyFile        string // --key-file
+	StateDir       string // --state-dir (server): checked, not created
+	SessionFile    string // --session-file (client): may be missing
 }
 
 // CheckStartFiles reads the files the daemon reads at start, for
-// --check-config, and returns every problem. A file that does not exist here
-// is skipped: configs are often checked on another host than they are for.
+// --check-config, and returns every problem: a file that is missing or
+// unreadable here, a short secret, a bad certificate, and a secret, key,
+// session file or state dir of ours that group or others may access
+// (transport.CheckPrivate). Run it on the host the config is for.
 func CheckStartFiles(f StartFiles) []error {
 	var errs []error
-	if Present(f.SecretFile) {
+	if f.SecretFile != "" {
 		if _, err := ReadSecretFile("secret-file", f.SecretFile, 16); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if Present(f.HTTPDTokenFile) {
+	if f.HTTPDTokenFile != "" {
 		if _, err := ReadSecretFile("httpd-token-file", f.HTTPDTokenFile, 16); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if Present(f.CAFile) {
+	if f.CAFile != "" {
 		if _, err := transport.LoadCertPool(f.CAFile); err != nil {
 			errs = append(errs, fmt.Errorf("--%s: %w", f.CAFlag, err))
 		}
 	}
-	if Present(f.CertFile) {
+	if f.CertFile != "" {
 		if _, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile); err != nil {
 			errs = append(errs, fmt.Errorf("--cert-file/--key-file: %w", err))
 		}
 	}
-	return errs
-}
-
-// Present reports whether path is set and exists (or cannot be checked).
-func Present(path string) bool {
-	if path == "" {
-		return false
+	keyFile := ""
+	if f.CertFile != "" {
+		keyFile = f.KeyFile
 	}
-	_, err := os.Stat(path)
-	return !errors.Is(err, os.ErrNotExist)
+	if err := transport.CheckState(f.StateDir, keyFile); err != nil {
+		errs = append(errs, err)
+	}
+	if f.SessionFile != "" {
+		if err := transport.CheckPrivate("--session-file", f.SessionFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }

@@ -54,6 +54,9 @@ func (o *Options) Run(ctx context.Context) error {
 		SessionCache:       transport.NewStickySessionCache(16),
 	}
 	if o.SessionFile != "" {
+		if err := transport.CheckPrivate("--session-file", o.SessionFile); err != nil {
+			return err
+		}
 		topts.SessionCache = transport.NewFileSessionCache(o.SessionFile, 16, func(err error) {
 			logger.Error(err, "Session tickets", "file", o.SessionFile)
 		})
@@ -77,6 +80,9 @@ func (o *Options) Run(ctx context.Context) error {
 		topts.RootCAs = pool
 	}
 	if o.CertFile != "" {
+		if err := transport.CheckPrivate("--key-file", o.KeyFile); err != nil {
+			return err
+		}
 		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
 		if err != nil {
 			return fmt.Errorf("client certificate: %w", err)

@@ -48,6 +48,18 @@ func TestValidate(t *testing.T) {
 		{"heartbeats off, rescue anything", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = 0, 0 }, nil},
 		{"rescue exactly twice heartbeat", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 2*time.Second }, nil},
 		{"keepalive off", func(o *Options) { o.KeepAlivePeriod = 0 }, nil},
+		{"localhost and ::1 listeners", func(o *Options) { o.ListenOn = []string{"tcp:localhost:1", "tcp:[::1]:2"} }, nil},
+		{"non-loopback with opt-in", func(o *Options) { o.ListenOn, o.ListenNonLoopback = []string{"tcp:0.0.0.0:6500"}, true }, nil},
+		{"base64 fixed token", func(o *Options) { o.TokenSource = "dGNwOjEyNy4wLjAuMToyMg==" }, nil},
+		{"file token source not read here", func(o *Options) { o.TokenSourcePlugin, o.TokenSource = "File", "/no/such/file" }, nil},
+
+		{"all addresses without opt-in", func(o *Options) { o.ListenOn = []string{"tcp:127.0.0.1:1", "tcp:0.0.0.0:6500"} },
+			[]string{"--listen-on tcp:0.0.0.0:6500 is not loopback", "add --listen-non-loopback"}},
+		{"IPv6 any without opt-in", func(o *Options) { o.ListenOn = []string{"tcp:[::]:6500"} }, []string{"add --listen-non-loopback"}},
+		{"LAN address without opt-in", func(o *Options) { o.ListenOn = []string{"tcp:192.168.1.5:6500"} }, []string{"add --listen-non-loopback"}},
+		{"placeholder fingerprint", func(o *Options) { o.ServerFingerprint = "sha256:" + strings.Repeat("0", 64) },
+			[]string{"all-zero placeholder", "quictun-server fingerprint"}},
+		{"fixed token not an endpoint", func(o *Options) { o.TokenSource = "tcp:bad" }, []string{`--token-source: bad token source: fixed token: "tcp:bad" is not tcp:HOST:PORT`}},
 
 		{"no listener", func(o *Options) { o.ListenOn = nil }, []string{"--listen-on needs at least one listener"}},
 		{"bad listener", func(o *Options) { o.ListenOn = []string{"tcp:127.0.0.1:1", "udp:1.2.3.4:5"} }, []string{`--listen-on "udp:1.2.3.4:5"`}},
@@ -167,10 +179,12 @@ var requiredArgs = []string{
 
 func TestCommandWriteAndCheckConfigRoundTrip(t *testing.T) {
 	clearEnv(t)
+	secret := writeFile(t, "secret", "0123456789abcdef0123\n")
 	args := append([]string{
 		"--listen-on", "tcp:127.0.0.1:2222,unix:/tmp/quictun-test.sock", "--heartbeat-interval", "250ms",
 		"--rescue-after", "2s", "--max-connections", "12",
 	}, requiredArgs...)
+	args = append(args, "--secret-file", secret) // --check-config reads it
 	first, err := execute(t, append(args, "--write-config")...)
 	require.NoError(t, err)
 	m := map[string]any{}
@@ -321,4 +335,30 @@ func TestCheckUsesConfiguredServerEndpoint(t *testing.T) {
 	file := writeFile(t, "client.yaml", "server-endpoint: 127.0.0.1:7500\n")
 	out, _ = execute(t, "check", "--config", file)
 	assert.Contains(t, out, "path-mtu")
+}
+
+// TestUnknownEnvironmentVariableWarned: a misspelled QUICTUN_* variable is
+// logged at the default verbosity with the likely intended name.
+func TestUnknownEnvironmentVariableWarned(t *testing.T) {
+	// Not parallel: klog's output and the environment are global.
+	clearEnv(t)
+	buf := &lockedBuffer{}
+	klog.LogToStderr(false)
+	klog.SetOutput(buf)
+	t.Cleanup(func() {
+		klog.Flush()
+		klog.SetOutput(os.Stderr)
+		klog.LogToStderr(true)
+	})
+	t.Setenv("QUICTUN_SERVER_ENDPONT", "typo.example:7500")
+	t.Setenv("QUICTUN_TOKEN_SOURCE", "tcp:127.0.0.1:22")
+	_, err := execute(t, "--check-config", "--server-endpoint", "127.0.0.1:7500", "--server-fingerprint", testFingerprint,
+		"--insecure-no-auth")
+	require.NoError(t, err)
+	klog.Flush()
+	out := buf.String()
+	assert.Contains(t, out, "Ignored an environment variable that names no flag")
+	assert.Contains(t, out, "QUICTUN_SERVER_ENDPONT (did you mean QUICTUN_SERVER_ENDPOINT?)")
+	assert.NotContains(t, out, "typo.example", "values are not logged")
+	assert.NotContains(t, out, "QUICTUN_TOKEN_SOURCE", "known variables are not warned about")
 }

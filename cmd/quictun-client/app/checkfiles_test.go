@@ -1,6 +1,7 @@
 package app
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -25,16 +26,28 @@ func TestCheckFiles(t *testing.T) {
 		require.NoError(t, err)
 	}
 	missing := filepath.Join(t.TempDir(), "not-on-this-host")
+	loose := writeFile(t, "loose-secret", "0123456789abcdef0123\n")
+	require.NoError(t, os.Chmod(loose, 0o644))
+	keyPEM, err := os.ReadFile(filepath.Join(a, transport.KeyFileName))
+	require.NoError(t, err)
+	looseKey := writeFile(t, "loose-key.pem", string(keyPEM))
+	require.NoError(t, os.Chmod(looseKey, 0o640))
 	for _, tc := range []struct {
 		name    string
 		mutate  func(*Options)
 		wantErr []string
 	}{
 		{"good secret", func(o *Options) { o.SecretFile = good }, nil},
-		{"files of another host are skipped", func(o *Options) {
+		{"missing files are errors", func(o *Options) {
 			o.SecretFile, o.HTTPDTokenFile, o.CAFile, o.CertFile, o.KeyFile = missing, missing, missing, missing, missing
 			o.TokenSourcePlugin, o.TokenSource = token.PluginFile, missing
-		}, nil},
+		}, []string{"--secret-file: open " + missing, "--httpd-token-file: open " + missing, "--ca-file", "--cert-file/--key-file", "--token-source"}},
+		{"missing session file is fine", func(o *Options) { o.SessionFile = missing }, nil},
+		{"secret readable by others", func(o *Options) { o.SecretFile = loose }, []string{"--secret-file " + loose + " is accessible by group or others (mode 0644): run: chmod 600 " + loose}},
+		{"session file readable by group", func(o *Options) { o.SessionFile = loose }, []string{"--session-file", "chmod 600 " + loose}},
+		{"key file readable by others", func(o *Options) {
+			o.CertFile, o.KeyFile = filepath.Join(a, transport.CertFileName), looseKey
+		}, []string{"--key-file " + looseKey, "chmod 600 " + looseKey}},
 		{"good CA, key pair and token file", func(o *Options) {
 			o.CAFile = filepath.Join(a, transport.CertFileName)
 			o.CertFile, o.KeyFile = filepath.Join(a, transport.CertFileName), filepath.Join(a, transport.KeyFileName)
@@ -76,8 +89,23 @@ func TestCheckConfigReadsFiles(t *testing.T) {
 	require.ErrorIs(t, err, cli.ErrUsage)
 	assert.Contains(t, err.Error(), "at least 16 bytes")
 
+	missing := filepath.Join(t.TempDir(), "secret")
+	_, err = execute(t, append(args, "--secret-file", missing)...)
+	require.ErrorIs(t, err, cli.ErrUsage)
+	assert.Contains(t, err.Error(), "--secret-file: open "+missing+": no such file or directory")
+	assert.Contains(t, err.Error(), "--check-config=flags checks only the flags")
+	out, err := execute(t, append(args, "--secret-file", missing, "--check-config=flags")...)
+	require.NoError(t, err, "a config for another host: flags only")
+	assert.Equal(t, "config OK (flags only; files not read)\n", out)
+
 	good := writeFile(t, "good", "0123456789abcdef")
-	out, err := execute(t, append(args, "--secret-file", good)...)
+	require.NoError(t, os.Chmod(good, 0o640))
+	_, err = execute(t, append(args, "--secret-file", good)...)
+	require.ErrorIs(t, err, cli.ErrUsage)
+	assert.Contains(t, err.Error(), "run: chmod 600 "+good)
+
+	require.NoError(t, os.Chmod(good, 0o600))
+	out, err = execute(t, append(args, "--secret-file", good)...)
 	require.NoError(t, err)
 	assert.Equal(t, "config OK\n", out)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/quictun/quictun/cmd/internal/cli"
+	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/token"
@@ -22,6 +23,7 @@ type Options struct {
 	cli.CongestionFlags
 
 	ListenOn          []string
+	ListenNonLoopback bool
 	ServerEndpoint    string
 	TokenSourcePlugin string
 	TokenSource       string
@@ -78,7 +80,7 @@ func NewOptions() *Options {
 }
 
 var flagGroups = []cli.FlagGroup{
-	{Title: "Tunnel", Names: []string{"listen-on", "server-endpoint", "token-source-plugin", "token-source"}},
+	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "reconnect-max-delay"}},
@@ -95,6 +97,7 @@ func (o *Options) Config() *cli.ConfigFlags { return &o.ConfigFlags }
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.CongestionFlags.AddFlags(fs)
 	fs.StringSliceVar(&o.ListenOn, "listen-on", o.ListenOn, "local listeners for applications, e.g. tcp:127.0.0.1:6500,unix:/run/quictun/app.sock")
+	fs.BoolVar(&o.ListenNonLoopback, "listen-non-loopback", o.ListenNonLoopback, "allow --listen-on TCP addresses beyond loopback: anyone who can reach them uses this client's credentials and reaches what the server allows")
 	fs.StringVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500")
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
 	fs.StringVar(&o.TokenSource, "token-source", o.TokenSource, "the token source, e.g. tcp:127.0.0.1:22 for Fixed; tokens name tcp:HOST:PORT or unix:/path on the server side")
@@ -136,8 +139,14 @@ func (o *Options) Validate() error {
 		add("--listen-on needs at least one listener")
 	}
 	for _, l := range o.ListenOn {
-		if _, err := endpoint.Parse(l); err != nil {
+		ep, err := endpoint.Parse(l)
+		if err != nil {
 			add("--listen-on %q: %w", l, err)
+			continue
+		}
+		// The same test as a non-loopback admin listener (cli.ValidateAdmin).
+		if ep.Network == endpoint.NetworkTCP && !admin.IsLoopback(ep.Address) && !o.ListenNonLoopback {
+			add("--listen-on %s is not loopback: anyone who can reach it uses this client's credentials; add --listen-non-loopback if that is intended, or listen on 127.0.0.1", l)
 		}
 	}
 	if o.ServerEndpoint == "" {
@@ -150,6 +159,10 @@ func (o *Options) Validate() error {
 	}
 	if o.TokenSource == "" {
 		add("--token-source is required (e.g. tcp:127.0.0.1:22)")
+	} else if strings.EqualFold(o.TokenSourcePlugin, token.PluginFixed) {
+		if _, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
+			add("--token-source: %w", err)
+		}
 	}
 	verifiers := 0
 	for _, set := range []bool{o.ServerFingerprint != "", o.CAFile != "", o.InsecureSkipVerify} {
@@ -164,8 +177,10 @@ func (o *Options) Validate() error {
 		add("choose one of --server-fingerprint, --ca-file, --insecure-skip-verify")
 	}
 	if o.ServerFingerprint != "" {
-		if _, err := transport.ParseFingerprint(o.ServerFingerprint); err != nil {
+		if fp, err := transport.ParseFingerprint(o.ServerFingerprint); err != nil {
 			add("--server-fingerprint: %w", err)
+		} else if fp == ([32]byte{}) {
+			add("--server-fingerprint is the all-zero placeholder: replace it with the output of 'quictun-server fingerprint' on the server host")
 		}
 	}
 	if (o.CertFile == "") != (o.KeyFile == "") {
@@ -213,8 +228,8 @@ func (o *Options) Validate() error {
 // see cli.CheckStartFiles.
 func (o *Options) CheckFiles() error {
 	errs := cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, HTTPDTokenFile: o.HTTPDTokenFile,
-		CAFlag: "ca-file", CAFile: o.CAFile, CertFile: o.CertFile, KeyFile: o.KeyFile})
-	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFile) && cli.Present(o.TokenSource) {
+		CAFlag: "ca-file", CAFile: o.CAFile, CertFile: o.CertFile, KeyFile: o.KeyFile, SessionFile: o.SessionFile})
+	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFile) {
 		if _, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
 			errs = append(errs, fmt.Errorf("--token-source: %w", err))
 		}

@@ -167,8 +167,9 @@ func effective(t *testing.T, args ...string) map[string]any {
 
 func TestCommandWriteAndCheckConfigRoundTrip(t *testing.T) {
 	clearEnv(t)
+	secret := writeFile(t, "secret", "0123456789abcdef0123\n")
 	args := []string{
-		"--listen-on", "127.0.0.1:7601", "--secret-file", "/etc/quictun/secret",
+		"--listen-on", "127.0.0.1:7601", "--secret-file", secret,
 		"--allow", "ssh=tcp:127.0.0.1:22,tcp:10.0.0.0/8:5432", "--idle-timeout", "45s",
 		"--max-concurrent-dials", "9", "--disable-0rtt",
 	}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,15 +24,30 @@ func TestCheckFiles(t *testing.T) {
 		require.NoError(t, err)
 	}
 	missing := filepath.Join(t.TempDir(), "not-on-this-host")
+	looseDir, looseKeyDir := filepath.Join(t.TempDir(), "loose"), filepath.Join(t.TempDir(), "loose-key")
+	for _, d := range []string{looseDir, looseKeyDir} {
+		_, err := transport.LoadOrCreateState(d, "", "")
+		require.NoError(t, err)
+	}
+	require.NoError(t, os.Chmod(looseDir, 0o770))
+	require.NoError(t, os.Chmod(filepath.Join(looseKeyDir, transport.ResetKeyFileName), 0o640))
+	looseSecret := writeFile(t, "loose-secret", "0123456789abcdef0123\n")
+	require.NoError(t, os.Chmod(looseSecret, 0o604))
 	for _, tc := range []struct {
 		name    string
 		mutate  func(*Options)
 		wantErr []string
 	}{
 		{"good secret", func(o *Options) { o.SecretFile = good }, nil},
-		{"files of another host are skipped", func(o *Options) {
+		{"missing files are errors", func(o *Options) {
 			o.SecretFile, o.HTTPDTokenFile, o.ClientCAFile, o.CertFile, o.KeyFile = missing, missing, missing, missing, missing
-		}, nil},
+		}, []string{"--secret-file: open " + missing, "--httpd-token-file: open " + missing, "--client-ca-file", "--cert-file/--key-file"}},
+		{"missing state dir is created at start", func(o *Options) { o.StateDir = missing }, nil},
+		{"good state dir", func(o *Options) { o.StateDir = a }, nil},
+		{"state dir readable by others", func(o *Options) { o.StateDir = looseDir }, []string{"--state-dir " + looseDir + " is accessible by group or others (mode 0770): run: chmod 700 " + looseDir}},
+		{"state key readable by group", func(o *Options) { o.StateDir = looseKeyDir },
+			[]string{"--state-dir key file " + filepath.Join(looseKeyDir, transport.ResetKeyFileName), "chmod 600 " + filepath.Join(looseKeyDir, transport.ResetKeyFileName)}},
+		{"secret readable by others", func(o *Options) { o.SecretFile = looseSecret }, []string{"chmod 600 " + looseSecret}},
 		{"good CA and key pair", func(o *Options) {
 			o.ClientCAFile = filepath.Join(a, transport.CertFileName)
 			o.CertFile, o.KeyFile = filepath.Join(a, transport.CertFileName), filepath.Join(a, transport.KeyFileName)

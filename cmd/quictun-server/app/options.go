@@ -229,5 +229,5 @@ func (o *Options) Validate() error {
 // see cli.CheckStartFiles.
 func (o *Options) CheckFiles() error {
 	return errors.Join(cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, HTTPDTokenFile: o.HTTPDTokenFile,
-		CAFlag: "client-ca-file", CAFile: o.ClientCAFile, CertFile: o.CertFile, KeyFile: o.KeyFile})...)
+		CAFlag: "client-ca-file", CAFile: o.ClientCAFile, CertFile: o.CertFile, KeyFile: o.KeyFile, StateDir: o.StateDir})...)
 }

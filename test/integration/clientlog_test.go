@@ -1,0 +1,100 @@
+package integration
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/internal/testutil"
+)
+
+// logLines is a logger at -v 0 that keeps every line it is given.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) logger() *klog.Logger {
+	lg := funcr.New(func(prefix, args string) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.lines = append(l.lines, prefix+" "+args)
+	}, funcr.Options{Verbosity: 0})
+	return &lg
+}
+
+// count returns how many lines contain every one of subs.
+func (l *logLines) count(subs ...string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+next:
+	for _, line := range l.lines {
+		for _, s := range subs {
+			if !strings.Contains(line, s) {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// TestWrongFingerprintLoggedAtDefaultVerbosity: a client pinning another
+// certificate says so at -v 0, with the fix, once however often it retries,
+// and never logs that it connected.
+func TestWrongFingerprintLoggedAtDefaultVerbosity(t *testing.T) {
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	other := testutil.StartServer(t, testutil.ServerOptions{}) // a different identity
+	var logs logLines
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{
+		Token: "tcp:" + echo, Fingerprint: other.State.Fingerprint(), Logger: logs.logger(),
+		Mutate: func(c *client.Config) { c.SessionWait = 300 * time.Millisecond },
+	})
+	fix := "set --server-fingerprint to what 'quictun-server fingerprint' prints"
+	require.Eventually(t, func() bool { return logs.count("Could not connect to server", fix) == 1 },
+		10*time.Second, 10*time.Millisecond, "logs: %s", &logs)
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("error")) >= 3 },
+		10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 1, logs.count("Could not connect to server"), "the same failure is logged once at -v 0: %s", &logs)
+	assert.Zero(t, logs.count("Connected to server"))
+	assert.False(t, cl.Client.Ready())
+}
+
+// TestConnectedLoggedOnceAndRefusedCredentialsNotReady: the first connection is logged
+// at -v 0; a client whose secret the server refuses logs an error with the
+// fix and is not ready until the server accepts a header again.
+func TestConnectedLoggedOnceAndRefusedCredentialsNotReady(t *testing.T) {
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	var good logLines
+	testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Logger: good.logger(), WaitReady: true})
+	require.Eventually(t, func() bool { return good.count("Connected to server") == 1 }, 5*time.Second, 10*time.Millisecond)
+
+	var bad logLines
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: []byte("not-the-right-secret-at-all"),
+		Logger: bad.logger(), WaitReady: true})
+	assert.Equal(t, 1, bad.count("Connected to server"), "the TLS handshake succeeds: %s", &bad)
+	refusedRead(t, cl.Addr)
+	require.Eventually(t, func() bool {
+		return bad.count("Server rejected our credentials", "same secret as the server's --secret-file") >= 1
+	}, 5*time.Second, 10*time.Millisecond, "logs: %s", &bad)
+	// It reconnects (TLS works) but stays not ready: the server refuses its tunnels.
+	require.Eventually(t, func() bool { return bad.count("Connected to server") >= 2 }, 10*time.Second, 10*time.Millisecond, "logs: %s", &bad)
+	assert.False(t, cl.Client.Ready(), "/readyz must be false while the server refuses our credentials")
+}
