@@ -72,16 +72,6 @@ func (c Code) String() string {
 	return fmt.Sprintf("code_%d", uint8(c))
 }
 
-// Retryable reports whether an operation that failed with c may succeed if retried later.
-func (c Code) Retryable() bool {
-	switch c {
-	case CodeDialFailed, CodeShutdown, CodeTimeout, CodeOverloaded, CodeConnReset, CodeInternal:
-		return true
-	default:
-		return false
-	}
-}
-
 // StreamErrorCode converts c for CancelRead/CancelWrite.
 func (c Code) StreamErrorCode() quic.StreamErrorCode { return quic.StreamErrorCode(c) }
 
