@@ -89,7 +89,9 @@ func TestConnectedLoggedOnceAndRefusedCredentialsNotReady(t *testing.T) {
 	var bad logLines
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: []byte("not-the-right-secret-at-all"),
 		Logger: bad.logger(), WaitReady: true})
-	assert.Equal(t, 1, bad.count("Connected to server"), "the TLS handshake succeeds: %s", &bad)
+	// Ready turns true when the handshake completes, just before the line is logged.
+	require.Eventually(t, func() bool { return bad.count("Connected to server") == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the TLS handshake succeeds: %s", &bad)
 	refusedRead(t, cl.Addr)
 	require.Eventually(t, func() bool {
 		return bad.count("Server rejected our credentials", "same secret as the server's --secret-file") >= 1
