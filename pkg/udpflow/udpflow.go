@@ -1,0 +1,228 @@
+// Package udpflow carries UDP packets of one flow (one application socket
+// and one destination) between the tunnel's two ends.
+//
+// A flow is a QUIC stream plus QUIC datagrams (RFC 9221). The stream is
+// opened with a udp-kind header and stays open for the flow's life; closing
+// it ends the flow. Packets travel
+//
+//   - on the stream, framed as u16 length | packet, until the sender has
+//     seen the peer's OK reply (before that the peer has no flow to hand a
+//     datagram to, so the first packets are not lost and cost no extra round
+//     trip), and whenever a packet does not fit in one datagram: such packets
+//     are delivered reliably rather than dropped;
+//   - otherwise as datagrams: 'U' | varint flow ID | packet, where the flow ID
+//     is the QUIC stream ID, which both ends know without negotiating.
+//
+// Datagrams are unreliable by design, like the UDP they carry; the stream
+// path is not. A packet is never split: at most MaxPacket bytes.
+package udpflow
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/quicvarint"
+)
+
+// TypeUDP is the first byte of a datagram that carries a flow's packet
+// (pkg/liveness uses 'H', 'E' and 'T').
+const TypeUDP byte = 'U'
+
+// MaxPacket is the largest UDP payload carried (the u16 framing's limit; an
+// IPv4 UDP payload is at most 65,507 bytes).
+const MaxPacket = 1<<16 - 1
+
+var (
+	// ErrMalformed is wrapped by errors about a malformed datagram or frame.
+	ErrMalformed = errors.New("malformed UDP flow data")
+	// ErrTooLarge: a packet larger than MaxPacket.
+	ErrTooLarge = errors.New("UDP packet larger than 65535 bytes")
+)
+
+// AppendDatagram appends the datagram carrying packet p of flow to dst.
+func AppendDatagram(dst []byte, flow uint64, p []byte) []byte {
+	dst = quicvarint.Append(append(dst, TypeUDP), flow)
+	return append(dst, p...)
+}
+
+// DatagramOverhead is how many bytes AppendDatagram adds to a packet of flow.
+func DatagramOverhead(flow uint64) int { return 1 + quicvarint.Len(flow) }
+
+// ParseDatagram splits a datagram made by AppendDatagram. The packet aliases b.
+func ParseDatagram(b []byte) (flow uint64, p []byte, err error) {
+	if len(b) < 2 || b[0] != TypeUDP {
+		return 0, nil, fmt.Errorf("%w: not a UDP flow datagram", ErrMalformed)
+	}
+	flow, n, err := quicvarint.Parse(b[1:])
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: flow ID: %w", ErrMalformed, err)
+	}
+	return flow, b[1+n:], nil
+}
+
+// WriteFrame writes packet p on a flow's stream as u16 length | p, in one
+// Write so that concurrent writers (each holding the stream's lock) never
+// interleave.
+func WriteFrame(w io.Writer, p []byte) error {
+	if len(p) > MaxPacket {
+		return ErrTooLarge
+	}
+	buf := make([]byte, 2+len(p))
+	binary.BigEndian.PutUint16(buf, uint16(len(p)))
+	copy(buf[2:], p)
+	_, err := w.Write(buf)
+	return err
+}
+
+// ReadFrame reads one framed packet into buf (at least MaxPacket bytes) and
+// returns it. io.EOF means the stream ended cleanly between packets; an end
+// inside a packet is io.ErrUnexpectedEOF.
+func ReadFrame(r io.Reader, buf []byte) ([]byte, error) {
+	var l [2]byte
+	if _, err := io.ReadFull(r, l[:]); err != nil {
+		return nil, err
+	}
+	n := int(binary.BigEndian.Uint16(l[:]))
+	if n > len(buf) {
+		return nil, fmt.Errorf("%w: %d-byte packet, buffer %d", ErrMalformed, n, len(buf))
+	}
+	if _, err := io.ReadFull(r, buf[:n]); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+// DatagramConn is the part of *quic.Conn a Sender uses.
+type DatagramConn interface {
+	SendDatagram(b []byte) error
+}
+
+// Counters counts one side's packets; safe for concurrent use. Datagrams and
+// StreamPackets count what was sent each way.
+type Counters struct {
+	Datagrams     atomic.Uint64
+	StreamPackets atomic.Uint64
+	Bytes         atomic.Uint64
+}
+
+// Sender sends one flow's packets to the peer: on the stream until
+// Established, and for packets too large for a datagram; as datagrams
+// otherwise. Safe for concurrent use.
+type Sender struct {
+	flow   uint64
+	conn   DatagramConn
+	stream io.Writer
+	count  *Counters
+
+	established atomic.Bool
+	// maxDatagram is the largest packet known to fit a datagram (0: not yet
+	// known; learnt from quic-go's DatagramTooLargeError).
+	maxDatagram atomic.Int64
+
+	mu  sync.Mutex // serialises stream writes
+	buf []byte     // datagram scratch, under mu
+}
+
+// NewSender returns a Sender for flow (its QUIC stream ID) writing to stream
+// and conn. count may be nil.
+func NewSender(flow uint64, conn DatagramConn, stream io.Writer, count *Counters) *Sender {
+	if count == nil {
+		count = &Counters{}
+	}
+	return &Sender{flow: flow, conn: conn, stream: stream, count: count}
+}
+
+// Establish lets later packets go as datagrams: the peer has the flow.
+func (s *Sender) Establish() { s.established.Store(true) }
+
+// Send sends packet p. Errors are the stream's (the flow is over) or
+// ErrTooLarge; a datagram that quic-go refuses as too large goes on the
+// stream instead.
+func (s *Sender) Send(p []byte) error {
+	if len(p) > MaxPacket {
+		return ErrTooLarge
+	}
+	if s.established.Load() && s.conn != nil {
+		if m := s.maxDatagram.Load(); m == 0 || int64(len(p)) <= m {
+			s.mu.Lock()
+			s.buf = AppendDatagram(s.buf[:0], s.flow, p)
+			err := s.conn.SendDatagram(s.buf)
+			s.mu.Unlock()
+			if err == nil {
+				s.count.Datagrams.Add(1)
+				s.count.Bytes.Add(uint64(len(p)))
+				return nil
+			}
+			var tooLarge *quic.DatagramTooLargeError
+			if !errors.As(err, &tooLarge) {
+				// Datagrams not negotiated, or the connection is closing:
+				// the stream says which when it is written to.
+				s.established.Store(false)
+			} else if m := tooLarge.MaxDatagramPayloadSize - int64(DatagramOverhead(s.flow)); m > 0 {
+				s.maxDatagram.Store(m)
+			}
+		}
+	}
+	s.mu.Lock()
+	err := WriteFrame(s.stream, p)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	s.count.StreamPackets.Add(1)
+	s.count.Bytes.Add(uint64(len(p)))
+	return nil
+}
+
+// Idle tracks a flow's last activity for its idle timeout without a timer
+// per packet: Touch is an atomic store; Wait checks once per timeout.
+type Idle struct {
+	last atomic.Int64 // unix nanos
+	now  func() time.Time
+}
+
+// NewIdle returns an Idle touched now; now may be nil (time.Now).
+func NewIdle(now func() time.Time) *Idle {
+	if now == nil {
+		now = time.Now
+	}
+	i := &Idle{now: now}
+	i.Touch()
+	return i
+}
+
+// Touch records activity.
+func (i *Idle) Touch() { i.last.Store(i.now().UnixNano()) }
+
+// Remaining is how long until the flow has been idle for timeout (<= 0: it has).
+func (i *Idle) Remaining(timeout time.Duration) time.Duration {
+	return time.Duration(i.last.Load()) + timeout - time.Duration(i.now().UnixNano())
+}
+
+// Wait returns when the flow has been idle for timeout (true) or done is
+// closed (false).
+func (i *Idle) Wait(done <-chan struct{}, timeout time.Duration) bool {
+	t := time.NewTimer(max(i.Remaining(timeout), 0))
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return false
+		case <-t.C:
+			r := i.Remaining(timeout)
+			if r <= 0 {
+				return true
+			}
+			t.Reset(r)
+		}
+	}
+}
