@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -98,6 +99,16 @@ type Client struct {
 	// dial) with auth_failed, and cleared when it accepts a stream header:
 	// while set, Ready is false, as the server refuses every tunnel.
 	authRefused atomic.Bool
+
+	// secret is Config.Secret, replaced by SetSecret.
+	secret atomic.Pointer[[]byte]
+}
+
+// SetSecret replaces the shared secret for stream headers made from now on
+// (a reload); open tunnels are not affected.
+func (c *Client) SetSecret(secret []byte) {
+	secret = bytes.Clone(secret)
+	c.secret.Store(&secret)
 }
 
 // New checks cfg and returns a Client that dials from pc. The caller keeps
@@ -139,7 +150,9 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
-	return &Client{cfg: cfg, pc: pc, slots: make(chan struct{}, cfg.MaxConnections), changed: make(chan struct{})}, nil
+	c := &Client{cfg: cfg, pc: pc, slots: make(chan struct{}, cfg.MaxConnections), changed: make(chan struct{})}
+	c.SetSecret(cfg.Secret)
+	return c, nil
 }
 
 // Ready reports whether a QUIC connection to the server is up (for /readyz):
@@ -462,7 +475,7 @@ func (c *Client) header(token string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return hdr.Append(make([]byte, 0, proto.MaxHeaderLen), c.cfg.Secret)
+	return hdr.Append(make([]byte, 0, proto.MaxHeaderLen), *c.secret.Load())
 }
 
 // handle carries one local connection.

@@ -21,14 +21,14 @@ func TestCheckedDialer(t *testing.T) {
 	t.Parallel()
 	allow := endpoint.MustParseAllowList("db=tcp:localhost:1").WithSelf(nil, netip.MustParseAddrPort("127.0.0.1:9"))
 	var f fakeDialer
-	assert.Equal(t, Dialer(f), checkedDialer(f, allow), "other dialers are left alone")
+	assert.Equal(t, Dialer(f), checkedDialer(f, func() *endpoint.AllowList { return allow }), "other dialers are left alone")
 
 	var called []string
 	orig := &net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
 		called = append(called, address)
 		return nil
 	}}
-	d, ok := checkedDialer(orig, allow).(*net.Dialer)
+	d, ok := checkedDialer(orig, func() *endpoint.AllowList { return allow }).(*net.Dialer)
 	require.True(t, ok)
 	assert.NotSame(t, orig, d, "the caller's dialer is copied")
 	assert.Nil(t, orig.ControlContext)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -162,6 +163,13 @@ type Server struct {
 	// more state for an unverified peer).
 	raiseStreamsTo int64
 
+	// allow and secret are what SetAllowList and SetSecret change while the
+	// server runs (a reload); a stream uses the values it loaded at its header.
+	allow  atomic.Pointer[endpoint.AllowList]
+	secret atomic.Pointer[[]byte]
+	// self are the server's own listeners, refused by every allow-list.
+	self []netip.AddrPort
+
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
 	draining   atomic.Bool
@@ -227,11 +235,11 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 			self = append(self, ap)
 		}
 	}
-	cfg.Allow = cfg.Allow.WithSelf(nil, self...)
 	if cfg.Dialer == nil {
 		cfg.Dialer = &net.Dialer{}
 	}
-	cfg.Dialer = checkedDialer(cfg.Dialer, cfg.Allow)
+	s := &Server{self: self}
+	cfg.Dialer = checkedDialer(cfg.Dialer, s.allow.Load)
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
@@ -257,18 +265,44 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	}
 	replay := newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries)
 	replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
-	return &Server{
-		cfg:            cfg,
-		pc:             pc,
-		dials:          make(chan struct{}, cfg.MaxConcurrentDials),
-		replay:         replay,
-		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource),
-		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
-		raiseStreamsTo: raiseStreamsTo,
-		conns:          map[uint64]*quic.Conn{},
-		dialsByDest:    map[string]*destSlots{},
-		started:        time.Now(),
-	}, nil
+	s.cfg = cfg
+	s.pc = pc
+	s.dials = make(chan struct{}, cfg.MaxConcurrentDials)
+	s.replay = replay
+	s.limits = newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource)
+	s.unverified = make(chan struct{}, cfg.MaxUnverifiedStreams)
+	s.raiseStreamsTo = raiseStreamsTo
+	s.conns = map[uint64]*quic.Conn{}
+	s.dialsByDest = map[string]*destSlots{}
+	s.started = time.Now()
+	s.SetAllowList(cfg.Allow)
+	secret := cfg.Secret
+	s.secret.Store(&secret)
+	return s, nil
+}
+
+// SetAllowList replaces the destination rules for streams whose header
+// arrives from now on (tunnels already open are not affected). The server's
+// own listeners stay refused.
+func (s *Server) SetAllowList(a *endpoint.AllowList) {
+	s.allow.Store(a.WithSelf(nil, s.self...))
+}
+
+// ErrAuthModeChange is returned by SetSecret for a change between shared-secret
+// authentication and none (mutual TLS or --insecure-no-auth): connection
+// credit and verification depend on the mode, so it takes a restart.
+var ErrAuthModeChange = errors.New("switching between shared-secret and other authentication needs a restart")
+
+// SetSecret replaces the shared secret for stream headers verified from now
+// on. Connections already verified stay so (their tunnels keep running), but
+// each new stream must carry a MAC made with the new secret.
+func (s *Server) SetSecret(secret []byte) error {
+	if (len(secret) > 0) != (len(*s.secret.Load()) > 0) {
+		return ErrAuthModeChange
+	}
+	secret = bytes.Clone(secret)
+	s.secret.Store(&secret)
+	return nil
 }
 
 // Ready reports whether the server is listening and not draining (for /readyz).
@@ -495,7 +529,7 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	}
 	// With mutual TLS or without authentication the handshake is all the
 	// proof there is: the connection starts verified.
-	gate.verified.Store(len(s.cfg.Secret) == 0)
+	gate.verified.Store(len(*s.secret.Load()) == 0)
 	defer func() {
 		if gate.deadline != nil {
 			gate.deadline.Stop()
@@ -671,8 +705,8 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	}
 	_ = str.SetReadDeadline(time.Time{})
 
-	if len(s.cfg.Secret) > 0 {
-		if err := h.Verify(s.cfg.Secret); err != nil {
+	if secret := *s.secret.Load(); len(secret) > 0 {
+		if err := h.Verify(secret); err != nil {
 			fail(proto.CodeAuthFailed, "Rejected stream: authentication failed")
 			_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "authentication failed")
 			return
@@ -701,7 +735,7 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 		m.RefusedTotal.WithLabelValues(dest.Network, reason).Inc()
 		fail(proto.CodeRefused, "Refused destination", "destination", dest.String(), "reason", reason, "err", err)
 	}
-	dial, rule, err := s.cfg.Allow.Authorize(ctx, s.cfg.Resolver, dest)
+	dial, rule, err := s.allow.Load().Authorize(ctx, s.cfg.Resolver, dest)
 	if err != nil {
 		// Every Authorize error refuses, a name that does not resolve too:
 		// the client learns nothing about which internal names exist.
@@ -807,7 +841,7 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 // resolves to then must still not be the server itself, a reserved address
 // or a denied one. Other Dialers (test fakes) are returned unchanged; the
 // IP addresses Authorize returns were checked already.
-func checkedDialer(d Dialer, allow *endpoint.AllowList) Dialer {
+func checkedDialer(d Dialer, allow func() *endpoint.AllowList) Dialer {
 	nd, ok := d.(*net.Dialer)
 	if !ok {
 		return d
@@ -816,7 +850,7 @@ func checkedDialer(d Dialer, allow *endpoint.AllowList) Dialer {
 	prevCtx, prev := nd.ControlContext, nd.Control
 	c.ControlContext = func(ctx context.Context, network, address string, rc syscall.RawConn) error {
 		if ap, err := netip.ParseAddrPort(address); err == nil {
-			if err := allow.CheckDial(ap); err != nil {
+			if err := allow().CheckDial(ap); err != nil {
 				return err
 			}
 		}
