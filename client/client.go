@@ -102,7 +102,13 @@ type Client struct {
 
 	// secret is Config.Secret, replaced by SetSecret.
 	secret atomic.Pointer[[]byte]
+	// tokens holds Config.Tokens, replaced by SetTokens.
+	tokens atomic.Pointer[TokenSource]
 }
+
+// SetTokens replaces the token source for local connections accepted from
+// now on (a reload); open tunnels are not affected.
+func (c *Client) SetTokens(ts TokenSource) { c.tokens.Store(&ts) }
 
 // SetSecret replaces the shared secret for stream headers made from now on
 // (a reload); open tunnels are not affected.
@@ -152,6 +158,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, pc: pc, slots: make(chan struct{}, cfg.MaxConnections), changed: make(chan struct{})}
 	c.SetSecret(cfg.Secret)
+	c.SetTokens(cfg.Tokens)
 	return c, nil
 }
 
@@ -493,7 +500,7 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 		fail(proto.CodeInternal.String(), "Local connection does not support half-close", nil)
 		return
 	}
-	token, err := c.cfg.Tokens.Token(ctx, nc.RemoteAddr())
+	token, err := (*c.tokens.Load()).Token(ctx, nc.RemoteAddr())
 	if err != nil {
 		fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
 		return

@@ -240,6 +240,7 @@ func TestHelmFullValues(t *testing.T) {
 	assert.Contains(t, cfgText, "max-streams-per-conn: 20000")
 	echoToken := "tcp:quictun-echo.quictun.svc.cluster.local:15676"
 	assert.Contains(t, cfgText, "echo="+echoToken)
+	assert.Contains(t, cfgText, "deny:\n- tcp:10.0.0.1:22", "server.deny becomes the config's deny list")
 	cfg := filepath.Join(t.TempDir(), "server.yaml")
 	require.NoError(t, os.WriteFile(cfg, []byte(cfgText), 0o600))
 	out, err := checkConfig(t, "quictun-server", "--config", cfg)

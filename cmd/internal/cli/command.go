@@ -73,8 +73,16 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			flags := cmd.Flags()
 			cf := d.Config()
+			var reloader *Reloader
+			if r, ok := d.(Reloadable); ok {
+				reloader = newReloader(flags, r.Fresh, cf.ConfigFile)
+				r.SetReloader(reloader)
+			}
 			if err := LoadConfig(flags, cf.ConfigFile); err != nil {
 				return err
+			}
+			if reloader != nil {
+				reloader.track(flags)
 			}
 			if cf.WriteConfig {
 				return config.WriteYAML(cmd.OutOrStdout(), flags, configFlagNames...)

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -219,7 +221,18 @@ func (o *Options) Run(ctx context.Context) error {
 			}))
 		})
 	}
+	var rg errgroup.Group
+	rctx, stopReload := context.WithCancel(ctx)
+	if o.reloader != nil {
+		reloads := metrics.NewReload(reg, "client")
+		rg.Go(func() error {
+			o.reloader.Watch(rctx, o.applier(c, secret), reloads)
+			return nil
+		})
+	}
 	err = c.Run(ctx)
+	stopReload()
+	_ = rg.Wait()
 	stopAdmin()
 	if aerr := ag.Wait(); aerr != nil && err == nil {
 		err = aerr
@@ -251,4 +264,42 @@ func listen(spec string) (net.Listener, error) {
 		return nil, fmt.Errorf("--listen-on %s: %w", spec, err)
 	}
 	return ln, nil
+}
+
+// reloadableFlags are the client flags a reload applies; every other change
+// needs a restart.
+var reloadableFlags = []string{"token-source", "token-source-plugin", "secret-file"}
+
+// applier returns the cli.Apply of a running client: the token source built
+// again (a File source re-reads its file) and the secret file read again.
+// Everything is read and checked before anything is applied.
+func (o *Options) applier(c *client.Client, secret []byte) cli.Apply {
+	return func(d cli.Daemon, changed []string) ([]string, error) {
+		next := d.(*Options)
+		tokens, err := token.NewSource(next.TokenSourcePlugin, next.TokenSource, nil)
+		if err != nil {
+			return nil, fmt.Errorf("--token-source: %w", err)
+		}
+		var newSecret []byte
+		if next.SecretFile != "" {
+			if newSecret, err = cli.ReadSecretFile("secret-file", next.SecretFile, 16); err != nil {
+				return nil, err
+			}
+		}
+		c.SetTokens(tokens)
+		secretChanged := !bytes.Equal(newSecret, secret)
+		if secretChanged {
+			c.SetSecret(newSecret)
+			secret = newSecret
+		}
+		var applied []string
+		for _, name := range changed {
+			if slices.Contains(reloadableFlags, name) {
+				applied = append(applied, name)
+			}
+		}
+		klog.InfoS("Applied configuration changes", "tokenSourcePlugin", next.TokenSourcePlugin, "secretChanged", secretChanged,
+			"note", "open tunnels keep running; the token source and the secret apply to new local connections")
+		return applied, nil
+	}
 }

@@ -55,7 +55,15 @@ type Options struct {
 	HeartbeatInterval time.Duration
 	RescueAfter       time.Duration
 	TailProbes        int
+
+	reloader *cli.Reloader
 }
+
+// Fresh returns Options with the defaults, for a reload to load into.
+func (o *Options) Fresh() cli.Daemon { return NewOptions() }
+
+// SetReloader gives Run the Reloader it watches for SIGHUP.
+func (o *Options) SetReloader(r *cli.Reloader) { o.reloader = r }
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {

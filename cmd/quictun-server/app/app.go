@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -195,6 +196,13 @@ func (o *Options) Run(ctx context.Context) error {
 		})
 	}
 	g.Go(func() error { return srv.Run(gctx) })
+	if o.reloader != nil {
+		reloads := metrics.NewReload(reg, "server")
+		g.Go(func() error {
+			o.reloader.Watch(gctx, o.applier(srv, secret), reloads)
+			return nil
+		})
+	}
 	err = g.Wait()
 	stopAdmin()
 	if aerr := ag.Wait(); aerr != nil && err == nil {
@@ -229,4 +237,69 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 		return
 	}
 	logger.Info("Destinations allowed", kv...)
+}
+
+// reloadableFlags are the server flags a reload applies; every other change
+// needs a restart.
+var reloadableFlags = []string{"allow", "deny", "secret-file"}
+
+// applier returns the cli.Apply of a running server: new allow and deny
+// rules, and the secret file read again (its contents may change under the
+// same name). Everything is read and checked before anything is applied.
+func (o *Options) applier(srv *server.Server, secret []byte) cli.Apply {
+	rules, deny := o.Allow, o.Deny
+	return func(d cli.Daemon, changed []string) ([]string, error) {
+		next := d.(*Options)
+		allow, err := endpoint.ParseRules(next.Allow, next.Deny)
+		if err != nil {
+			return nil, err
+		}
+		var newSecret []byte
+		if next.SecretFile != "" {
+			if newSecret, err = cli.ReadSecretFile("secret-file", next.SecretFile, 16); err != nil {
+				return nil, err
+			}
+		}
+		// A switch to or from shared-secret authentication needs a restart
+		// (ErrAuthModeChange): then the secret is left as it is.
+		modeChange := (len(newSecret) > 0) != (len(secret) > 0)
+		secretChanged := !modeChange && !bytes.Equal(newSecret, secret)
+		if secretChanged {
+			if err := srv.SetSecret(newSecret); err != nil {
+				return nil, fmt.Errorf("--secret-file: %w", err)
+			}
+			secret = newSecret
+		}
+		var applied []string
+		for _, name := range changed {
+			if slices.Contains(reloadableFlags, name) && !(name == "secret-file" && modeChange) {
+				applied = append(applied, name)
+			}
+		}
+		added, removed := diffRules(rules, next.Allow)
+		deniedAdded, deniedRemoved := diffRules(deny, next.Deny)
+		if len(added)+len(removed)+len(deniedAdded)+len(deniedRemoved) > 0 {
+			srv.SetAllowList(allow)
+			rules, deny = next.Allow, next.Deny
+		}
+		klog.InfoS("Applied configuration changes", "allowAdded", added, "allowRemoved", removed,
+			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "secretChanged", secretChanged,
+			"note", "open tunnels keep running; the rules and the secret apply to new streams")
+		return applied, nil
+	}
+}
+
+// diffRules returns the rules of next not in cur, and of cur not in next.
+func diffRules(cur, next []string) (added, removed []string) {
+	for _, r := range next {
+		if !slices.Contains(cur, r) {
+			added = append(added, r)
+		}
+	}
+	for _, r := range cur {
+		if !slices.Contains(next, r) {
+			removed = append(removed, r)
+		}
+	}
+	return added, removed
 }

@@ -61,7 +61,15 @@ type Options struct {
 	MaxUnverifiedStreams        int
 	MaxReplayEntriesPerConn     int
 	TailProbes                  int
+
+	reloader *cli.Reloader
 }
+
+// Fresh returns Options with the defaults, for a reload to load into.
+func (o *Options) Fresh() cli.Daemon { return NewOptions() }
+
+// SetReloader gives Run the Reloader it watches for SIGHUP.
+func (o *Options) SetReloader(r *cli.Reloader) { o.reloader = r }
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {

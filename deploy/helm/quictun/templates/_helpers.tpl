@@ -134,5 +134,8 @@ admin-token: {{ default (randAlphaNum 44) .Values.auth.adminToken | b64enc | quo
 {{- if $allow }}
 {{- $_ := set $cfg "allow" $allow }}
 {{- end }}
+{{- if .Values.server.deny }}
+{{- $_ := set $cfg "deny" .Values.server.deny }}
+{{- end }}
 {{- toYaml (mergeOverwrite $cfg .Values.server.config) }}
 {{- end }}

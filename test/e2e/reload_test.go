@@ -1,0 +1,93 @@
+package e2e
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil"
+)
+
+// TestReloadOnSIGHUP: the built server takes new --allow rules and a new
+// secret from its config and secret files on SIGHUP, without dropping an
+// open tunnel; a broken config is refused as a whole and the old rules keep
+// running; the client takes the new secret on its own SIGHUP.
+func TestReloadOnSIGHUP(t *testing.T) {
+	checkLeaks(t)
+	a, b := testutil.EchoServer(t), testutil.EchoServer(t)
+	cfg := writeFile(t, "server.yaml", "allow: [tcp:"+a+"]\n")
+	srv := startServer(t, serverOpts{Args: []string{"--config", cfg}})
+	toA := startClient(t, srv, clientOpts{Token: "tcp:" + a})
+	toB := startClient(t, srv, clientOpts{Token: "tcp:" + b})
+
+	live := dialApp(t, toA.Addr)
+	require.NoError(t, echoPart(live, "before"))
+	require.Error(t, echoVia(t, toB.Addr, "refused before the reload"))
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
+
+	// New rules: b allowed, a no longer.
+	require.NoError(t, os.WriteFile(cfg, []byte("allow: [tcp:"+b+"]\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
+	require.NoError(t, echoVia(t, toB.Addr, "allowed after the reload"))
+	require.Error(t, echoVia(t, toA.Addr, "refused after the reload"))
+	require.NoError(t, echoPart(live, "the open tunnel to a keeps running"), "an open tunnel must survive a reload")
+	assert.Contains(t, srv.log(), `allowAdded=["tcp:`+b+`"]`)
+
+	// A broken config changes nothing.
+	require.NoError(t, os.WriteFile(cfg, []byte("allow: [tcp:"+b+"\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "failure")
+	assert.Equal(t, 0.0, scrape(t, srv).val("quictun_server_config_last_reload_successful"))
+	require.NoError(t, echoVia(t, toB.Addr, "still allowed"))
+	waitFor(t, ioTimeout, "the failure logged with the fix", func() bool {
+		return strings.Contains(srv.log(), "Configuration reload failed; still running the previous configuration")
+	})
+
+	// A change that needs a restart is reported, the rest applied.
+	require.NoError(t, os.WriteFile(cfg, []byte("allow: [tcp:"+b+"]\nmax-connections: 7\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(2), "quictun_server_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "needsRestart logged", func() bool { return strings.Contains(srv.log(), `needsRestart=["max-connections"]`) })
+
+	// Secret rotation: both ends read the same secret file here.
+	k := make([]byte, 32)
+	_, _ = rand.Read(k)
+	require.NoError(t, os.WriteFile(srv.SecretFile, []byte(base64.StdEncoding.EncodeToString(k)+"\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(3), "quictun_server_config_reloads_total", "result", "success")
+	require.Error(t, echoVia(t, toB.Addr, "old secret refused"))
+	waitMetric(t, srv, ioTimeout, ge(1), "quictun_server_streams_total", "result", "auth_failed")
+	toB.signal(t, syscall.SIGHUP)
+	waitMetric(t, toB, ioTimeout, eq(1), "quictun_client_config_reloads_total", "result", "success")
+	waitFor(t, 10*time.Second, "the client tunnels with the new secret", func() bool {
+		return echoVia(t, toB.Addr, "new secret") == nil
+	})
+	require.NoError(t, live.CloseWrite())
+}
+
+// echoPart does one round trip on an echo tunnel and leaves it open.
+func echoPart(c *net.TCPConn, msg string) error {
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
+	if _, err := io.WriteString(c, msg); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if string(got) != msg {
+		return fmt.Errorf("echo: got %q, want %q", got, msg)
+	}
+	return nil
+}
