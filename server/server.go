@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -44,9 +43,12 @@ type Config struct {
 	ResetKey *quic.StatelessResetKey
 	TokenKey *quic.TokenGeneratorKey
 
-	// Secret, when non-empty, is the shared secret every stream header must be
-	// authenticated with. When empty, the TLS layer must authenticate clients
-	// (mutual TLS) or the operator explicitly chose no authentication.
+	// Keys, when not empty, are the shared secrets a stream header may be
+	// authenticated with (several during a rotation). When empty, the TLS
+	// layer must authenticate clients (mutual TLS) or the operator
+	// explicitly chose no authentication.
+	Keys *proto.Keyring
+	// Secret, when Keys is nil, is shorthand for a keyring of this one secret.
 	Secret []byte
 	Parser TokenParser
 	Allow  *endpoint.AllowList
@@ -163,10 +165,10 @@ type Server struct {
 	// more state for an unverified peer).
 	raiseStreamsTo int64
 
-	// allow and secret are what SetAllowList and SetSecret change while the
+	// allow and keys are what SetAllowList and SetKeys change while the
 	// server runs (a reload); a stream uses the values it loaded at its header.
-	allow  atomic.Pointer[endpoint.AllowList]
-	secret atomic.Pointer[[]byte]
+	allow atomic.Pointer[endpoint.AllowList]
+	keys  atomic.Pointer[proto.Keyring]
 	// self are the server's own listeners, refused by every allow-list.
 	self []netip.AddrPort
 
@@ -248,8 +250,15 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	// once it has presented a verified header (Conn.RaiseMaxIncomingStreams,
 	// our quic-go patch 0005). The limit is the same for every connection, so
 	// the credit a session ticket remembers for 0-RTT never shrinks.
+	if cfg.Keys == nil && len(cfg.Secret) > 0 {
+		kr, err := proto.NewKeyring(proto.Key{Secret: cfg.Secret})
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		cfg.Keys = kr
+	}
 	var raiseStreamsTo int64
-	if len(cfg.Secret) > 0 {
+	if cfg.Keys.Len() > 0 {
 		q := &quic.Config{}
 		if cfg.QUIC != nil {
 			q = cfg.QUIC.Clone()
@@ -276,8 +285,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	s.dialsByDest = map[string]*destSlots{}
 	s.started = time.Now()
 	s.SetAllowList(cfg.Allow)
-	secret := cfg.Secret
-	s.secret.Store(&secret)
+	s.keys.Store(cfg.Keys)
 	return s, nil
 }
 
@@ -288,20 +296,19 @@ func (s *Server) SetAllowList(a *endpoint.AllowList) {
 	s.allow.Store(a.WithSelf(nil, s.self...))
 }
 
-// ErrAuthModeChange is returned by SetSecret for a change between shared-secret
+// ErrAuthModeChange is returned by SetKeys for a change between shared-secret
 // authentication and none (mutual TLS or --insecure-no-auth): connection
 // credit and verification depend on the mode, so it takes a restart.
 var ErrAuthModeChange = errors.New("switching between shared-secret and other authentication needs a restart")
 
-// SetSecret replaces the shared secret for stream headers verified from now
+// SetKeys replaces the shared secrets for stream headers verified from now
 // on. Connections already verified stay so (their tunnels keep running), but
-// each new stream must carry a MAC made with the new secret.
-func (s *Server) SetSecret(secret []byte) error {
-	if (len(secret) > 0) != (len(*s.secret.Load()) > 0) {
+// each new stream must carry a MAC made with one of the new keys.
+func (s *Server) SetKeys(kr *proto.Keyring) error {
+	if (kr.Len() > 0) != (s.keys.Load().Len() > 0) {
 		return ErrAuthModeChange
 	}
-	secret = bytes.Clone(secret)
-	s.secret.Store(&secret)
+	s.keys.Store(kr)
 	return nil
 }
 
@@ -529,7 +536,7 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	}
 	// With mutual TLS or without authentication the handshake is all the
 	// proof there is: the connection starts verified.
-	gate.verified.Store(len(*s.secret.Load()) == 0)
+	gate.verified.Store(s.keys.Load().Len() == 0)
 	defer func() {
 		if gate.deadline != nil {
 			gate.deadline.Stop()
@@ -705,13 +712,27 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	}
 	_ = str.SetReadDeadline(time.Time{})
 
-	if secret := *s.secret.Load(); len(secret) > 0 {
-		if err := h.Verify(secret); err != nil {
-			fail(proto.CodeAuthFailed, "Rejected stream: authentication failed")
+	// keyName names the shared secret the header was made with ("" without
+	// shared-secret authentication), for logs and identity rules.
+	var keyName string
+	if kr := s.keys.Load(); kr.Len() > 0 {
+		key, err := kr.Verify(h)
+		keyName = key.Label()
+		if err != nil {
+			reason := metrics.AuthBadMAC
+			switch {
+			case errors.Is(err, proto.ErrNoMAC):
+				reason = metrics.AuthNoMAC
+			case errors.Is(err, proto.ErrUnknownKey):
+				reason = metrics.AuthUnknownKey
+			}
+			m.AuthFailuresTotal.WithLabelValues(reason).Inc()
+			fail(proto.CodeAuthFailed, "Rejected stream: authentication failed", "reason", reason, "keyID", keyIDOf(h))
 			_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "authentication failed")
 			return
 		}
 	}
+	logger = klog.LoggerWithValues(logger, "key", keyName)
 	gate.markVerified()
 	release()
 	// Every header must be fresh, not only 0-RTT ones: a header with a valid
@@ -833,6 +854,14 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	m.StreamsTotal.WithLabelValues(result).Inc()
 	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"duration", time.Since(start), "result", result, "err", err)
+}
+
+// keyIDOf returns the key ID a header names, in hex, or "" for none.
+func keyIDOf(h *proto.Header) string {
+	if !h.HasKeyID {
+		return ""
+	}
+	return h.KeyID.String()
 }
 
 // checkedDialer makes a *net.Dialer check, with allow.CheckDial, every

@@ -34,6 +34,11 @@ const (
 	// header's nonce was not recorded in the replay cache.
 	ReplayUnrecordedCacheFull = "cache_full"
 	ReplayUnrecordedConnQuota = "conn_quota"
+	// AuthNoMAC, AuthUnknownKey and AuthBadMAC: why a stream header failed
+	// shared-secret authentication (auth_failures_total).
+	AuthNoMAC      = "no_mac"
+	AuthUnknownKey = "unknown_key"
+	AuthBadMAC     = "bad_mac"
 )
 
 // Directions for byte counters: upstream flows from the application toward the
@@ -71,6 +76,9 @@ type Server struct {
 	// ReplayUnrecordedTotal counts verified headers whose nonce the replay
 	// cache did not record, by reason.
 	ReplayUnrecordedTotal *prometheus.CounterVec
+	// AuthFailuresTotal counts stream headers that failed shared-secret
+	// authentication, by reason.
+	AuthFailuresTotal *prometheus.CounterVec
 }
 
 // NewServer creates and registers the server metrics on reg.
@@ -134,9 +142,16 @@ func NewServer(reg prometheus.Registerer) *Server {
 		Namespace: Namespace, Subsystem: sub, Name: "replay_unrecorded_total",
 		Help: "Verified stream headers whose nonce was not recorded in the replay cache, by reason: cache_full, conn_quota (--max-replay-entries-per-conn). A 0-RTT stream that cannot be recorded is reset with overloaded; a 1-RTT stream is served.",
 	}, []string{"reason"})
+	m.AuthFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "auth_failures_total",
+		Help: "Stream headers that failed shared-secret authentication (the connection is closed with auth_failed), by reason: no_mac (the client has no --secret-file), unknown_key (a secret the server does not hold, e.g. removed in a rotation), bad_mac (a wrong secret).",
+	}, []string{"reason"})
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.DialDuration, m.StreamBytesTotal,
 		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal, m.DroppedDatagramsTotal,
-		m.PreauthRejectionsTotal, m.UnverifiedStreams, m.ReplayCacheEntries, m.ReplayUnrecordedTotal)
+		m.PreauthRejectionsTotal, m.UnverifiedStreams, m.ReplayCacheEntries, m.ReplayUnrecordedTotal, m.AuthFailuresTotal)
+	for _, r := range []string{AuthNoMAC, AuthUnknownKey, AuthBadMAC} {
+		m.AuthFailuresTotal.WithLabelValues(r)
+	}
 	for _, r := range []string{PreauthAuthTimeout, PreauthUnverifiedStreamsLimit} {
 		m.PreauthRejectionsTotal.WithLabelValues(r)
 	}

@@ -11,15 +11,24 @@
 //
 //	offset size  field
 //	0      1     version (1)
-//	1      1     flags (bit 0: MAC present)
+//	1      1     flags (bit 0: MAC present, bit 1: key ID present)
 //	2      8     unix time in seconds when the header was made
 //	10     16    nonce, random, single use
 //	26     2     token length n (1..MaxTokenLen)
 //	28     n     token (names the destination, e.g. "tcp:127.0.0.1:22")
-//	28+n   32    HMAC-SHA256(secret, bytes 0..28+n) when flag bit 0 is set
+//	28+n   4     key ID (KeyIDOf the secret) when flag bit 1 is set
+//	28+n+k 32    HMAC-SHA256(secret, every byte before it) when flag bit 0 is set
 //
 // The MAC authenticates the client with a shared secret without an extra round
 // trip; the nonce and timestamp let the server reject replays of 0-RTT data and
 // stale or reused headers on every stream (a header more than the server's
 // replay window, 2 minutes, away from its clock is refused with CodeReplay).
+//
+// The key ID lets a server hold several secrets (a Keyring) and pick the one
+// a header was made with, so secrets rotate without downtime and each names
+// its holders in logs and rules. Compatibility: clients write a key ID with
+// every MAC; servers accept headers with and without one (trying each key,
+// at most MaxKeys, for the latter, as sent by clients from before key IDs). A
+// server from before key IDs refuses the unknown flag bit with bad_header
+// rather than misreading the header: upgrade servers before clients.
 package proto

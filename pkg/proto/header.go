@@ -20,11 +20,14 @@ const (
 	NonceLen = 16
 	// MACLen is the size of the HMAC-SHA256 tag.
 	MACLen = sha256.Size
+	// KeyIDLen is the size of a key ID.
+	KeyIDLen = 4
 	// MaxHeaderLen is the largest encoded header.
-	MaxHeaderLen = fixedLen + MaxTokenLen + MACLen
+	MaxHeaderLen = fixedLen + MaxTokenLen + KeyIDLen + MACLen
 
-	fixedLen = 1 + 1 + 8 + NonceLen + 2
-	flagMAC  = 1 << 0
+	fixedLen  = 1 + 1 + 8 + NonceLen + 2
+	flagMAC   = 1 << 0
+	flagKeyID = 1 << 1
 )
 
 var (
@@ -46,6 +49,10 @@ type Header struct {
 	Token string
 	// HasMAC reports whether the decoded header carried a MAC.
 	HasMAC bool
+	// KeyID names the secret the MAC was made with (KeyIDOf), when HasKeyID.
+	// Headers of clients before key IDs carry a MAC without one.
+	KeyID    KeyID
+	HasKeyID bool
 
 	mac    [MACLen]byte
 	signed []byte // the bytes the MAC covers, kept by Decode for Verify
@@ -60,8 +67,19 @@ func NewHeader(token string, now time.Time) (*Header, error) {
 	return h, nil
 }
 
-// Append encodes h onto b. When secret is non-empty the header carries a MAC.
+// Append encodes h onto b. When secret is non-empty the header carries the
+// secret's key ID and a MAC.
 func (h *Header) Append(b []byte, secret []byte) ([]byte, error) {
+	if len(secret) == 0 {
+		return h.append(b, nil, nil)
+	}
+	id := KeyIDOf(secret)
+	return h.append(b, secret, &id)
+}
+
+// append encodes h with a MAC when secret is non-empty, and with keyID when
+// it is not nil (nil: the form of clients before key IDs).
+func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 	if len(h.Token) == 0 || len(h.Token) > MaxTokenLen {
 		return nil, fmt.Errorf("%w: token length %d not in 1..%d", ErrBadHeader, len(h.Token), MaxTokenLen)
 	}
@@ -70,11 +88,17 @@ func (h *Header) Append(b []byte, secret []byte) ([]byte, error) {
 	if len(secret) > 0 {
 		flags |= flagMAC
 	}
+	if keyID != nil {
+		flags |= flagKeyID
+	}
 	b = append(b, Version, flags)
 	b = binary.BigEndian.AppendUint64(b, uint64(h.Time.Unix())) //nolint:gosec // negative times encode as large values and fail the window check
 	b = append(b, h.Nonce[:]...)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(h.Token))) //nolint:gosec // bounded by MaxTokenLen above
 	b = append(b, h.Token...)
+	if keyID != nil {
+		b = append(b, keyID[:]...)
+	}
 	if len(secret) > 0 {
 		m := hmac.New(sha256.New, secret)
 		m.Write(b[start:])
@@ -94,23 +118,32 @@ func Decode(r io.Reader) (*Header, error) {
 		return nil, fmt.Errorf("%w: %d", ErrUnsupportedVersion, fixed[0])
 	}
 	flags := fixed[1]
-	if flags&^flagMAC != 0 {
+	if flags&^(flagMAC|flagKeyID) != 0 {
 		return nil, fmt.Errorf("%w: unknown flags %#x", ErrBadHeader, flags)
 	}
 	n := int(binary.BigEndian.Uint16(fixed[26:28]))
 	if n == 0 || n > MaxTokenLen {
 		return nil, fmt.Errorf("%w: token length %d not in 1..%d", ErrBadHeader, n, MaxTokenLen)
 	}
-	signed := make([]byte, fixedLen+n, fixedLen+n)
+	hasKeyID := flags&flagKeyID != 0
+	tail := 0
+	if hasKeyID {
+		tail = KeyIDLen
+	}
+	signed := make([]byte, fixedLen+n+tail)
 	copy(signed, fixed[:])
 	if _, err := io.ReadFull(r, signed[fixedLen:]); err != nil {
 		return nil, fmt.Errorf("%w: token: %w", ErrBadHeader, err)
 	}
 	h := &Header{
-		Time:   time.Unix(int64(binary.BigEndian.Uint64(fixed[2:10])), 0), //nolint:gosec // any value is accepted here and checked against the window later
-		Token:  string(signed[fixedLen:]),
-		HasMAC: flags&flagMAC != 0,
-		signed: signed,
+		Time:     time.Unix(int64(binary.BigEndian.Uint64(fixed[2:10])), 0), //nolint:gosec // any value is accepted here and checked against the window later
+		Token:    string(signed[fixedLen : fixedLen+n]),
+		HasMAC:   flags&flagMAC != 0,
+		HasKeyID: hasKeyID,
+		signed:   signed,
+	}
+	if hasKeyID {
+		copy(h.KeyID[:], signed[fixedLen+n:])
 	}
 	copy(h.Nonce[:], fixed[10:26])
 	if h.HasMAC {

@@ -41,6 +41,10 @@ func TestHeaderRoundTrip(t *testing.T) {
 			assert.Equal(t, h.Nonce, got.Nonce)
 			assert.True(t, now.Equal(got.Time))
 			assert.Equal(t, len(tc.secret) > 0, got.HasMAC)
+			assert.Equal(t, len(tc.secret) > 0, got.HasKeyID)
+			if len(tc.secret) > 0 {
+				assert.Equal(t, KeyIDOf(tc.secret), got.KeyID)
+			}
 			rest, err := io.ReadAll(r)
 			require.NoError(t, err)
 			assert.Equal(t, payload, rest, "Decode must not consume bytes past the header")
@@ -148,6 +152,9 @@ func FuzzDecode(f *testing.F) {
 			f.Add(b)
 		}
 	}
+	if b, err := (&Header{Token: "tcp:1.2.3.4:5"}).append(nil, []byte("k"), nil); err == nil {
+		f.Add(b) // a client from before key IDs
+	}
 	f.Add([]byte{})
 	f.Add([]byte{1, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -165,7 +172,11 @@ func FuzzDecode(f *testing.F) {
 		if h.HasMAC {
 			secret = []byte("k") // MAC bytes differ; compare only the signed part
 		}
-		b, err := h.Append(nil, secret)
+		var id *KeyID
+		if h.HasKeyID {
+			id = &h.KeyID
+		}
+		b, err := h.append(nil, secret, id)
 		if err != nil {
 			t.Fatalf("re-encode: %v", err)
 		}

@@ -91,3 +91,39 @@ func echoPart(c *net.TCPConn, msg string) error {
 	}
 	return nil
 }
+
+// TestKeyRotationWithKeysFile rotates a shared secret without downtime on the
+// built binaries: the server's --keys-file gains the new key (reload), a
+// client moves to it, the old key is removed (reload); a client still on the
+// old key is then refused with unknown_key, and logs name the keys.
+func TestKeyRotationWithKeysFile(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	secret := func() string {
+		k := make([]byte, 32)
+		_, _ = rand.Read(k)
+		return base64.StdEncoding.EncodeToString(k)
+	}
+	oldKey, newKey := secret(), secret()
+	keys := writeFile(t, "keys", "v1 "+oldKey+"\n")
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--keys-file", keys}})
+	onOld := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "old", oldKey+"\n")})
+	require.NoError(t, echoVia(t, onOld.Addr, "old key"))
+	waitFor(t, ioTimeout, "the stream logged with its key name", func() bool { return strings.Contains(srv.log(), `key="v1"`) })
+
+	require.NoError(t, os.WriteFile(keys, []byte("v1 "+oldKey+"\nv2 "+newKey+"\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "keysAdded logged", func() bool { return strings.Contains(srv.log(), `keysAdded=["v2"]`) })
+	onNew := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "new", newKey+"\n")})
+	require.NoError(t, echoVia(t, onNew.Addr, "new key"))
+	require.NoError(t, echoVia(t, onOld.Addr, "old key still accepted"))
+
+	require.NoError(t, os.WriteFile(keys, []byte("v2 "+newKey+"\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(2), "quictun_server_config_reloads_total", "result", "success")
+	require.Error(t, echoVia(t, onOld.Addr, "old key removed"))
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_auth_failures_total", "reason", "unknown_key")
+	require.NoError(t, echoVia(t, onNew.Addr, "new key"))
+	assert.Zero(t, scrape(t, srv).val("quictun_server_auth_failures_total", "reason", "bad_mac"))
+}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/server"
 )
 
@@ -59,33 +61,55 @@ func TestSetAllowListKeepsSelfRefused(t *testing.T) {
 	assert.Zero(t, hits())
 }
 
-// TestSetSecret: after a secret change, new streams need the new secret and
-// open tunnels keep running, until a client still on the old secret opens a
-// stream: that fails authentication, which closes its connection (and so its
-// tunnels). Switching authentication modes is refused.
-func TestSetSecret(t *testing.T) {
+// keyring returns a keyring of secrets.
+func keyring(t *testing.T, secrets ...[]byte) *proto.Keyring {
+	t.Helper()
+	keys := make([]proto.Key, len(secrets))
+	for i, s := range secrets {
+		keys[i] = proto.Key{Secret: s}
+	}
+	kr, err := proto.NewKeyring(keys...)
+	require.NoError(t, err)
+	return kr
+}
+
+// TestKeyRotation: a server holding two keys serves clients of either; once
+// the old key is removed, its clients fail with unknown_key at their next
+// stream (closing their connection and its tunnels) while open tunnels of
+// the new key's clients keep running. Switching authentication modes is
+// refused.
+func TestKeyRotation(t *testing.T) {
 	echo := testutil.EchoServer(t)
 	oldSecret, newSecret := testutil.Secret, []byte("a new secret of 32 bytes, really")
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
 	old := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: oldSecret, WaitReady: true})
-	live := dial(t, old.Addr)
-	echoMsg(t, live, "before")
+	oldLive := dial(t, old.Addr)
+	echoMsg(t, oldLive, "before")
 
-	require.NoError(t, srv.SetSecret(newSecret))
-	echoMsg(t, live, "after the change")
+	// Step 1: the server accepts both.
+	require.NoError(t, srv.SetKeys(keyring(t, newSecret, oldSecret)))
+	echoMsg(t, oldLive, "the open tunnel keeps running")
+	echoCheck(t, dial(t, old.Addr), 1000)
+	cur := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: newSecret, WaitReady: true})
+	curLive := dial(t, cur.Addr)
+	echoMsg(t, curLive, "new key")
+
+	// Step 2: the old key is removed.
+	require.NoError(t, srv.SetKeys(keyring(t, newSecret)))
 	refusedRead(t, old.Addr)
 	require.Eventually(t, func() bool {
-		return promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("auth_failed")) >= 1
+		return promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(metrics.AuthUnknownKey)) == 1
 	}, 5*time.Second, 10*time.Millisecond)
-	cur := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: newSecret, WaitReady: true})
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(metrics.AuthBadMAC)))
+	echoMsg(t, curLive, "the new key's tunnel is not affected")
 	echoCheck(t, dial(t, cur.Addr), 1000)
 
-	// The client takes the new secret too (its reload), and tunnels again.
+	// The old client takes the new secret (its reload) and tunnels again.
 	// (Its /readyz stays false from the refusal until a tunnel succeeds.)
 	old.SetSecret(newSecret)
 	echoCheck(t, dial(t, old.Addr), 1000)
 	require.Eventually(t, old.Ready, 5*time.Second, 10*time.Millisecond)
 
-	require.ErrorIs(t, srv.SetSecret(nil), server.ErrAuthModeChange)
-	echoCheck(t, dial(t, cur.Addr), 1000) // still the new secret
+	require.ErrorIs(t, srv.SetKeys(nil), server.ErrAuthModeChange)
+	echoCheck(t, dial(t, cur.Addr), 1000) // still the new key
 }

@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/admin"
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/version"
 )
@@ -158,4 +159,57 @@ func ValidateAdmin(listen, tokenFile string) error {
 		return fmt.Errorf("--httpd-listen-on %s is not loopback: set --httpd-token-file so the admin API is not open to the network", listen)
 	}
 	return nil
+}
+
+// MinSecretLen is the shortest shared secret accepted.
+const MinSecretLen = 16
+
+// ReadKeysFile reads a --keys-file: one named shared secret per line,
+// "NAME SECRET" (the name identifies the key's holders in logs and
+// --allow-for key=NAME rules; letters, digits, '.', '_', '-'). Blank lines
+// and lines starting with '#' are ignored. Permissions are checked as for
+// ReadSecretFile, and the keys as for proto.NewKeyring.
+func ReadKeysFile(flag, path string) ([]proto.Key, error) {
+	if err := transport.CheckPrivate("--"+flag, path); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--%s: %w", flag, err)
+	}
+	var keys []proto.Key
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			return nil, fmt.Errorf("--%s %s:%d: want NAME SECRET", flag, path, i+1)
+		}
+		k := proto.Key{Name: f[0], Secret: []byte(f[1])}
+		if !validKeyName(k.Name) {
+			return nil, fmt.Errorf("--%s %s:%d: key name %q: use letters, digits, '.', '_' and '-'", flag, path, i+1, k.Name)
+		}
+		if len(k.Secret) < MinSecretLen {
+			return nil, fmt.Errorf("--%s %s:%d: secret must be at least %d bytes", flag, path, i+1, MinSecretLen)
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("--%s %s: no key in the file", flag, path)
+	}
+	if _, err := proto.NewKeyring(keys...); err != nil {
+		return nil, fmt.Errorf("--%s %s: %w", flag, path, err)
+	}
+	return keys, nil
+}
+
+func validKeyName(s string) bool {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -477,3 +477,37 @@ func TestConfigFileFromEnvironment(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "from-file", d.name)
 }
+
+func TestReadKeysFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	keys, err := cli.ReadKeysFile("keys-file", write("ok", "# rotation 2026-11\nv2   0123456789abcdef-new\n\n  v1 0123456789abcdef-old  \n"))
+	require.NoError(t, err)
+	require.Len(t, keys, 2)
+	assert.Equal(t, "v2", keys[0].Name)
+	assert.Equal(t, "0123456789abcdef-new", string(keys[0].Secret))
+	assert.Equal(t, "v1", keys[1].Name)
+	for _, tc := range []struct{ name, content, wantErr string }{
+		{"no name", "0123456789abcdef\n", ":1: want NAME SECRET"},
+		{"three fields", "a b c\n", ":1: want NAME SECRET"},
+		{"short", "# c\nv1 short\n", ":2: secret must be at least 16 bytes"},
+		{"bad name", "v/1 0123456789abcdef\n", `key name "v/1"`},
+		{"same secret twice", "a 0123456789abcdef\nb 0123456789abcdef\n", "the same secret"},
+		{"same name twice", "a 0123456789abcdef\na 0123456789abcdeg\n", "the same name"},
+		{"empty", "# nothing\n", "no key in the file"},
+	} {
+		_, err := cli.ReadKeysFile("keys-file", write(tc.name, tc.content))
+		require.ErrorContains(t, err, tc.wantErr, tc.name)
+		assert.Contains(t, err.Error(), "--keys-file", tc.name)
+		assert.NotContains(t, err.Error(), "0123456789abcde", "never prints a secret: %s", tc.name)
+	}
+	loose := write("loose", "a 0123456789abcdef\n")
+	require.NoError(t, os.Chmod(loose, 0o644))
+	_, err = cli.ReadKeysFile("keys-file", loose)
+	require.ErrorContains(t, err, "chmod 600")
+}

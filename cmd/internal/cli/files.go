@@ -10,6 +10,7 @@ import (
 // StartFiles names the files a daemon reads at start, by the flag that names them.
 type StartFiles struct {
 	SecretFile     string // --secret-file
+	KeysFile       string // --keys-file (server)
 	HTTPDTokenFile string // --httpd-token-file
 	CAFlag, CAFile string // --ca-file or --client-ca-file
 	CertFile       string // --cert-file
@@ -26,7 +27,12 @@ type StartFiles struct {
 func CheckStartFiles(f StartFiles) []error {
 	var errs []error
 	if f.SecretFile != "" {
-		if _, err := ReadSecretFile("secret-file", f.SecretFile, 16); err != nil {
+		if _, err := ReadSecretFile("secret-file", f.SecretFile, MinSecretLen); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if f.KeysFile != "" {
+		if _, err := ReadKeysFile("keys-file", f.KeysFile); err != nil {
 			errs = append(errs, err)
 		}
 	}

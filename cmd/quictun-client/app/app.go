@@ -98,11 +98,9 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var secret []byte
-	if o.SecretFile != "" {
-		if secret, err = cli.ReadSecretFile("secret-file", o.SecretFile, 16); err != nil {
-			return err
-		}
+	secret, err := clientSecret(o.SecretFile)
+	if err != nil {
+		return err
 	}
 	tokens, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil)
 	if err != nil {
@@ -280,11 +278,9 @@ func (o *Options) applier(c *client.Client, secret []byte) cli.Apply {
 		if err != nil {
 			return nil, fmt.Errorf("--token-source: %w", err)
 		}
-		var newSecret []byte
-		if next.SecretFile != "" {
-			if newSecret, err = cli.ReadSecretFile("secret-file", next.SecretFile, 16); err != nil {
-				return nil, err
-			}
+		newSecret, err := clientSecret(next.SecretFile)
+		if err != nil {
+			return nil, err
 		}
 		c.SetTokens(tokens)
 		secretChanged := !bytes.Equal(newSecret, secret)
@@ -302,4 +298,13 @@ func (o *Options) applier(c *client.Client, secret []byte) cli.Apply {
 			"note", "open tunnels keep running; the token source and the secret apply to new local connections")
 		return applied, nil
 	}
+}
+
+// clientSecret reads the secret a client authenticates with (nil without
+// --secret-file).
+func clientSecret(file string) ([]byte, error) {
+	if file == "" {
+		return nil, nil
+	}
+	return cli.ReadSecretFile("secret-file", file, cli.MinSecretLen)
 }

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -20,6 +19,7 @@ import (
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -85,11 +85,9 @@ func (o *Options) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	var secret []byte
-	if o.SecretFile != "" {
-		if secret, err = cli.ReadSecretFile("secret-file", o.SecretFile, 16); err != nil {
-			return err
-		}
+	keys, err := loadKeys(o.SecretFile, o.KeysFile)
+	if err != nil {
+		return err
 	}
 	if o.InsecureNoAuth {
 		logger.Info("WARNING: client authentication is disabled (--insecure-no-auth)")
@@ -146,7 +144,7 @@ func (o *Options) Run(ctx context.Context) error {
 		QUIC:                   qconf,
 		ResetKey:               &st.ResetKey,
 		TokenKey:               &st.TokenKey,
-		Secret:                 secret,
+		Keys:                   keys,
 		Parser:                 parser,
 		Allow:                  allow,
 		SelfAddrs:              adminAddrs(adminLn),
@@ -199,7 +197,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if o.reloader != nil {
 		reloads := metrics.NewReload(reg, "server")
 		g.Go(func() error {
-			o.reloader.Watch(gctx, o.applier(srv, secret), reloads)
+			o.reloader.Watch(gctx, o.applier(srv, keys), reloads)
 			return nil
 		})
 	}
@@ -241,12 +239,12 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "secret-file"}
+var reloadableFlags = []string{"allow", "deny", "secret-file", "keys-file"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
-// rules, and the secret file read again (its contents may change under the
-// same name). Everything is read and checked before anything is applied.
-func (o *Options) applier(srv *server.Server, secret []byte) cli.Apply {
+// rules, and the secret file read again (its keys may change under the same
+// name). Everything is read and checked before anything is applied.
+func (o *Options) applier(srv *server.Server, keys *proto.Keyring) cli.Apply {
 	rules, deny := o.Allow, o.Deny
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
@@ -254,25 +252,26 @@ func (o *Options) applier(srv *server.Server, secret []byte) cli.Apply {
 		if err != nil {
 			return nil, err
 		}
-		var newSecret []byte
-		if next.SecretFile != "" {
-			if newSecret, err = cli.ReadSecretFile("secret-file", next.SecretFile, 16); err != nil {
-				return nil, err
-			}
+		newKeys, err := loadKeys(next.SecretFile, next.KeysFile)
+		if err != nil {
+			return nil, err
 		}
 		// A switch to or from shared-secret authentication needs a restart
-		// (ErrAuthModeChange): then the secret is left as it is.
-		modeChange := (len(newSecret) > 0) != (len(secret) > 0)
-		secretChanged := !modeChange && !bytes.Equal(newSecret, secret)
-		if secretChanged {
-			if err := srv.SetSecret(newSecret); err != nil {
+		// (ErrAuthModeChange): then the keys are left as they are.
+		modeChange := (newKeys.Len() > 0) != (keys.Len() > 0)
+		var keysAdded, keysRemoved []string
+		if !modeChange {
+			keysAdded, keysRemoved = diffRules(keyLabels(keys), keyLabels(newKeys))
+		}
+		if len(keysAdded)+len(keysRemoved) > 0 {
+			if err := srv.SetKeys(newKeys); err != nil {
 				return nil, fmt.Errorf("--secret-file: %w", err)
 			}
-			secret = newSecret
+			keys = newKeys
 		}
 		var applied []string
 		for _, name := range changed {
-			if slices.Contains(reloadableFlags, name) && !(name == "secret-file" && modeChange) {
+			if slices.Contains(reloadableFlags, name) && !((name == "secret-file" || name == "keys-file") && modeChange) {
 				applied = append(applied, name)
 			}
 		}
@@ -283,10 +282,47 @@ func (o *Options) applier(srv *server.Server, secret []byte) cli.Apply {
 			rules, deny = next.Allow, next.Deny
 		}
 		klog.InfoS("Applied configuration changes", "allowAdded", added, "allowRemoved", removed,
-			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "secretChanged", secretChanged,
-			"note", "open tunnels keep running; the rules and the secret apply to new streams")
+			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "keysAdded", keysAdded, "keysRemoved", keysRemoved,
+			"note", "open tunnels keep running; the rules and the keys apply to new streams")
 		return applied, nil
 	}
+}
+
+// loadKeys reads the keys the server accepts: the unnamed key of
+// --secret-file and the named keys of --keys-file (nil: neither given).
+func loadKeys(secretFile, keysFile string) (*proto.Keyring, error) {
+	var keys []proto.Key
+	if secretFile != "" {
+		secret, err := cli.ReadSecretFile("secret-file", secretFile, cli.MinSecretLen)
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, proto.Key{Secret: secret})
+	}
+	if keysFile != "" {
+		ks, err := cli.ReadKeysFile("keys-file", keysFile)
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, ks...)
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	kr, err := proto.NewKeyring(keys...)
+	if err != nil {
+		return nil, fmt.Errorf("--secret-file/--keys-file: %w", err)
+	}
+	return kr, nil
+}
+
+// keyLabels names the keys of kr for logs: NAME, or the key ID in hex.
+func keyLabels(kr *proto.Keyring) []string {
+	var out []string
+	for _, k := range kr.Keys() {
+		out = append(out, k.Label())
+	}
+	return out
 }
 
 // diffRules returns the rules of next not in cur, and of cur not in next.

@@ -31,6 +31,7 @@ type Options struct {
 	KeyFile        string
 	ClientCAFile   string
 	SecretFile     string
+	KeysFile       string
 	InsecureNoAuth bool
 
 	TokenParserPlugin string
@@ -105,7 +106,7 @@ func NewOptions() *Options {
 // Flag groups, shown as sections in --help.
 var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "token-parser-plugin", "token-parser-key"}},
-	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "insecure-no-auth"}},
+	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "insecure-no-auth"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt", "tail-probes", "fec"}},
 	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-replay-entries-per-conn"}},
@@ -131,6 +132,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.KeyFile, "key-file", o.KeyFile, "PEM private key for --cert-file")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "require client certificates signed by these CAs (mutual TLS)")
 	fs.StringVar(&o.SecretFile, "secret-file", o.SecretFile, "file holding the shared secret clients must prove (at least 16 bytes), e.g. from: head -c 32 /dev/urandom | base64 > secret")
+	fs.StringVar(&o.KeysFile, "keys-file", o.KeysFile, "file of named shared secrets, one 'NAME SECRET' per line, all accepted (with --secret-file's too): rotate keys without downtime (add the new key, reload, move clients, remove the old one, reload); NAME shows in logs and in --allow-for key=NAME rules")
 	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "accept clients without authentication (only with a restrictive --allow on a trusted network)")
 
 	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
@@ -183,11 +185,11 @@ func (o *Options) Validate() error {
 	if o.StateDir == "" {
 		add("--state-dir is required (it holds the stateless-reset and session-ticket keys, and the certificate unless --cert-file is given)")
 	}
-	if o.SecretFile == "" && o.ClientCAFile == "" && !o.InsecureNoAuth {
-		add("client authentication is required: set --secret-file or --client-ca-file (or --insecure-no-auth explicitly)")
+	if o.SecretFile == "" && o.KeysFile == "" && o.ClientCAFile == "" && !o.InsecureNoAuth {
+		add("client authentication is required: set --secret-file (or --keys-file) or --client-ca-file (or --insecure-no-auth explicitly)")
 	}
-	if o.InsecureNoAuth && (o.SecretFile != "" || o.ClientCAFile != "") {
-		add("--insecure-no-auth contradicts --secret-file/--client-ca-file")
+	if o.InsecureNoAuth && (o.SecretFile != "" || o.KeysFile != "" || o.ClientCAFile != "") {
+		add("--insecure-no-auth contradicts --secret-file/--keys-file/--client-ca-file")
 	}
 	for _, d := range []struct {
 		name string
@@ -236,6 +238,6 @@ func (o *Options) Validate() error {
 // CheckFiles reads the files the server reads at start (for --check-config);
 // see cli.CheckStartFiles.
 func (o *Options) CheckFiles() error {
-	return errors.Join(cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, HTTPDTokenFile: o.HTTPDTokenFile,
+	return errors.Join(cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, KeysFile: o.KeysFile, HTTPDTokenFile: o.HTTPDTokenFile,
 		CAFlag: "client-ca-file", CAFile: o.ClientCAFile, CertFile: o.CertFile, KeyFile: o.KeyFile, StateDir: o.StateDir})...)
 }

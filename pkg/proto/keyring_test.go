@@ -1,0 +1,81 @@
+package proto
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func decodeWith(t *testing.T, secret []byte, keyID bool) *Header {
+	t.Helper()
+	h, err := NewHeader("tcp:127.0.0.1:22", time.Now())
+	require.NoError(t, err)
+	var b []byte
+	if keyID {
+		b, err = h.Append(nil, secret)
+	} else {
+		b, err = h.append(nil, secret, nil) // a client from before key IDs
+	}
+	require.NoError(t, err)
+	got, err := Decode(bytes.NewReader(b))
+	require.NoError(t, err)
+	return got
+}
+
+func TestKeyring(t *testing.T) {
+	t.Parallel()
+	oldS, newS, other := []byte("the old secret, 16+"), []byte("the new secret, 16+"), []byte("someone else's secret")
+	kr, err := NewKeyring(Key{Name: "old", Secret: oldS}, Key{Secret: newS})
+	require.NoError(t, err)
+	assert.Equal(t, 2, kr.Len())
+
+	for _, keyID := range []bool{true, false} {
+		k, err := kr.Verify(decodeWith(t, oldS, keyID))
+		require.NoError(t, err, "keyID=%v", keyID)
+		assert.Equal(t, "old", k.Label())
+		k, err = kr.Verify(decodeWith(t, newS, keyID))
+		require.NoError(t, err, "keyID=%v", keyID)
+		assert.Equal(t, KeyIDOf(newS).String(), k.Label(), "an unnamed key is named by its ID")
+	}
+	_, err = kr.Verify(decodeWith(t, other, true))
+	require.ErrorIs(t, err, ErrUnknownKey)
+	require.ErrorIs(t, err, ErrAuth)
+	_, err = kr.Verify(decodeWith(t, other, false))
+	require.ErrorIs(t, err, ErrAuth)
+	_, err = kr.Verify(decodeWith(t, nil, false))
+	require.ErrorIs(t, err, ErrNoMAC)
+
+	// A header naming a key but MACed with another secret fails.
+	h, err := NewHeader("tcp:127.0.0.1:22", time.Now())
+	require.NoError(t, err)
+	id := KeyIDOf(oldS)
+	b, err := h.append(nil, other, &id)
+	require.NoError(t, err)
+	forged, err := Decode(bytes.NewReader(b))
+	require.NoError(t, err)
+	_, err = kr.Verify(forged)
+	require.ErrorIs(t, err, ErrAuth)
+	require.NotErrorIs(t, err, ErrUnknownKey)
+
+	var none *Keyring
+	assert.Zero(t, none.Len())
+}
+
+func TestNewKeyringErrors(t *testing.T) {
+	t.Parallel()
+	_, err := NewKeyring(Key{Secret: []byte("a")}, Key{Secret: []byte("a")})
+	require.ErrorContains(t, err, "the same secret")
+	_, err = NewKeyring(Key{Name: "x", Secret: []byte("a")}, Key{Name: "x", Secret: []byte("b")})
+	require.ErrorContains(t, err, "the same name")
+	_, err = NewKeyring(Key{})
+	require.ErrorContains(t, err, "empty secret")
+	many := make([]Key, MaxKeys+1)
+	for i := range many {
+		many[i].Secret = []byte{byte(i) + 1}
+	}
+	_, err = NewKeyring(many...)
+	require.ErrorContains(t, err, "at most")
+}
