@@ -184,7 +184,7 @@ func StartClient(t testing.TB, srv *Server, o ClientOptions) *Client {
 	}
 	pin, err := transport.ParseFingerprint(fp)
 	require.NoError(t, err)
-	topts := transport.ClientTLSOptions{Fingerprint: &pin, SessionCache: transport.NewStickySessionCache(4)}
+	topts := transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}, SessionCache: transport.NewStickySessionCache(4)}
 	if o.TLS != nil {
 		o.TLS(&topts)
 	}

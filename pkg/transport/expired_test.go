@@ -73,7 +73,7 @@ func TestExpiredServerCertificate(t *testing.T) {
 
 			pin, err := transport.ParseFingerprint(st.Fingerprint())
 			require.NoError(t, err)
-			pcfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin})
+			pcfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}})
 			require.NoError(t, err)
 			_, cerr, _ = handshake(t, transport.ServerTLSConfig(st, nil), pcfg)
 			assert.NoError(t, cerr, "a pinned key is trusted whatever the dates")

@@ -67,7 +67,7 @@ func serveOnce(t *testing.T, st *transport.State) (net.Addr, func()) {
 
 func dialEarly(t *testing.T, addr net.Addr, cache tls.ClientSessionCache, pin [32]byte) *quic.Conn {
 	t.Helper()
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin, SessionCache: cache})
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}, SessionCache: cache})
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)
@@ -124,7 +124,7 @@ func TestZeroRTTAcrossRestart(t *testing.T) {
 	other, err := transport.LoadOrCreateState(filepath.Join(t.TempDir(), "other"), "", "")
 	require.NoError(t, err)
 	addr, _ = serveOnce(t, other)
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin, SessionCache: cache})
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}, SessionCache: cache})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -159,7 +159,7 @@ func TestStatelessResetAfterRestart(t *testing.T) {
 	ln1, err := tr1.Listen(transport.ServerTLSConfig(st, nil), qconf)
 	require.NoError(t, err)
 
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin})
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}})
 	require.NoError(t, err)
 	cpc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)

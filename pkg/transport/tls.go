@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 )
 
 // ALPN is the application protocol negotiated by quictun endpoints.
@@ -39,8 +40,10 @@ type ClientTLSOptions struct {
 	ServerName string
 	// RootCAs verifies the server's chain (--ca-file).
 	RootCAs *x509.CertPool
-	// Fingerprint pins the server's leaf certificate (--server-fingerprint).
-	Fingerprint *[32]byte
+	// Fingerprints pin the server's leaf certificate (--server-fingerprint):
+	// any of them is accepted, so a server key can be rotated by pinning the
+	// new one beside the old (as ssh's known_hosts allows several keys).
+	Fingerprints [][32]byte
 	// InsecureSkipVerify accepts any server (--insecure-skip-verify).
 	InsecureSkipVerify bool
 	// ClientCert is presented for mutual TLS.
@@ -64,19 +67,21 @@ func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
 		c.Certificates = []tls.Certificate{*o.ClientCert}
 	}
 	switch {
-	case o.Fingerprint != nil:
-		want := *o.Fingerprint
-		// Chain verification is replaced by the pin; everything else in TLS stays.
+	case len(o.Fingerprints) > 0:
+		pins := slices.Clone(o.Fingerprints)
+		// Chain verification is replaced by the pins; everything else in TLS stays.
 		c.InsecureSkipVerify = true
 		c.VerifyConnection = func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 {
 				return ErrFingerprintMismatch
 			}
 			got := sha256.Sum256(cs.PeerCertificates[0].Raw)
-			if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
-				return ErrFingerprintMismatch
+			for _, want := range pins {
+				if subtle.ConstantTimeCompare(got[:], want[:]) == 1 {
+					return nil
+				}
 			}
-			return nil
+			return ErrFingerprintMismatch
 		}
 	case o.RootCAs != nil:
 		c.RootCAs = o.RootCAs

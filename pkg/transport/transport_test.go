@@ -255,20 +255,27 @@ func TestPinnedHandshake(t *testing.T) {
 	t.Parallel()
 	st, _ := newState(t)
 	other, _ := newState(t)
+	zero := "sha256:" + strings.Repeat("00", 32)
 	for _, tc := range []struct {
 		name    string
-		pin     string
+		pins    []string
 		wantErr bool
 	}{
-		{"right fingerprint", st.Fingerprint(), false},
-		{"another server's fingerprint", other.Fingerprint(), true},
-		{"zero fingerprint", "sha256:" + strings.Repeat("00", 32), true},
+		{"right fingerprint", []string{st.Fingerprint()}, false},
+		{"another server's fingerprint", []string{other.Fingerprint()}, true},
+		{"zero fingerprint", []string{zero}, true},
+		{"right one among several (rotation)", []string{other.Fingerprint(), st.Fingerprint()}, false},
+		{"none of several", []string{other.Fingerprint(), zero}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			pin, err := transport.ParseFingerprint(tc.pin)
-			require.NoError(t, err)
-			ccfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin})
+			var pins [][32]byte
+			for _, p := range tc.pins {
+				pin, err := transport.ParseFingerprint(p)
+				require.NoError(t, err)
+				pins = append(pins, pin)
+			}
+			ccfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: pins})
 			require.NoError(t, err)
 			serr, cerr, cs := handshake(t, transport.ServerTLSConfig(st, nil), ccfg)
 			if tc.wantErr {

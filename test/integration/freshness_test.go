@@ -100,7 +100,7 @@ func resumableTLS(t *testing.T, srv *testutil.Server, echo string) *tls.Config {
 	t.Helper()
 	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
 	require.NoError(t, err)
-	conf, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin, SessionCache: tls.NewLRUClientSessionCache(4)})
+	conf, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}, SessionCache: tls.NewLRUClientSessionCache(4)})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

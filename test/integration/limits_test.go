@@ -44,7 +44,7 @@ func TestConnectionFloodFromOneAddress(t *testing.T) {
 	t.Cleanup(func() { _ = tr.Close(); _ = pc.Close() })
 	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
 	require.NoError(t, err)
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin})
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}})
 	require.NoError(t, err)
 	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
 	sa, err := net.ResolveUDPAddr("udp", srv.Addr)

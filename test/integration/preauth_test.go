@@ -26,7 +26,7 @@ func attackerConn(t *testing.T, srv *testutil.Server) *quic.Conn {
 	t.Helper()
 	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
 	require.NoError(t, err)
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin})
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -236,7 +236,7 @@ func TestMaxConnections(t *testing.T) {
 
 	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
 	require.NoError(t, err)
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprint: &pin})
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -67,12 +67,12 @@ func (o *Options) Run(ctx context.Context) error {
 		host, _, _ := net.SplitHostPort(o.ServerEndpoint)
 		topts.ServerName = host
 	}
-	if o.ServerFingerprint != "" {
-		fp, err := transport.ParseFingerprint(o.ServerFingerprint)
+	for _, f := range o.ServerFingerprint {
+		fp, err := transport.ParseFingerprint(f)
 		if err != nil {
 			return err
 		}
-		topts.Fingerprint = &fp
+		topts.Fingerprints = append(topts.Fingerprints, fp)
 	}
 	if o.CAFile != "" {
 		pool, err := transport.LoadCertPool(o.CAFile)

@@ -26,7 +26,7 @@ func validOptions() *Options {
 	o := NewOptions()
 	o.ServerEndpoint = "server.example.com:7500"
 	o.TokenSource = "tcp:127.0.0.1:22"
-	o.ServerFingerprint = testFingerprint
+	o.ServerFingerprint = []string{testFingerprint}
 	o.SecretFile = "/etc/quictun/secret"
 	return o
 }
@@ -39,8 +39,8 @@ func TestValidate(t *testing.T) {
 		wantErr []string // substrings; empty means valid
 	}{
 		{"required fields set", func(*Options) {}, nil},
-		{"CA instead of fingerprint", func(o *Options) { o.ServerFingerprint, o.CAFile = "", "/ca.pem" }, nil},
-		{"explicit insecure", func(o *Options) { o.ServerFingerprint, o.InsecureSkipVerify = "", true }, nil},
+		{"CA instead of fingerprint", func(o *Options) { o.ServerFingerprint, o.CAFile = nil, "/ca.pem" }, nil},
+		{"explicit insecure", func(o *Options) { o.ServerFingerprint, o.InsecureSkipVerify = nil, true }, nil},
 		{"mTLS instead of secret", func(o *Options) { o.SecretFile, o.CertFile, o.KeyFile = "", "/c", "/k" }, nil},
 		{"explicit no auth", func(o *Options) { o.SecretFile, o.InsecureNoAuth = "", true }, nil},
 		{"IPv6 endpoint", func(o *Options) { o.ServerEndpoint = "[2001:db8::1]:7500" }, nil},
@@ -57,7 +57,7 @@ func TestValidate(t *testing.T) {
 			[]string{"--listen-on tcp:0.0.0.0:6500 is not loopback", "add --listen-non-loopback"}},
 		{"IPv6 any without opt-in", func(o *Options) { o.ListenOn = []string{"tcp:[::]:6500"} }, []string{"add --listen-non-loopback"}},
 		{"LAN address without opt-in", func(o *Options) { o.ListenOn = []string{"tcp:192.168.1.5:6500"} }, []string{"add --listen-non-loopback"}},
-		{"placeholder fingerprint", func(o *Options) { o.ServerFingerprint = "sha256:" + strings.Repeat("0", 64) },
+		{"placeholder fingerprint", func(o *Options) { o.ServerFingerprint = []string{"sha256:" + strings.Repeat("0", 64)} },
 			[]string{"all-zero placeholder", "quictun-server fingerprint"}},
 		{"fixed token not an endpoint", func(o *Options) { o.TokenSource = "tcp:bad" }, []string{`--token-source: bad token source: fixed token: "tcp:bad" is not tcp:HOST:PORT`}},
 
@@ -66,10 +66,10 @@ func TestValidate(t *testing.T) {
 		{"no server endpoint", func(o *Options) { o.ServerEndpoint = "" }, []string{"--server-endpoint is required"}},
 		{"endpoint without port", func(o *Options) { o.ServerEndpoint = "server.example.com" }, []string{`--server-endpoint "server.example.com"`}},
 		{"no token source", func(o *Options) { o.TokenSource = "" }, []string{"--token-source is required"}},
-		{"no verification", func(o *Options) { o.ServerFingerprint = "" }, []string{"server verification is required"}},
+		{"no verification", func(o *Options) { o.ServerFingerprint = nil }, []string{"server verification is required"}},
 		{"two verifications", func(o *Options) { o.CAFile = "/ca.pem" }, []string{"choose one of"}},
 		{"three verifications", func(o *Options) { o.CAFile, o.InsecureSkipVerify = "/ca.pem", true }, []string{"choose one of"}},
-		{"bad fingerprint", func(o *Options) { o.ServerFingerprint = "sha256:abcd" }, []string{"--server-fingerprint", "64 hex digits"}},
+		{"bad fingerprint", func(o *Options) { o.ServerFingerprint = []string{"sha256:abcd"} }, []string{"--server-fingerprint", "64 hex digits"}},
 		{"cert without key", func(o *Options) { o.CertFile = "/c" }, []string{"--cert-file and --key-file go together"}},
 		{"no auth", func(o *Options) { o.SecretFile = "" }, []string{"client authentication is required"}},
 		{"no auth contradiction", func(o *Options) { o.InsecureNoAuth = true }, []string{"--insecure-no-auth contradicts"}},
@@ -85,7 +85,7 @@ func TestValidate(t *testing.T) {
 		{"rescue too soon", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 1999*time.Millisecond }, []string{"--rescue-after (1.999s) must be at least twice --heartbeat-interval (1s)"}},
 		{"no connections", func(o *Options) { o.MaxConnections = 0 }, []string{"--max-connections must be at least 1"}},
 		{"every error at once", func(o *Options) {
-			*o = Options{ServerFingerprint: "xx", CAFile: "/ca", KeyFile: "/k", HeartbeatInterval: time.Second}
+			*o = Options{ServerFingerprint: []string{"xx"}, CAFile: "/ca", KeyFile: "/k", HeartbeatInterval: time.Second}
 		}, []string{
 			"--listen-on", "--server-endpoint is required", "--token-source is required", "choose one of",
 			"--server-fingerprint:", "--cert-file and --key-file", "client authentication is required",
@@ -191,7 +191,7 @@ func TestCommandWriteAndCheckConfigRoundTrip(t *testing.T) {
 	require.NoError(t, yaml.Unmarshal([]byte(first), &m))
 	assert.Equal(t, []any{"tcp:127.0.0.1:2222", "unix:/tmp/quictun-test.sock"}, m["listen-on"])
 	assert.Equal(t, "server.example.com:7500", m["server-endpoint"])
-	assert.Equal(t, testFingerprint, m["server-fingerprint"])
+	assert.Equal(t, []any{testFingerprint}, m["server-fingerprint"])
 	assert.Equal(t, "250ms", m["heartbeat-interval"])
 	assert.Equal(t, 12, m["max-connections"])
 

@@ -28,7 +28,7 @@ type Options struct {
 	TokenSourcePlugin string
 	TokenSource       string
 
-	ServerFingerprint  string
+	ServerFingerprint  []string
 	CAFile             string
 	ServerName         string
 	InsecureSkipVerify bool
@@ -110,7 +110,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
 	fs.StringVar(&o.TokenSource, "token-source", o.TokenSource, "the token source, e.g. tcp:127.0.0.1:22 for Fixed; tokens name tcp:HOST:PORT or unix:/path on the server side")
 
-	fs.StringVar(&o.ServerFingerprint, "server-fingerprint", o.ServerFingerprint, "pin the server certificate: sha256:<hex> as printed by 'quictun-server fingerprint'")
+	fs.StringSliceVar(&o.ServerFingerprint, "server-fingerprint", o.ServerFingerprint, "pin the server certificate: sha256:<hex> as printed by 'quictun-server fingerprint'; several (comma-separated or repeated) are each accepted, to rotate the server's key without downtime")
 	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "verify the server certificate against these PEM CAs")
 	fs.StringVar(&o.ServerName, "server-name", o.ServerName, "name to verify in the server certificate with --ca-file (default: the host of --server-endpoint)")
 	fs.BoolVar(&o.InsecureSkipVerify, "insecure-skip-verify", o.InsecureSkipVerify, "do not verify the server (anyone on the path can impersonate it)")
@@ -173,7 +173,7 @@ func (o *Options) Validate() error {
 		}
 	}
 	verifiers := 0
-	for _, set := range []bool{o.ServerFingerprint != "", o.CAFile != "", o.InsecureSkipVerify} {
+	for _, set := range []bool{len(o.ServerFingerprint) > 0, o.CAFile != "", o.InsecureSkipVerify} {
 		if set {
 			verifiers++
 		}
@@ -184,8 +184,8 @@ func (o *Options) Validate() error {
 	case verifiers > 1:
 		add("choose one of --server-fingerprint, --ca-file, --insecure-skip-verify")
 	}
-	if o.ServerFingerprint != "" {
-		if fp, err := transport.ParseFingerprint(o.ServerFingerprint); err != nil {
+	for _, f := range o.ServerFingerprint {
+		if fp, err := transport.ParseFingerprint(f); err != nil {
 			add("--server-fingerprint: %w", err)
 		} else if fp == ([32]byte{}) {
 			add("--server-fingerprint is the all-zero placeholder: replace it with the output of 'quictun-server fingerprint' on the server host")
