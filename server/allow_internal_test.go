@@ -45,6 +45,6 @@ func TestNewRefusesOwnQUICAddress(t *testing.T) {
 	s := newTestServer(t, nil)
 	dest, err := endpoint.Parse("tcp:" + s.Addr().String())
 	require.NoError(t, err)
-	_, _, err = s.allow.Load().Authorize(context.Background(), nil, dest)
+	_, _, err = s.policy.Load().all.Authorize(context.Background(), nil, dest)
 	require.ErrorIs(t, err, endpoint.ErrSelf)
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -52,6 +53,15 @@ type Config struct {
 	Secret []byte
 	Parser TokenParser
 	Allow  *endpoint.AllowList
+	// AllowFor holds further rules by client identity: "CN=NAME" for a
+	// client certificate's subject common name (mutual TLS), "key=NAME" for
+	// a shared-secret key's name (Key.Label). A stream may reach what Allow
+	// or the lists of its identities allow; each list must carry the deny
+	// rules too (endpoint.ParseRules), so deny still wins.
+	AllowFor map[string]*endpoint.AllowList
+	// AuditLog logs one line per tunnel at -v 0 once its header is verified:
+	// who (identity), from where, to what, result, bytes and duration.
+	AuditLog bool
 	// SelfAddrs are the addresses of the server's other listeners (the admin
 	// API). Streams to them, and to the QUIC listener's own address and
 	// port, are refused whatever Allow says (a wildcard address stands for
@@ -165,10 +175,10 @@ type Server struct {
 	// more state for an unverified peer).
 	raiseStreamsTo int64
 
-	// allow and keys are what SetAllowList and SetKeys change while the
+	// policy and keys are what SetAllowList and SetKeys change while the
 	// server runs (a reload); a stream uses the values it loaded at its header.
-	allow atomic.Pointer[endpoint.AllowList]
-	keys  atomic.Pointer[proto.Keyring]
+	policy atomic.Pointer[policy]
+	keys   atomic.Pointer[proto.Keyring]
 	// self are the server's own listeners, refused by every allow-list.
 	self []netip.AddrPort
 
@@ -241,7 +251,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		cfg.Dialer = &net.Dialer{}
 	}
 	s := &Server{self: self}
-	cfg.Dialer = checkedDialer(cfg.Dialer, s.allow.Load)
+	cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return s.policy.Load().all })
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
@@ -284,16 +294,47 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	s.conns = map[uint64]*quic.Conn{}
 	s.dialsByDest = map[string]*destSlots{}
 	s.started = time.Now()
-	s.SetAllowList(cfg.Allow)
+	s.SetAllowList(cfg.Allow, cfg.AllowFor)
 	s.keys.Store(cfg.Keys)
 	return s, nil
 }
 
-// SetAllowList replaces the destination rules for streams whose header
-// arrives from now on (tunnels already open are not affected). The server's
-// own listeners stay refused.
-func (s *Server) SetAllowList(a *endpoint.AllowList) {
-	s.allow.Store(a.WithSelf(nil, s.self...))
+// policy is the destination rules in force: for everyone, and by identity.
+type policy struct {
+	all        *endpoint.AllowList
+	byIdentity map[string]*endpoint.AllowList
+}
+
+// SetAllowList replaces the destination rules (all: for every client;
+// forIdentity: see Config.AllowFor) for streams whose header arrives from now
+// on; tunnels already open are not affected. The server's own listeners stay
+// refused.
+func (s *Server) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
+	p := &policy{all: all.WithSelf(nil, s.self...), byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity))}
+	for id, a := range forIdentity {
+		p.byIdentity[id] = a.WithSelf(nil, s.self...)
+	}
+	s.policy.Store(p)
+}
+
+// authorize checks dest against the rules for everyone and then, if none of
+// them allows it, those of each of the stream's identities. A refusal other
+// than "no rule allows it" (deny, reserved, self, unresolved) is final.
+func (p *policy) authorize(ctx context.Context, r endpoint.Resolver, dest endpoint.Endpoint, identities []string) (endpoint.Endpoint, string, error) {
+	dial, rule, err := p.all.Authorize(ctx, r, dest)
+	if err == nil || endpoint.RefusalReason(err) != endpoint.ReasonNotAllowed {
+		return dial, rule, err
+	}
+	for _, id := range identities {
+		if a := p.byIdentity[id]; a != nil {
+			if d, r2, err2 := a.Authorize(ctx, r, dest); err2 == nil {
+				return d, id + ":" + r2, nil
+			} else if endpoint.RefusalReason(err2) != endpoint.ReasonNotAllowed {
+				return d, r2, err2
+			}
+		}
+	}
+	return dial, rule, err
 }
 
 // ErrAuthModeChange is returned by SetKeys for a change between shared-secret
@@ -330,7 +371,9 @@ func (s *Server) ConnStats() []metrics.ConnStats {
 	defer s.mu.Unlock()
 	out := make([]metrics.ConnStats, 0, len(s.conns))
 	for id, c := range s.conns {
-		out = append(out, metrics.ConnStatsOf(fmt.Sprint(id), c))
+		cs := metrics.ConnStatsOf(fmt.Sprint(id), c)
+		cs.ClientSubject = peerOf(c).subject
+		out = append(out, cs)
 	}
 	return out
 }
@@ -519,6 +562,16 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "server shutting down")
 	})
 	var streams sync.WaitGroup
+	if s.cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert {
+		// With mutual TLS, say who connected once the handshake has shown it.
+		streams.Go(func() {
+			select {
+			case <-conn.HandshakeComplete():
+				logger.V(2).Info("Authenticated client certificate", "clientSubject", peerOf(conn).subject)
+			case <-conn.Context().Done():
+			}
+		})
+	}
 	var prober *liveness.TailProber
 	if conn.ConnectionState().SupportsDatagrams.Remote {
 		prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
@@ -688,9 +741,14 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	m := s.cfg.Metrics
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(str.StreamID()))
 	start := time.Now()
+	// audit, set once the header is verified, writes the tunnel's audit line.
+	var audit func(result string, up, down int64)
 	fail := func(code proto.Code, msg string, kv ...any) {
 		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
 		resetStream(str, code)
+		if audit != nil {
+			audit(metrics.ResultLabel(code), 0, 0)
+		}
 		lvl := klog.Level(4)
 		if code == proto.CodeRefused || code == proto.CodeAuthFailed || code == proto.CodeReplay {
 			lvl = 2 // an operator wants to see these
@@ -732,9 +790,26 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 			return
 		}
 	}
-	logger = klog.LoggerWithValues(logger, "key", keyName)
+	if keyName != "" {
+		logger = klog.LoggerWithValues(logger, "key", keyName)
+	}
 	gate.markVerified()
 	release()
+	// The client certificate is known once the handshake is (a stream of a
+	// new connection arrives after it; a 0-RTT stream's session ticket
+	// carries the certificate it was issued to).
+	peer := peerOf(conn)
+	if peer.subject != "" {
+		logger = klog.LoggerWithValues(logger, "clientSubject", peer.subject)
+	}
+	identities := peer.identities(keyName)
+	if s.cfg.AuditLog {
+		destination := h.Token
+		audit = func(result string, up, down int64) {
+			logger.Info("Closed tunnel", "identity", strings.Join(identities, ","), "destination", destination, "result", result,
+				"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start).Round(time.Millisecond))
+		}
+	}
 	// Every header must be fresh, not only 0-RTT ones: a header with a valid
 	// MAC found later (in a log, a core dump) must not open tunnels forever.
 	if now := time.Now(); !s.replay.fresh(h.Time, now) {
@@ -756,7 +831,7 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 		m.RefusedTotal.WithLabelValues(dest.Network, reason).Inc()
 		fail(proto.CodeRefused, "Refused destination", "destination", dest.String(), "reason", reason, "err", err)
 	}
-	dial, rule, err := s.allow.Load().Authorize(ctx, s.cfg.Resolver, dest)
+	dial, rule, err := s.policy.Load().authorize(ctx, s.cfg.Resolver, dest, identities)
 	if err != nil {
 		// Every Authorize error refuses, a name that does not resolve too:
 		// the client learns nothing about which internal names exist.
@@ -830,6 +905,7 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	t := &tunnel.Tunnel{
 		StreamID:    int64(str.StreamID()),
 		ConnID:      connID,
+		Identity:    strings.Join(identities, ","),
 		Endpoint:    s.pc.LocalAddr().String(),
 		Source:      conn.RemoteAddr().String(),
 		Destination: dial.String(),
@@ -854,6 +930,39 @@ func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint6
 	m.StreamsTotal.WithLabelValues(result).Inc()
 	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"duration", time.Since(start), "result", result, "err", err)
+	if audit != nil {
+		audit(result, up, down)
+	}
+}
+
+// peer is who a connection's client certificate says the client is (mutual
+// TLS); empty without one.
+type peer struct {
+	subject string // the certificate's subject, e.g. "CN=ci-runner,O=Example"
+	cn      string // its common name
+}
+
+// peerOf reads the client certificate of c.
+func peerOf(c *quic.Conn) peer {
+	certs := c.ConnectionState().TLS.PeerCertificates
+	if len(certs) == 0 {
+		return peer{}
+	}
+	return peer{subject: certs[0].Subject.String(), cn: certs[0].Subject.CommonName}
+}
+
+// identities are the names a stream's client goes by in Config.AllowFor and
+// logs: "CN=NAME" for a client certificate, "key=NAME" for the shared-secret
+// key its header was made with.
+func (p peer) identities(keyName string) []string {
+	var ids []string
+	if p.cn != "" {
+		ids = append(ids, "CN="+p.cn)
+	}
+	if keyName != "" {
+		ids = append(ids, "key="+keyName)
+	}
+	return ids
 }
 
 // keyIDOf returns the key ID a header names, in hex, or "" for none.

@@ -36,3 +36,36 @@ func SelfSignedTLS(tb testing.TB, name string) (server, client *tls.Config) {
 	client = &tls.Config{RootCAs: pool, ServerName: name, NextProtos: []string{name}}
 	return server, client
 }
+
+// ClientCA returns a client CA's pool (for a server's --client-ca-file) and a
+// function that issues a client certificate with common name cn from it.
+func ClientCA(tb testing.TB) (*x509.CertPool, func(cn string) tls.Certificate) {
+	tb.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(tb, err)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test client CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	require.NoError(tb, err)
+	ca, err := x509.ParseCertificate(caDER)
+	require.NoError(tb, err)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	serial := int64(1)
+	return pool, func(cn string) tls.Certificate {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		require.NoError(tb, err)
+		serial++
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn, Organization: []string{"quictun tests"}},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		require.NoError(tb, err)
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	}
+}

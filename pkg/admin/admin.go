@@ -112,6 +112,7 @@ func Handler(o Options) http.Handler {
 		mux.Handle("GET /connections", protect(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			type conn struct {
 				ID                 string  `json:"id"`
+				ClientSubject      string  `json:"clientSubject,omitempty"`
 				SmoothedRTTSeconds float64 `json:"smoothedRttSeconds"`
 				MinRTTSeconds      float64 `json:"minRttSeconds"`
 				LatestRTTSeconds   float64 `json:"latestRttSeconds"`
@@ -131,7 +132,7 @@ func Handler(o Options) http.Handler {
 			for _, c := range cs {
 				s := c.Stats
 				out = append(out, conn{
-					ID: c.Label, SmoothedRTTSeconds: s.SmoothedRTT.Seconds(), MinRTTSeconds: s.MinRTT.Seconds(),
+					ID: c.Label, ClientSubject: c.ClientSubject, SmoothedRTTSeconds: s.SmoothedRTT.Seconds(), MinRTTSeconds: s.MinRTT.Seconds(),
 					LatestRTTSeconds: s.LatestRTT.Seconds(), RTTVarianceSeconds: s.MeanDeviation.Seconds(),
 					CongestionWindow: uint64(s.CongestionWindow), BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
 					BytesLost: s.BytesLost, PacketsSent: s.PacketsSent, PacketsReceived: s.PacketsReceived, PacketsLost: s.PacketsLost,

@@ -15,7 +15,10 @@ import (
 // under when per-connection series are enabled (the client's connection index).
 type ConnStats struct {
 	Label string
-	Stats quic.ConnectionStats
+	// ClientSubject is the subject of the client's certificate (server side,
+	// mutual TLS); empty otherwise.
+	ClientSubject string
+	Stats         quic.ConnectionStats
 	// Congestion is the state of quictun's congestion controller; nil when
 	// quic-go's built-in one (reno) is in use.
 	Congestion *congestion.Stats

@@ -23,7 +23,10 @@ type Tunnel struct {
 	Endpoint    string // the local listener (client) or the QUIC listener (server)
 	Source      string // the application's address (client) or the client's QUIC address (server)
 	Destination string
-	CreatedAt   time.Time
+	// Identity is who the client is, when known (server: "CN=NAME" of its
+	// certificate, "key=NAME" of its shared secret).
+	Identity  string
+	CreatedAt time.Time
 
 	// Upstream and Downstream count application bytes toward and from the destination.
 	Upstream   *atomic.Int64
@@ -40,6 +43,7 @@ type Info struct {
 	Endpoint              string    `json:"endpoint"`
 	ClientAppAddr         string    `json:"clientAppAddr"`
 	ServerAppAddr         string    `json:"serverAppAddr"`
+	ClientIdentity        string    `json:"clientIdentity,omitempty"`
 	CreatedAt             time.Time `json:"createdAt"`
 	UpstreamBytes         int64     `json:"upstreamBytes"`
 	DownstreamBytes       int64     `json:"downstreamBytes"`
@@ -164,6 +168,7 @@ func (r *Registry) List(now time.Time) []Info {
 			Endpoint:              t.Endpoint,
 			ClientAppAddr:         t.Source,
 			ServerAppAddr:         t.Destination,
+			ClientIdentity:        t.Identity,
 			CreatedAt:             t.CreatedAt,
 			UpstreamBytes:         up,
 			DownstreamBytes:       down,

@@ -101,9 +101,9 @@ func TestCheckConfig(t *testing.T) {
 	}{
 		{name: "valid", args: []string{"--secret-file", secret, "--state-dir", state}, wantCode: 0},
 		{name: "no auth", args: []string{"--state-dir", state}, wantCode: 1,
-			want: []string{"client authentication is required: set --secret-file or --client-ca-file"}},
+			want: []string{"client authentication is required: set --secret-file (or --keys-file) or --client-ca-file"}},
 		{name: "contradiction", args: []string{"--state-dir", state, "--secret-file", secret, "--insecure-no-auth"}, wantCode: 1,
-			want: []string{"--insecure-no-auth contradicts --secret-file/--client-ca-file"}},
+			want: []string{"--insecure-no-auth contradicts --secret-file/--keys-file/--client-ca-file"}},
 		{name: "keepalive not below idle", args: []string{"--secret-file", secret, "--idle-timeout", "2s", "--keepalive-period", "2s"}, wantCode: 1,
 			want: []string{"--keepalive-period (2s) must be shorter than --idle-timeout (2s)"}},
 		{name: "bad env value", env: []string{"QUICTUN_DIAL_TIMEOUT=soon"}, args: []string{"--secret-file", secret}, wantCode: 1,

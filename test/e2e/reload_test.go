@@ -109,12 +109,14 @@ func TestKeyRotationWithKeysFile(t *testing.T) {
 	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--keys-file", keys}})
 	onOld := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "old", oldKey+"\n")})
 	require.NoError(t, echoVia(t, onOld.Addr, "old key"))
-	waitFor(t, ioTimeout, "the stream logged with its key name", func() bool { return strings.Contains(srv.log(), `key="v1"`) })
+	waitFor(t, ioTimeout, "the audit line with the key's name", func() bool {
+		return strings.Contains(srv.log(), `"Closed tunnel"`) && strings.Contains(srv.log(), `identity="key=v1" destination="tcp:`+echo+`" result="ok" bytesUpstream=7 bytesDownstream=7`)
+	})
 
 	require.NoError(t, os.WriteFile(keys, []byte("v1 "+oldKey+"\nv2 "+newKey+"\n"), 0o600))
 	srv.signal(t, syscall.SIGHUP)
 	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
-	waitFor(t, ioTimeout, "keysAdded logged", func() bool { return strings.Contains(srv.log(), `keysAdded=["v2"]`) })
+	waitFor(t, ioTimeout, "keysAdded logged", func() bool { return strings.Contains(srv.log(), `keysAdded=["v2 (`) })
 	onNew := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "new", newKey+"\n")})
 	require.NoError(t, echoVia(t, onNew.Addr, "new key"))
 	require.NoError(t, echoVia(t, onOld.Addr, "old key still accepted"))
@@ -126,4 +128,15 @@ func TestKeyRotationWithKeysFile(t *testing.T) {
 	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_auth_failures_total", "reason", "unknown_key")
 	require.NoError(t, echoVia(t, onNew.Addr, "new key"))
 	assert.Zero(t, scrape(t, srv).val("quictun_server_auth_failures_total", "reason", "bad_mac"))
+}
+
+// TestAuditLogSwitch: --audit-log=false leaves out the per-tunnel line.
+func TestAuditLogSwitch(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--audit-log=false"}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo})
+	require.NoError(t, echoVia(t, cl.Addr, "not audited"))
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_streams_total", "result", "ok")
+	assert.NotContains(t, srv.log(), "Closed tunnel")
 }

@@ -38,7 +38,7 @@ func TestSetAllowListKeepsOpenTunnels(t *testing.T) {
 	echoMsg(t, live, "before")
 	expectRefused(t, srv, "tcp:"+b, endpoint.ReasonNotAllowed)
 
-	srv.SetAllowList(endpoint.MustParseAllowList("tcp:" + b))
+	srv.SetAllowList(endpoint.MustParseAllowList("tcp:"+b), nil)
 	toB := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + b, WaitReady: true})
 	echoCheck(t, dial(t, toB.Addr), 1000)
 	expectRefused(t, srv, "tcp:"+a, endpoint.ReasonNotAllowed)
@@ -56,7 +56,7 @@ func TestSetAllowListKeepsSelfRefused(t *testing.T) {
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:127.0.0.2:1"}, Mutate: func(c *server.Config) {
 		c.SelfAddrs = []net.Addr{admin}
 	}})
-	srv.SetAllowList(endpoint.MustParseAllowList("tcp:127.0.0.0/8:*"))
+	srv.SetAllowList(endpoint.MustParseAllowList("tcp:127.0.0.0/8:*"), nil)
 	expectRefused(t, srv, "tcp:"+admin.String(), endpoint.ReasonSelf)
 	assert.Zero(t, hits())
 }

@@ -74,3 +74,23 @@ func TestLogAllowList(t *testing.T) {
 		})
 	}
 }
+
+func TestParseAllowFor(t *testing.T) {
+	t.Parallel()
+	lists, err := parseAllowFor([]string{"CN=ci-runner=tcp:10.0.0.5:5432", "key=v2=db=tcp:10.0.0.6:5432", "CN=ci-runner=tcp:10.0.0.7:22"}, []string{"tcp:10.0.0.7:22"})
+	require.NoError(t, err)
+	require.Len(t, lists, 2)
+	assert.Equal(t, []string{"rule0=tcp:10.0.0.5:5432", "rule1=tcp:10.0.0.7:22"}, lists["CN=ci-runner"].Rules())
+	assert.Equal(t, []string{"deny0=tcp:10.0.0.7:22"}, lists["CN=ci-runner"].DenyRules(), "deny rules go with every identity's list")
+	assert.Equal(t, []string{"db=tcp:10.0.0.6:5432"}, lists["key=v2"].Rules())
+	for _, tc := range []struct{ spec, want string }{
+		{"tcp:10.0.0.5:5432", "want CN=NAME=RULE"},
+		{"CN=ci-runner", "want CN=NAME=RULE"},
+		{"CN==tcp:1.2.3.4:5", "want CN=NAME=RULE"},
+		{"OU=ops=tcp:1.2.3.4:5", "not OU="},
+		{"CN=x=tcp:nonsense", "--allow-for CN=x"},
+	} {
+		_, err := parseAllowFor([]string{tc.spec}, nil)
+		require.ErrorContains(t, err, tc.want, tc.spec)
+	}
+}

@@ -96,6 +96,11 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	allowFor, err := parseAllowFor(o.AllowFor, o.Deny)
+	if err != nil {
+		return err
+	}
+	o.warnUnmatchedIdentities(logger, keys)
 	parser, err := token.NewParser(o.TokenParserPlugin, o.TokenParserKey)
 	if err != nil {
 		return err
@@ -147,6 +152,8 @@ func (o *Options) Run(ctx context.Context) error {
 		Keys:                   keys,
 		Parser:                 parser,
 		Allow:                  allow,
+		AllowFor:               allowFor,
+		AuditLog:               o.AuditLog,
 		SelfAddrs:              adminAddrs(adminLn),
 		Dialer:                 &net.Dialer{KeepAlive: 30 * time.Second},
 		HeaderTimeout:          o.HeaderTimeout,
@@ -239,16 +246,20 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "secret-file", "keys-file"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
 // rules, and the secret file read again (its keys may change under the same
 // name). Everything is read and checked before anything is applied.
 func (o *Options) applier(srv *server.Server, keys *proto.Keyring) cli.Apply {
-	rules, deny := o.Allow, o.Deny
+	rules, deny, allowFor := o.Allow, o.Deny, o.AllowFor
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
 		allow, err := endpoint.ParseRules(next.Allow, next.Deny)
+		if err != nil {
+			return nil, err
+		}
+		byIdentity, err := parseAllowFor(next.AllowFor, next.Deny)
 		if err != nil {
 			return nil, err
 		}
@@ -277,12 +288,14 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring) cli.Apply {
 		}
 		added, removed := diffRules(rules, next.Allow)
 		deniedAdded, deniedRemoved := diffRules(deny, next.Deny)
-		if len(added)+len(removed)+len(deniedAdded)+len(deniedRemoved) > 0 {
-			srv.SetAllowList(allow)
-			rules, deny = next.Allow, next.Deny
+		forAdded, forRemoved := diffRules(allowFor, next.AllowFor)
+		if len(added)+len(removed)+len(deniedAdded)+len(deniedRemoved)+len(forAdded)+len(forRemoved) > 0 {
+			srv.SetAllowList(allow, byIdentity)
+			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
 		}
 		klog.InfoS("Applied configuration changes", "allowAdded", added, "allowRemoved", removed,
-			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "keysAdded", keysAdded, "keysRemoved", keysRemoved,
+			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "allowForAdded", forAdded, "allowForRemoved", forRemoved,
+			"keysAdded", keysAdded, "keysRemoved", keysRemoved,
 			"note", "open tunnels keep running; the rules and the keys apply to new streams")
 		return applied, nil
 	}
@@ -316,13 +329,76 @@ func loadKeys(secretFile, keysFile string) (*proto.Keyring, error) {
 	return kr, nil
 }
 
-// keyLabels names the keys of kr for logs: NAME, or the key ID in hex.
+// warnUnmatchedIdentities logs, at -v 0, --allow-for rules that can never
+// match: CN= without --client-ca-file, key= naming no --keys-file key.
+func (o *Options) warnUnmatchedIdentities(logger klog.Logger, keys *proto.Keyring) {
+	for _, spec := range o.AllowFor {
+		id, _, err := splitAllowFor(spec)
+		if err != nil {
+			continue
+		}
+		kind, name, _ := strings.Cut(id, "=")
+		switch {
+		case kind == "CN" && o.ClientCAFile == "":
+			logger.Info("An --allow-for rule names a client certificate, but the server does not ask for one: set --client-ca-file, or the rule never applies", "rule", spec)
+		case kind == "key" && !slices.ContainsFunc(keys.Keys(), func(k proto.Key) bool { return k.Label() == name }):
+			logger.Info("An --allow-for rule names a key the server does not hold: name it in --keys-file, or the rule never applies", "rule", spec)
+		}
+	}
+}
+
+// keyLabels names the keys of kr for logs, "NAME (ID)" (the ID alone for
+// the unnamed key), so a secret replaced under the same name shows too.
 func keyLabels(kr *proto.Keyring) []string {
 	var out []string
 	for _, k := range kr.Keys() {
-		out = append(out, k.Label())
+		if k.Name == "" {
+			out = append(out, k.ID.String())
+			continue
+		}
+		out = append(out, k.Name+" ("+k.ID.String()+")")
 	}
 	return out
+}
+
+// parseAllowFor parses --allow-for rules, IDENTITY=RULE with IDENTITY
+// "CN=NAME" (a client certificate's common name) or "key=NAME" (a
+// --keys-file key), into an allow-list per identity carrying the deny rules.
+func parseAllowFor(specs, deny []string) (map[string]*endpoint.AllowList, error) {
+	rules := map[string][]string{}
+	var order []string
+	for _, spec := range specs {
+		id, rule, err := splitAllowFor(spec)
+		if err != nil {
+			return nil, err
+		}
+		if _, seen := rules[id]; !seen {
+			order = append(order, id)
+		}
+		rules[id] = append(rules[id], rule)
+	}
+	out := make(map[string]*endpoint.AllowList, len(rules))
+	for _, id := range order {
+		a, err := endpoint.ParseRules(rules[id], deny)
+		if err != nil {
+			return nil, fmt.Errorf("--allow-for %s: %w", id, err)
+		}
+		out[id] = a
+	}
+	return out, nil
+}
+
+// splitAllowFor splits "CN=NAME=RULE" or "key=NAME=RULE".
+func splitAllowFor(spec string) (identity, rule string, err error) {
+	kind, rest, ok := strings.Cut(spec, "=")
+	name, rule, ok2 := strings.Cut(rest, "=")
+	switch {
+	case !ok || !ok2 || name == "" || rule == "":
+		return "", "", fmt.Errorf("--allow-for %q: want CN=NAME=RULE or key=NAME=RULE, e.g. CN=ci-runner=tcp:10.0.0.5:5432", spec)
+	case kind != "CN" && kind != "key":
+		return "", "", fmt.Errorf("--allow-for %q: the identity is CN=NAME (client certificate) or key=NAME (--keys-file key), not %s=", spec, kind)
+	}
+	return kind + "=" + name, rule, nil
 }
 
 // diffRules returns the rules of next not in cur, and of cur not in next.

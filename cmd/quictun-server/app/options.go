@@ -25,6 +25,8 @@ type Options struct {
 	ListenOn string
 	Allow    []string
 	Deny     []string
+	AllowFor []string
+	AuditLog bool
 
 	StateDir       string
 	CertFile       string
@@ -80,6 +82,7 @@ func NewOptions() *Options {
 		CongestionFlags:    cli.NewCongestionFlags(),
 		ListenOn:           "0.0.0.0:7500",
 		Allow:              endpoint.DefaultAllowList().Rules(),
+		AuditLog:           true,
 		StateDir:           "/var/lib/quictun-server",
 		TokenParserPlugin:  token.PluginCleartext,
 		HTTPDListenOn:      "127.0.0.1:8086",
@@ -105,9 +108,9 @@ func NewOptions() *Options {
 
 // Flag groups, shown as sections in --help.
 var flagGroups = []cli.FlagGroup{
-	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "token-parser-plugin", "token-parser-key"}},
+	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "allow-for", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "insecure-no-auth"}},
-	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
+	{Title: "Admin HTTP server and logs", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir", "audit-log"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt", "tail-probes", "fec"}},
 	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-replay-entries-per-conn"}},
 	{Title: "Congestion control", Names: cli.CongestionFlagNames},
@@ -123,6 +126,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.CongestionFlags.AddFlags(fs)
 	fs.StringVar(&o.ListenOn, "listen-on", o.ListenOn, "UDP address to accept QUIC connections on, e.g. 0.0.0.0:7500 or [::]:7500")
 	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only. Never reachable whatever the rules: the server's own QUIC and admin listeners, 0.0.0.0 and ::, and cloud metadata addresses (169.254.169.254, fd00:ec2::254, ...) unless a rule names them exactly")
+	fs.StringSliceVar(&o.AllowFor, "allow-for", o.AllowFor, "destinations only some clients may reach, IDENTITY=RULE (repeatable): CN=NAME for a client certificate's common name (needs --client-ca-file), key=NAME for a --keys-file key; e.g. CN=ci-runner=tcp:10.0.0.5:5432. Added to --allow for that client; --deny still wins")
+	fs.BoolVar(&o.AuditLog, "audit-log", o.AuditLog, "log one line per tunnel at -v 0 once its client is authenticated: identity, remote address, destination, result, bytes, duration (--audit-log=false turns it off)")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
@@ -175,6 +180,9 @@ func (o *Options) Validate() error {
 	}
 	if _, err := endpoint.ParseRules(o.Allow, o.Deny); err != nil {
 		add("--allow/--deny: %w", err)
+	}
+	if _, err := parseAllowFor(o.AllowFor, o.Deny); err != nil {
+		errs = append(errs, err)
 	}
 	if _, err := token.NewParser(o.TokenParserPlugin, o.TokenParserKey); err != nil {
 		add("--token-parser-plugin/--token-parser-key: %w", err)
