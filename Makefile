@@ -7,7 +7,11 @@ LDFLAGS  := -s -w -X github.com/quictun/quictun/pkg/version.Version=$(VERSION) -
 FUZZTIME ?= 30s
 BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./tools/linkem
 
-.PHONY: all quic-go test-quic-go build demo test test-short check vet fmt fmt-check fuzz bench bench-full bench-compare e2e soak deploy-check clean
+.PHONY: all quic-go test-quic-go build demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-compare e2e soak deploy-check clean
+
+# golangci-lint, pinned; installed from the module proxy into bin/tools (about 2 minutes the first time)
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := bin/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
 all: build
 
@@ -28,8 +32,8 @@ build: quic-go
 demo: build
 	bash scripts/demo.sh
 
-## test: what CI runs: format and vet checks, then every test with the race detector
-test: quic-go fmt-check vet test-quic-go
+## test: what CI runs: format, vet and lint checks, then every test with the race detector
+test: quic-go fmt-check vet lint test-quic-go
 	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./...
 
 ## e2e: black-box tests of the built binaries (also part of make test)
@@ -50,6 +54,15 @@ test-short: quic-go
 
 vet: quic-go
 	$(GO) vet ./...
+
+## lint: golangci-lint with .golangci.yml (staticcheck, errcheck, depguard's import rules, ...)
+lint: quic-go $(GOLANGCI_LINT)
+	$(GOLANGCI_LINT) run ./...
+
+$(GOLANGCI_LINT):
+	@mkdir -p bin/tools
+	GOBIN=$(CURDIR)/bin/tools $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv bin/tools/golangci-lint $@
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -453,7 +453,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.draining.Store(true)
 	s.cfg.Metrics.Draining.Set(1)
 	_ = ln.Close()
-	<-acceptErr
+	<-acceptErr //nolint:errcheck // waits for the accept loop to end; its error was handled above
 	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", s.cfg.DrainTimeout)
 		dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)

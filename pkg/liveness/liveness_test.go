@@ -433,14 +433,12 @@ func TestTailProberRequestResponse(t *testing.T) {
 		p := liveness.NewTailProber(c, 1, delay, st)
 		stop := startProber(p)
 		defer stop()
-		var last time.Time
 		for range 100 {
-			last = time.Now()
 			p.Kick() // request
 			time.Sleep(3 * time.Millisecond)
 			p.Heard() // its answer
 		}
-		last = time.Now()
+		last := time.Now()
 		p.Kick() // the last request is lost
 		time.Sleep(time.Second)
 		at := c.times()

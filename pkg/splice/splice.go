@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/quic-go/quic-go"
+
 	"github.com/quictun/quictun/pkg/proto"
 )
 

@@ -66,7 +66,7 @@ func TestExpiredServerCertificate(t *testing.T) {
 
 			ccfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{RootCAs: pool, ServerName: transport.ServerName})
 			require.NoError(t, err)
-			_, cerr, _ := handshake(t, transport.ServerTLSConfig(st, nil), ccfg)
+			_, _, cerr := handshake(t, transport.ServerTLSConfig(st, nil), ccfg)
 			var ie x509.CertificateInvalidError
 			require.ErrorAs(t, cerr, &ie)
 			assert.Equal(t, x509.Expired, ie.Reason)
@@ -75,7 +75,7 @@ func TestExpiredServerCertificate(t *testing.T) {
 			require.NoError(t, err)
 			pcfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}})
 			require.NoError(t, err)
-			_, cerr, _ = handshake(t, transport.ServerTLSConfig(st, nil), pcfg)
+			_, _, cerr = handshake(t, transport.ServerTLSConfig(st, nil), pcfg)
 			assert.NoError(t, cerr, "a pinned key is trusted whatever the dates")
 		})
 	}
@@ -90,7 +90,7 @@ func TestExpiredClientCertificate(t *testing.T) {
 
 	ccfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{InsecureSkipVerify: true, ClientCert: &expired})
 	require.NoError(t, err)
-	serr, cerr, _ := handshake(t, transport.ServerTLSConfig(st, pool), ccfg)
+	_, serr, cerr := handshake(t, transport.ServerTLSConfig(st, pool), ccfg)
 	var ie x509.CertificateInvalidError
 	require.ErrorAs(t, serr, &ie, "server: %v", serr)
 	assert.Equal(t, x509.Expired, ie.Reason)

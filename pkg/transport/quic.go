@@ -8,8 +8,9 @@ import (
 
 	"github.com/quic-go/quic-go"
 
-	"github.com/quictun/quictun/pkg/congestion"
 	"golang.org/x/sys/unix"
+
+	"github.com/quictun/quictun/pkg/congestion"
 )
 
 // QUICOptions are the tunables of a QUIC connection that quictun exposes.

@@ -212,7 +212,7 @@ func connPair(t *testing.T) (a, b net.Conn) {
 
 // handshake runs a TLS handshake over loopback TCP and returns both sides'
 // errors and the client's connection state.
-func handshake(t *testing.T, server, client *tls.Config) (serr, cerr error, cs tls.ConnectionState) {
+func handshake(t *testing.T, server, client *tls.Config) (cs tls.ConnectionState, serr, cerr error) {
 	t.Helper()
 	sc, cc := connPair(t)
 	defer func() { _ = sc.Close() }()
@@ -248,7 +248,7 @@ func handshake(t *testing.T, server, client *tls.Config) (serr, cerr error, cs t
 		_ = cc.Close()
 	}
 	serr = <-done
-	return serr, cerr, cs
+	return cs, serr, cerr
 }
 
 func TestPinnedHandshake(t *testing.T) {
@@ -277,7 +277,7 @@ func TestPinnedHandshake(t *testing.T) {
 			}
 			ccfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: pins})
 			require.NoError(t, err)
-			serr, cerr, cs := handshake(t, transport.ServerTLSConfig(st, nil), ccfg)
+			cs, serr, cerr := handshake(t, transport.ServerTLSConfig(st, nil), ccfg)
 			if tc.wantErr {
 				require.ErrorIs(t, cerr, transport.ErrFingerprintMismatch)
 				assert.Error(t, serr)
@@ -307,7 +307,7 @@ func TestCAVerifiedHandshake(t *testing.T) {
 			t.Parallel()
 			ccfg, err := transport.ClientTLSConfig(transport.ClientTLSOptions{RootCAs: pool, ServerName: tc.serverName})
 			require.NoError(t, err)
-			_, cerr, _ := handshake(t, transport.ServerTLSConfig(st, nil), ccfg)
+			_, _, cerr := handshake(t, transport.ServerTLSConfig(st, nil), ccfg)
 			if tc.wantErr {
 				var he x509.HostnameError
 				assert.ErrorAs(t, cerr, &he)
@@ -373,7 +373,7 @@ func TestMutualTLS(t *testing.T) {
 			require.NoError(t, err)
 			scfg := transport.ServerTLSConfig(st, pool)
 			assert.Equal(t, tls.RequireAndVerifyClientCert, scfg.ClientAuth)
-			serr, cerr, _ := handshake(t, scfg, ccfg)
+			_, serr, cerr := handshake(t, scfg, ccfg)
 			if tc.wantErr {
 				assert.Error(t, serr, "server rejects the client")
 				assert.Error(t, cerr, "client learns it was rejected")

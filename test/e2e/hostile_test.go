@@ -220,13 +220,12 @@ func TestHostileStreams(t *testing.T) {
 		}
 	}
 
-	m := scrape(t, srv)
 	for result, want := range map[string]float64{
 		"bad_header": 6, "timeout": 1, "refused": 3, "bad_token": 1, "auth_failed": 2, "ok": 1,
 	} {
 		waitMetric(t, srv, 5*time.Second, eq(want), "quictun_server_streams_total", "result", result)
 	}
-	m = scrape(t, srv)
+	m := scrape(t, srv)
 	assert.Equal(t, 2.0, m.val("quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed"))
 	assert.Equal(t, 1.0, m.val("quictun_server_refused_destinations_total", "network", "unix", "reason", "not_allowed"))
 	assert.Equal(t, 1.0, m.val("quictun_server_dial_duration_seconds"), "only the valid stream was dialed")

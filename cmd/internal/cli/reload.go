@@ -37,11 +37,10 @@ type Apply func(next Daemon, changed []string) (applied []string, err error)
 
 // Reloader loads the daemon's configuration anew and tracks what runs.
 type Reloader struct {
-	fresh      func() Daemon
-	file       string
-	cmdline    map[string][]string // flags set on the command line, by name
-	running    map[string]string   // effective value of every flag
-	reloadable []string            // flags an Apply may change; others need a restart
+	fresh   func() Daemon
+	file    string
+	cmdline map[string][]string // flags set on the command line, by name
+	running map[string]string   // effective value of every flag
 }
 
 // newReloader records fs's command-line flags (call it before the config is

@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quictun/quictun/tools/linkem/netns"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
 func TestMain(m *testing.M) {

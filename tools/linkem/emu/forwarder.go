@@ -85,7 +85,7 @@ func (d *delayLine) push(p heldPacket) int {
 	return n
 }
 
-// LateThreshold: a packet leaving the delay line this much or more after
+// LateThreshold is how late a packet may leave the delay line: one leaving this much or more after
 // its delivery time counts as late (Stats late_packets): the emulator was
 // too busy, or descheduled, to keep the configured delay.
 const LateThreshold = time.Millisecond
