@@ -92,7 +92,7 @@ func TestSendErrorsAsLossKeepsUDPFeatures(t *testing.T) {
 		defer func() { _ = ctr.Close() }()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		conn, err := ctr.Dial(ctx, sconn.LocalAddr(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{transport.ALPN}}, &quic.Config{}) //nolint:gosec // test against a throwaway certificate
+		conn, err := ctr.Dial(ctx, sconn.LocalAddr(), &tls.Config{InsecureSkipVerify: true, NextProtos: []string{transport.ALPN}}, &quic.Config{}) // test against a throwaway certificate
 		require.NoError(t, err)
 		defer func() { _ = conn.CloseWithError(0, "") }()
 		return conn.ConnectionState().GSO

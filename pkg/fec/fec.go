@@ -200,7 +200,7 @@ func (c *Conn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	binary.BigEndian.PutUint32(frame[4:8], p.gid)
 	copy(frame[headerLen:], b)
 	shard := make([]byte, 2+len(b))
-	binary.BigEndian.PutUint16(shard, uint16(len(b))) //nolint:gosec // a datagram is < 64 KiB
+	binary.BigEndian.PutUint16(shard, uint16(len(b))) // a datagram is < 64 KiB
 	copy(shard[2:], b)
 	p.shards = append(p.shards, shard)
 	var parity [][]byte
@@ -333,7 +333,7 @@ func (c *Conn) receive(f []byte, addr net.Addr) ([]byte, bool) {
 			g.grow(idx + 1)
 			if g.shards[idx] == nil {
 				s := make([]byte, 2+len(payload))
-				binary.BigEndian.PutUint16(s, uint16(len(payload))) //nolint:gosec // < 64 KiB
+				binary.BigEndian.PutUint16(s, uint16(len(payload))) // < 64 KiB
 				copy(s[2:], payload)
 				g.shards[idx] = s
 			}

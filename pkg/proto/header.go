@@ -92,9 +92,9 @@ func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 		flags |= flagKeyID
 	}
 	b = append(b, Version, flags)
-	b = binary.BigEndian.AppendUint64(b, uint64(h.Time.Unix())) //nolint:gosec // negative times encode as large values and fail the window check
+	b = binary.BigEndian.AppendUint64(b, uint64(h.Time.Unix())) // negative times encode as large values and fail the window check
 	b = append(b, h.Nonce[:]...)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(h.Token))) //nolint:gosec // bounded by MaxTokenLen above
+	b = binary.BigEndian.AppendUint16(b, uint16(len(h.Token))) // bounded by MaxTokenLen above
 	b = append(b, h.Token...)
 	if keyID != nil {
 		b = append(b, keyID[:]...)
@@ -136,7 +136,7 @@ func Decode(r io.Reader) (*Header, error) {
 		return nil, fmt.Errorf("%w: token: %w", ErrBadHeader, err)
 	}
 	h := &Header{
-		Time:     time.Unix(int64(binary.BigEndian.Uint64(fixed[2:10])), 0), //nolint:gosec // any value is accepted here and checked against the window later
+		Time:     time.Unix(int64(binary.BigEndian.Uint64(fixed[2:10])), 0), // any value is accepted here and checked against the window later
 		Token:    string(signed[fixedLen : fixedLen+n]),
 		HasMAC:   flags&flagMAC != 0,
 		HasKeyID: hasKeyID,

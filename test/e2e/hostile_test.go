@@ -91,7 +91,7 @@ func rawClient(t *testing.T, addr string) *quic.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn, err := quic.DialAddr(ctx, addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"quictun/1"}, MinVersion: tls.VersionTLS13}, //nolint:gosec // the attacker does not verify
+	conn, err := quic.DialAddr(ctx, addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"quictun/1"}, MinVersion: tls.VersionTLS13}, // the attacker does not verify
 		&quic.Config{MaxIdleTimeout: 30 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.CloseWithError(0, "") })
@@ -111,7 +111,7 @@ func header(t *testing.T, token string, secret []byte) []byte {
 // fixedHeader returns the 28 fixed header bytes: version, flags, time, nonce, token length.
 func fixedHeader(version, flags byte, tokenLen uint16) []byte {
 	b := []byte{version, flags}
-	b = binary.BigEndian.AppendUint64(b, uint64(time.Now().Unix())) //nolint:gosec // positive
+	b = binary.BigEndian.AppendUint64(b, uint64(time.Now().Unix())) // positive
 	b = append(b, make([]byte, proto.NonceLen)...)
 	_, _ = rand.Read(b[10:])
 	return binary.BigEndian.AppendUint16(b, tokenLen)
@@ -235,7 +235,7 @@ func TestHostileStreams(t *testing.T) {
 	// A client that does not speak quictun/1 does not get a connection.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = quic.DialAddr(ctx, srv.Addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h3"}, MinVersion: tls.VersionTLS13}, nil) //nolint:gosec // attacker
+	_, err = quic.DialAddr(ctx, srv.Addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h3"}, MinVersion: tls.VersionTLS13}, nil) // attacker
 	assert.Error(t, err, "ALPN h3 must be refused")
 }
 

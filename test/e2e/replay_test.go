@@ -133,7 +133,7 @@ func TestZeroRTTReplay(t *testing.T) {
 	require.NoError(t, err)
 	secret := []byte(strings.TrimSpace(string(raw)))
 
-	tlsConf := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"quictun/1"}, MinVersion: tls.VersionTLS13, //nolint:gosec // the test client does not verify
+	tlsConf := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"quictun/1"}, MinVersion: tls.VersionTLS13, // the test client does not verify
 		ServerName: "quictun-server", ClientSessionCache: tls.NewLRUClientSessionCache(4)}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

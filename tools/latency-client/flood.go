@@ -241,9 +241,9 @@ func (f *packetFiller) refresh(p []byte) {
 		// Length: the rest of the datagram, as a 2-byte varint when it fits
 		// in 14 bits, else a 4-byte one (RFC 9000, section 16).
 		if rest := len(p) - i - 2; rest < 1<<14 {
-			binary.BigEndian.PutUint16(p[i:], 0x4000|uint16(rest)) //nolint:gosec // rest < 1<<14
+			binary.BigEndian.PutUint16(p[i:], 0x4000|uint16(rest)) // rest < 1<<14
 		} else {
-			binary.BigEndian.PutUint32(p[i:], 0x80000000|uint32(len(p)-i-4)) //nolint:gosec // len(p) <= maxFloodSize
+			binary.BigEndian.PutUint32(p[i:], 0x80000000|uint32(len(p)-i-4)) // len(p) <= maxFloodSize
 		}
 	case kindShortHeader:
 		// Short header (0), fixed bit (1), the rest random; RFC 9000, section 17.3.1.

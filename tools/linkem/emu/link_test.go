@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var t0 = time.Unix(1_700_000_000, 0) //nolint:gochecknoglobals // test epoch
+var t0 = time.Unix(1_700_000_000, 0) // test epoch
 
 func TestLinkDelay(t *testing.T) {
 	t.Parallel()
