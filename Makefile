@@ -34,7 +34,7 @@ demo: build
 
 ## test: what CI runs: format, vet and lint checks, then every test with the race detector
 test: quic-go fmt-check vet lint test-quic-go
-	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./...
+	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./... ./tools/bench/...
 
 ## e2e: black-box tests of the built binaries (also part of make test)
 e2e: quic-go
@@ -50,14 +50,15 @@ deploy-check:
 	bash deploy/helm/check.sh
 
 test-short: quic-go
-	$(GO) test -race -short -count=1 ./...
+	$(GO) test -race -short -count=1 ./... ./tools/bench/...
 
+# tools/bench is a module of its own (go.work), so its packages are named apart.
 vet: quic-go
-	$(GO) vet ./...
+	$(GO) vet ./... ./tools/bench/...
 
 ## lint: golangci-lint with .golangci.yml (staticcheck, errcheck, depguard's import rules, ...)
 lint: quic-go $(GOLANGCI_LINT)
-	$(GOLANGCI_LINT) run ./...
+	$(GOLANGCI_LINT) run ./... ./tools/bench/...
 
 $(GOLANGCI_LINT):
 	@mkdir -p bin/tools

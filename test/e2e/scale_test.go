@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/quictun/quictun/tools/bench/harness"
+	"github.com/quictun/quictun/internal/procstat"
 )
 
 // scaleConns is how many concurrent tunneled connections TestScale holds:
@@ -35,7 +35,7 @@ func scaleConns(t *testing.T) int {
 // rssKiB reads a process's resident set size.
 func rssKiB(t *testing.T, pid int) int64 {
 	t.Helper()
-	b, err := harness.RSSBytes(pid)
+	b, err := procstat.RSSBytes(pid)
 	require.NoError(t, err)
 	return b >> 10
 }

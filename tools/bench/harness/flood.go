@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/quictun/quictun/internal/procstat"
+
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/tools/linkem/netns"
@@ -334,9 +336,9 @@ func (r *Runner) floodOne(ctx context.Context, v Variant, rep int, kind string) 
 	}
 	floodCPU0 := 0.0
 	if fl != nil {
-		floodCPU0, _ = CPUSeconds(fl.pid())
+		floodCPU0, _ = procstat.CPUSeconds(fl.pid())
 	}
-	cpu0, _ := CPUSeconds(pid)
+	cpu0, _ := procstat.CPUSeconds(pid)
 	t0 := time.Now()
 
 	host, port, _ := net.SplitHostPort(v.Echo())
@@ -359,7 +361,7 @@ func (r *Runner) floodOne(ctx context.Context, v Variant, rep int, kind string) 
 		}
 	}
 	elapsed := time.Since(t0).Seconds()
-	if c, err := CPUSeconds(pid); err == nil && elapsed > 0 {
+	if c, err := procstat.CPUSeconds(pid); err == nil && elapsed > 0 {
 		s.Metrics["server_cpu_pct"] = 100 * (c - cpu0) / elapsed
 	}
 
@@ -379,7 +381,7 @@ func (r *Runner) floodOne(ctx context.Context, v Variant, rep int, kind string) 
 	}
 
 	if fl != nil {
-		if c, err := CPUSeconds(fl.pid()); err == nil && elapsed > 0 {
+		if c, err := procstat.CPUSeconds(fl.pid()); err == nil && elapsed > 0 {
 			s.Metrics["flood_cpu_pct"] = 100 * (c - floodCPU0) / elapsed
 		}
 		fr, fraw, err := fl.stop(5 * time.Second)

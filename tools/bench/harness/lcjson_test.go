@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -54,12 +55,12 @@ quictun_client_reconnects_total{reason="error"} 1
 quictun_client_reconnects_total_extra 99
 quictun_client_session_up 1
 `
-	v, err := parseMetric(stringsReader(text), "quictun_client_reconnects_total")
+	v, err := parseMetric(strings.NewReader(text), "quictun_client_reconnects_total")
 	require.NoError(t, err)
 	assert.InDelta(t, 3.0, v, 1e-9)
-	v, err = parseMetric(stringsReader(text), "quictun_client_session_up")
+	v, err = parseMetric(strings.NewReader(text), "quictun_client_session_up")
 	require.NoError(t, err)
 	assert.InDelta(t, 1.0, v, 1e-9)
-	_, err = parseMetric(stringsReader(text), "nope")
+	_, err = parseMetric(strings.NewReader(text), "nope")
 	require.Error(t, err)
 }

@@ -1,24 +1,19 @@
 package harness
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-)
 
-// clockTicks is USER_HZ, the unit of utime/stime in /proc/PID/stat; it is
-// 100 on every Linux architecture Go supports.
-const clockTicks = 100
+	"github.com/quictun/quictun/internal/procstat"
+)
 
 // Proc is a long-running process started inside a namespace.
 type Proc struct {
@@ -90,59 +85,6 @@ func (p *Proc) Stop(grace time.Duration) {
 	<-p.done
 }
 
-// CPUSeconds returns user+system CPU time of pid so far.
-func CPUSeconds(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("read stat of %d: %w", pid, err)
-	}
-	// Fields after the command name, which is in parentheses and may hold spaces.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parse stat of %d: no command name", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); utime is field 14, stime 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("parse stat of %d: %d fields", pid, len(f))
-	}
-	u, err1 := strconv.ParseUint(f[11], 10, 64)
-	s, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("parse stat of %d: %w", pid, err)
-	}
-	return float64(u+s) / clockTicks, nil
-}
-
-// RSSBytes returns the resident set size of pid.
-func RSSBytes(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, fmt.Errorf("open status of %d: %w", pid, err)
-	}
-	defer f.Close()
-	return parseVmRSS(f)
-}
-
-func parseVmRSS(r io.Reader) (int64, error) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			fs := strings.Fields(rest)
-			if len(fs) != 2 || fs[1] != "kB" {
-				return 0, fmt.Errorf("parse VmRSS %q", line)
-			}
-			kb, err := strconv.ParseInt(fs[0], 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("parse VmRSS: %w", err)
-			}
-			return kb * 1024, nil
-		}
-	}
-	return 0, errors.New("no VmRSS line")
-}
-
 // rssSampler records the peak RSS of a set of processes while it runs.
 type rssSampler struct {
 	once sync.Once
@@ -160,7 +102,7 @@ func sampleRSS(pids []int, every time.Duration) *rssSampler {
 		for {
 			s.mu.Lock()
 			for _, pid := range pids {
-				if v, err := RSSBytes(pid); err == nil && v > s.peak[pid] {
+				if v, err := procstat.RSSBytes(pid); err == nil && v > s.peak[pid] {
 					s.peak[pid] = v
 				}
 			}

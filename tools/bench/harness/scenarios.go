@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quictun/quictun/internal/procstat"
+
 	"k8s.io/klog/v2"
 )
 
@@ -186,7 +188,7 @@ func (r *Runner) bulk(ctx context.Context) error {
 func cpuOf(pids []int) float64 {
 	var sum float64
 	for _, pid := range pids {
-		if c, err := CPUSeconds(pid); err == nil {
+		if c, err := procstat.CPUSeconds(pid); err == nil {
 			sum += c
 		}
 	}

@@ -1,4 +1,4 @@
-package harness
+package procstat
 
 import (
 	"os"
@@ -9,8 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
-
 func TestProcReaders(t *testing.T) {
 	t.Parallel()
 	cpu, err := CPUSeconds(os.Getpid())
@@ -20,9 +18,9 @@ func TestProcReaders(t *testing.T) {
 	require.NoError(t, err)
 	assert.Greater(t, rss, int64(1<<20))
 
-	v, err := parseVmRSS(stringsReader("Name:\tx\nVmRSS:\t   1234 kB\n"))
+	v, err := ParseVmRSS(strings.NewReader("Name:\tx\nVmRSS:\t   1234 kB\n"))
 	require.NoError(t, err)
 	assert.Equal(t, int64(1234*1024), v)
-	_, err = parseVmRSS(stringsReader("Name:\tx\n"))
+	_, err = ParseVmRSS(strings.NewReader("Name:\tx\n"))
 	require.Error(t, err)
 }
