@@ -79,7 +79,7 @@ type Stats struct {
 type Conn struct {
 	net.PacketConn
 	cfg   Config
-	Stats Stats
+	stats *Stats
 
 	encMu    sync.Mutex
 	encoders map[[2]int]reedsolomon.Encoder
@@ -121,16 +121,44 @@ type group struct {
 // ErrConfig is returned for an invalid Config.
 var ErrConfig = errors.New("fec: DataShards must be 1..64 and ParityShards 1..DataShards")
 
-// New wraps pc.
-func New(pc net.PacketConn, cfg Config) (*Conn, error) {
+// Layer wraps UDP sockets in FEC with one Config and counts what all of
+// them did: a client's extra sockets (path rescue) add to the same Stats as
+// its first.
+type Layer struct {
+	cfg   Config
+	stats Stats
+}
+
+// NewLayer checks cfg and returns a Layer.
+func NewLayer(cfg Config) (*Layer, error) {
 	if cfg.DataShards < 1 || cfg.DataShards > 64 || cfg.ParityShards < 1 || cfg.ParityShards > cfg.DataShards {
 		return nil, ErrConfig
 	}
 	if cfg.FlushDelay <= 0 {
 		cfg.FlushDelay = time.Millisecond
 	}
-	return &Conn{PacketConn: pc, cfg: cfg, encoders: map[[2]int]reedsolomon.Encoder{}, peers: map[string]*peer{}}, nil
+	return &Layer{cfg: cfg}, nil
 }
+
+// Wrap returns pc with FEC; the Conn counts into the Layer's Stats.
+func (l *Layer) Wrap(pc net.PacketConn) *Conn {
+	return &Conn{PacketConn: pc, cfg: l.cfg, stats: &l.stats, encoders: map[[2]int]reedsolomon.Encoder{}, peers: map[string]*peer{}}
+}
+
+// Stats counts what every Conn of the Layer did.
+func (l *Layer) Stats() *Stats { return &l.stats }
+
+// New wraps pc in a Layer of its own.
+func New(pc net.PacketConn, cfg Config) (*Conn, error) {
+	l, err := NewLayer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return l.Wrap(pc), nil
+}
+
+// Stats counts what c (and the other Conns of its Layer) did.
+func (c *Conn) Stats() *Stats { return c.stats }
 
 func (c *Conn) encoder(k, m int) (reedsolomon.Encoder, error) {
 	c.encMu.Lock()
@@ -214,7 +242,7 @@ func (c *Conn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	c.Stats.DataSent.Add(1)
+	c.stats.DataSent.Add(1)
 	c.sendParity(parity, addr)
 	return n - headerLen, nil
 }
@@ -274,7 +302,7 @@ func (c *Conn) cutGroupLocked(p *peer) [][]byte {
 func (c *Conn) sendParity(frames [][]byte, addr net.Addr) {
 	for _, f := range frames {
 		if _, err := c.PacketConn.WriteTo(f, addr); err == nil {
-			c.Stats.ParitySent.Add(1)
+			c.stats.ParitySent.Add(1)
 		}
 	}
 }
@@ -296,7 +324,7 @@ func (c *Conn) ReadFrom(b []byte) (int, net.Addr, error) {
 			return n, addr, err
 		}
 		if n < headerLen || (b[0] != kindData && b[0] != kindParity) {
-			c.Stats.Malformed.Add(1)
+			c.stats.Malformed.Add(1)
 			continue
 		}
 		if payload, ok := c.receive(b[:n], addr); ok {
@@ -324,9 +352,9 @@ func (c *Conn) receive(f []byte, addr net.Addr) ([]byte, bool) {
 		}
 	}
 	if kind == kindData {
-		c.Stats.DataReceived.Add(1)
+		c.stats.DataReceived.Add(1)
 		if idx >= 64 {
-			c.Stats.Malformed.Add(1)
+			c.stats.Malformed.Add(1)
 			return nil, false
 		}
 		if !g.done {
@@ -343,11 +371,11 @@ func (c *Conn) receive(f []byte, addr net.Addr) ([]byte, bool) {
 		copy(out, payload)
 		return out, true
 	}
-	c.Stats.ParityRecv.Add(1)
+	c.stats.ParityRecv.Add(1)
 	k, m := int(f[2]), int(f[3])
 	if k < 1 || m < 1 || k+m > 128 || idx < k || idx >= k+m || (g.k != 0 && (g.k != k || g.m != m)) ||
 		(g.size != 0 && g.size != len(payload)) || len(payload) < 2 {
-		c.Stats.Malformed.Add(1)
+		c.stats.Malformed.Add(1)
 		return nil, false
 	}
 	if g.done {
@@ -396,13 +424,13 @@ func (c *Conn) tryRecoverLocked(g *group, addr net.Addr) {
 			continue
 		}
 		if len(s) > g.size {
-			c.Stats.Malformed.Add(1)
+			c.stats.Malformed.Add(1)
 			return
 		}
 		shards[i] = append(s[:len(s):len(s)], make([]byte, g.size-len(s))...)
 	}
 	if err := enc.ReconstructData(shards); err != nil {
-		c.Stats.Unrecoverable.Add(1)
+		c.stats.Unrecoverable.Add(1)
 		g.done = true
 		return
 	}
@@ -414,11 +442,11 @@ func (c *Conn) tryRecoverLocked(g *group, addr net.Addr) {
 		s := shards[i]
 		n := int(binary.BigEndian.Uint16(s))
 		if n+2 > len(s) {
-			c.Stats.Malformed.Add(1)
+			c.stats.Malformed.Add(1)
 			continue
 		}
 		c.ready = append(c.ready, delivery{b: s[2 : 2+n], addr: addr})
-		c.Stats.Recovered.Add(1)
+		c.stats.Recovered.Add(1)
 	}
 }
 

@@ -93,10 +93,10 @@ func TestRecoversLostDatagrams(t *testing.T) {
 		require.Positive(t, set[string(g)], "received a datagram that was never sent")
 		set[string(g)]--
 	}
-	assert.Positive(t, b.Stats.Recovered.Load())
-	assert.Equal(t, uint64(len(sent)), a.Stats.DataSent.Load())
-	assert.Zero(t, b.Stats.Malformed.Load())
-	t.Logf("sent %d data + %d parity; recovered %d", a.Stats.DataSent.Load(), a.Stats.ParitySent.Load(), b.Stats.Recovered.Load())
+	assert.Positive(t, b.Stats().Recovered.Load())
+	assert.Equal(t, uint64(len(sent)), a.Stats().DataSent.Load())
+	assert.Zero(t, b.Stats().Malformed.Load())
+	t.Logf("sent %d data + %d parity; recovered %d", a.Stats().DataSent.Load(), a.Stats().ParitySent.Load(), b.Stats().Recovered.Load())
 }
 
 func TestPartialGroupFlushes(t *testing.T) {
@@ -160,7 +160,7 @@ func TestMalformedFramesDropped(t *testing.T) {
 	n, _, err := b.ReadFrom(buf)
 	require.NoError(t, err, "malformed frames are skipped, the next valid packet is returned")
 	assert.Equal(t, []byte{0x40, 7}, buf[:n])
-	assert.Equal(t, uint64(5), b.Stats.Malformed.Load())
+	assert.Equal(t, uint64(5), b.Stats().Malformed.Load())
 }
 
 func TestConfigValidation(t *testing.T) {
@@ -199,4 +199,26 @@ func TestParseSpec(t *testing.T) {
 		_, err := ParseSpec(bad)
 		require.ErrorIs(t, err, ErrConfig, bad)
 	}
+}
+
+// TestLayerAggregatesStats: Conns of one Layer (a client's first socket and
+// those of path rescue) count into the same Stats.
+func TestLayerAggregatesStats(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.EncodeAll = true
+	l, err := NewLayer(cfg)
+	require.NoError(t, err)
+	first, rescue := l.Wrap(udp(t)), l.Wrap(udp(t))
+	recv, err := New(udp(t), DefaultConfig())
+	require.NoError(t, err)
+	defer func() { _ = first.Close(); _ = rescue.Close(); _ = recv.Close() }()
+	sent1, _ := transfer(t, first, recv, 20, 0)
+	sent2, _ := transfer(t, rescue, recv, 30, 0)
+	assert.Same(t, l.Stats(), first.Stats())
+	assert.Same(t, l.Stats(), rescue.Stats())
+	assert.Equal(t, uint64(len(sent1)+len(sent2)), l.Stats().DataSent.Load())
+	assert.Equal(t, uint64(len(sent1)+len(sent2)), recv.Stats().DataReceived.Load())
+	_, err = NewLayer(Config{DataShards: 0, ParityShards: 1})
+	require.ErrorIs(t, err, ErrConfig)
 }

@@ -55,8 +55,8 @@ func TestFECUnderLoss(t *testing.T) {
 		},
 	})
 	echoCheck(t, dial(t, cl.Addr), 2<<20)
-	assert.Positive(t, srvFEC.Stats.Recovered.Load()+cliFEC.Stats.Recovered.Load(), "lost datagrams must be rebuilt from parity")
-	assert.Positive(t, srvFEC.Stats.ParitySent.Load(), "the server answers a FEC client with FEC")
-	t.Logf("recovered: server %d, client %d; parity sent: server %d, client %d", srvFEC.Stats.Recovered.Load(),
-		cliFEC.Stats.Recovered.Load(), srvFEC.Stats.ParitySent.Load(), cliFEC.Stats.ParitySent.Load())
+	assert.Positive(t, srvFEC.Stats().Recovered.Load()+cliFEC.Stats().Recovered.Load(), "lost datagrams must be rebuilt from parity")
+	assert.Positive(t, srvFEC.Stats().ParitySent.Load(), "the server answers a FEC client with FEC")
+	t.Logf("recovered: server %d, client %d; parity sent: server %d, client %d", srvFEC.Stats().Recovered.Load(),
+		cliFEC.Stats().Recovered.Load(), srvFEC.Stats().ParitySent.Load(), cliFEC.Stats().ParitySent.Load())
 }

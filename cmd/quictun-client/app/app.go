@@ -141,20 +141,22 @@ func (o *Options) Run(ctx context.Context) error {
 	closers = append(closers, func() { _ = pc.Close() })
 	var packetConn net.PacketConn = pc
 	var wrap func(net.PacketConn) net.PacketConn
-	var fecStats []*fec.Stats
+	var fecLayer *fec.Layer
 	if o.FEC != "" {
-		fcfg, _ := fec.ParseSpec(o.FEC) // validated
+		fcfg, err := fec.ParseSpec(o.FEC)
+		if err != nil {
+			return fmt.Errorf("--fec: %w", err)
+		}
 		fcfg.EncodeAll = true
+		if fecLayer, err = fec.NewLayer(fcfg); err != nil {
+			return fmt.Errorf("--fec: %w", err)
+		}
+		// Path rescue's extra sockets are wrapped the same way, into the same stats.
 		wrap = func(u net.PacketConn) net.PacketConn {
 			if uc, ok := u.(*net.UDPConn); ok {
 				transport.ForceSocketBuffers(uc, 7<<20)
 			}
-			fc, err := fec.New(u, fcfg)
-			if err != nil { // cannot happen: the spec was validated
-				return u
-			}
-			fecStats = append(fecStats, &fc.Stats)
-			return fc
+			return fecLayer.Wrap(u)
 		}
 		packetConn = wrap(pc)
 		logger.Info("Forward error correction on", "fec", o.FEC)
@@ -202,8 +204,8 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(qstat, metrics.NewLivenessCollector("client", c.LivenessStats()))
-	if len(fecStats) > 0 {
-		reg.MustRegister(metrics.NewFECCollector("client", fecStats[0]))
+	if fecLayer != nil {
+		reg.MustRegister(metrics.NewFECCollector("client", fecLayer.Stats()))
 	}
 	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(o.ListenOn, ","))
 

@@ -127,14 +127,17 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	defer func() { _ = pc.Close() }()
 	var packetConn net.PacketConn = pc
-	var fecConn *fec.Conn
+	var fecLayer *fec.Layer
 	if o.FEC != "" {
-		fcfg, _ := fec.ParseSpec(o.FEC) // validated
-		transport.ForceSocketBuffers(pc, 7<<20)
-		if fecConn, err = fec.New(pc, fcfg); err != nil {
-			return err
+		fcfg, err := fec.ParseSpec(o.FEC)
+		if err != nil {
+			return fmt.Errorf("--fec: %w", err)
 		}
-		packetConn = fecConn
+		if fecLayer, err = fec.NewLayer(fcfg); err != nil {
+			return fmt.Errorf("--fec: %w", err)
+		}
+		transport.ForceSocketBuffers(pc, 7<<20)
+		packetConn = fecLayer.Wrap(pc)
 		qopts.DisablePathMTUDiscovery = true // leave room for the FEC header
 		logger.Info("Forward error correction on for clients that use it", "fec", o.FEC)
 	}
@@ -182,8 +185,8 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(qstat, metrics.NewLivenessCollector("server", srv.LivenessStats()))
-	if fecConn != nil {
-		reg.MustRegister(metrics.NewFECCollector("server", &fecConn.Stats))
+	if fecLayer != nil {
+		reg.MustRegister(metrics.NewFECCollector("server", fecLayer.Stats()))
 	}
 	logAllowList(logger, o, allow, srv.Addr(), adminLn)
 
