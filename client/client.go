@@ -74,6 +74,27 @@ type Config struct {
 	Registry *tunnel.Registry
 }
 
+// DefaultConfig returns the defaults of the limits and timeouts; New fills
+// in those left zero (HeartbeatInterval excepted: zero disables heartbeats).
+func DefaultConfig() Config {
+	return Config{
+		SessionWait:       10 * time.Second,
+		StreamOpenTimeout: 10 * time.Second,
+		MaxConnections:    16384,
+		HeartbeatInterval: 200 * time.Millisecond,
+		RescueAfter:       time.Second,
+		TailProbes:        1,
+		TailProbeDelay:    time.Millisecond,
+	}
+}
+
+// orDefault sets *v to def when it is zero or negative (unset).
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
 // DefaultBackoff is the reconnect pacing: 100 ms doubling to 10 s, full jitter,
 // reset once a connection stayed up for 30 s.
 func DefaultBackoff() *backoff.Backoff {
@@ -132,21 +153,12 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	case pc == nil:
 		return nil, errors.New("client: packet conn is required")
 	}
-	if cfg.SessionWait <= 0 {
-		cfg.SessionWait = 10 * time.Second
-	}
-	if cfg.StreamOpenTimeout <= 0 {
-		cfg.StreamOpenTimeout = 10 * time.Second
-	}
-	if cfg.MaxConnections <= 0 {
-		cfg.MaxConnections = 16384
-	}
-	if cfg.RescueAfter <= 0 {
-		cfg.RescueAfter = time.Second
-	}
-	if cfg.TailProbeDelay <= 0 {
-		cfg.TailProbeDelay = time.Millisecond
-	}
+	def := DefaultConfig()
+	orDefault(&cfg.SessionWait, def.SessionWait)
+	orDefault(&cfg.StreamOpenTimeout, def.StreamOpenTimeout)
+	orDefault(&cfg.MaxConnections, def.MaxConnections)
+	orDefault(&cfg.RescueAfter, def.RescueAfter)
+	orDefault(&cfg.TailProbeDelay, def.TailProbeDelay)
 	if cfg.TailProbes < 0 {
 		cfg.TailProbes = 0
 	}

@@ -3,9 +3,6 @@ package e2e
 import (
 	"crypto/rand"
 	"encoding/base64"
-	"fmt"
-	"io"
-	"net"
 	"os"
 	"strings"
 	"syscall"
@@ -31,7 +28,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	toB := startClient(t, srv, clientOpts{Token: "tcp:" + b})
 
 	live := dialApp(t, toA.Addr)
-	require.NoError(t, echoPart(live, "before"))
+	require.NoError(t, roundTrip(live, "before"))
 	require.Error(t, echoVia(t, toB.Addr, "refused before the reload"))
 	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
 
@@ -41,7 +38,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
 	require.NoError(t, echoVia(t, toB.Addr, "allowed after the reload"))
 	require.Error(t, echoVia(t, toA.Addr, "refused after the reload"))
-	require.NoError(t, echoPart(live, "the open tunnel to a keeps running"), "an open tunnel must survive a reload")
+	require.NoError(t, roundTrip(live, "the open tunnel to a keeps running"), "an open tunnel must survive a reload")
 	assert.Contains(t, srv.log(), `allowAdded=["tcp:`+b+`"]`)
 
 	// A broken config changes nothing.
@@ -74,22 +71,6 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		return echoVia(t, toB.Addr, "new secret") == nil
 	})
 	require.NoError(t, live.CloseWrite())
-}
-
-// echoPart does one round trip on an echo tunnel and leaves it open.
-func echoPart(c *net.TCPConn, msg string) error {
-	_ = c.SetDeadline(time.Now().Add(ioTimeout))
-	if _, err := io.WriteString(c, msg); err != nil {
-		return err
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, got); err != nil {
-		return err
-	}
-	if string(got) != msg {
-		return fmt.Errorf("echo: got %q, want %q", got, msg)
-	}
-	return nil
 }
 
 // TestKeyRotationWithKeysFile rotates a shared secret without downtime on the

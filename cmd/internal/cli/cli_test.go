@@ -25,14 +25,20 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestReadSecretFile(t *testing.T) {
-	t.Parallel()
+// fileWriter returns a function writing files (mode 0600) into a temp dir.
+func fileWriter(t *testing.T) func(name, content string) string {
 	dir := t.TempDir()
-	write := func(name, content string) string {
+	return func(name, content string) string {
 		p := filepath.Join(dir, name)
 		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
 		return p
 	}
+}
+
+func TestReadSecretFile(t *testing.T) {
+	t.Parallel()
+	write := fileWriter(t)
+	dir := filepath.Dir(write("placeholder", ""))
 	for _, tc := range []struct {
 		name    string
 		path    string
@@ -480,12 +486,7 @@ func TestConfigFileFromEnvironment(t *testing.T) {
 
 func TestReadKeysFile(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	write := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
-		return p
-	}
+	write := fileWriter(t)
 	keys, err := cli.ReadKeysFile("keys-file", write("ok", "# rotation 2026-11\nv2   0123456789abcdef-new\n\n  v1 0123456789abcdef-old  \n"))
 	require.NoError(t, err)
 	require.Len(t, keys, 2)

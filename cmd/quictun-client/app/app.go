@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -20,7 +19,6 @@ import (
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
@@ -46,55 +44,17 @@ long-lived QUIC connection to quictun-server, which connects it to the destinati
 	return cmd
 }
 
-// Run starts the client and blocks until ctx is cancelled and the drain is over.
+// Run starts the client and blocks until ctx is cancelled and the drain is
+// over. It builds in steps: TLS and credentials, then the admin listener,
+// local listeners and UDP socket (each pushed on one Cleanup), the client,
+// then runs.
 func (o *Options) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	cli.LogHostCheck(o.ServerEndpoint)
-	topts := transport.ClientTLSOptions{
-		ServerName:         o.ServerName,
-		InsecureSkipVerify: o.InsecureSkipVerify,
-		SessionCache:       transport.NewStickySessionCache(16),
-	}
-	if o.SessionFile != "" {
-		if err := transport.CheckPrivate("--session-file", o.SessionFile); err != nil {
-			return err
-		}
-		topts.SessionCache = transport.NewFileSessionCache(o.SessionFile, 16, func(err error) {
-			logger.Error(err, "Session tickets", "file", o.SessionFile)
-		})
-	}
-	if topts.ServerName == "" {
-		host, _, _ := net.SplitHostPort(o.ServerEndpoint)
-		topts.ServerName = host
-	}
-	for _, f := range o.ServerFingerprint {
-		fp, err := transport.ParseFingerprint(f)
-		if err != nil {
-			return err
-		}
-		topts.Fingerprints = append(topts.Fingerprints, fp)
-	}
-	if o.CAFile != "" {
-		pool, err := transport.LoadCertPool(o.CAFile)
-		if err != nil {
-			return err
-		}
-		topts.RootCAs = pool
-	}
-	if o.CertFile != "" {
-		if err := transport.CheckPrivate("--key-file", o.KeyFile); err != nil {
-			return err
-		}
-		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
-		if err != nil {
-			return fmt.Errorf("client certificate: %w", err)
-		}
-		topts.ClientCert = &cert
-	}
-	if o.InsecureSkipVerify {
-		logger.Info("WARNING: the server certificate is not verified (--insecure-skip-verify)")
-	}
-	tlsConf, err := transport.ClientTLSConfig(topts)
+	var cleanup cli.Cleanup
+	defer cleanup.Run()
+
+	tlsConf, err := o.tlsConfig(logger)
 	if err != nil {
 		return err
 	}
@@ -106,51 +66,33 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--token-source: %w", err)
 	}
-
-	var closers []func()
-	defer func() {
-		for _, c := range closers {
-			c()
-		}
-	}()
-	adminLn, adminToken, err := cli.OpenAdmin(o.HTTPDListenOn, o.HTTPDTokenFile)
+	adm, err := cli.OpenAdminServer(o.HTTPDListenOn, o.HTTPDTokenFile)
 	if err != nil {
 		return err
 	}
-	if adminLn != nil {
-		closers = append(closers, func() { _ = adminLn.Close() })
-	}
+	cleanup.Push(adm.Close)
 	listeners := make([]net.Listener, 0, len(o.ListenOn))
 	for _, spec := range o.ListenOn {
 		ln, err := listen(spec)
 		if err != nil {
-			for _, l := range listeners {
-				_ = l.Close()
-			}
 			return err
 		}
+		cleanup.Push(func() { _ = ln.Close() }) // the client closes them too when it stops
 		listeners = append(listeners, ln)
 	}
 	pc, err := transport.ListenUDP(":0")
 	if err != nil {
-		for _, l := range listeners {
-			_ = l.Close()
-		}
 		return err
 	}
-	closers = append(closers, func() { _ = pc.Close() })
+	cleanup.Push(func() { _ = pc.Close() })
+	qopts := o.QUICOptions()
+	fecLayer, err := o.FECLayer(true)
+	if err != nil {
+		return err
+	}
 	var packetConn net.PacketConn = pc
 	var wrap func(net.PacketConn) net.PacketConn
-	var fecLayer *fec.Layer
-	if o.FEC != "" {
-		fcfg, err := fec.ParseSpec(o.FEC)
-		if err != nil {
-			return fmt.Errorf("--fec: %w", err)
-		}
-		fcfg.EncodeAll = true
-		if fecLayer, err = fec.NewLayer(fcfg); err != nil {
-			return fmt.Errorf("--fec: %w", err)
-		}
+	if fecLayer != nil {
 		// Path rescue's extra sockets are wrapped the same way, into the same stats.
 		wrap = func(u net.PacketConn) net.PacketConn {
 			if uc, ok := u.(*net.UDPConn); ok {
@@ -159,24 +101,21 @@ func (o *Options) Run(ctx context.Context) error {
 			return fecLayer.Wrap(u)
 		}
 		packetConn = wrap(pc)
+		qopts.DisablePathMTUDiscovery = true // leave room for the FEC header
 		logger.Info("Forward error correction on", "fec", o.FEC)
+	}
+	qconf := transport.QUICConfig(qopts)
+	if err := cli.EnableQlog(qconf, o.QlogDir, logger); err != nil {
+		return err
 	}
 
 	reg := cli.NewRegistry()
 	m := metrics.NewClient(reg)
-	qopts := transport.DefaultQUICOptions()
-	qopts.IdleTimeout, qopts.KeepAlivePeriod, qopts.HandshakeTimeout = o.IdleTimeout, o.KeepAlivePeriod, o.HandshakeTimeout
-	o.CongestionFlags.Apply(&qopts)
 	registry := tunnel.NewRegistry()
 	bo := client.DefaultBackoff()
 	bo.Max = o.ReconnectMax
 	var c *client.Client
 	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
-	qopts.DisablePathMTUDiscovery = o.FEC != "" // leave room for the FEC header
-	qconf := transport.QUICConfig(qopts)
-	if err := cli.EnableQlog(qconf, o.QlogDir, logger); err != nil {
-		return err
-	}
 	c, err = client.New(client.Config{
 		ServerAddr:        o.ServerEndpoint,
 		TLS:               tlsConf,
@@ -198,9 +137,6 @@ func (o *Options) Run(ctx context.Context) error {
 		WrapConn:          wrap,
 	}, packetConn)
 	if err != nil {
-		for _, l := range listeners {
-			_ = l.Close()
-		}
 		return err
 	}
 	reg.MustRegister(qstat, metrics.NewLivenessCollector("client", c.LivenessStats()))
@@ -209,18 +145,7 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(o.ListenOn, ","))
 
-	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopAdmin()
-	var ag errgroup.Group
-	if adminLn != nil {
-		logger.Info("Admin server listening", "address", adminLn.Addr().String())
-		ag.Go(func() error {
-			return admin.Serve(adminCtx, adminLn, admin.Handler(admin.Options{
-				Gatherer: reg, Ready: c.Ready, Registry: registry, Conns: c.ConnStats,
-				EnablePprof: o.EnablePprof, BearerToken: adminToken,
-			}))
-		})
-	}
+	adm.Start(ctx, admin.Options{Gatherer: reg, Ready: c.Ready, Registry: registry, Conns: c.ConnStats, EnablePprof: o.EnablePprof})
 	var rg errgroup.Group
 	rctx, stopReload := context.WithCancel(ctx)
 	if o.reloader != nil {
@@ -233,14 +158,57 @@ func (o *Options) Run(ctx context.Context) error {
 	err = c.Run(ctx)
 	stopReload()
 	_ = rg.Wait()
-	stopAdmin()
-	if aerr := ag.Wait(); aerr != nil && err == nil {
-		err = aerr
+	return cli.RunErr(err, adm.Stop())
+}
+
+// tlsConfig builds the client's TLS configuration: how it verifies the
+// server, its certificate for mutual TLS, and its session ticket cache.
+func (o *Options) tlsConfig(logger klog.Logger) (*tls.Config, error) {
+	topts := transport.ClientTLSOptions{
+		ServerName:         o.ServerName,
+		InsecureSkipVerify: o.InsecureSkipVerify,
+		SessionCache:       transport.NewStickySessionCache(16),
 	}
-	if errors.Is(err, context.Canceled) {
-		err = nil
+	if o.SessionFile != "" {
+		if err := transport.CheckPrivate("--session-file", o.SessionFile); err != nil {
+			return nil, err
+		}
+		topts.SessionCache = transport.NewFileSessionCache(o.SessionFile, 16, func(err error) {
+			logger.Error(err, "Session tickets", "file", o.SessionFile)
+		})
 	}
-	return err
+	if topts.ServerName == "" {
+		host, _, _ := net.SplitHostPort(o.ServerEndpoint)
+		topts.ServerName = host
+	}
+	for _, f := range o.ServerFingerprint {
+		fp, err := transport.ParseFingerprint(f)
+		if err != nil {
+			return nil, err
+		}
+		topts.Fingerprints = append(topts.Fingerprints, fp)
+	}
+	if o.CAFile != "" {
+		pool, err := transport.LoadCertPool(o.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		topts.RootCAs = pool
+	}
+	if o.CertFile != "" {
+		if err := transport.CheckPrivate("--key-file", o.KeyFile); err != nil {
+			return nil, err
+		}
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		topts.ClientCert = &cert
+	}
+	if o.InsecureSkipVerify {
+		logger.Info("WARNING: the server certificate is not verified (--insecure-skip-verify)")
+	}
+	return transport.ClientTLSConfig(topts)
 }
 
 // listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale

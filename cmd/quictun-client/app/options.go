@@ -9,10 +9,10 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 )
@@ -20,7 +20,7 @@ import (
 // Options are every setting of quictun-client. NewOptions holds the defaults.
 type Options struct {
 	cli.ConfigFlags
-	cli.CongestionFlags
+	cli.DaemonFlags
 
 	ListenOn          []string
 	ListenNonLoopback bool
@@ -38,23 +38,12 @@ type Options struct {
 	InsecureNoAuth     bool
 	SessionFile        string
 
-	HTTPDListenOn  string
-	HTTPDTokenFile string
-	EnablePprof    bool
-	QlogDir        string
-	FEC            string
-
-	IdleTimeout       time.Duration
-	KeepAlivePeriod   time.Duration
-	HandshakeTimeout  time.Duration
 	SessionWait       time.Duration
 	StreamOpenTimeout time.Duration
-	DrainTimeout      time.Duration
 	MaxConnections    int
 	ReconnectMax      time.Duration
 	HeartbeatInterval time.Duration
 	RescueAfter       time.Duration
-	TailProbes        int
 
 	reloader *cli.Reloader
 }
@@ -67,23 +56,17 @@ func (o *Options) SetReloader(r *cli.Reloader) { o.reloader = r }
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
-	q := transport.DefaultQUICOptions()
+	def := client.DefaultConfig()
 	return &Options{
-		CongestionFlags:   cli.NewCongestionFlags(),
+		DaemonFlags:       cli.NewDaemonFlags("127.0.0.1:8087"),
 		ListenOn:          []string{"tcp:127.0.0.1:6500"},
 		TokenSourcePlugin: token.PluginFixed,
-		HTTPDListenOn:     "127.0.0.1:8087",
-		IdleTimeout:       q.IdleTimeout,
-		KeepAlivePeriod:   q.KeepAlivePeriod,
-		HandshakeTimeout:  q.HandshakeTimeout,
-		SessionWait:       10 * time.Second,
-		StreamOpenTimeout: 10 * time.Second,
-		DrainTimeout:      30 * time.Second,
-		MaxConnections:    16384,
-		ReconnectMax:      10 * time.Second,
-		HeartbeatInterval: 200 * time.Millisecond,
-		RescueAfter:       time.Second,
-		TailProbes:        1,
+		SessionWait:       def.SessionWait,
+		StreamOpenTimeout: def.StreamOpenTimeout,
+		MaxConnections:    def.MaxConnections,
+		ReconnectMax:      client.DefaultBackoff().Max,
+		HeartbeatInterval: def.HeartbeatInterval,
+		RescueAfter:       def.RescueAfter,
 	}
 }
 
@@ -103,7 +86,10 @@ func (o *Options) Config() *cli.ConfigFlags { return &o.ConfigFlags }
 
 // AddFlags binds every option to fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	o.CongestionFlags.AddFlags(fs)
+	o.DaemonFlags.AddFlags(fs, cli.DaemonHelp{
+		FEC:        "forward error correction K/M, e.g. 10/3: after every K datagrams (or 1 ms), M Reed-Solomon parity datagrams let the server rebuild up to M lost ones before QUIC sees a loss; keeps throughput under random loss at M/K more bandwidth; costs GSO; the server needs --fec too; empty = off",
+		TailProbes: "tiny datagrams sent 1 ms after each burst of upstream data (two RTTs + 2 ms on paths under 4 ms; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables (saves ~40 B per burst)",
+	})
 	fs.StringSliceVar(&o.ListenOn, "listen-on", o.ListenOn, "local listeners for applications, e.g. tcp:127.0.0.1:6500,unix:/run/quictun/app.sock")
 	fs.BoolVar(&o.ListenNonLoopback, "listen-non-loopback", o.ListenNonLoopback, "allow --listen-on TCP addresses beyond loopback: anyone who can reach them uses this client's credentials and reaches what the server allows")
 	fs.StringVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500")
@@ -120,22 +106,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "send no credentials (the server must run with --insecure-no-auth)")
 	fs.StringVar(&o.SessionFile, "session-file", o.SessionFile, "keep TLS session tickets in this file (mode 0600, holds resumption secrets: protect it like --secret-file) so a restarted client resumes with 0-RTT, its first bytes after one RTT; empty = in memory only")
 
-	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
-	fs.StringVar(&o.HTTPDTokenFile, "httpd-token-file", o.HTTPDTokenFile, "bearer token file required by the admin API (mandatory when --httpd-listen-on is not loopback)")
-	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "serve /debug/pprof on the admin server")
-	fs.StringVar(&o.FEC, "fec", o.FEC, "forward error correction K/M, e.g. 10/3: after every K datagrams (or 1 ms), M Reed-Solomon parity datagrams let the server rebuild up to M lost ones before QUIC sees a loss; keeps throughput under random loss at M/K more bandwidth; costs GSO; the server needs --fec too; empty = off")
-	fs.StringVar(&o.QlogDir, "qlog-dir", o.QlogDir, "write a qlog file per QUIC connection into this directory (open them in qvis: https://qvis.quictools.info); costs throughput, off by default")
-
-	fs.DurationVar(&o.IdleTimeout, "idle-timeout", o.IdleTimeout, "close the QUIC connection after this long without packets; the longest blackout tunnels survive")
-	fs.DurationVar(&o.KeepAlivePeriod, "keepalive-period", o.KeepAlivePeriod, "send a keep-alive after this long without traffic")
-	fs.DurationVar(&o.HandshakeTimeout, "handshake-timeout", o.HandshakeTimeout, "QUIC handshake idle timeout")
 	fs.DurationVar(&o.SessionWait, "session-wait-timeout", o.SessionWait, "how long a local connection waits for a connection to the server before it is reset")
 	fs.DurationVar(&o.StreamOpenTimeout, "stream-open-timeout", o.StreamOpenTimeout, "how long to wait for stream credit when the server's stream limit is reached")
-	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long open tunnels may finish before they are closed")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "concurrent local connections; more are reset")
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way); after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
 	fs.DurationVar(&o.RescueAfter, "rescue-after", o.RescueAfter, "without a heartbeat echo for this long, probe a new path (fresh UDP socket) and switch to it as soon as the server answers")
-	fs.IntVar(&o.TailProbes, "tail-probes", o.TailProbes, "tiny datagrams sent 1 ms after each burst of upstream data (two RTTs + 2 ms on paths under 4 ms; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables (saves ~40 B per burst)")
 	fs.DurationVar(&o.ReconnectMax, "reconnect-max-delay", o.ReconnectMax, "longest pause between reconnect attempts (exponential backoff with jitter from 100ms)")
 }
 
@@ -160,9 +135,6 @@ func (o *Options) Validate() error {
 	if o.ServerEndpoint == "" {
 		add("--server-endpoint is required")
 	} else if err := cli.ValidateHostPort("server-endpoint", o.ServerEndpoint, true, false); err != nil {
-		errs = append(errs, err)
-	}
-	if err := cli.ValidateAdmin(o.HTTPDListenOn, o.HTTPDTokenFile); err != nil {
 		errs = append(errs, err)
 	}
 	if o.TokenSource == "" {
@@ -203,19 +175,13 @@ func (o *Options) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"idle-timeout", o.IdleTimeout}, {"handshake-timeout", o.HandshakeTimeout}, {"session-wait-timeout", o.SessionWait}, {"stream-open-timeout", o.StreamOpenTimeout}, {"reconnect-max-delay", o.ReconnectMax}} {
+	}{{"session-wait-timeout", o.SessionWait}, {"stream-open-timeout", o.StreamOpenTimeout}, {"reconnect-max-delay", o.ReconnectMax}} {
 		if d.v <= 0 {
 			add("--%s must be positive", d.name)
 		}
 	}
-	if o.KeepAlivePeriod < 0 || o.DrainTimeout < 0 {
-		add("--keepalive-period and --drain-timeout must not be negative")
-	}
-	if o.KeepAlivePeriod >= o.IdleTimeout && o.IdleTimeout > 0 {
-		add("--keepalive-period (%s) must be shorter than --idle-timeout (%s)", o.KeepAlivePeriod, o.IdleTimeout)
-	}
-	if o.HeartbeatInterval < 0 || o.TailProbes < 0 || o.TailProbes > 4 {
-		add("--heartbeat-interval must not be negative and --tail-probes must be 0..4")
+	if o.HeartbeatInterval < 0 {
+		add("--heartbeat-interval must not be negative")
 	}
 	if o.HeartbeatInterval > 0 && o.RescueAfter < 2*o.HeartbeatInterval {
 		add("--rescue-after (%s) must be at least twice --heartbeat-interval (%s)", o.RescueAfter, o.HeartbeatInterval)
@@ -223,12 +189,7 @@ func (o *Options) Validate() error {
 	if o.MaxConnections < 1 {
 		add("--max-connections must be at least 1")
 	}
-	if o.FEC != "" {
-		if _, err := fec.ParseSpec(o.FEC); err != nil {
-			add("--fec: %w", err)
-		}
-	}
-	errs = append(errs, o.CongestionFlags.Validate()...)
+	errs = append(errs, o.DaemonFlags.Validate()...)
 	return errors.Join(errs...)
 }
 

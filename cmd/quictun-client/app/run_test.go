@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -85,5 +86,29 @@ func TestRunStartsAndStops(t *testing.T) {
 		require.NoError(t, err)
 	case <-time.After(15 * time.Second):
 		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// TestFailedStartReleasesListeners: a start that fails after the admin and
+// local listeners were opened (here: --qlog-dir cannot be created) returns
+// the error and closes them all (the client leaked them before).
+func TestFailedStartReleasesListeners(t *testing.T) {
+	clearEnv(t)
+	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	local := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	notADir := writeFile(t, "file", "x")
+	cmd := NewCommand()
+	cmd.SetOut(io.Discard)
+	cmd.SetArgs([]string{
+		"--listen-on", "tcp:" + local, "--server-endpoint", "127.0.0.1:9",
+		"--token-source", "tcp:127.0.0.1:22", "--insecure-skip-verify", "--secret-file", writeFile(t, "secret", strings.Repeat("s", 32)),
+		"--httpd-listen-on", admin, "--qlog-dir", filepath.Join(notADir, "qlog"),
+	})
+	err := cmd.ExecuteContext(context.Background())
+	require.ErrorContains(t, err, "--qlog-dir")
+	for _, addr := range []string{admin, local} {
+		ln, err := net.Listen("tcp", addr)
+		require.NoError(t, err, "%s leaked", addr)
+		require.NoError(t, ln.Close())
 	}
 }

@@ -2,8 +2,8 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -17,7 +17,6 @@ import (
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
@@ -66,89 +65,58 @@ the same --config file, QUICTUN_* environment and flags as the server, so it fin
 	return cmd
 }
 
-// Run starts the server and blocks until ctx is cancelled and the drain is over.
+// Run starts the server and blocks until ctx is cancelled and the drain is
+// over. It builds in steps: identity and auth, destination rules, sockets
+// and the admin listener (each pushed on one Cleanup), the server, then runs.
 func (o *Options) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	cli.LogHostCheck("")
-	st, err := transport.LoadOrCreateState(o.StateDir, o.CertFile, o.KeyFile)
-	if err != nil {
-		return err
-	}
-	if st.Generated {
-		logger.Info("Generated a self-signed server certificate", "stateDir", o.StateDir)
-	}
-	logger.Info("Server certificate", "fingerprint", st.Fingerprint(), "hint", "give clients --server-fingerprint "+st.Fingerprint())
+	var cleanup cli.Cleanup
+	defer cleanup.Run()
 
-	var clientCAs *x509.CertPool
-	if o.ClientCAFile != "" {
-		if clientCAs, err = transport.LoadCertPool(o.ClientCAFile); err != nil {
-			return err
-		}
-	}
-	keys, err := loadKeys(o.SecretFile, o.KeysFile)
+	st, tlsConf, keys, err := o.identity(logger)
 	if err != nil {
 		return err
 	}
-	if o.InsecureNoAuth {
-		logger.Info("WARNING: client authentication is disabled (--insecure-no-auth)")
-	}
-	allow, err := endpoint.ParseRules(o.Allow, o.Deny)
+	allow, allowFor, parser, err := o.destinations(logger, keys)
 	if err != nil {
 		return err
 	}
-	allowFor, err := parseAllowFor(o.AllowFor, o.Deny)
+	adm, err := cli.OpenAdminServer(o.HTTPDListenOn, o.HTTPDTokenFile)
 	if err != nil {
 		return err
 	}
-	o.warnUnmatchedIdentities(logger, keys)
-	parser, err := token.NewParser(o.TokenParserPlugin, o.TokenParserKey)
-	if err != nil {
-		return err
-	}
-	adminLn, adminToken, err := cli.OpenAdmin(o.HTTPDListenOn, o.HTTPDTokenFile)
-	if err != nil {
-		return err
-	}
-
-	reg := cli.NewRegistry()
-	m := metrics.NewServer(reg)
-	qopts := transport.DefaultQUICOptions()
-	qopts.IdleTimeout, qopts.KeepAlivePeriod, qopts.HandshakeTimeout = o.IdleTimeout, o.KeepAlivePeriod, o.HandshakeTimeout
-	o.CongestionFlags.Apply(&qopts)
-	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
-	registry := tunnel.NewRegistry()
-
+	cleanup.Push(adm.Close)
 	pc, err := transport.ListenUDP(o.ListenOn)
 	if err != nil {
-		if adminLn != nil {
-			_ = adminLn.Close()
-		}
 		return err
 	}
-	defer func() { _ = pc.Close() }()
+	cleanup.Push(func() { _ = pc.Close() })
+	qopts := o.QUICOptions()
+	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
+	fecLayer, err := o.FECLayer(false)
+	if err != nil {
+		return err
+	}
 	var packetConn net.PacketConn = pc
-	var fecLayer *fec.Layer
-	if o.FEC != "" {
-		fcfg, err := fec.ParseSpec(o.FEC)
-		if err != nil {
-			return fmt.Errorf("--fec: %w", err)
-		}
-		if fecLayer, err = fec.NewLayer(fcfg); err != nil {
-			return fmt.Errorf("--fec: %w", err)
-		}
+	if fecLayer != nil {
 		transport.ForceSocketBuffers(pc, 7<<20)
 		packetConn = fecLayer.Wrap(pc)
 		qopts.DisablePathMTUDiscovery = true // leave room for the FEC header
 		logger.Info("Forward error correction on for clients that use it", "fec", o.FEC)
 	}
-	var srv *server.Server
-	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
 	qconf := transport.QUICConfig(qopts)
 	if err := cli.EnableQlog(qconf, o.QlogDir, logger); err != nil {
 		return err
 	}
+
+	reg := cli.NewRegistry()
+	m := metrics.NewServer(reg)
+	registry := tunnel.NewRegistry()
+	var srv *server.Server
+	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
 	srv, err = server.New(server.Config{
-		TLS:                    transport.ServerTLSConfig(st, clientCAs),
+		TLS:                    tlsConf,
 		QUIC:                   qconf,
 		ResetKey:               &st.ResetKey,
 		TokenKey:               &st.TokenKey,
@@ -157,7 +125,7 @@ func (o *Options) Run(ctx context.Context) error {
 		Allow:                  allow,
 		AllowFor:               allowFor,
 		AuditLog:               o.AuditLog,
-		SelfAddrs:              adminAddrs(adminLn),
+		SelfAddrs:              adm.Addrs(),
 		Dialer:                 &net.Dialer{KeepAlive: 30 * time.Second},
 		HeaderTimeout:          o.HeaderTimeout,
 		DialTimeout:            o.DialTimeout,
@@ -179,30 +147,16 @@ func (o *Options) Run(ctx context.Context) error {
 		Registry:     registry,
 	}, packetConn)
 	if err != nil {
-		if adminLn != nil {
-			_ = adminLn.Close()
-		}
 		return err
 	}
 	reg.MustRegister(qstat, metrics.NewLivenessCollector("server", srv.LivenessStats()))
 	if fecLayer != nil {
 		reg.MustRegister(metrics.NewFECCollector("server", fecLayer.Stats()))
 	}
-	logAllowList(logger, o, allow, srv.Addr(), adminLn)
+	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
 
+	adm.Start(ctx, admin.Options{Gatherer: reg, Ready: srv.Ready, Registry: registry, Conns: srv.ConnStats, EnablePprof: o.EnablePprof})
 	g, gctx := errgroup.WithContext(ctx)
-	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopAdmin()
-	var ag errgroup.Group
-	if adminLn != nil {
-		logger.Info("Admin server listening", "address", adminLn.Addr().String())
-		ag.Go(func() error {
-			return admin.Serve(adminCtx, adminLn, admin.Handler(admin.Options{
-				Gatherer: reg, Ready: srv.Ready, Registry: registry, Conns: srv.ConnStats,
-				EnablePprof: o.EnablePprof, BearerToken: adminToken,
-			}))
-		})
-	}
 	g.Go(func() error { return srv.Run(gctx) })
 	if o.reloader != nil {
 		reloads := metrics.NewReload(reg, "server")
@@ -212,30 +166,60 @@ func (o *Options) Run(ctx context.Context) error {
 		})
 	}
 	err = g.Wait()
-	stopAdmin()
-	if aerr := ag.Wait(); aerr != nil && err == nil {
-		err = aerr
-	}
-	if errors.Is(err, context.Canceled) {
-		err = nil
-	}
-	return err
+	return cli.RunErr(err, adm.Stop())
 }
 
-// adminAddrs returns the admin listener's address, if there is one.
-func adminAddrs(ln net.Listener) []net.Addr {
-	if ln == nil {
-		return nil
+// identity loads the server's certificate and keys (--state-dir or
+// --cert-file), the client CAs for mutual TLS and the shared secrets.
+func (o *Options) identity(logger klog.Logger) (*transport.State, *tls.Config, *proto.Keyring, error) {
+	st, err := transport.LoadOrCreateState(o.StateDir, o.CertFile, o.KeyFile)
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	return []net.Addr{ln.Addr()}
+	if st.Generated {
+		logger.Info("Generated a self-signed server certificate", "stateDir", o.StateDir)
+	}
+	logger.Info("Server certificate", "fingerprint", st.Fingerprint(), "hint", "give clients --server-fingerprint "+st.Fingerprint())
+	var clientCAs *x509.CertPool
+	if o.ClientCAFile != "" {
+		if clientCAs, err = transport.LoadCertPool(o.ClientCAFile); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	keys, err := loadKeys(o.SecretFile, o.KeysFile)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if o.InsecureNoAuth {
+		logger.Info("WARNING: client authentication is disabled (--insecure-no-auth)")
+	}
+	return st, transport.ServerTLSConfig(st, clientCAs), keys, nil
+}
+
+// destinations parses the destination rules and the token parser.
+func (o *Options) destinations(logger klog.Logger, keys *proto.Keyring) (*endpoint.AllowList, map[string]*endpoint.AllowList, token.Parser, error) {
+	allow, err := endpoint.ParseRules(o.Allow, o.Deny)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	allowFor, err := parseAllowFor(o.AllowFor, o.Deny)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	o.warnUnmatchedIdentities(logger, keys)
+	parser, err := token.NewParser(o.TokenParserPlugin, o.TokenParserKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return allow, allowFor, parser, nil
 }
 
 // logAllowList logs, at -v 0, what clients may reach, what is always refused,
 // and, when the operator named no destinations, how to narrow the default.
-func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, quicAddr net.Addr, adminLn net.Listener) {
+func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, quicAddr net.Addr, adminAddrs []net.Addr) {
 	own := []string{"udp:" + quicAddr.String()}
-	if adminLn != nil {
-		own = append(own, "tcp:"+adminLn.Addr().String())
+	for _, a := range adminAddrs {
+		own = append(own, "tcp:"+a.String())
 	}
 	kv := []any{"allow", strings.Join(allow.Rules(), ","), "deny", strings.Join(allow.DenyRules(), ","),
 		"alwaysRefused", "the server's own listeners (" + strings.Join(own, ",") + ", on every local address when unspecified), 0.0.0.0/8, ::, cloud metadata addresses unless named exactly"}

@@ -76,7 +76,7 @@ func TestValidate(t *testing.T) {
 		{"no replay entries per conn", func(o *Options) { o.MaxReplayEntriesPerConn = 0 }, []string{"--max-replay-entries-per-conn must be at least 1"}},
 		{"auth timeout 0", func(o *Options) { o.AuthTimeout = 0 }, []string{"--auth-timeout must be positive"}},
 		{"every error at once", func(o *Options) {
-			*o = Options{Allow: []string{"bogus"}, TokenParserPlugin: "Nope", CertFile: "/c", KeepAlivePeriod: -1}
+			*o = Options{Allow: []string{"bogus"}, TokenParserPlugin: "Nope", CertFile: "/c", DaemonFlags: cli.DaemonFlags{KeepAlivePeriod: -1}}
 		}, []string{
 			"--listen-on", "--allow", "--token-parser-plugin", "--cert-file and --key-file",
 			"client authentication is required", "--idle-timeout", "--handshake-timeout", "--header-timeout",

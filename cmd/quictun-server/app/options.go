@@ -11,7 +11,6 @@ import (
 	"github.com/quictun/quictun/cmd/internal/cli"
 
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/server"
@@ -20,7 +19,7 @@ import (
 // Options are every setting of quictun-server. NewOptions holds the defaults.
 type Options struct {
 	cli.ConfigFlags
-	cli.CongestionFlags
+	cli.DaemonFlags
 
 	ListenOn string
 	Allow    []string
@@ -39,18 +38,8 @@ type Options struct {
 	TokenParserPlugin string
 	TokenParserKey    string
 
-	HTTPDListenOn  string
-	HTTPDTokenFile string
-	EnablePprof    bool
-	QlogDir        string
-	FEC            string
-
-	IdleTimeout        time.Duration
-	KeepAlivePeriod    time.Duration
-	HandshakeTimeout   time.Duration
 	HeaderTimeout      time.Duration
 	DialTimeout        time.Duration
-	DrainTimeout       time.Duration
 	MaxStreamsPerConn  int64
 	MaxConcurrentDials int
 	MaxDialsPerDest    int
@@ -63,7 +52,6 @@ type Options struct {
 	MaxUnverifiedStreamsPerConn int
 	MaxUnverifiedStreams        int
 	MaxReplayEntriesPerConn     int
-	TailProbes                  int
 
 	reloader *cli.Reloader
 }
@@ -79,22 +67,16 @@ func NewOptions() *Options {
 	q := transport.DefaultQUICOptions()
 	def := server.DefaultConfig()
 	return &Options{
-		CongestionFlags:    cli.NewCongestionFlags(),
+		DaemonFlags:        cli.NewDaemonFlags("127.0.0.1:8086"),
 		ListenOn:           "0.0.0.0:7500",
 		Allow:              endpoint.DefaultAllowList().Rules(),
 		AuditLog:           true,
 		StateDir:           "/var/lib/quictun-server",
 		TokenParserPlugin:  token.PluginCleartext,
-		HTTPDListenOn:      "127.0.0.1:8086",
-		IdleTimeout:        q.IdleTimeout,
-		KeepAlivePeriod:    q.KeepAlivePeriod,
-		HandshakeTimeout:   q.HandshakeTimeout,
 		HeaderTimeout:      10 * time.Second,
 		DialTimeout:        10 * time.Second,
-		DrainTimeout:       30 * time.Second,
 		MaxStreamsPerConn:  q.MaxIncomingStreams,
 		MaxConcurrentDials: 256,
-		TailProbes:         1,
 		HandshakeRate:      20,
 		MaxConnsPerSource:  64,
 		MaxConnections:     def.MaxConnections,
@@ -123,7 +105,10 @@ func (o *Options) Config() *cli.ConfigFlags { return &o.ConfigFlags }
 
 // AddFlags binds every option to fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	o.CongestionFlags.AddFlags(fs)
+	o.DaemonFlags.AddFlags(fs, cli.DaemonHelp{
+		FEC:        "answer clients that use forward error correction with parity of K/M, e.g. 10/3 (see quictun-client --fec); plain clients are still served; costs GSO for all; empty = off",
+		TailProbes: "tiny datagrams sent 1 ms after each burst of downstream data (two RTTs + 2 ms on paths under 4 ms; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables",
+	})
 	fs.StringVar(&o.ListenOn, "listen-on", o.ListenOn, "UDP address to accept QUIC connections on, e.g. 0.0.0.0:7500 or [::]:7500")
 	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only. Never reachable whatever the rules: the server's own QUIC and admin listeners, 0.0.0.0 and ::, and cloud metadata addresses (169.254.169.254, fd00:ec2::254, ...) unless a rule names them exactly")
 	fs.StringSliceVar(&o.AllowFor, "allow-for", o.AllowFor, "destinations only some clients may reach, IDENTITY=RULE (repeatable): CN=NAME for a client certificate's common name (needs --client-ca-file), key=NAME for a --keys-file key; e.g. CN=ci-runner=tcp:10.0.0.5:5432. Added to --allow for that client; --deny still wins")
@@ -140,21 +125,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.KeysFile, "keys-file", o.KeysFile, "file of named shared secrets, one 'NAME SECRET' per line, all accepted (with --secret-file's too): rotate keys without downtime (add the new key, reload, move clients, remove the old one, reload); NAME shows in logs and in --allow-for key=NAME rules")
 	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "accept clients without authentication (only with a restrictive --allow on a trusted network)")
 
-	fs.StringVar(&o.HTTPDListenOn, "httpd-listen-on", o.HTTPDListenOn, "admin HTTP address for /metrics, /healthz, /readyz, /tunnels, /connections; empty disables it")
-	fs.StringVar(&o.HTTPDTokenFile, "httpd-token-file", o.HTTPDTokenFile, "bearer token file required by the admin API (mandatory when --httpd-listen-on is not loopback)")
-	fs.BoolVar(&o.EnablePprof, "enable-pprof", o.EnablePprof, "serve /debug/pprof on the admin server")
-	fs.StringVar(&o.FEC, "fec", o.FEC, "answer clients that use forward error correction with parity of K/M, e.g. 10/3 (see quictun-client --fec); plain clients are still served; costs GSO for all; empty = off")
-	fs.StringVar(&o.QlogDir, "qlog-dir", o.QlogDir, "write a qlog file per QUIC connection into this directory (open them in qvis: https://qvis.quictools.info); costs throughput, off by default")
-
-	fs.DurationVar(&o.IdleTimeout, "idle-timeout", o.IdleTimeout, "close a QUIC connection after this long without packets; the longest blackout a tunnel survives (the smaller of both ends wins)")
-	fs.DurationVar(&o.KeepAlivePeriod, "keepalive-period", o.KeepAlivePeriod, "send a keep-alive after this long without traffic")
-	fs.DurationVar(&o.HandshakeTimeout, "handshake-timeout", o.HandshakeTimeout, "QUIC handshake idle timeout")
 	fs.DurationVar(&o.HeaderTimeout, "header-timeout", o.HeaderTimeout, "time a client has to send a stream header")
 	fs.DurationVar(&o.DialTimeout, "dial-timeout", o.DialTimeout, "time to connect to a destination")
-	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long open tunnels may finish before they are closed")
 	fs.Int64Var(&o.MaxStreamsPerConn, "max-streams-per-conn", o.MaxStreamsPerConn, "concurrent tunnels per client connection")
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "concurrent destination dials; more wait up to --dial-timeout")
-	fs.IntVar(&o.TailProbes, "tail-probes", o.TailProbes, "tiny datagrams sent 1 ms after each burst of downstream data (two RTTs + 2 ms on paths under 4 ms; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables")
 	fs.IntVar(&o.MaxDialsPerDest, "max-dials-per-destination", o.MaxDialsPerDest, "concurrent dials to one destination address, so a slow or unreachable one cannot take every dial slot (more wait without holding a slot); 0 = a quarter of --max-concurrent-dials")
 	fs.Float64Var(&o.HandshakeRate, "handshake-rate", o.HandshakeRate, "new QUIC connections per second per source IP (burst twice that); a source past half its burst must first prove its address (one Retry round trip); 0 = unlimited")
 	fs.IntVar(&o.MaxConnsPerSource, "max-conns-per-source", o.MaxConnsPerSource, "open QUIC connections per source IP (an IPv6 source counts by its /64); more are closed with overloaded; 0 = unlimited")
@@ -173,9 +147,6 @@ func (o *Options) Validate() error {
 	if o.ListenOn == "" {
 		add("--listen-on is required")
 	} else if err := cli.ValidateHostPort("listen-on", o.ListenOn, false, true); err != nil {
-		errs = append(errs, err)
-	}
-	if err := cli.ValidateAdmin(o.HTTPDListenOn, o.HTTPDTokenFile); err != nil {
 		errs = append(errs, err)
 	}
 	if _, err := endpoint.ParseRules(o.Allow, o.Deny); err != nil {
@@ -202,22 +173,13 @@ func (o *Options) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"idle-timeout", o.IdleTimeout}, {"handshake-timeout", o.HandshakeTimeout}, {"header-timeout", o.HeaderTimeout}, {"dial-timeout", o.DialTimeout}} {
+	}{{"header-timeout", o.HeaderTimeout}, {"dial-timeout", o.DialTimeout}} {
 		if d.v <= 0 {
 			add("--%s must be positive", d.name)
 		}
 	}
-	if o.KeepAlivePeriod < 0 || o.DrainTimeout < 0 {
-		add("--keepalive-period and --drain-timeout must not be negative")
-	}
-	if o.KeepAlivePeriod >= o.IdleTimeout && o.IdleTimeout > 0 {
-		add("--keepalive-period (%s) must be shorter than --idle-timeout (%s)", o.KeepAlivePeriod, o.IdleTimeout)
-	}
 	if o.MaxStreamsPerConn < 1 {
 		add("--max-streams-per-conn must be at least 1")
-	}
-	if o.TailProbes < 0 || o.TailProbes > 4 {
-		add("--tail-probes must be 0..4")
 	}
 	if o.HandshakeRate < 0 || o.MaxConnsPerSource < 0 {
 		add("--handshake-rate and --max-conns-per-source must not be negative")
@@ -234,12 +196,7 @@ func (o *Options) Validate() error {
 	if o.MaxConcurrentDials < 1 {
 		add("--max-concurrent-dials must be at least 1")
 	}
-	if o.FEC != "" {
-		if _, err := fec.ParseSpec(o.FEC); err != nil {
-			add("--fec: %w", err)
-		}
-	}
-	errs = append(errs, o.CongestionFlags.Validate()...)
+	errs = append(errs, o.DaemonFlags.Validate()...)
 	return errors.Join(errs...)
 }
 

@@ -84,3 +84,31 @@ func TestRunStartsAndStops(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// TestFailedStartReleasesListeners: a start that fails after the admin and
+// QUIC sockets were opened (here: --qlog-dir cannot be created) returns the
+// error and closes both, so a retry can bind the same addresses.
+func TestFailedStartReleasesListeners(t *testing.T) {
+	clearEnv(t)
+	admin := freePort(t)
+	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	quicAddr := udp.LocalAddr().String()
+	require.NoError(t, udp.Close())
+	notADir := writeFile(t, "file", "x")
+	cmd := NewCommand()
+	cmd.SetOut(io.Discard)
+	cmd.SetArgs([]string{
+		"--listen-on", quicAddr, "--state-dir", filepath.Join(t.TempDir(), "state"),
+		"--secret-file", writeFile(t, "secret", strings.Repeat("s", 32)), "--httpd-listen-on", admin,
+		"--qlog-dir", filepath.Join(notADir, "qlog"),
+	})
+	err = cmd.ExecuteContext(context.Background())
+	require.ErrorContains(t, err, "--qlog-dir")
+	ln, err := net.Listen("tcp", admin)
+	require.NoError(t, err, "the admin listener leaked")
+	require.NoError(t, ln.Close())
+	pc, err := net.ListenPacket("udp", quicAddr)
+	require.NoError(t, err, "the QUIC socket leaked")
+	require.NoError(t, pc.Close())
+}
