@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quictun/quictun/internal/testutil/quictest"
+
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,47 +16,9 @@ import (
 	"github.com/quictun/quictun/pkg/transport"
 )
 
-// quicConns returns a connected client and server *quic.Conn on loopback with
-// quictun's QUIC config (datagrams enabled), closed when the test ends.
-func quicConns(t *testing.T) (cli, srv *quic.Conn) {
-	t.Helper()
-	st, err := transport.LoadOrCreateState(t.TempDir(), "", "")
-	require.NoError(t, err)
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{InsecureSkipVerify: true})
-	require.NoError(t, err)
-	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
-	udp := func() *net.UDPConn {
-		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		require.NoError(t, err)
-		return c
-	}
-	spc, cpc := udp(), udp()
-	str, ctr := &quic.Transport{Conn: spc}, &quic.Transport{Conn: cpc}
-	ln, err := str.Listen(transport.ServerTLSConfig(st, nil), qconf)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		_ = ctr.Close()
-		_ = str.Close()
-		_ = cpc.Close()
-		_ = spc.Close()
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cli, err = ctr.Dial(ctx, spc.LocalAddr(), ctls, qconf)
-	require.NoError(t, err)
-	srv, err = ln.Accept(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = cli.CloseWithError(0, "")
-		_ = srv.CloseWithError(0, "")
-	})
-	return cli, srv
-}
-
 func TestHeartbeatOverQUIC(t *testing.T) {
 	t.Parallel()
-	cli, srv := quicConns(t)
+	cli, srv := quictest.Pair(t)
 	var _ liveness.Conn = cli // *quic.Conn is a liveness.Conn
 
 	srvStats, cliStats := &liveness.Stats{}, &liveness.Stats{}

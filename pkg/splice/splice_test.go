@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quictun/quictun/internal/testutil/quictest"
+
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -21,52 +23,11 @@ import (
 
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
-	"github.com/quictun/quictun/pkg/transport"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const testTimeout = 20 * time.Second
-
-// quicConns returns a connected QUIC client and server connection on loopback,
-// each on its own transport and UDP socket, all closed when the test ends.
-func quicConns(tb testing.TB) (cli, srv *quic.Conn) {
-	tb.Helper()
-	st, err := transport.LoadOrCreateState(tb.TempDir(), "", "")
-	require.NoError(tb, err)
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{InsecureSkipVerify: true})
-	require.NoError(tb, err)
-	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
-
-	udp := func() *net.UDPConn {
-		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		require.NoError(tb, err)
-		return c
-	}
-	spc, cpc := udp(), udp()
-	str := &quic.Transport{Conn: spc}
-	ctr := &quic.Transport{Conn: cpc}
-	ln, err := str.Listen(transport.ServerTLSConfig(st, nil), qconf)
-	require.NoError(tb, err)
-	tb.Cleanup(func() {
-		_ = ln.Close()
-		_ = ctr.Close()
-		_ = str.Close()
-		_ = cpc.Close()
-		_ = spc.Close()
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	defer cancel()
-	cli, err = ctr.Dial(ctx, spc.LocalAddr(), ctls, qconf)
-	require.NoError(tb, err)
-	srv, err = ln.Accept(ctx)
-	require.NoError(tb, err)
-	tb.Cleanup(func() {
-		_ = cli.CloseWithError(0, "")
-		_ = srv.CloseWithError(0, "")
-	})
-	return cli, srv
-}
 
 // streamPair opens a stream from cli and accepts it on srv; one byte is sent
 // first so that the peer sees the stream. Both ends are ready for use.
@@ -125,7 +86,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	cli, srv := quicConns(t)
+	cli, srv := quictest.Pair(t)
 	pipeStr, peer := streamPair(t, cli, srv)
 	pipeConn, app := tcpPair(t)
 	f := &fixture{pipe: splice.New(pipeConn, pipeStr), app: app, peer: peer, done: make(chan error, 1)}
@@ -403,7 +364,7 @@ func TestAbortedErrorUnwrap(t *testing.T) {
 
 // BenchmarkPipe measures loopback throughput TCP -> Pipe -> QUIC stream.
 func BenchmarkPipe(b *testing.B) {
-	cli, srv := quicConns(b)
+	cli, srv := quictest.Pair(b)
 	pipeStr, peer := streamPair(b, cli, srv)
 	pipeConn, app := tcpPair(b)
 	p := splice.New(pipeConn, pipeStr)
@@ -480,7 +441,7 @@ func TestPipePeerStopSending(t *testing.T) {
 
 func TestPipeAbortBeforeRun(t *testing.T) {
 	t.Parallel()
-	cli, srv := quicConns(t)
+	cli, srv := quictest.Pair(t)
 	pipeStr, peer := streamPair(t, cli, srv)
 	pipeConn, app := tcpPair(t)
 	p := splice.New(pipeConn, pipeStr)
@@ -506,7 +467,7 @@ func TestPipeManyConcurrent(t *testing.T) {
 	t.Parallel()
 	// Many pipes over one QUIC connection, each echoing through its own TCP
 	// pair, to exercise stream multiplexing and the shared buffer pool.
-	cli, srv := quicConns(t)
+	cli, srv := quictest.Pair(t)
 	const n = 16
 	errs := make(chan error, n)
 	for i := range n {
@@ -549,7 +510,7 @@ func TestPipeManyConcurrent(t *testing.T) {
 
 func TestPipeEOFAfterPeerStopSending(t *testing.T) {
 	t.Parallel()
-	cli, srv := quicConns(t)
+	cli, srv := quictest.Pair(t)
 	pipeStr, peer := streamPair(t, cli, srv)
 	pipeConn, app := tcpPair(t)
 	p := splice.New(pipeConn, pipeStr)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quictun/quictun/internal/testutil/quictest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -41,7 +43,7 @@ func unixPair(t *testing.T) (a, b *net.UnixConn) {
 
 func TestPipeUnixHalfClose(t *testing.T) {
 	t.Parallel()
-	cli, srv := quicConns(t)
+	cli, srv := quictest.Pair(t)
 	pipeStr, peer := streamPair(t, cli, srv)
 	pipeConn, app := unixPair(t)
 	p := splice.New(pipeConn, pipeStr)
@@ -70,7 +72,7 @@ func TestPipeUnixHalfClose(t *testing.T) {
 
 func TestPipeUnixAbort(t *testing.T) {
 	t.Parallel()
-	cli, srv := quicConns(t)
+	cli, srv := quictest.Pair(t)
 	pipeStr, peer := streamPair(t, cli, srv)
 	pipeConn, app := unixPair(t)
 	p := splice.New(pipeConn, pipeStr)

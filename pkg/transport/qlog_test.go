@@ -3,7 +3,6 @@ package transport_test
 import (
 	"context"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/quictun/quictun/internal/testutil/quictest"
 
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/assert"
@@ -23,32 +24,9 @@ import (
 // carries one stream, and closes everything.
 func tracedPair(t *testing.T, clientConf, serverConf *quic.Config) {
 	t.Helper()
-	st, err := transport.LoadOrCreateState(filepath.Join(t.TempDir(), "s"), "", "")
-	require.NoError(t, err)
-	udp := func() *net.UDPConn {
-		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-		require.NoError(t, err)
-		return c
-	}
-	spc, cpc := udp(), udp()
-	str, ctr := &quic.Transport{Conn: spc}, &quic.Transport{Conn: cpc}
-	defer func() {
-		_ = ctr.Close()
-		_ = str.Close()
-		_ = cpc.Close()
-		_ = spc.Close()
-	}()
-	ln, err := str.Listen(transport.ServerTLSConfig(st, nil), serverConf)
-	require.NoError(t, err)
-	defer func() { _ = ln.Close() }()
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{InsecureSkipVerify: true})
-	require.NoError(t, err)
+	cli, srv := quictest.PairWith(t, serverConf, clientConf)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cli, err := ctr.Dial(ctx, spc.LocalAddr(), ctls, clientConf)
-	require.NoError(t, err)
-	srv, err := ln.Accept(ctx)
-	require.NoError(t, err)
 	s, err := cli.OpenStreamSync(ctx)
 	require.NoError(t, err)
 	_, err = s.Write([]byte("traced"))

@@ -3,9 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,9 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -192,201 +187,20 @@ func startNSTunnel(t *testing.T, ns *nsPair, clientArgs ...string) *nsTunnel {
 	return tn
 }
 
-// nsWorkload is what applications in the client namespace do across a
-// renumbering: ping-pong connections (1000 B every 5 ms) that record each
-// round trip, and a bulk echo transfer that runs until stopped, SHA-256-checked.
-type nsWorkload struct {
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	mu        sync.Mutex
-	errs      []error
-	trips     [][][2]time.Time // per ping-pong connection: start and end of each round trip
-	bulkReads []time.Time
-	bulkBytes atomic.Int64
-	conns     []net.Conn
-}
-
-func (w *nsWorkload) fail(err error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.errs = append(w.errs, err)
-}
-
-func startNSWorkload(t *testing.T, tn *nsTunnel, pingPongs int) *nsWorkload {
+// startNSWorkload runs testutil.Workload from the client namespace through
+// the tunnel: pingPongs ping-pong connections and a bulk transfer that runs
+// until Finish, and waits for it to get going.
+func startNSWorkload(t *testing.T, tn *nsTunnel, pingPongs int) *testutil.Workload {
 	t.Helper()
-	w := &nsWorkload{stop: make(chan struct{}), trips: make([][][2]time.Time, pingPongs)}
-	dial := func() *net.TCPConn {
+	w := testutil.StartWorkload(t, func() testutil.HalfCloser {
 		c, err := dialIn(context.Background(), tn.ns.client, "tcp", tn.clientListen)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = c.Close() })
 		require.NoError(t, c.SetDeadline(time.Now().Add(45*time.Second)))
-		w.conns = append(w.conns, c)
 		return c.(*net.TCPConn)
-	}
-	for i := range pingPongs {
-		c := dial()
-		w.wg.Go(func() {
-			msg, got := make([]byte, 1000), make([]byte, 1000)
-			for n := 0; ; n++ {
-				select {
-				case <-w.stop:
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
-				_, _ = rand.Read(msg)
-				copy(msg, fmt.Sprintf("conn %d round %d ", i, n))
-				start := time.Now()
-				if _, err := c.Write(msg); err != nil {
-					w.fail(fmt.Errorf("ping-pong %d write: %w", i, err))
-					return
-				}
-				if _, err := io.ReadFull(c, got); err != nil {
-					w.fail(fmt.Errorf("ping-pong %d read: %w", i, err))
-					return
-				}
-				if !bytes.Equal(msg, got) {
-					w.fail(fmt.Errorf("ping-pong %d round %d: echo differs", i, n))
-					return
-				}
-				w.mu.Lock()
-				w.trips[i] = append(w.trips[i], [2]time.Time{start, time.Now()})
-				w.mu.Unlock()
-			}
-		})
-	}
-	c := dial()
-	sent := sha256.New()
-	var sentN atomic.Int64
-	werr := make(chan error, 1)
-	w.wg.Go(func() {
-		buf := make([]byte, 32<<10)
-		var err error
-		for err == nil {
-			select {
-			case <-w.stop:
-				werr <- c.CloseWrite()
-				return
-			default:
-			}
-			_, _ = rand.Read(buf)
-			sent.Write(buf)
-			_, err = c.Write(buf)
-			sentN.Add(int64(len(buf)))
-		}
-		werr <- err
-	})
-	w.wg.Go(func() {
-		got := sha256.New()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := c.Read(buf)
-			if n > 0 {
-				got.Write(buf[:n])
-				w.bulkBytes.Add(int64(n))
-				w.mu.Lock()
-				w.bulkReads = append(w.bulkReads, time.Now())
-				w.mu.Unlock()
-			}
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				w.fail(fmt.Errorf("bulk read: %w", err))
-				return
-			}
-		}
-		if err := <-werr; err != nil {
-			w.fail(fmt.Errorf("bulk write: %w", err))
-			return
-		}
-		if m, n := w.bulkBytes.Load(), sentN.Load(); m != n {
-			w.fail(fmt.Errorf("bulk: echoed %d bytes, sent %d", m, n))
-		} else if !bytes.Equal(sent.Sum(nil), got.Sum(nil)) {
-			w.fail(errors.New("bulk: echo differs from what was sent (SHA-256)"))
-		}
-	})
-	waitFor(t, 20*time.Second, "workload to get going", func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		for _, trips := range w.trips {
-			if len(trips) < 20 {
-				return false
-			}
-		}
-		return w.bulkBytes.Load() >= 4<<20
-	})
+	}, pingPongs, -1)
+	w.Warm(t, 4<<20, 20*time.Second)
 	return w
-}
-
-// finish stops the workload (bulk: half-close and read the echo to EOF) and
-// fails the test with every error. If the tunnel is stuck it closes the
-// connections after a bound, so nothing waits for the read deadlines.
-func (w *nsWorkload) finish(t *testing.T) {
-	t.Helper()
-	close(w.stop)
-	done := make(chan struct{})
-	go func() {
-		w.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		t.Error("workload did not finish: closing its connections")
-		for _, c := range w.conns {
-			_ = c.Close()
-		}
-		<-done
-	}
-	for _, err := range w.errs {
-		t.Error(err)
-	}
-}
-
-// gapAround returns the longest time between consecutive events (sorted)
-// from the last one before at to the first more than 10 s after it.
-func gapAround(events []time.Time, at time.Time) time.Duration {
-	i, _ := slices.BinarySearchFunc(events, at, func(e, at time.Time) int { return e.Compare(at) })
-	prev := at
-	if i > 0 {
-		prev = events[i-1]
-	}
-	var gap time.Duration
-	for _, e := range events[i:] {
-		gap = max(gap, e.Sub(prev))
-		prev = e
-		if e.Sub(at) > 10*time.Second {
-			break
-		}
-	}
-	return gap
-}
-
-// report logs the stall around at and returns it: the longest time a
-// ping-pong connection went without completing a round trip, and how long
-// after at the first round trip begun after at completed.
-func (w *nsWorkload) report(t *testing.T, what string, at time.Time) (stall, fresh time.Duration) {
-	t.Helper()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i, trips := range w.trips {
-		first := time.Duration(-1)
-		ends := make([]time.Time, 0, len(trips))
-		for _, rt := range trips {
-			ends = append(ends, rt[1])
-			if first < 0 && !rt[0].Before(at) {
-				first = rt[1].Sub(at)
-			}
-		}
-		require.GreaterOrEqual(t, first, time.Duration(0), "ping-pong %d completed no round trip after the %s", i, what)
-		gap := gapAround(ends, at)
-		stall, fresh = max(stall, gap), max(fresh, first)
-		t.Logf("%s: ping-pong %d: longest time without a round trip %v; first round trip begun after it done %v after it; %d round trips",
-			what, i, gap.Round(100*time.Microsecond), first.Round(100*time.Microsecond), len(trips))
-	}
-	t.Logf("%s: bulk: longest time without a read %v; %d MiB echoed", what,
-		gapAround(w.bulkReads, at).Round(100*time.Microsecond), w.bulkBytes.Load()>>20)
-	return stall, fresh
 }
 
 // TestRenumberClient: the client host's address changes while tunneled
@@ -429,8 +243,8 @@ func TestRenumberClient(t *testing.T) {
 			at := time.Now()
 			up := tc.renumber(t, ns.client)
 			time.Sleep(3 * time.Second) // let the workload run on the new address
-			w.finish(t)
-			stall, fresh := w.report(t, "renumbering", at)
+			w.Finish(t, 20*time.Second)
+			stall, fresh := w.Report(t, "renumbering", at, 10*time.Second)
 			cm := nsScrape(t, ns.client, tn.clientURL)
 			sm := nsScrape(t, ns.server, tn.serverURL)
 			t.Logf("renumbering (%s, new address usable %v after the start): stall %v, first round trip begun after the start done %v after it; client: reconnects %v, dials ok %v, rescues switched %v recovered %v error %v; server: active connections %v",

@@ -1,12 +1,7 @@
 package integration
 
 import (
-	"bytes"
-	"crypto/rand"
-	"crypto/sha256"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"slices"
@@ -252,193 +247,27 @@ func (r *natRelay) close() {
 	r.lines.Wait()
 }
 
-// workload is what the applications do across a migration: ping-pong
-// connections that record when each round trip completed, and one bulk echo
-// transfer whose data is SHA-256-checked.
-type workload struct {
-	stop chan struct{}
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	errs []error
-	// trips[i] holds the round trips of ping-pong connection i.
-	trips [][]roundTrip
-	// bulkReads holds the times of the bulk reader's reads, bulkBytes its progress.
-	bulkReads []time.Time
-	bulkBytes atomic.Int64
-	bulkDone  chan struct{}
-	conns     []net.Conn
-}
-
-func (w *workload) fail(err error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.errs = append(w.errs, err)
-}
-
-// startWorkload opens pingPongs connections to addr doing 1000 B round trips
-// every 5 ms and one bulk connection echoing bulk bytes.
-func startWorkload(t *testing.T, addr string, pingPongs int, bulk int64) *workload {
+// startWorkload runs the migration workload (testutil.Workload) through
+// the client listening on addr: 4 ping-pong connections and bulk bytes.
+func startWorkload(t *testing.T, addr string, pingPongs int, bulk int64) *testutil.Workload {
 	t.Helper()
-	w := &workload{stop: make(chan struct{}), trips: make([][]roundTrip, pingPongs), bulkDone: make(chan struct{})}
-	for i := range pingPongs {
-		c := dial(t, addr)
-		w.conns = append(w.conns, c)
-		w.wg.Go(func() {
-			msg, got := make([]byte, 1000), make([]byte, 1000)
-			for n := 0; ; n++ {
-				select {
-				case <-w.stop:
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
-				_, _ = rand.Read(msg)
-				copy(msg, fmt.Sprintf("conn %d round %d ", i, n))
-				start := time.Now()
-				if _, err := c.Write(msg); err != nil {
-					w.fail(fmt.Errorf("ping-pong %d write: %w", i, err))
-					return
-				}
-				if _, err := io.ReadFull(c, got); err != nil {
-					w.fail(fmt.Errorf("ping-pong %d read: %w", i, err))
-					return
-				}
-				if !bytes.Equal(msg, got) {
-					w.fail(fmt.Errorf("ping-pong %d round %d: echo differs", i, n))
-					return
-				}
-				w.mu.Lock()
-				w.trips[i] = append(w.trips[i], roundTrip{start, time.Now()})
-				w.mu.Unlock()
-			}
-		})
-	}
-	c := dial(t, addr)
-	w.conns = append(w.conns, c)
-	sent := sha256.New()
-	werr := make(chan error, 1)
-	w.wg.Go(func() {
-		_, err := io.Copy(c, io.TeeReader(io.LimitReader(rand.Reader, bulk), sent))
-		if err == nil {
-			err = c.CloseWrite()
-		}
-		werr <- err
-	})
-	w.wg.Go(func() {
-		defer close(w.bulkDone)
-		got := sha256.New()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := c.Read(buf)
-			if n > 0 {
-				got.Write(buf[:n])
-				w.bulkBytes.Add(int64(n))
-				w.mu.Lock()
-				w.bulkReads = append(w.bulkReads, time.Now())
-				w.mu.Unlock()
-			}
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				w.fail(fmt.Errorf("bulk read: %w", err))
-				return
-			}
-		}
-		if err := <-werr; err != nil {
-			w.fail(fmt.Errorf("bulk write: %w", err))
-			return
-		}
-		if m := w.bulkBytes.Load(); m != bulk {
-			w.fail(fmt.Errorf("bulk: echoed %d bytes, sent %d", m, bulk))
-		} else if !bytes.Equal(sent.Sum(nil), got.Sum(nil)) {
-			w.fail(errors.New("bulk: echo differs from what was sent (SHA-256)"))
-		}
-	})
+	w := testutil.StartWorkload(t, func() testutil.HalfCloser { return dial(t, addr) }, pingPongs, bulk)
+	w.Warm(t, bulk/4, 30*time.Second)
 	return w
 }
 
-// warm waits until every ping-pong connection did 20 round trips and the
-// bulk transfer moved a quarter of its bytes.
-func (w *workload) warm(t *testing.T, bulk int64) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		for _, trips := range w.trips {
-			if len(trips) < 20 {
-				return false
-			}
-		}
-		return w.bulkBytes.Load() >= bulk/4
-	}, 30*time.Second, time.Millisecond, "workload did not get going")
-}
-
-// finish waits for the bulk transfer to end and at least 2 s to pass since
-// at, then stops the ping-pongs and reports every error.
-func (w *workload) finish(t *testing.T, at time.Time) {
+// finishWorkload waits for the bulk transfer to end and at least 2 s to pass
+// since at, then stops the workload, and reports the stall around at.
+func finishWorkload(t *testing.T, w *testutil.Workload, what string, at time.Time) time.Duration {
 	t.Helper()
 	select {
-	case <-w.bulkDone:
+	case <-w.BulkDone():
 		time.Sleep(time.Until(at.Add(2 * time.Second)))
 	case <-time.After(25 * time.Second):
 		t.Error("bulk transfer did not finish")
-		for _, c := range w.conns {
-			_ = c.Close()
-		}
 	}
-	close(w.stop)
-	w.wg.Wait()
-	for _, err := range w.errs {
-		t.Error(err)
-	}
-}
-
-// roundTrip is when one ping-pong round trip started and completed.
-type roundTrip struct{ start, end time.Time }
-
-// longestGap returns the longest time between consecutive events (sorted)
-// from the last one before at to the first one more than 5 s after it.
-func longestGap(events []time.Time, at time.Time) time.Duration {
-	i, _ := slices.BinarySearchFunc(events, at, func(e, at time.Time) int { return e.Compare(at) })
-	prev := at
-	if i > 0 {
-		prev = events[i-1]
-	}
-	var gap time.Duration
-	for _, e := range events[i:] {
-		gap = max(gap, e.Sub(prev))
-		prev = e
-		if e.Sub(at) > 5*time.Second {
-			break
-		}
-	}
-	return gap
-}
-
-// report logs how the workload went through a migration at at and returns
-// the stall: the longest time a ping-pong connection went without completing
-// a round trip around at.
-func (w *workload) report(t *testing.T, what string, at time.Time) time.Duration {
-	t.Helper()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var stall time.Duration
-	for i, trips := range w.trips {
-		fresh := time.Duration(-1) // first round trip that started after at
-		ends := make([]time.Time, 0, len(trips))
-		for _, rt := range trips {
-			ends = append(ends, rt.end)
-			if fresh < 0 && !rt.start.Before(at) {
-				fresh = rt.end.Sub(at)
-			}
-		}
-		require.GreaterOrEqual(t, fresh, time.Duration(0), "ping-pong %d completed no round trip after the %s", i, what)
-		gap := longestGap(ends, at)
-		stall = max(stall, gap)
-		t.Logf("%s: ping-pong %d: longest time without a round trip %v; first round trip begun after it done %v after it; %d round trips",
-			what, i, gap.Round(100*time.Microsecond), fresh.Round(100*time.Microsecond), len(trips))
-	}
-	t.Logf("%s: bulk: longest time without a read %v", what, longestGap(w.bulkReads, at).Round(100*time.Microsecond))
+	w.Finish(t, 5*time.Second)
+	stall, _ := w.Report(t, what, at, 5*time.Second)
 	return stall
 }
 
@@ -486,12 +315,10 @@ func TestNATRebinding(t *testing.T) {
 			relay := startNATRelay(t, srv, 5*time.Millisecond)
 			cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: relay.Addr(), WaitReady: true})
 			w := startWorkload(t, cl.Addr, 4, tc.bulk)
-			w.warm(t, tc.bulk)
 			require.Len(t, relay.Clients(), 1, "one client mapping before the rebind")
 			at := time.Now()
 			relay.Rebind(t, tc.ip)
-			w.finish(t, at)
-			stall := w.report(t, "NAT rebinding", at)
+			stall := finishWorkload(t, w, "NAT rebinding", at)
 			answered := relay.ServerAnsweredAfterRebind()
 			t.Logf("NAT rebinding to %s: server's first packet to the new mapping after %v; %d server packets went to the old mapping; rescues %v/%v/%v (switched/recovered/error)",
 				tc.ip, answered.Round(100*time.Microsecond), relay.toOld.Load(),
@@ -533,13 +360,11 @@ func TestClientSocketRebind(t *testing.T) {
 					c.HeartbeatInterval, c.RescueAfter = 100*time.Millisecond, 300*time.Millisecond
 				}})
 			w := startWorkload(t, cl.Addr, 4, tc.bulk)
-			w.warm(t, tc.bulk)
 			old := relay.Clients()
 			require.Len(t, old, 1, "one client socket before the rebinding")
 			at := time.Now()
 			relay.Block(old[0])
-			w.finish(t, at)
-			stall := w.report(t, "client socket lost", at)
+			stall := finishWorkload(t, w, "client socket lost", at)
 			now := relay.Clients()
 			t.Logf("client socket lost: client sockets seen by the relay %v (packets up/down %v); rescues %v/%v/%v (switched/recovered/error)",
 				now, relay.Counts(),
@@ -582,14 +407,12 @@ func TestUnreachableWhileRenumbering(t *testing.T) {
 		WrapConn: func(pc net.PacketConn) net.PacketConn { return unreachableConn{PacketConn: pc, down: &down} }})
 	bulk := migrationBulk()
 	w := startWorkload(t, cl.Addr, 4, bulk)
-	w.warm(t, bulk)
 	at := time.Now()
 	down.Store(true)
 	time.Sleep(300 * time.Millisecond)
 	relay.Rebind(t, net.IPv4(127, 0, 0, 2))
 	down.Store(false)
-	w.finish(t, at)
-	stall := w.report(t, "unreachable for 300 ms, then a new address", at)
+	stall := finishWorkload(t, w, "unreachable for 300 ms, then a new address", at)
 	t.Logf("unreachable for 300 ms, then a new address: stall %v; rescues %v/%v/%v (switched/recovered/error)", stall.Round(100*time.Microsecond),
 		promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("switched")),
 		promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("recovered")),

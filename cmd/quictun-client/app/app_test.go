@@ -2,13 +2,14 @@ package app
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/quictun/quictun/internal/testutil"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -132,32 +133,15 @@ func TestValidateAdminListener(t *testing.T) {
 
 func execute(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd := NewCommand()
-	var out bytes.Buffer
-	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs(args)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := cmd.ExecuteContext(ctx)
-	return out.String(), err
+	return testutil.Execute(t, NewCommand(), args...)
 }
 
-func clearEnv(t *testing.T) {
-	t.Helper()
-	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, cli.EnvPrefix+"_") {
-			t.Setenv(k, "")
-			require.NoError(t, os.Unsetenv(k))
-		}
-	}
-}
+// clearEnv unsets every QUICTUN_* variable for the test (restored afterwards).
+func clearEnv(t *testing.T) { t.Helper(); testutil.ClearEnv(t, cli.EnvPrefix) }
 
 func writeFile(t *testing.T, name, content string) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), name)
-	require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
-	return p
+	return testutil.WriteFile(t, name, content)
 }
 
 func effective(t *testing.T, args ...string) map[string]any {
