@@ -125,6 +125,8 @@ type Client struct {
 	secret atomic.Pointer[[]byte]
 	// tokens holds Config.Tokens, replaced by SetTokens.
 	tokens atomic.Pointer[TokenSource]
+	// badHeaderLogged is set once a bad_header refusal was logged at -v 0.
+	badHeaderLogged atomic.Bool
 }
 
 // SetTokens replaces the token source for local connections accepted from
@@ -591,6 +593,10 @@ func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
 		result = metrics.ResultLabel(ab.Code)
 		if code, ok := proto.FromError(ab.Cause); ok && code != proto.CodeConnReset && code != proto.CodeShutdown {
 			slog.V(2).Info("Server refused tunnel", "code", code.String())
+			if code == proto.CodeBadHeader && c.badHeaderLogged.CompareAndSwap(false, true) {
+				slog.Info("The server could not read our stream header; if it runs an older quictun (before key IDs), upgrade it: servers before clients",
+					"code", code.String())
+			}
 		}
 	}
 	m.StreamsTotal.WithLabelValues(result).Inc()

@@ -1,12 +1,15 @@
 package integration
 
 import (
+	"context"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/funcr"
+	"github.com/quic-go/quic-go"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,6 +17,8 @@ import (
 
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/transport"
 )
 
 // logLines is a logger at -v 0 that keeps every line it is given.
@@ -99,4 +104,53 @@ func TestConnectedLoggedOnceAndRefusedCredentialsNotReady(t *testing.T) {
 	// It reconnects (TLS works) but stays not ready: the server refuses its tunnels.
 	require.Eventually(t, func() bool { return bad.count("Connected to server") >= 2 }, 10*time.Second, 10*time.Millisecond, "logs: %s", &bad)
 	assert.False(t, cl.Client.Ready(), "/readyz must be false while the server refuses our credentials")
+}
+
+// TestOldServerRefusingHeaderLoggedOnce: a server that cannot read our
+// stream header (one from before key IDs answers bad_header) makes the
+// client say at -v 0, once, to upgrade the server.
+func TestOldServerRefusingHeaderLoggedOnce(t *testing.T) {
+	st, err := transport.LoadOrCreateState(t.TempDir(), "", "")
+	require.NoError(t, err)
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	tr := &quic.Transport{Conn: pc}
+	ln, err := tr.Listen(transport.ServerTLSConfig(st, nil), transport.QUICConfig(transport.DefaultQUICOptions()))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		_ = ln.Close()
+		wg.Wait()
+		_ = tr.Close()
+		_ = pc.Close()
+	})
+	wg.Go(func() { // the "old server": every stream is refused with bad_header
+		for {
+			c, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				for {
+					s, err := c.AcceptStream(ctx)
+					if err != nil {
+						return
+					}
+					s.CancelRead(proto.CodeBadHeader.StreamErrorCode())
+					s.CancelWrite(proto.CodeBadHeader.StreamErrorCode())
+				}
+			})
+		}
+	})
+	var logs logLines
+	cl := testutil.StartClient(t, &testutil.Server{Addr: pc.LocalAddr().String(), State: st},
+		testutil.ClientOptions{Token: "tcp:127.0.0.1:1", Logger: logs.logger(), WaitReady: true})
+	for range 3 {
+		refusedRead(t, cl.Addr)
+	}
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.StreamsTotal.WithLabelValues("bad_header")) == 3 },
+		5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 1, logs.count("could not read our stream header", "upgrade it"), logs.String())
 }
