@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/funcr"
-	"github.com/quic-go/quic-go"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
