@@ -59,7 +59,7 @@ if helm template quictun "$chart" --set clientExample.enabled=true >/dev/null 2>
 fi
 
 log "building deploy/validate"
-(cd "$root/deploy/validate" && go build -o "$out/validate" .)
+(cd "$root/deploy/validate" && GOWORK=off go build -o "$out/validate" .)
 
 log "validating rendered manifests"
 for v in "${values[@]}"; do
