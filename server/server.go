@@ -7,34 +7,27 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
-	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
 
 // TokenParser turns a destination token into an endpoint (pkg/token implements it).
-type TokenParser interface {
-	Parse(token string) (endpoint.Endpoint, error)
-}
+type TokenParser = egress.TokenParser
 
 // Dialer connects to destinations; *net.Dialer implements it.
-type Dialer interface {
-	DialContext(ctx context.Context, network, address string) (net.Conn, error)
-}
+type Dialer = egress.Dialer
 
 // Config holds everything a Server needs. Zero durations and limits take the
 // defaults of DefaultConfig.
@@ -154,15 +147,11 @@ func DefaultConfig() Config {
 type Server struct {
 	cfg    Config
 	pc     net.PacketConn
-	dials  chan struct{}
-	replay *replayCache
 	limits *sourceLimiter
+	// egress serves each stream once accepted: authentication, rules, dial, splice.
+	egress *egress.Handler
 
 	liveness liveness.Stats
-
-	// started bounds what 0-RTT may carry: the replay cache is in memory, so a
-	// header made before this process started cannot be checked against it.
-	started time.Time
 
 	// unverified holds a slot per stream being served on a connection that
 	// has not presented a verified header yet (MaxUnverifiedStreams).
@@ -175,28 +164,12 @@ type Server struct {
 	// more state for an unverified peer).
 	raiseStreamsTo int64
 
-	// policy and keys are what SetAllowList and SetKeys change while the
-	// server runs (a reload); a stream uses the values it loaded at its header.
-	policy atomic.Pointer[policy]
-	keys   atomic.Pointer[proto.Keyring]
-	// self are the server's own listeners, refused by every allow-list.
-	self []netip.AddrPort
-
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
 	draining   atomic.Bool
 
 	mu    sync.Mutex
 	conns map[uint64]*quic.Conn
-
-	dialsMu     sync.Mutex
-	dialsByDest map[string]*destSlots
-}
-
-// destSlots is the dial semaphore of one destination, shared by its waiters.
-type destSlots struct {
-	slots chan struct{}
-	refs  int
 }
 
 // orDefault sets *v to def when it is zero or negative (unset).
@@ -247,11 +220,6 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 			self = append(self, ap)
 		}
 	}
-	if cfg.Dialer == nil {
-		cfg.Dialer = &net.Dialer{}
-	}
-	s := &Server{self: self}
-	cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return s.policy.Load().all })
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
@@ -282,27 +250,26 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		}
 		cfg.QUIC = q
 	}
-	replay := newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries)
-	replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
-	s.cfg = cfg
-	s.pc = pc
-	s.dials = make(chan struct{}, cfg.MaxConcurrentDials)
-	s.replay = replay
-	s.limits = newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource)
-	s.unverified = make(chan struct{}, cfg.MaxUnverifiedStreams)
-	s.raiseStreamsTo = raiseStreamsTo
-	s.conns = map[uint64]*quic.Conn{}
-	s.dialsByDest = map[string]*destSlots{}
-	s.started = time.Now()
-	s.SetAllowList(cfg.Allow, cfg.AllowFor)
-	s.keys.Store(cfg.Keys)
-	return s, nil
-}
-
-// policy is the destination rules in force: for everyone, and by identity.
-type policy struct {
-	all        *endpoint.AllowList
-	byIdentity map[string]*endpoint.AllowList
+	eg, err := egress.New(egress.Config{
+		Parser: cfg.Parser, Allow: cfg.Allow, AllowFor: cfg.AllowFor, Self: self, Keys: cfg.Keys,
+		Resolver: cfg.Resolver, Dialer: cfg.Dialer,
+		HeaderTimeout: cfg.HeaderTimeout, DialTimeout: cfg.DialTimeout,
+		MaxConcurrentDials: cfg.MaxConcurrentDials, MaxDialsPerDestination: cfg.MaxDialsPerDestination,
+		ReplayWindow: cfg.ReplayWindow, MaxReplayEntries: cfg.MaxReplayEntries, MaxReplayEntriesPerConn: cfg.MaxReplayEntriesPerConn,
+		AuditLog: cfg.AuditLog, Endpoint: pc.LocalAddr().String(), Metrics: cfg.Metrics, Registry: cfg.Registry,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	return &Server{
+		cfg:            cfg,
+		pc:             pc,
+		egress:         eg,
+		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource),
+		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
+		raiseStreamsTo: raiseStreamsTo,
+		conns:          map[uint64]*quic.Conn{},
+	}, nil
 }
 
 // SetAllowList replaces the destination rules (all: for every client;
@@ -310,31 +277,7 @@ type policy struct {
 // on; tunnels already open are not affected. The server's own listeners stay
 // refused.
 func (s *Server) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
-	p := &policy{all: all.WithSelf(nil, s.self...), byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity))}
-	for id, a := range forIdentity {
-		p.byIdentity[id] = a.WithSelf(nil, s.self...)
-	}
-	s.policy.Store(p)
-}
-
-// authorize checks dest against the rules for everyone and then, if none of
-// them allows it, those of each of the stream's identities. A refusal other
-// than "no rule allows it" (deny, reserved, self, unresolved) is final.
-func (p *policy) authorize(ctx context.Context, r endpoint.Resolver, dest endpoint.Endpoint, identities []string) (endpoint.Endpoint, string, error) {
-	dial, rule, err := p.all.Authorize(ctx, r, dest)
-	if err == nil || endpoint.RefusalReason(err) != endpoint.ReasonNotAllowed {
-		return dial, rule, err
-	}
-	for _, id := range identities {
-		if a := p.byIdentity[id]; a != nil {
-			if d, r2, err2 := a.Authorize(ctx, r, dest); err2 == nil {
-				return d, id + ":" + r2, nil
-			} else if endpoint.RefusalReason(err2) != endpoint.ReasonNotAllowed {
-				return d, r2, err2
-			}
-		}
-	}
-	return dial, rule, err
+	s.egress.SetAllowList(all, forIdentity)
 }
 
 // ErrAuthModeChange is returned by SetKeys for a change between shared-secret
@@ -346,10 +289,10 @@ var ErrAuthModeChange = errors.New("switching between shared-secret and other au
 // on. Connections already verified stay so (their tunnels keep running), but
 // each new stream must carry a MAC made with one of the new keys.
 func (s *Server) SetKeys(kr *proto.Keyring) error {
-	if (kr.Len() > 0) != (s.keys.Load().Len() > 0) {
+	if (kr.Len() > 0) != (s.egress.Keys().Len() > 0) {
 		return ErrAuthModeChange
 	}
-	s.keys.Store(kr)
+	s.egress.SetKeys(kr)
 	return nil
 }
 
@@ -372,7 +315,7 @@ func (s *Server) ConnStats() []metrics.ConnStats {
 	out := make([]metrics.ConnStats, 0, len(s.conns))
 	for id, c := range s.conns {
 		cs := metrics.ConnStatsOf(fmt.Sprint(id), c)
-		cs.ClientSubject = peerOf(c).subject
+		cs.ClientSubject = egress.ClientSubject(c)
 		out = append(out, cs)
 	}
 	return out
@@ -513,7 +456,7 @@ type connGate struct {
 	slots    chan struct{}
 	verified atomic.Bool
 	deadline *time.Timer // started at the first stream; nil until then
-	quota    *replayQuota
+	state    *egress.ConnState
 	// onVerified runs once, when the connection is first verified.
 	onVerified func()
 }
@@ -567,7 +510,7 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 		streams.Go(func() {
 			select {
 			case <-conn.HandshakeComplete():
-				logger.V(2).Info("Authenticated client certificate", "clientSubject", peerOf(conn).subject)
+				logger.V(2).Info("Authenticated client certificate", "clientSubject", egress.ClientSubject(conn))
 			case <-conn.Context().Done():
 			}
 		})
@@ -582,14 +525,14 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	}
 	gate := &connGate{
 		slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn),
-		quota: newReplayQuota(s.cfg.MaxReplayEntriesPerConn, time.Now()),
+		state: s.egress.NewConn(),
 	}
 	if s.raiseStreamsTo > 0 {
 		gate.onVerified = func() { conn.RaiseMaxIncomingStreams(s.raiseStreamsTo) }
 	}
 	// With mutual TLS or without authentication the handshake is all the
 	// proof there is: the connection starts verified.
-	gate.verified.Store(s.keys.Load().Len() == 0)
+	gate.verified.Store(s.egress.Keys().Len() == 0)
 	defer func() {
 		if gate.deadline != nil {
 			gate.deadline.Stop()
@@ -610,7 +553,7 @@ accept:
 			early = true
 		}
 		if s.draining.Load() {
-			resetStream(str, proto.CodeShutdown)
+			egress.Reset(str, proto.CodeShutdown)
 			m.StreamsTotal.WithLabelValues(proto.CodeShutdown.String()).Inc()
 			continue
 		}
@@ -621,7 +564,7 @@ accept:
 		select {
 		case gate.slots <- struct{}{}:
 		case <-conn.Context().Done():
-			resetStream(str, proto.CodeShutdown)
+			egress.Reset(str, proto.CodeShutdown)
 			break accept
 		}
 		global := false
@@ -631,7 +574,7 @@ accept:
 				global = true
 			default:
 				<-gate.slots
-				resetStream(str, proto.CodeOverloaded)
+				egress.Reset(str, proto.CodeOverloaded)
 				m.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
 				m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit).Inc()
 				logger.V(2).Info("Refused stream: too many streams awaiting authentication on the server; raise --max-unverified-streams if legitimate clients hit this",
@@ -657,7 +600,11 @@ accept:
 			}
 			m.UnverifiedStreams.Dec()
 		})
-		streams.Go(func() { s.handleStream(ctx, conn, id, str, early, prober, gate, release) })
+		streams.Go(func() {
+			defer release() // a stream that fails before its header is verified
+			s.egress.Serve(ctx, egress.Stream{Conn: conn, ConnID: id, Stream: str, Early: early, Prober: prober, Conn0: gate.state,
+				Verified: func() { gate.markVerified(); release() }})
+		})
 	}
 	streams.Wait()
 	stop()
@@ -680,33 +627,6 @@ accept:
 	logger.V(2).Info("Closed connection", "result", result, "err", cause)
 }
 
-// destination returns dest's dial semaphore, counting the caller as a user
-// until releaseDestination.
-func (s *Server) destination(dest string) *destSlots {
-	s.dialsMu.Lock()
-	defer s.dialsMu.Unlock()
-	d := s.dialsByDest[dest]
-	if d == nil {
-		d = &destSlots{slots: make(chan struct{}, s.cfg.MaxDialsPerDestination)}
-		s.dialsByDest[dest] = d
-	}
-	d.refs++
-	return d
-}
-
-// releaseDestination ends a use of dest's semaphore, freeing a slot if held.
-func (s *Server) releaseDestination(dest string, held bool) {
-	s.dialsMu.Lock()
-	defer s.dialsMu.Unlock()
-	d := s.dialsByDest[dest]
-	if held {
-		<-d.slots
-	}
-	if d.refs--; d.refs == 0 {
-		delete(s.dialsByDest, dest)
-	}
-}
-
 func connResult(err error) string {
 	var idle *quic.IdleTimeoutError
 	var app *quic.ApplicationError
@@ -723,282 +643,4 @@ func connResult(err error) string {
 		return "closed"
 	}
 	return "error"
-}
-
-// resetStream aborts both directions of str with code.
-func resetStream(str *quic.Stream, code proto.Code) {
-	str.CancelRead(code.StreamErrorCode())
-	str.CancelWrite(code.StreamErrorCode())
-}
-
-// handleStream serves one tunnel stream from header to close. It calls
-// release once the header is verified or the stream has failed before that,
-// which frees the stream's place in the connection's unverified budget.
-func (s *Server) handleStream(ctx context.Context, conn *quic.Conn, connID uint64, str *quic.Stream, early bool,
-	prober *liveness.TailProber, gate *connGate, release func(),
-) {
-	defer release()
-	m := s.cfg.Metrics
-	logger := klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(str.StreamID()))
-	start := time.Now()
-	// audit, set once the header is verified, writes the tunnel's audit line.
-	var audit func(result string, up, down int64)
-	fail := func(code proto.Code, msg string, kv ...any) {
-		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
-		resetStream(str, code)
-		if audit != nil {
-			audit(metrics.ResultLabel(code), 0, 0)
-		}
-		lvl := klog.Level(4)
-		if code == proto.CodeRefused || code == proto.CodeAuthFailed || code == proto.CodeReplay {
-			lvl = 2 // an operator wants to see these
-		}
-		logger.V(int(lvl)).Info(msg, append(kv, "code", code.String())...)
-	}
-
-	_ = str.SetReadDeadline(start.Add(s.cfg.HeaderTimeout))
-	h, err := proto.Decode(str)
-	if err != nil {
-		code := proto.CodeBadHeader
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			code = proto.CodeTimeout
-		} else if _, ok := proto.FromError(err); ok {
-			code = proto.CodeConnReset
-		}
-		fail(code, "Rejected stream header", "err", err)
-		return
-	}
-	_ = str.SetReadDeadline(time.Time{})
-
-	// keyName names the shared secret the header was made with ("" without
-	// shared-secret authentication), for logs and identity rules.
-	var keyName string
-	if kr := s.keys.Load(); kr.Len() > 0 {
-		key, err := kr.Verify(h)
-		keyName = key.Label()
-		if err != nil {
-			reason := metrics.AuthBadMAC
-			switch {
-			case errors.Is(err, proto.ErrNoMAC):
-				reason = metrics.AuthNoMAC
-			case errors.Is(err, proto.ErrUnknownKey):
-				reason = metrics.AuthUnknownKey
-			}
-			m.AuthFailuresTotal.WithLabelValues(reason).Inc()
-			fail(proto.CodeAuthFailed, "Rejected stream: authentication failed", "reason", reason, "keyID", keyIDOf(h))
-			_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "authentication failed")
-			return
-		}
-	}
-	if keyName != "" {
-		logger = klog.LoggerWithValues(logger, "key", keyName)
-	}
-	gate.markVerified()
-	release()
-	// The client certificate is known once the handshake is (a stream of a
-	// new connection arrives after it; a 0-RTT stream's session ticket
-	// carries the certificate it was issued to).
-	peer := peerOf(conn)
-	if peer.subject != "" {
-		logger = klog.LoggerWithValues(logger, "clientSubject", peer.subject)
-	}
-	identities := peer.identities(keyName)
-	if s.cfg.AuditLog {
-		destination := h.Token
-		audit = func(result string, up, down int64) {
-			logger.Info("Closed tunnel", "identity", strings.Join(identities, ","), "destination", destination, "result", result,
-				"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start).Round(time.Millisecond))
-		}
-	}
-	// Every header must be fresh, not only 0-RTT ones: a header with a valid
-	// MAC found later (in a log, a core dump) must not open tunnels forever.
-	if now := time.Now(); !s.replay.fresh(h.Time, now) {
-		fail(proto.CodeReplay, "Rejected stream: header timestamp outside the replay window; check the client's clock (NTP)",
-			"headerTime", h.Time, "skew", now.Sub(h.Time).Round(time.Second), "window", s.cfg.ReplayWindow)
-		return
-	}
-	if early && h.Time.Before(s.started.Truncate(time.Second)) {
-		fail(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", h.Time)
-		return // recorded before a restart: the cache cannot know it
-	}
-	dest, err := s.cfg.Parser.Parse(h.Token)
-	if err != nil {
-		fail(proto.CodeBadToken, "Rejected stream: bad destination token", "err", err)
-		return
-	}
-	refuse := func(err error) {
-		reason := endpoint.RefusalReason(err)
-		m.RefusedTotal.WithLabelValues(dest.Network, reason).Inc()
-		fail(proto.CodeRefused, "Refused destination", "destination", dest.String(), "reason", reason, "err", err)
-	}
-	dial, rule, err := s.policy.Load().authorize(ctx, s.cfg.Resolver, dest, identities)
-	if err != nil {
-		// Every Authorize error refuses, a name that does not resolve too:
-		// the client learns nothing about which internal names exist.
-		refuse(err)
-		return
-	}
-	// Only headers that passed the MAC and allow-list checks take a place in
-	// the shared replay cache, within the connection's quota.
-	code, unrecorded := s.replay.admit(h, time.Now(), early, gate.quota)
-	if unrecorded != "" {
-		m.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
-	}
-	if code != proto.CodeOK {
-		fail(code, "Rejected stream: header seen before, or no room to record a 0-RTT header", "early", early, "unrecorded", unrecorded)
-		return
-	}
-
-	dctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
-	slots := s.destination(dial.String())
-	select {
-	case slots.slots <- struct{}{}:
-	case <-dctx.Done():
-		cancel()
-		s.releaseDestination(dial.String(), false)
-		fail(proto.CodeOverloaded, "Too many concurrent dials to one destination", "destination", dest.String(),
-			"limit", s.cfg.MaxDialsPerDestination)
-		return
-	}
-	select {
-	case s.dials <- struct{}{}:
-	case <-dctx.Done():
-		cancel()
-		s.releaseDestination(dial.String(), true)
-		fail(proto.CodeOverloaded, "Too many concurrent dials", "destination", dest.String())
-		return
-	}
-	dialStart := time.Now()
-	nc, err := s.cfg.Dialer.DialContext(dctx, dial.Network, dial.Address)
-	<-s.dials
-	s.releaseDestination(dial.String(), true)
-	cancel()
-	m.DialDuration.Observe(time.Since(dialStart).Seconds())
-	if errors.Is(err, endpoint.ErrForbidden) { // CheckDial refused the address the dialer chose
-		refuse(err)
-		return
-	}
-	if err != nil {
-		code := proto.CodeDialFailed
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
-			code = proto.CodeTimeout
-		}
-		fail(code, "Dial failed", "destination", dest.String(), "err", err)
-		return
-	}
-	sc, ok := nc.(splice.Conn)
-	if !ok {
-		_ = nc.Close()
-		fail(proto.CodeInternal, "Dialed connection does not support half-close", "destination", dest.String())
-		return
-	}
-	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
-		_ = nc.Close()
-		fail(proto.CodeConnReset, "Could not write reply", "err", err)
-		return
-	}
-
-	pipe := splice.New(sc, str)
-	if prober != nil {
-		pipe.AfterWrite, pipe.AfterRead = prober.Kick, prober.Heard
-	}
-	t := &tunnel.Tunnel{
-		StreamID:    int64(str.StreamID()),
-		ConnID:      connID,
-		Identity:    strings.Join(identities, ","),
-		Endpoint:    s.pc.LocalAddr().String(),
-		Source:      conn.RemoteAddr().String(),
-		Destination: dial.String(),
-		CreatedAt:   start,
-		Upstream:    &pipe.FromStream,
-		Downstream:  &pipe.ToStream,
-	}
-	remove := s.cfg.Registry.Add(t, pipe)
-	m.ActiveStreams.Inc()
-	logger.V(4).Info("Opened stream", "destination", dial.String(), "rule", rule)
-	err = pipe.Run()
-	remove()
-	m.ActiveStreams.Dec()
-	up, down := pipe.FromStream.Load(), pipe.ToStream.Load()
-	m.StreamBytesTotal.WithLabelValues(metrics.DirectionUpstream).Add(float64(up))
-	m.StreamBytesTotal.WithLabelValues(metrics.DirectionDownstream).Add(float64(down))
-	result := metrics.ResultOK
-	var ab *splice.AbortedError
-	if errors.As(err, &ab) {
-		result = metrics.ResultLabel(ab.Code)
-	}
-	m.StreamsTotal.WithLabelValues(result).Inc()
-	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
-		"duration", time.Since(start), "result", result, "err", err)
-	if audit != nil {
-		audit(result, up, down)
-	}
-}
-
-// peer is who a connection's client certificate says the client is (mutual
-// TLS); empty without one.
-type peer struct {
-	subject string // the certificate's subject, e.g. "CN=ci-runner,O=Example"
-	cn      string // its common name
-}
-
-// peerOf reads the client certificate of c.
-func peerOf(c *quic.Conn) peer {
-	certs := c.ConnectionState().TLS.PeerCertificates
-	if len(certs) == 0 {
-		return peer{}
-	}
-	return peer{subject: certs[0].Subject.String(), cn: certs[0].Subject.CommonName}
-}
-
-// identities are the names a stream's client goes by in Config.AllowFor and
-// logs: "CN=NAME" for a client certificate, "key=NAME" for the shared-secret
-// key its header was made with.
-func (p peer) identities(keyName string) []string {
-	var ids []string
-	if p.cn != "" {
-		ids = append(ids, "CN="+p.cn)
-	}
-	if keyName != "" {
-		ids = append(ids, "key="+keyName)
-	}
-	return ids
-}
-
-// keyIDOf returns the key ID a header names, in hex, or "" for none.
-func keyIDOf(h *proto.Header) string {
-	if !h.HasKeyID {
-		return ""
-	}
-	return h.KeyID.String()
-}
-
-// checkedDialer makes a *net.Dialer check, with allow.CheckDial, every
-// address it connects to after its own name resolution: a destination that
-// an exact host-name rule allowed is dialed by name, and whatever the name
-// resolves to then must still not be the server itself, a reserved address
-// or a denied one. Other Dialers (test fakes) are returned unchanged; the
-// IP addresses Authorize returns were checked already.
-func checkedDialer(d Dialer, allow func() *endpoint.AllowList) Dialer {
-	nd, ok := d.(*net.Dialer)
-	if !ok {
-		return d
-	}
-	c := *nd // copy: the caller's dialer is left alone
-	prevCtx, prev := nd.ControlContext, nd.Control
-	c.ControlContext = func(ctx context.Context, network, address string, rc syscall.RawConn) error {
-		if ap, err := netip.ParseAddrPort(address); err == nil {
-			if err := allow().CheckDial(ap); err != nil {
-				return err
-			}
-		}
-		switch {
-		case prevCtx != nil:
-			return prevCtx(ctx, network, address, rc)
-		case prev != nil:
-			return prev(network, address, rc)
-		}
-		return nil
-	}
-	return &c
 }

@@ -96,13 +96,11 @@ func TestNewDefaultsAndRequiredFields(t *testing.T) {
 	assert.Equal(t, def.HeaderTimeout, s.cfg.HeaderTimeout)
 	assert.Equal(t, def.DialTimeout, s.cfg.DialTimeout)
 	assert.Equal(t, def.MaxConcurrentDials, s.cfg.MaxConcurrentDials)
-	assert.Equal(t, def.MaxConcurrentDials, cap(s.dials), "dial semaphore sized from the limit")
-	assert.Equal(t, def.ReplayWindow, s.replay.window)
-	assert.Equal(t, def.MaxReplayEntries, s.replay.max)
+	assert.Equal(t, def.ReplayWindow, s.cfg.ReplayWindow)
+	assert.Equal(t, def.MaxReplayEntries, s.cfg.MaxReplayEntries)
 	assert.Equal(t, def.TailProbeDelay, s.cfg.TailProbeDelay)
 	assert.Equal(t, def.MaxEchoesPerSecond, s.cfg.MaxEchoesPerSecond)
 	assert.Zero(t, s.cfg.DrainTimeout, "zero drain stays zero (close at once)")
-	assert.NotNil(t, s.cfg.Dialer)
 	assert.NotNil(t, s.Registry())
 	assert.False(t, s.Ready(), "not ready before Run")
 	assert.Equal(t, pc.LocalAddr(), s.Addr())
@@ -114,8 +112,8 @@ func TestNewDefaultsAndRequiredFields(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, s.cfg.DrainTimeout)
 	assert.Zero(t, s.cfg.TailProbes)
-	assert.Equal(t, 3, cap(s.dials))
-	assert.Equal(t, time.Second, s.replay.window)
+	assert.Equal(t, 3, s.cfg.MaxConcurrentDials)
+	assert.Equal(t, time.Second, s.cfg.ReplayWindow)
 
 	for _, tc := range []struct {
 		name   string
@@ -132,7 +130,7 @@ func TestNewDefaultsAndRequiredFields(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := full()
 			tc.mutate(&c)
-			var p net.PacketConn = pc
+			p := pc
 			if tc.nilPC {
 				p = nil
 			}

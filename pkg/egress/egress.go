@@ -1,0 +1,500 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/tunnel"
+)
+
+// TokenParser turns a destination token into an endpoint (pkg/token implements it).
+type TokenParser interface {
+	Parse(token string) (endpoint.Endpoint, error)
+}
+
+// Dialer connects to destinations; *net.Dialer implements it.
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Config holds what a Handler needs; every field but Resolver and Dialer is
+// required (server.New fills the defaults).
+type Config struct {
+	Parser TokenParser
+	Allow  *endpoint.AllowList
+	// AllowFor holds further rules by client identity (server.Config.AllowFor).
+	AllowFor map[string]*endpoint.AllowList
+	// Self are the addresses refused whatever the rules say (the server's
+	// own listeners; a wildcard address stands for that port everywhere).
+	Self []netip.AddrPort
+	// Keys are the shared secrets headers are authenticated with (nil or
+	// empty: none; the TLS layer authenticates).
+	Keys *proto.Keyring
+	// Resolver resolves destination host names (nil: net.DefaultResolver).
+	Resolver endpoint.Resolver
+	Dialer   Dialer
+
+	HeaderTimeout          time.Duration
+	DialTimeout            time.Duration
+	MaxConcurrentDials     int
+	MaxDialsPerDestination int
+	ReplayWindow           time.Duration
+	MaxReplayEntries       int
+	// MaxReplayEntriesPerConn bounds the nonces one connection records per
+	// ReplayWindow (ConnState).
+	MaxReplayEntriesPerConn int
+	AuditLog                bool
+
+	// Endpoint names the listener in the tunnel registry.
+	Endpoint string
+	Metrics  *metrics.Server
+	Registry *tunnel.Registry
+}
+
+// Handler serves tunnel streams of every connection of a server: the part of
+// the server that runs after a stream was accepted. Safe for concurrent use.
+type Handler struct {
+	cfg   Config
+	dials chan struct{}
+	// started bounds what 0-RTT may carry: the replay cache is in memory, so
+	// a header made before this process started cannot be checked against it.
+	started time.Time
+	replay  *replayCache
+
+	// policy and keys are what SetAllowList and SetKeys change while the
+	// server runs (a reload); a stream uses the values it loaded at its header.
+	policy atomic.Pointer[policy]
+	keys   atomic.Pointer[proto.Keyring]
+
+	dialsMu     sync.Mutex
+	dialsByDest map[string]*destSlots
+}
+
+// destSlots is the dial semaphore of one destination, shared by its waiters.
+type destSlots struct {
+	slots chan struct{}
+	refs  int
+}
+
+// New returns a Handler for cfg.
+func New(cfg Config) (*Handler, error) {
+	switch {
+	case cfg.Parser == nil:
+		return nil, errors.New("egress: token parser is required")
+	case cfg.Allow == nil:
+		return nil, errors.New("egress: allow-list is required")
+	case cfg.Metrics == nil || cfg.Registry == nil:
+		return nil, errors.New("egress: metrics and registry are required")
+	case cfg.MaxConcurrentDials < 1 || cfg.MaxDialsPerDestination < 1 || cfg.MaxReplayEntries < 1:
+		return nil, fmt.Errorf("egress: dial and replay limits must be positive")
+	}
+	if cfg.Dialer == nil {
+		cfg.Dialer = &net.Dialer{}
+	}
+	e := &Handler{
+		cfg:         cfg,
+		dials:       make(chan struct{}, cfg.MaxConcurrentDials),
+		started:     time.Now(),
+		replay:      newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
+		dialsByDest: map[string]*destSlots{},
+	}
+	e.replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
+	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })
+	e.SetAllowList(cfg.Allow, cfg.AllowFor)
+	e.keys.Store(cfg.Keys)
+	return e, nil
+}
+
+// Keys are the shared secrets in force.
+func (e *Handler) Keys() *proto.Keyring { return e.keys.Load() }
+
+// SetKeys replaces the shared secrets for headers verified from now on.
+func (e *Handler) SetKeys(kr *proto.Keyring) { e.keys.Store(kr) }
+
+// ConnState is what the Handler keeps per QUIC connection: its quota in the
+// replay cache.
+type ConnState struct {
+	quota *replayQuota
+}
+
+// NewConn returns the state of a new connection.
+func (e *Handler) NewConn() *ConnState {
+	return &ConnState{quota: newReplayQuota(e.cfg.MaxReplayEntriesPerConn, time.Now())}
+}
+
+// Stream is one accepted tunnel stream and what its connection knows.
+type Stream struct {
+	Conn   *quic.Conn
+	ConnID uint64
+	Stream *quic.Stream
+	// Early: the stream arrived before the handshake completed (0-RTT).
+	Early bool
+	// Prober, if set, is kicked by the splice (tail-loss probes).
+	Prober *liveness.TailProber
+	// Conn0 is the connection's state (NewConn).
+	Conn0 *ConnState
+	// Verified, if set, is called once the header is authenticated.
+	Verified func()
+}
+
+// Reset aborts both directions of str with code.
+func Reset(str *quic.Stream, code proto.Code) {
+	str.CancelRead(code.StreamErrorCode())
+	str.CancelWrite(code.StreamErrorCode())
+}
+
+// policy is the destination rules in force: for everyone, and by identity.
+type policy struct {
+	all        *endpoint.AllowList
+	byIdentity map[string]*endpoint.AllowList
+}
+
+// SetAllowList replaces the destination rules (all: for every client;
+// forIdentity: see Config.AllowFor) for streams whose header arrives from now
+// on; tunnels already open are not affected. Config.Self stays refused.
+func (e *Handler) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
+	p := &policy{all: all.WithSelf(nil, e.cfg.Self...), byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity))}
+	for id, a := range forIdentity {
+		p.byIdentity[id] = a.WithSelf(nil, e.cfg.Self...)
+	}
+	e.policy.Store(p)
+}
+
+// authorize checks dest against the rules for everyone and then, if none of
+// them allows it, those of each of the stream's identities. A refusal other
+// than "no rule allows it" (deny, reserved, self, unresolved) is final.
+func (p *policy) authorize(ctx context.Context, r endpoint.Resolver, dest endpoint.Endpoint, identities []string) (endpoint.Endpoint, string, error) {
+	dial, rule, err := p.all.Authorize(ctx, r, dest)
+	if err == nil || endpoint.RefusalReason(err) != endpoint.ReasonNotAllowed {
+		return dial, rule, err
+	}
+	for _, id := range identities {
+		if a := p.byIdentity[id]; a != nil {
+			if d, r2, err2 := a.Authorize(ctx, r, dest); err2 == nil {
+				return d, id + ":" + r2, nil
+			} else if endpoint.RefusalReason(err2) != endpoint.ReasonNotAllowed {
+				return d, r2, err2
+			}
+		}
+	}
+	return dial, rule, err
+}
+
+// Serve serves one tunnel stream from header to close: it authenticates the
+// header, checks freshness and replay, the destination against the rules,
+// dials it within the dial limits and splices until both directions end.
+// It calls st.Verified once the header is authenticated.
+func (e *Handler) Serve(ctx context.Context, st Stream) {
+	conn, connID, str, early, prober := st.Conn, st.ConnID, st.Stream, st.Early, st.Prober
+	m := e.cfg.Metrics
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(str.StreamID()))
+	start := time.Now()
+	// audit, set once the header is verified, writes the tunnel's audit line.
+	var audit func(result string, up, down int64)
+	fail := func(code proto.Code, msg string, kv ...any) {
+		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
+		Reset(str, code)
+		if audit != nil {
+			audit(metrics.ResultLabel(code), 0, 0)
+		}
+		lvl := klog.Level(4)
+		if code == proto.CodeRefused || code == proto.CodeAuthFailed || code == proto.CodeReplay {
+			lvl = 2 // an operator wants to see these
+		}
+		logger.V(int(lvl)).Info(msg, append(kv, "code", code.String())...)
+	}
+
+	_ = str.SetReadDeadline(start.Add(e.cfg.HeaderTimeout))
+	h, err := proto.Decode(str)
+	if err != nil {
+		code := proto.CodeBadHeader
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			code = proto.CodeTimeout
+		} else if _, ok := proto.FromError(err); ok {
+			code = proto.CodeConnReset
+		}
+		fail(code, "Rejected stream header", "err", err)
+		return
+	}
+	_ = str.SetReadDeadline(time.Time{})
+
+	// keyName names the shared secret the header was made with ("" without
+	// shared-secret authentication), for logs and identity rules.
+	var keyName string
+	if kr := e.keys.Load(); kr.Len() > 0 {
+		key, err := kr.Verify(h)
+		keyName = key.Label()
+		if err != nil {
+			reason := metrics.AuthBadMAC
+			switch {
+			case errors.Is(err, proto.ErrNoMAC):
+				reason = metrics.AuthNoMAC
+			case errors.Is(err, proto.ErrUnknownKey):
+				reason = metrics.AuthUnknownKey
+			}
+			m.AuthFailuresTotal.WithLabelValues(reason).Inc()
+			fail(proto.CodeAuthFailed, "Rejected stream: authentication failed", "reason", reason, "keyID", keyIDOf(h))
+			_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "authentication failed")
+			return
+		}
+	}
+	if keyName != "" {
+		logger = klog.LoggerWithValues(logger, "key", keyName)
+	}
+	if st.Verified != nil {
+		st.Verified()
+	}
+	// The client certificate is known once the handshake is (a stream of a
+	// new connection arrives after it; a 0-RTT stream's session ticket
+	// carries the certificate it was issued to).
+	peer := peerOf(conn)
+	if peer.subject != "" {
+		logger = klog.LoggerWithValues(logger, "clientSubject", peer.subject)
+	}
+	identities := peer.identities(keyName)
+	if e.cfg.AuditLog {
+		destination := h.Token
+		audit = func(result string, up, down int64) {
+			logger.Info("Closed tunnel", "identity", strings.Join(identities, ","), "destination", destination, "result", result,
+				"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	// Every header must be fresh, not only 0-RTT ones: a header with a valid
+	// MAC found later (in a log, a core dump) must not open tunnels forever.
+	if now := time.Now(); !e.replay.fresh(h.Time, now) {
+		fail(proto.CodeReplay, "Rejected stream: header timestamp outside the replay window; check the client's clock (NTP)",
+			"headerTime", h.Time, "skew", now.Sub(h.Time).Round(time.Second), "window", e.cfg.ReplayWindow)
+		return
+	}
+	if early && h.Time.Before(e.started.Truncate(time.Second)) {
+		fail(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", h.Time)
+		return // recorded before a restart: the cache cannot know it
+	}
+	dest, err := e.cfg.Parser.Parse(h.Token)
+	if err != nil {
+		fail(proto.CodeBadToken, "Rejected stream: bad destination token", "err", err)
+		return
+	}
+	refuse := func(err error) {
+		reason := endpoint.RefusalReason(err)
+		m.RefusedTotal.WithLabelValues(dest.Network, reason).Inc()
+		fail(proto.CodeRefused, "Refused destination", "destination", dest.String(), "reason", reason, "err", err)
+	}
+	dial, rule, err := e.policy.Load().authorize(ctx, e.cfg.Resolver, dest, identities)
+	if err != nil {
+		// Every Authorize error refuses, a name that does not resolve too:
+		// the client learns nothing about which internal names exist.
+		refuse(err)
+		return
+	}
+	// Only headers that passed the MAC and allow-list checks take a place in
+	// the shared replay cache, within the connection's quota.
+	code, unrecorded := e.replay.admit(h, time.Now(), early, st.Conn0.quota)
+	if unrecorded != "" {
+		m.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
+	}
+	if code != proto.CodeOK {
+		fail(code, "Rejected stream: header seen before, or no room to record a 0-RTT header", "early", early, "unrecorded", unrecorded)
+		return
+	}
+
+	dctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
+	slots := e.destination(dial.String())
+	select {
+	case slots.slots <- struct{}{}:
+	case <-dctx.Done():
+		cancel()
+		e.releaseDestination(dial.String(), false)
+		fail(proto.CodeOverloaded, "Too many concurrent dials to one destination", "destination", dest.String(),
+			"limit", e.cfg.MaxDialsPerDestination)
+		return
+	}
+	select {
+	case e.dials <- struct{}{}:
+	case <-dctx.Done():
+		cancel()
+		e.releaseDestination(dial.String(), true)
+		fail(proto.CodeOverloaded, "Too many concurrent dials", "destination", dest.String())
+		return
+	}
+	dialStart := time.Now()
+	nc, err := e.cfg.Dialer.DialContext(dctx, dial.Network, dial.Address)
+	<-e.dials
+	e.releaseDestination(dial.String(), true)
+	cancel()
+	m.DialDuration.Observe(time.Since(dialStart).Seconds())
+	if errors.Is(err, endpoint.ErrForbidden) { // CheckDial refused the address the dialer chose
+		refuse(err)
+		return
+	}
+	if err != nil {
+		code := proto.CodeDialFailed
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+			code = proto.CodeTimeout
+		}
+		fail(code, "Dial failed", "destination", dest.String(), "err", err)
+		return
+	}
+	sc, ok := nc.(splice.Conn)
+	if !ok {
+		_ = nc.Close()
+		fail(proto.CodeInternal, "Dialed connection does not support half-close", "destination", dest.String())
+		return
+	}
+	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
+		_ = nc.Close()
+		fail(proto.CodeConnReset, "Could not write reply", "err", err)
+		return
+	}
+
+	pipe := splice.New(sc, str)
+	if prober != nil {
+		pipe.AfterWrite, pipe.AfterRead = prober.Kick, prober.Heard
+	}
+	t := &tunnel.Tunnel{
+		StreamID:    int64(str.StreamID()),
+		ConnID:      connID,
+		Identity:    strings.Join(identities, ","),
+		Endpoint:    e.cfg.Endpoint,
+		Source:      conn.RemoteAddr().String(),
+		Destination: dial.String(),
+		CreatedAt:   start,
+		Upstream:    &pipe.FromStream,
+		Downstream:  &pipe.ToStream,
+	}
+	remove := e.cfg.Registry.Add(t, pipe)
+	m.ActiveStreams.Inc()
+	logger.V(4).Info("Opened stream", "destination", dial.String(), "rule", rule)
+	err = pipe.Run()
+	remove()
+	m.ActiveStreams.Dec()
+	up, down := pipe.FromStream.Load(), pipe.ToStream.Load()
+	m.StreamBytesTotal.WithLabelValues(metrics.DirectionUpstream).Add(float64(up))
+	m.StreamBytesTotal.WithLabelValues(metrics.DirectionDownstream).Add(float64(down))
+	result := metrics.ResultOK
+	var ab *splice.AbortedError
+	if errors.As(err, &ab) {
+		result = metrics.ResultLabel(ab.Code)
+	}
+	m.StreamsTotal.WithLabelValues(result).Inc()
+	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
+		"duration", time.Since(start), "result", result, "err", err)
+	if audit != nil {
+		audit(result, up, down)
+	}
+}
+
+// peer is who a connection's client certificate says the client is (mutual
+// TLS); empty without one.
+type peer struct {
+	subject string // the certificate's subject, e.g. "CN=ci-runner,O=Example"
+	cn      string // its common name
+}
+
+// peerOf reads the client certificate of c.
+func peerOf(c *quic.Conn) peer {
+	certs := c.ConnectionState().TLS.PeerCertificates
+	if len(certs) == 0 {
+		return peer{}
+	}
+	return peer{subject: certs[0].Subject.String(), cn: certs[0].Subject.CommonName}
+}
+
+// identities are the names a stream's client goes by in Config.AllowFor and
+// logs: "CN=NAME" for a client certificate, "key=NAME" for the shared-secret
+// key its header was made with.
+func (p peer) identities(keyName string) []string {
+	var ids []string
+	if p.cn != "" {
+		ids = append(ids, "CN="+p.cn)
+	}
+	if keyName != "" {
+		ids = append(ids, "key="+keyName)
+	}
+	return ids
+}
+
+// keyIDOf returns the key ID a header names, in hex, or "" for none.
+func keyIDOf(h *proto.Header) string {
+	if !h.HasKeyID {
+		return ""
+	}
+	return h.KeyID.String()
+}
+
+// destination returns dest's dial semaphore, counting the caller as a user
+// until releaseDestination.
+func (e *Handler) destination(dest string) *destSlots {
+	e.dialsMu.Lock()
+	defer e.dialsMu.Unlock()
+	d := e.dialsByDest[dest]
+	if d == nil {
+		d = &destSlots{slots: make(chan struct{}, e.cfg.MaxDialsPerDestination)}
+		e.dialsByDest[dest] = d
+	}
+	d.refs++
+	return d
+}
+
+// releaseDestination ends a use of dest's semaphore, freeing a slot if held.
+func (e *Handler) releaseDestination(dest string, held bool) {
+	e.dialsMu.Lock()
+	defer e.dialsMu.Unlock()
+	d := e.dialsByDest[dest]
+	if held {
+		<-d.slots
+	}
+	if d.refs--; d.refs == 0 {
+		delete(e.dialsByDest, dest)
+	}
+}
+
+// checkedDialer makes a *net.Dialer check, with allow.CheckDial, every
+// address it connects to after its own name resolution: a destination that
+// an exact host-name rule allowed is dialed by name, and whatever the name
+// resolves to then must still not be the server itself, a reserved address
+// or a denied one. Other Dialers (test fakes) are returned unchanged; the
+// IP addresses Authorize returns were checked already.
+func checkedDialer(d Dialer, allow func() *endpoint.AllowList) Dialer {
+	nd, ok := d.(*net.Dialer)
+	if !ok {
+		return d
+	}
+	c := *nd // copy: the caller's dialer is left alone
+	prevCtx, prev := nd.ControlContext, nd.Control
+	c.ControlContext = func(ctx context.Context, network, address string, rc syscall.RawConn) error {
+		if ap, err := netip.ParseAddrPort(address); err == nil {
+			if err := allow().CheckDial(ap); err != nil {
+				return err
+			}
+		}
+		switch {
+		case prevCtx != nil:
+			return prevCtx(ctx, network, address, rc)
+		case prev != nil:
+			return prev(network, address, rc)
+		}
+		return nil
+	}
+	return &c
+}
+
+// ClientSubject is the subject of c's client certificate (mutual TLS), or "".
+func ClientSubject(c *quic.Conn) string { return peerOf(c).subject }
