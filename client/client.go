@@ -16,18 +16,16 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/backoff"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
-	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
 
 // TokenSource chooses the destination token for a local connection (pkg/token implements it).
-type TokenSource interface {
-	Token(ctx context.Context, clientAddr net.Addr) (string, error)
-}
+type TokenSource = ingress.TokenSource
 
 // ErrNoSession is returned when no QUIC connection came up within SessionWait.
 var ErrNoSession = errors.New("no connection to the server")
@@ -104,9 +102,8 @@ func DefaultBackoff() *backoff.Backoff {
 
 // Client is a quictun client. Create it with New and call Run once.
 type Client struct {
-	cfg   Config
-	pc    net.PacketConn
-	slots chan struct{}
+	cfg Config
+	pc  net.PacketConn
 
 	mu      sync.Mutex
 	cur     *session
@@ -125,8 +122,8 @@ type Client struct {
 	secret atomic.Pointer[[]byte]
 	// tokens holds Config.Tokens, replaced by SetTokens.
 	tokens atomic.Pointer[TokenSource]
-	// badHeaderLogged is set once a bad_header refusal was logged at -v 0.
-	badHeaderLogged atomic.Bool
+	// ingress carries the local connections over the current session.
+	ingress *ingress.Handler
 }
 
 // SetTokens replaces the token source for local connections accepted from
@@ -170,9 +167,24 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
-	c := &Client{cfg: cfg, pc: pc, slots: make(chan struct{}, cfg.MaxConnections), changed: make(chan struct{})}
+	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{})}
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
+	in, err := ingress.New(ingress.Config{
+		Sessions:          sessions{c},
+		Tokens:            func() TokenSource { return *c.tokens.Load() },
+		Secret:            func() []byte { return *c.secret.Load() },
+		StreamOpenTimeout: cfg.StreamOpenTimeout,
+		MaxConnections:    cfg.MaxConnections,
+		ServerAddr:        cfg.ServerAddr,
+		Accepted:          func() { c.authRefused.Store(false) },
+		Metrics:           cfg.Metrics,
+		Registry:          cfg.Registry,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	c.ingress = in
 	return c, nil
 }
 
@@ -184,7 +196,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 // accepts a stream header).
 func (c *Client) Ready() bool {
 	cur := c.current()
-	return !c.draining.Load() && !c.authRefused.Load() && cur != nil && isClosed(cur.conn.HandshakeComplete())
+	return !c.draining.Load() && !c.authRefused.Load() && cur != nil && isClosed(cur.Conn.HandshakeComplete())
 }
 
 func (c *Client) current() *session {
@@ -194,15 +206,12 @@ func (c *Client) current() *session {
 }
 
 // session is one QUIC connection with its tail prober.
-type session struct {
-	conn   *quic.Conn
-	prober *liveness.TailProber
-}
+type session = ingress.Session
 
 func (c *Client) newSession(conn *quic.Conn) *session {
 	prober := liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness).
 		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-	return &session{conn: conn, prober: prober}
+	return &session{Conn: conn, Prober: prober}
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -228,7 +237,7 @@ func (c *Client) ConnStats() []metrics.ConnStats {
 	if cur == nil {
 		return nil
 	}
-	return []metrics.ConnStats{metrics.ConnStatsOf("0", cur.conn)}
+	return []metrics.ConnStats{metrics.ConnStatsOf("0", cur.Conn)}
 }
 
 // Run serves the listeners and keeps a QUIC connection up until ctx is
@@ -250,7 +259,7 @@ func (c *Client) Run(ctx context.Context) error {
 	var handlers sync.WaitGroup
 	for _, ln := range c.cfg.Listeners {
 		logger.Info("Listening for local connections", "address", ln.Addr().Network()+":"+ln.Addr().String())
-		wg.Go(func() { c.acceptLoop(sessCtx, ln, &handlers) })
+		wg.Go(func() { c.ingress.Accept(sessCtx, ln, &handlers) })
 	}
 	<-ctx.Done()
 	for _, ln := range c.cfg.Listeners {
@@ -264,7 +273,7 @@ func (c *Client) Run(ctx context.Context) error {
 			logger.Info("Drain timeout expired, aborting tunnels", "tunnels", c.cfg.Registry.Len())
 		} else if cur := c.current(); cur != nil {
 			// Let the server acknowledge the last bytes before the connection closes.
-			transport.Linger(dctx, []*quic.Conn{cur.conn})
+			transport.Linger(dctx, []*quic.Conn{cur.Conn})
 		}
 		cancel()
 	}
@@ -407,6 +416,12 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport) (*quic.Conn, erro
 	return conn, nil
 }
 
+// sessions is the Client as ingress sees it.
+type sessions struct{ c *Client }
+
+// Wait returns the current session, waiting up to SessionWait for one.
+func (s sessions) Wait(ctx context.Context) (*session, error) { return s.c.waitSession(ctx) }
+
 // waitSession returns the current session, waiting up to SessionWait for one.
 func (c *Client) waitSession(ctx context.Context) (*session, error) {
 	t := time.NewTimer(c.cfg.SessionWait)
@@ -415,7 +430,7 @@ func (c *Client) waitSession(ctx context.Context) (*session, error) {
 		c.mu.Lock()
 		cur, ch := c.cur, c.changed
 		c.mu.Unlock()
-		if cur != nil && cur.conn.Context().Err() == nil {
+		if cur != nil && cur.Conn.Context().Err() == nil {
 			return cur, nil
 		}
 		select {
@@ -426,190 +441,6 @@ func (c *Client) waitSession(ctx context.Context) (*session, error) {
 			return nil, ctx.Err()
 		}
 	}
-}
-
-func (c *Client) acceptLoop(ctx context.Context, ln net.Listener, handlers *sync.WaitGroup) {
-	logger := klog.FromContext(ctx)
-	var delay time.Duration
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// Transient (e.g. EMFILE): pause, as net/http does, instead of exiting.
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			logger.Error(err, "Accept failed; retrying", "address", ln.Addr().String(), "delay", delay)
-			select {
-			case <-time.After(delay):
-				continue
-			case <-ctx.Done():
-				return
-			}
-		}
-		delay = 0
-		c.cfg.Metrics.AcceptedTotal.Inc()
-		select {
-		case c.slots <- struct{}{}:
-		default:
-			logger.V(2).Info("Too many local connections; refusing", "limit", c.cfg.MaxConnections)
-			resetConn(nc)
-			c.cfg.Metrics.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
-			continue
-		}
-		handlers.Go(func() {
-			defer func() { <-c.slots }()
-			c.handle(ctx, ln.Addr().String(), nc)
-		})
-	}
-}
-
-func resetConn(nc net.Conn) {
-	if tc, ok := nc.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = nc.Close()
-}
-
-// replyStream consumes the server's one-byte reply before the first downstream byte.
-type replyStream struct {
-	*quic.Stream
-	once    bool
-	onReply func(error)
-}
-
-func (r *replyStream) Read(b []byte) (int, error) {
-	if !r.once {
-		r.once = true
-		err := proto.ReadReply(r.Stream)
-		r.onReply(err)
-		if err != nil {
-			return 0, err
-		}
-	}
-	return r.Stream.Read(b)
-}
-
-// header encodes a stream header for token with a fresh nonce.
-func (c *Client) header(token string) ([]byte, error) {
-	hdr, err := proto.NewHeader(token, time.Now())
-	if err != nil {
-		return nil, err
-	}
-	return hdr.Append(make([]byte, 0, proto.MaxHeaderLen), *c.secret.Load())
-}
-
-// handle carries one local connection.
-func (c *Client) handle(ctx context.Context, listenAddr string, nc net.Conn) {
-	m := c.cfg.Metrics
-	start := time.Now()
-	logger := klog.FromContext(ctx)
-	fail := func(result, msg string, err error) {
-		m.StreamsTotal.WithLabelValues(result).Inc()
-		resetConn(nc)
-		logger.V(2).Info(msg, "remoteAddress", nc.RemoteAddr().String(), "err", err)
-	}
-	sc, ok := nc.(splice.Conn)
-	if !ok {
-		fail(proto.CodeInternal.String(), "Local connection does not support half-close", nil)
-		return
-	}
-	token, err := (*c.tokens.Load()).Token(ctx, nc.RemoteAddr())
-	if err != nil {
-		fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
-		return
-	}
-	sess, err := c.waitSession(ctx)
-	if err != nil {
-		fail(metrics.ResultNoSession, "No connection to the server for a local connection", err)
-		return
-	}
-	conn := sess.conn
-	str, err := conn.OpenStream()
-	if err != nil {
-		if !isStreamLimit(err) {
-			fail(proto.CodeConnReset.String(), "Could not open stream", err)
-			return
-		}
-		octx, cancel := context.WithTimeout(ctx, c.cfg.StreamOpenTimeout)
-		str, err = conn.OpenStreamSync(octx)
-		cancel()
-		if err != nil {
-			fail(proto.CodeOverloaded.String(), "Could not open stream: server stream limit", err)
-			return
-		}
-	}
-	// The header goes out now; the application's bytes follow without waiting
-	// for the reply. It is made now, not at accept: its timestamp must be fresh.
-	hb, err := c.header(token)
-	if err != nil {
-		str.CancelRead(proto.CodeInternal.StreamErrorCode())
-		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
-		fail(proto.CodeBadToken.String(), "Could not encode stream header", err)
-		return
-	}
-	if _, err := str.Write(hb); err != nil {
-		str.CancelRead(proto.CodeInternal.StreamErrorCode())
-		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
-		fail(proto.CodeConnReset.String(), "Could not write stream header", err)
-		return
-	}
-	if !isClosed(conn.HandshakeComplete()) {
-		if str, err = c.earlyPhase(ctx, conn, sc, str, token); err != nil {
-			fail(proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err)
-			return
-		}
-	}
-	slog := klog.LoggerWithValues(logger, "streamID", int64(str.StreamID()), "remoteAddress", nc.RemoteAddr().String())
-	rs := &replyStream{Stream: str, onReply: func(err error) {
-		if err == nil {
-			m.StreamOpenDuration.Observe(time.Since(start).Seconds())
-			c.authRefused.Store(false) // the server accepted our header
-		}
-	}}
-	pipe := splice.New(sc, rs)
-	pipe.AfterWrite, pipe.AfterRead = sess.prober.Kick, sess.prober.Heard
-	t := &tunnel.Tunnel{
-		StreamID:    int64(str.StreamID()),
-		Endpoint:    listenAddr,
-		Source:      nc.RemoteAddr().String(),
-		Destination: c.cfg.ServerAddr,
-		CreatedAt:   start,
-		Upstream:    &pipe.ToStream,
-		Downstream:  &pipe.FromStream,
-	}
-	remove := c.cfg.Registry.Add(t, pipe)
-	m.ActiveStreams.Inc()
-	slog.V(4).Info("Opened stream")
-	err = pipe.Run()
-	remove()
-	m.ActiveStreams.Dec()
-	up, down := pipe.ToStream.Load(), pipe.FromStream.Load()
-	m.StreamBytesTotal.WithLabelValues(metrics.DirectionUpstream).Add(float64(up))
-	m.StreamBytesTotal.WithLabelValues(metrics.DirectionDownstream).Add(float64(down))
-	result := metrics.ResultOK
-	var ab *splice.AbortedError
-	if errors.As(err, &ab) {
-		result = metrics.ResultLabel(ab.Code)
-		if code, ok := proto.FromError(ab.Cause); ok && code != proto.CodeConnReset && code != proto.CodeShutdown {
-			slog.V(2).Info("Server refused tunnel", "code", code.String())
-			if code == proto.CodeBadHeader && c.badHeaderLogged.CompareAndSwap(false, true) {
-				slog.Info("The server could not read our stream header; if it runs an older quictun (before key IDs), upgrade it: servers before clients",
-					"code", code.String())
-			}
-		}
-	}
-	m.StreamsTotal.WithLabelValues(result).Inc()
-	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start), "result", result, "err", err)
-}
-
-// isStreamLimit reports whether OpenStream failed only because the server's
-// stream limit is reached (quic-go returns a *StreamLimitReachedError; the
-// value form is accepted too).
-func isStreamLimit(err error) bool {
-	var v quic.StreamLimitReachedError
-	var p *quic.StreamLimitReachedError
-	return errors.As(err, &v) || errors.As(err, &p)
 }
 
 // DialErrorFix returns what to check for an error of a dial to the server,

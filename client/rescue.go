@@ -23,7 +23,7 @@ import (
 // at once. monitor returns when the connection or ctx ends, after every
 // goroutine it started has ended.
 func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session) {
-	conn := sess.conn
+	conn := sess.Conn
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(conn.Context(), cancel)
@@ -47,7 +47,7 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 	}
 	recv := liveness.NewReceiver(conn, false, 0, &c.liveness)
 	wg.Go(func() { recv.Run(mctx) })
-	wg.Go(func() { sess.prober.Run(mctx) })
+	wg.Go(func() { sess.Prober.Run(mctx) })
 	if c.cfg.HeartbeatInterval <= 0 {
 		<-mctx.Done()
 		return

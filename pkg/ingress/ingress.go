@@ -1,0 +1,371 @@
+// Package ingress is the client's half of a tunnel: it accepts local
+// connections, chooses each one's destination (the token), opens a stream on
+// the client's current QUIC connection, writes the authenticated header and
+// the application's first bytes at once (as 0-RTT data when resuming, re-sent
+// if the server rejects it), and splices until both directions end.
+//
+// The client (package client) owns the QUIC connection: it supervises dials
+// and reconnects, path rescue and the drain, and gives ingress the current
+// connection through Sessions.
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/tunnel"
+)
+
+// TokenSource chooses the destination token for a local connection (pkg/token implements it).
+type TokenSource interface {
+	Token(ctx context.Context, clientAddr net.Addr) (string, error)
+}
+
+// Session is one QUIC connection to the server and its tail prober.
+type Session struct {
+	Conn   *quic.Conn
+	Prober *liveness.TailProber
+}
+
+// Sessions gives ingress the client's current QUIC connection.
+type Sessions interface {
+	// Wait returns the current session, waiting (bounded) for one.
+	Wait(ctx context.Context) (*Session, error)
+}
+
+// Config holds what a Handler needs; every field but Accepted is required.
+type Config struct {
+	Sessions Sessions
+	// Tokens and Secret return the token source and shared secret in force
+	// (a reload may change them).
+	Tokens func() TokenSource
+	Secret func() []byte
+	// StreamOpenTimeout bounds waiting for stream credit from the server.
+	StreamOpenTimeout time.Duration
+	// MaxConnections bounds concurrently handled local connections.
+	MaxConnections int
+	// ServerAddr names the far end in the tunnel registry.
+	ServerAddr string
+	// Accepted, if set, is called when the server accepted a stream header.
+	Accepted func()
+	Metrics  *metrics.Client
+	Registry *tunnel.Registry
+}
+
+// Handler carries local connections; safe for concurrent use.
+type Handler struct {
+	cfg   Config
+	slots chan struct{}
+	// badHeaderLogged is set once a bad_header refusal was logged at -v 0.
+	badHeaderLogged atomic.Bool
+}
+
+// New returns a Handler for cfg.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Sessions == nil || cfg.Tokens == nil || cfg.Secret == nil || cfg.Metrics == nil || cfg.Registry == nil || cfg.MaxConnections < 1 {
+		return nil, errors.New("ingress: sessions, tokens, secret, metrics, registry and a connection limit are required")
+	}
+	return &Handler{cfg: cfg, slots: make(chan struct{}, cfg.MaxConnections)}, nil
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// Accept serves ln until it is closed: each local connection, within
+// MaxConnections, is carried by Serve on a goroutine added to handlers.
+func (h *Handler) Accept(ctx context.Context, ln net.Listener, handlers *sync.WaitGroup) {
+	logger := klog.FromContext(ctx)
+	var delay time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Transient (e.g. EMFILE): pause, as net/http does, instead of exiting.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			logger.Error(err, "Accept failed; retrying", "address", ln.Addr().String(), "delay", delay)
+			select {
+			case <-time.After(delay):
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		delay = 0
+		h.cfg.Metrics.AcceptedTotal.Inc()
+		select {
+		case h.slots <- struct{}{}:
+		default:
+			logger.V(2).Info("Too many local connections; refusing", "limit", h.cfg.MaxConnections)
+			resetConn(nc)
+			h.cfg.Metrics.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
+			continue
+		}
+		handlers.Go(func() {
+			defer func() { <-h.slots }()
+			h.Serve(ctx, ln.Addr().String(), nc)
+		})
+	}
+}
+
+func resetConn(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = nc.Close()
+}
+
+// replyStream consumes the server's one-byte reply before the first downstream byte.
+type replyStream struct {
+	*quic.Stream
+	once    bool
+	onReply func(error)
+}
+
+func (r *replyStream) Read(b []byte) (int, error) {
+	if !r.once {
+		r.once = true
+		err := proto.ReadReply(r.Stream)
+		r.onReply(err)
+		if err != nil {
+			return 0, err
+		}
+	}
+	return r.Stream.Read(b)
+}
+
+// header encodes a stream header for token with a fresh nonce.
+func (h *Handler) header(token string) ([]byte, error) {
+	hdr, err := proto.NewHeader(token, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	return hdr.Append(make([]byte, 0, proto.MaxHeaderLen), h.cfg.Secret())
+}
+
+// Serve carries one local connection accepted on listenAddr.
+func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn) {
+	m := h.cfg.Metrics
+	start := time.Now()
+	logger := klog.FromContext(ctx)
+	fail := func(result, msg string, err error) {
+		m.StreamsTotal.WithLabelValues(result).Inc()
+		resetConn(nc)
+		logger.V(2).Info(msg, "remoteAddress", nc.RemoteAddr().String(), "err", err)
+	}
+	sc, ok := nc.(splice.Conn)
+	if !ok {
+		fail(proto.CodeInternal.String(), "Local connection does not support half-close", nil)
+		return
+	}
+	token, err := h.cfg.Tokens().Token(ctx, nc.RemoteAddr())
+	if err != nil {
+		fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
+		return
+	}
+	sess, err := h.cfg.Sessions.Wait(ctx)
+	if err != nil {
+		fail(metrics.ResultNoSession, "No connection to the server for a local connection", err)
+		return
+	}
+	conn := sess.Conn
+	str, err := conn.OpenStream()
+	if err != nil {
+		if !isStreamLimit(err) {
+			fail(proto.CodeConnReset.String(), "Could not open stream", err)
+			return
+		}
+		octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
+		str, err = conn.OpenStreamSync(octx)
+		cancel()
+		if err != nil {
+			fail(proto.CodeOverloaded.String(), "Could not open stream: server stream limit", err)
+			return
+		}
+	}
+	// The header goes out now; the application's bytes follow without waiting
+	// for the reply. It is made now, not at accept: its timestamp must be fresh.
+	hb, err := h.header(token)
+	if err != nil {
+		str.CancelRead(proto.CodeInternal.StreamErrorCode())
+		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
+		fail(proto.CodeBadToken.String(), "Could not encode stream header", err)
+		return
+	}
+	if _, err := str.Write(hb); err != nil {
+		str.CancelRead(proto.CodeInternal.StreamErrorCode())
+		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
+		fail(proto.CodeConnReset.String(), "Could not write stream header", err)
+		return
+	}
+	if !isClosed(conn.HandshakeComplete()) {
+		if str, err = h.earlyPhase(ctx, conn, sc, str, token); err != nil {
+			fail(proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err)
+			return
+		}
+	}
+	slog := klog.LoggerWithValues(logger, "streamID", int64(str.StreamID()), "remoteAddress", nc.RemoteAddr().String())
+	rs := &replyStream{Stream: str, onReply: func(err error) {
+		if err == nil {
+			m.StreamOpenDuration.Observe(time.Since(start).Seconds())
+			if h.cfg.Accepted != nil {
+				h.cfg.Accepted() // the server accepted our header
+			}
+		}
+	}}
+	pipe := splice.New(sc, rs)
+	if sess.Prober != nil {
+		pipe.AfterWrite, pipe.AfterRead = sess.Prober.Kick, sess.Prober.Heard
+	}
+	t := &tunnel.Tunnel{
+		StreamID:    int64(str.StreamID()),
+		Endpoint:    listenAddr,
+		Source:      nc.RemoteAddr().String(),
+		Destination: h.cfg.ServerAddr,
+		CreatedAt:   start,
+		Upstream:    &pipe.ToStream,
+		Downstream:  &pipe.FromStream,
+	}
+	remove := h.cfg.Registry.Add(t, pipe)
+	m.ActiveStreams.Inc()
+	slog.V(4).Info("Opened stream")
+	err = pipe.Run()
+	remove()
+	m.ActiveStreams.Dec()
+	up, down := pipe.ToStream.Load(), pipe.FromStream.Load()
+	m.StreamBytesTotal.WithLabelValues(metrics.DirectionUpstream).Add(float64(up))
+	m.StreamBytesTotal.WithLabelValues(metrics.DirectionDownstream).Add(float64(down))
+	result := metrics.ResultOK
+	var ab *splice.AbortedError
+	if errors.As(err, &ab) {
+		result = metrics.ResultLabel(ab.Code)
+		if code, ok := proto.FromError(ab.Cause); ok && code != proto.CodeConnReset && code != proto.CodeShutdown {
+			slog.V(2).Info("Server refused tunnel", "code", code.String())
+			if code == proto.CodeBadHeader && h.badHeaderLogged.CompareAndSwap(false, true) {
+				slog.Info("The server could not read our stream header; if it runs an older quictun (before key IDs), upgrade it: servers before clients",
+					"code", code.String())
+			}
+		}
+	}
+	m.StreamsTotal.WithLabelValues(result).Inc()
+	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start), "result", result, "err", err)
+}
+
+// isStreamLimit reports whether OpenStream failed only because the server's
+// stream limit is reached (quic-go returns a *StreamLimitReachedError; the
+// value form is accepted too).
+func isStreamLimit(err error) bool {
+	var v quic.StreamLimitReachedError
+	var p *quic.StreamLimitReachedError
+	return errors.As(err, &v) || errors.As(err, &p)
+}
+
+// maxEarlyBytes bounds the application bytes kept for a re-send while a
+// connection's 0-RTT outcome is unknown; beyond it, reading waits for the handshake.
+const maxEarlyBytes = 256 << 10
+
+// earlyPhase forwards the application's first bytes as 0-RTT data while the
+// handshake completes, keeping a copy. If the server accepted 0-RTT it returns
+// str unchanged. If it rejected it (all 0-RTT data is then discarded), or the
+// connection died before its handshake (the server was still down), it opens a
+// stream on the next connection and re-sends a fresh header and the copy. Downstream bytes cannot arrive before the handshake completes, so only
+// the upstream direction needs this.
+func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str *quic.Stream, token string) (*quic.Stream, error) {
+	var sent []byte
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 16<<10)
+		for len(sent) < maxEarlyBytes {
+			n, err := nc.Read(buf)
+			if n > 0 {
+				sent = append(sent, buf[:n]...)
+				_, _ = str.Write(buf[:n]) // fails with Err0RTTRejected on rejection; the copy is re-sent
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case <-conn.HandshakeComplete():
+	case <-conn.Context().Done():
+	case <-ctx.Done():
+	}
+	_ = nc.SetReadDeadline(time.Now()) // stop the reader; what it read was forwarded
+	rerr := <-done
+	_ = nc.SetReadDeadline(time.Time{})
+	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, os.ErrDeadlineExceeded) {
+		return nil, fmt.Errorf("read before handshake: %w", rerr)
+	}
+	if conn.Context().Err() == nil && conn.ConnectionState().Used0RTT {
+		return str, nil
+	}
+	str.CancelRead(0) // discarded with the rest of the 0-RTT data
+	str.CancelWrite(0)
+	var next *quic.Conn
+	if conn.Context().Err() == nil {
+		// Rejected: the same connection goes on without 0-RTT.
+		n, err := conn.NextConnection(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("connection after 0-RTT rejection: %w", err)
+		}
+		next = n
+	} else {
+		// The server never answered (it may still be down): wait for the
+		// supervisor's next connection, with its handshake done.
+		for next == nil {
+			sess, err := h.cfg.Sessions.Wait(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("connection died before its handshake: %w", err)
+			}
+			select {
+			case <-sess.Conn.HandshakeComplete():
+				if sess.Conn.Context().Err() == nil {
+					next = sess.Conn
+				}
+			case <-sess.Conn.Context().Done():
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
+	defer cancel()
+	nstr, err := next.OpenStreamSync(octx)
+	if err != nil {
+		return nil, fmt.Errorf("stream after 0-RTT rejection: %w", err)
+	}
+	hb, err := h.header(token)
+	if err == nil {
+		_, err = nstr.Write(append(hb, sent...))
+	}
+	if err != nil {
+		nstr.CancelRead(0)
+		nstr.CancelWrite(0)
+		return nil, fmt.Errorf("re-send after 0-RTT rejection: %w", err)
+	}
+	return nstr, nil
+}
