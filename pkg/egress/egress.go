@@ -379,21 +379,9 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		Upstream:    &pipe.FromStream,
 		Downstream:  &pipe.ToStream,
 	}
-	remove := e.cfg.Registry.Add(t, pipe)
-	m.ActiveStreams.Inc()
 	logger.V(4).Info("Opened stream", "destination", dial.String(), "rule", rule)
-	err = pipe.Run()
-	remove()
-	m.ActiveStreams.Dec()
-	up, down := pipe.FromStream.Load(), pipe.ToStream.Load()
-	m.StreamBytesTotal.WithLabelValues(metrics.DirectionUpstream).Add(float64(up))
-	m.StreamBytesTotal.WithLabelValues(metrics.DirectionDownstream).Add(float64(down))
-	result := metrics.ResultOK
-	var ab *splice.AbortedError
-	if errors.As(err, &ab) {
-		result = metrics.ResultLabel(ab.Code)
-	}
-	m.StreamsTotal.WithLabelValues(result).Inc()
+	result, err := e.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
+	up, down := t.Upstream.Load(), t.Downstream.Load()
 	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"duration", time.Since(start), "result", result, "err", err)
 	if audit != nil {

@@ -247,19 +247,11 @@ func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn) {
 		Upstream:    &pipe.ToStream,
 		Downstream:  &pipe.FromStream,
 	}
-	remove := h.cfg.Registry.Add(t, pipe)
-	m.ActiveStreams.Inc()
 	slog.V(4).Info("Opened stream")
-	err = pipe.Run()
-	remove()
-	m.ActiveStreams.Dec()
-	up, down := pipe.ToStream.Load(), pipe.FromStream.Load()
-	m.StreamBytesTotal.WithLabelValues(metrics.DirectionUpstream).Add(float64(up))
-	m.StreamBytesTotal.WithLabelValues(metrics.DirectionDownstream).Add(float64(down))
-	result := metrics.ResultOK
+	result, err := h.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
+	up, down := t.Upstream.Load(), t.Downstream.Load()
 	var ab *splice.AbortedError
 	if errors.As(err, &ab) {
-		result = metrics.ResultLabel(ab.Code)
 		if code, ok := proto.FromError(ab.Cause); ok && code != proto.CodeConnReset && code != proto.CodeShutdown {
 			slog.V(2).Info("Server refused tunnel", "code", code.String())
 			if code == proto.CodeBadHeader && h.badHeaderLogged.CompareAndSwap(false, true) {
@@ -268,7 +260,6 @@ func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn) {
 			}
 		}
 	}
-	m.StreamsTotal.WithLabelValues(result).Inc()
 	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start), "result", result, "err", err)
 }
 

@@ -1,0 +1,39 @@
+package tunnel
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/splice"
+)
+
+// StreamMetrics are the per-tunnel metrics both ends keep (the fields of the
+// same names in metrics.Server and metrics.Client).
+type StreamMetrics struct {
+	Active  prometheus.Gauge       // open tunnels
+	Bytes   *prometheus.CounterVec // by direction
+	Results *prometheus.CounterVec // by result
+}
+
+// Run registers t (its Upstream and Downstream are pipe's counters), runs
+// pipe until both directions end, and accounts for the tunnel in m: open
+// while it runs, its bytes by direction, and its result, ok or the code it
+// was aborted with. It returns that result label and the splice's error.
+func (r *Registry) Run(t *Tunnel, pipe *splice.Pipe, m StreamMetrics) (string, error) {
+	remove := r.Add(t, pipe)
+	m.Active.Inc()
+	err := pipe.Run()
+	remove()
+	m.Active.Dec()
+	m.Bytes.WithLabelValues(metrics.DirectionUpstream).Add(float64(t.Upstream.Load()))
+	m.Bytes.WithLabelValues(metrics.DirectionDownstream).Add(float64(t.Downstream.Load()))
+	result := metrics.ResultOK
+	var ab *splice.AbortedError
+	if errors.As(err, &ab) {
+		result = metrics.ResultLabel(ab.Code)
+	}
+	m.Results.WithLabelValues(result).Inc()
+	return result, err
+}
