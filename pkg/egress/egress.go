@@ -287,6 +287,12 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		fail(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", h.Time)
 		return // recorded before a restart: the cache cannot know it
 	}
+	if h.Kind != proto.KindTCP {
+		// UDP flows and reverse binds are carried by later versions; refuse
+		// clearly rather than treat the stream as TCP.
+		fail(proto.CodeUnsupported, "Refused stream: this server does not serve its kind", "kind", h.Kind.String())
+		return
+	}
 	dest, err := e.cfg.Parser.Parse(h.Token)
 	if err != nil {
 		fail(proto.CodeBadToken, "Rejected stream: bad destination token", "err", err)

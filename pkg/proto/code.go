@@ -38,21 +38,25 @@ const (
 	CodeReplay Code = 10
 	// CodeBadToken means the destination token could not be parsed.
 	CodeBadToken Code = 11
+	// CodeUnsupported means the server does not serve the stream's kind
+	// (a UDP flow to a server without UDP, or a kind from a newer client).
+	CodeUnsupported Code = 12
 )
 
 var codeNames = [...]string{
-	CodeOK:         "ok",
-	CodeRefused:    "refused",
-	CodeDialFailed: "dial_failed",
-	CodeAuthFailed: "auth_failed",
-	CodeBadHeader:  "bad_header",
-	CodeShutdown:   "shutdown",
-	CodeTimeout:    "timeout",
-	CodeConnReset:  "reset",
-	CodeInternal:   "internal",
-	CodeOverloaded: "overloaded",
-	CodeReplay:     "replay",
-	CodeBadToken:   "bad_token",
+	CodeOK:          "ok",
+	CodeRefused:     "refused",
+	CodeDialFailed:  "dial_failed",
+	CodeAuthFailed:  "auth_failed",
+	CodeBadHeader:   "bad_header",
+	CodeShutdown:    "shutdown",
+	CodeTimeout:     "timeout",
+	CodeConnReset:   "reset",
+	CodeInternal:    "internal",
+	CodeOverloaded:  "overloaded",
+	CodeReplay:      "replay",
+	CodeBadToken:    "bad_token",
+	CodeUnsupported: "unsupported",
 }
 
 // AllCodes lists every defined code, in numeric order (for pre-creating metric series).

@@ -23,12 +23,40 @@ const (
 	// KeyIDLen is the size of a key ID.
 	KeyIDLen = 4
 	// MaxHeaderLen is the largest encoded header.
-	MaxHeaderLen = fixedLen + MaxTokenLen + KeyIDLen + MACLen
+	MaxHeaderLen = fixedLen + MaxTokenLen + KeyIDLen + 1 + MACLen
 
 	fixedLen  = 1 + 1 + 8 + NonceLen + 2
 	flagMAC   = 1 << 0
 	flagKeyID = 1 << 1
+	flagKind  = 1 << 2
 )
+
+// Kind is what a stream carries.
+type Kind uint8
+
+// Stream kinds. A header without the kind flag is a TCP stream (KindTCP),
+// so TCP tunnels keep working with servers from before kinds.
+const (
+	// KindTCP is a byte stream to a tcp: or unix: destination.
+	KindTCP Kind = 1
+	// KindUDP is a UDP flow (pkg/udpflow) to a udp: destination.
+	KindUDP Kind = 2
+	// KindReverse is reserved for a reverse bind (the server listens).
+	KindReverse Kind = 3
+)
+
+// String names the kind for logs.
+func (k Kind) String() string {
+	switch k {
+	case KindTCP:
+		return "tcp"
+	case KindUDP:
+		return "udp"
+	case KindReverse:
+		return "reverse"
+	}
+	return fmt.Sprintf("kind_%d", uint8(k))
+}
 
 var (
 	// ErrBadHeader is returned (wrapped) for any malformed header.
@@ -53,6 +81,10 @@ type Header struct {
 	// Headers of clients before key IDs carry a MAC without one.
 	KeyID    KeyID
 	HasKeyID bool
+	// Kind is what the stream carries; the zero value, like a header without
+	// a kind, means KindTCP. Decode keeps unknown kinds for the server to
+	// refuse with CodeUnsupported.
+	Kind Kind
 
 	mac    [MACLen]byte
 	signed []byte // the bytes the MAC covers, kept by Decode for Verify
@@ -91,6 +123,9 @@ func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 	if keyID != nil {
 		flags |= flagKeyID
 	}
+	if h.Kind != 0 && h.Kind != KindTCP {
+		flags |= flagKind
+	}
 	b = append(b, Version, flags)
 	b = binary.BigEndian.AppendUint64(b, uint64(h.Time.Unix())) // negative times encode as large values and fail the window check
 	b = append(b, h.Nonce[:]...)
@@ -98,6 +133,9 @@ func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 	b = append(b, h.Token...)
 	if keyID != nil {
 		b = append(b, keyID[:]...)
+	}
+	if flags&flagKind != 0 {
+		b = append(b, byte(h.Kind))
 	}
 	if len(secret) > 0 {
 		m := hmac.New(sha256.New, secret)
@@ -118,17 +156,20 @@ func Decode(r io.Reader) (*Header, error) {
 		return nil, fmt.Errorf("%w: %d", ErrUnsupportedVersion, fixed[0])
 	}
 	flags := fixed[1]
-	if flags&^(flagMAC|flagKeyID) != 0 {
+	if flags&^(flagMAC|flagKeyID|flagKind) != 0 {
 		return nil, fmt.Errorf("%w: unknown flags %#x", ErrBadHeader, flags)
 	}
 	n := int(binary.BigEndian.Uint16(fixed[26:28]))
 	if n == 0 || n > MaxTokenLen {
 		return nil, fmt.Errorf("%w: token length %d not in 1..%d", ErrBadHeader, n, MaxTokenLen)
 	}
-	hasKeyID := flags&flagKeyID != 0
+	hasKeyID, hasKind := flags&flagKeyID != 0, flags&flagKind != 0
 	tail := 0
 	if hasKeyID {
 		tail = KeyIDLen
+	}
+	if hasKind {
+		tail++
 	}
 	signed := make([]byte, fixedLen+n+tail)
 	copy(signed, fixed[:])
@@ -144,6 +185,13 @@ func Decode(r io.Reader) (*Header, error) {
 	}
 	if hasKeyID {
 		copy(h.KeyID[:], signed[fixedLen+n:])
+	}
+	h.Kind = KindTCP
+	if hasKind {
+		h.Kind = Kind(signed[len(signed)-1])
+		if h.Kind == KindTCP || h.Kind == 0 {
+			return nil, fmt.Errorf("%w: kind %d is written without the kind flag", ErrBadHeader, h.Kind)
+		}
 	}
 	copy(h.Nonce[:], fixed[10:26])
 	if h.HasMAC {

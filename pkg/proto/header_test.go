@@ -185,3 +185,37 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func TestHeaderKind(t *testing.T) {
+	t.Parallel()
+	for _, k := range []Kind{0, KindTCP, KindUDP, KindReverse, 9} {
+		h, err := NewHeader("udp:127.0.0.1:53", time.Unix(1, 0))
+		require.NoError(t, err)
+		h.Kind = k
+		b, err := h.Append(nil, []byte("k"))
+		require.NoError(t, err)
+		got, err := Decode(bytes.NewReader(b))
+		require.NoError(t, err)
+		want := k
+		if k == 0 {
+			want = KindTCP
+		}
+		assert.Equal(t, want, got.Kind, "kind %d", k)
+		assert.Equal(t, k != 0 && k != KindTCP, b[1]&flagKind != 0, "a TCP stream carries no kind, so older servers still read it")
+		require.NoError(t, got.Verify([]byte("k")), "the kind is covered by the MAC")
+		tampered := bytes.Clone(b)
+		if b[1]&flagKind != 0 {
+			tampered[len(b)-MACLen-1] ^= 0x07
+			if g, err := Decode(bytes.NewReader(tampered)); err == nil {
+				require.ErrorIs(t, g.Verify([]byte("k")), ErrAuth)
+			}
+		}
+	}
+	// The kind flag with kind 0 or 1 is malformed.
+	h := &Header{Token: "tcp:1.2.3.4:5", Kind: KindUDP}
+	b, err := h.append(nil, nil, nil)
+	require.NoError(t, err)
+	b[len(b)-1] = byte(KindTCP)
+	_, err = Decode(bytes.NewReader(b))
+	require.ErrorIs(t, err, ErrBadHeader)
+}
