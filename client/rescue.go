@@ -11,6 +11,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/dgram"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/proto"
 )
@@ -46,7 +47,9 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 		return
 	}
 	recv := liveness.NewReceiver(conn, false, 0, &c.liveness)
-	wg.Go(func() { recv.Run(mctx) })
+	mux := dgram.NewMux(recv.Invalid)
+	recv.Register(mux)
+	wg.Go(func() { mux.Run(mctx, conn) })
 	wg.Go(func() { sess.Prober.Run(mctx) })
 	if c.cfg.HeartbeatInterval <= 0 {
 		<-mctx.Done()

@@ -14,6 +14,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/dgram"
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/liveness"
@@ -520,7 +521,9 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 		prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
 			WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
 		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
-		streams.Go(func() { recv.Run(conn.Context()) })
+		mux := dgram.NewMux(recv.Invalid)
+		recv.Register(mux)
+		streams.Go(func() { mux.Run(conn.Context(), conn) })
 		streams.Go(func() { prober.Run(conn.Context()) })
 	}
 	gate := &connGate{

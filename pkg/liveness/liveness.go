@@ -11,7 +11,8 @@
 //     acknowledgement reveals the gap and loss detection repairs it after
 //     about 9/8 RTT instead of a probe timeout (srtt + 4·rttvar + 26 ms).
 //
-// The payload's first byte is its type; anything else is counted and dropped.
+// The payload's first byte is its type (pkg/dgram routes by it); anything
+// nobody handles is counted as invalid and dropped.
 package liveness
 
 import (
@@ -20,6 +21,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/quictun/quictun/pkg/dgram"
 )
 
 // Datagram types.
@@ -52,12 +55,16 @@ type Receiver struct {
 	// maxEchoes bounds echoes per second, so a peer cannot turn the server into a reflector.
 	maxEchoes int
 	lastEcho  atomic.Int64 // unix nanos of the last echo received
+	// windowStart and echoes count this second's echoes; only the Mux's
+	// goroutine touches them.
+	windowStart time.Time
+	echoes      int
 }
 
 // NewReceiver returns a Receiver. A server (echo=true) answers heartbeats with
 // at most maxEchoesPerSecond echoes a second; a client records echoes.
 func NewReceiver(c Conn, echo bool, maxEchoesPerSecond int, stats *Stats) *Receiver {
-	r := &Receiver{c: c, echo: echo, stats: stats, maxEchoes: maxEchoesPerSecond}
+	r := &Receiver{c: c, echo: echo, stats: stats, maxEchoes: maxEchoesPerSecond, windowStart: time.Now()}
 	r.lastEcho.Store(time.Now().UnixNano())
 	return r
 }
@@ -65,49 +72,53 @@ func NewReceiver(c Conn, echo bool, maxEchoesPerSecond int, stats *Stats) *Recei
 // LastEcho is when the last heartbeat echo arrived (or the Receiver was made).
 func (r *Receiver) LastEcho() time.Time { return time.Unix(0, r.lastEcho.Load()) }
 
-// Run receives until ctx is done or the connection closes, and returns then.
+// Register routes the liveness datagram types on m to r; other types are
+// for other handlers (m's unknown handler counts what nobody takes).
+func (r *Receiver) Register(m *dgram.Mux) {
+	m.Handle(TypeHeartbeat, r.heartbeat)
+	m.Handle(TypeEcho, r.echoed)
+	m.Handle(TypeTail, func([]byte) {}) // its acknowledgement was the point
+}
+
+// Invalid counts a datagram nobody handles (a Mux's unknown handler).
+func (r *Receiver) Invalid([]byte) { r.stats.Invalid.Add(1) }
+
+// Run receives until ctx is done or the connection closes, and returns then:
+// a Mux with only the liveness types (others count as invalid).
 func (r *Receiver) Run(ctx context.Context) {
-	windowStart := time.Now()
-	echoes := 0
-	for {
-		b, err := r.c.ReceiveDatagram(ctx)
-		if err != nil {
-			return
-		}
-		if len(b) == 0 {
-			r.stats.Invalid.Add(1)
-			continue
-		}
-		switch b[0] {
-		case TypeHeartbeat:
-			if !r.echo || len(b) > 64 {
-				r.stats.Invalid.Add(1)
-				continue
-			}
-			now := time.Now()
-			if now.Sub(windowStart) >= time.Second {
-				windowStart, echoes = now, 0
-			}
-			if echoes >= r.maxEchoes {
-				continue
-			}
-			echoes++
-			out := append([]byte{TypeEcho}, b[1:]...)
-			if r.c.SendDatagram(out) == nil {
-				r.stats.EchoesSent.Add(1)
-			}
-		case TypeEcho:
-			if r.echo {
-				r.stats.Invalid.Add(1)
-				continue
-			}
-			r.stats.EchoesReceived.Add(1)
-			r.lastEcho.Store(time.Now().UnixNano())
-		case TypeTail:
-		default:
-			r.stats.Invalid.Add(1)
-		}
+	m := dgram.NewMux(r.Invalid)
+	r.Register(m)
+	m.Run(ctx, r.c)
+}
+
+// heartbeat answers a heartbeat (server side), within maxEchoes a second.
+func (r *Receiver) heartbeat(b []byte) {
+	if !r.echo || len(b) > 64 {
+		r.stats.Invalid.Add(1)
+		return
 	}
+	now := time.Now()
+	if now.Sub(r.windowStart) >= time.Second {
+		r.windowStart, r.echoes = now, 0
+	}
+	if r.echoes >= r.maxEchoes {
+		return
+	}
+	r.echoes++
+	out := append([]byte{TypeEcho}, b[1:]...)
+	if r.c.SendDatagram(out) == nil {
+		r.stats.EchoesSent.Add(1)
+	}
+}
+
+// echoed records a heartbeat echo (client side).
+func (r *Receiver) echoed([]byte) {
+	if r.echo {
+		r.stats.Invalid.Add(1)
+		return
+	}
+	r.stats.EchoesReceived.Add(1)
+	r.lastEcho.Store(time.Now().UnixNano())
 }
 
 // heartbeatLen pads heartbeats so their QUIC packet exceeds 42 bytes: quic-go
