@@ -39,8 +39,12 @@ type Config struct {
 	// Secret authenticates stream headers when non-empty.
 	Secret []byte
 	Tokens TokenSource
-	// Listeners are the local listeners; the client closes them when it stops.
+	// Listeners are the local listeners whose destinations Tokens chooses;
+	// the client closes them when it stops.
 	Listeners []net.Listener
+	// Forwards are further listeners, each with its own destination; the
+	// client closes them when it stops.
+	Forwards []Forward
 
 	// SessionWait bounds how long a local connection waits for a QUIC connection.
 	SessionWait time.Duration
@@ -70,6 +74,13 @@ type Config struct {
 	Metrics  *metrics.Client
 	QUICStat *metrics.QUICCollector
 	Registry *tunnel.Registry
+}
+
+// Forward is a local listener whose connections go to its own destinations
+// (--forward LISTEN=DESTINATION).
+type Forward struct {
+	Listener net.Listener
+	Tokens   TokenSource
 }
 
 // DefaultConfig returns the defaults of the limits and timeouts; New fills
@@ -145,8 +156,8 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		return nil, errors.New("client: server address is required")
 	case cfg.TLS == nil:
 		return nil, errors.New("client: TLS config is required")
-	case cfg.Tokens == nil:
-		return nil, errors.New("client: token source is required")
+	case cfg.Tokens == nil && len(cfg.Listeners) > 0:
+		return nil, errors.New("client: token source is required for Listeners")
 	case cfg.Metrics == nil:
 		return nil, errors.New("client: metrics are required")
 	case pc == nil:
@@ -176,7 +187,6 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		Secret:            func() []byte { return *c.secret.Load() },
 		StreamOpenTimeout: cfg.StreamOpenTimeout,
 		MaxConnections:    cfg.MaxConnections,
-		ServerAddr:        cfg.ServerAddr,
 		Accepted:          func() { c.authRefused.Store(false) },
 		Metrics:           cfg.Metrics,
 		Registry:          cfg.Registry,
@@ -259,11 +269,18 @@ func (c *Client) Run(ctx context.Context) error {
 	var handlers sync.WaitGroup
 	for _, ln := range c.cfg.Listeners {
 		logger.Info("Listening for local connections", "address", ln.Addr().Network()+":"+ln.Addr().String())
-		wg.Go(func() { c.ingress.Accept(sessCtx, ln, &handlers) })
+		wg.Go(func() { c.ingress.Accept(sessCtx, ln, nil, &handlers) })
+	}
+	for _, f := range c.cfg.Forwards {
+		logger.Info("Listening for local connections", "address", f.Listener.Addr().Network()+":"+f.Listener.Addr().String(), "forward", true)
+		wg.Go(func() { c.ingress.Accept(sessCtx, f.Listener, f.Tokens, &handlers) })
 	}
 	<-ctx.Done()
 	for _, ln := range c.cfg.Listeners {
 		_ = ln.Close()
+	}
+	for _, f := range c.cfg.Forwards {
+		_ = f.Listener.Close()
 	}
 	c.draining.Store(true)
 	if n := c.cfg.Registry.Len(); n > 0 && c.cfg.DrainTimeout > 0 {

@@ -58,8 +58,6 @@ type Config struct {
 	StreamOpenTimeout time.Duration
 	// MaxConnections bounds concurrently handled local connections.
 	MaxConnections int
-	// ServerAddr names the far end in the tunnel registry.
-	ServerAddr string
 	// Accepted, if set, is called when the server accepted a stream header.
 	Accepted func()
 	Metrics  *metrics.Client
@@ -93,7 +91,9 @@ func isClosed(ch <-chan struct{}) bool {
 
 // Accept serves ln until it is closed: each local connection, within
 // MaxConnections, is carried by Serve on a goroutine added to handlers.
-func (h *Handler) Accept(ctx context.Context, ln net.Listener, handlers *sync.WaitGroup) {
+// tokens chooses the destinations of this listener (a forward's fixed
+// destination); nil means Config.Tokens.
+func (h *Handler) Accept(ctx context.Context, ln net.Listener, tokens TokenSource, handlers *sync.WaitGroup) {
 	logger := klog.FromContext(ctx)
 	var delay time.Duration
 	for {
@@ -124,7 +124,7 @@ func (h *Handler) Accept(ctx context.Context, ln net.Listener, handlers *sync.Wa
 		}
 		handlers.Go(func() {
 			defer func() { <-h.slots }()
-			h.Serve(ctx, ln.Addr().String(), nc)
+			h.Serve(ctx, ln.Addr().String(), nc, tokens)
 		})
 	}
 }
@@ -164,8 +164,9 @@ func (h *Handler) header(token string) ([]byte, error) {
 	return hdr.Append(make([]byte, 0, proto.MaxHeaderLen), h.cfg.Secret())
 }
 
-// Serve carries one local connection accepted on listenAddr.
-func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn) {
+// Serve carries one local connection accepted on listenAddr to the
+// destination tokens chooses (nil: Config.Tokens).
+func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource) {
 	m := h.cfg.Metrics
 	start := time.Now()
 	logger := klog.FromContext(ctx)
@@ -179,7 +180,10 @@ func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn) {
 		fail(proto.CodeInternal.String(), "Local connection does not support half-close", nil)
 		return
 	}
-	token, err := h.cfg.Tokens().Token(ctx, nc.RemoteAddr())
+	if tokens == nil {
+		tokens = h.cfg.Tokens()
+	}
+	token, err := tokens.Token(ctx, nc.RemoteAddr())
 	if err != nil {
 		fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
 		return
@@ -242,7 +246,7 @@ func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn) {
 		StreamID:    int64(str.StreamID()),
 		Endpoint:    listenAddr,
 		Source:      nc.RemoteAddr().String(),
-		Destination: h.cfg.ServerAddr,
+		Destination: token, // what the server is asked to reach (/tunnels)
 		CreatedAt:   start,
 		Upstream:    &pipe.ToStream,
 		Downstream:  &pipe.FromStream,

@@ -3,7 +3,9 @@ package e2e
 import (
 	"crypto/rand"
 	"encoding/base64"
+	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -120,4 +122,28 @@ func TestAuditLogSwitch(t *testing.T) {
 	require.NoError(t, echoVia(t, cl.Addr, "not audited"))
 	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_streams_total", "result", "ok")
 	assert.NotContains(t, srv.log(), "Closed tunnel")
+}
+
+// TestForwards: one client carries several forwards (each its own local
+// listener and destination) over one QUIC connection; /tunnels shows each
+// tunnel's destination.
+func TestForwards(t *testing.T) {
+	checkLeaks(t)
+	a, b := testutil.EchoServer(t), testutil.EchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + a, "tcp:" + b}})
+	pa, pb := "127.0.0.1:"+strconv.Itoa(freePort(t, "tcp")), "127.0.0.1:"+strconv.Itoa(freePort(t, "tcp"))
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + a, Args: []string{
+		"--forward", "tcp:" + pa + "=tcp:" + a, "--forward", "tcp:" + pb + "=tcp:" + b,
+	}})
+	ca, cb := dialApp(t, pa), dialApp(t, pb)
+	require.NoError(t, roundTrip(ca, "to a"))
+	require.NoError(t, roundTrip(cb, "to b"))
+	code, body := httpDo(http.MethodGet, cl.AdminURL+"/tunnels")
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `"serverAppAddr": "tcp:`+a+`"`)
+	assert.Contains(t, body, `"serverAppAddr": "tcp:`+b+`"`)
+	require.NoError(t, echoVia(t, cl.Addr, "the single-forward form still works"))
+	assert.Equal(t, 1.0, scrape(t, srv).val("quictun_server_active_connections"), "all forwards share one QUIC connection")
+	_ = ca.Close()
+	_ = cb.Close()
 }

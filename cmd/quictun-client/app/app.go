@@ -62,23 +62,45 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tokens, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil)
-	if err != nil {
-		return fmt.Errorf("--token-source: %w", err)
+	var tokens client.TokenSource
+	listenOn := o.ListenOn
+	if o.TokenSource != "" {
+		if tokens, err = token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
+			return fmt.Errorf("--token-source: %w", err)
+		}
+	} else {
+		listenOn = nil // --forward alone: no destination for --listen-on
 	}
 	adm, err := cli.OpenAdminServer(o.HTTPDListenOn, o.HTTPDTokenFile)
 	if err != nil {
 		return err
 	}
 	cleanup.Push(adm.Close)
-	listeners := make([]net.Listener, 0, len(o.ListenOn))
-	for _, spec := range o.ListenOn {
-		ln, err := listen(spec)
+	listeners := make([]net.Listener, 0, len(listenOn))
+	for _, spec := range listenOn {
+		ln, err := listen("listen-on", spec)
 		if err != nil {
 			return err
 		}
 		cleanup.Push(func() { _ = ln.Close() }) // the client closes them too when it stops
 		listeners = append(listeners, ln)
+	}
+	forwards := make([]client.Forward, 0, len(o.Forward))
+	for _, f := range o.Forward {
+		spec, dest, err := splitForward(f)
+		if err != nil {
+			return err
+		}
+		ts, err := token.NewSource(token.PluginFixed, dest, nil)
+		if err != nil {
+			return fmt.Errorf("--forward %s: %w", f, err)
+		}
+		ln, err := listen("forward", spec)
+		if err != nil {
+			return err
+		}
+		cleanup.Push(func() { _ = ln.Close() })
+		forwards = append(forwards, client.Forward{Listener: ln, Tokens: ts})
 	}
 	pc, err := transport.ListenUDP(":0")
 	if err != nil {
@@ -123,6 +145,7 @@ func (o *Options) Run(ctx context.Context) error {
 		Secret:            secret,
 		Tokens:            tokens,
 		Listeners:         listeners,
+		Forwards:          forwards,
 		SessionWait:       o.SessionWait,
 		StreamOpenTimeout: o.StreamOpenTimeout,
 		MaxConnections:    o.MaxConnections,
@@ -143,7 +166,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if fecLayer != nil {
 		reg.MustRegister(metrics.NewFECCollector("client", fecLayer.Stats()))
 	}
-	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(o.ListenOn, ","))
+	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(listenOn, ","), "forwards", strings.Join(o.Forward, ","))
 
 	adm.Start(ctx, admin.Options{Gatherer: reg, Ready: c.Ready, Registry: registry, Conns: c.ConnStats, EnablePprof: o.EnablePprof})
 	var rg errgroup.Group
@@ -213,23 +236,23 @@ func (o *Options) tlsConfig(logger klog.Logger) (*tls.Config, error) {
 
 // listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale
 // UNIX socket file left by a previous run is removed first.
-func listen(spec string) (net.Listener, error) {
+func listen(flag, spec string) (net.Listener, error) {
 	ep, err := endpoint.Parse(spec)
 	if err != nil {
-		return nil, fmt.Errorf("--listen-on %q: %w", spec, err)
+		return nil, fmt.Errorf("--%s %q: %w", flag, spec, err)
 	}
 	if ep.Network == endpoint.NetworkUnix {
 		if fi, err := os.Lstat(ep.Address); err == nil && fi.Mode().Type() == fs.ModeSocket {
 			if c, err := net.Dial("unix", ep.Address); err == nil {
 				_ = c.Close()
-				return nil, fmt.Errorf("--listen-on %s: another process is listening there", spec)
+				return nil, fmt.Errorf("--%s %s: another process is listening there", flag, spec)
 			}
 			_ = os.Remove(ep.Address)
 		}
 	}
 	ln, err := net.Listen(ep.Network, ep.Address)
 	if err != nil {
-		return nil, fmt.Errorf("--listen-on %s: %w", spec, err)
+		return nil, fmt.Errorf("--%s %s: %w", flag, spec, err)
 	}
 	return ln, nil
 }
@@ -244,15 +267,21 @@ var reloadableFlags = []string{"token-source", "token-source-plugin", "secret-fi
 func (o *Options) applier(c *client.Client, secret []byte) cli.Apply {
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
-		tokens, err := token.NewSource(next.TokenSourcePlugin, next.TokenSource, nil)
-		if err != nil {
-			return nil, fmt.Errorf("--token-source: %w", err)
+		var tokens client.TokenSource
+		if next.TokenSource != "" {
+			ts, err := token.NewSource(next.TokenSourcePlugin, next.TokenSource, nil)
+			if err != nil {
+				return nil, fmt.Errorf("--token-source: %w", err)
+			}
+			tokens = ts
 		}
 		newSecret, err := clientSecret(next.SecretFile)
 		if err != nil {
 			return nil, err
 		}
-		c.SetTokens(tokens)
+		if tokens != nil {
+			c.SetTokens(tokens)
+		}
 		secretChanged := !bytes.Equal(newSecret, secret)
 		if secretChanged {
 			c.SetSecret(newSecret)

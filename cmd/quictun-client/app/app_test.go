@@ -71,6 +71,15 @@ func TestValidate(t *testing.T) {
 		{"two verifications", func(o *Options) { o.CAFile = "/ca.pem" }, []string{"choose one of"}},
 		{"three verifications", func(o *Options) { o.CAFile, o.InsecureSkipVerify = "/ca.pem", true }, []string{"choose one of"}},
 		{"bad fingerprint", func(o *Options) { o.ServerFingerprint = []string{"sha256:abcd"} }, []string{"--server-fingerprint", "64 hex digits"}},
+		{"forwards alone, no token source", func(o *Options) {
+			o.TokenSource, o.Forward = "", []string{"tcp:127.0.0.1:2222=tcp:127.0.0.1:22", "unix:/tmp/q.sock=tcp:10.0.0.5:5432"}
+		}, nil},
+		{"forward beside the single form", func(o *Options) { o.Forward = []string{"tcp:127.0.0.1:2222=tcp:127.0.0.1:22"} }, nil},
+		{"forward without =", func(o *Options) { o.Forward = []string{"tcp:127.0.0.1:2222"} }, []string{"--forward", "LISTEN=DESTINATION"}},
+		{"forward to a bad destination", func(o *Options) { o.Forward = []string{"tcp:127.0.0.1:2222=tcp:bad"} }, []string{"--forward tcp:127.0.0.1:2222=tcp:bad"}},
+		{"forward beyond loopback", func(o *Options) { o.Forward = []string{"tcp:0.0.0.0:2222=tcp:127.0.0.1:22"} },
+			[]string{"--forward tcp:0.0.0.0:2222 is not loopback", "--listen-non-loopback"}},
+		{"no token source and no forward", func(o *Options) { o.TokenSource = "" }, []string{"--token-source is required", "--forward"}},
 		{"cert without key", func(o *Options) { o.CertFile = "/c" }, []string{"--cert-file and --key-file go together"}},
 		{"no auth", func(o *Options) { o.SecretFile = "" }, []string{"client authentication is required"}},
 		{"no auth contradiction", func(o *Options) { o.InsecureNoAuth = true }, []string{"--insecure-no-auth contradicts"}},

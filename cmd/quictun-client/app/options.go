@@ -27,6 +27,7 @@ type Options struct {
 	ServerEndpoint    string
 	TokenSourcePlugin string
 	TokenSource       string
+	Forward           []string
 
 	ServerFingerprint  []string
 	CAFile             string
@@ -71,7 +72,7 @@ func NewOptions() *Options {
 }
 
 var flagGroups = []cli.FlagGroup{
-	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source"}},
+	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source", "forward"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "reconnect-max-delay"}},
@@ -94,6 +95,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.ListenNonLoopback, "listen-non-loopback", o.ListenNonLoopback, "allow --listen-on TCP addresses beyond loopback: anyone who can reach them uses this client's credentials and reaches what the server allows")
 	fs.StringVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500")
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
+	fs.StringSliceVar(&o.Forward, "forward", o.Forward, "LISTEN=DESTINATION, repeatable: one more local listener whose connections all go to DESTINATION, e.g. tcp:127.0.0.1:2222=tcp:127.0.0.1:22 (ssh) beside tcp:127.0.0.1:5433=tcp:10.0.0.5:5432; all forwards share one QUIC connection. --listen-on with --token-source is the single-forward form; with --forward alone, --token-source may be empty and --listen-on is not opened")
 	fs.StringVar(&o.TokenSource, "token-source", o.TokenSource, "the token source, e.g. tcp:127.0.0.1:22 for Fixed; tokens name tcp:HOST:PORT or unix:/path on the server side")
 
 	fs.StringSliceVar(&o.ServerFingerprint, "server-fingerprint", o.ServerFingerprint, "pin the server certificate: sha256:<hex> as printed by 'quictun-server fingerprint'; several (comma-separated or repeated) are each accepted, to rotate the server's key without downtime")
@@ -118,18 +120,34 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 func (o *Options) Validate() error {
 	var errs []error
 	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if len(o.ListenOn) == 0 {
+	if len(o.ListenOn) == 0 && len(o.Forward) == 0 {
 		add("--listen-on needs at least one listener")
 	}
-	for _, l := range o.ListenOn {
+	checkListen := func(flag, l string) {
 		ep, err := endpoint.Parse(l)
 		if err != nil {
-			add("--listen-on %q: %w", l, err)
-			continue
+			add("--%s %q: %w", flag, l, err)
+			return
 		}
 		// The same test as a non-loopback admin listener (cli.ValidateAdmin).
 		if ep.Network == endpoint.NetworkTCP && !admin.IsLoopback(ep.Address) && !o.ListenNonLoopback {
-			add("--listen-on %s is not loopback: anyone who can reach it uses this client's credentials; add --listen-non-loopback if that is intended, or listen on 127.0.0.1", l)
+			add("--%s %s is not loopback: anyone who can reach it uses this client's credentials; add --listen-non-loopback if that is intended, or listen on 127.0.0.1", flag, l)
+		}
+	}
+	if o.TokenSource != "" || len(o.Forward) == 0 {
+		for _, l := range o.ListenOn {
+			checkListen("listen-on", l)
+		}
+	}
+	for _, f := range o.Forward {
+		listen, dest, err := splitForward(f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		checkListen("forward", listen)
+		if _, err := token.NewSource(token.PluginFixed, dest, nil); err != nil {
+			add("--forward %s: %w", f, err)
 		}
 	}
 	if o.ServerEndpoint == "" {
@@ -138,7 +156,9 @@ func (o *Options) Validate() error {
 		errs = append(errs, err)
 	}
 	if o.TokenSource == "" {
-		add("--token-source is required (e.g. tcp:127.0.0.1:22)")
+		if len(o.Forward) == 0 {
+			add("--token-source is required (e.g. tcp:127.0.0.1:22), or give --forward LISTEN=DESTINATION")
+		}
 	} else if strings.EqualFold(o.TokenSourcePlugin, token.PluginFixed) {
 		if _, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
 			add("--token-source: %w", err)
@@ -204,4 +224,13 @@ func (o *Options) CheckFiles() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// splitForward splits a --forward value LISTEN=DESTINATION.
+func splitForward(f string) (listen, dest string, err error) {
+	listen, dest, ok := strings.Cut(f, "=")
+	if !ok || listen == "" || dest == "" {
+		return "", "", fmt.Errorf("--forward %q: want LISTEN=DESTINATION, e.g. tcp:127.0.0.1:2222=tcp:127.0.0.1:22", f)
+	}
+	return listen, dest, nil
 }
