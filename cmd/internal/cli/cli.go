@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,13 +28,46 @@ import (
 )
 
 // AddKlogFlags registers only -v and --vmodule of klog on fs; klog logs to stderr.
+//
+// klog's verbosity is process-wide and its flag values read it without
+// synchronisation, so each command gets values of its own (see klogValue):
+// reading a command's flags never touches klog's state, and commands built in
+// parallel (tests) do not race.
 func AddKlogFlags(fs *pflag.FlagSet) {
-	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
-	klog.InitFlags(gfs)
-	for _, name := range []string{"v", "vmodule"} {
-		fs.AddGoFlag(gfs.Lookup(name))
+	v := &klogValue{name: "v", val: "0", typ: "int32"}
+	fs.VarP(v, "v", "v", "log verbosity: 0 start/stop and errors, 1 effective config, 2 connection events, 4 every stream, 5 trace")
+	fs.Var(&klogValue{name: "vmodule", typ: "string"}, "vmodule", "comma-separated list of pattern=N settings for file-filtered logging")
+}
+
+// klogValue is one klog flag as a pflag.Value: Set validates and applies the
+// value to klog (under klog's own lock) and String returns what was set on
+// this flag.
+type klogValue struct {
+	name, val, typ string
+}
+
+var klogFlags struct {
+	once sync.Once
+	fs   *goflag.FlagSet
+}
+
+// klogFlag returns klog's own flag.Value for name, registered once per process.
+func klogFlag(name string) goflag.Value {
+	klogFlags.once.Do(func() {
+		klogFlags.fs = goflag.NewFlagSet("klog", goflag.ContinueOnError)
+		klog.InitFlags(klogFlags.fs)
+	})
+	return klogFlags.fs.Lookup(name).Value
+}
+
+func (k *klogValue) String() string { return k.val }
+func (k *klogValue) Type() string   { return k.typ }
+func (k *klogValue) Set(s string) error {
+	if err := klogFlag(k.name).Set(s); err != nil {
+		return err
 	}
-	fs.Lookup("v").Usage = "log verbosity: 0 start/stop and errors, 1 effective config, 2 connection events, 4 every stream, 5 trace"
+	k.val = s
+	return nil
 }
 
 // SignalContext returns a context cancelled at the first SIGINT/SIGTERM (start

@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -117,6 +119,35 @@ func TestAddKlogFlags(t *testing.T) {
 	var names []string
 	fs.VisitAll(func(f *pflag.Flag) { names = append(names, f.Name) })
 	assert.ElementsMatch(t, []string{"v", "vmodule"}, names, "only -v and --vmodule, no klog file flags")
+	require.Error(t, fs.Set("v", "loud"), "klog validates the value")
+	assert.Equal(t, "0", fs.Lookup("v").Value.String())
+	require.NoError(t, fs.Parse([]string{"-v=2", "--vmodule=server=4"}), "-v is a shorthand, as klog's own flag is")
+	assert.Equal(t, "2", fs.Lookup("v").Value.String())
+	assert.Equal(t, "server=4", fs.Lookup("vmodule").Value.String())
+	require.NoError(t, fs.Set("v", "0"))
+	require.NoError(t, fs.Set("vmodule", ""))
+}
+
+// Commands built and configured in parallel (the deploy tests do) each read
+// their own -v: reading a flag must not touch klog's process-wide level while
+// another command sets it (a data race under -race otherwise).
+func TestKlogFlagsParallel(t *testing.T) {
+	t.Parallel()
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+				cli.AddKlogFlags(fs)
+				assert.NoError(t, fs.Set("v", strconv.Itoa(i%2)))
+				assert.Equal(t, strconv.Itoa(i%2), fs.Lookup("v").Value.String())
+				fs.VisitAll(func(f *pflag.Flag) { _ = f.Value.String() })
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // fakeDaemon records what the root command does with it.
