@@ -141,7 +141,7 @@ type rule struct {
 	spec    string // the rule without its name, as given
 	network string
 
-	// tcp: exactly one of prefix (valid) and host (non-empty) is set.
+	// tcp and udp: exactly one of prefix (valid) and host (non-empty) is set.
 	prefix         netip.Prefix
 	host           string
 	portLo, portHi uint16
@@ -178,6 +178,7 @@ type AllowList struct {
 //	tcp:10.0.0.1:1000-2000    a port range (inclusive)
 //	tcp:[::1]:*               an IPv6 address
 //	tcp:db.internal:5432      an exact host name (trusted as a name, not resolved here)
+//	udp:10.0.0.53:53          UDP flows, in any of the tcp forms (a tcp rule allows no UDP)
 //	unix:/run/app.sock        one socket
 //	unix:/run/apps/*          a path.Match pattern on the cleaned path ('*' does not cross '/')
 //
@@ -222,7 +223,7 @@ func ParseRules(allow, deny []string) (*AllowList, error) {
 	return a, nil
 }
 
-// WithSelf returns a copy of a that also refuses tcp to the given addresses
+// WithSelf returns a copy of a that also refuses tcp and udp to the given addresses
 // of the server's own listeners (its QUIC and admin listeners), whatever the
 // rules say. An unspecified address (0.0.0.0:9090, [::]:9090) stands for
 // every local address at that port: loopback, unspecified, and each address
@@ -307,10 +308,12 @@ func MustParseAllowList(rules ...string) *AllowList {
 }
 
 // DefaultAllowList allows loopback only: tcp to 127.0.0.0/8 (rule
-// "loopback4") and ::1 (rule "loopback6") on any port, and no unix sockets.
-// The server adds its own listeners with WithSelf, so they stay refused.
+// "loopback4") and ::1 (rule "loopback6") on any port, udp to the same
+// ("loopback4-udp", "loopback6-udp"), and no unix sockets. The server adds
+// its own listeners with WithSelf, so they stay refused.
 func DefaultAllowList() *AllowList {
-	return MustParseAllowList("loopback4=tcp:127.0.0.0/8:*", "loopback6=tcp:[::1]:*")
+	return MustParseAllowList("loopback4=tcp:127.0.0.0/8:*", "loopback6=tcp:[::1]:*",
+		"loopback4-udp=udp:127.0.0.0/8:*", "loopback6-udp=udp:[::1]:*")
 }
 
 func parseRule(kind, namePrefix string, i int, s string) (rule, error) {
@@ -331,14 +334,14 @@ func parseRule(kind, namePrefix string, i int, s string) (rule, error) {
 	r.spec = spec
 	network, rest, ok := strings.Cut(spec, ":")
 	if !ok {
-		return bad("missing network prefix (tcp: or unix:)")
+		return bad("missing network prefix (tcp:, udp: or unix:)")
 	}
 	switch network {
-	case NetworkTCP:
-		r.network = NetworkTCP
+	case NetworkTCP, NetworkUDP:
+		r.network = network
 		colon := strings.LastIndexByte(rest, ':')
 		if colon < 0 {
-			return bad("want tcp:HOST:PORT")
+			return bad("want %s:HOST:PORT", network)
 		}
 		hostPart, portPart := rest[:colon], rest[colon+1:]
 		lo, hi, err := parsePortRange(portPart)
@@ -396,7 +399,7 @@ func parseRule(kind, namePrefix string, i int, s string) (rule, error) {
 		}
 		r.pattern = p
 	default:
-		return bad("unknown network %q (want tcp or unix)", network)
+		return bad("unknown network %q (want tcp, udp or unix)", network)
 	}
 	return r, nil
 }
@@ -516,27 +519,28 @@ func (a *AllowList) Authorize(ctx context.Context, r Resolver, dest Endpoint) (d
 	if err != nil { // unreachable, as above
 		return Endpoint{}, "", fmt.Errorf("%w: %w", ErrForbidden, err)
 	}
+	nw := d.Network
 	if ip, err := netip.ParseAddr(host); err == nil {
 		ip = ip.Unmap()
-		name, err := a.checkIP(ip, port)
+		name, err := a.checkIP(nw, ip, port)
 		if err != nil {
 			return Endpoint{}, "", fmt.Errorf("%s: %w", d, err)
 		}
-		return tcpEndpoint(ip, port), name, nil
+		return ipEndpoint(nw, ip, port), name, nil
 	}
 
 	for i := range a.deny {
-		if ru := &a.deny[i]; ru.network == NetworkTCP && ru.host == host && ru.portMatch(port) {
+		if ru := &a.deny[i]; ru.network == nw && ru.host == host && ru.portMatch(port) {
 			return Endpoint{}, "", fmt.Errorf("%w %s: %s", ErrDenied, ru.name, d)
 		}
 	}
 	for i := range a.rules {
 		ru := &a.rules[i]
-		if ru.network == NetworkTCP && ru.host == host && ru.portMatch(port) {
+		if ru.network == nw && ru.host == host && ru.portMatch(port) {
 			return d, ru.name, nil
 		}
 	}
-	if !a.anyPrefixForPort(port) {
+	if !a.anyPrefixForPort(nw, port) {
 		return Endpoint{}, "", fmt.Errorf("%w: %s", ErrForbidden, d)
 	}
 	if r == nil {
@@ -552,7 +556,7 @@ func (a *AllowList) Authorize(ctx context.Context, r Resolver, dest Endpoint) (d
 	var firstName string
 	for i, ip := range ips {
 		ip = ip.Unmap().WithZone("")
-		name, err := a.checkIP(ip, port)
+		name, err := a.checkIP(nw, ip, port)
 		if err != nil {
 			return Endpoint{}, "", fmt.Errorf("%s resolves to %s: %w", d, ip, err)
 		}
@@ -560,7 +564,7 @@ func (a *AllowList) Authorize(ctx context.Context, r Resolver, dest Endpoint) (d
 			firstName = name
 		}
 	}
-	return tcpEndpoint(ips[0].Unmap().WithZone(""), port), firstName, nil
+	return ipEndpoint(nw, ips[0].Unmap().WithZone(""), port), firstName, nil
 }
 
 // CheckDial checks an address a dialer is about to connect to, after its own
@@ -568,29 +572,34 @@ func (a *AllowList) Authorize(ctx context.Context, r Resolver, dest Endpoint) (d
 // which is dialed by name): it refuses what no allow rule can override
 // (unspecified, deny rules, the server's own listeners) and metadata
 // addresses no allow rule names exactly. It does not require an allow rule to
-// match. Errors wrap ErrForbidden, as for Authorize.
-func (a *AllowList) CheckDial(addr netip.AddrPort) error {
+// match. network is the dialer's ("tcp4", "udp6", …: the rules of its family
+// apply). Errors wrap ErrForbidden, as for Authorize.
+func (a *AllowList) CheckDial(network string, addr netip.AddrPort) error {
+	nw := NetworkTCP
+	if strings.HasPrefix(network, NetworkUDP) {
+		nw = NetworkUDP
+	}
 	ip := addr.Addr().Unmap().WithZone("")
-	if err := a.refuse(ip, addr.Port()); err != nil {
+	if err := a.refuse(nw, ip, addr.Port()); err != nil {
 		return fmt.Errorf("%s: %w", netip.AddrPortFrom(ip, addr.Port()), err)
 	}
-	if _, ok := a.namesExactly(ip, addr.Port()); isMetadata(ip) && !ok {
+	if _, ok := a.namesExactly(nw, ip, addr.Port()); isMetadata(ip) && !ok {
 		return fmt.Errorf("%w: %s is a metadata address", ErrReserved, ip)
 	}
 	return nil
 }
 
 // checkIP decides for one (unmapped, unzoned) address.
-func (a *AllowList) checkIP(ip netip.Addr, port uint16) (string, error) {
-	if err := a.refuse(ip, port); err != nil {
+func (a *AllowList) checkIP(nw string, ip netip.Addr, port uint16) (string, error) {
+	if err := a.refuse(nw, ip, port); err != nil {
 		return "", err
 	}
-	name, ok := a.matchIP(ip, port)
+	name, ok := a.matchIP(nw, ip, port)
 	if !ok {
 		return "", fmt.Errorf("%w: no rule allows %s", ErrForbidden, netip.AddrPortFrom(ip, port))
 	}
 	if isMetadata(ip) {
-		exact, ok := a.namesExactly(ip, port)
+		exact, ok := a.namesExactly(nw, ip, port)
 		if !ok {
 			return "", fmt.Errorf("%w: %s is a metadata address (allow it with a rule naming it exactly)", ErrReserved, ip)
 		}
@@ -600,7 +609,8 @@ func (a *AllowList) checkIP(ip netip.Addr, port uint16) (string, error) {
 }
 
 // refuse returns the refusal no allow rule can override, or nil.
-func (a *AllowList) refuse(ip netip.Addr, port uint16) error {
+// The server's own listeners are refused on every network.
+func (a *AllowList) refuse(nw string, ip netip.Addr, port uint16) error {
 	if isUnspecified(ip) {
 		return fmt.Errorf("%w: %s is unspecified", ErrReserved, ip)
 	}
@@ -609,7 +619,7 @@ func (a *AllowList) refuse(ip netip.Addr, port uint16) error {
 	}
 	for i := range a.deny {
 		ru := &a.deny[i]
-		if ru.network != NetworkTCP || !ru.prefix.IsValid() || !ru.portMatch(port) {
+		if ru.network != nw || !ru.prefix.IsValid() || !ru.portMatch(port) {
 			continue
 		}
 		for _, f := range forms(ip) {
@@ -622,10 +632,10 @@ func (a *AllowList) refuse(ip netip.Addr, port uint16) error {
 }
 
 // matchIP returns the name of the first CIDR rule matching ip and port.
-func (a *AllowList) matchIP(ip netip.Addr, port uint16) (string, bool) {
+func (a *AllowList) matchIP(nw string, ip netip.Addr, port uint16) (string, bool) {
 	for i := range a.rules {
 		ru := &a.rules[i]
-		if ru.network == NetworkTCP && ru.prefix.IsValid() && ru.portMatch(port) && ru.prefix.Contains(ip) {
+		if ru.network == nw && ru.prefix.IsValid() && ru.portMatch(port) && ru.prefix.Contains(ip) {
 			return ru.name, true
 		}
 	}
@@ -634,10 +644,10 @@ func (a *AllowList) matchIP(ip netip.Addr, port uint16) (string, bool) {
 
 // namesExactly returns the first allow rule that names ip itself (a /32 or
 // /128) for port.
-func (a *AllowList) namesExactly(ip netip.Addr, port uint16) (string, bool) {
+func (a *AllowList) namesExactly(nw string, ip netip.Addr, port uint16) (string, bool) {
 	for i := range a.rules {
 		ru := &a.rules[i]
-		if ru.network == NetworkTCP && ru.prefix.IsValid() && ru.portMatch(port) &&
+		if ru.network == nw && ru.prefix.IsValid() && ru.portMatch(port) &&
 			ru.prefix.Bits() == ip.BitLen() && ru.prefix.Addr() == ip {
 			return ru.name, true
 		}
@@ -645,16 +655,16 @@ func (a *AllowList) namesExactly(ip netip.Addr, port uint16) (string, bool) {
 	return "", false
 }
 
-func (a *AllowList) anyPrefixForPort(port uint16) bool {
+func (a *AllowList) anyPrefixForPort(nw string, port uint16) bool {
 	for i := range a.rules {
 		ru := &a.rules[i]
-		if ru.network == NetworkTCP && ru.prefix.IsValid() && ru.portMatch(port) {
+		if ru.network == nw && ru.prefix.IsValid() && ru.portMatch(port) {
 			return true
 		}
 	}
 	return false
 }
 
-func tcpEndpoint(ip netip.Addr, port uint16) Endpoint {
-	return Endpoint{Network: NetworkTCP, Address: netip.AddrPortFrom(ip, port).String()}
+func ipEndpoint(nw string, ip netip.Addr, port uint16) Endpoint {
+	return Endpoint{Network: nw, Address: netip.AddrPortFrom(ip, port).String()}
 }

@@ -43,7 +43,7 @@ func TestParseAllowListErrors(t *testing.T) {
 	}{
 		{"empty", "", "missing network"},
 		{"no network", "127.0.0.1:22", "unknown network"},
-		{"udp", "udp:127.0.0.1:53", "unknown network"},
+		{"sctp", "sctp:127.0.0.1:53", "unknown network"},
 		{"no port", "tcp:127.0.0.1", "want tcp:HOST:PORT"},
 		{"bad port", "tcp:127.0.0.1:0", "bad port"},
 		{"reversed range", "tcp:127.0.0.1:2000-1000", "empty port range"},
@@ -84,7 +84,7 @@ func TestRulesAndNames(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"ssh=tcp:127.0.0.1:22", "rule1=tcp:[::1]:*", "rule2=unix:/run/a=b.sock"}, a.Rules())
 	assert.Equal(t, []string{"ssh", "rule1", "rule2"}, a.Names())
-	assert.Equal(t, []string{"loopback4", "loopback6"}, DefaultAllowList().Names())
+	assert.Equal(t, []string{"loopback4", "loopback6", "loopback4-udp", "loopback6-udp"}, DefaultAllowList().Names())
 
 	empty, err := ParseAllowList(nil)
 	require.NoError(t, err)
@@ -196,7 +196,7 @@ func TestAuthorizeHandBuiltEndpoints(t *testing.T) {
 		dest Endpoint
 	}{
 		{"relative unix", Endpoint{"unix", "run/x"}},
-		{"unknown network", Endpoint{"udp", "127.0.0.1:53"}},
+		{"unknown network", Endpoint{"sctp", "127.0.0.1:53"}},
 		{"zero", Endpoint{}},
 		{"no port", Endpoint{"tcp", "127.0.0.1"}},
 	}

@@ -16,6 +16,8 @@ const (
 	NetworkTCP = "tcp"
 	// NetworkUnix is the network of a "unix:/abs/path" endpoint.
 	NetworkUnix = "unix"
+	// NetworkUDP is the network of a "udp:HOST:PORT" endpoint (a UDP flow).
+	NetworkUDP = "udp"
 )
 
 // MaxLen is the longest endpoint string Parse accepts, in bytes.
@@ -25,7 +27,7 @@ const MaxLen = 512
 const maxHostLen = 253
 
 // ErrInvalidEndpoint is returned (wrapped, with the offending input) by Parse
-// when a string is not a valid "tcp:HOST:PORT" or "unix:/path" endpoint.
+// when a string is not a valid "tcp:HOST:PORT", "udp:HOST:PORT" or "unix:/path" endpoint.
 var ErrInvalidEndpoint = errors.New("invalid endpoint")
 
 // Endpoint is a destination the server can dial. The zero value is not a
@@ -33,9 +35,9 @@ var ErrInvalidEndpoint = errors.New("invalid endpoint")
 // lower case, IP addresses are in canonical form, and unix paths are cleaned,
 // so two Endpoints naming the same destination compare equal with ==.
 type Endpoint struct {
-	// Network is NetworkTCP or NetworkUnix.
+	// Network is NetworkTCP, NetworkUDP or NetworkUnix.
 	Network string
-	// Address is "host:port" (IPv6 literals in brackets) for tcp, or an
+	// Address is "host:port" (IPv6 literals in brackets) for tcp and udp, or an
 	// absolute, cleaned path for unix.
 	Address string
 }
@@ -46,8 +48,9 @@ func (e Endpoint) String() string {
 	return e.Network + ":" + e.Address
 }
 
-// Parse parses "tcp:HOST:PORT" (HOST is a DNS name, an IPv4 address or a
-// bracketed IPv6 address such as "[::1]") or "unix:/absolute/path". The port
+// Parse parses "tcp:HOST:PORT" or "udp:HOST:PORT" (HOST is a DNS name, an
+// IPv4 address or a bracketed IPv6 address such as "[::1]") or
+// "unix:/absolute/path". The port
 // must be in 1-65535; unix paths must be absolute and are cleaned. Errors wrap
 // ErrInvalidEndpoint.
 func Parse(s string) (Endpoint, error) {
@@ -56,15 +59,15 @@ func Parse(s string) (Endpoint, error) {
 	}
 	network, rest, ok := strings.Cut(s, ":")
 	if !ok {
-		return Endpoint{}, fmt.Errorf("%w %q: missing network prefix (tcp: or unix:)", ErrInvalidEndpoint, s)
+		return Endpoint{}, fmt.Errorf("%w %q: missing network prefix (tcp:, udp: or unix:)", ErrInvalidEndpoint, s)
 	}
 	switch network {
-	case NetworkTCP:
+	case NetworkTCP, NetworkUDP:
 		host, port, err := splitHostPort(rest)
 		if err != nil {
 			return Endpoint{}, fmt.Errorf("%w %q: %w", ErrInvalidEndpoint, s, err)
 		}
-		return Endpoint{Network: NetworkTCP, Address: net.JoinHostPort(host, strconv.Itoa(int(port)))}, nil
+		return Endpoint{Network: network, Address: net.JoinHostPort(host, strconv.Itoa(int(port)))}, nil
 	case NetworkUnix:
 		p, err := cleanUnixPath(rest)
 		if err != nil {
@@ -72,7 +75,7 @@ func Parse(s string) (Endpoint, error) {
 		}
 		return Endpoint{Network: NetworkUnix, Address: p}, nil
 	default:
-		return Endpoint{}, fmt.Errorf("%w %q: unknown network %q (want tcp or unix)", ErrInvalidEndpoint, s, network)
+		return Endpoint{}, fmt.Errorf("%w %q: unknown network %q (want tcp, udp or unix)", ErrInvalidEndpoint, s, network)
 	}
 }
 

@@ -48,7 +48,7 @@ func TestParseErrors(t *testing.T) {
 		{"empty", "", "missing network"},
 		{"no network", "127.0.0.1:22", "unknown network"},
 		{"upper network", "TCP:127.0.0.1:22", "unknown network"},
-		{"udp", "udp:127.0.0.1:53", "unknown network"},
+		{"sctp", "sctp:127.0.0.1:53", "unknown network"},
 		{"no port", "tcp:127.0.0.1", "missing port"},
 		{"port zero", "tcp:127.0.0.1:0", "bad port"},
 		{"port too big", "tcp:127.0.0.1:65536", "bad port"},

@@ -184,9 +184,53 @@ func TestCheckDial(t *testing.T) {
 		"127.0.0.1:8086":          ReasonSelf,
 		"[::ffff:127.0.0.1]:8086": ReasonSelf,
 	} {
-		err := a.CheckDial(netip.MustParseAddrPort(addr))
+		err := a.CheckDial("tcp4", netip.MustParseAddrPort(addr))
 		assert.Equal(t, want, RefusalReason(err), "%s: %v", addr, err)
 	}
+	// A tcp deny rule does not cover udp; the server itself and reserved
+	// addresses are refused on every network.
+	assert.NoError(t, a.CheckDial("udp4", netip.MustParseAddrPort("10.9.1.1:53")))
+	assert.Equal(t, ReasonSelf, RefusalReason(a.CheckDial("udp", netip.MustParseAddrPort("127.0.0.1:8086"))))
+	assert.Equal(t, ReasonReserved, RefusalReason(a.CheckDial("udp6", netip.MustParseAddrPort("[::]:53"))))
 	assert.Empty(t, RefusalReason(nil))
 	assert.Empty(t, RefusalReason(errNoSuchHost))
+}
+
+// UDP rules allow UDP flows only, and TCP rules TCP only; every refusal that
+// holds for tcp holds for udp.
+func TestUDPRules(t *testing.T) {
+	t.Parallel()
+	a, err := ParseRules([]string{"dns=udp:10.0.0.53:53", "web=tcp:10.0.0.0/8:443", "any=udp:0.0.0.0/0:*"},
+		[]string{"udp:10.66.0.0/16:*"})
+	require.NoError(t, err)
+	a = a.WithSelf(nil, netip.MustParseAddrPort("0.0.0.0:7500"))
+	for dest, want := range map[string]string{
+		"udp:10.0.0.53:53":          "dns",
+		"udp:10.0.0.54:53":          "any",
+		"tcp:10.0.0.53:53":          ReasonNotAllowed,
+		"tcp:10.0.0.1:443":          "web",
+		"udp:10.66.1.1:53":          ReasonDenied,
+		"udp:0.0.0.0:53":            ReasonReserved,
+		"udp:169.254.169.254:53":    ReasonReserved,
+		"udp:127.0.0.1:7500":        ReasonSelf, // the server's own QUIC port
+		"udp:[::ffff:10.0.0.53]:53": "dns",
+	} {
+		ep, err := Parse(dest)
+		require.NoError(t, err)
+		dial, rule, err := a.Authorize(context.Background(), nil, ep)
+		if err != nil {
+			assert.Equal(t, want, RefusalReason(err), "%s: %v", dest, err)
+			continue
+		}
+		assert.Equal(t, want, rule, dest)
+		assert.Equal(t, ep.Network, dial.Network, dest)
+	}
+	_, err = ParseAllowList([]string{"udp:10.0.0.1"})
+	require.ErrorContains(t, err, "want udp:HOST:PORT")
+	def := DefaultAllowList()
+	_, rule, err := def.Authorize(context.Background(), nil, Endpoint{NetworkUDP, "127.0.0.1:53"})
+	require.NoError(t, err)
+	assert.Equal(t, "loopback4-udp", rule)
+	_, _, err = def.Authorize(context.Background(), nil, Endpoint{NetworkUDP, "10.0.0.1:53"})
+	assert.Equal(t, ReasonNotAllowed, RefusalReason(err))
 }
