@@ -22,6 +22,7 @@ import (
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/udpflow"
 )
 
 // TokenSource chooses the destination token for a local connection (pkg/token implements it).
@@ -50,8 +51,10 @@ type Config struct {
 	SessionWait time.Duration
 	// StreamOpenTimeout bounds waiting for stream credit from the server.
 	StreamOpenTimeout time.Duration
-	// MaxConnections bounds concurrently handled local connections.
+	// MaxConnections bounds concurrently handled local connections and UDP flows.
 	MaxConnections int
+	// UDPIdleTimeout ends a UDP flow without packets either way (0: the default).
+	UDPIdleTimeout time.Duration
 	DrainTimeout   time.Duration
 	// Backoff paces reconnects; nil uses DefaultBackoff.
 	Backoff *backoff.Backoff
@@ -77,10 +80,28 @@ type Config struct {
 }
 
 // Forward is a local listener whose connections go to its own destinations
-// (--forward LISTEN=DESTINATION).
+// (--forward LISTEN=DESTINATION): a stream listener, or a UDP socket whose
+// flows (one per application address) go to a udp: destination.
 type Forward struct {
 	Listener net.Listener
+	Packet   *net.UDPConn
 	Tokens   TokenSource
+}
+
+// addr names the forward's local address, e.g. "udp:127.0.0.1:5353".
+func (f Forward) addr() string {
+	if f.Packet != nil {
+		return "udp:" + f.Packet.LocalAddr().String()
+	}
+	return f.Listener.Addr().Network() + ":" + f.Listener.Addr().String()
+}
+
+func (f Forward) close() {
+	if f.Packet != nil {
+		_ = f.Packet.Close()
+	} else {
+		_ = f.Listener.Close()
+	}
 }
 
 // DefaultConfig returns the defaults of the limits and timeouts; New fills
@@ -90,6 +111,7 @@ func DefaultConfig() Config {
 		SessionWait:       10 * time.Second,
 		StreamOpenTimeout: 10 * time.Second,
 		MaxConnections:    16384,
+		UDPIdleTimeout:    ingress.DefaultUDPIdleTimeout,
 		HeartbeatInterval: 200 * time.Millisecond,
 		RescueAfter:       time.Second,
 		TailProbes:        1,
@@ -187,6 +209,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		Secret:            func() []byte { return *c.secret.Load() },
 		StreamOpenTimeout: cfg.StreamOpenTimeout,
 		MaxConnections:    cfg.MaxConnections,
+		UDPIdleTimeout:    cfg.UDPIdleTimeout,
 		Accepted:          func() { c.authRefused.Store(false) },
 		Metrics:           cfg.Metrics,
 		Registry:          cfg.Registry,
@@ -221,7 +244,7 @@ type session = ingress.Session
 func (c *Client) newSession(conn *quic.Conn) *session {
 	prober := liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness).
 		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-	return &session{Conn: conn, Prober: prober}
+	return &session{Conn: conn, Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop)}
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -272,7 +295,11 @@ func (c *Client) Run(ctx context.Context) error {
 		wg.Go(func() { c.ingress.Accept(sessCtx, ln, nil, &handlers) })
 	}
 	for _, f := range c.cfg.Forwards {
-		logger.Info("Listening for local connections", "address", f.Listener.Addr().Network()+":"+f.Listener.Addr().String(), "forward", true)
+		logger.Info("Listening for local connections", "address", f.addr(), "forward", true)
+		if f.Packet != nil {
+			wg.Go(func() { c.ingress.ServeUDP(sessCtx, f.Packet, f.Tokens, &handlers) })
+			continue
+		}
 		wg.Go(func() { c.ingress.Accept(sessCtx, f.Listener, f.Tokens, &handlers) })
 	}
 	<-ctx.Done()
@@ -280,7 +307,7 @@ func (c *Client) Run(ctx context.Context) error {
 		_ = ln.Close()
 	}
 	for _, f := range c.cfg.Forwards {
-		_ = f.Listener.Close()
+		f.close()
 	}
 	c.draining.Store(true)
 	if n := c.cfg.Registry.Len(); n > 0 && c.cfg.DrainTimeout > 0 {

@@ -22,6 +22,7 @@ import (
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/udpflow"
 )
 
 // TokenParser turns a destination token into an endpoint (pkg/token implements it).
@@ -116,6 +117,12 @@ type Config struct {
 	// the replay cache per ReplayWindow, so one client cannot fill it.
 	// 0: MaxReplayEntries/64.
 	MaxReplayEntriesPerConn int
+	// MaxUDPFlows and MaxUDPFlowsPerConn bound the UDP flows open on the
+	// server and on one connection; UDPIdleTimeout ends a flow without
+	// packets either way (0: egress's defaults).
+	MaxUDPFlows        int
+	MaxUDPFlowsPerConn int
+	UDPIdleTimeout     time.Duration
 
 	Metrics  *metrics.Server
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
@@ -141,6 +148,10 @@ func DefaultConfig() Config {
 		MaxUnverifiedStreamsPerConn: 16,
 		MaxUnverifiedStreams:        1024,
 		AuthTimeout:                 10 * time.Second,
+
+		MaxUDPFlows:        egress.DefaultMaxUDPFlows,
+		MaxUDPFlowsPerConn: egress.DefaultMaxUDPFlowsPerConn,
+		UDPIdleTimeout:     egress.DefaultUDPIdleTimeout,
 	}
 }
 
@@ -258,6 +269,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		MaxConcurrentDials: cfg.MaxConcurrentDials, MaxDialsPerDestination: cfg.MaxDialsPerDestination,
 		ReplayWindow: cfg.ReplayWindow, MaxReplayEntries: cfg.MaxReplayEntries, MaxReplayEntriesPerConn: cfg.MaxReplayEntriesPerConn,
 		AuditLog: cfg.AuditLog, Endpoint: pc.LocalAddr().String(), Metrics: cfg.Metrics, Registry: cfg.Registry,
+		MaxUDPFlows: cfg.MaxUDPFlows, MaxUDPFlowsPerConn: cfg.MaxUDPFlowsPerConn, UDPIdleTimeout: cfg.UDPIdleTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
@@ -517,12 +529,16 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 		})
 	}
 	var prober *liveness.TailProber
+	// UDP flows' datagrams; a client without datagram support has its
+	// flows carried on their streams.
+	flows := udpflow.NewTable(m.UDP.Drop)
 	if conn.ConnectionState().SupportsDatagrams.Remote {
 		prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
 			WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
 		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
 		mux := dgram.NewMux(recv.Invalid)
 		recv.Register(mux)
+		mux.Handle(udpflow.TypeUDP, flows.Handle)
 		streams.Go(func() { mux.Run(conn.Context(), conn) })
 		streams.Go(func() { prober.Run(conn.Context()) })
 	}
@@ -606,7 +622,7 @@ accept:
 		streams.Go(func() {
 			defer release() // a stream that fails before its header is verified
 			s.egress.Serve(ctx, egress.Stream{Conn: conn, ConnID: id, Stream: str, Early: early, Prober: prober, Conn0: gate.state,
-				Verified: func() { gate.markVerified(); release() }})
+				Flows: flows, Verified: func() { gate.markVerified(); release() }})
 		})
 	}
 	streams.Wait()

@@ -22,6 +22,7 @@ import (
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/udpflow"
 )
 
 // TokenParser turns a destination token into an endpoint (pkg/token implements it).
@@ -62,6 +63,13 @@ type Config struct {
 	MaxReplayEntriesPerConn int
 	AuditLog                bool
 
+	// MaxUDPFlows bounds the UDP flows open on the server, and
+	// MaxUDPFlowsPerConn those of one connection; UDPIdleTimeout ends a
+	// flow without packets either way (0: the defaults of New).
+	MaxUDPFlows        int
+	MaxUDPFlowsPerConn int
+	UDPIdleTimeout     time.Duration
+
 	// Endpoint names the listener in the tunnel registry.
 	Endpoint string
 	Metrics  *metrics.Server
@@ -85,7 +93,16 @@ type Handler struct {
 
 	dialsMu     sync.Mutex
 	dialsByDest map[string]*destSlots
+
+	udpFlows atomic.Int64 // UDP flows open, for MaxUDPFlows
 }
+
+// Defaults of the UDP flow limits.
+const (
+	DefaultMaxUDPFlows        = 1024
+	DefaultMaxUDPFlowsPerConn = 256
+	DefaultUDPIdleTimeout     = time.Minute
+)
 
 // destSlots is the dial semaphore of one destination, shared by its waiters.
 type destSlots struct {
@@ -107,6 +124,15 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.Dialer == nil {
 		cfg.Dialer = &net.Dialer{}
+	}
+	if cfg.MaxUDPFlows <= 0 {
+		cfg.MaxUDPFlows = DefaultMaxUDPFlows
+	}
+	if cfg.MaxUDPFlowsPerConn <= 0 {
+		cfg.MaxUDPFlowsPerConn = DefaultMaxUDPFlowsPerConn
+	}
+	if cfg.UDPIdleTimeout <= 0 {
+		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
 	}
 	e := &Handler{
 		cfg:         cfg,
@@ -152,6 +178,9 @@ type Stream struct {
 	Conn0 *ConnState
 	// Verified, if set, is called once the header is authenticated.
 	Verified func()
+	// Flows routes the connection's UDP flow datagrams; nil: UDP flows
+	// are refused as unsupported.
+	Flows *udpflow.Table
 }
 
 // Reset aborts both directions of str with code.
@@ -287,15 +316,20 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		fail(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", h.Time)
 		return // recorded before a restart: the cache cannot know it
 	}
-	if h.Kind != proto.KindTCP {
-		// UDP flows and reverse binds are carried by later versions; refuse
-		// clearly rather than treat the stream as TCP.
+	if h.Kind != proto.KindTCP && (h.Kind != proto.KindUDP || st.Flows == nil) {
+		// Reverse binds are carried by later versions; refuse clearly
+		// rather than treat the stream as TCP.
 		fail(proto.CodeUnsupported, "Refused stream: this server does not serve its kind", "kind", h.Kind.String())
 		return
 	}
 	dest, err := e.cfg.Parser.Parse(h.Token)
 	if err != nil {
 		fail(proto.CodeBadToken, "Rejected stream: bad destination token", "err", err)
+		return
+	}
+	if (h.Kind == proto.KindUDP) != (dest.Network == endpoint.NetworkUDP) {
+		fail(proto.CodeBadToken, "Rejected stream: the destination's network does not match the stream's kind",
+			"kind", h.Kind.String(), "destination", dest.String())
 		return
 	}
 	refuse := func(err error) {
@@ -318,6 +352,12 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	}
 	if code != proto.CodeOK {
 		fail(code, "Rejected stream: header seen before, or no room to record a 0-RTT header", "early", early, "unrecorded", unrecorded)
+		return
+	}
+
+	if h.Kind == proto.KindUDP {
+		e.serveUDP(ctx, st, flowStart{logger: logger, start: start, dest: dest, dial: dial, rule: rule,
+			identities: identities, fail: fail, refuse: refuse, audit: audit})
 		return
 	}
 
@@ -475,7 +515,7 @@ func checkedDialer(d Dialer, allow func() *endpoint.AllowList) Dialer {
 	prevCtx, prev := nd.ControlContext, nd.Control
 	c.ControlContext = func(ctx context.Context, network, address string, rc syscall.RawConn) error {
 		if ap, err := netip.ParseAddrPort(address); err == nil {
-			if err := allow().CheckDial(ap); err != nil {
+			if err := allow().CheckDial(network, ap); err != nil {
 				return err
 			}
 		}

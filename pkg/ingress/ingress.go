@@ -28,6 +28,7 @@ import (
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/udpflow"
 )
 
 // TokenSource chooses the destination token for a local connection (pkg/token implements it).
@@ -35,10 +36,12 @@ type TokenSource interface {
 	Token(ctx context.Context, clientAddr net.Addr) (string, error)
 }
 
-// Session is one QUIC connection to the server and its tail prober.
+// Session is one QUIC connection to the server, its tail prober and the
+// table its UDP flow datagrams are routed by.
 type Session struct {
 	Conn   *quic.Conn
 	Prober *liveness.TailProber
+	Flows  *udpflow.Table
 }
 
 // Sessions gives ingress the client's current QUIC connection.
@@ -56,8 +59,10 @@ type Config struct {
 	Secret func() []byte
 	// StreamOpenTimeout bounds waiting for stream credit from the server.
 	StreamOpenTimeout time.Duration
-	// MaxConnections bounds concurrently handled local connections.
+	// MaxConnections bounds concurrently handled local connections and UDP flows.
 	MaxConnections int
+	// UDPIdleTimeout ends a UDP flow without packets either way (0: DefaultUDPIdleTimeout).
+	UDPIdleTimeout time.Duration
 	// Accepted, if set, is called when the server accepted a stream header.
 	Accepted func()
 	Metrics  *metrics.Client
@@ -76,6 +81,9 @@ type Handler struct {
 func New(cfg Config) (*Handler, error) {
 	if cfg.Sessions == nil || cfg.Tokens == nil || cfg.Secret == nil || cfg.Metrics == nil || cfg.Registry == nil || cfg.MaxConnections < 1 {
 		return nil, errors.New("ingress: sessions, tokens, secret, metrics, registry and a connection limit are required")
+	}
+	if cfg.UDPIdleTimeout <= 0 {
+		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
 	}
 	return &Handler{cfg: cfg, slots: make(chan struct{}, cfg.MaxConnections)}, nil
 }
@@ -194,19 +202,14 @@ func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		return
 	}
 	conn := sess.Conn
-	str, err := conn.OpenStream()
+	str, err := h.openStream(ctx, sess)
 	if err != nil {
-		if !isStreamLimit(err) {
-			fail(proto.CodeConnReset.String(), "Could not open stream", err)
-			return
+		code := proto.CodeConnReset
+		if errors.Is(err, errStreamCredit) {
+			code = proto.CodeOverloaded
 		}
-		octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
-		str, err = conn.OpenStreamSync(octx)
-		cancel()
-		if err != nil {
-			fail(proto.CodeOverloaded.String(), "Could not open stream: server stream limit", err)
-			return
-		}
+		fail(code.String(), "Could not open stream", err)
+		return
 	}
 	// The header goes out now; the application's bytes follow without waiting
 	// for the reply. It is made now, not at accept: its timestamp must be fresh.
@@ -265,6 +268,26 @@ func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		}
 	}
 	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start), "result", result, "err", err)
+}
+
+// errStreamCredit: no stream credit from the server within StreamOpenTimeout.
+var errStreamCredit = errors.New("server stream limit")
+
+// openStream opens a stream on sess, waiting up to StreamOpenTimeout for
+// stream credit if the server's limit is reached (the error then wraps
+// errStreamCredit).
+func (h *Handler) openStream(ctx context.Context, sess *Session) (*quic.Stream, error) {
+	str, err := sess.Conn.OpenStream()
+	if err == nil || !isStreamLimit(err) {
+		return str, err
+	}
+	octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
+	defer cancel()
+	str, err = sess.Conn.OpenStreamSync(octx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errStreamCredit, err)
+	}
+	return str, nil
 }
 
 // isStreamLimit reports whether OpenStream failed only because the server's

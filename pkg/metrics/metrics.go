@@ -79,6 +79,8 @@ type Server struct {
 	// AuthFailuresTotal counts stream headers that failed shared-secret
 	// authentication, by reason.
 	AuthFailuresTotal *prometheus.CounterVec
+	// UDP holds the UDP flow metrics.
+	UDP *UDP
 }
 
 // NewServer creates and registers the server metrics on reg.
@@ -111,7 +113,7 @@ func NewServer(reg prometheus.Registerer) *Server {
 		}),
 		RefusedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "refused_destinations_total",
-			Help: "Streams refused because the destination is not allowed, by network (tcp, unix) and reason (not_allowed: no --allow rule; denied: a --deny rule; reserved: unspecified or cloud metadata address; self: the server's own QUIC or admin listener; unresolved: the name does not resolve).",
+			Help: "Streams refused because the destination is not allowed, by network (tcp, udp, unix) and reason (not_allowed: no --allow rule; denied: a --deny rule; reserved: unspecified or cloud metadata address; self: the server's own QUIC or admin listener; unresolved: the name does not resolve).",
 		}, []string{"network", "reason"}),
 		Draining: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "draining",
@@ -173,11 +175,12 @@ func NewServer(reg prometheus.Registerer) *Server {
 	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "shutdown", "error"} {
 		m.ConnectionsTotal.WithLabelValues(r)
 	}
-	for _, n := range []string{"tcp", "unix"} {
+	for _, n := range []string{endpoint.NetworkTCP, endpoint.NetworkUDP, endpoint.NetworkUnix} {
 		for _, r := range endpoint.RefusalReasons() {
 			m.RefusedTotal.WithLabelValues(n, r)
 		}
 	}
+	m.UDP = newUDP(reg, sub)
 	return m
 }
 
@@ -193,6 +196,8 @@ type Client struct {
 	StreamBytesTotal   *prometheus.CounterVec
 	AcceptedTotal      prometheus.Counter
 	PathRescuesTotal   *prometheus.CounterVec
+	// UDP holds the UDP flow metrics.
+	UDP *UDP
 }
 
 // NewClient creates and registers the client metrics on reg.
@@ -255,6 +260,7 @@ func NewClient(reg prometheus.Registerer) *Client {
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
 	}
+	m.UDP = newUDP(reg, sub)
 	return m
 }
 

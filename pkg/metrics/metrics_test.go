@@ -72,13 +72,18 @@ quictun_server_connections_total{result="closed"} 0
 quictun_server_connections_total{result="error"} 0
 quictun_server_connections_total{result="idle_timeout"} 0
 quictun_server_connections_total{result="shutdown"} 0
-# HELP quictun_server_refused_destinations_total Streams refused because the destination is not allowed, by network (tcp, unix) and reason (not_allowed: no --allow rule; denied: a --deny rule; reserved: unspecified or cloud metadata address; self: the server's own QUIC or admin listener; unresolved: the name does not resolve).
+# HELP quictun_server_refused_destinations_total Streams refused because the destination is not allowed, by network (tcp, udp, unix) and reason (not_allowed: no --allow rule; denied: a --deny rule; reserved: unspecified or cloud metadata address; self: the server's own QUIC or admin listener; unresolved: the name does not resolve).
 # TYPE quictun_server_refused_destinations_total counter
 quictun_server_refused_destinations_total{network="tcp",reason="denied"} 0
 quictun_server_refused_destinations_total{network="tcp",reason="not_allowed"} 0
 quictun_server_refused_destinations_total{network="tcp",reason="reserved"} 0
 quictun_server_refused_destinations_total{network="tcp",reason="self"} 0
 quictun_server_refused_destinations_total{network="tcp",reason="unresolved"} 0
+quictun_server_refused_destinations_total{network="udp",reason="denied"} 0
+quictun_server_refused_destinations_total{network="udp",reason="not_allowed"} 0
+quictun_server_refused_destinations_total{network="udp",reason="reserved"} 0
+quictun_server_refused_destinations_total{network="udp",reason="self"} 0
+quictun_server_refused_destinations_total{network="udp",reason="unresolved"} 0
 quictun_server_refused_destinations_total{network="unix",reason="denied"} 0
 quictun_server_refused_destinations_total{network="unix",reason="not_allowed"} 0
 quictun_server_refused_destinations_total{network="unix",reason="reserved"} 0

@@ -106,12 +106,32 @@ type DatagramConn interface {
 	SendDatagram(b []byte) error
 }
 
-// Counters counts one side's packets; safe for concurrent use. Datagrams and
-// StreamPackets count what was sent each way.
+// Paths a packet takes (label values of quictun_<daemon>_udp_packets_total).
+const (
+	PathDatagram = "datagram"
+	PathStream   = "stream"
+)
+
+// Counters counts one direction of a flow; safe for concurrent use.
 type Counters struct {
 	Datagrams     atomic.Uint64
 	StreamPackets atomic.Uint64
-	Bytes         atomic.Uint64
+	Bytes         atomic.Int64
+	// OnPacket, if set, is called for each packet counted, with its path
+	// (PathDatagram or PathStream) and size: the daemons' metrics.
+	OnPacket func(path string, n int)
+}
+
+func (c *Counters) count(path string, n int) {
+	if path == PathDatagram {
+		c.Datagrams.Add(1)
+	} else {
+		c.StreamPackets.Add(1)
+	}
+	c.Bytes.Add(int64(n))
+	if c.OnPacket != nil {
+		c.OnPacket(path, n)
+	}
 }
 
 // Sender sends one flow's packets to the peer: on the stream until
@@ -158,8 +178,7 @@ func (s *Sender) Send(p []byte) error {
 			err := s.conn.SendDatagram(s.buf)
 			s.mu.Unlock()
 			if err == nil {
-				s.count.Datagrams.Add(1)
-				s.count.Bytes.Add(uint64(len(p)))
+				s.count.count(PathDatagram, len(p))
 				return nil
 			}
 			var tooLarge *quic.DatagramTooLargeError
@@ -178,8 +197,7 @@ func (s *Sender) Send(p []byte) error {
 	if err != nil {
 		return err
 	}
-	s.count.StreamPackets.Add(1)
-	s.count.Bytes.Add(uint64(len(p)))
+	s.count.count(PathStream, len(p))
 	return nil
 }
 

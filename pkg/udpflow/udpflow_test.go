@@ -131,7 +131,7 @@ func TestSenderStreamUntilEstablished(t *testing.T) {
 	assert.Equal(t, []string{"third"}, conn.packets(t))
 	assert.Equal(t, uint64(2), count.StreamPackets.Load())
 	assert.Equal(t, uint64(1), count.Datagrams.Load())
-	assert.Equal(t, uint64(len("firstsecondthird")), count.Bytes.Load())
+	assert.Equal(t, int64(len("firstsecondthird")), count.Bytes.Load())
 	require.ErrorIs(t, s.Send(make([]byte, udpflow.MaxPacket+1)), udpflow.ErrTooLarge)
 }
 

@@ -154,15 +154,15 @@ func TestReplayCacheQuotaPerConnection(t *testing.T) {
 }
 
 // TestUnknownKindRefused (issue 12): a stream of a kind this server does not
-// serve (a UDP flow, for now) is refused with unsupported, after
-// authentication, not carried as TCP; a TCP stream on the same connection
-// still works.
+// serve (a reverse bind, or one unknown) is refused with unsupported, after
+// authentication, not carried as TCP; a UDP flow to a tcp: destination is a
+// bad token; a TCP stream on the same connection still works.
 func TestUnknownKindRefused(t *testing.T) {
 	t.Parallel()
 	echo := testutil.EchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo, "tcp:127.0.0.1:53"}})
 	c := attackerConn(t, srv)
-	for _, k := range []proto.Kind{proto.KindUDP, proto.KindReverse, 200} {
+	for _, k := range []proto.Kind{proto.KindReverse, 200} {
 		h, err := proto.NewHeader("tcp:127.0.0.1:53", time.Now())
 		require.NoError(t, err)
 		h.Kind = k
@@ -170,6 +170,12 @@ func TestUnknownKindRefused(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, proto.CodeUnsupported, streamResult(t, c, b), "kind %s", k)
 	}
+	h, err := proto.NewHeader("tcp:127.0.0.1:53", time.Now())
+	require.NoError(t, err)
+	h.Kind = proto.KindUDP
+	b, err := h.Append(nil, testutil.Secret)
+	require.NoError(t, err)
+	assert.Equal(t, proto.CodeBadToken, streamResult(t, c, b), "a UDP flow names a udp: destination")
 	assert.Equal(t, proto.CodeOK, streamResult(t, c, signedHeader(t, "tcp:"+echo, time.Now())))
-	assert.Equal(t, 3.0, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("unsupported")))
+	assert.Equal(t, 2.0, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("unsupported")))
 }

@@ -95,6 +95,15 @@ func (o *Options) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("--forward %s: %w", f, err)
 		}
+		if ep, _ := endpoint.Parse(spec); ep.Network == endpoint.NetworkUDP {
+			uc, err := listenUDP(spec, ep.Address)
+			if err != nil {
+				return err
+			}
+			cleanup.Push(func() { _ = uc.Close() })
+			forwards = append(forwards, client.Forward{Packet: uc, Tokens: ts})
+			continue
+		}
 		ln, err := listen("forward", spec)
 		if err != nil {
 			return err
@@ -149,6 +158,7 @@ func (o *Options) Run(ctx context.Context) error {
 		SessionWait:       o.SessionWait,
 		StreamOpenTimeout: o.StreamOpenTimeout,
 		MaxConnections:    o.MaxConnections,
+		UDPIdleTimeout:    o.UDPIdleTimeout,
 		DrainTimeout:      o.DrainTimeout,
 		Backoff:           bo,
 		HeartbeatInterval: o.HeartbeatInterval,
@@ -236,6 +246,19 @@ func (o *Options) tlsConfig(logger klog.Logger) (*tls.Config, error) {
 
 // listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale
 // UNIX socket file left by a previous run is removed first.
+// listenUDP opens the UDP socket of a udp: forward.
+func listenUDP(spec, address string) (*net.UDPConn, error) {
+	ua, err := net.ResolveUDPAddr("udp", address)
+	if err != nil {
+		return nil, fmt.Errorf("--forward %s: %w", spec, err)
+	}
+	uc, err := net.ListenUDP("udp", ua)
+	if err != nil {
+		return nil, fmt.Errorf("--forward %s: %w", spec, err)
+	}
+	return uc, nil
+}
+
 func listen(flag, spec string) (net.Listener, error) {
 	ep, err := endpoint.Parse(spec)
 	if err != nil {

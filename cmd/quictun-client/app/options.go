@@ -42,6 +42,7 @@ type Options struct {
 	SessionWait       time.Duration
 	StreamOpenTimeout time.Duration
 	MaxConnections    int
+	UDPIdleTimeout    time.Duration
 	ReconnectMax      time.Duration
 	HeartbeatInterval time.Duration
 	RescueAfter       time.Duration
@@ -65,6 +66,7 @@ func NewOptions() *Options {
 		SessionWait:       def.SessionWait,
 		StreamOpenTimeout: def.StreamOpenTimeout,
 		MaxConnections:    def.MaxConnections,
+		UDPIdleTimeout:    def.UDPIdleTimeout,
 		ReconnectMax:      client.DefaultBackoff().Max,
 		HeartbeatInterval: def.HeartbeatInterval,
 		RescueAfter:       def.RescueAfter,
@@ -75,7 +77,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source", "forward"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
-	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "reconnect-max-delay"}},
+	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "udp-idle-timeout", "reconnect-max-delay"}},
 	{Title: "Loss and blackout recovery", Names: []string{"heartbeat-interval", "rescue-after", "tail-probes", "fec"}},
 	{Title: "Congestion control", Names: cli.CongestionFlagNames},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
@@ -110,7 +112,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 	fs.DurationVar(&o.SessionWait, "session-wait-timeout", o.SessionWait, "how long a local connection waits for a connection to the server before it is reset")
 	fs.DurationVar(&o.StreamOpenTimeout, "stream-open-timeout", o.StreamOpenTimeout, "how long to wait for stream credit when the server's stream limit is reached")
-	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "concurrent local connections; more are reset")
+	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "concurrent local connections and UDP flows; more are reset (UDP: the packets of a new flow are dropped)")
+	fs.DurationVar(&o.UDPIdleTimeout, "udp-idle-timeout", o.UDPIdleTimeout, "a UDP flow (one application address on a udp: --forward) without a packet either way for this long is closed; the next packet opens a new one")
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way); after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
 	fs.DurationVar(&o.RescueAfter, "rescue-after", o.RescueAfter, "without a heartbeat echo for this long, probe a new path (fresh UDP socket) and switch to it as soon as the server answers")
 	fs.DurationVar(&o.ReconnectMax, "reconnect-max-delay", o.ReconnectMax, "longest pause between reconnect attempts (exponential backoff with jitter from 100ms)")
@@ -130,7 +133,11 @@ func (o *Options) Validate() error {
 			return
 		}
 		// The same test as a non-loopback admin listener (cli.ValidateAdmin).
-		if ep.Network == endpoint.NetworkTCP && !admin.IsLoopback(ep.Address) && !o.ListenNonLoopback {
+		if ep.Network == endpoint.NetworkUDP && flag != "forward" {
+			add("--%s %q: UDP is forwarded with --forward udp:LISTEN=udp:DESTINATION", flag, l)
+			return
+		}
+		if ep.Network != endpoint.NetworkUnix && !admin.IsLoopback(ep.Address) && !o.ListenNonLoopback {
 			add("--%s %s is not loopback: anyone who can reach it uses this client's credentials; add --listen-non-loopback if that is intended, or listen on 127.0.0.1", flag, l)
 		}
 	}
@@ -148,6 +155,8 @@ func (o *Options) Validate() error {
 		checkListen("forward", listen)
 		if _, err := token.NewSource(token.PluginFixed, dest, nil); err != nil {
 			add("--forward %s: %w", f, err)
+		} else if l, d := networkOf(listen), networkOf(dest); (l == endpoint.NetworkUDP) != (d == endpoint.NetworkUDP) {
+			add("--forward %s: a udp: listener forwards to a udp: destination, and a stream listener to a tcp: or unix: one", f)
 		}
 	}
 	if o.ServerEndpoint == "" {
@@ -206,6 +215,9 @@ func (o *Options) Validate() error {
 	if o.HeartbeatInterval > 0 && o.RescueAfter < 2*o.HeartbeatInterval {
 		add("--rescue-after (%s) must be at least twice --heartbeat-interval (%s)", o.RescueAfter, o.HeartbeatInterval)
 	}
+	if o.UDPIdleTimeout <= 0 {
+		add("--udp-idle-timeout must be positive")
+	}
 	if o.MaxConnections < 1 {
 		add("--max-connections must be at least 1")
 	}
@@ -224,6 +236,12 @@ func (o *Options) CheckFiles() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// networkOf returns the network prefix of an endpoint ("tcp", "udp", "unix").
+func networkOf(spec string) string {
+	n, _, _ := strings.Cut(spec, ":")
+	return n
 }
 
 // splitForward splits a --forward value LISTEN=DESTINATION.

@@ -51,7 +51,7 @@ func TestLogAllowList(t *testing.T) {
 		notWant     []string
 	}{
 		{"default", endpoint.DefaultAllowList().Rules(), nil,
-			[]string{"no --allow given", "every TCP port on this host's loopback", `hint="e.g. --allow tcp:127.0.0.1:22`, "udp:0.0.0.0:7500", "loopback4=tcp:127.0.0.0/8:*"}, nil},
+			[]string{"no --allow given", "every TCP and UDP port on this host's loopback", `hint="e.g. --allow tcp:127.0.0.1:22`, "udp:0.0.0.0:7500", "loopback4=tcp:127.0.0.0/8:*"}, nil},
 		{"explicit", []string{"ssh=tcp:127.0.0.1:22"}, []string{"tcp:169.254.0.0/16:*"},
 			[]string{`"Destinations allowed"`, `allow="ssh=tcp:127.0.0.1:22"`, `deny="deny0=tcp:169.254.0.0/16:*"`, "udp:0.0.0.0:7500"}, []string{"hint", "no --allow"}},
 	} {

@@ -74,6 +74,9 @@ func TestValidate(t *testing.T) {
 		{"no unverified streams", func(o *Options) { o.MaxUnverifiedStreams = -1 }, []string{"--max-unverified-streams and"}},
 		{"no replay entries per conn", func(o *Options) { o.MaxReplayEntriesPerConn = 0 }, []string{"--max-replay-entries-per-conn must be at least 1"}},
 		{"auth timeout 0", func(o *Options) { o.AuthTimeout = 0 }, []string{"--auth-timeout must be positive"}},
+		{"udp flow limits", func(o *Options) { o.MaxUDPFlowsPerConn = 0; o.UDPIdleTimeout = -1 },
+			[]string{"--max-udp-flows and --max-udp-flows-per-conn must be at least 1", "--udp-idle-timeout must be positive"}},
+		{"udp rules", func(o *Options) { o.Allow = []string{"dns=udp:10.0.0.53:53"}; o.Deny = []string{"udp:10.9.0.0/16:*"} }, nil},
 		{"every error at once", func(o *Options) {
 			*o = Options{Allow: []string{"bogus"}, TokenParserPlugin: "Nope", CertFile: "/c", DaemonFlags: cli.DaemonFlags{KeepAlivePeriod: -1}}
 		}, []string{

@@ -53,6 +53,10 @@ type Options struct {
 	MaxUnverifiedStreams        int
 	MaxReplayEntriesPerConn     int
 
+	MaxUDPFlows        int
+	MaxUDPFlowsPerConn int
+	UDPIdleTimeout     time.Duration
+
 	reloader *cli.Reloader
 }
 
@@ -85,6 +89,10 @@ func NewOptions() *Options {
 		MaxUnverifiedStreamsPerConn: def.MaxUnverifiedStreamsPerConn,
 		MaxUnverifiedStreams:        def.MaxUnverifiedStreams,
 		MaxReplayEntriesPerConn:     def.MaxReplayEntries / 64,
+
+		MaxUDPFlows:        def.MaxUDPFlows,
+		MaxUDPFlowsPerConn: def.MaxUDPFlowsPerConn,
+		UDPIdleTimeout:     def.UDPIdleTimeout,
 	}
 }
 
@@ -94,6 +102,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir", "audit-log"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt", "tail-probes", "fec"}},
+	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "udp-idle-timeout"}},
 	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-replay-entries-per-conn"}},
 	{Title: "Congestion control", Names: cli.CongestionFlagNames},
 	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
@@ -137,6 +146,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxUnverifiedStreamsPerConn, "max-unverified-streams-per-conn", o.MaxUnverifiedStreamsPerConn, "with --secret-file, a connection's stream credit until it presents a header with a valid MAC (then --max-streams-per-conn); and the streams per connection served before their header is verified")
 	fs.IntVar(&o.MaxUnverifiedStreams, "max-unverified-streams", o.MaxUnverifiedStreams, "streams, server-wide, of connections that have not yet presented a verified header; more are reset with overloaded")
 	fs.IntVar(&o.MaxReplayEntriesPerConn, "max-replay-entries-per-conn", o.MaxReplayEntriesPerConn, "stream-header nonces one connection may record in the replay cache (1,048,576 entries) per 2-minute window; beyond it 1-RTT streams go unrecorded and 0-RTT streams are reset with overloaded")
+	fs.IntVar(&o.MaxUDPFlows, "max-udp-flows", o.MaxUDPFlows, "UDP flows open on the server (each holds a UDP socket to its destination and a 64 KiB buffer); more are refused with overloaded")
+	fs.IntVar(&o.MaxUDPFlowsPerConn, "max-udp-flows-per-conn", o.MaxUDPFlowsPerConn, "UDP flows open on one client connection; more are refused with overloaded")
+	fs.DurationVar(&o.UDPIdleTimeout, "udp-idle-timeout", o.UDPIdleTimeout, "a UDP flow without a packet either way for this long is closed (the next packet opens a new one)")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
@@ -189,6 +201,12 @@ func (o *Options) Validate() error {
 	}
 	if o.AuthTimeout <= 0 {
 		add("--auth-timeout must be positive")
+	}
+	if o.MaxUDPFlows < 1 || o.MaxUDPFlowsPerConn < 1 {
+		add("--max-udp-flows and --max-udp-flows-per-conn must be at least 1")
+	}
+	if o.UDPIdleTimeout <= 0 {
+		add("--udp-idle-timeout must be positive")
 	}
 	if o.MaxDialsPerDest < 0 {
 		add("--max-dials-per-destination must not be negative")

@@ -1,0 +1,121 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/udpflow"
+)
+
+// flowStart is what Serve knows of a UDP flow once its header passed every
+// check.
+type flowStart struct {
+	logger     klog.Logger
+	start      time.Time
+	dest, dial endpoint.Endpoint
+	rule       string
+	identities []string
+	fail       func(code proto.Code, msg string, kv ...any)
+	refuse     func(err error)
+	audit      func(result string, up, down int64)
+}
+
+// serveUDP serves a UDP flow (a stream of kind UDP): a connected UDP socket
+// to the destination, relayed to the flow's datagrams and stream until the
+// flow ends (see package udpflow).
+func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
+	m := e.cfg.Metrics
+	str := st.Stream
+	if n := e.udpFlows.Add(1); n > int64(e.cfg.MaxUDPFlows) {
+		e.udpFlows.Add(-1)
+		m.UDP.Drop(udpflow.DropFlowLimit)
+		f.fail(proto.CodeOverloaded, "Refused UDP flow: the server is at its flow limit; raise --max-udp-flows if clients need more",
+			"limit", e.cfg.MaxUDPFlows)
+		return
+	}
+	defer e.udpFlows.Add(-1)
+
+	// Connecting a UDP socket sends nothing; the checked dialer refuses an
+	// address the rules do not allow, as for TCP.
+	dctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
+	nc, err := e.cfg.Dialer.DialContext(dctx, f.dial.Network, f.dial.Address)
+	cancel()
+	if errors.Is(err, endpoint.ErrForbidden) {
+		f.refuse(err)
+		return
+	}
+	if err != nil {
+		f.fail(proto.CodeDialFailed, "UDP socket for the destination failed", "destination", f.dest.String(), "err", err)
+		return
+	}
+	id := uint64(str.StreamID())
+	r := &udpflow.Relay{
+		Stream: str,
+		Up:     &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionDownstream)},
+		Down:   &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionUpstream)},
+		Recv: func(buf []byte) ([]byte, error) {
+			for {
+				n, err := nc.Read(buf)
+				if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
+					continue // ICMP port unreachable for an earlier packet: UDP goes on
+				}
+				return buf[:n], err
+			}
+		},
+		Deliver: func(p []byte) error {
+			_, err := nc.Write(p)
+			return err
+		},
+		CloseLocal:  func() { _ = nc.Close() },
+		IdleTimeout: e.cfg.UDPIdleTimeout,
+		Drop:        m.UDP.Drop,
+	}
+	// The server's Up is the tunnel's downstream: toward the client.
+	r.Sender = udpflow.NewSender(id, st.Conn, str, r.Up)
+	remove, ok := st.Flows.Add(id, e.cfg.MaxUDPFlowsPerConn, r.FromDatagram)
+	if !ok {
+		_ = nc.Close()
+		m.UDP.Drop(udpflow.DropFlowLimit)
+		f.fail(proto.CodeOverloaded, "Refused UDP flow: too many flows on this connection; raise --max-udp-flows-per-conn if clients need more",
+			"limit", e.cfg.MaxUDPFlowsPerConn)
+		return
+	}
+	defer remove()
+	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
+		_ = nc.Close()
+		f.fail(proto.CodeConnReset, "Could not write reply", "err", err)
+		return
+	}
+	// The client has the flow from its first byte on: datagrams from now.
+	r.Sender.Establish()
+	t := &tunnel.Tunnel{
+		StreamID:    int64(str.StreamID()),
+		ConnID:      st.ConnID,
+		Identity:    strings.Join(f.identities, ","),
+		Endpoint:    e.cfg.Endpoint,
+		Source:      st.Conn.RemoteAddr().String(),
+		Destination: f.dial.String(),
+		CreatedAt:   f.start,
+		Upstream:    &r.Down.Bytes,
+		Downstream:  &r.Up.Bytes,
+	}
+	f.logger.V(4).Info("Opened UDP flow", "destination", f.dial.String(), "rule", f.rule, "local", nc.LocalAddr().String())
+	result, err := e.cfg.Registry.Run(t, r, tunnel.StreamMetrics{Active: m.UDP.FlowsActive, Results: m.UDP.FlowsTotal})
+	up, down := t.Upstream.Load(), t.Downstream.Load()
+	f.logger.V(4).Info("Closed UDP flow", "destination", f.dial.String(), "bytesUpstream", up, "bytesDownstream", down,
+		"packetsUpstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),
+		"packetsDownstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
+		"duration", time.Since(f.start), "result", result, "err", err)
+	if f.audit != nil {
+		f.audit(result, up, down)
+	}
+}

@@ -1,0 +1,213 @@
+package ingress
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/udpflow"
+)
+
+// flowQueue is how many packets from the application wait for a flow's
+// sender (while its stream opens, or while the connection is congestion
+// limited); more are dropped (udp_drops_total{reason="queue_full"}), as a
+// router drops what it cannot forward.
+const flowQueue = 128
+
+// DefaultUDPIdleTimeout ends a flow without packets either way.
+const DefaultUDPIdleTimeout = time.Minute
+
+// udpFlow is one application source address on a UDP listener.
+type udpFlow struct {
+	src    netip.AddrPort
+	in     chan []byte
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (f *udpFlow) recv(buf []byte) ([]byte, error) {
+	select {
+	case p := <-f.in:
+		return append(buf[:0], p...), nil
+	case <-f.closed:
+		return nil, errFlowClosed
+	}
+}
+
+func (f *udpFlow) close() { f.once.Do(func() { close(f.closed) }) }
+
+// errFlowClosed ends a flow cleanly (its listener closed, or it was idle).
+var errFlowClosed = io.EOF
+
+// ServeUDP serves a local UDP socket until it is closed: the packets of each
+// application address (a flow) go to the destination tokens chooses (nil:
+// Config.Tokens), over a stream and datagrams of the current session (see
+// package udpflow); answers go back to that address. A flow ends when idle
+// for UDPIdleTimeout either way, and when pc closes. Flow goroutines are
+// added to handlers.
+func (h *Handler) ServeUDP(ctx context.Context, pc *net.UDPConn, tokens TokenSource, handlers *sync.WaitGroup) {
+	logger := klog.FromContext(ctx)
+	m := h.cfg.Metrics.UDP
+	var mu sync.Mutex
+	flows := map[netip.AddrPort]*udpFlow{}
+	defer func() {
+		// The socket is closed: no more packets come, and answers cannot
+		// be delivered. End every flow.
+		mu.Lock()
+		for _, f := range flows {
+			f.close()
+		}
+		mu.Unlock()
+	}()
+	buf := make([]byte, udpflow.MaxPacket)
+	for {
+		n, src, err := pc.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			logger.Error(err, "UDP read failed; retrying", "address", pc.LocalAddr().String())
+			select {
+			case <-time.After(10 * time.Millisecond):
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+		mu.Lock()
+		f := flows[src]
+		if f == nil {
+			select {
+			case h.slots <- struct{}{}:
+			default:
+				mu.Unlock()
+				m.Drop(udpflow.DropFlowLimit)
+				logger.V(2).Info("Too many local connections and flows; dropping a packet of a new UDP flow", "limit", h.cfg.MaxConnections, "source", src.String())
+				continue
+			}
+			f = &udpFlow{src: src, in: make(chan []byte, flowQueue), closed: make(chan struct{})}
+			flows[src] = f
+			handlers.Go(func() {
+				defer func() { <-h.slots }()
+				h.serveFlow(ctx, pc, f, tokens)
+				mu.Lock()
+				delete(flows, src)
+				mu.Unlock()
+			})
+		}
+		mu.Unlock()
+		select {
+		case f.in <- bytes.Clone(buf[:n]):
+		default:
+			m.Drop(udpflow.DropQueueFull)
+		}
+	}
+}
+
+// serveFlow opens the flow's stream and relays until the flow ends.
+func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, tokens TokenSource) {
+	defer f.close()
+	m := h.cfg.Metrics
+	start := time.Now()
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "source", f.src.String())
+	fail := func(result, msg string, err error) {
+		m.UDP.FlowsTotal.WithLabelValues(result).Inc()
+		// The packets queued for the flow are lost with it.
+		for range len(f.in) {
+			m.UDP.Drop(udpflow.DropNoSession)
+		}
+		logger.V(2).Info(msg, "err", err)
+	}
+	if tokens == nil {
+		tokens = h.cfg.Tokens()
+	}
+	token, err := tokens.Token(ctx, net.UDPAddrFromAddrPort(f.src))
+	if err != nil {
+		fail(proto.CodeBadToken.String(), "Could not get a destination token for a UDP flow", err)
+		return
+	}
+	sess, err := h.cfg.Sessions.Wait(ctx)
+	if err != nil {
+		fail(metrics.ResultNoSession, "No connection to the server for a UDP flow", err)
+		return
+	}
+	str, err := h.openStream(ctx, sess)
+	if err != nil {
+		code := proto.CodeConnReset
+		if errors.Is(err, errStreamCredit) {
+			code = proto.CodeOverloaded
+		}
+		fail(code.String(), "Could not open a stream for a UDP flow", err)
+		return
+	}
+	hdr, err := proto.NewHeader(token, time.Now())
+	var hb []byte
+	if err == nil {
+		hdr.Kind = proto.KindUDP
+		hb, err = hdr.Append(make([]byte, 0, proto.MaxHeaderLen), h.cfg.Secret())
+	}
+	if err == nil {
+		_, err = str.Write(hb)
+	}
+	if err != nil {
+		str.CancelRead(proto.CodeInternal.StreamErrorCode())
+		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
+		fail(proto.CodeConnReset.String(), "Could not write a UDP flow's header", err)
+		return
+	}
+	id := uint64(str.StreamID())
+	r := &udpflow.Relay{
+		Stream:     str,
+		Up:         &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionUpstream)},
+		Down:       &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionDownstream)},
+		Recv:       f.recv,
+		CloseLocal: f.close,
+		Deliver: func(p []byte) error {
+			_, err := pc.WriteToUDPAddrPort(p, f.src)
+			return err
+		},
+		AwaitReply: true,
+		Replied: func(err error) {
+			if err == nil {
+				m.StreamOpenDuration.Observe(time.Since(start).Seconds())
+				if h.cfg.Accepted != nil {
+					h.cfg.Accepted()
+				}
+			} else if code, ok := proto.FromError(err); ok {
+				logger.V(2).Info("Server refused UDP flow", "code", code.String(), "destination", token)
+			}
+		},
+		IdleTimeout: h.cfg.UDPIdleTimeout,
+		Drop:        m.UDP.Drop,
+	}
+	r.Sender = udpflow.NewSender(id, sess.Conn, str, r.Up)
+	remove, _ := sess.Flows.Add(id, 0, r.FromDatagram) // stream IDs are unique on a connection
+	defer remove()
+	t := &tunnel.Tunnel{
+		StreamID:    int64(id),
+		Endpoint:    "udp:" + pc.LocalAddr().String(),
+		Source:      f.src.String(),
+		Destination: token,
+		CreatedAt:   start,
+		Upstream:    &r.Up.Bytes,
+		Downstream:  &r.Down.Bytes,
+	}
+	logger = klog.LoggerWithValues(logger, "streamID", int64(id))
+	logger.V(4).Info("Opened UDP flow", "destination", token)
+	result, err := h.cfg.Registry.Run(t, r, tunnel.StreamMetrics{Active: m.UDP.FlowsActive, Results: m.UDP.FlowsTotal})
+	logger.V(4).Info("Closed UDP flow", "bytesUpstream", t.Upstream.Load(), "bytesDownstream", t.Downstream.Load(),
+		"packetsUpstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
+		"packetsDownstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),
+		"duration", time.Since(start), "result", result, "err", err)
+}

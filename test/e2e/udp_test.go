@@ -1,0 +1,81 @@
+package e2e
+
+import (
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// needTool returns the path of name, or skips the test naming the Debian
+// package (.ci/run installs it).
+func needTool(t *testing.T, name, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Skipf("%s not installed (apt-get install %s)", name, pkg)
+	}
+	return p
+}
+
+// TestUDPDig (issue 12): dig asks a dnsmasq server through the built binaries'
+// udp forward and gets its answers: a short one (QUIC datagrams) and a TXT
+// record of ~3 KB (EDNS), larger than a datagram, so carried on the flow's
+// stream. A forward to a udp destination the server does not allow gets no
+// answer, and the server counts the refusal.
+func TestUDPDig(t *testing.T) {
+	checkLeaks(t)
+	dig := needTool(t, "dig", "bind9-dnsutils")
+	dnsmasq := needTool(t, "dnsmasq", "dnsmasq-base")
+	dnsPort := freePort(t, "udp")
+	big := strings.Repeat("quictun-", 30) // 240 bytes per string, 12 strings
+	args := []string{"--keep-in-foreground", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces",
+		"--listen-address=127.0.0.1", "--port=" + strconv.Itoa(dnsPort), "--user=root", "--pid-file=",
+		"--address=/svc.test/192.0.2.7", "--edns-packet-max=4096"}
+	txt := "--txt-record=big.test"
+	for range 12 {
+		txt += `,"` + big + `"`
+	}
+	args = append(args, txt)
+	dns := startProc(t, "dnsmasq", nil, dnsmasq, args...)
+	dnsAddr := "127.0.0.1:" + strconv.Itoa(dnsPort)
+
+	srv := startServer(t, serverOpts{Allow: []string{"udp:" + dnsAddr}})
+	fwd := "127.0.0.1:" + strconv.Itoa(freePort(t, "udp"))
+	refusedFwd := "127.0.0.1:" + strconv.Itoa(freePort(t, "udp"))
+	startClient(t, srv, clientOpts{Args: []string{
+		"--forward", "udp:" + fwd + "=udp:" + dnsAddr,
+		"--forward", "udp:" + refusedFwd + "=udp:127.0.0.1:9", // not allowed
+	}})
+	digAt := func(addr string, q ...string) (string, error) {
+		host, port, _ := strings.Cut(addr, ":")
+		out, err := exec.Command(dig, append([]string{"@" + host, "-p", port, "+time=2", "+tries=3"}, q...)...).CombinedOutput()
+		return string(out), err
+	}
+	var out string
+	waitFor(t, 10*time.Second, "dnsmasq to answer directly", func() bool {
+		o, err := digAt(dnsAddr, "+short", "svc.test")
+		return err == nil && strings.TrimSpace(o) == "192.0.2.7"
+	})
+	out, err := digAt(fwd, "+short", "svc.test")
+	require.NoError(t, err, out)
+	assert.Equal(t, "192.0.2.7", strings.TrimSpace(out), "an A record through the tunnel")
+
+	out, err = digAt(fwd, "+bufsize=4096", "+ignore", "big.test", "TXT")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "MSG SIZE  rcvd: ", "dig got an answer")
+	assert.NotContains(t, out, "flags: qr tc", "not truncated: the whole answer came through")
+	assert.Equal(t, 12, strings.Count(out, big), "all 12 strings of the TXT record arrived:\n%s", out)
+	m := scrape(t, srv)
+	assert.Positive(t, m.val("quictun_server_udp_packets_total", "direction", "downstream", "path", "stream"), "the large answer went on the stream")
+	assert.Positive(t, m.val("quictun_server_udp_packets_total", "direction", "downstream", "path", "datagram"), "short answers as datagrams")
+
+	out, err = digAt(refusedFwd, "+short", "+tries=1", "svc.test")
+	assert.Error(t, err, "no answer from a refused destination: %s", out)
+	waitMetric(t, srv, 5*time.Second, eq(1), "quictun_server_refused_destinations_total", "network", "udp", "reason", "not_allowed")
+	assert.False(t, dns.exited(), "dnsmasq still runs")
+}
