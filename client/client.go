@@ -86,6 +86,9 @@ type Forward struct {
 	Listener net.Listener
 	Packet   *net.UDPConn
 	Tokens   TokenSource
+	// Proxy, with Listener, makes it an entry point where the application
+	// names each destination (--proxy socks5:... or http-connect:...).
+	Proxy ingress.Proxy
 }
 
 // addr names the forward's local address, e.g. "udp:127.0.0.1:5353".
@@ -296,8 +299,12 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	for _, f := range c.cfg.Forwards {
 		logger.Info("Listening for local connections", "address", f.addr(), "forward", true)
-		if f.Packet != nil {
+		switch {
+		case f.Packet != nil:
 			wg.Go(func() { c.ingress.ServeUDP(sessCtx, f.Packet, f.Tokens, &handlers) })
+			continue
+		case f.Proxy != nil:
+			wg.Go(func() { c.ingress.AcceptProxy(sessCtx, f.Listener, f.Proxy, &handlers) })
 			continue
 		}
 		wg.Go(func() { c.ingress.Accept(sessCtx, f.Listener, f.Tokens, &handlers) })

@@ -102,6 +102,16 @@ func isClosed(ch <-chan struct{}) bool {
 // tokens chooses the destinations of this listener (a forward's fixed
 // destination); nil means Config.Tokens.
 func (h *Handler) Accept(ctx context.Context, ln net.Listener, tokens TokenSource, handlers *sync.WaitGroup) {
+	h.accept(ctx, ln, handlers, func(nc net.Conn) { h.serve(ctx, ln.Addr().String(), nc, tokens, nil) })
+}
+
+// AcceptProxy is Accept for a listener where the application names each
+// connection's destination through proxy (SOCKS5, HTTP CONNECT).
+func (h *Handler) AcceptProxy(ctx context.Context, ln net.Listener, proxy Proxy, handlers *sync.WaitGroup) {
+	h.accept(ctx, ln, handlers, func(nc net.Conn) { h.serve(ctx, ln.Addr().String(), nc, nil, proxy) })
+}
+
+func (h *Handler) accept(ctx context.Context, ln net.Listener, handlers *sync.WaitGroup, serve func(net.Conn)) {
 	logger := klog.FromContext(ctx)
 	var delay time.Duration
 	for {
@@ -132,7 +142,7 @@ func (h *Handler) Accept(ctx context.Context, ln net.Listener, tokens TokenSourc
 		}
 		handlers.Go(func() {
 			defer func() { <-h.slots }()
-			h.Serve(ctx, ln.Addr().String(), nc, tokens)
+			serve(nc)
 		})
 	}
 }
@@ -172,15 +182,39 @@ func (h *Handler) header(token string) ([]byte, error) {
 	return hdr.Append(make([]byte, 0, proto.MaxHeaderLen), h.cfg.Secret())
 }
 
+// proxyRequestTimeout bounds reading a proxy request (SOCKS5, CONNECT).
+const proxyRequestTimeout = 10 * time.Second
+
 // Serve carries one local connection accepted on listenAddr to the
 // destination tokens chooses (nil: Config.Tokens).
 func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource) {
+	h.serve(ctx, listenAddr, nc, tokens, nil)
+}
+
+// serve is Serve; with proxy set, the destination comes from the
+// application's request and the application is answered with the server's
+// reply before any byte flows.
+func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource, proxy Proxy) {
 	m := h.cfg.Metrics
 	start := time.Now()
 	logger := klog.FromContext(ctx)
+	replied := false // proxy: the application has its answer
 	fail := func(result, msg string, err error) {
 		m.StreamsTotal.WithLabelValues(result).Inc()
-		resetConn(nc)
+		switch {
+		case proxy == nil:
+			resetConn(nc)
+		case !replied:
+			replied = true
+			_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+			if proxy.Reply(nc, err) == nil {
+				_ = nc.Close() // FIN after the answer (a reset could discard it)
+			} else {
+				resetConn(nc)
+			}
+		default:
+			_ = nc.Close() // answered already (a bad request)
+		}
 		logger.V(2).Info(msg, "remoteAddress", nc.RemoteAddr().String(), "err", err)
 	}
 	sc, ok := nc.(splice.Conn)
@@ -188,17 +222,30 @@ func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		fail(proto.CodeInternal.String(), "Local connection does not support half-close", nil)
 		return
 	}
-	if tokens == nil {
-		tokens = h.cfg.Tokens()
-	}
-	token, err := tokens.Token(ctx, nc.RemoteAddr())
-	if err != nil {
-		fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
-		return
+	var token string
+	var early []byte
+	var err error
+	if proxy != nil {
+		_ = nc.SetDeadline(time.Now().Add(proxyRequestTimeout))
+		token, early, err = proxy.Request(nc)
+		_ = nc.SetDeadline(time.Time{})
+		if err != nil {
+			replied = true // Request answered what it could not serve
+			fail(proto.CodeBadToken.String(), "Bad proxy request", err)
+			return
+		}
+	} else {
+		if tokens == nil {
+			tokens = h.cfg.Tokens()
+		}
+		if token, err = tokens.Token(ctx, nc.RemoteAddr()); err != nil {
+			fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
+			return
+		}
 	}
 	sess, err := h.cfg.Sessions.Wait(ctx)
 	if err != nil {
-		fail(metrics.ResultNoSession, "No connection to the server for a local connection", err)
+		fail(metrics.ResultNoSession, "No connection to the server for a local connection", fmt.Errorf("%w: %w", errNoSession, err))
 		return
 	}
 	conn := sess.Conn
@@ -220,28 +267,52 @@ func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		fail(proto.CodeBadToken.String(), "Could not encode stream header", err)
 		return
 	}
-	if _, err := str.Write(hb); err != nil {
+	if _, err := str.Write(append(hb, early...)); err != nil {
 		str.CancelRead(proto.CodeInternal.StreamErrorCode())
 		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
 		fail(proto.CodeConnReset.String(), "Could not write stream header", err)
 		return
 	}
 	if !isClosed(conn.HandshakeComplete()) {
-		if str, err = h.earlyPhase(ctx, conn, sc, str, token); err != nil {
+		if str, err = h.earlyPhase(ctx, conn, sc, str, token, early); err != nil {
 			fail(proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err)
 			return
 		}
 	}
 	slog := klog.LoggerWithValues(logger, "streamID", int64(str.StreamID()), "remoteAddress", nc.RemoteAddr().String())
-	rs := &replyStream{Stream: str, onReply: func(err error) {
+	accepted := func(err error) {
 		if err == nil {
 			m.StreamOpenDuration.Observe(time.Since(start).Seconds())
 			if h.cfg.Accepted != nil {
 				h.cfg.Accepted() // the server accepted our header
 			}
 		}
-	}}
-	pipe := splice.New(sc, rs)
+	}
+	var toServer splice.Stream = &replyStream{Stream: str, onReply: accepted}
+	if proxy != nil {
+		// The application waits for its answer: the server's reply first.
+		err := proto.ReadReply(str)
+		accepted(err)
+		if err != nil {
+			str.CancelRead(proto.CodeOK.StreamErrorCode())
+			str.CancelWrite(proto.CodeOK.StreamErrorCode())
+			code := codeOf(err)
+			if _, ok := proto.FromError(err); !ok {
+				code = proto.CodeConnReset
+			}
+			fail(metrics.ResultLabel(code), "Server refused a proxied connection", err)
+			return
+		}
+		replied = true
+		if err := proxy.Reply(nc, nil); err != nil {
+			str.CancelRead(proto.CodeConnReset.StreamErrorCode())
+			str.CancelWrite(proto.CodeConnReset.StreamErrorCode())
+			fail(proto.CodeConnReset.String(), "Could not answer a proxied connection", err)
+			return
+		}
+		toServer = str
+	}
+	pipe := splice.New(sc, toServer)
 	if sess.Prober != nil {
 		pipe.AfterWrite, pipe.AfterRead = sess.Prober.Kick, sess.Prober.Heard
 	}
@@ -309,8 +380,8 @@ const maxEarlyBytes = 256 << 10
 // connection died before its handshake (the server was still down), it opens a
 // stream on the next connection and re-sends a fresh header and the copy. Downstream bytes cannot arrive before the handshake completes, so only
 // the upstream direction needs this.
-func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str *quic.Stream, token string) (*quic.Stream, error) {
-	var sent []byte
+func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str *quic.Stream, token string, early []byte) (*quic.Stream, error) {
+	sent := append([]byte(nil), early...) // written with the header already
 	done := make(chan error, 1)
 	go func() {
 		buf := make([]byte, 16<<10)

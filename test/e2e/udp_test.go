@@ -1,6 +1,10 @@
 package e2e
 
 import (
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -78,4 +82,42 @@ func TestUDPDig(t *testing.T) {
 	assert.Error(t, err, "no answer from a refused destination: %s", out)
 	waitMetric(t, srv, 5*time.Second, eq(1), "quictun_server_refused_destinations_total", "network", "udp", "reason", "not_allowed")
 	assert.False(t, dns.exited(), "dnsmasq still runs")
+}
+
+// TestProxiesWithCurl (issue 12 item 4): curl reaches an HTTP server through
+// the built client's SOCKS5 entry point (--socks5-hostname: the server
+// resolves the name) and its HTTP CONNECT entry point (curl -p -x); a
+// destination the server's rules refuse is answered as SOCKS "not allowed
+// by ruleset" and HTTP 403.
+func TestProxiesWithCurl(t *testing.T) {
+	checkLeaks(t)
+	curl := needTool(t, "curl", "curl")
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "hello through "+r.Host)
+	}))
+	defer web.Close()
+	_, port, _ := net.SplitHostPort(web.Listener.Addr().String())
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:127.0.0.1:" + port}})
+	socks := "127.0.0.1:" + strconv.Itoa(freePort(t, "tcp"))
+	httpc := "127.0.0.1:" + strconv.Itoa(freePort(t, "tcp"))
+	startClient(t, srv, clientOpts{Args: []string{"--proxy", "socks5:" + socks, "--proxy", "http-connect:" + httpc}})
+
+	get := func(args ...string) (string, error) {
+		out, err := exec.Command(curl, append([]string{"-sS", "--max-time", "10"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	out, err := get("--socks5-hostname", socks, "http://localhost:"+port+"/")
+	require.NoError(t, err, out)
+	assert.Equal(t, "hello through localhost:"+port, out)
+	out, err = get("-p", "-x", "http://"+httpc, "http://127.0.0.1:"+port+"/")
+	require.NoError(t, err, out)
+	assert.Equal(t, "hello through 127.0.0.1:"+port, out)
+
+	out, err = get("--socks5-hostname", socks, "http://127.0.0.1:22/")
+	require.Error(t, err)
+	assert.Contains(t, out, "connection to 127.0.0.1. (2)", "curl reports SOCKS reply 2, connection not allowed by ruleset: %s", out)
+	out, err = get("-p", "-x", "http://"+httpc, "-o", "/dev/null", "-w", "%{http_connect}", "http://127.0.0.1:22/")
+	require.Error(t, err)
+	assert.Contains(t, out, "403", out)
+	waitMetric(t, srv, 5*time.Second, eq(2), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
 }

@@ -19,7 +19,9 @@ import (
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/socks5"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -111,6 +113,23 @@ func (o *Options) Run(ctx context.Context) error {
 		cleanup.Push(func() { _ = ln.Close() })
 		forwards = append(forwards, client.Forward{Listener: ln, Tokens: ts})
 	}
+	for _, p := range o.Proxy {
+		kind, addr, _ := strings.Cut(p, ":")
+		var proxy ingress.Proxy = ingress.HTTPConnect{}
+		if kind == ProxySOCKS5 {
+			creds, err := proxyCredentials(o.ProxyCredentials)
+			if err != nil {
+				return err
+			}
+			proxy = ingress.SOCKS5{Credentials: creds}
+		}
+		ln, err := listen("proxy", "tcp:"+addr)
+		if err != nil {
+			return err
+		}
+		cleanup.Push(func() { _ = ln.Close() })
+		forwards = append(forwards, client.Forward{Listener: ln, Proxy: proxy})
+	}
 	pc, err := transport.ListenUDP(":0")
 	if err != nil {
 		return err
@@ -176,7 +195,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if fecLayer != nil {
 		reg.MustRegister(metrics.NewFECCollector("client", fecLayer.Stats()))
 	}
-	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(listenOn, ","), "forwards", strings.Join(o.Forward, ","))
+	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(listenOn, ","), "forwards", strings.Join(o.Forward, ","), "proxies", strings.Join(o.Proxy, ","))
 
 	adm.Start(ctx, admin.Options{Gatherer: reg, Ready: c.Ready, Registry: registry, Conns: c.ConnStats, EnablePprof: o.EnablePprof})
 	var rg errgroup.Group
@@ -246,6 +265,23 @@ func (o *Options) tlsConfig(logger klog.Logger) (*tls.Config, error) {
 
 // listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale
 // UNIX socket file left by a previous run is removed first.
+// proxyCredentials reads --proxy-credentials-file (USER:PASSWORD); nil
+// without one.
+func proxyCredentials(file string) (socks5.Credentials, error) {
+	if file == "" {
+		return nil, nil
+	}
+	b, err := cli.ReadSecretFile("proxy-credentials-file", file, 3)
+	if err != nil {
+		return nil, err
+	}
+	user, pass, ok := strings.Cut(string(b), ":")
+	if !ok || user == "" || pass == "" || len(user) > 255 || len(pass) > 255 {
+		return nil, fmt.Errorf("--proxy-credentials-file %s: want one line USER:PASSWORD (each 1-255 bytes)", file)
+	}
+	return socks5.UserPass{User: user, Password: pass}, nil
+}
+
 // listenUDP opens the UDP socket of a udp: forward.
 func listenUDP(spec, address string) (*net.UDPConn, error) {
 	ua, err := net.ResolveUDPAddr("udp", address)

@@ -89,6 +89,11 @@ func TestValidate(t *testing.T) {
 			[]string{"--forward udp:0.0.0.0:5353 is not loopback"}},
 		{"udp listen-on", func(o *Options) { o.ListenOn = []string{"udp:127.0.0.1:5353"} }, []string{"UDP is forwarded with --forward"}},
 		{"udp idle timeout", func(o *Options) { o.UDPIdleTimeout = 0 }, []string{"--udp-idle-timeout must be positive"}},
+		{"proxies alone", func(o *Options) {
+			o.TokenSource, o.Proxy = "", []string{"socks5:127.0.0.1:1080", "http-connect:127.0.0.1:8080"}
+		}, nil},
+		{"unknown proxy kind", func(o *Options) { o.Proxy = []string{"socks4:127.0.0.1:1080"} }, []string{"--proxy \"socks4:127.0.0.1:1080\": want socks5:HOST:PORT or http-connect:HOST:PORT"}},
+		{"proxy beyond loopback", func(o *Options) { o.Proxy = []string{"socks5:0.0.0.0:1080"} }, []string{"--proxy tcp:0.0.0.0:1080 is not loopback"}},
 		{"cert without key", func(o *Options) { o.CertFile = "/c" }, []string{"--cert-file and --key-file go together"}},
 		{"no auth", func(o *Options) { o.SecretFile = "" }, []string{"client authentication is required"}},
 		{"no auth contradiction", func(o *Options) { o.InsecureNoAuth = true }, []string{"--insecure-no-auth contradicts"}},

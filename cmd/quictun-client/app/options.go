@@ -28,6 +28,8 @@ type Options struct {
 	TokenSourcePlugin string
 	TokenSource       string
 	Forward           []string
+	Proxy             []string
+	ProxyCredentials  string
 
 	ServerFingerprint  []string
 	CAFile             string
@@ -74,7 +76,7 @@ func NewOptions() *Options {
 }
 
 var flagGroups = []cli.FlagGroup{
-	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source", "forward"}},
+	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source", "forward", "proxy", "proxy-credentials-file"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
 	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "udp-idle-timeout", "reconnect-max-delay"}},
@@ -97,6 +99,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.ListenNonLoopback, "listen-non-loopback", o.ListenNonLoopback, "allow --listen-on TCP addresses beyond loopback: anyone who can reach them uses this client's credentials and reaches what the server allows")
 	fs.StringVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500")
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
+	fs.StringSliceVar(&o.Proxy, "proxy", o.Proxy, "a local entry point where each application names its destination, repeatable: socks5:127.0.0.1:1080 (SOCKS5 CONNECT; curl --socks5-hostname, ssh -o ProxyCommand='nc -X 5 -x ...') or http-connect:127.0.0.1:8080 (HTTP CONNECT; curl -x, git, https_proxy); each destination is checked by the server's --allow rules, and a refusal is answered as SOCKS 'not allowed by ruleset' or HTTP 403")
+	fs.StringVar(&o.ProxyCredentials, "proxy-credentials-file", o.ProxyCredentials, "file holding USER:PASSWORD that SOCKS5 clients must present (RFC 1929); empty: none (the entry point is on loopback)")
 	fs.StringSliceVar(&o.Forward, "forward", o.Forward, "LISTEN=DESTINATION, repeatable: one more local listener whose connections all go to DESTINATION, e.g. tcp:127.0.0.1:2222=tcp:127.0.0.1:22 (ssh) beside tcp:127.0.0.1:5433=tcp:10.0.0.5:5432; all forwards share one QUIC connection. --listen-on with --token-source is the single-forward form; with --forward alone, --token-source may be empty and --listen-on is not opened")
 	fs.StringVar(&o.TokenSource, "token-source", o.TokenSource, "the token source, e.g. tcp:127.0.0.1:22 for Fixed; tokens name tcp:HOST:PORT or unix:/path on the server side")
 
@@ -123,7 +127,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 func (o *Options) Validate() error {
 	var errs []error
 	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if len(o.ListenOn) == 0 && len(o.Forward) == 0 {
+	if len(o.ListenOn) == 0 && len(o.Forward) == 0 && len(o.Proxy) == 0 {
 		add("--listen-on needs at least one listener")
 	}
 	checkListen := func(flag, l string) {
@@ -141,10 +145,18 @@ func (o *Options) Validate() error {
 			add("--%s %s is not loopback: anyone who can reach it uses this client's credentials; add --listen-non-loopback if that is intended, or listen on 127.0.0.1", flag, l)
 		}
 	}
-	if o.TokenSource != "" || len(o.Forward) == 0 {
+	if o.TokenSource != "" || len(o.Forward)+len(o.Proxy) == 0 {
 		for _, l := range o.ListenOn {
 			checkListen("listen-on", l)
 		}
+	}
+	for _, p := range o.Proxy {
+		kind, addr, _ := strings.Cut(p, ":")
+		if kind != ProxySOCKS5 && kind != ProxyHTTPConnect {
+			add("--proxy %q: want socks5:HOST:PORT or http-connect:HOST:PORT", p)
+			continue
+		}
+		checkListen("proxy", "tcp:"+addr)
 	}
 	for _, f := range o.Forward {
 		listen, dest, err := splitForward(f)
@@ -165,8 +177,8 @@ func (o *Options) Validate() error {
 		errs = append(errs, err)
 	}
 	if o.TokenSource == "" {
-		if len(o.Forward) == 0 {
-			add("--token-source is required (e.g. tcp:127.0.0.1:22), or give --forward LISTEN=DESTINATION")
+		if len(o.Forward)+len(o.Proxy) == 0 {
+			add("--token-source is required (e.g. tcp:127.0.0.1:22), or give --forward LISTEN=DESTINATION or --proxy")
 		}
 	} else if strings.EqualFold(o.TokenSourcePlugin, token.PluginFixed) {
 		if _, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
@@ -237,6 +249,12 @@ func (o *Options) CheckFiles() error {
 	}
 	return errors.Join(errs...)
 }
+
+// --proxy kinds.
+const (
+	ProxySOCKS5      = "socks5"
+	ProxyHTTPConnect = "http-connect"
+)
 
 // networkOf returns the network prefix of an endpoint ("tcp", "udp", "unix").
 func networkOf(spec string) string {

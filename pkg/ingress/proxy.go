@@ -1,0 +1,158 @@
+package ingress
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/socks5"
+)
+
+// Proxy is a local entry point where the application names each
+// connection's destination (SOCKS5, HTTP CONNECT). The destination is sent
+// to the server as the token, so the server's rules decide, and the
+// application learns the outcome from Reply before any byte flows.
+type Proxy interface {
+	// Request reads the application's request and returns the destination
+	// token and any bytes the application sent after its request. A
+	// malformed or unsupported request has been answered when it returns an
+	// error.
+	Request(nc net.Conn) (token string, early []byte, err error)
+	// Reply answers the request: err nil means connected; otherwise it is
+	// the server's refusal (a *proto.RemoteError) or a local failure.
+	Reply(nc net.Conn, err error) error
+}
+
+// ErrProxyRequest wraps errors about a request a Proxy could not serve.
+var ErrProxyRequest = errors.New("proxy request")
+
+// errNoSession: the client had no connection to the server in time.
+var errNoSession = errors.New("no connection to the server")
+
+// codeOf is the code behind a failure: the server's, or what a local one
+// counts as.
+func codeOf(err error) proto.Code {
+	if c, ok := proto.FromError(err); ok {
+		return c
+	}
+	if errors.Is(err, errStreamCredit) {
+		return proto.CodeOverloaded
+	}
+	return proto.CodeInternal
+}
+
+// SOCKS5 is a SOCKS version 5 entry point (RFC 1928): CONNECT, with
+// username/password authentication (RFC 1929) when Credentials is set.
+type SOCKS5 struct {
+	Credentials socks5.Credentials
+}
+
+// Request negotiates and reads a CONNECT request.
+func (s SOCKS5) Request(nc net.Conn) (string, []byte, error) {
+	if err := socks5.Negotiate(nc, s.Credentials); err != nil {
+		return "", nil, fmt.Errorf("%w: socks5: %w", ErrProxyRequest, err)
+	}
+	req, err := socks5.ReadRequest(nc)
+	if err != nil {
+		if errors.Is(err, socks5.ErrAddressType) {
+			_ = socks5.WriteReply(nc, socks5.ReplyAddressNotSupported, socks5.Addr{})
+		}
+		return "", nil, fmt.Errorf("%w: socks5: %w", ErrProxyRequest, err)
+	}
+	if req.Command != socks5.CmdConnect {
+		_ = socks5.WriteReply(nc, socks5.ReplyCommandNotSupported, socks5.Addr{})
+		return "", nil, fmt.Errorf("%w: socks5: command %d not supported (CONNECT only)", ErrProxyRequest, req.Command)
+	}
+	return "tcp:" + req.Addr.String(), nil, nil
+}
+
+// Reply writes the SOCKS reply for err: a refusal by the server's rules is
+// "connection not allowed by ruleset".
+func (SOCKS5) Reply(nc net.Conn, err error) error {
+	rep := socks5.ReplySucceeded
+	if err != nil {
+		switch codeOf(err) {
+		case proto.CodeRefused:
+			rep = socks5.ReplyNotAllowed
+		case proto.CodeDialFailed:
+			rep = socks5.ReplyConnectionRefused
+		case proto.CodeTimeout:
+			rep = socks5.ReplyHostUnreachable
+		case proto.CodeBadToken:
+			rep = socks5.ReplyAddressNotSupported
+		default:
+			rep = socks5.ReplyGeneralFailure
+		}
+		if errors.Is(err, errNoSession) {
+			rep = socks5.ReplyNetworkUnreachable
+		}
+	}
+	return socks5.WriteReply(nc, rep, socks5.Addr{})
+}
+
+// maxConnectRequest bounds an HTTP CONNECT request's line and headers.
+const maxConnectRequest = 16 << 10
+
+// HTTPConnect is an HTTP proxy entry point that serves CONNECT only (what
+// curl -x, git and browsers use for HTTPS, and curl -p for anything).
+type HTTPConnect struct{}
+
+// Request reads a CONNECT request.
+func (HTTPConnect) Request(nc net.Conn) (string, []byte, error) {
+	br := bufio.NewReader(&io.LimitedReader{R: nc, N: maxConnectRequest})
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		writeStatus(nc, http.StatusBadRequest, "")
+		return "", nil, fmt.Errorf("%w: http: %w", ErrProxyRequest, err)
+	}
+	if req.Method != http.MethodConnect {
+		writeStatus(nc, http.StatusMethodNotAllowed, "Allow: CONNECT\r\n")
+		return "", nil, fmt.Errorf("%w: http: method %s (CONNECT only)", ErrProxyRequest, req.Method)
+	}
+	if _, port, err := net.SplitHostPort(req.Host); err != nil || port == "" {
+		writeStatus(nc, http.StatusBadRequest, "")
+		return "", nil, fmt.Errorf("%w: http: CONNECT %q: want host:port", ErrProxyRequest, req.Host)
+	}
+	var early []byte
+	if n := br.Buffered(); n > 0 {
+		early, _ = br.Peek(n) // sent before our answer: forwarded after the header
+	}
+	return "tcp:" + req.Host, early, nil
+}
+
+// Reply writes the HTTP status for err: 200, or 403 for a destination the
+// server's rules refuse, 502/504 when its dial failed or timed out, 503
+// when the tunnel is unavailable.
+func (HTTPConnect) Reply(nc net.Conn, err error) error {
+	if err == nil {
+		_, werr := io.WriteString(nc, "HTTP/1.1 200 Connection established\r\n\r\n")
+		return werr
+	}
+	status := http.StatusBadGateway
+	switch codeOf(err) {
+	case proto.CodeRefused:
+		status = http.StatusForbidden
+	case proto.CodeTimeout:
+		status = http.StatusGatewayTimeout
+	case proto.CodeOverloaded, proto.CodeShutdown:
+		status = http.StatusServiceUnavailable
+	case proto.CodeBadToken:
+		status = http.StatusBadRequest
+	}
+	if errors.Is(err, errNoSession) {
+		status = http.StatusServiceUnavailable
+	}
+	writeStatus(nc, status, "")
+	return nil
+}
+
+// writeStatus answers with status and no body, closing the connection.
+func writeStatus(w io.Writer, status int, headers string) {
+	_, _ = io.WriteString(w, "HTTP/1.1 "+strconv.Itoa(status)+" "+http.StatusText(status)+"\r\n"+
+		headers+"Connection: close\r\nContent-Length: 0\r\n\r\n")
+}

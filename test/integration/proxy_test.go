@@ -1,0 +1,168 @@
+package integration
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/proxy"
+
+	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/ingress"
+	"github.com/quictun/quictun/pkg/socks5"
+)
+
+// startProxy runs a client whose only entry point is p and returns its address.
+func startProxy(t *testing.T, srv *testutil.Server, p ingress.Proxy) (string, *testutil.Client) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	c := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", WaitReady: true, Mutate: func(cfg *client.Config) {
+		cfg.Forwards = []client.Forward{{Listener: ln, Proxy: p}}
+	}})
+	return ln.Addr().String(), c
+}
+
+// socksConnect does a raw SOCKS5 CONNECT to host:port and returns the REP
+// byte and the connection.
+func socksConnect(t *testing.T, addr, host string, port int) (byte, net.Conn) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	req := []byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}
+	req = append(req, host...)
+	req = append(req, byte(port>>8), byte(port))
+	_, err = c.Write(req)
+	require.NoError(t, err)
+	resp := make([]byte, 2+10)
+	_, err = io.ReadFull(c, resp)
+	require.NoError(t, err)
+	require.Equal(t, []byte{5, 0}, resp[:2], "method: no authentication")
+	_ = c.SetDeadline(time.Time{})
+	return resp[3], c
+}
+
+// TestSOCKS5Proxy (issue 12 item 4): a SOCKS5 entry point carries CONNECTs
+// to destinations the application names (by IP or by name, resolved by the
+// server), and answers a destination the server's rules refuse with
+// "connection not allowed by ruleset" (2), one that does not answer with
+// "connection refused" (5).
+func TestSOCKS5Proxy(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	_, port, _ := net.SplitHostPort(echo)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo, "tcp:127.0.0.1:1"}})
+	addr, c := startProxy(t, srv, ingress.SOCKS5{})
+
+	d, err := proxy.SOCKS5("tcp", addr, nil, proxy.Direct)
+	require.NoError(t, err)
+	conn, err := d.Dial("tcp", echo)
+	require.NoError(t, err)
+	echoCheck(t, conn, 256<<10)
+	_ = conn.Close()
+
+	p, _ := strconv.Atoi(port)
+	rep, conn2 := socksConnect(t, addr, "localhost", p)
+	assert.Equal(t, byte(socks5.ReplySucceeded), rep, "a name the server resolves to an allowed address")
+	echoCheck(t, conn2, 256<<10)
+
+	rep, _ = socksConnect(t, addr, "127.0.0.1", 22)
+	assert.Equal(t, byte(socks5.ReplyNotAllowed), rep, "not allowed by ruleset")
+	rep, _ = socksConnect(t, addr, "127.0.0.1", 1)
+	assert.Equal(t, byte(socks5.ReplyConnectionRefused), rep, "allowed, but nothing listens")
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(c.Metrics.StreamsTotal.WithLabelValues("refused")) == 1 &&
+			promtest.ToFloat64(c.Metrics.StreamsTotal.WithLabelValues("dial_failed")) == 1
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.RefusedTotal.WithLabelValues("tcp", "not_allowed")))
+}
+
+// TestSOCKS5ProxyCredentials: with credentials set, a client without them
+// (or with wrong ones) is turned away before any stream is opened.
+func TestSOCKS5ProxyCredentials(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	addr, c := startProxy(t, srv, ingress.SOCKS5{Credentials: socks5.UserPass{User: "app", Password: "s3cret"}})
+	for _, auth := range []*proxy.Auth{nil, {User: "app", Password: "wrong"}} {
+		d, err := proxy.SOCKS5("tcp", addr, auth, proxy.Direct)
+		require.NoError(t, err)
+		_, err = d.Dial("tcp", echo)
+		require.Error(t, err)
+	}
+	d, err := proxy.SOCKS5("tcp", addr, &proxy.Auth{User: "app", Password: "s3cret"}, proxy.Direct)
+	require.NoError(t, err)
+	conn, err := d.Dial("tcp", echo)
+	require.NoError(t, err)
+	echoCheck(t, conn, 256<<10)
+	assert.Equal(t, 2.0, promtest.ToFloat64(c.Metrics.StreamsTotal.WithLabelValues("bad_token")), "bad requests are counted")
+	assert.Equal(t, 0.0, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("refused")), "the server saw nothing of them")
+}
+
+// httpConnect sends a CONNECT for target and returns the status code, the
+// connection and its reader.
+func httpConnect(t *testing.T, addr, target, extra string) (int, net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\n\r\n"+extra)
+	require.NoError(t, err)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	require.NoError(t, err)
+	_ = c.SetDeadline(time.Time{})
+	return resp.StatusCode, c, br
+}
+
+// TestHTTPConnectProxy: an HTTP CONNECT entry point answers 200 and carries
+// the bytes (including bytes the application sent right after its request),
+// 403 for a destination the rules refuse, 502 when the dial fails, 405 for
+// other methods.
+func TestHTTPConnectProxy(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo, "tcp:127.0.0.1:1"}})
+	addr, _ := startProxy(t, srv, ingress.HTTPConnect{})
+
+	code, c, br := httpConnect(t, addr, echo, "early bytes|")
+	require.Equal(t, http.StatusOK, code)
+	_, err := io.WriteString(c, "later bytes")
+	require.NoError(t, err)
+	require.NoError(t, c.(*net.TCPConn).CloseWrite())
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(br)
+	require.NoError(t, err)
+	assert.Equal(t, "early bytes|later bytes", string(got), "bytes sent with the request are not lost")
+
+	code, c, _ = httpConnect(t, addr, echo, "")
+	require.Equal(t, http.StatusOK, code)
+	echoCheck(t, c, 256<<10)
+
+	code, _, _ = httpConnect(t, addr, "127.0.0.1:22", "")
+	assert.Equal(t, http.StatusForbidden, code)
+	code, _, _ = httpConnect(t, addr, "127.0.0.1:1", "")
+	assert.Equal(t, http.StatusBadGateway, code)
+
+	g, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer g.Close()
+	_, err = io.WriteString(g, "GET http://"+echo+"/ HTTP/1.1\r\nHost: "+echo+"\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(g), nil)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	assert.True(t, strings.Contains(resp.Header.Get("Allow"), "CONNECT"))
+}
