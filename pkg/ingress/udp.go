@@ -22,7 +22,7 @@ import (
 // sender (while its stream opens, or while the connection is congestion
 // limited); more are dropped (udp_drops_total{reason="queue_full"}), as a
 // router drops what it cannot forward.
-const flowQueue = 128
+const flowQueue = 512
 
 // DefaultUDPIdleTimeout ends a flow without packets either way.
 const DefaultUDPIdleTimeout = time.Minute

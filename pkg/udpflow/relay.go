@@ -84,8 +84,12 @@ func (r *Relay) abort(code proto.Code, cause error) {
 	})
 }
 
-// FromDatagram delivers a packet that came as a datagram.
-func (r *Relay) FromDatagram(p []byte) { r.deliver(PathDatagram, p) }
+// FromDatagram delivers a packet that came as a datagram. It may be called
+// (from Table.Handle) before Run.
+func (r *Relay) FromDatagram(p []byte) {
+	r.init()
+	r.deliver(PathDatagram, p)
+}
 
 func (r *Relay) deliver(path string, p []byte) {
 	r.Idle.Touch()

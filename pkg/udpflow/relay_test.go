@@ -225,3 +225,26 @@ func TestTableRoutesAndDrops(t *testing.T) {
 	remove8()
 	assert.Equal(t, 0, tab.Len())
 }
+
+// TestRelayDatagramBeforeRun: a datagram may reach a flow between its Table
+// registration and Run (the peer is quick); delivering it must not race with
+// Run's start.
+func TestRelayDatagramBeforeRun(t *testing.T) {
+	for range 20 {
+		l := newLocal()
+		r := &udpflow.Relay{Stream: nopStream{}, Deliver: l.deliver, Up: &udpflow.Counters{}, Down: &udpflow.Counters{}}
+		done := make(chan struct{})
+		go func() { defer close(done); r.FromDatagram([]byte("early")) }()
+		r.Abort(proto.CodeShutdown) // initialises the relay as Run does
+		<-done
+		assert.Equal(t, uint64(1), r.Down.Datagrams.Load())
+	}
+}
+
+type nopStream struct{}
+
+func (nopStream) Read([]byte) (int, error)         { return 0, io.EOF }
+func (nopStream) Write(b []byte) (int, error)      { return len(b), nil }
+func (nopStream) Close() error                     { return nil }
+func (nopStream) CancelRead(quic.StreamErrorCode)  {}
+func (nopStream) CancelWrite(quic.StreamErrorCode) {}

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -16,16 +19,23 @@ type target struct {
 	host     string
 	port     int
 	unixPath string
+	// socks5 is a SOCKS5 proxy (HOST:PORT) to connect through: the proxy
+	// is asked to CONNECT to host:port, and its answer is part of connect_ms.
+	socks5 string
 }
 
 func (t *target) addFlags(fs *pflag.FlagSet, defaultPort int) {
 	fs.StringVar(&t.host, "server-host", "127.0.0.1", "server host name or IP address")
 	fs.IntVar(&t.port, "server-port", defaultPort, "server TCP port")
 	fs.StringVar(&t.unixPath, "unix", "", "connect to this UNIX socket path instead of --server-host/--server-port")
+	fs.StringVar(&t.socks5, "socks5", "", "connect through this SOCKS5 proxy (HOST:PORT, no authentication), asking it for --server-host:--server-port (a name is resolved by the proxy); the proxy's answer counts in connect_ms")
 }
 
 func (t *target) validate() error {
 	if t.unixPath != "" {
+		if t.socks5 != "" {
+			return errors.New("--socks5 connects to --server-host/--server-port, not --unix")
+		}
 		return nil
 	}
 	var errs []error
@@ -60,9 +70,22 @@ func (t *target) address() string {
 // called before the connection is closed by the caller.
 func (t *target) dial(ctx context.Context) (net.Conn, func() bool, error) {
 	var d net.Dialer
-	c, err := d.DialContext(ctx, t.network(), t.address())
+	network, address := t.network(), t.address()
+	if t.socks5 != "" {
+		network, address = "tcp", t.socks5
+	}
+	c, err := d.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, nil, err
+	}
+	if t.socks5 != "" {
+		if dl, ok := ctx.Deadline(); ok {
+			_ = c.SetDeadline(dl)
+		}
+		if err := socksConnect(c, t.host, t.port); err != nil {
+			_ = c.Close()
+			return nil, nil, err
+		}
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		// Latency probes must not wait for Nagle; Go sets this by default,
@@ -88,4 +111,51 @@ func closeWrite(c net.Conn) error {
 		return cw.CloseWrite()
 	}
 	return c.Close()
+}
+
+// socksConnect asks the SOCKS5 proxy on c (no authentication) to CONNECT to
+// host:port and reads its answer (RFC 1928). Greeting and request go in one
+// write: the proxy's answer is the only wait.
+func socksConnect(c net.Conn, host string, port int) error {
+	req := []byte{5, 1, 0, 5, 1, 0}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() {
+		req = append(append(req, 1), ip.AsSlice()...)
+	} else if err == nil {
+		req = append(append(req, 4), ip.AsSlice()...)
+	} else {
+		if len(host) > 255 {
+			return errors.New("socks5: host name longer than 255 bytes")
+		}
+		req = append(append(req, 3, byte(len(host))), host...)
+	}
+	req = append(req, byte(port>>8), byte(port))
+	if _, err := c.Write(req); err != nil {
+		return fmt.Errorf("socks5: %w", err)
+	}
+	var resp [5]byte // method choice, then VER REP RSV ATYP and one byte of the address
+	if _, err := io.ReadFull(c, resp[:2]); err != nil {
+		return fmt.Errorf("socks5: %w", err)
+	}
+	if resp[0] != 5 || resp[1] != 0 {
+		return fmt.Errorf("socks5: the proxy wants authentication method %d", resp[1])
+	}
+	if _, err := io.ReadFull(c, resp[:]); err != nil {
+		return fmt.Errorf("socks5: %w", err)
+	}
+	if resp[1] != 0 {
+		return fmt.Errorf("socks5: the proxy answered %d (2: not allowed by ruleset, 5: connection refused)", resp[1])
+	}
+	rest := 0 // bytes of the bound address left, then the port
+	switch resp[3] {
+	case 1:
+		rest = 4 - 1 + 2
+	case 4:
+		rest = 16 - 1 + 2
+	case 3:
+		rest = int(resp[4]) + 2
+	default:
+		return fmt.Errorf("socks5: unknown address type %d in the answer", resp[3])
+	}
+	_, err := io.ReadFull(c, make([]byte, rest))
+	return err
 }

@@ -287,7 +287,13 @@ func (r *Runner) candidates(ctx context.Context) ([]Variant, error) {
 		ccs = []string{""}
 	}
 	for i, cc := range ccs {
-		cands = append(cands, &quictun{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs, Congestion: cc, Instance: i})
+		q := &quictun{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs, Congestion: cc, Instance: i}
+		cands = append(cands, q)
+		// Opt-in (named in --variants): the same daemons through a SOCKS5 entry point.
+		if s := (&quictunSOCKS{q: q}); slices.Contains(r.opts.Variants, s.Name()) {
+			q.SOCKS = true
+			cands = append(cands, s)
+		}
 	}
 	return cands, nil
 }

@@ -126,9 +126,13 @@ func (r *Runner) probe(ctx context.Context, sc string, link LinkSpec, cs string,
 	host, port, _ := net.SplitHostPort(v.Echo())
 	s := Sample{Scenario: sc, Link: link.Name, Case: cs, Variant: v.Name(), Rep: rep, Started: time.Now().UTC()}
 	var p ProbeResult
-	raw, runErr, err := r.latencyClient(ctx, timeout, &p, "--server-host", host, "--server-port", port,
+	args := []string{"--server-host", host, "--server-port", port,
 		"--size", strconv.Itoa(size), "--number", strconv.Itoa(number), "--connections", strconv.Itoa(conns),
-		"--timeout", timeout.String())
+		"--timeout", timeout.String()}
+	if pv, ok := v.(interface{ ProbeArgs() []string }); ok {
+		args = append(args, pv.ProbeArgs()...)
+	}
+	raw, runErr, err := r.latencyClient(ctx, timeout, &p, args...)
 	if err != nil {
 		s.Error = err.Error()
 		r.record(s)

@@ -294,8 +294,10 @@ type quictun struct {
 	Congestion string
 	// Instance numbers the quictun variants of a run (ports, files).
 	Instance int
-	server   *Proc
-	clients  map[string]*Proc
+	// SOCKS opens a SOCKS5 entry point on the echo client (quictunSOCKS).
+	SOCKS   bool
+	server  *Proc
+	clients map[string]*Proc
 }
 
 // Ports of instance 0; instance k adds 10*k (the UDP port adds k).
@@ -305,6 +307,7 @@ const (
 	qtServerAdminPort        = 8086
 	qtEchoAdminPort          = 8087
 	qtSinkAdminPort          = 8088
+	qtSOCKSLocal             = 6502
 	// qtMuxEchoIP: connections to the sink client's listener from this
 	// address reach the echo server (see quictun).
 	qtMuxEchoIP = "127.0.0.2"
@@ -393,6 +396,9 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 			// As the systemd unit: tickets survive a restart (cold start).
 			"--session-file", filepath.Join(env.WorkDir, q.file("quictun-sessions-"+svc.name+".json")),
 		}, q.ccArgs()...)
+		if q.SOCKS && svc.name == "echo" {
+			args = append(args, "--proxy", "socks5:"+q.local(qtSOCKSLocal))
+		}
 		args = append(args, q.ClientArgs...)
 		p, err := StartProc(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), env.bin("quictun-client"), args...)
 		if err != nil {
@@ -406,6 +412,38 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 	addr, from := q.MuxEcho()
 	return waitEchoFrom(ctx, env.ClientNS, from, addr, 20*time.Second)
 }
+
+// quictunSOCKS probes through the SOCKS5 entry point (--proxy) of a quictun
+// variant's echo client: the same daemons and QUIC connection, with the
+// destination named per connection. connect_ms then holds the proxy's
+// answer (a round trip to the server and its dial), which a forward spends
+// in the first round trip instead. Only probe scenarios (latency, echo-tps,
+// request-size, connrate) go through the proxy; Sink is the forward's.
+type quictunSOCKS struct{ q *quictun }
+
+func (s *quictunSOCKS) Name() string { return s.q.Name() + "-socks5" }
+
+// Start checks that the quictun variant it rides on started.
+func (s *quictunSOCKS) Start(context.Context, *Env) error {
+	if s.q.server == nil {
+		return errors.New("its quictun variant did not start")
+	}
+	return nil
+}
+
+// Echo is the destination as the quictun server sees it.
+func (s *quictunSOCKS) Echo() string { return "127.0.0.1:" + strconv.Itoa(EchoPort) }
+func (s *quictunSOCKS) Sink() string { return s.q.Sink() }
+func (s *quictunSOCKS) EndpointPIDs(service string) (client, server []int) {
+	return s.q.EndpointPIDs(service)
+}
+func (s *quictunSOCKS) Reconnects(ctx context.Context, env *Env) float64 {
+	return s.q.Reconnects(ctx, env)
+}
+func (s *quictunSOCKS) Stop() {} // the quictun variant stops the daemons
+
+// ProbeArgs are latency-client's extra flags for this variant.
+func (s *quictunSOCKS) ProbeArgs() []string { return []string{"--socks5", s.q.local(qtSOCKSLocal)} }
 
 // muxTokenFile is the sink client's File token source.
 func muxTokenFile() string {
