@@ -229,6 +229,10 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		_ = nc.SetDeadline(time.Now().Add(proxyRequestTimeout))
 		token, early, err = proxy.Request(nc)
 		_ = nc.SetDeadline(time.Time{})
+		if errors.Is(err, ErrUDPAssociate) {
+			h.serveAssociate(ctx, nc)
+			return
+		}
 		if err != nil {
 			replied = true // Request answered what it could not serve
 			fail(proto.CodeBadToken.String(), "Bad proxy request", err)

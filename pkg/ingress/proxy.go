@@ -2,15 +2,21 @@ package ingress
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
+	"sync"
+
+	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/socks5"
+	"github.com/quictun/quictun/pkg/udpflow"
 )
 
 // Proxy is a local entry point where the application names each
@@ -46,8 +52,13 @@ func codeOf(err error) proto.Code {
 	return proto.CodeInternal
 }
 
-// SOCKS5 is a SOCKS version 5 entry point (RFC 1928): CONNECT, with
-// username/password authentication (RFC 1929) when Credentials is set.
+// ErrUDPAssociate is what SOCKS5.Request returns for a UDP ASSOCIATE
+// request: the handler answers it with a UDP relay (serveAssociate).
+var ErrUDPAssociate = errors.New("socks5: UDP ASSOCIATE")
+
+// SOCKS5 is a SOCKS version 5 entry point (RFC 1928): CONNECT and UDP
+// ASSOCIATE, with username/password authentication (RFC 1929) when
+// Credentials is set.
 type SOCKS5 struct {
 	Credentials socks5.Credentials
 }
@@ -64,9 +75,12 @@ func (s SOCKS5) Request(nc net.Conn) (string, []byte, error) {
 		}
 		return "", nil, fmt.Errorf("%w: socks5: %w", ErrProxyRequest, err)
 	}
+	if req.Command == socks5.CmdUDPAssociate {
+		return "", nil, ErrUDPAssociate
+	}
 	if req.Command != socks5.CmdConnect {
 		_ = socks5.WriteReply(nc, socks5.ReplyCommandNotSupported, socks5.Addr{})
-		return "", nil, fmt.Errorf("%w: socks5: command %d not supported (CONNECT only)", ErrProxyRequest, req.Command)
+		return "", nil, fmt.Errorf("%w: socks5: command %d not supported (CONNECT and UDP ASSOCIATE only)", ErrProxyRequest, req.Command)
 	}
 	return "tcp:" + req.Addr.String(), nil, nil
 }
@@ -155,4 +169,57 @@ func (HTTPConnect) Reply(nc net.Conn, err error) error {
 func writeStatus(w io.Writer, status int, headers string) {
 	_, _ = io.WriteString(w, "HTTP/1.1 "+strconv.Itoa(status)+" "+http.StatusText(status)+"\r\n"+
 		headers+"Connection: close\r\nContent-Length: 0\r\n\r\n")
+}
+
+// serveAssociate serves a SOCKS5 UDP ASSOCIATE on its control connection nc:
+// a UDP relay socket on nc's local address, answered to the application;
+// each (application address, destination) of the packets it receives is a
+// UDP flow to "udp:" + destination (checked by the server's rules), and the
+// answers go back with the SOCKS5 UDP header naming their source. Only
+// packets from nc's remote IP are relayed. The association, and its flows,
+// end when nc closes (RFC 1928 section 6).
+func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn) {
+	logger := klog.FromContext(ctx)
+	m := h.cfg.Metrics
+	local, _ := netip.ParseAddrPort(nc.LocalAddr().String())
+	remote, _ := netip.ParseAddrPort(nc.RemoteAddr().String())
+	pc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local.Addr(), 0)))
+	if err != nil {
+		m.UDP.FlowsTotal.WithLabelValues(proto.CodeInternal.String()).Inc()
+		_ = socks5.WriteReply(nc, socks5.ReplyGeneralFailure, socks5.Addr{})
+		_ = nc.Close()
+		logger.Error(err, "SOCKS5 UDP ASSOCIATE: could not open a relay socket")
+		return
+	}
+	bound, _ := netip.ParseAddrPort(pc.LocalAddr().String())
+	if err := socks5.WriteReply(nc, socks5.ReplySucceeded, socks5.Addr{IP: bound.Addr(), Port: bound.Port()}); err != nil {
+		_ = pc.Close()
+		_ = nc.Close()
+		return
+	}
+	client := remote.Addr().Unmap()
+	logger.V(4).Info("SOCKS5 UDP ASSOCIATE", "remoteAddress", remote.String(), "relay", bound.String())
+	// The association lives as long as its control connection (or ctx).
+	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
+	defer stop()
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_, _ = io.Copy(io.Discard, nc)
+		_ = pc.Close()
+	}()
+	var flows sync.WaitGroup
+	h.serveUDP(ctx, pc, udpSource{parse: func(src netip.AddrPort, b []byte) (string, []byte, []byte, string, bool) {
+		if src.Addr() != client {
+			return "", nil, nil, udpflow.DropForeignSource, false
+		}
+		a, payload, err := socks5.ParseUDP(b)
+		if err != nil {
+			return "", nil, nil, udpflow.DropMalformed, false
+		}
+		return a.String(), b[:len(b)-len(payload)], payload, "", true
+	}}, &flows)
+	_ = nc.Close()
+	<-closed
+	flows.Wait()
 }

@@ -27,12 +27,32 @@ const flowQueue = 512
 // DefaultUDPIdleTimeout ends a flow without packets either way.
 const DefaultUDPIdleTimeout = time.Minute
 
-// udpFlow is one application source address on a UDP listener.
+// udpFlow is one application source address (and, for SOCKS5 UDP
+// ASSOCIATE, one destination) on a UDP socket.
 type udpFlow struct {
 	src    netip.AddrPort
+	dest   string // HOST:PORT the application named; "" for a forward (its TokenSource decides)
+	prefix []byte // prepended to each packet sent back to the application (the SOCKS5 UDP header)
 	in     chan []byte
 	closed chan struct{}
 	once   sync.Once
+}
+
+// flowKey identifies a flow on a socket.
+type flowKey struct {
+	src  netip.AddrPort
+	dest string
+}
+
+// udpSource says how a socket's packets map to flows: for a forward, by
+// source address to the forward's TokenSource; for SOCKS5 UDP ASSOCIATE,
+// parse reads each packet's destination.
+type udpSource struct {
+	tokens TokenSource
+	// parse, if set, returns a packet's destination (HOST:PORT), the header
+	// to put before the answers (the SOCKS5 UDP header naming it) and the
+	// payload; ok false drops the packet, counted under reason.
+	parse func(src netip.AddrPort, b []byte) (dest string, prefix, payload []byte, reason string, ok bool)
 }
 
 func (f *udpFlow) recv(buf []byte) ([]byte, error) {
@@ -56,10 +76,14 @@ var errFlowClosed = io.EOF
 // for UDPIdleTimeout either way, and when pc closes. Flow goroutines are
 // added to handlers.
 func (h *Handler) ServeUDP(ctx context.Context, pc *net.UDPConn, tokens TokenSource, handlers *sync.WaitGroup) {
+	h.serveUDP(ctx, pc, udpSource{tokens: tokens}, handlers)
+}
+
+func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, handlers *sync.WaitGroup) {
 	logger := klog.FromContext(ctx)
 	m := h.cfg.Metrics.UDP
 	var mu sync.Mutex
-	flows := map[netip.AddrPort]*udpFlow{}
+	flows := map[flowKey]*udpFlow{}
 	defer func() {
 		// The socket is closed: no more packets come, and answers cannot
 		// be delivered. End every flow.
@@ -85,8 +109,17 @@ func (h *Handler) ServeUDP(ctx context.Context, pc *net.UDPConn, tokens TokenSou
 			}
 		}
 		src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+		key, payload, prefix := flowKey{src: src}, buf[:n], []byte(nil)
+		if us.parse != nil {
+			dest, pre, p, reason, ok := us.parse(src, buf[:n])
+			if !ok {
+				m.Drop(reason)
+				continue
+			}
+			key.dest, payload, prefix = dest, p, pre
+		}
 		mu.Lock()
-		f := flows[src]
+		f := flows[key]
 		if f == nil {
 			select {
 			case h.slots <- struct{}{}:
@@ -96,19 +129,19 @@ func (h *Handler) ServeUDP(ctx context.Context, pc *net.UDPConn, tokens TokenSou
 				logger.V(2).Info("Too many local connections and flows; dropping a packet of a new UDP flow", "limit", h.cfg.MaxConnections, "source", src.String())
 				continue
 			}
-			f = &udpFlow{src: src, in: make(chan []byte, flowQueue), closed: make(chan struct{})}
-			flows[src] = f
+			f = &udpFlow{src: src, dest: key.dest, prefix: bytes.Clone(prefix), in: make(chan []byte, flowQueue), closed: make(chan struct{})}
+			flows[key] = f
 			handlers.Go(func() {
 				defer func() { <-h.slots }()
-				h.serveFlow(ctx, pc, f, tokens)
+				h.serveFlow(ctx, pc, f, us.tokens)
 				mu.Lock()
-				delete(flows, src)
+				delete(flows, key)
 				mu.Unlock()
 			})
 		}
 		mu.Unlock()
 		select {
-		case f.in <- bytes.Clone(buf[:n]):
+		case f.in <- bytes.Clone(payload):
 		default:
 			m.Drop(udpflow.DropQueueFull)
 		}
@@ -129,13 +162,16 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		}
 		logger.V(2).Info(msg, "err", err)
 	}
-	if tokens == nil {
-		tokens = h.cfg.Tokens()
-	}
-	token, err := tokens.Token(ctx, net.UDPAddrFromAddrPort(f.src))
-	if err != nil {
-		fail(proto.CodeBadToken.String(), "Could not get a destination token for a UDP flow", err)
-		return
+	token := "udp:" + f.dest
+	if f.dest == "" {
+		if tokens == nil {
+			tokens = h.cfg.Tokens()
+		}
+		var err error
+		if token, err = tokens.Token(ctx, net.UDPAddrFromAddrPort(f.src)); err != nil {
+			fail(proto.CodeBadToken.String(), "Could not get a destination token for a UDP flow", err)
+			return
+		}
 	}
 	sess, err := h.cfg.Sessions.Wait(ctx)
 	if err != nil {
@@ -174,6 +210,9 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		Recv:       f.recv,
 		CloseLocal: f.close,
 		Deliver: func(p []byte) error {
+			if f.prefix != nil {
+				p = append(append(make([]byte, 0, len(f.prefix)+len(p)), f.prefix...), p...)
+			}
 			_, err := pc.WriteToUDPAddrPort(p, f.src)
 			return err
 		},

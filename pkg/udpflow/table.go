@@ -24,12 +24,15 @@ const (
 	// DropNoSession: a packet that started a flow while the client had no
 	// connection to the server, or whose flow could not be opened.
 	DropNoSession = "no_session"
+	// DropForeignSource: a SOCKS5 UDP ASSOCIATE packet from an address
+	// other than the association's client.
+	DropForeignSource = "foreign_source"
 )
 
 // DropReasons lists every drop reason, for pre-creating metric labels and
 // checking the documentation.
 func DropReasons() []string {
-	return []string{DropUnknownFlow, DropMalformed, DropQueueFull, DropFlowLimit, DropWriteError, DropNoSession}
+	return []string{DropUnknownFlow, DropMalformed, DropQueueFull, DropFlowLimit, DropWriteError, DropNoSession, DropForeignSource}
 }
 
 // Table routes a QUIC connection's 'U' datagrams to the flows open on it,

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/socks5"
+	"github.com/quictun/quictun/pkg/udpflow"
 )
 
 // startProxy runs a client whose only entry point is p and returns its address.
@@ -165,4 +167,88 @@ func TestHTTPConnectProxy(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
 	assert.True(t, strings.Contains(resp.Header.Get("Allow"), "CONNECT"))
+}
+
+// socksAssociate opens a SOCKS5 UDP ASSOCIATE on addr and returns the
+// control connection and the relay address.
+func socksAssociate(t *testing.T, addr string) (net.Conn, *net.UDPAddr) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = c.Write([]byte{5, 1, 0, 5, 3, 0, 1, 0, 0, 0, 0, 0, 0})
+	require.NoError(t, err)
+	resp := make([]byte, 2+10)
+	_, err = io.ReadFull(c, resp)
+	require.NoError(t, err)
+	require.Equal(t, []byte{5, 0, 5, 0, 0, 1}, resp[:6], "UDP ASSOCIATE succeeded with an IPv4 relay address")
+	_ = c.SetDeadline(time.Time{})
+	return c, &net.UDPAddr{IP: net.IP(resp[6:10]), Port: int(resp[10])<<8 | int(resp[11])}
+}
+
+// TestSOCKS5UDPAssociate: datagrams sent to the SOCKS5 relay with the UDP
+// request header reach the destination they name (checked by the server's
+// udp: rules) and the answers come back with the header naming it; packets
+// from another address than the control connection's are dropped; closing
+// the control connection ends the association and its flows.
+func TestSOCKS5UDPAssociate(t *testing.T) {
+	t.Parallel()
+	echo := udpEcho(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"udp:" + echo}})
+	addr, c := startProxy(t, srv, ingress.SOCKS5{})
+	ctrl, relay := socksAssociate(t, addr)
+	app, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer app.Close()
+	ep := netip.MustParseAddrPort(echo)
+	hdr := socks5.AppendUDPHeader(nil, socks5.Addr{IP: ep.Addr(), Port: ep.Port()})
+	buf := make([]byte, 70000)
+	for i, size := range []int{10, 1000, 5000} {
+		want := packet(uint32(i), size)
+		got := false
+		for try := 0; try < 5 && !got; try++ {
+			_, err := app.WriteToUDP(append(append([]byte(nil), hdr...), want...), relay)
+			require.NoError(t, err)
+			_ = app.SetReadDeadline(time.Now().Add(2 * time.Second))
+			n, err := app.Read(buf)
+			if err != nil {
+				continue
+			}
+			from, payload, err := socks5.ParseUDP(buf[:n])
+			require.NoError(t, err)
+			assert.Equal(t, echo, from.String(), "the answer names its source")
+			require.Equal(t, uint32(i), checkPacket(t, payload))
+			got = true
+		}
+		require.True(t, got, "packet %d never answered", i)
+	}
+	// A destination the rules do not allow: refused by the server.
+	bad := socks5.AppendUDPHeader(nil, socks5.Addr{IP: netip.MustParseAddr("127.0.0.1"), Port: 9})
+	_, err = app.WriteToUDP(append(bad, "x"...), relay)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(c.Metrics.UDP.FlowsTotal.WithLabelValues("refused")) == 1
+	}, 5*time.Second, 10*time.Millisecond)
+	// Another source address is not the association's client.
+	other, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	require.NoError(t, err)
+	defer other.Close()
+	_, err = other.WriteToUDP(append(append([]byte(nil), hdr...), "y"...), relay)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(c.Metrics.UDP.DropsTotal.WithLabelValues(udpflow.DropForeignSource)) == 1
+	}, 5*time.Second, 10*time.Millisecond)
+
+	assert.Equal(t, 1.0, promtest.ToFloat64(c.Metrics.UDP.FlowsActive))
+	_ = ctrl.Close()
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(c.Metrics.UDP.FlowsActive) == 0 && promtest.ToFloat64(srv.Metrics.UDP.FlowsActive) == 0
+	}, 5*time.Second, 10*time.Millisecond, "closing the control connection ends the flows")
+	_, err = app.WriteToUDP(append(append([]byte(nil), hdr...), "z"...), relay)
+	if err == nil {
+		_ = app.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		_, err = app.Read(buf)
+		assert.Error(t, err, "the relay is closed")
+	}
 }
