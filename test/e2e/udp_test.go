@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/pkg/socks5"
 )
 
 // needTool returns the path of name, or skips the test naming the Debian
@@ -120,4 +123,66 @@ func TestProxiesWithCurl(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, out, "403", out)
 	waitMetric(t, srv, 5*time.Second, eq(2), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
+}
+
+// TestSOCKS5UDPAssociateDig: dig's UDP queries relayed through the built
+// client's SOCKS5 UDP ASSOCIATE reach dnsmasq on the server host (dig has
+// no SOCKS support, so a small relay in the test wraps its packets in the
+// SOCKS5 UDP header; that is what a SOCKS-aware application does).
+func TestSOCKS5UDPAssociateDig(t *testing.T) {
+	checkLeaks(t)
+	dig := needTool(t, "dig", "bind9-dnsutils")
+	dnsmasq := needTool(t, "dnsmasq", "dnsmasq-base")
+	dnsPort := freePort(t, "udp")
+	startProc(t, "dnsmasq", nil, dnsmasq, "--keep-in-foreground", "--no-daemon", "--no-resolv", "--no-hosts",
+		"--bind-interfaces", "--listen-address=127.0.0.1", "--port="+strconv.Itoa(dnsPort), "--user=root", "--pid-file=",
+		"--address=/svc.test/192.0.2.9")
+	dnsAddr := netip.MustParseAddrPort("127.0.0.1:" + strconv.Itoa(dnsPort))
+	srv := startServer(t, serverOpts{Allow: []string{"udp:" + dnsAddr.String()}})
+	socks := "127.0.0.1:" + strconv.Itoa(freePort(t, "tcp"))
+	startClient(t, srv, clientOpts{Args: []string{"--proxy", "socks5:" + socks}})
+
+	ctrl, err := net.Dial("tcp", socks)
+	require.NoError(t, err)
+	defer ctrl.Close()
+	_ = ctrl.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = ctrl.Write([]byte{5, 1, 0, 5, 3, 0, 1, 0, 0, 0, 0, 0, 0})
+	require.NoError(t, err)
+	resp := make([]byte, 12)
+	_, err = io.ReadFull(ctrl, resp)
+	require.NoError(t, err)
+	require.Equal(t, []byte{5, 0, 5, 0, 0, 1}, resp[:6])
+	relay := &net.UDPAddr{IP: net.IP(resp[6:10]), Port: int(resp[10])<<8 | int(resp[11])}
+
+	// The shim: dig -> shim (plain UDP) -> SOCKS5 relay (with the header) -> tunnel -> dnsmasq.
+	shim, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer shim.Close()
+	hdr := socks5.AppendUDPHeader(nil, socks5.Addr{IP: dnsAddr.Addr(), Port: dnsAddr.Port()})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 65536)
+		var digAddr *net.UDPAddr
+		for {
+			n, from, err := shim.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			if from.Port == relay.Port {
+				if _, p, err := socks5.ParseUDP(buf[:n]); err == nil && digAddr != nil {
+					_, _ = shim.WriteToUDP(p, digAddr)
+				}
+				continue
+			}
+			digAddr = from
+			_, _ = shim.WriteToUDP(append(append([]byte(nil), hdr...), buf[:n]...), relay)
+		}
+	}()
+	port := strconv.Itoa(shim.LocalAddr().(*net.UDPAddr).Port)
+	out, err := exec.Command(dig, "@127.0.0.1", "-p", port, "+time=2", "+tries=3", "+short", "svc.test").CombinedOutput()
+	require.NoError(t, err, string(out))
+	assert.Equal(t, "192.0.2.9", strings.TrimSpace(string(out)), "an A record through SOCKS5 UDP ASSOCIATE")
+	_ = shim.Close()
+	<-done
 }
