@@ -410,6 +410,8 @@ func (s *Server) Run(ctx context.Context) error {
 	s.cfg.Metrics.Draining.Set(1)
 	_ = ln.Close()
 	<-acceptErr //nolint:errcheck // waits for the accept loop to end; its error was handled above
+	// UDP flows have no end to wait for: they end now (the client sees shutdown).
+	s.cfg.Registry.AbortFlows(proto.CodeShutdown)
 	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", s.cfg.DrainTimeout)
 		dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)

@@ -104,6 +104,7 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		Endpoint:    e.cfg.Endpoint,
 		Source:      st.Conn.RemoteAddr().String(),
 		Destination: f.dial.String(),
+		Datagram:    true,
 		CreatedAt:   f.start,
 		Upstream:    &r.Down.Bytes,
 		Downstream:  &r.Up.Bytes,

@@ -238,6 +238,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		Endpoint:    "udp:" + pc.LocalAddr().String(),
 		Source:      f.src.String(),
 		Destination: token,
+		Datagram:    true,
 		CreatedAt:   start,
 		Upstream:    &r.Up.Bytes,
 		Downstream:  &r.Down.Bytes,

@@ -28,6 +28,10 @@ type Tunnel struct {
 	Identity  string
 	CreatedAt time.Time
 
+	// Datagram marks a UDP flow: it has nothing to finish, so a drain ends
+	// it at once (AbortFlows) instead of waiting for it.
+	Datagram bool
+
 	// Upstream and Downstream count application bytes toward and from the destination.
 	Upstream   *atomic.Int64
 	Downstream *atomic.Int64
@@ -120,11 +124,19 @@ func (r *Registry) Abort(id uint64, code proto.Code) bool {
 }
 
 // AbortAll aborts every open tunnel.
-func (r *Registry) AbortAll(code proto.Code) {
+func (r *Registry) AbortAll(code proto.Code) { r.abortWhere(code, func(*Tunnel) bool { return true }) }
+
+// AbortFlows aborts the open UDP flows (Tunnel.Datagram), e.g. when a
+// drain starts: UDP has no end to wait for.
+func (r *Registry) AbortFlows(code proto.Code) {
+	r.abortWhere(code, func(t *Tunnel) bool { return t.Datagram })
+}
+
+func (r *Registry) abortWhere(code proto.Code, match func(*Tunnel) bool) {
 	r.mu.Lock()
 	as := make([]Aborter, 0, len(r.tunnels))
 	for _, e := range r.tunnels {
-		if e.t.aborter != nil {
+		if e.t.aborter != nil && match(e.t) {
 			as = append(as, e.t.aborter)
 		}
 	}

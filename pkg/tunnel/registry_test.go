@@ -150,6 +150,20 @@ func TestRegistryAbort(t *testing.T) {
 	assert.Empty(t, b.got())
 }
 
+// AbortFlows ends UDP flows only: a drain does not wait for them.
+func TestRegistryAbortFlows(t *testing.T) {
+	t.Parallel()
+	r := tunnel.NewRegistry()
+	stream, flow := &recorder{}, &recorder{}
+	ts, tf := newTunnel("tcp:a"), newTunnel("udp:b")
+	tf.Datagram = true
+	r.Add(ts, stream)
+	r.Add(tf, flow)
+	r.AbortFlows(proto.CodeShutdown)
+	assert.Empty(t, stream.got())
+	assert.Equal(t, []proto.Code{proto.CodeShutdown}, flow.got())
+}
+
 func TestRegistryWaitEmpty(t *testing.T) {
 	t.Parallel()
 	r := tunnel.NewRegistry()

@@ -225,3 +225,23 @@ func TestUDPDatagramsWithoutFlow(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	assert.Zero(t, promtest.ToFloat64(srv.Metrics.UDP.FlowsActive))
 }
+
+// TestUDPFlowsDoNotHoldTheDrain: a server stopping with an open UDP flow
+// ends it at once (shutdown) instead of waiting the drain timeout for it.
+func TestUDPFlowsDoNotHoldTheDrain(t *testing.T) {
+	t.Parallel()
+	echo := udpEcho(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"udp:" + echo}, Mutate: func(cfg *server.Config) {
+		cfg.DrainTimeout = 20 * time.Second
+	}})
+	addr, c := udpForward(t, srv, "udp:"+echo, nil)
+	exchange(t, addr, 10)
+	require.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.UDP.FlowsActive))
+	start := time.Now()
+	srv.Stop(t)
+	assert.Less(t, time.Since(start), 5*time.Second, "the drain did not wait for the UDP flow")
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.UDP.FlowsTotal.WithLabelValues("shutdown")))
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(c.Metrics.UDP.FlowsActive) == 0
+	}, 5*time.Second, 10*time.Millisecond)
+}
