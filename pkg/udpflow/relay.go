@@ -6,20 +6,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/quic-go/quic-go"
-
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
 )
 
-// Stream is the part of *quic.Stream a Relay uses.
-type Stream interface {
-	io.Reader
-	io.Writer
-	Close() error
-	CancelRead(quic.StreamErrorCode)
-	CancelWrite(quic.StreamErrorCode)
-}
+// Stream is the part of *quic.Stream a Relay uses (the same as a splice's).
+type Stream = splice.Stream
 
 // Relay carries one flow's packets both ways between the local side (the
 // application's socket on the client, the destination's on the server) and
