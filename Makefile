@@ -81,7 +81,7 @@ fuzz: quic-go
 
 ## bench: Go benchmarks plus the quick profile of the emulated-link harness (root, a few minutes)
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./test/integration/ ./pkg/...
+	$(GO) test -run '^$$' -bench . -benchtime 2s -benchmem ./test/integration/ ./pkg/...
 	$(GO) run ./tools/bench run --profile quick --bin bin
 
 bench-full: build

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/rand"
 	"io"
 	"testing"
 	"time"
@@ -62,22 +61,15 @@ func rawQUIC(b *testing.B, discard bool) *quic.Conn {
 func BenchmarkRawQUIC(b *testing.B) {
 	b.Run("pingpong", func(b *testing.B) {
 		conn := rawQUIC(b, false)
-		s, err := conn.OpenStreamSync(context.Background())
-		require.NoError(b, err)
-		msg := make([]byte, 1000)
-		_, _ = rand.Read(msg)
-		got := make([]byte, len(msg))
-		b.SetBytes(int64(len(msg)))
-		for b.Loop() {
-			if _, err := s.Write(msg); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := io.ReadFull(s, got); err != nil {
-				b.Fatal(err)
-			}
+		for _, sz := range pingPongSizes {
+			b.Run(sz.name, func(b *testing.B) {
+				s, err := conn.OpenStreamSync(context.Background())
+				require.NoError(b, err)
+				pingPongRW(b, s, sz.size)
+				s.CancelRead(0)
+				_ = s.Close()
+			})
 		}
-		s.CancelRead(0)
-		_ = s.Close()
 	})
 	b.Run("bulk", func(b *testing.B) {
 		conn := rawQUIC(b, true)
