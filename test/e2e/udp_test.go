@@ -29,6 +29,44 @@ func needTool(t *testing.T, name, pkg string) string {
 	return p
 }
 
+// startDNSMasq starts dnsmasq on a free loopback UDP port, answering name
+// with the IPv4 address ip (plus whatever extra options say), and returns
+// once dig gets that answer from it directly. A port taken by another
+// process between freePort and dnsmasq's bind (the whole suite runs beside
+// this test) makes dnsmasq exit: it is retried on a new port. If dnsmasq
+// never answers, the failure carries its log.
+func startDNSMasq(t *testing.T, dig, name, ip string, extra ...string) (*proc, netip.AddrPort) {
+	t.Helper()
+	dnsmasq := needTool(t, "dnsmasq", "dnsmasq-base")
+	for attempt := 1; ; attempt++ {
+		addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(freePort(t, "udp")))
+		args := append([]string{"--keep-in-foreground", "--no-daemon", "--no-resolv", "--no-hosts",
+			"--bind-interfaces", "--listen-address=127.0.0.1", "--port=" + strconv.Itoa(int(addr.Port())),
+			"--user=root", "--pid-file=", "--address=/" + name + "/" + ip}, extra...)
+		p := startProc(t, "dnsmasq", nil, dnsmasq, args...)
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			out, err := exec.Command(dig, "@127.0.0.1", "-p", strconv.Itoa(int(addr.Port())),
+				"+time=1", "+tries=1", "+short", name).CombinedOutput()
+			if err == nil && strings.TrimSpace(string(out)) == ip {
+				return p, addr
+			}
+			if p.exited() {
+				if attempt < 3 {
+					t.Logf("dnsmasq exited at start (attempt %d), trying another port:\n%s", attempt, p.log())
+					break
+				}
+				t.Fatalf("dnsmasq exited at start %d times; last log:\n%s", attempt, p.log())
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("dnsmasq on %s did not answer %s within 15s (last dig: %v %q); its log:\n%s",
+					addr, name, err, out, p.log())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
 // TestUDPDig (issue 12): dig asks a dnsmasq server through the built binaries'
 // udp forward and gets its answers: a short one (QUIC datagrams) and a TXT
 // record of ~3 KB (EDNS), larger than a datagram, so carried on the flow's
@@ -37,19 +75,13 @@ func needTool(t *testing.T, name, pkg string) string {
 func TestUDPDig(t *testing.T) {
 	checkLeaks(t)
 	dig := needTool(t, "dig", "bind9-dnsutils")
-	dnsmasq := needTool(t, "dnsmasq", "dnsmasq-base")
-	dnsPort := freePort(t, "udp")
 	big := strings.Repeat("quictun-", 30) // 240 bytes per string, 12 strings
-	args := []string{"--keep-in-foreground", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces",
-		"--listen-address=127.0.0.1", "--port=" + strconv.Itoa(dnsPort), "--user=root", "--pid-file=",
-		"--address=/svc.test/192.0.2.7", "--edns-packet-max=4096"}
 	txt := "--txt-record=big.test"
 	for range 12 {
 		txt += `,"` + big + `"`
 	}
-	args = append(args, txt)
-	dns := startProc(t, "dnsmasq", nil, dnsmasq, args...)
-	dnsAddr := "127.0.0.1:" + strconv.Itoa(dnsPort)
+	dns, dnsAddrPort := startDNSMasq(t, dig, "svc.test", "192.0.2.7", "--edns-packet-max=4096", txt)
+	dnsAddr := dnsAddrPort.String()
 
 	srv := startServer(t, serverOpts{Allow: []string{"udp:" + dnsAddr}})
 	fwd := "127.0.0.1:" + strconv.Itoa(freePort(t, "udp"))
@@ -63,11 +95,6 @@ func TestUDPDig(t *testing.T) {
 		out, err := exec.Command(dig, append([]string{"@" + host, "-p", port, "+time=2", "+tries=3"}, q...)...).CombinedOutput()
 		return string(out), err
 	}
-	var out string
-	waitFor(t, 10*time.Second, "dnsmasq to answer directly", func() bool {
-		o, err := digAt(dnsAddr, "+short", "svc.test")
-		return err == nil && strings.TrimSpace(o) == "192.0.2.7"
-	})
 	out, err := digAt(fwd, "+short", "svc.test")
 	require.NoError(t, err, out)
 	assert.Equal(t, "192.0.2.7", strings.TrimSpace(out), "an A record through the tunnel")
@@ -132,12 +159,7 @@ func TestProxiesWithCurl(t *testing.T) {
 func TestSOCKS5UDPAssociateDig(t *testing.T) {
 	checkLeaks(t)
 	dig := needTool(t, "dig", "bind9-dnsutils")
-	dnsmasq := needTool(t, "dnsmasq", "dnsmasq-base")
-	dnsPort := freePort(t, "udp")
-	startProc(t, "dnsmasq", nil, dnsmasq, "--keep-in-foreground", "--no-daemon", "--no-resolv", "--no-hosts",
-		"--bind-interfaces", "--listen-address=127.0.0.1", "--port="+strconv.Itoa(dnsPort), "--user=root", "--pid-file=",
-		"--address=/svc.test/192.0.2.9")
-	dnsAddr := netip.MustParseAddrPort("127.0.0.1:" + strconv.Itoa(dnsPort))
+	_, dnsAddr := startDNSMasq(t, dig, "svc.test", "192.0.2.9")
 	srv := startServer(t, serverOpts{Allow: []string{"udp:" + dnsAddr.String()}})
 	socks := "127.0.0.1:" + strconv.Itoa(freePort(t, "tcp"))
 	startClient(t, srv, clientOpts{Args: []string{"--proxy", "socks5:" + socks}})
