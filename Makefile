@@ -79,9 +79,10 @@ fuzz: quic-go
 	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	  done; done
 
-## bench: Go benchmarks plus the quick profile of the emulated-link harness (root, a few minutes)
+## bench: Go benchmarks, the loopback cases (direct vs tunnel on this host: ping-pong, QPS, echo TPS, connections/s, redis, CPU/GB) and the quick profile of the emulated-link harness (root, a few minutes each)
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 2s -benchmem ./test/integration/ ./pkg/...
+	$(GO) run ./tools/bench loopback --bin bin
 	$(GO) run ./tools/bench run --profile quick --bin bin
 
 bench-full: build

@@ -70,3 +70,46 @@ func ParseVmRSS(r io.Reader) (int64, error) {
 	}
 	return 0, errors.New("no VmRSS line")
 }
+
+// ContextSwitches returns the voluntary and involuntary context switches of
+// every thread of pid so far (each thread's /proc/PID/task/TID/status): a
+// voluntary switch is a thread going to sleep, so their count tells how often
+// a process blocked and had to be woken.
+func ContextSwitches(pid int) (voluntary, involuntary int64, err error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, 0, fmt.Errorf("list threads of %d: %w", pid, err)
+	}
+	for _, t := range tasks {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		v, iv := parseSwitches(f)
+		_ = f.Close()
+		voluntary += v
+		involuntary += iv
+	}
+	return voluntary, involuntary, nil
+}
+
+func parseSwitches(r io.Reader) (voluntary, involuntary int64) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "voluntary_ctxt_switches":
+			voluntary = n
+		case "nonvoluntary_ctxt_switches":
+			involuntary = n
+		}
+	}
+	return voluntary, involuntary
+}

@@ -24,3 +24,12 @@ func TestProcReaders(t *testing.T) {
 	_, err = ParseVmRSS(strings.NewReader("Name:\tx\n"))
 	require.Error(t, err)
 }
+
+func TestContextSwitches(t *testing.T) {
+	v, iv := parseSwitches(strings.NewReader("Name:\tx\nvoluntary_ctxt_switches:\t12\nnonvoluntary_ctxt_switches:\t3\n"))
+	assert.Equal(t, int64(12), v)
+	assert.Equal(t, int64(3), iv)
+	v, _, err := ContextSwitches(os.Getpid())
+	require.NoError(t, err)
+	assert.Positive(t, v, "this test process has slept at least once")
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,7 +37,7 @@ func newRootCommand() *cobra.Command {
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	root.PersistentFlags().AddGoFlag(gfs.Lookup("v"))
-	root.AddCommand(newRunCommand(), newCompareCommand(), newReportCommand())
+	root.AddCommand(newRunCommand(), newLoopbackCommand(), newCompareCommand(), newReportCommand())
 	return root
 }
 
@@ -114,6 +115,39 @@ func newRunCommand() *cobra.Command {
 	fs.DurationVar(&spin, "spin", time.Millisecond, "emulator spin window (see tools/linkem)")
 	fs.DurationSliceVar(&blackoutBulk, "blackout-bulk-durations", nil, "blackout-bulk scenario: how long the link goes dark, e.g. 60s (default: the profile's)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
+	return cmd
+}
+
+func newLoopbackCommand() *cobra.Command {
+	var o harness.LoopbackOptions
+	cmd := &cobra.Command{
+		Use:   "loopback",
+		Short: "Measure direct TCP and quictun on this host's loopback (no emulated link) and write bench/results/loopback-<date>/",
+		Long: "Runs an echo/sink server (and redis-server when installed), a quictun-server and quictun-client pair per build, " +
+			"and the cases of issue 13 that need no emulated link: ping-pong, QPS of 128 B, echo TPS of 1 KB on 8 connections, " +
+			"16 MiB echo throughput, new connections/s, redis-benchmark (50 clients) and bulk CPU per GB. Variants alternate " +
+			"within each repetition; the daemons' CPU time is recorded beside each figure.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			dir, err := harness.RunLoopback(ctx, o)
+			if dir != "" {
+				fmt.Printf("Report: %s/report.md\n", dir)
+			}
+			return err
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.BinDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
+	fs.StringVar(&o.BinDirB, "bin-b", "", "directory of a second build of the daemons, run as variant quictun-b beside the first (before/after in one run)")
+	fs.StringVar(&o.ResultsDir, "out", "bench/results", "results directory; the run writes <out>/loopback-<UTC date>/")
+	fs.IntVar(&o.Reps, "reps", 3, "repetitions per case")
+	fs.StringSliceVar(&o.Cases, "cases", nil, "cases to run (default: all): "+strings.Join(harness.LoopbackCases(), ","))
+	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable)")
+	fs.StringSliceVar(&o.ClientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")
+	fs.StringSliceVar(&o.Env, "quictun-env", nil, "extra environment of both daemons, e.g. GOMAXPROCS=1 (repeatable)")
+	fs.StringSliceVar(&o.EnvB, "quictun-env-b", nil, "extra environment of quictun-b's daemons only (with --bin-b, or alone: the same build with another environment)")
 	return cmd
 }
 

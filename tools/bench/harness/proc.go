@@ -21,29 +21,46 @@ type Proc struct {
 	ns   string
 	bin  string
 	args []string
+	env  []string
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error
 	log  *os.File
 }
 
-// StartProc starts bin with args inside namespace ns (via `ip netns exec`,
-// which execs, so the PID is the binary's), logging to logPath.
+// nsCommand is bin with args run inside namespace ns (via `ip netns exec`,
+// which execs, so the PID is the binary's), or in this namespace when ns is "".
+func nsCommand(ns, bin string, args ...string) (name string, full []string) {
+	if ns == "" {
+		return bin, args
+	}
+	return "ip", append([]string{"netns", "exec", ns, bin}, args...)
+}
+
+// StartProc starts bin with args inside namespace ns ("": this one), logging
+// to logPath. env, if not nil, is added to the inherited environment.
 func StartProc(name, ns, logPath, bin string, args ...string) (*Proc, error) {
+	return startProcEnv(name, ns, logPath, nil, bin, args...)
+}
+
+func startProcEnv(name, ns, logPath string, env []string, bin string, args ...string) (*Proc, error) {
 	lf, err := os.Create(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("create log %s: %w", logPath, err)
 	}
-	full := append([]string{"netns", "exec", ns, bin}, args...)
-	cmd := exec.Command("ip", full...)
+	prog, full := nsCommand(ns, bin, args...)
+	cmd := exec.Command(prog, full...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	fmt.Fprintf(lf, "# ip %s\n", strings.Join(full, " "))
+	fmt.Fprintf(lf, "# %s %s %s\n", strings.Join(env, " "), prog, strings.Join(full, " "))
 	if err := cmd.Start(); err != nil {
 		lf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &Proc{Name: name, ns: ns, bin: bin, args: args, cmd: cmd, done: make(chan struct{}), log: lf}
+	p := &Proc{Name: name, ns: ns, bin: bin, args: args, env: env, cmd: cmd, done: make(chan struct{}), log: lf}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -55,7 +72,7 @@ func StartProc(name, ns, logPath, bin string, args ...string) (*Proc, error) {
 // logPath; it returns the new process.
 func (p *Proc) Restart(grace time.Duration, logPath string) (*Proc, error) {
 	p.Stop(grace)
-	return StartProc(p.Name, p.ns, logPath, p.bin, p.args...)
+	return startProcEnv(p.Name, p.ns, logPath, p.env, p.bin, p.args...)
 }
 
 // PID returns the process id.
@@ -129,15 +146,15 @@ func (s *rssSampler) Stop() map[int]int64 {
 // runInNS runs a short-lived command inside ns and returns its stdout.
 // Its stderr goes to logw. ctx bounds it.
 func runInNS(ctx context.Context, ns string, logw io.Writer, bin string, args ...string) ([]byte, error) {
-	full := append([]string{"netns", "exec", ns, bin}, args...)
-	cmd := exec.CommandContext(ctx, "ip", full...)
+	prog, full := nsCommand(ns, bin, args...)
+	cmd := exec.CommandContext(ctx, prog, full...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = logw
-	fmt.Fprintf(logw, "# ip %s\n", strings.Join(full, " "))
+	fmt.Fprintf(logw, "# %s %s\n", prog, strings.Join(full, " "))
 	err := cmd.Run()
 	return stdout.Bytes(), err
 }
