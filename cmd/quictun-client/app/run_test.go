@@ -89,26 +89,66 @@ func TestRunStartsAndStops(t *testing.T) {
 	}
 }
 
-// TestFailedStartReleasesListeners: a start that fails after the admin and
-// local listeners were opened (here: --qlog-dir cannot be created) returns
-// the error and closes them all (the client leaked them before).
+// TestFailedStartReleasesListeners: a start that fails after the admin
+// listener and some local entry points were opened returns the error and
+// closes every one of them, so a retry can bind the same addresses (the
+// client leaked them before). It fails at the QUIC step (--qlog-dir cannot
+// be created), at a --forward and at a --proxy whose address is taken.
 func TestFailedStartReleasesListeners(t *testing.T) {
 	clearEnv(t)
-	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	local := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = busy.Close() }()
+	taken := busy.Addr().String()
+	local := func() string { return "127.0.0.1:" + strconv.Itoa(freePort(t)) }
 	notADir := writeFile(t, "file", "x")
-	cmd := NewCommand()
-	cmd.SetOut(io.Discard)
-	cmd.SetArgs([]string{
-		"--listen-on", "tcp:" + local, "--server-endpoint", "127.0.0.1:9",
-		"--token-source", "tcp:127.0.0.1:22", "--insecure-skip-verify", "--secret-file", writeFile(t, "secret", strings.Repeat("s", 32)),
-		"--httpd-listen-on", admin, "--qlog-dir", filepath.Join(notADir, "qlog"),
-	})
-	err := cmd.ExecuteContext(context.Background())
-	require.ErrorContains(t, err, "--qlog-dir")
-	for _, addr := range []string{admin, local} {
-		ln, err := net.Listen("tcp", addr)
-		require.NoError(t, err, "%s leaked", addr)
-		require.NoError(t, ln.Close())
+	for _, tc := range []struct {
+		name    string
+		args    func(tcp, udp []string) []string // flags opening the local addresses tcp and udp
+		wantErr string
+	}{{
+		name: "qlog dir",
+		args: func(tcp, udp []string) []string {
+			return []string{"--listen-on", "tcp:" + tcp[0], "--forward", "tcp:" + tcp[1] + "=tcp:127.0.0.1:22",
+				"--forward", "udp:" + udp[0] + "=udp:127.0.0.1:53", "--proxy", "socks5:" + tcp[2],
+				"--qlog-dir", filepath.Join(notADir, "qlog")}
+		},
+		wantErr: "--qlog-dir",
+	}, {
+		name: "forward",
+		args: func(tcp, udp []string) []string {
+			return []string{"--listen-on", "tcp:" + tcp[0], "--forward", "tcp:" + tcp[1] + "=tcp:127.0.0.1:22",
+				"--forward", "udp:" + udp[0] + "=udp:127.0.0.1:53", "--forward", "tcp:" + taken + "=tcp:127.0.0.1:80"}
+		},
+		wantErr: "--forward tcp:" + taken,
+	}, {
+		name: "proxy",
+		args: func(tcp, udp []string) []string {
+			return []string{"--listen-on", "tcp:" + tcp[0], "--forward", "tcp:" + tcp[1] + "=tcp:127.0.0.1:22",
+				"--forward", "udp:" + udp[0] + "=udp:127.0.0.1:53", "--proxy", "socks5:" + tcp[2], "--proxy", "http-connect:" + taken}
+		},
+		wantErr: "--proxy tcp:" + taken,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin := local()
+			tcp := []string{local(), local(), local()}
+			udp := []string{local()} // a free TCP port is almost always a free UDP one; a clash fails the start loudly
+			cmd := NewCommand()
+			cmd.SetOut(io.Discard)
+			cmd.SetArgs(append([]string{
+				"--server-endpoint", "127.0.0.1:9", "--token-source", "tcp:127.0.0.1:22", "--insecure-skip-verify",
+				"--secret-file", writeFile(t, "secret", strings.Repeat("s", 32)), "--httpd-listen-on", admin,
+			}, tc.args(tcp, udp)...))
+			err := cmd.ExecuteContext(context.Background())
+			require.ErrorContains(t, err, tc.wantErr)
+			for _, addr := range append(tcp, admin) {
+				ln, err := net.Listen("tcp", addr)
+				require.NoError(t, err, "%s leaked", addr)
+				require.NoError(t, ln.Close())
+			}
+			pc, err := net.ListenPacket("udp", udp[0])
+			require.NoError(t, err, "udp %s leaked", udp[0])
+			require.NoError(t, pc.Close())
+		})
 	}
 }
