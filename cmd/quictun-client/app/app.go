@@ -193,9 +193,9 @@ func openForward(f string, cleanup *cli.Cleanup) (client.Forward, error) {
 		return client.Forward{}, fmt.Errorf("--forward %s: %w", f, err)
 	}
 	if ep, _ := endpoint.Parse(spec); ep.Network == endpoint.NetworkUDP {
-		uc, err := listenUDP(spec, ep.Address)
+		uc, err := transport.ListenUDP(ep.Address)
 		if err != nil {
-			return client.Forward{}, err
+			return client.Forward{}, fmt.Errorf("--forward %s: %w", spec, err)
 		}
 		cleanup.Push(func() { _ = uc.Close() })
 		return client.Forward{Packet: uc, Tokens: ts}, nil
@@ -273,19 +273,6 @@ func proxyCredentials(file string) (socks5.Credentials, error) {
 		return nil, fmt.Errorf("--proxy-credentials-file %s: want one line USER:PASSWORD (each 1-255 bytes)", file)
 	}
 	return socks5.UserPass{User: user, Password: pass}, nil
-}
-
-// listenUDP opens the UDP socket of a udp: forward.
-func listenUDP(spec, address string) (*net.UDPConn, error) {
-	ua, err := net.ResolveUDPAddr("udp", address)
-	if err != nil {
-		return nil, fmt.Errorf("--forward %s: %w", spec, err)
-	}
-	uc, err := net.ListenUDP("udp", ua)
-	if err != nil {
-		return nil, fmt.Errorf("--forward %s: %w", spec, err)
-	}
-	return uc, nil
 }
 
 // listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale
