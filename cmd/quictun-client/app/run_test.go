@@ -6,24 +6,14 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-)
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return port
-}
+	"github.com/quictun/quictun/internal/testutil"
+)
 
 // TestRunStartsAndStops runs the client in-process against a UDP socket that
 // never answers: it stays not ready, serves promlint-clean metrics, and
@@ -33,60 +23,16 @@ func TestRunStartsAndStops(t *testing.T) {
 	silent, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)
 	defer func() { _ = silent.Close() }()
-	admin := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	secret := writeFile(t, "secret", strings.Repeat("s", 32))
-	cmd := NewCommand()
-	cmd.SetOut(io.Discard)
-	cmd.SetArgs([]string{
-		"--listen-on", "tcp:127.0.0.1:" + strconv.Itoa(freePort(t)), "--server-endpoint", silent.LocalAddr().String(),
-		"--token-source", "tcp:127.0.0.1:22", "--insecure-skip-verify", "--secret-file", secret,
-		"--httpd-listen-on", admin, "--drain-timeout", "1s", "--handshake-timeout", "500ms",
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx) }()
-
-	tr := &http.Transport{}
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Transport: tr, Timeout: 5 * time.Second}
-	get := func(path string) (int, string) {
-		resp, err := hc.Get("http://" + admin + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer func() { _ = resp.Body.Close() }()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-	require.Eventually(t, func() bool {
-		select {
-		case err := <-done:
-			t.Fatalf("Run ended early: %v", err)
-		default:
-		}
-		code, _ := get("/healthz")
-		return code == http.StatusOK
-	}, 15*time.Second, 20*time.Millisecond, "admin server never up")
-
-	code, _ := get("/readyz")
+	admin := testutil.FreeAddr(t, "tcp")
+	c := testutil.StartCommand(t, NewCommand(), admin,
+		"--listen-on", "tcp:"+testutil.FreeAddr(t, "tcp"), "--server-endpoint", silent.LocalAddr().String(),
+		"--token-source", "tcp:127.0.0.1:22", "--insecure-skip-verify", "--secret-file", writeFile(t, "secret", strings.Repeat("s", 32)),
+		"--httpd-listen-on", admin, "--drain-timeout", "1s", "--handshake-timeout", "500ms")
+	c.WaitStatus(t, "/healthz", http.StatusOK)
+	code, _ := c.Get("/readyz")
 	assert.Equal(t, http.StatusServiceUnavailable, code, "no server: not ready")
-	code, body := get("/metrics")
-	require.Equal(t, http.StatusOK, code)
-	for _, name := range []string{"quictun_build_info", "quictun_client_session_up 0", "quictun_client_dials_total"} {
-		assert.Contains(t, body, name)
-	}
-	problems, err := promlint.New(strings.NewReader(body)).Lint()
-	require.NoError(t, err)
-	assert.Empty(t, problems)
-
-	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(15 * time.Second):
-		t.Fatal("Run did not return after cancel")
-	}
+	c.RequireMetrics(t, "quictun_build_info", "quictun_client_session_up 0", "quictun_client_dials_total")
+	c.Stop(t)
 }
 
 // TestFailedStartReleasesListeners: a start that fails after the admin
@@ -100,7 +46,6 @@ func TestFailedStartReleasesListeners(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = busy.Close() }()
 	taken := busy.Addr().String()
-	local := func() string { return "127.0.0.1:" + strconv.Itoa(freePort(t)) }
 	notADir := writeFile(t, "file", "x")
 	for _, tc := range []struct {
 		name    string
@@ -130,9 +75,9 @@ func TestFailedStartReleasesListeners(t *testing.T) {
 		wantErr: "--proxy tcp:" + taken,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			admin := local()
-			tcp := []string{local(), local(), local()}
-			udp := []string{local()} // a free TCP port is almost always a free UDP one; a clash fails the start loudly
+			admin := testutil.FreeAddr(t, "tcp")
+			tcp := []string{testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")}
+			udp := []string{testutil.FreeAddr(t, "udp")}
 			cmd := NewCommand()
 			cmd.SetOut(io.Discard)
 			cmd.SetArgs(append([]string{
@@ -141,14 +86,8 @@ func TestFailedStartReleasesListeners(t *testing.T) {
 			}, tc.args(tcp, udp)...))
 			err := cmd.ExecuteContext(context.Background())
 			require.ErrorContains(t, err, tc.wantErr)
-			for _, addr := range append(tcp, admin) {
-				ln, err := net.Listen("tcp", addr)
-				require.NoError(t, err, "%s leaked", addr)
-				require.NoError(t, ln.Close())
-			}
-			pc, err := net.ListenPacket("udp", udp[0])
-			require.NoError(t, err, "udp %s leaked", udp[0])
-			require.NoError(t, pc.Close())
+			testutil.RequireFree(t, "tcp", append(tcp, admin)...)
+			testutil.RequireFree(t, "udp", udp...)
 		})
 	}
 }
