@@ -111,7 +111,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(o.listenOn(), ","), "forwards", strings.Join(o.Forward, ","), "proxies", strings.Join(o.Proxy, ","))
+	logger.Info("Tunnel configured", o.entriesLog()...)
 	return o.Serve(ctx, cli.Serving{
 		Side: "client", Service: c, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
 		Admin: adm, Reloader: o.reloader, Apply: o.applier(c, secret),
@@ -138,6 +138,21 @@ func (o *Options) listenOn() []string {
 		return nil
 	}
 	return o.ListenOn
+}
+
+// entriesLog is the server endpoint and the local entry points for the
+// "Tunnel configured" line, leaving out the kinds not configured.
+func (o *Options) entriesLog() []any {
+	kv := []any{"serverEndpoint", o.ServerEndpoint}
+	for _, e := range []struct {
+		key   string
+		specs []string
+	}{{"listeners", o.listenOn()}, {"forwards", o.Forward}, {"proxies", o.Proxy}} {
+		if len(e.specs) > 0 {
+			kv = append(kv, e.key, strings.Join(e.specs, ","))
+		}
+	}
+	return kv
 }
 
 // localEntries opens the local entry points applications connect to, each

@@ -330,3 +330,30 @@ func TestUnknownEnvironmentVariableWarned(t *testing.T) {
 	assert.NotContains(t, out, "typo.example", "values are not logged")
 	assert.NotContains(t, out, "QUICTUN_TOKEN_SOURCE", "known variables are not warned about")
 }
+
+// TestEntriesLog: "Tunnel configured" names only the entry points that are
+// configured (it printed forwards="" proxies="" for a plain --listen-on).
+func TestEntriesLog(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Options)
+		want   []any
+	}{
+		{"listen-on only", func(*Options) {}, []any{"serverEndpoint", "server.example.com:7500", "listeners", "tcp:127.0.0.1:6500"}},
+		{"forward alone opens no --listen-on", func(o *Options) {
+			o.TokenSource, o.Forward = "", []string{"tcp:127.0.0.1:2222=tcp:127.0.0.1:22"}
+		}, []any{"serverEndpoint", "server.example.com:7500", "forwards", "tcp:127.0.0.1:2222=tcp:127.0.0.1:22"}},
+		{"all three", func(o *Options) {
+			o.Forward, o.Proxy = []string{"udp:127.0.0.1:5353=udp:127.0.0.1:53"}, []string{"socks5:127.0.0.1:1080", "http-connect:127.0.0.1:8080"}
+		}, []any{"serverEndpoint", "server.example.com:7500", "listeners", "tcp:127.0.0.1:6500",
+			"forwards", "udp:127.0.0.1:5353=udp:127.0.0.1:53", "proxies", "socks5:127.0.0.1:1080,http-connect:127.0.0.1:8080"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := validOptions()
+			tc.mutate(o)
+			assert.Equal(t, tc.want, o.entriesLog())
+		})
+	}
+}
