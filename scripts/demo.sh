@@ -66,6 +66,13 @@ fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
 wait_tcp $ECHO_PORT
 wait_log "$work/client.log" "Listening for local connections"   # not wait_tcp: a probe would open a tunnel
 wait_log "$work/client.log" "Connected to server"
+for p in "${pids[@]}"; do   # e.g. a port already taken: the process exited, something else answers there
+  if ! kill -0 "$p" 2>/dev/null; then
+    echo "a demo process exited at start (a port in use? set ECHO_PORT, SERVER_PORT, CLIENT_PORT); the logs:" >&2
+    for f in "$work"/*.log; do echo "== $f" >&2; show_log "$f" >&2; done
+    exit 1
+  fi
+done
 client_admin=$(admin_address "$work/client.log")
 server_admin=$(admin_address "$work/server.log")
 
