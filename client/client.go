@@ -117,6 +117,7 @@ func DefaultConfig() Config {
 		UDPIdleTimeout:    ingress.DefaultUDPIdleTimeout,
 		HeartbeatInterval: 200 * time.Millisecond,
 		RescueAfter:       time.Second,
+		DrainTimeout:      30 * time.Second,
 		TailProbes:        1,
 		TailProbeDelay:    time.Millisecond,
 	}

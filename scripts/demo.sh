@@ -30,6 +30,21 @@ wait_tcp() { # wait until something listens on 127.0.0.1:$1
   exit 1
 }
 
+wait_log() { # wait until the log $1 has a line with "$2"
+  for _ in $(seq 1 100); do
+    grep -q "\"$2\"" "$1" && return 0
+    sleep 0.1
+  done
+  echo "no \"$2\" in $1 after 10 s; the logs:" >&2
+  for f in "$work"/*.log; do echo "== $f" >&2; show_log "$f" >&2; done
+  exit 1
+}
+
+admin_address() { # the address of the admin server the daemon logged ("Admin server listening")
+  wait_log "$1" "Admin server listening"
+  sed -n 's/.*"Admin server listening" address="\([^"]*\)".*/\1/p' "$1" | head -1
+}
+
 # show_log prints a daemon log without its effective-configuration dump (-v 1,
 # one line per flag): the lines that matter are start, listeners, connection
 # and errors. 'quictun-client --write-config' prints the same configuration.
@@ -49,8 +64,17 @@ fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
   --server-fingerprint "$fp" --secret-file "$work/secret" --token-source tcp:127.0.0.1:$ECHO_PORT \
   --httpd-listen-on 127.0.0.1:0 -v 2 >"$work/client.log" 2>&1 & pids+=($!)
 wait_tcp $ECHO_PORT
-wait_tcp $CLIENT_PORT
-for _ in $(seq 1 50); do grep -q "Connected to server" "$work/client.log" && break; sleep 0.1; done
+wait_log "$work/client.log" "Listening for local connections"   # not wait_tcp: a probe would open a tunnel
+wait_log "$work/client.log" "Connected to server"
+for p in "${pids[@]}"; do   # e.g. a port already taken: the process exited, something else answers there
+  if ! kill -0 "$p" 2>/dev/null; then
+    echo "a demo process exited at start (a port in use? set ECHO_PORT, SERVER_PORT, CLIENT_PORT); the logs:" >&2
+    for f in "$work"/*.log; do echo "== $f" >&2; show_log "$f" >&2; done
+    exit 1
+  fi
+done
+client_admin=$(admin_address "$work/client.log")
+server_admin=$(admin_address "$work/server.log")
 
 echo "== Direct TCP to the echo server (127.0.0.1:$ECHO_PORT), $NUMBER x $SIZE B"
 "$BIN/latency-client" --server-host 127.0.0.1 --server-port $ECHO_PORT --number "$NUMBER" --size "$SIZE"
@@ -59,5 +83,39 @@ echo "== Through quictun (client 127.0.0.1:$CLIENT_PORT -> server 127.0.0.1:$SER
 "$BIN/latency-client" --server-host 127.0.0.1 --server-port $CLIENT_PORT --number "$NUMBER" --size "$SIZE"
 echo
 echo "This is loopback: the tunnel can only add cost here. For lossy and distant links run 'make bench' (root)."
+echo
+
+# One tunnel held open, to show what the admin API says about it.
+tunnels=""
+before=$(grep -c '"Closed tunnel"' "$work/server.log" || true)
+if command -v curl >/dev/null; then
+  exec 3<>/dev/tcp/127.0.0.1/$CLIENT_PORT
+  for _ in $(seq 1 50); do
+    tunnels=$(curl -s "http://$server_admin/tunnels") && [[ $tunnels == *uuid* ]] && break
+    sleep 0.1
+  done
+  exec 3>&-
+  for _ in $(seq 1 50); do (( $(grep -c '"Closed tunnel"' "$work/server.log") > before )) && break; sleep 0.1; done
+fi
+
 echo "== Client log"
 show_log "$work/client.log"
+echo
+echo "== Server log, the lines that matter (the whole log also has the effective configuration at -v 1 and connection events at -v 2)"
+grep -E '"(Starting quictun-server|Server certificate|Destinations allowed|Admin server listening|Server listening|Accepted connection|Closed tunnel)"' "$work/server.log"
+echo
+echo "\"Closed tunnel\" is the audit log: one line per tunnel at the default verbosity, naming the client's key or"
+echo "certificate, the destination, the result and the bytes (--audit-log=false turns it off). The last, empty one is"
+echo "the tunnel this script held open for the admin API below."
+echo
+echo "== Admin APIs: client http://$client_admin, server http://$server_admin (/metrics, /readyz, /tunnels, /connections)"
+if [[ -n $tunnels ]]; then
+  echo "curl -s http://$server_admin/tunnels, while that tunnel was open:"
+  jq . <<<"$tunnels" 2>/dev/null || echo "$tunnels"
+fi
+if [[ -n ${KEEP:-} ]]; then
+  echo "KEEP is set: both daemons keep running. Try: curl -s http://$server_admin/tunnels (press Ctrl-C to stop them)."
+  wait
+else
+  echo "The daemons stop with this script; 'KEEP=1 make demo' keeps them up for curl -s http://$server_admin/tunnels."
+fi

@@ -7,7 +7,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"math/big"
+	"os"
+	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,6 +45,47 @@ func SelfSignedTLS(tb testing.TB, name string) (server, client *tls.Config) {
 // function that issues a client certificate with common name cn from it.
 func ClientCA(tb testing.TB) (*x509.CertPool, func(cn string) tls.Certificate) {
 	tb.Helper()
+	ca := newClientCA(tb)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	return pool, func(cn string) tls.Certificate {
+		der, key := ca.issue(tb, cn)
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	}
+}
+
+// ClientCAFiles is ClientCA as PEM files for the built daemons: the CA's
+// certificate (a server's --client-ca-file) in a new temp dir, and a function
+// that issues a client certificate with common name cn as a --cert-file and a
+// --key-file (mode 0600) beside it.
+func ClientCAFiles(tb testing.TB) (caFile string, issue func(cn string) (certFile, keyFile string)) {
+	tb.Helper()
+	ca := newClientCA(tb)
+	dir := tb.TempDir()
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(tb, os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600))
+		return p
+	}
+	caFile = write("ca.pem", "CERTIFICATE", ca.cert.Raw)
+	return caFile, func(cn string) (string, string) {
+		der, key := ca.issue(tb, cn)
+		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+		require.NoError(tb, err)
+		return write(cn+".pem", "CERTIFICATE", der), write(cn+"-key.pem", "PRIVATE KEY", keyDER)
+	}
+}
+
+// clientCA is a test CA that issues client certificates.
+type clientCA struct {
+	cert   *x509.Certificate
+	key    *ecdsa.PrivateKey
+	mu     sync.Mutex
+	serial int64
+}
+
+func newClientCA(tb testing.TB) *clientCA {
+	tb.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(tb, err)
 	caTmpl := &x509.Certificate{
@@ -52,20 +97,25 @@ func ClientCA(tb testing.TB) (*x509.CertPool, func(cn string) tls.Certificate) {
 	require.NoError(tb, err)
 	ca, err := x509.ParseCertificate(caDER)
 	require.NoError(tb, err)
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	serial := int64(1)
-	return pool, func(cn string) tls.Certificate {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		require.NoError(tb, err)
-		serial++
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn, Organization: []string{"quictun tests"}},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		require.NoError(tb, err)
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return &clientCA{cert: ca, key: caKey, serial: 1}
+}
+
+// issue returns a client certificate for cn (subject CN=cn,O=quictun tests)
+// and its key.
+func (ca *clientCA) issue(tb testing.TB, cn string) ([]byte, *ecdsa.PrivateKey) {
+	tb.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(tb, err)
+	ca.mu.Lock()
+	ca.serial++
+	serial := ca.serial
+	ca.mu.Unlock()
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn, Organization: []string{"quictun tests"}},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	require.NoError(tb, err)
+	return der, key
 }

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/pkg/fec"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
@@ -391,6 +393,28 @@ quictun_quic_datagrams_total{side="server",type="tail_probe_sent"} 2
 
 	st.Invalid.Add(10) // read at scrape time
 	assert.InDelta(t, 11, values(t, reg, "quictun_quic_datagrams_total")["type=invalid"], 0)
+}
+
+func TestFECCollector(t *testing.T) {
+	t.Parallel()
+	st := &fec.Stats{}
+	for i, c := range []*atomic.Uint64{&st.DataSent, &st.ParitySent, &st.DataReceived, &st.ParityRecv, &st.Recovered, &st.Unrecoverable, &st.Malformed} {
+		c.Add(uint64(i + 1))
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.NewFECCollector("client", st))
+	expected := `
+# HELP quictun_fec_datagrams_total Forward error correction datagrams by type: data_sent, parity_sent, data_received, parity_received, recovered (rebuilt from parity), unrecoverable, malformed.
+# TYPE quictun_fec_datagrams_total counter
+quictun_fec_datagrams_total{side="client",type="data_received"} 3
+quictun_fec_datagrams_total{side="client",type="data_sent"} 1
+quictun_fec_datagrams_total{side="client",type="malformed"} 7
+quictun_fec_datagrams_total{side="client",type="parity_received"} 4
+quictun_fec_datagrams_total{side="client",type="parity_sent"} 2
+quictun_fec_datagrams_total{side="client",type="recovered"} 5
+quictun_fec_datagrams_total{side="client",type="unrecoverable"} 6
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected)))
 }
 
 func TestQUICCollectorMonotonicAcrossClose(t *testing.T) {

@@ -185,67 +185,63 @@ func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
 	cnt(c.bytesLost, total.BytesLost)
 }
 
-// LivenessCollector exports the heartbeat and tail-probe datagram counters.
-type LivenessCollector struct {
-	stats *liveness.Stats
-	desc  *prometheus.Desc
+// typeCounters is a collector of one counter vector by "type", read at
+// scrape time from the atomic counters of a stats struct.
+type typeCounters struct {
+	desc *prometheus.Desc
+	read func() []typeCount
 }
+
+type typeCount struct {
+	typ string
+	n   uint64
+}
+
+func newTypeCounters(side, subsystem, help string, read func() []typeCount) typeCounters {
+	return typeCounters{read: read, desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, subsystem, "datagrams_total"),
+		help, []string{"type"}, prometheus.Labels{"side": side})}
+}
+
+// Describe implements prometheus.Collector.
+func (c typeCounters) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c typeCounters) Collect(ch chan<- prometheus.Metric) {
+	for _, v := range c.read() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v.n), v.typ)
+	}
+}
+
+// LivenessCollector exports the heartbeat and tail-probe datagram counters.
+type LivenessCollector struct{ typeCounters }
 
 // NewLivenessCollector returns a collector of stats for side ("client" or "server").
 func NewLivenessCollector(side string, stats *liveness.Stats) *LivenessCollector {
-	return &LivenessCollector{stats: stats, desc: prometheus.NewDesc(
-		prometheus.BuildFQName(Namespace, "quic", "datagrams_total"),
+	return &LivenessCollector{newTypeCounters(side, "quic",
 		"Liveness datagrams by type: heartbeat_sent, echo_received, echo_sent, tail_probe_sent, invalid (received and dropped).",
-		[]string{"type"}, prometheus.Labels{"side": side})}
-}
-
-// Describe implements prometheus.Collector.
-func (c *LivenessCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-// Collect implements prometheus.Collector.
-func (c *LivenessCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, v := range []struct {
-		typ string
-		n   uint64
-	}{
-		{"heartbeat_sent", c.stats.HeartbeatsSent.Load()},
-		{"echo_received", c.stats.EchoesReceived.Load()},
-		{"echo_sent", c.stats.EchoesSent.Load()},
-		{"tail_probe_sent", c.stats.TailProbesSent.Load()},
-		{"invalid", c.stats.Invalid.Load()},
-	} {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v.n), v.typ)
-	}
+		func() []typeCount {
+			return []typeCount{
+				{"heartbeat_sent", stats.HeartbeatsSent.Load()},
+				{"echo_received", stats.EchoesReceived.Load()},
+				{"echo_sent", stats.EchoesSent.Load()},
+				{"tail_probe_sent", stats.TailProbesSent.Load()},
+				{"invalid", stats.Invalid.Load()},
+			}
+		})}
 }
 
 // FECCollector exports forward error correction counters.
-type FECCollector struct {
-	stats *fec.Stats
-	desc  *prometheus.Desc
-}
+type FECCollector struct{ typeCounters }
 
 // NewFECCollector returns a collector of stats for side ("client" or "server").
-func NewFECCollector(side string, stats *fec.Stats) *FECCollector {
-	return &FECCollector{stats: stats, desc: prometheus.NewDesc(
-		prometheus.BuildFQName(Namespace, "fec", "datagrams_total"),
+func NewFECCollector(side string, s *fec.Stats) *FECCollector {
+	return &FECCollector{newTypeCounters(side, "fec",
 		"Forward error correction datagrams by type: data_sent, parity_sent, data_received, parity_received, recovered (rebuilt from parity), unrecoverable, malformed.",
-		[]string{"type"}, prometheus.Labels{"side": side})}
-}
-
-// Describe implements prometheus.Collector.
-func (c *FECCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-// Collect implements prometheus.Collector.
-func (c *FECCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.stats
-	for _, v := range []struct {
-		typ string
-		n   uint64
-	}{
-		{"data_sent", s.DataSent.Load()}, {"parity_sent", s.ParitySent.Load()},
-		{"data_received", s.DataReceived.Load()}, {"parity_received", s.ParityRecv.Load()},
-		{"recovered", s.Recovered.Load()}, {"unrecoverable", s.Unrecoverable.Load()}, {"malformed", s.Malformed.Load()},
-	} {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v.n), v.typ)
-	}
+		func() []typeCount {
+			return []typeCount{
+				{"data_sent", s.DataSent.Load()}, {"parity_sent", s.ParitySent.Load()},
+				{"data_received", s.DataReceived.Load()}, {"parity_received", s.ParityRecv.Load()},
+				{"recovered", s.Recovered.Load()}, {"unrecoverable", s.Unrecoverable.Load()}, {"malformed", s.Malformed.Load()},
+			}
+		})}
 }

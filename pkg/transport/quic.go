@@ -76,11 +76,7 @@ func ListenUDP(address string) (*net.UDPConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", address, err)
 	}
-	c, err := net.ListenUDP("udp", ua)
-	if err != nil {
-		return nil, fmt.Errorf("listen udp %s: %w", address, err)
-	}
-	return c, nil
+	return net.ListenUDP("udp", ua) // its *net.OpError reads "listen udp ADDRESS: ..."
 }
 
 // ForceSocketBuffers sets c's receive and send buffers to size, past

@@ -159,6 +159,8 @@ func TestHelmDefaultValues(t *testing.T) {
 	assert.Equal(t, "0.0.0.0:8086", yamlScalar(t, []byte(cfgText), "httpd-listen-on"))
 	assert.Equal(t, "/etc/quictun/auth/admin-token", yamlScalar(t, []byte(cfgText), "httpd-token-file"))
 	assert.Equal(t, "/var/lib/quictun-server", yamlScalar(t, []byte(cfgText), "state-dir"))
+	assert.Equal(t, "true", yamlScalar(t, []byte(cfgText), "audit-log"), "one audit line per tunnel by default")
+	assert.NotContains(t, cfgText, "keys-file", "no named keys unless server.keys names a Secret")
 	cfg := filepath.Join(t.TempDir(), "server.yaml")
 	require.NoError(t, os.WriteFile(cfg, []byte(cfgText), 0o600))
 	out, err := checkConfig(t, "quictun-server", "--config", cfg)
@@ -241,6 +243,27 @@ func TestHelmFullValues(t *testing.T) {
 	echoToken := "tcp:quictun-echo.quictun.svc.cluster.local:15676"
 	assert.Contains(t, cfgText, "echo="+echoToken)
 	assert.Contains(t, cfgText, "deny:\n- tcp:10.0.0.1:22", "server.deny becomes the config's deny list")
+	assert.Contains(t, cfgText, "allow-for:\n- key=ci=tcp:10.0.0.5:5432", "server.allowFor becomes the config's allow-for list")
+	assert.Equal(t, "false", yamlScalar(t, []byte(cfgText), "audit-log"))
+	assert.Equal(t, "/etc/quictun/keys/keys", yamlScalar(t, []byte(cfgText), "keys-file"))
+	// The keys Secret is mounted as a directory (a subPath mount would never
+	// see a changed Secret, so a reload could not rotate keys).
+	podSpec := dig(dep, "spec", "template", "spec")
+	var keysMount any
+	for _, m := range dig(podSpec, "containers", 0, "volumeMounts").([]any) {
+		if str(dig(m, "name")) == "keys" {
+			keysMount = m
+		}
+	}
+	require.NotNil(t, keysMount, "no keys volume mount")
+	assert.Equal(t, "/etc/quictun/keys", dig(keysMount, "mountPath"))
+	assert.Nil(t, dig(keysMount, "subPath"))
+	for _, v := range dig(podSpec, "volumes").([]any) {
+		if str(dig(v, "name")) == "keys" {
+			assert.Equal(t, "quictun-keys", dig(v, "secret", "secretName"))
+			assert.Equal(t, []any{map[string]any{"key": "keys", "path": "keys"}}, dig(v, "secret", "items"))
+		}
+	}
 	cfg := filepath.Join(t.TempDir(), "server.yaml")
 	require.NoError(t, os.WriteFile(cfg, []byte(cfgText), 0o600))
 	out, err := checkConfig(t, "quictun-server", "--config", cfg)
@@ -311,6 +334,7 @@ func TestHelmRefusesInvalidValues(t *testing.T) {
 	for _, set := range [][]string{
 		{"--set", "clientExample.enabled=true"}, // no token source, no demo echo
 		{"--set", "server.service.type=Nodeport"},
+		{"--set", "server.allowFor={tcp:10.0.0.5:5432}"}, // no identity
 	} {
 		args := append([]string{"template", "quictun", deployPath(t, "helm", "quictun")}, set...)
 		out, err := exec.Command(helm, args...).CombinedOutput()

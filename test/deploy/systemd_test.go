@@ -193,3 +193,37 @@ func TestExampleConfigs(t *testing.T) {
 	_, err = checkConfig(t, "quictun-server", "--config", bad)
 	require.Error(t, err)
 }
+
+// TestExampleServerConfigOptionalKeys: the commented-out keys-file and
+// allow-for examples of the server's example config are valid once
+// uncommented (an operator's first edit), and the config sets audit-log.
+func TestExampleServerConfigOptionalKeys(t *testing.T) {
+	t.Parallel()
+	text := string(readFile(t, deployPath(t, "config", "server.yaml")))
+	assert.Equal(t, "true", yamlScalar(t, []byte(text), "audit-log"))
+	var lines []string
+	uncommented := 0
+	inAllowFor := false
+	for _, line := range strings.Split(text, "\n") {
+		switch {
+		case strings.HasPrefix(line, "# keys-file:"), strings.HasPrefix(line, "# allow-for:"):
+			inAllowFor = strings.HasPrefix(line, "# allow-for:")
+			line = strings.TrimPrefix(line, "# ")
+			uncommented++
+		case inAllowFor && strings.HasPrefix(line, "#   - "):
+			line = strings.TrimPrefix(line, "# ")
+			uncommented++
+		default:
+			inAllowFor = false
+		}
+		lines = append(lines, line)
+	}
+	require.Equal(t, 4, uncommented, "keys-file, allow-for and its two rules")
+	cfg := filepath.Join(t.TempDir(), "server.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte(strings.Join(lines, "\n")), 0o600))
+	out, err := checkConfig(t, "quictun-server", "--config", cfg)
+	require.NoError(t, err, out)
+	for _, want := range []string{"keys-file: /var/lib/quictun-server/keys", "allow-for:\n  - key=ci=tcp:10.0.0.5:5432"} {
+		assert.Contains(t, strings.Join(lines, "\n"), want)
+	}
+}

@@ -71,7 +71,7 @@ func TestDestinationFailures(t *testing.T) {
 	checkLeaks(t)
 	echo := testutil.EchoServer(t)
 	slow := unacceptedListener(t)
-	down := "127.0.0.1:" + fmt.Sprint(freePort(t, "tcp"))
+	down := testutil.FreeAddr(t, "tcp")
 	reset := resettingServer(t)
 	tokens := writeFile(t, "tokens", fmt.Sprintf("# source IP -> destination\n127.0.0.2 tcp:%s\n127.0.0.3 tcp:%s\n127.0.0.4 tcp:%s\n* tcp:%s\n",
 		slow, down, reset, echo))

@@ -26,6 +26,8 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/quictun/quictun/internal/testutil"
 )
 
 // Bounds for every wait in this package: nothing waits forever.
@@ -196,21 +198,6 @@ func (p *proc) waitExit(timeout time.Duration) (code int, ok bool) {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago (network "tcp" or "udp").
-func freePort(t *testing.T, network string) int {
-	t.Helper()
-	if network == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		require.NoError(t, err)
-		defer func() { _ = c.Close() }()
-		return c.LocalAddr().(*net.UDPAddr).Port
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // writeFile writes content to a new file in the test's temp dir.
 func writeFile(t *testing.T, name, content string) string {
 	t.Helper()
@@ -299,7 +286,7 @@ func startServer(t *testing.T, o serverOpts) *daemon {
 	for attempt := 1; ; attempt++ {
 		udp, adm := o.UDPPort, o.AdminPort
 		if !fixedPorts {
-			udp, adm = freePort(t, "udp"), freePort(t, "tcp")
+			udp, adm = testutil.FreePort(t, "udp"), testutil.FreePort(t, "tcp")
 		}
 		args := []string{"--listen-on", "127.0.0.1:" + strconv.Itoa(udp), "--state-dir", o.StateDir,
 			"--secret-file", o.SecretFile, "--httpd-listen-on", "127.0.0.1:" + strconv.Itoa(adm), "-v", "4"}
@@ -314,7 +301,7 @@ func startServer(t *testing.T, o serverOpts) *daemon {
 			return d
 		}
 		if !fixedPorts && attempt < 3 && !startedOrAddrInUse(t, d) {
-			continue // another process took a port between freePort and bind
+			continue // another process took a port between testutil.FreePort and bind
 		}
 		d.waitReady(t)
 		return d
@@ -358,7 +345,7 @@ func startClient(t *testing.T, srv *daemon, o clientOpts) *daemon {
 		o.Fingerprint = srv.Fingerprint
 	}
 	for attempt := 1; ; attempt++ {
-		lp, adm := freePort(t, "tcp"), freePort(t, "tcp")
+		lp, adm := testutil.FreePort(t, "tcp"), testutil.FreePort(t, "tcp")
 		args := []string{"--listen-on", "tcp:127.0.0.1:" + strconv.Itoa(lp), "--server-endpoint", srv.Addr,
 			"--server-fingerprint", o.Fingerprint, "--token-source", o.Token,
 			"--httpd-listen-on", "127.0.0.1:" + strconv.Itoa(adm), "-v", "4"}
@@ -541,7 +528,7 @@ func echoOnce(c *net.TCPConn, msg string) error {
 func startLatencyServe(t *testing.T) string {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
-		addr := "127.0.0.1:" + strconv.Itoa(freePort(t, "tcp"))
+		addr := testutil.FreeAddr(t, "tcp")
 		p := startProc(t, "latency-serve", nil, bins.latency, "serve", "--listen", addr, "--drain-timeout", "1s")
 		ok := false
 		waitFor(t, startTimeout, "latency-client serve", func() bool {

@@ -155,7 +155,7 @@ func TestHostileStreams(t *testing.T) {
 	raw, err := os.ReadFile(srv.SecretFile)
 	require.NoError(t, err)
 	secret := []byte(strings.TrimSpace(string(raw))) // as the daemons read it
-	otherPort := freePort(t, "tcp")
+	otherPort := testutil.FreePort(t, "tcp")
 
 	conn := rawClient(t, srv.Addr)
 	for _, tc := range []struct {

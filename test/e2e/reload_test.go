@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -131,7 +130,7 @@ func TestForwards(t *testing.T) {
 	checkLeaks(t)
 	a, b := testutil.EchoServer(t), testutil.EchoServer(t)
 	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + a, "tcp:" + b}})
-	pa, pb := "127.0.0.1:"+strconv.Itoa(freePort(t, "tcp")), "127.0.0.1:"+strconv.Itoa(freePort(t, "tcp"))
+	pa, pb := testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")
 	cl := startClient(t, srv, clientOpts{Token: "tcp:" + a, Args: []string{
 		"--forward", "tcp:" + pa + "=tcp:" + a, "--forward", "tcp:" + pb + "=tcp:" + b,
 	}})

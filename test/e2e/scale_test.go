@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/internal/procstat"
+	"github.com/quictun/quictun/internal/testutil"
 )
 
 // scaleConns is how many concurrent tunneled connections TestScale holds:
@@ -63,7 +64,7 @@ func roundTrip(c *net.TCPConn, msg string) error {
 // connection costs each endpoint (resident set and Go heap in use).
 func TestScale(t *testing.T) {
 	n := scaleConns(t)
-	echo := "127.0.0.1:" + strconv.Itoa(freePort(t, "tcp"))
+	echo := testutil.FreeAddr(t, "tcp")
 	startProc(t, "latency-serve", nil, bins.latency, "serve", "--listen", echo, "--max-connections", strconv.Itoa(n+100))
 	waitFor(t, startTimeout, "echo server", func() bool {
 		c, err := net.DialTimeout("tcp", echo, time.Second)

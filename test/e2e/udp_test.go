@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/socks5"
 )
 
@@ -32,14 +33,14 @@ func needTool(t *testing.T, name, pkg string) string {
 // startDNSMasq starts dnsmasq on a free loopback UDP port, answering name
 // with the IPv4 address ip (plus whatever extra options say), and returns
 // once dig gets that answer from it directly. A port taken by another
-// process between freePort and dnsmasq's bind (the whole suite runs beside
+// process between testutil.FreePort and dnsmasq's bind (the whole suite runs beside
 // this test) makes dnsmasq exit: it is retried on a new port. If dnsmasq
 // never answers, the failure carries its log.
 func startDNSMasq(t *testing.T, dig, name, ip string, extra ...string) (*proc, netip.AddrPort) {
 	t.Helper()
 	dnsmasq := needTool(t, "dnsmasq", "dnsmasq-base")
 	for attempt := 1; ; attempt++ {
-		addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(freePort(t, "udp")))
+		addr := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(testutil.FreePort(t, "udp")))
 		args := append([]string{"--keep-in-foreground", "--no-daemon", "--no-resolv", "--no-hosts",
 			"--bind-interfaces", "--listen-address=127.0.0.1", "--port=" + strconv.Itoa(int(addr.Port())),
 			"--user=root", "--pid-file=", "--address=/" + name + "/" + ip}, extra...)
@@ -84,8 +85,8 @@ func TestUDPDig(t *testing.T) {
 	dnsAddr := dnsAddrPort.String()
 
 	srv := startServer(t, serverOpts{Allow: []string{"udp:" + dnsAddr}})
-	fwd := "127.0.0.1:" + strconv.Itoa(freePort(t, "udp"))
-	refusedFwd := "127.0.0.1:" + strconv.Itoa(freePort(t, "udp"))
+	fwd := testutil.FreeAddr(t, "udp")
+	refusedFwd := testutil.FreeAddr(t, "udp")
 	startClient(t, srv, clientOpts{Args: []string{
 		"--forward", "udp:" + fwd + "=udp:" + dnsAddr,
 		"--forward", "udp:" + refusedFwd + "=udp:127.0.0.1:9", // not allowed
@@ -128,8 +129,8 @@ func TestProxiesWithCurl(t *testing.T) {
 	defer web.Close()
 	_, port, _ := net.SplitHostPort(web.Listener.Addr().String())
 	srv := startServer(t, serverOpts{Allow: []string{"tcp:127.0.0.1:" + port}})
-	socks := "127.0.0.1:" + strconv.Itoa(freePort(t, "tcp"))
-	httpc := "127.0.0.1:" + strconv.Itoa(freePort(t, "tcp"))
+	socks := testutil.FreeAddr(t, "tcp")
+	httpc := testutil.FreeAddr(t, "tcp")
 	startClient(t, srv, clientOpts{Args: []string{"--proxy", "socks5:" + socks, "--proxy", "http-connect:" + httpc}})
 
 	get := func(args ...string) (string, error) {
@@ -161,7 +162,7 @@ func TestSOCKS5UDPAssociateDig(t *testing.T) {
 	dig := needTool(t, "dig", "bind9-dnsutils")
 	_, dnsAddr := startDNSMasq(t, dig, "svc.test", "192.0.2.9")
 	srv := startServer(t, serverOpts{Allow: []string{"udp:" + dnsAddr.String()}})
-	socks := "127.0.0.1:" + strconv.Itoa(freePort(t, "tcp"))
+	socks := testutil.FreeAddr(t, "tcp")
 	startClient(t, srv, clientOpts{Args: []string{"--proxy", "socks5:" + socks}})
 
 	ctrl, err := net.Dial("tcp", socks)

@@ -21,7 +21,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/quictun/quictun/cmd/internal/cli"
+	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/config"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/version"
 )
 
@@ -155,6 +157,9 @@ type fakeDaemon struct {
 	cf       cli.ConfigFlags
 	name     string
 	count    int
+	list     []string
+	on       bool
+	wait     time.Duration
 	validErr error
 	ran      bool
 	runCtx   context.Context
@@ -164,6 +169,9 @@ func (d *fakeDaemon) Config() *cli.ConfigFlags { return &d.cf }
 func (d *fakeDaemon) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&d.name, "name", "default", "a name")
 	fs.IntVar(&d.count, "count", 1, "a count")
+	fs.StringSliceVar(&d.list, "list", []string{"d1"}, "a list")
+	fs.BoolVar(&d.on, "on", false, "a switch")
+	fs.DurationVar(&d.wait, "wait", time.Second, "a duration")
 }
 func (d *fakeDaemon) Validate() error { return d.validErr }
 func (d *fakeDaemon) Run(ctx context.Context) error {
@@ -236,27 +244,6 @@ func TestRootCommand(t *testing.T) {
 			assert.NotContains(t, out, "\n"+skipped, "config flags are not written")
 		}
 	})
-	t.Run("precedence file < env < flag", func(t *testing.T) {
-		file := filepath.Join(t.TempDir(), "c.yaml")
-		require.NoError(t, os.WriteFile(file, []byte("name: from-file\ncount: 2\n"), 0o600))
-		d := &fakeDaemon{}
-		_, err := execute(t, d, "--config", file)
-		require.NoError(t, err)
-		assert.Equal(t, "from-file", d.name)
-		assert.Equal(t, 2, d.count)
-
-		t.Setenv("QUICTUN_NAME", "from-env")
-		d = &fakeDaemon{}
-		_, err = execute(t, d, "--config", file)
-		require.NoError(t, err)
-		assert.Equal(t, "from-env", d.name)
-		assert.Equal(t, 2, d.count)
-
-		d = &fakeDaemon{}
-		_, err = execute(t, d, "--config", file, "--name", "from-flag")
-		require.NoError(t, err)
-		assert.Equal(t, "from-flag", d.name)
-	})
 	t.Run("unknown key names file and line", func(t *testing.T) {
 		file := filepath.Join(t.TempDir(), "bad.yaml")
 		require.NoError(t, os.WriteFile(file, []byte("name: a\n\nnmae: b\n"), 0o600))
@@ -299,6 +286,59 @@ func TestRootCommand(t *testing.T) {
 		assert.Contains(t, out, "QUICTUN_")
 		assert.Contains(t, out, "version")
 	})
+}
+
+// TestPrecedence is the precedence table of both daemons, run once on a
+// fake one (each daemon's app keeps one smoke case with its own flags):
+// defaults < --config file < QUICTUN_* environment < command line, for
+// strings, ints, lists, bools and durations.
+func TestPrecedence(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("name: from-file\ncount: 2\nlist: [f1, f2]\nwait: 3s\n"), 0o600))
+	type want struct {
+		name  string
+		count int
+		list  []string
+		on    bool
+		wait  time.Duration
+	}
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		args    []string
+		want    want
+		wantErr string
+	}{
+		{"defaults", nil, nil, want{"default", 1, []string{"d1"}, false, time.Second}, ""},
+		{"file", nil, []string{"--config", file}, want{"from-file", 2, []string{"f1", "f2"}, false, 3 * time.Second}, ""},
+		{"env over file", map[string]string{"QUICTUN_NAME": "from-env"}, []string{"--config", file},
+			want{"from-env", 2, []string{"f1", "f2"}, false, 3 * time.Second}, ""},
+		{"env without file", map[string]string{"QUICTUN_NAME": "from-env"}, nil, want{"from-env", 1, []string{"d1"}, false, time.Second}, ""},
+		{"flag over env and file", map[string]string{"QUICTUN_NAME": "from-env"}, []string{"--config", file, "--name", "from-flag"},
+			want{"from-flag", 2, []string{"f1", "f2"}, false, 3 * time.Second}, ""},
+		{"flag over file", nil, []string{"--config", file, "--count", "5"}, want{"from-file", 5, []string{"f1", "f2"}, false, 3 * time.Second}, ""},
+		{"env list, bool and duration over file", map[string]string{"QUICTUN_LIST": "e1,e2", "QUICTUN_ON": "true", "QUICTUN_WAIT": "5s"},
+			[]string{"--config", file}, want{"from-file", 2, []string{"e1", "e2"}, true, 5 * time.Second}, ""},
+		{"flag list over env list", map[string]string{"QUICTUN_LIST": "e1,e2"}, []string{"--list", "x"}, want{"default", 1, []string{"x"}, false, time.Second}, ""},
+		{"bad env value names the variable", map[string]string{"QUICTUN_WAIT": "soon"}, nil, want{}, "QUICTUN_WAIT"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clearEnvFor(t, "QUICTUN_NAME", "QUICTUN_COUNT", "QUICTUN_LIST", "QUICTUN_ON", "QUICTUN_WAIT", "QUICTUN_CONFIG")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			d := &fakeDaemon{}
+			_, err := execute(t, d, tc.args...)
+			if tc.wantErr != "" {
+				require.ErrorIs(t, err, cli.ErrUsage)
+				assert.Contains(t, err.Error(), tc.wantErr)
+				assert.False(t, d.ran)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, want{d.name, d.count, d.list, d.on, d.wait})
+		})
+	}
 }
 
 func TestSignalContext(t *testing.T) {
@@ -542,4 +582,70 @@ func TestReadKeysFile(t *testing.T) {
 	require.NoError(t, os.Chmod(loose, 0o644))
 	_, err = cli.ReadKeysFile("keys-file", loose)
 	require.ErrorContains(t, err, "chmod 600")
+}
+
+// TestCheckStartFiles is the table of file checks both daemons'
+// --check-config run (each app keeps the cases of its own flags).
+func TestCheckStartFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), mode))
+		return p
+	}
+	good := write("secret", "0123456789abcdef0123\n", 0o600)
+	short := write("short", "tooshort\n", 0o600)
+	garbage := write("garbage.pem", "not a certificate", 0o600)
+	loose := write("loose-secret", "0123456789abcdef0123\n", 0o644)
+	keys := write("keys", "alice 0123456789abcdef0123\n", 0o600)
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	looseDir, looseKeyDir := filepath.Join(dir, "loose"), filepath.Join(dir, "loose-key")
+	for _, d := range []string{a, b, looseDir, looseKeyDir} {
+		_, err := transport.LoadOrCreateState(d, "", "")
+		require.NoError(t, err)
+	}
+	require.NoError(t, os.Chmod(looseDir, 0o770))
+	looseStateKey := filepath.Join(looseKeyDir, transport.ResetKeyFileName)
+	require.NoError(t, os.Chmod(looseStateKey, 0o640))
+	keyPEM, err := os.ReadFile(filepath.Join(a, transport.KeyFileName))
+	require.NoError(t, err)
+	looseKey := write("loose-key.pem", string(keyPEM), 0o640)
+	missing := filepath.Join(dir, "not-on-this-host")
+	certA, keyA, keyB := filepath.Join(a, transport.CertFileName), filepath.Join(a, transport.KeyFileName), filepath.Join(b, transport.KeyFileName)
+	for _, tc := range []struct {
+		name    string
+		files   cli.StartFiles
+		wantErr []string
+	}{
+		{"good secret and keys file", cli.StartFiles{SecretFile: good, KeysFile: keys}, nil},
+		{"missing files are errors", cli.StartFiles{SecretFile: missing, KeysFile: missing, HTTPDTokenFile: missing, CAFlag: "ca-file", CAFile: missing, CertFile: missing, KeyFile: missing},
+			[]string{"--secret-file: open " + missing, "--keys-file: open " + missing, "--httpd-token-file: open " + missing, "--ca-file", "--cert-file/--key-file"}},
+		{"missing state dir is created at start", cli.StartFiles{StateDir: missing}, nil},
+		{"missing session file is written later", cli.StartFiles{SessionFile: missing}, nil},
+		{"good state dir", cli.StartFiles{StateDir: a}, nil},
+		{"state dir readable by others", cli.StartFiles{StateDir: looseDir},
+			[]string{"--state-dir " + looseDir + " is accessible by group or others (mode 0770): run: chmod 700 " + looseDir}},
+		{"state key readable by group", cli.StartFiles{StateDir: looseKeyDir}, []string{"--state-dir key file " + looseStateKey, "chmod 600 " + looseStateKey}},
+		{"secret readable by others", cli.StartFiles{SecretFile: loose},
+			[]string{"--secret-file " + loose + " is accessible by group or others (mode 0644): run: chmod 600 " + loose}},
+		{"session file readable by others", cli.StartFiles{SessionFile: loose}, []string{"--session-file", "chmod 600 " + loose}},
+		{"key file readable by group", cli.StartFiles{CertFile: certA, KeyFile: looseKey}, []string{"--key-file " + looseKey, "chmod 600 " + looseKey}},
+		{"good CA and key pair", cli.StartFiles{CAFlag: "client-ca-file", CAFile: certA, CertFile: certA, KeyFile: keyA}, nil},
+		{"short secret", cli.StartFiles{SecretFile: short}, []string{"--secret-file", "at least 16 bytes"}},
+		{"short admin token", cli.StartFiles{HTTPDTokenFile: short}, []string{"--httpd-token-file"}},
+		{"CA not PEM", cli.StartFiles{CAFlag: "client-ca-file", CAFile: garbage}, []string{"--client-ca-file", "no PEM certificates"}},
+		{"key of another certificate", cli.StartFiles{CertFile: certA, KeyFile: keyB}, []string{"--cert-file/--key-file"}},
+		{"everything at once", cli.StartFiles{SecretFile: short, KeysFile: garbage, HTTPDTokenFile: short, CAFlag: "ca-file", CAFile: garbage, CertFile: garbage, KeyFile: garbage, StateDir: looseDir},
+			[]string{"--secret-file", "--keys-file", "--httpd-token-file", "--ca-file", "--cert-file/--key-file", "--state-dir"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := errors.Join(cli.CheckStartFiles(tc.files)...)
+			testutil.RequireErrorContains(t, err, tc.wantErr)
+			if err != nil {
+				assert.NotContains(t, err.Error(), "tooshort", "never prints a secret")
+			}
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -63,7 +64,8 @@ type Daemon interface {
 
 // NewRootCommand builds a daemon's cobra command: flags, config loading with
 // precedence defaults < file < env < command line, validation, --write-config,
-// --check-config, grouped help and a version subcommand.
+// --check-config, grouped help and a version subcommand. The help sections are
+// groups, then congestion control, configuration and logging.
 func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:           name,
@@ -124,7 +126,10 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 	d.AddFlags(cmd.Flags())
 	AddKlogFlags(cmd.Flags())
 	_ = cmd.MarkFlagFilename("config", "yaml", "yml")
-	SetGroupedHelp(cmd, groups)
+	SetGroupedHelp(cmd, append(slices.Clone(groups),
+		FlagGroup{Title: "Congestion control", Names: CongestionFlagNames},
+		FlagGroup{Title: "Configuration", Names: configFlagNames},
+		FlagGroup{Title: "Logging", Names: []string{"v", "vmodule"}}))
 	cmd.AddCommand(&cobra.Command{
 		Use: "version", Short: "Print the version", Args: cobra.NoArgs,
 		Run: func(c *cobra.Command, _ []string) { _, _ = fmt.Fprintln(c.OutOrStdout(), name, version.String()) },

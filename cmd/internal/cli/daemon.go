@@ -33,19 +33,31 @@ type DaemonFlags struct {
 	HandshakeTimeout time.Duration
 	DrainTimeout     time.Duration
 	TailProbes       int
+	UDPIdleTimeout   time.Duration
 }
 
-// NewDaemonFlags returns the defaults, with the admin server on adminAddr.
-func NewDaemonFlags(adminAddr string) DaemonFlags {
+// DaemonDefaults are the defaults of DaemonFlags that belong to each daemon:
+// its admin address, and what its own DefaultConfig holds.
+type DaemonDefaults struct {
+	HTTPDListenOn  string
+	DrainTimeout   time.Duration
+	TailProbes     int
+	UDPIdleTimeout time.Duration
+}
+
+// NewDaemonFlags returns the defaults: the QUIC timeouts of
+// transport.DefaultQUICOptions, the rest from def.
+func NewDaemonFlags(def DaemonDefaults) DaemonFlags {
 	q := transport.DefaultQUICOptions()
 	return DaemonFlags{
 		CongestionFlags:  NewCongestionFlags(),
-		HTTPDListenOn:    adminAddr,
+		HTTPDListenOn:    def.HTTPDListenOn,
 		IdleTimeout:      q.IdleTimeout,
 		KeepAlivePeriod:  q.KeepAlivePeriod,
 		HandshakeTimeout: q.HandshakeTimeout,
-		DrainTimeout:     30 * time.Second,
-		TailProbes:       1,
+		DrainTimeout:     def.DrainTimeout,
+		TailProbes:       def.TailProbes,
+		UDPIdleTimeout:   def.UDPIdleTimeout,
 	}
 }
 
@@ -55,7 +67,9 @@ type DaemonHelp struct {
 	TailProbes string // --tail-probes: which direction's data they follow
 }
 
-// Flag groups of DaemonFlags, for --help sections.
+// Flag groups of DaemonFlags, for the daemons' --help sections (each daemon
+// adds its own flags to them; udp-idle-timeout and the congestion flags,
+// CongestionFlagNames, are placed by each daemon).
 var (
 	AdminFlagNames    = []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}
 	TimeoutFlagNames  = []string{"idle-timeout", "keepalive-period", "handshake-timeout", "drain-timeout"}
@@ -75,6 +89,7 @@ func (d *DaemonFlags) AddFlags(fs *pflag.FlagSet, help DaemonHelp) {
 	fs.DurationVar(&d.HandshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "QUIC handshake idle timeout")
 	fs.DurationVar(&d.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long open tunnels may finish before they are closed")
 	fs.IntVar(&d.TailProbes, "tail-probes", d.TailProbes, help.TailProbes)
+	fs.DurationVar(&d.UDPIdleTimeout, "udp-idle-timeout", d.UDPIdleTimeout, "a UDP flow (on the client one application address of a udp: --forward or one destination of a SOCKS5 UDP association; on the server its socket to the destination) without a packet either way for this long is closed; the next packet opens a new one")
 }
 
 // Validate returns the problems with the flags.
@@ -87,7 +102,7 @@ func (d *DaemonFlags) Validate() []error {
 	for _, v := range []struct {
 		name string
 		v    time.Duration
-	}{{"idle-timeout", d.IdleTimeout}, {"handshake-timeout", d.HandshakeTimeout}} {
+	}{{"idle-timeout", d.IdleTimeout}, {"handshake-timeout", d.HandshakeTimeout}, {"udp-idle-timeout", d.UDPIdleTimeout}} {
 		if v.v <= 0 {
 			add("--%s must be positive", v.name)
 		}

@@ -12,12 +12,10 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/cmd/internal/cli"
-	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
@@ -48,8 +46,8 @@ long-lived QUIC connection to quictun-server, which connects it to the destinati
 
 // Run starts the client and blocks until ctx is cancelled and the drain is
 // over. It builds in steps: TLS and credentials, then the admin listener,
-// local listeners and UDP socket (each pushed on one Cleanup), the client,
-// then runs.
+// the local entry points and the UDP socket (each pushed on one Cleanup),
+// the client, then serves it (cli.DaemonFlags.Serve).
 func (o *Options) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	cli.LogHostCheck(o.ServerEndpoint)
@@ -64,103 +62,25 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var tokens client.TokenSource
-	listenOn := o.ListenOn
-	if o.TokenSource != "" {
-		if tokens, err = token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
-			return fmt.Errorf("--token-source: %w", err)
-		}
-	} else {
-		listenOn = nil // --forward alone: no destination for --listen-on
+	tokens, err := o.tokens()
+	if err != nil {
+		return err
 	}
 	adm, err := cli.OpenAdminServer(o.HTTPDListenOn, o.HTTPDTokenFile)
 	if err != nil {
 		return err
 	}
 	cleanup.Push(adm.Close)
-	listeners := make([]net.Listener, 0, len(listenOn))
-	for _, spec := range listenOn {
-		ln, err := listen("listen-on", spec)
-		if err != nil {
-			return err
-		}
-		cleanup.Push(func() { _ = ln.Close() }) // the client closes them too when it stops
-		listeners = append(listeners, ln)
-	}
-	forwards := make([]client.Forward, 0, len(o.Forward))
-	for _, f := range o.Forward {
-		spec, dest, err := splitForward(f)
-		if err != nil {
-			return err
-		}
-		ts, err := token.NewSource(token.PluginFixed, dest, nil)
-		if err != nil {
-			return fmt.Errorf("--forward %s: %w", f, err)
-		}
-		if ep, _ := endpoint.Parse(spec); ep.Network == endpoint.NetworkUDP {
-			uc, err := listenUDP(spec, ep.Address)
-			if err != nil {
-				return err
-			}
-			cleanup.Push(func() { _ = uc.Close() })
-			forwards = append(forwards, client.Forward{Packet: uc, Tokens: ts})
-			continue
-		}
-		ln, err := listen("forward", spec)
-		if err != nil {
-			return err
-		}
-		cleanup.Push(func() { _ = ln.Close() })
-		forwards = append(forwards, client.Forward{Listener: ln, Tokens: ts})
-	}
-	for _, p := range o.Proxy {
-		kind, addr, _ := strings.Cut(p, ":")
-		var proxy ingress.Proxy = ingress.HTTPConnect{}
-		if kind == ProxySOCKS5 {
-			creds, err := proxyCredentials(o.ProxyCredentials)
-			if err != nil {
-				return err
-			}
-			proxy = ingress.SOCKS5{Credentials: creds}
-		}
-		ln, err := listen("proxy", "tcp:"+addr)
-		if err != nil {
-			return err
-		}
-		cleanup.Push(func() { _ = ln.Close() })
-		forwards = append(forwards, client.Forward{Listener: ln, Proxy: proxy})
-	}
-	pc, err := transport.ListenUDP(":0")
+	listeners, forwards, err := o.localEntries(&cleanup)
 	if err != nil {
 		return err
 	}
-	cleanup.Push(func() { _ = pc.Close() })
-	qopts := o.QUICOptions()
-	fecLayer, err := o.FECLayer(true)
+	sock, err := o.OpenSocket(":0", o.QUICOptions(), true, &cleanup, logger)
 	if err != nil {
-		return err
-	}
-	var packetConn net.PacketConn = pc
-	var wrap func(net.PacketConn) net.PacketConn
-	if fecLayer != nil {
-		// Path rescue's extra sockets are wrapped the same way, into the same stats.
-		wrap = func(u net.PacketConn) net.PacketConn {
-			if uc, ok := u.(*net.UDPConn); ok {
-				transport.ForceSocketBuffers(uc, 7<<20)
-			}
-			return fecLayer.Wrap(u)
-		}
-		packetConn = wrap(pc)
-		qopts.DisablePathMTUDiscovery = true // leave room for the FEC header
-		logger.Info("Forward error correction on", "fec", o.FEC)
-	}
-	qconf := transport.QUICConfig(qopts)
-	if err := cli.EnableQlog(qconf, o.QlogDir, logger); err != nil {
 		return err
 	}
 
 	reg := cli.NewRegistry()
-	m := metrics.NewClient(reg)
 	registry := tunnel.NewRegistry()
 	bo := client.DefaultBackoff()
 	bo.Max = o.ReconnectMax
@@ -169,7 +89,7 @@ func (o *Options) Run(ctx context.Context) error {
 	c, err = client.New(client.Config{
 		ServerAddr:        o.ServerEndpoint,
 		TLS:               tlsConf,
-		QUIC:              qconf,
+		QUIC:              sock.QUIC,
 		Secret:            secret,
 		Tokens:            tokens,
 		Listeners:         listeners,
@@ -183,34 +103,124 @@ func (o *Options) Run(ctx context.Context) error {
 		HeartbeatInterval: o.HeartbeatInterval,
 		RescueAfter:       o.RescueAfter,
 		TailProbes:        o.TailProbes,
-		Metrics:           m,
+		Metrics:           metrics.NewClient(reg),
 		QUICStat:          qstat,
 		Registry:          registry,
-		WrapConn:          wrap,
-	}, packetConn)
+		WrapConn:          sock.Wrap,
+	}, sock.Conn)
 	if err != nil {
 		return err
 	}
-	reg.MustRegister(qstat, metrics.NewLivenessCollector("client", c.LivenessStats()))
-	if fecLayer != nil {
-		reg.MustRegister(metrics.NewFECCollector("client", fecLayer.Stats()))
-	}
-	logger.Info("Tunnel configured", "serverEndpoint", o.ServerEndpoint, "listeners", strings.Join(listenOn, ","), "forwards", strings.Join(o.Forward, ","), "proxies", strings.Join(o.Proxy, ","))
+	logger.Info("Tunnel configured", o.entriesLog()...)
+	return o.Serve(ctx, cli.Serving{
+		Side: "client", Service: c, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(c, secret),
+	})
+}
 
-	adm.Start(ctx, admin.Options{Gatherer: reg, Ready: c.Ready, Registry: registry, Conns: c.ConnStats, EnablePprof: o.EnablePprof})
-	var rg errgroup.Group
-	rctx, stopReload := context.WithCancel(ctx)
-	if o.reloader != nil {
-		reloads := metrics.NewReload(reg, "client")
-		rg.Go(func() error {
-			o.reloader.Watch(rctx, o.applier(c, secret), reloads)
-			return nil
-		})
+// tokens builds the token source of the --listen-on listeners (nil without
+// --token-source: --forward alone).
+func (o *Options) tokens() (client.TokenSource, error) {
+	if o.TokenSource == "" {
+		return nil, nil
 	}
-	err = c.Run(ctx)
-	stopReload()
-	_ = rg.Wait()
-	return cli.RunErr(err, adm.Stop())
+	ts, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil)
+	if err != nil {
+		return nil, fmt.Errorf("--token-source: %w", err)
+	}
+	return ts, nil
+}
+
+// listenOn is the --listen-on listeners opened: none without --token-source
+// (--forward alone leaves them without a destination).
+func (o *Options) listenOn() []string {
+	if o.TokenSource == "" {
+		return nil
+	}
+	return o.ListenOn
+}
+
+// entriesLog is the server endpoint and the local entry points for the
+// "Tunnel configured" line, leaving out the kinds not configured.
+func (o *Options) entriesLog() []any {
+	kv := []any{"serverEndpoint", o.ServerEndpoint}
+	for _, e := range []struct {
+		key   string
+		specs []string
+	}{{"listeners", o.listenOn()}, {"forwards", o.Forward}, {"proxies", o.Proxy}} {
+		if len(e.specs) > 0 {
+			kv = append(kv, e.key, strings.Join(e.specs, ","))
+		}
+	}
+	return kv
+}
+
+// localEntries opens the local entry points applications connect to, each
+// pushed on cleanup: the --listen-on listeners (the client's own Listeners)
+// and each --forward (TCP, UNIX or UDP) and --proxy (the client's Forwards).
+func (o *Options) localEntries(cleanup *cli.Cleanup) ([]net.Listener, []client.Forward, error) {
+	var listeners []net.Listener
+	for _, spec := range o.listenOn() {
+		ln, err := listen("listen-on", spec)
+		if err != nil {
+			return nil, nil, err
+		}
+		cleanup.Push(func() { _ = ln.Close() }) // the client closes them too when it stops
+		listeners = append(listeners, ln)
+	}
+	forwards := make([]client.Forward, 0, len(o.Forward)+len(o.Proxy))
+	for _, f := range o.Forward {
+		fw, err := openForward(f, cleanup)
+		if err != nil {
+			return nil, nil, err
+		}
+		forwards = append(forwards, fw)
+	}
+	for _, p := range o.Proxy {
+		kind, addr, _ := strings.Cut(p, ":")
+		var proxy ingress.Proxy = ingress.HTTPConnect{}
+		if kind == ProxySOCKS5 {
+			creds, err := proxyCredentials(o.ProxyCredentials)
+			if err != nil {
+				return nil, nil, err
+			}
+			proxy = ingress.SOCKS5{Credentials: creds}
+		}
+		ln, err := listen("proxy", "tcp:"+addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		cleanup.Push(func() { _ = ln.Close() })
+		forwards = append(forwards, client.Forward{Listener: ln, Proxy: proxy})
+	}
+	return listeners, forwards, nil
+}
+
+// openForward opens the listener (or UDP socket) of one --forward
+// LISTEN=DESTINATION, pushing its Close on cleanup.
+func openForward(f string, cleanup *cli.Cleanup) (client.Forward, error) {
+	spec, dest, err := splitForward(f)
+	if err != nil {
+		return client.Forward{}, err
+	}
+	ts, err := token.NewSource(token.PluginFixed, dest, nil)
+	if err != nil {
+		return client.Forward{}, fmt.Errorf("--forward %s: %w", f, err)
+	}
+	if ep, _ := endpoint.Parse(spec); ep.Network == endpoint.NetworkUDP {
+		uc, err := transport.ListenUDP(ep.Address)
+		if err != nil {
+			return client.Forward{}, fmt.Errorf("--forward %s: %w", spec, err)
+		}
+		cleanup.Push(func() { _ = uc.Close() })
+		return client.Forward{Packet: uc, Tokens: ts}, nil
+	}
+	ln, err := listen("forward", spec)
+	if err != nil {
+		return client.Forward{}, err
+	}
+	cleanup.Push(func() { _ = ln.Close() })
+	return client.Forward{Listener: ln, Tokens: ts}, nil
 }
 
 // tlsConfig builds the client's TLS configuration: how it verifies the
@@ -263,8 +273,6 @@ func (o *Options) tlsConfig(logger klog.Logger) (*tls.Config, error) {
 	return transport.ClientTLSConfig(topts)
 }
 
-// listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale
-// UNIX socket file left by a previous run is removed first.
 // proxyCredentials reads --proxy-credentials-file (USER:PASSWORD); nil
 // without one.
 func proxyCredentials(file string) (socks5.Credentials, error) {
@@ -282,19 +290,8 @@ func proxyCredentials(file string) (socks5.Credentials, error) {
 	return socks5.UserPass{User: user, Password: pass}, nil
 }
 
-// listenUDP opens the UDP socket of a udp: forward.
-func listenUDP(spec, address string) (*net.UDPConn, error) {
-	ua, err := net.ResolveUDPAddr("udp", address)
-	if err != nil {
-		return nil, fmt.Errorf("--forward %s: %w", spec, err)
-	}
-	uc, err := net.ListenUDP("udp", ua)
-	if err != nil {
-		return nil, fmt.Errorf("--forward %s: %w", spec, err)
-	}
-	return uc, nil
-}
-
+// listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale
+// UNIX socket file left by a previous run is removed first.
 func listen(flag, spec string) (net.Listener, error) {
 	ep, err := endpoint.Parse(spec)
 	if err != nil {

@@ -108,6 +108,7 @@ func TestValidate(t *testing.T) {
 		{"tail probes 5", func(o *Options) { o.TailProbes = 5 }, []string{"--tail-probes must be 0..4"}},
 		{"rescue too soon", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 1999*time.Millisecond }, []string{"--rescue-after (1.999s) must be at least twice --heartbeat-interval (1s)"}},
 		{"no connections", func(o *Options) { o.MaxConnections = 0 }, []string{"--max-connections must be at least 1"}},
+		{"admin listener beyond loopback needs a token", func(o *Options) { o.HTTPDListenOn = "0.0.0.0:8087" }, []string{"--httpd-token-file"}},
 		{"every error at once", func(o *Options) {
 			*o = Options{ServerFingerprint: []string{"xx"}, CAFile: "/ca", KeyFile: "/k", HeartbeatInterval: time.Second}
 		}, []string{
@@ -121,15 +122,7 @@ func TestValidate(t *testing.T) {
 			t.Parallel()
 			o := validOptions()
 			tc.mutate(o)
-			err := o.Validate()
-			if len(tc.wantErr) == 0 {
-				assert.NoError(t, err)
-				return
-			}
-			require.Error(t, err)
-			for _, s := range tc.wantErr {
-				assert.Contains(t, err.Error(), s)
-			}
+			testutil.RequireErrorContains(t, o.Validate(), tc.wantErr)
 		})
 	}
 }
@@ -143,15 +136,6 @@ func TestValidateServerEndpointNeedsPort(t *testing.T) {
 		require.Error(t, err, ep)
 		assert.Contains(t, err.Error(), "--server-endpoint", ep)
 	}
-}
-
-func TestValidateAdminListener(t *testing.T) {
-	t.Parallel()
-	o := validOptions()
-	o.HTTPDListenOn = "0.0.0.0:8087"
-	err := o.Validate()
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--httpd-token-file")
 }
 
 func execute(t *testing.T, args ...string) (string, error) {
@@ -218,47 +202,24 @@ func TestCommandWriteAndCheckConfigRoundTrip(t *testing.T) {
 	}
 }
 
+// TestCommandPrecedence is one smoke case on the client's own flags (the
+// precedence table runs once, in cli's TestPrecedence): the file, the
+// environment and the command line each set something, in one start.
 func TestCommandPrecedence(t *testing.T) {
 	clearEnv(t)
 	// The example of STYLE.md: file a, env b, flag c.
-	file := writeFile(t, "c.yaml", "server-endpoint: a:7500\ntoken-source: tcp:127.0.0.1:22\nsession-wait-timeout: 3s\n")
-	for _, tc := range []struct {
-		name         string
-		env          string
-		flag, useCfg bool
-		want         any
-	}{
-		{"default", "", false, false, ""},
-		{"file", "", false, true, "a:7500"},
-		{"env over file", "b:7500", false, true, "b:7500"},
-		{"flag over env", "b:7500", true, true, "c:7500"},
-		{"flag over file", "", true, true, "c:7500"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.env != "" {
-				t.Setenv("QUICTUN_SERVER_ENDPOINT", tc.env)
-			}
-			var args []string
-			if tc.useCfg {
-				args = append(args, "--config", file)
-			}
-			if tc.flag {
-				args = append(args, "--server-endpoint", "c:7500")
-			}
-			m := effective(t, args...)
-			assert.Equal(t, tc.want, m["server-endpoint"])
-			if tc.useCfg {
-				assert.Equal(t, "3s", m["session-wait-timeout"])
-			}
-		})
-	}
-	t.Run("env bool and list", func(t *testing.T) {
-		t.Setenv("QUICTUN_INSECURE_SKIP_VERIFY", "true")
-		t.Setenv("QUICTUN_LISTEN_ON", "tcp:127.0.0.1:1,tcp:127.0.0.1:2")
-		m := effective(t)
-		assert.Equal(t, true, m["insecure-skip-verify"])
-		assert.Equal(t, []any{"tcp:127.0.0.1:1", "tcp:127.0.0.1:2"}, m["listen-on"])
-	})
+	file := writeFile(t, "c.yaml", "server-endpoint: a:7500\ntoken-source: tcp:127.0.0.1:22\nsession-wait-timeout: 3s\nstream-open-timeout: 4s\n")
+	t.Setenv("QUICTUN_SERVER_ENDPOINT", "b:7500")
+	t.Setenv("QUICTUN_LISTEN_ON", "tcp:127.0.0.1:1,tcp:127.0.0.1:2")
+	t.Setenv("QUICTUN_INSECURE_SKIP_VERIFY", "true")
+	t.Setenv("QUICTUN_SESSION_WAIT_TIMEOUT", "5s")
+	m := effective(t, "--config", file, "--server-endpoint", "c:7500")
+	assert.Equal(t, "c:7500", m["server-endpoint"], "flag over env over file")
+	assert.Equal(t, "5s", m["session-wait-timeout"], "env over file")
+	assert.Equal(t, "4s", m["stream-open-timeout"], "file over default")
+	assert.Equal(t, "tcp:127.0.0.1:22", m["token-source"])
+	assert.Equal(t, true, m["insecure-skip-verify"])
+	assert.Equal(t, []any{"tcp:127.0.0.1:1", "tcp:127.0.0.1:2"}, m["listen-on"])
 }
 
 func TestCommandUnknownKey(t *testing.T) {
@@ -368,4 +329,31 @@ func TestUnknownEnvironmentVariableWarned(t *testing.T) {
 	assert.Contains(t, out, "QUICTUN_SERVER_ENDPONT (did you mean QUICTUN_SERVER_ENDPOINT?)")
 	assert.NotContains(t, out, "typo.example", "values are not logged")
 	assert.NotContains(t, out, "QUICTUN_TOKEN_SOURCE", "known variables are not warned about")
+}
+
+// TestEntriesLog: "Tunnel configured" names only the entry points that are
+// configured (it printed forwards="" proxies="" for a plain --listen-on).
+func TestEntriesLog(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Options)
+		want   []any
+	}{
+		{"listen-on only", func(*Options) {}, []any{"serverEndpoint", "server.example.com:7500", "listeners", "tcp:127.0.0.1:6500"}},
+		{"forward alone opens no --listen-on", func(o *Options) {
+			o.TokenSource, o.Forward = "", []string{"tcp:127.0.0.1:2222=tcp:127.0.0.1:22"}
+		}, []any{"serverEndpoint", "server.example.com:7500", "forwards", "tcp:127.0.0.1:2222=tcp:127.0.0.1:22"}},
+		{"all three", func(o *Options) {
+			o.Forward, o.Proxy = []string{"udp:127.0.0.1:5353=udp:127.0.0.1:53"}, []string{"socks5:127.0.0.1:1080", "http-connect:127.0.0.1:8080"}
+		}, []any{"serverEndpoint", "server.example.com:7500", "listeners", "tcp:127.0.0.1:6500",
+			"forwards", "udp:127.0.0.1:5353=udp:127.0.0.1:53", "proxies", "socks5:127.0.0.1:1080,http-connect:127.0.0.1:8080"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := validOptions()
+			tc.mutate(o)
+			assert.Equal(t, tc.want, o.entriesLog())
+		})
+	}
 }

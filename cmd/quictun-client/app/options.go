@@ -4,6 +4,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,7 +45,6 @@ type Options struct {
 	SessionWait       time.Duration
 	StreamOpenTimeout time.Duration
 	MaxConnections    int
-	UDPIdleTimeout    time.Duration
 	ReconnectMax      time.Duration
 	HeartbeatInterval time.Duration
 	RescueAfter       time.Duration
@@ -62,28 +62,27 @@ func (o *Options) SetReloader(r *cli.Reloader) { o.reloader = r }
 func NewOptions() *Options {
 	def := client.DefaultConfig()
 	return &Options{
-		DaemonFlags:       cli.NewDaemonFlags("127.0.0.1:8087"),
+		DaemonFlags: cli.NewDaemonFlags(cli.DaemonDefaults{HTTPDListenOn: "127.0.0.1:8087",
+			DrainTimeout: def.DrainTimeout, TailProbes: def.TailProbes, UDPIdleTimeout: def.UDPIdleTimeout}),
 		ListenOn:          []string{"tcp:127.0.0.1:6500"},
 		TokenSourcePlugin: token.PluginFixed,
 		SessionWait:       def.SessionWait,
 		StreamOpenTimeout: def.StreamOpenTimeout,
 		MaxConnections:    def.MaxConnections,
-		UDPIdleTimeout:    def.UDPIdleTimeout,
 		ReconnectMax:      client.DefaultBackoff().Max,
 		HeartbeatInterval: def.HeartbeatInterval,
 		RescueAfter:       def.RescueAfter,
 	}
 }
 
+// Flag groups, shown as sections in --help (cli.NewRootCommand adds
+// congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
 	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source", "forward", "proxy", "proxy-credentials-file"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
-	{Title: "Admin HTTP server", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}},
-	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "session-wait-timeout", "stream-open-timeout", "drain-timeout", "max-connections", "udp-idle-timeout", "reconnect-max-delay"}},
-	{Title: "Loss and blackout recovery", Names: []string{"heartbeat-interval", "rescue-after", "tail-probes", "fec"}},
-	{Title: "Congestion control", Names: cli.CongestionFlagNames},
-	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
-	{Title: "Logging", Names: []string{"v", "vmodule"}},
+	{Title: "Admin HTTP server", Names: cli.AdminFlagNames},
+	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"session-wait-timeout", "stream-open-timeout", "max-connections", "udp-idle-timeout", "reconnect-max-delay"})},
+	{Title: "Loss and blackout recovery", Names: slices.Concat([]string{"heartbeat-interval", "rescue-after"}, cli.RecoveryFlagNames)},
 }
 
 // Config returns the config-file flags.
@@ -117,7 +116,6 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.SessionWait, "session-wait-timeout", o.SessionWait, "how long a local connection waits for a connection to the server before it is reset")
 	fs.DurationVar(&o.StreamOpenTimeout, "stream-open-timeout", o.StreamOpenTimeout, "how long to wait for stream credit when the server's stream limit is reached")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "concurrent local connections and UDP flows; more are reset (UDP: the packets of a new flow are dropped)")
-	fs.DurationVar(&o.UDPIdleTimeout, "udp-idle-timeout", o.UDPIdleTimeout, "a UDP flow (one application address on a udp: --forward) without a packet either way for this long is closed; the next packet opens a new one")
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way); after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
 	fs.DurationVar(&o.RescueAfter, "rescue-after", o.RescueAfter, "without a heartbeat echo for this long, probe a new path (fresh UDP socket) and switch to it as soon as the server answers")
 	fs.DurationVar(&o.ReconnectMax, "reconnect-max-delay", o.ReconnectMax, "longest pause between reconnect attempts (exponential backoff with jitter from 100ms)")
@@ -226,9 +224,6 @@ func (o *Options) Validate() error {
 	}
 	if o.HeartbeatInterval > 0 && o.RescueAfter < 2*o.HeartbeatInterval {
 		add("--rescue-after (%s) must be at least twice --heartbeat-interval (%s)", o.RescueAfter, o.HeartbeatInterval)
-	}
-	if o.UDPIdleTimeout <= 0 {
-		add("--udp-idle-timeout must be positive")
 	}
 	if o.MaxConnections < 1 {
 		add("--max-connections must be at least 1")

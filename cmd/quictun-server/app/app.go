@@ -11,11 +11,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/cmd/internal/cli"
-	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
@@ -87,37 +85,20 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	cleanup.Push(adm.Close)
-	pc, err := transport.ListenUDP(o.ListenOn)
-	if err != nil {
-		return err
-	}
-	cleanup.Push(func() { _ = pc.Close() })
 	qopts := o.QUICOptions()
 	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
-	fecLayer, err := o.FECLayer(false)
+	sock, err := o.OpenSocket(o.ListenOn, qopts, false, &cleanup, logger)
 	if err != nil {
-		return err
-	}
-	var packetConn net.PacketConn = pc
-	if fecLayer != nil {
-		transport.ForceSocketBuffers(pc, 7<<20)
-		packetConn = fecLayer.Wrap(pc)
-		qopts.DisablePathMTUDiscovery = true // leave room for the FEC header
-		logger.Info("Forward error correction on for clients that use it", "fec", o.FEC)
-	}
-	qconf := transport.QUICConfig(qopts)
-	if err := cli.EnableQlog(qconf, o.QlogDir, logger); err != nil {
 		return err
 	}
 
 	reg := cli.NewRegistry()
-	m := metrics.NewServer(reg)
 	registry := tunnel.NewRegistry()
 	var srv *server.Server
 	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
 	srv, err = server.New(server.Config{
 		TLS:                    tlsConf,
-		QUIC:                   qconf,
+		QUIC:                   sock.QUIC,
 		ResetKey:               &st.ResetKey,
 		TokenKey:               &st.TokenKey,
 		Keys:                   keys,
@@ -145,31 +126,18 @@ func (o *Options) Run(ctx context.Context) error {
 
 		DrainTimeout: o.DrainTimeout,
 		TailProbes:   o.TailProbes,
-		Metrics:      m,
+		Metrics:      metrics.NewServer(reg),
 		QUICStat:     qstat,
 		Registry:     registry,
-	}, packetConn)
+	}, sock.Conn)
 	if err != nil {
 		return err
 	}
-	reg.MustRegister(qstat, metrics.NewLivenessCollector("server", srv.LivenessStats()))
-	if fecLayer != nil {
-		reg.MustRegister(metrics.NewFECCollector("server", fecLayer.Stats()))
-	}
 	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
-
-	adm.Start(ctx, admin.Options{Gatherer: reg, Ready: srv.Ready, Registry: registry, Conns: srv.ConnStats, EnablePprof: o.EnablePprof})
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return srv.Run(gctx) })
-	if o.reloader != nil {
-		reloads := metrics.NewReload(reg, "server")
-		g.Go(func() error {
-			o.reloader.Watch(gctx, o.applier(srv, keys), reloads)
-			return nil
-		})
-	}
-	err = g.Wait()
-	return cli.RunErr(err, adm.Stop())
+	return o.Serve(ctx, cli.Serving{
+		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, keys),
+	})
 }
 
 // identity loads the server's certificate and keys (--state-dir or

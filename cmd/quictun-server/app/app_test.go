@@ -77,6 +77,7 @@ func TestValidate(t *testing.T) {
 		{"udp flow limits", func(o *Options) { o.MaxUDPFlowsPerConn = 0; o.UDPIdleTimeout = -1 },
 			[]string{"--max-udp-flows and --max-udp-flows-per-conn must be at least 1", "--udp-idle-timeout must be positive"}},
 		{"udp rules", func(o *Options) { o.Allow = []string{"dns=udp:10.0.0.53:53"}; o.Deny = []string{"udp:10.9.0.0/16:*"} }, nil},
+		{"admin listener beyond loopback needs a token", func(o *Options) { o.HTTPDListenOn = "0.0.0.0:8086" }, []string{"--httpd-token-file"}},
 		{"every error at once", func(o *Options) {
 			*o = Options{Allow: []string{"bogus"}, TokenParserPlugin: "Nope", CertFile: "/c", DaemonFlags: cli.DaemonFlags{KeepAlivePeriod: -1}}
 		}, []string{
@@ -90,14 +91,7 @@ func TestValidate(t *testing.T) {
 			o := validOptions()
 			tc.mutate(o)
 			err := o.Validate()
-			if len(tc.wantErr) == 0 {
-				assert.NoError(t, err)
-				return
-			}
-			require.Error(t, err)
-			for _, s := range tc.wantErr {
-				assert.Contains(t, err.Error(), s)
-			}
+			testutil.RequireErrorContains(t, err, tc.wantErr)
 			if len(tc.wantErr) > 1 {
 				assert.GreaterOrEqual(t, strings.Count(err.Error(), "\n")+1, len(tc.wantErr), "one line per problem")
 			}
@@ -185,54 +179,21 @@ func TestCommandWriteAndCheckConfigRoundTrip(t *testing.T) {
 	assert.Contains(t, err.Error(), "--secret-file")
 }
 
+// TestCommandPrecedence is one smoke case on the server's own flags (the
+// precedence table runs once, in cli's TestPrecedence): the file, the
+// environment and the command line each set something, in one start.
 func TestCommandPrecedence(t *testing.T) {
 	clearEnv(t)
-	file := writeFile(t, "c.yaml", "listen-on: 127.0.0.1:1\nsecret-file: /s\ndial-timeout: 3s\n")
-	for _, tc := range []struct {
-		name   string
-		env    string
-		flag   bool
-		useCfg bool
-		want   string
-	}{
-		{"default", "", false, false, "0.0.0.0:7500"},
-		{"file", "", false, true, "127.0.0.1:1"},
-		{"env over file", "127.0.0.1:2", false, true, "127.0.0.1:2"},
-		{"flag over env and file", "127.0.0.1:2", true, true, "127.0.0.1:3"},
-		{"env without file", "127.0.0.1:2", false, false, "127.0.0.1:2"},
-		{"flag over file", "", true, true, "127.0.0.1:3"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.env != "" {
-				t.Setenv("QUICTUN_LISTEN_ON", tc.env)
-			}
-			var args []string
-			if tc.useCfg {
-				args = append(args, "--config", file)
-			}
-			if tc.flag {
-				args = append(args, "--listen-on", "127.0.0.1:3")
-			}
-			m := effective(t, args...)
-			assert.Equal(t, tc.want, m["listen-on"])
-			if tc.useCfg {
-				assert.Equal(t, "3s", m["dial-timeout"], "other file keys still apply")
-			}
-		})
-	}
-	t.Run("env list and duration", func(t *testing.T) {
-		t.Setenv("QUICTUN_ALLOW", "tcp:127.0.0.1:22,tcp:127.0.0.1:80")
-		t.Setenv("QUICTUN_HEADER_TIMEOUT", "2s")
-		m := effective(t)
-		assert.Equal(t, []any{"tcp:127.0.0.1:22", "tcp:127.0.0.1:80"}, m["allow"])
-		assert.Equal(t, "2s", m["header-timeout"])
-	})
-	t.Run("bad env value", func(t *testing.T) {
-		t.Setenv("QUICTUN_IDLE_TIMEOUT", "soon")
-		_, err := execute(t, "--check-config", "--secret-file", "/s")
-		require.ErrorIs(t, err, cli.ErrUsage)
-		assert.Contains(t, err.Error(), "QUICTUN_IDLE_TIMEOUT")
-	})
+	file := writeFile(t, "c.yaml", "listen-on: 127.0.0.1:1\nsecret-file: /s\ndial-timeout: 3s\nheader-timeout: 4s\n")
+	t.Setenv("QUICTUN_LISTEN_ON", "127.0.0.1:2")
+	t.Setenv("QUICTUN_ALLOW", "tcp:127.0.0.1:22,tcp:127.0.0.1:80")
+	t.Setenv("QUICTUN_HEADER_TIMEOUT", "2s")
+	m := effective(t, "--config", file, "--listen-on", "127.0.0.1:3")
+	assert.Equal(t, "127.0.0.1:3", m["listen-on"], "flag over env over file")
+	assert.Equal(t, "2s", m["header-timeout"], "env over file")
+	assert.Equal(t, "3s", m["dial-timeout"], "file over default")
+	assert.Equal(t, "/s", m["secret-file"])
+	assert.Equal(t, []any{"tcp:127.0.0.1:22", "tcp:127.0.0.1:80"}, m["allow"])
 }
 
 func TestCommandUnknownKey(t *testing.T) {
@@ -281,15 +242,6 @@ func TestValidateListenAddress(t *testing.T) {
 		require.Error(t, err, addr)
 		assert.Contains(t, err.Error(), "--listen-on", addr)
 	}
-}
-
-func TestValidateAdminListener(t *testing.T) {
-	t.Parallel()
-	o := validOptions()
-	o.HTTPDListenOn = "0.0.0.0:8086"
-	err := o.Validate()
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--httpd-token-file")
 }
 
 func TestValidateCertFileWithoutStateDir(t *testing.T) {

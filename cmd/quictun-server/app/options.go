@@ -4,6 +4,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -55,7 +56,6 @@ type Options struct {
 
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
-	UDPIdleTimeout     time.Duration
 
 	reloader *cli.Reloader
 }
@@ -71,18 +71,19 @@ func NewOptions() *Options {
 	q := transport.DefaultQUICOptions()
 	def := server.DefaultConfig()
 	return &Options{
-		DaemonFlags:        cli.NewDaemonFlags("127.0.0.1:8086"),
+		DaemonFlags: cli.NewDaemonFlags(cli.DaemonDefaults{HTTPDListenOn: "127.0.0.1:8086",
+			DrainTimeout: def.DrainTimeout, TailProbes: def.TailProbes, UDPIdleTimeout: def.UDPIdleTimeout}),
 		ListenOn:           "0.0.0.0:7500",
 		Allow:              endpoint.DefaultAllowList().Rules(),
 		AuditLog:           true,
 		StateDir:           "/var/lib/quictun-server",
 		TokenParserPlugin:  token.PluginCleartext,
-		HeaderTimeout:      10 * time.Second,
-		DialTimeout:        10 * time.Second,
+		HeaderTimeout:      def.HeaderTimeout,
+		DialTimeout:        def.DialTimeout,
 		MaxStreamsPerConn:  q.MaxIncomingStreams,
-		MaxConcurrentDials: 256,
-		HandshakeRate:      20,
-		MaxConnsPerSource:  64,
+		MaxConcurrentDials: def.MaxConcurrentDials,
+		HandshakeRate:      def.HandshakesPerSecond,
+		MaxConnsPerSource:  def.MaxConnsPerSource,
 		MaxConnections:     def.MaxConnections,
 
 		AuthTimeout:                 def.AuthTimeout,
@@ -92,21 +93,19 @@ func NewOptions() *Options {
 
 		MaxUDPFlows:        def.MaxUDPFlows,
 		MaxUDPFlowsPerConn: def.MaxUDPFlowsPerConn,
-		UDPIdleTimeout:     def.UDPIdleTimeout,
 	}
 }
 
-// Flag groups, shown as sections in --help.
+// Flag groups, shown as sections in --help (cli.NewRootCommand adds
+// congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "allow-for", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "insecure-no-auth"}},
-	{Title: "Admin HTTP server and logs", Names: []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir", "audit-log"}},
-	{Title: "Timeouts and limits", Names: []string{"idle-timeout", "keepalive-period", "handshake-timeout", "header-timeout", "dial-timeout", "drain-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt", "tail-probes", "fec"}},
+	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
+	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
+	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "udp-idle-timeout"}},
 	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-replay-entries-per-conn"}},
-	{Title: "Congestion control", Names: cli.CongestionFlagNames},
-	{Title: "Configuration", Names: []string{"config", "write-config", "check-config"}},
-	{Title: "Logging", Names: []string{"v", "vmodule"}},
 }
 
 // Config returns the config-file flags.
@@ -148,7 +147,6 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxReplayEntriesPerConn, "max-replay-entries-per-conn", o.MaxReplayEntriesPerConn, "stream-header nonces one connection may record in the replay cache (1,048,576 entries) per 2-minute window; beyond it 1-RTT streams go unrecorded and 0-RTT streams are reset with overloaded")
 	fs.IntVar(&o.MaxUDPFlows, "max-udp-flows", o.MaxUDPFlows, "UDP flows open on the server (each holds a UDP socket to its destination and a 64 KiB buffer); more are refused with overloaded")
 	fs.IntVar(&o.MaxUDPFlowsPerConn, "max-udp-flows-per-conn", o.MaxUDPFlowsPerConn, "UDP flows open on one client connection; more are refused with overloaded")
-	fs.DurationVar(&o.UDPIdleTimeout, "udp-idle-timeout", o.UDPIdleTimeout, "a UDP flow without a packet either way for this long is closed (the next packet opens a new one)")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
@@ -204,9 +202,6 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxUDPFlows < 1 || o.MaxUDPFlowsPerConn < 1 {
 		add("--max-udp-flows and --max-udp-flows-per-conn must be at least 1")
-	}
-	if o.UDPIdleTimeout <= 0 {
-		add("--udp-idle-timeout must be positive")
 	}
 	if o.MaxDialsPerDest < 0 {
 		add("--max-dials-per-destination must not be negative")

@@ -129,6 +129,7 @@ admin-token: {{ default (randAlphaNum 44) .Values.auth.adminToken | b64enc | quo
   "httpd-listen-on" (printf "0.0.0.0:%d" (int .Values.server.adminPort))
   "httpd-token-file" "/etc/quictun/auth/admin-token"
   "drain-timeout" .Values.server.drainTimeout
+  "audit-log" .Values.server.auditLog
   "v" (toString .Values.server.logLevel) }}
 {{- /* Without rules the binary's default applies: loopback, i.e. the pod itself. */}}
 {{- if $allow }}
@@ -136,6 +137,12 @@ admin-token: {{ default (randAlphaNum 44) .Values.auth.adminToken | b64enc | quo
 {{- end }}
 {{- if .Values.server.deny }}
 {{- $_ := set $cfg "deny" .Values.server.deny }}
+{{- end }}
+{{- if .Values.server.allowFor }}
+{{- $_ := set $cfg "allow-for" .Values.server.allowFor }}
+{{- end }}
+{{- if .Values.server.keys.existingSecret }}
+{{- $_ := set $cfg "keys-file" "/etc/quictun/keys/keys" }}
 {{- end }}
 {{- toYaml (mergeOverwrite $cfg .Values.server.config) }}
 {{- end }}

@@ -1,0 +1,107 @@
+package e2e
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil"
+)
+
+// randomSecret is a fresh 32-byte base64 secret.
+func randomSecret() string {
+	k := make([]byte, 32)
+	_, _ = rand.Read(k)
+	return base64.StdEncoding.EncodeToString(k)
+}
+
+// TestAllowForKeyWithKeysFile: on the built server, --allow-for
+// key=NAME=RULE lets only the clients holding that --keys-file key reach a
+// destination (the audit line names the key), and a reload that moves the
+// rule to another key applies to new tunnels while an open one keeps running.
+func TestAllowForKeyWithKeysFile(t *testing.T) {
+	checkLeaks(t)
+	common, private := testutil.EchoServer(t), testutil.EchoServer(t)
+	aliceKey, bobKey := randomSecret(), randomSecret()
+	keys := writeFile(t, "keys", "alice "+aliceKey+"\nbob "+bobKey+"\n")
+	cfg := writeFile(t, "server.yaml", "allow: [tcp:"+common+"]\nallow-for: [key=alice=tcp:"+private+"]\n")
+	srv := startServer(t, serverOpts{Args: []string{"--config", cfg, "--keys-file", keys}})
+	aliceSecret, bobSecret := writeFile(t, "alice", aliceKey+"\n"), writeFile(t, "bob", bobKey+"\n")
+	alice := startClient(t, srv, clientOpts{Token: "tcp:" + private, SecretFile: aliceSecret})
+	bob := startClient(t, srv, clientOpts{Token: "tcp:" + private, SecretFile: bobSecret})
+	bobCommon := startClient(t, srv, clientOpts{Token: "tcp:" + common, SecretFile: bobSecret})
+
+	live := dialApp(t, alice.Addr)
+	require.NoError(t, roundTrip(live, "alice reaches the destination of her key"))
+	require.Error(t, echoVia(t, bob.Addr, "bob does not"))
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
+	require.NoError(t, echoVia(t, bobCommon.Addr, "bob reaches what --allow gives everyone"))
+	waitFor(t, ioTimeout, "audit lines naming each key", func() bool {
+		l := srv.log()
+		return strings.Contains(l, `identity="key=bob" destination="tcp:`+private+`" result="refused"`) &&
+			strings.Contains(l, `identity="key=bob" destination="tcp:`+common+`" result="ok"`)
+	})
+
+	// The rule moves from alice to bob.
+	require.NoError(t, os.WriteFile(cfg, []byte("allow: [tcp:"+common+"]\nallow-for: [key=bob=tcp:"+private+"]\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "the change logged", func() bool {
+		return strings.Contains(srv.log(), `allowForAdded=["key=bob=tcp:`+private+`"] allowForRemoved=["key=alice=tcp:`+private+`"]`)
+	})
+	require.NoError(t, echoVia(t, bob.Addr, "bob now reaches it"))
+	require.Error(t, echoVia(t, alice.Addr, "a new tunnel of alice is refused"))
+	waitMetric(t, srv, ioTimeout, eq(2), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
+	require.NoError(t, roundTrip(live, "alice's open tunnel keeps running"))
+	require.NoError(t, live.CloseWrite())
+}
+
+// TestClientCertificateIdentity: with --client-ca-file, the built server
+// logs each connection's certificate subject ("Authenticated client
+// certificate" at -v 2) and shows it in the admin API's JSON: clientSubject
+// in /connections, clientIdentity in /tunnels.
+func TestClientCertificateIdentity(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	caFile, issue := testutil.ClientCAFiles(t)
+	cert, key := issue("ci-runner")
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--client-ca-file", caFile}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: []string{"--cert-file", cert, "--key-file", key}})
+	const subject = "CN=ci-runner,O=quictun tests"
+	waitFor(t, ioTimeout, "the per-connection line", func() bool {
+		return strings.Contains(srv.log(), `"Authenticated client certificate" connID=`) &&
+			strings.Contains(srv.log(), `clientSubject="`+subject+`"`)
+	})
+
+	live := dialApp(t, cl.Addr)
+	require.NoError(t, roundTrip(live, "open"))
+	code, body := httpDo(http.MethodGet, srv.AdminURL+"/connections")
+	require.Equal(t, http.StatusOK, code, body)
+	var conns []struct {
+		ID            string `json:"id"`
+		ClientSubject string `json:"clientSubject"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &conns), body)
+	require.Len(t, conns, 1, body)
+	assert.Equal(t, subject, conns[0].ClientSubject)
+
+	code, body = httpDo(http.MethodGet, srv.AdminURL+"/tunnels")
+	require.Equal(t, http.StatusOK, code, body)
+	var tunnels []struct {
+		ServerAppAddr  string `json:"serverAppAddr"`
+		ClientIdentity string `json:"clientIdentity"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &tunnels), body)
+	require.Len(t, tunnels, 1, body)
+	assert.Equal(t, "tcp:"+echo, tunnels[0].ServerAppAddr)
+	assert.Contains(t, strings.Split(tunnels[0].ClientIdentity, ","), "CN=ci-runner", "the certificate's identity, beside the key's")
+	require.NoError(t, live.CloseWrite())
+}
