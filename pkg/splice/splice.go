@@ -20,33 +20,42 @@ const (
 	SmallBufferSize = 2 << 10
 )
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, BufferSize); return &b }}
+// The buffers of both sizes are pooled: a tunnel takes its small buffers
+// when it starts and gives them back when it ends, so that short-lived
+// tunnels (one per connection of a client that does not reuse them) do not
+// allocate 4 KiB each on both ends.
+var (
+	bufPool   = sync.Pool{New: func() any { b := make([]byte, BufferSize); return &b }}
+	smallPool = sync.Pool{New: func() any { b := make([]byte, SmallBufferSize); return &b }}
+)
 
 // copyBuf holds a small buffer while reads are small, and a pooled large one
 // while they fill the buffer: an idle tunnel then costs 2 KiB per direction
 // instead of 32 KiB, which matters with tens of thousands of tunnels.
 type copyBuf struct {
-	small []byte
+	small *[]byte
 	large *[]byte
 }
 
-func newCopyBuf() *copyBuf { return &copyBuf{small: make([]byte, SmallBufferSize)} }
+// take gets the small buffer; release gives back what b holds.
+func (b *copyBuf) take() { b.small = smallPool.Get().(*[]byte) }
 
 // buf is the buffer for the next read.
 func (b *copyBuf) buf() []byte {
 	if b.large != nil {
 		return *b.large
 	}
-	return b.small
+	return *b.small
 }
 
 // adapt picks the buffer size after a read of n bytes.
 func (b *copyBuf) adapt(n int) {
 	switch {
-	case b.large == nil && n == len(b.small):
+	case b.large == nil && n == SmallBufferSize:
 		b.large = bufPool.Get().(*[]byte)
-	case b.large != nil && n < len(b.small):
-		b.release()
+	case b.large != nil && n < SmallBufferSize:
+		bufPool.Put(b.large)
+		b.large = nil
 	}
 }
 
@@ -54,6 +63,10 @@ func (b *copyBuf) release() {
 	if b.large != nil {
 		bufPool.Put(b.large)
 		b.large = nil
+	}
+	if b.small != nil {
+		smallPool.Put(b.small)
+		b.small = nil
 	}
 }
 
@@ -147,7 +160,8 @@ func (p *Pipe) Run() error {
 
 // toStream copies connection -> stream. It is the only caller of Write and Close on the stream.
 func (p *Pipe) toStream() {
-	cb := newCopyBuf()
+	var cb copyBuf
+	cb.take()
 	defer cb.release()
 	for {
 		buf := cb.buf()
@@ -179,7 +193,8 @@ func (p *Pipe) toStream() {
 
 // fromStream copies stream -> connection.
 func (p *Pipe) fromStream() {
-	cb := newCopyBuf()
+	var cb copyBuf
+	cb.take()
 	defer cb.release()
 	for {
 		buf := cb.buf()
