@@ -7,6 +7,7 @@ go 1.26.8
 replace github.com/quictun/quictun => ../..
 
 require (
+	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/quictun/quictun v0.0.0-00010101000000-000000000000
 	github.com/spf13/cobra v1.10.2
 	github.com/stretchr/testify v1.12.1

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/pprof/profile"
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
@@ -37,7 +38,7 @@ func newRootCommand() *cobra.Command {
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	root.PersistentFlags().AddGoFlag(gfs.Lookup("v"))
-	root.AddCommand(newRunCommand(), newLoopbackCommand(), newCompareCommand(), newReportCommand())
+	root.AddCommand(newRunCommand(), newLoopbackCommand(), newCompareCommand(), newReportCommand(), newFlameCommand())
 	return root
 }
 
@@ -149,6 +150,36 @@ func newLoopbackCommand() *cobra.Command {
 	fs.StringSliceVar(&o.Env, "quictun-env", nil, "extra environment of both daemons, e.g. GOMAXPROCS=1 (repeatable)")
 	fs.StringSliceVar(&o.EnvB, "quictun-env-b", nil, "extra environment of quictun-b's daemons only (with --bin-b, or alone: the same build with another environment)")
 	return cmd
+}
+
+func newFlameCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "flame PROFILE OUT.cpuprofile",
+		Short: "Write a pprof CPU profile's call tree as a .cpuprofile (V8) document, for a flame graph",
+		Long: "Writes the call tree of a pprof CPU profile (e.g. from a daemon's /debug/pprof/profile) in the .cpuprofile " +
+			"format that flame graph renderers read. An SVG: npx flamegraph@1.3.0 -t cpuprofile -f OUT.cpuprofile > OUT.svg",
+		Args: cobra.ExactArgs(2),
+		RunE: func(_ *cobra.Command, args []string) error {
+			in, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer in.Close()
+			p, err := profile.Parse(in)
+			if err != nil {
+				return fmt.Errorf("parse %s: %w", args[0], err)
+			}
+			out, err := os.Create(args[1])
+			if err != nil {
+				return err
+			}
+			if err := harness.WriteCPUProfileTree(p, out); err != nil {
+				_ = out.Close()
+				return err
+			}
+			return out.Close()
+		},
+	}
 }
 
 func newCompareCommand() *cobra.Command {
