@@ -108,6 +108,13 @@ type Config struct {
 	// connections that have not yet presented a verified header; past it,
 	// such streams are reset with overloaded at once.
 	MaxUnverifiedStreams int
+	// MaxUnverifiedStreamsPerSource is one source's share of
+	// MaxUnverifiedStreams (a source is an IPv4 address or an IPv6 /64, as
+	// for MaxConnsPerSource), so that one source cannot take the whole
+	// budget and have every new client's first stream reset; past it, its
+	// streams are reset with overloaded at once. 0: an eighth of
+	// MaxUnverifiedStreams, at least MaxUnverifiedStreamsPerConn.
+	MaxUnverifiedStreamsPerSource int
 	// AuthTimeout is how long a connection has, from its first stream, to
 	// present a verified header (with a shared secret); then it is closed
 	// with auth_failed. Connections without streams are not timed (idle
@@ -153,6 +160,13 @@ func DefaultConfig() Config {
 		MaxUDPFlowsPerConn: egress.DefaultMaxUDPFlowsPerConn,
 		UDPIdleTimeout:     egress.DefaultUDPIdleTimeout,
 	}
+}
+
+// DefaultUnverifiedStreamsPerSource is MaxUnverifiedStreamsPerSource when it
+// is not set: an eighth of the server-wide budget, so that at least eight
+// sources share it, and at least one connection's budget.
+func DefaultUnverifiedStreamsPerSource(maxUnverifiedStreams, perConn int) int {
+	return max(perConn, maxUnverifiedStreams/8)
 }
 
 // Server is a quictun server. Create it with New and call Run once.
@@ -208,6 +222,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	orDefault(&cfg.MaxConnections, def.MaxConnections)
 	orDefault(&cfg.MaxUnverifiedStreamsPerConn, def.MaxUnverifiedStreamsPerConn)
 	orDefault(&cfg.MaxUnverifiedStreams, def.MaxUnverifiedStreams)
+	orDefault(&cfg.MaxUnverifiedStreamsPerSource, DefaultUnverifiedStreamsPerSource(cfg.MaxUnverifiedStreams, cfg.MaxUnverifiedStreamsPerConn))
 	orDefault(&cfg.AuthTimeout, def.AuthTimeout)
 	orDefault(&cfg.MaxReplayEntriesPerConn, max(1, cfg.MaxReplayEntries/64))
 	switch {
@@ -278,7 +293,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		cfg:            cfg,
 		pc:             pc,
 		egress:         eg,
-		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource),
+		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource, cfg.MaxUnverifiedStreamsPerSource),
 		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
 		raiseStreamsTo: raiseStreamsTo,
 		conns:          map[uint64]*quic.Conn{},
@@ -589,17 +604,27 @@ accept:
 			break accept
 		}
 		global := false
+		releaseSource := func() {}
 		if !gate.verified.Load() {
+			// The source's share first, so that a source over it does not
+			// touch the server-wide budget.
+			var ok bool
+			if releaseSource, ok = s.limits.holdUnverified(src); !ok {
+				<-gate.slots
+				s.refuseUnverified(logger, str, metrics.PreauthSourceUnverifiedStreamsLimit,
+					"Refused stream: too many streams from this address awaiting authentication; raise --max-unverified-streams-per-source if legitimate clients behind one address hit this",
+					s.cfg.MaxUnverifiedStreamsPerSource)
+				continue
+			}
 			select {
 			case s.unverified <- struct{}{}:
 				global = true
 			default:
 				<-gate.slots
-				egress.Reset(str, proto.CodeOverloaded)
-				m.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
-				m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit).Inc()
-				logger.V(2).Info("Refused stream: too many streams awaiting authentication on the server; raise --max-unverified-streams if legitimate clients hit this",
-					"limit", s.cfg.MaxUnverifiedStreams)
+				releaseSource()
+				s.refuseUnverified(logger, str, metrics.PreauthUnverifiedStreamsLimit,
+					"Refused stream: too many streams awaiting authentication on the server; raise --max-unverified-streams if legitimate clients hit this",
+					s.cfg.MaxUnverifiedStreams)
 				continue
 			}
 			if gate.deadline == nil {
@@ -618,6 +643,7 @@ accept:
 			<-gate.slots
 			if global {
 				<-s.unverified
+				releaseSource()
 			}
 			m.UnverifiedStreams.Dec()
 		})
@@ -646,6 +672,16 @@ accept:
 		s.cfg.QUICStat.Closed(conn.ConnectionStats())
 	}
 	logger.V(2).Info("Closed connection", "result", result, "err", cause)
+}
+
+// refuseUnverified resets a stream of a connection not yet verified that is
+// over a pre-authentication budget (reason), and counts it.
+func (s *Server) refuseUnverified(logger klog.Logger, str *quic.Stream, reason, msg string, limit int) {
+	egress.Reset(str, proto.CodeOverloaded)
+	m := s.cfg.Metrics
+	m.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
+	m.PreauthRejectionsTotal.WithLabelValues(reason).Inc()
+	logger.V(2).Info(msg, "limit", limit)
 }
 
 func connResult(err error) string {

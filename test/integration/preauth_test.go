@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"net"
 	"runtime"
 	"sync"
 	"testing"
@@ -34,6 +36,53 @@ func attackerConn(t *testing.T, srv *testutil.Server) *quic.Conn {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.CloseWithError(0, "") })
 	return c
+}
+
+// sourceDialer dials a server from one source address, as a peer that pins
+// the server's certificate (as anyone can) but holds no secret.
+type sourceDialer struct {
+	tr     *quic.Transport
+	tls    *tls.Config
+	server *net.UDPAddr
+}
+
+// dialerFrom returns a sourceDialer for srv from ip (a loopback address
+// other than the clients', 127.0.0.1), closed when the test ends.
+func dialerFrom(t *testing.T, srv *testutil.Server, ip net.IP) *sourceDialer {
+	t.Helper()
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: ip})
+	require.NoError(t, err)
+	tr := &quic.Transport{Conn: pc}
+	t.Cleanup(func() { _ = tr.Close(); _ = pc.Close() })
+	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
+	require.NoError(t, err)
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}})
+	require.NoError(t, err)
+	sa, err := net.ResolveUDPAddr("udp", srv.Addr)
+	require.NoError(t, err)
+	return &sourceDialer{tr: tr, tls: ctls, server: sa}
+}
+
+// dial opens one connection within timeout.
+func (d *sourceDialer) dial(timeout time.Duration) (*quic.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return d.tr.Dial(ctx, d.server, d.tls, transport.QUICConfig(transport.DefaultQUICOptions()))
+}
+
+// attackerConnsFrom dials n connections to srv as attackerConn does, all
+// from one source address ip.
+func attackerConnsFrom(t *testing.T, srv *testutil.Server, ip net.IP, n int) []*quic.Conn {
+	t.Helper()
+	from := dialerFrom(t, srv, ip)
+	cs := make([]*quic.Conn, n)
+	for i := range cs {
+		c, err := from.dial(10 * time.Second)
+		require.NoError(t, err, "connection %d", i)
+		t.Cleanup(func() { _ = c.CloseWithError(0, "") })
+		cs[i] = c
+	}
+	return cs
 }
 
 // openHeaderless opens n streams on c and writes one byte on each (so the
@@ -201,6 +250,60 @@ func TestUnverifiedStreamsServerBudget(t *testing.T) {
 	for i, err := range errs {
 		assert.NoError(t, err, "tunnel %d of a verified client", i)
 	}
+}
+
+// TestUnverifiedStreamsShareOfOneSource: one source (127.0.0.2) opens
+// header-less streams on many connections, enough to fill the server-wide
+// --max-unverified-streams budget. It gets only its share
+// (--max-unverified-streams-per-source); the rest are reset with overloaded
+// and counted, and a client with the secret on another address still gets
+// its first tunnel through, which needs a place in the server-wide budget.
+func TestUnverifiedStreamsShareOfOneSource(t *testing.T) {
+	t.Parallel()
+	const perConn, share, global, conns = 4, 16, 32, 8 // conns*perConn fills global
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.HeaderTimeout = time.Minute
+		c.AuthTimeout = time.Minute
+		c.MaxUnverifiedStreamsPerConn = perConn
+		c.MaxUnverifiedStreams = global
+		c.MaxUnverifiedStreamsPerSource = share
+	}})
+	var strs []*quic.Stream
+	for _, c := range attackerConnsFrom(t, srv, net.IPv4(127, 0, 0, 2), conns) {
+		for range perConn {
+			str, err := c.OpenStream()
+			require.NoError(t, err)
+			_, err = str.Write([]byte{1})
+			require.NoError(t, err)
+			strs = append(strs, str)
+		}
+	}
+	// Every stream is either held (waiting for its header) or reset.
+	reset := func() float64 {
+		return promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthSourceUnverifiedStreamsLimit)) +
+			promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit))
+	}
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.UnverifiedStreams)+reset() == conns*perConn
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, float64(share), promtest.ToFloat64(srv.Metrics.UnverifiedStreams), "the source holds its share")
+	assert.Equal(t, float64(conns*perConn-share),
+		promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthSourceUnverifiedStreamsLimit)))
+	resets := 0
+	for _, str := range strs {
+		_ = str.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, err := str.Read(make([]byte, 1))
+		var se *quic.StreamError
+		if errors.As(err, &se) {
+			assert.Equal(t, proto.CodeOverloaded.StreamErrorCode(), se.ErrorCode)
+			resets++
+		}
+	}
+	assert.Equal(t, conns*perConn-share, resets, "the streams over the share are reset with overloaded")
+
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+	require.NoError(t, echoOK(cl.Addr), "a client on another address is served")
 }
 
 // TestBurstOfStreamsFromANewClient: a client with the secret that opens many

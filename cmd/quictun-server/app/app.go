@@ -120,9 +120,11 @@ func (o *Options) Run(ctx context.Context) error {
 		MaxUnverifiedStreamsPerConn: o.MaxUnverifiedStreamsPerConn,
 		MaxUnverifiedStreams:        o.MaxUnverifiedStreams,
 		MaxReplayEntriesPerConn:     o.MaxReplayEntriesPerConn,
-		MaxUDPFlows:                 o.MaxUDPFlows,
-		MaxUDPFlowsPerConn:          o.MaxUDPFlowsPerConn,
-		UDPIdleTimeout:              o.UDPIdleTimeout,
+
+		MaxUnverifiedStreamsPerSource: o.MaxUnverifiedStreamsPerSource,
+		MaxUDPFlows:                   o.MaxUDPFlows,
+		MaxUDPFlowsPerConn:            o.MaxUDPFlowsPerConn,
+		UDPIdleTimeout:                o.UDPIdleTimeout,
 
 		DrainTimeout: o.DrainTimeout,
 		TailProbes:   o.TailProbes,

@@ -52,7 +52,10 @@ type Options struct {
 	AuthTimeout                 time.Duration
 	MaxUnverifiedStreamsPerConn int
 	MaxUnverifiedStreams        int
-	MaxReplayEntriesPerConn     int
+	// MaxUnverifiedStreamsPerSource: 0 means
+	// server.DefaultUnverifiedStreamsPerSource.
+	MaxUnverifiedStreamsPerSource int
+	MaxReplayEntriesPerConn       int
 
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
@@ -105,7 +108,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "udp-idle-timeout"}},
-	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-replay-entries-per-conn"}},
+	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-unverified-streams-per-source", "max-replay-entries-per-conn"}},
 }
 
 // Config returns the config-file flags.
@@ -144,6 +147,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.AuthTimeout, "auth-timeout", o.AuthTimeout, "with --secret-file: a connection must present a stream header with a valid MAC within this long of its first stream, or it is closed with auth_failed (idle connections are not timed)")
 	fs.IntVar(&o.MaxUnverifiedStreamsPerConn, "max-unverified-streams-per-conn", o.MaxUnverifiedStreamsPerConn, "with --secret-file, a connection's stream credit until it presents a header with a valid MAC (then --max-streams-per-conn); and the streams per connection served before their header is verified")
 	fs.IntVar(&o.MaxUnverifiedStreams, "max-unverified-streams", o.MaxUnverifiedStreams, "streams, server-wide, of connections that have not yet presented a verified header; more are reset with overloaded")
+	fs.IntVar(&o.MaxUnverifiedStreamsPerSource, "max-unverified-streams-per-source", o.MaxUnverifiedStreamsPerSource, "one source's share of --max-unverified-streams (a source is an IPv4 address or an IPv6 /64), so one source cannot take the whole budget and have new clients' first tunnels reset; more are reset with overloaded; 0 = an eighth of --max-unverified-streams (128), at least --max-unverified-streams-per-conn")
 	fs.IntVar(&o.MaxReplayEntriesPerConn, "max-replay-entries-per-conn", o.MaxReplayEntriesPerConn, "stream-header nonces one connection may record in the replay cache (1,048,576 entries) per 2-minute window; beyond it 1-RTT streams go unrecorded and 0-RTT streams are reset with overloaded")
 	fs.IntVar(&o.MaxUDPFlows, "max-udp-flows", o.MaxUDPFlows, "UDP flows open on the server (each holds a UDP socket to its destination and a 64 KiB buffer); more are refused with overloaded")
 	fs.IntVar(&o.MaxUDPFlowsPerConn, "max-udp-flows-per-conn", o.MaxUDPFlowsPerConn, "UDP flows open on one client connection; more are refused with overloaded")
@@ -196,6 +200,12 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxConnections < 1 || o.MaxUnverifiedStreamsPerConn < 1 || o.MaxUnverifiedStreams < 1 || o.MaxReplayEntriesPerConn < 1 {
 		add("--max-connections, --max-unverified-streams-per-conn, --max-unverified-streams and --max-replay-entries-per-conn must be at least 1")
+	}
+	if n := o.MaxUnverifiedStreamsPerSource; n < 0 {
+		add("--max-unverified-streams-per-source must not be negative")
+	} else if n > 0 && (n < o.MaxUnverifiedStreamsPerConn || n > o.MaxUnverifiedStreams) {
+		add("--max-unverified-streams-per-source (%d) must be between --max-unverified-streams-per-conn (%d) and --max-unverified-streams (%d): it is one source's share of the server-wide budget, and one connection's budget must fit in it",
+			n, o.MaxUnverifiedStreamsPerConn, o.MaxUnverifiedStreams)
 	}
 	if o.AuthTimeout <= 0 {
 		add("--auth-timeout must be positive")
