@@ -154,6 +154,14 @@ type Client struct {
 	// dial) with auth_failed, and cleared when it accepts a stream header:
 	// while set, Ready is false, as the server refuses every tunnel.
 	authRefused atomic.Bool
+	// confirmed is the session on which the server last accepted a stream
+	// header (its hello or a tunnel's): with a shared secret, the current
+	// session must be it for Ready.
+	confirmed atomic.Pointer[session]
+	// staleLogged is set once a header refused as stale was logged at -v 0.
+	staleLogged atomic.Bool
+	// redial cuts the reconnect backoff short (SetSecret).
+	redial chan struct{}
 
 	// secret is Config.Secret, replaced by SetSecret.
 	secret atomic.Pointer[[]byte]
@@ -168,10 +176,27 @@ type Client struct {
 func (c *Client) SetTokens(ts TokenSource) { c.tokens.Store(&ts) }
 
 // SetSecret replaces the shared secret for stream headers made from now on
-// (a reload); open tunnels are not affected.
+// (a reload); open tunnels are not affected. A connection whose hello the
+// server has not accepted (it refuses our credentials, or has not answered
+// yet) proved the old secret: it is closed, and the next one is dialed at
+// once, without waiting for the reconnect backoff.
 func (c *Client) SetSecret(secret []byte) {
 	secret = bytes.Clone(secret)
-	c.secret.Store(&secret)
+	old := c.secret.Swap(&secret)
+	if old == nil || bytes.Equal(*old, secret) {
+		return
+	}
+	cur := c.current()
+	unproven := cur != nil && c.confirmed.Load() != cur
+	if unproven {
+		_ = cur.Conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "client credentials changed")
+	}
+	if unproven || c.authRefused.Load() {
+		select {
+		case c.redial <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // New checks cfg and returns a Client that dials from pc. The caller keeps
@@ -204,7 +229,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
-	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{})}
+	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), redial: make(chan struct{}, 1)}
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
 	in, err := ingress.New(ingress.Config{
@@ -214,9 +239,15 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		StreamOpenTimeout: cfg.StreamOpenTimeout,
 		MaxConnections:    cfg.MaxConnections,
 		UDPIdleTimeout:    cfg.UDPIdleTimeout,
-		Accepted:          func() { c.authRefused.Store(false) },
-		Metrics:           cfg.Metrics,
-		Registry:          cfg.Registry,
+		Accepted: func() {
+			if cur := c.current(); cur != nil {
+				c.confirm(cur)
+			} else {
+				c.authRefused.Store(false)
+			}
+		},
+		Metrics:  cfg.Metrics,
+		Registry: cfg.Registry,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
@@ -226,14 +257,19 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 }
 
 // Ready reports whether a QUIC connection to the server is up (for /readyz):
-// its handshake completed, so the server is known to be there. A resumed
-// connection is used for 0-RTT data before that, but does not count yet;
-// nor does anything once the client has started to drain, nor while the
-// server refuses our credentials (from its auth_failed close until it
-// accepts a stream header).
+// its handshake completed, so the server is known to be there, and with a
+// shared secret the server accepted a stream header on it (the hello each
+// connection starts with, see hello.go), so our credentials are good. A
+// resumed connection is used for 0-RTT data before that, but does not count
+// yet; nor does anything once the client has started to drain, nor while the
+// server refuses our credentials (from its auth_failed close until it accepts
+// a stream header).
 func (c *Client) Ready() bool {
 	cur := c.current()
-	return !c.draining.Load() && !c.authRefused.Load() && cur != nil && isClosed(cur.Conn.HandshakeComplete())
+	if c.draining.Load() || c.authRefused.Load() || cur == nil || !isClosed(cur.Conn.HandshakeComplete()) {
+		return false
+	}
+	return len(*c.secret.Load()) == 0 || c.confirmed.Load() == cur
 }
 
 func (c *Client) current() *session {
@@ -360,6 +396,11 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 	// the first connection, and the first after such an error, are logged at
 	// -v 0 too, so the default log says when the tunnel works.
 	lastDialErr, connectedBefore, loggedFailure := "", false, false
+	// Each connection's hello (hello.go) runs beside it; all have ended
+	// when supervise returns (they end with their connection).
+	var hellos sync.WaitGroup
+	defer hellos.Wait()
+	startHello := func(s *session) { hellos.Go(func() { c.hello(ctx, s) }) }
 	for ctx.Err() == nil {
 		start := time.Now()
 		conn, err := c.dial(ctx, tr)
@@ -379,12 +420,13 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			} else {
 				logger.V(2).Info("Could not connect to server", "address", c.cfg.ServerAddr, "attempt", bo.Attempts()+1, "err", err)
 			}
-			_ = bo.Wait(ctx)
+			c.waitBackoff(ctx, bo)
 			continue
 		}
 		id := c.nextConnID.Add(1)
 		sess := c.newSession(conn)
 		c.setSession(sess) // usable at once: with a session ticket, streams go out as 0-RTT data
+		startHello(sess)
 		if !isClosed(conn.HandshakeComplete()) {
 			select {
 			case <-conn.HandshakeComplete():
@@ -398,6 +440,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 					conn = next
 					sess = c.newSession(conn)
 					c.setSession(sess)
+					startHello(sess)
 				}
 			}
 		}
@@ -415,7 +458,8 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		connectedBefore, loggedFailure, lastDialErr = true, false, ""
 		logger.V(level).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
 			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT)
-		bo.Success(time.Now())
+		upSince := time.Now()
+		bo.Success(upSince)
 
 		c.monitor(ctx, tr, sess) // returns when the connection or ctx ends
 		c.setSession(nil)
@@ -439,9 +483,49 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		} else {
 			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
 		}
-		if bo.Attempts() > 0 {
-			_ = bo.Wait(ctx)
+		// Reconnect at once after a connection that was up for a while (a
+		// server restart: streams opened meanwhile go out as 0-RTT data on
+		// the new connection and wait for the server there). Back off after
+		// failed attempts, and after a connection that ended right after it
+		// came up (the server refused our hello, or closes at once): the
+		// attempt count grows only in a wait, so without one that would be
+		// a reconnect loop without any delay.
+		if bo.Attempts() > 0 || time.Since(upSince) < shortConnection {
+			c.waitBackoff(ctx, bo)
 		}
+	}
+}
+
+// shortConnection is how long a connection must have been up for the
+// reconnect after it to go out without a backoff delay.
+const shortConnection = time.Second
+
+// errRedial cuts a reconnect backoff short.
+var errRedial = errors.New("credentials changed")
+
+// waitBackoff waits for bo's next delay, or until the credentials change
+// (SetSecret): then it returns at once and starts the backoff afresh.
+func (c *Client) waitBackoff(ctx context.Context, bo *backoff.Backoff) {
+	select {
+	case <-c.redial: // changed before the wait
+		bo.Reset()
+		return
+	default:
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-c.redial:
+			cancel(errRedial)
+		case <-wctx.Done():
+		}
+	})
+	_ = bo.Wait(wctx)
+	cancel(nil)
+	wg.Wait()
+	if errors.Is(context.Cause(wctx), errRedial) {
+		bo.Reset()
 	}
 }
 

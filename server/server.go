@@ -117,9 +117,16 @@ type Config struct {
 	MaxUnverifiedStreamsPerSource int
 	// AuthTimeout is how long a connection has, from its first stream, to
 	// present a verified header (with a shared secret); then it is closed
-	// with auth_failed. Connections without streams are not timed (idle
-	// clients); they count against MaxConnsPerSource and MaxConnections.
+	// with auth_failed.
 	AuthTimeout time.Duration
+	// IdleAuthTimeout is how long a connection has, from its handshake, to
+	// present a verified header (with a shared secret), whether it opened
+	// streams or not: clients send one at once (a hello, proto.KindHello).
+	// A connection that opened no stream is then closed with timeout (a
+	// client from before the hello that sat idle: it reconnects), one that
+	// did with auth_failed. The longer default spares such old clients a
+	// reconnect every few seconds.
+	IdleAuthTimeout time.Duration
 	// MaxReplayEntriesPerConn bounds the nonces one connection records in
 	// the replay cache per ReplayWindow, so one client cannot fill it.
 	// 0: MaxReplayEntries/64.
@@ -155,6 +162,7 @@ func DefaultConfig() Config {
 		MaxUnverifiedStreamsPerConn: 16,
 		MaxUnverifiedStreams:        1024,
 		AuthTimeout:                 10 * time.Second,
+		IdleAuthTimeout:             time.Minute,
 
 		MaxUDPFlows:        egress.DefaultMaxUDPFlows,
 		MaxUDPFlowsPerConn: egress.DefaultMaxUDPFlowsPerConn,
@@ -224,6 +232,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	orDefault(&cfg.MaxUnverifiedStreams, def.MaxUnverifiedStreams)
 	orDefault(&cfg.MaxUnverifiedStreamsPerSource, DefaultUnverifiedStreamsPerSource(cfg.MaxUnverifiedStreams, cfg.MaxUnverifiedStreamsPerConn))
 	orDefault(&cfg.AuthTimeout, def.AuthTimeout)
+	orDefault(&cfg.IdleAuthTimeout, def.IdleAuthTimeout)
 	orDefault(&cfg.MaxReplayEntriesPerConn, max(1, cfg.MaxReplayEntries/64))
 	switch {
 	case cfg.TLS == nil:
@@ -462,16 +471,7 @@ var (
 
 // refuseConn closes a connection that is over a limit with overloaded.
 func refuseConn(ctx context.Context, conn *quic.Conn, reason string) {
-	// Before the handshake is confirmed, QUIC carries an application's
-	// close only as a bare APPLICATION_ERROR: wait (briefly) for it, so
-	// the client learns why. The handshake's cost is already spent.
-	select {
-	case <-conn.HandshakeComplete():
-	case <-conn.Context().Done():
-	case <-ctx.Done():
-	case <-time.After(time.Second):
-	}
-	_ = conn.CloseWithError(proto.CodeOverloaded.ApplicationErrorCode(), reason)
+	egress.CloseConn(ctx, conn, proto.CodeOverloaded, reason)
 }
 
 // quicDefaultMaxIncomingStreams is quic-go's default for a zero
@@ -485,8 +485,14 @@ type connGate struct {
 	// verified yet (MaxUnverifiedStreamsPerConn).
 	slots    chan struct{}
 	verified atomic.Bool
-	deadline *time.Timer // started at the first stream; nil until then
-	state    *egress.ConnState
+	// deadline closes the connection unless it is verified first: started
+	// at the handshake (IdleAuthTimeout), brought forward at the first
+	// stream (AuthTimeout). nil for a connection verified from the start.
+	deadline   *time.Timer
+	deadlineAt time.Time
+	// sawStream is set at the connection's first stream.
+	sawStream atomic.Bool
+	state     *egress.ConnState
 	// onVerified runs once, when the connection is first verified.
 	onVerified func()
 }
@@ -569,6 +575,29 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	// With mutual TLS or without authentication the handshake is all the
 	// proof there is: the connection starts verified.
 	gate.verified.Store(s.egress.Keys().Len() == 0)
+	if !gate.verified.Load() {
+		// Clients prove the secret at once (a hello): a connection that
+		// does not is closed, streams or not.
+		fired := atomic.Bool{}
+		gate.deadlineAt = time.Now().Add(s.cfg.IdleAuthTimeout)
+		gate.deadline = time.AfterFunc(s.cfg.IdleAuthTimeout, func() {
+			if gate.verified.Load() || !fired.CompareAndSwap(false, true) {
+				return
+			}
+			m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout).Inc()
+			if gate.sawStream.Load() {
+				logger.V(2).Info("Closed connection: no authenticated stream header in time", "authTimeout", s.cfg.AuthTimeout)
+				_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "no authenticated stream header in time")
+				return
+			}
+			// Most likely a client from before the hello that has had no
+			// tunnel yet: timeout, not auth_failed, so it reconnects
+			// without reporting its credentials as refused.
+			logger.V(2).Info("Closed connection: it presented no authenticated stream header since its handshake; clients from before the hello reconnect",
+				"idleAuthTimeout", s.cfg.IdleAuthTimeout)
+			_ = conn.CloseWithError(proto.CodeTimeout.ApplicationErrorCode(), "no authenticated stream header since the handshake")
+		})
+	}
 	defer func() {
 		if gate.deadline != nil {
 			gate.deadline.Stop()
@@ -627,15 +656,8 @@ accept:
 					s.cfg.MaxUnverifiedStreams)
 				continue
 			}
-			if gate.deadline == nil {
-				gate.deadline = time.AfterFunc(s.cfg.AuthTimeout, func() {
-					if gate.verified.Load() {
-						return
-					}
-					m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout).Inc()
-					logger.V(2).Info("Closed connection: no authenticated stream header in time", "authTimeout", s.cfg.AuthTimeout)
-					_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "no authenticated stream header in time")
-				})
+			if gate.sawStream.CompareAndSwap(false, true) && time.Until(gate.deadlineAt) > s.cfg.AuthTimeout {
+				gate.deadline.Reset(s.cfg.AuthTimeout) // from the first stream
 			}
 		}
 		m.UnverifiedStreams.Inc()
@@ -696,6 +718,10 @@ func connResult(err error) string {
 			return "auth_failed"
 		case proto.CodeShutdown:
 			return "shutdown"
+		case proto.CodeTimeout:
+			if !app.Remote {
+				return "auth_timeout" // IdleAuthTimeout
+			}
 		}
 		return "closed"
 	}

@@ -183,13 +183,15 @@ func TestUnauthenticatedStreamFlood(t *testing.T) {
 }
 
 // TestAuthTimeout: a connection that opens streams but never presents a
-// verified header is closed once --auth-timeout has passed since its first
-// stream; an idle connection (no stream yet) is not timed.
+// verified header is closed with auth_failed once --auth-timeout has passed
+// since its first stream; a connection without streams is timed from its
+// handshake only (--idle-auth-timeout, TestIdleAuthTimeout).
 func TestAuthTimeout(t *testing.T) {
 	t.Parallel()
 	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
 		c.HeaderTimeout = time.Minute
 		c.AuthTimeout = 500 * time.Millisecond
+		c.IdleAuthTimeout = time.Minute
 		c.MaxUnverifiedStreamsPerConn = 4
 	}})
 	idle := attackerConn(t, srv)
@@ -197,8 +199,60 @@ func TestAuthTimeout(t *testing.T) {
 	require.Equal(t, 4, openHeaderless(c, 20, time.Second), "credit for the unverified budget only")
 	requireClosedByServer(t, c, proto.CodeAuthFailed, 30*time.Second)
 	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)))
-	require.NoError(t, idle.Context().Err(), "a connection without streams is left alone")
+	require.NoError(t, idle.Context().Err(), "a connection without streams is not timed by --auth-timeout")
 	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestIdleAuthTimeout: a connection that presents no verified header, and
+// opens no stream, is closed once --idle-auth-timeout has passed since its
+// handshake, with timeout (a client from before the hello just reconnects),
+// counted as auth_timeout. Before the hello such connections lived until the
+// client left.
+func TestIdleAuthTimeout(t *testing.T) {
+	t.Parallel()
+	const idle = 500 * time.Millisecond
+	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
+		c.AuthTimeout = time.Minute
+		c.IdleAuthTimeout = idle
+	}})
+	start := time.Now()
+	c := attackerConn(t, srv)
+	requireClosedByServer(t, c, proto.CodeTimeout, 30*time.Second)
+	assert.GreaterOrEqual(t, time.Since(start), idle, "not before the timeout")
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)))
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.ConnectionsTotal.WithLabelValues("auth_timeout")) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestHelloKeepsIdleClientConnected: a client with the secret proves it at
+// once on each connection (its hello), so it stays connected while idle far
+// beyond both deadlines. The hello is no tunnel: it is not in the registry
+// or the stream metrics of either end.
+func TestHelloKeepsIdleClientConnected(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.AuthTimeout = 200 * time.Millisecond
+		c.IdleAuthTimeout = 200 * time.Millisecond
+	}})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+	require.Never(t, func() bool {
+		return promtest.ToFloat64(cl.Metrics.ReconnectsTotal) > 0 || !cl.Ready()
+	}, 2*time.Second, 20*time.Millisecond, "connected and ready while idle for ten times the deadlines")
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)))
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.ActiveConnections))
+
+	assert.Zero(t, srv.Server.Registry().Len(), "the hello is not a tunnel")
+	assert.Zero(t, cl.Client.Registry().Len())
+	for _, c := range proto.AllCodes() {
+		assert.Zero(t, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(metrics.ResultLabel(c))), "server streams_total{result=%q}", c)
+		assert.Zero(t, promtest.ToFloat64(cl.Metrics.StreamsTotal.WithLabelValues(metrics.ResultLabel(c))), "client streams_total{result=%q}", c)
+	}
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.UnverifiedStreams))
+	require.NoError(t, echoOK(cl.Addr))
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(metrics.ResultOK)), "one tunnel, counted once")
+	assert.Zero(t, promtest.ToFloat64(cl.Metrics.ReconnectsTotal))
 }
 
 // TestUnverifiedStreamsServerBudget: past --max-unverified-streams across the
@@ -233,13 +287,18 @@ func TestUnverifiedStreamsServerBudget(t *testing.T) {
 		require.ErrorAs(t, err, &se, "stream %d", i)
 		assert.Equal(t, proto.CodeOverloaded.StreamErrorCode(), se.ErrorCode)
 	}
-	assert.Equal(t, 3.0, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit)))
+	require.Equal(t, 3.0, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit)))
 	assert.Equal(t, 5.0, promtest.ToFloat64(srv.Metrics.UnverifiedStreams))
 	// A verified connection's streams do not need the server-wide budget.
-	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
-	// Its first stream does (the connection is not verified yet): free one.
-	held[0].CancelWrite(0)
-	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == 4 }, 10*time.Second, 5*time.Millisecond)
+	// Its first stream (the hello) does, as the connection is not verified
+	// yet: refused with overloaded, the client is not ready and tries again.
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo})
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit)) >= 4
+	}, 10*time.Second, 5*time.Millisecond, "the client's hello is refused")
+	assert.False(t, cl.Ready(), "not ready before the server accepted a header")
+	held[0].CancelWrite(0) // a place frees: the hello gets through
+	require.Eventually(t, cl.Ready, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, echoOK(cl.Addr))
 	var wg sync.WaitGroup
 	errs := make([]error, 20)

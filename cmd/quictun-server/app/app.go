@@ -117,6 +117,7 @@ func (o *Options) Run(ctx context.Context) error {
 		MaxConnections:         o.MaxConnections,
 
 		AuthTimeout:                 o.AuthTimeout,
+		IdleAuthTimeout:             o.IdleAuthTimeout,
 		MaxUnverifiedStreamsPerConn: o.MaxUnverifiedStreamsPerConn,
 		MaxUnverifiedStreams:        o.MaxUnverifiedStreams,
 		MaxReplayEntriesPerConn:     o.MaxReplayEntriesPerConn,

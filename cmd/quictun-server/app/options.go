@@ -50,6 +50,7 @@ type Options struct {
 	Disable0RTT        bool
 
 	AuthTimeout                 time.Duration
+	IdleAuthTimeout             time.Duration
 	MaxUnverifiedStreamsPerConn int
 	MaxUnverifiedStreams        int
 	// MaxUnverifiedStreamsPerSource: 0 means
@@ -90,6 +91,7 @@ func NewOptions() *Options {
 		MaxConnections:     def.MaxConnections,
 
 		AuthTimeout:                 def.AuthTimeout,
+		IdleAuthTimeout:             def.IdleAuthTimeout,
 		MaxUnverifiedStreamsPerConn: def.MaxUnverifiedStreamsPerConn,
 		MaxUnverifiedStreams:        def.MaxUnverifiedStreams,
 		MaxReplayEntriesPerConn:     def.MaxReplayEntries / 64,
@@ -108,7 +110,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "udp-idle-timeout"}},
-	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-unverified-streams-per-source", "max-replay-entries-per-conn"}},
+	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "idle-auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-unverified-streams-per-source", "max-replay-entries-per-conn"}},
 }
 
 // Config returns the config-file flags.
@@ -144,7 +146,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.HandshakeRate, "handshake-rate", o.HandshakeRate, "new QUIC connections per second per source IP (burst twice that); a source past half its burst must first prove its address (one Retry round trip); 0 = unlimited")
 	fs.IntVar(&o.MaxConnsPerSource, "max-conns-per-source", o.MaxConnsPerSource, "open QUIC connections per source IP (an IPv6 source counts by its /64); more are closed with overloaded; 0 = unlimited")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "open QUIC connections in total; more are refused (quictun_server_refused_connections_total{reason=\"max_connections\"})")
-	fs.DurationVar(&o.AuthTimeout, "auth-timeout", o.AuthTimeout, "with --secret-file: a connection must present a stream header with a valid MAC within this long of its first stream, or it is closed with auth_failed (idle connections are not timed)")
+	fs.DurationVar(&o.AuthTimeout, "auth-timeout", o.AuthTimeout, "with --secret-file: a connection must present a stream header with a valid MAC within this long of its first stream, or it is closed with auth_failed")
+	fs.DurationVar(&o.IdleAuthTimeout, "idle-auth-timeout", o.IdleAuthTimeout, "with --secret-file: a connection must present a stream header with a valid MAC within this long of its handshake, streams or not, or it is closed (clients send one at once, a hello; a client from before the hello that sits idle is closed with timeout and reconnects); kept above the 30 s after which clients reset their reconnect backoff")
 	fs.IntVar(&o.MaxUnverifiedStreamsPerConn, "max-unverified-streams-per-conn", o.MaxUnverifiedStreamsPerConn, "with --secret-file, a connection's stream credit until it presents a header with a valid MAC (then --max-streams-per-conn); and the streams per connection served before their header is verified")
 	fs.IntVar(&o.MaxUnverifiedStreams, "max-unverified-streams", o.MaxUnverifiedStreams, "streams, server-wide, of connections that have not yet presented a verified header; more are reset with overloaded")
 	fs.IntVar(&o.MaxUnverifiedStreamsPerSource, "max-unverified-streams-per-source", o.MaxUnverifiedStreamsPerSource, "one source's share of --max-unverified-streams (a source is an IPv4 address or an IPv6 /64), so one source cannot take the whole budget and have new clients' first tunnels reset; more are reset with overloaded; 0 = an eighth of --max-unverified-streams (128), at least --max-unverified-streams-per-conn")
@@ -207,8 +210,8 @@ func (o *Options) Validate() error {
 		add("--max-unverified-streams-per-source (%d) must be between --max-unverified-streams-per-conn (%d) and --max-unverified-streams (%d): it is one source's share of the server-wide budget, and one connection's budget must fit in it",
 			n, o.MaxUnverifiedStreamsPerConn, o.MaxUnverifiedStreams)
 	}
-	if o.AuthTimeout <= 0 {
-		add("--auth-timeout must be positive")
+	if o.AuthTimeout <= 0 || o.IdleAuthTimeout <= 0 {
+		add("--auth-timeout and --idle-auth-timeout must be positive")
 	}
 	if o.MaxUDPFlows < 1 || o.MaxUDPFlowsPerConn < 1 {
 		add("--max-udp-flows and --max-udp-flows-per-conn must be at least 1")
