@@ -162,6 +162,13 @@ type Client struct {
 	staleLogged atomic.Bool
 	// redial cuts the reconnect backoff short (SetSecret).
 	redial chan struct{}
+	// lastRefusal is the refusal of our credentials last logged at -v 0;
+	// nil once the server accepted them again (confirm), so each distinct
+	// refusal, and the recovery, is logged once.
+	lastRefusal atomic.Pointer[string]
+	// logger is Run's logger, for what is logged outside its goroutines'
+	// contexts (confirm from ingress); set before Run starts any.
+	logger klog.Logger
 
 	// secret is Config.Secret, replaced by SetSecret.
 	secret atomic.Pointer[[]byte]
@@ -229,7 +236,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
-	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), redial: make(chan struct{}, 1)}
+	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), redial: make(chan struct{}, 1), logger: klog.Background()}
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
 	in, err := ingress.New(ingress.Config{
@@ -319,6 +326,7 @@ func (c *Client) ConnStats() []metrics.ConnStats {
 // goroutine it started has ended.
 func (c *Client) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
+	c.logger = logger
 	// A send error must not end the connection while the host's address changes (senderr.go).
 	tr := &quic.Transport{Conn: sendErrorsAsLoss(c.pc, logger)}
 	defer func() { _ = tr.Close() }()
@@ -394,7 +402,11 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 	// A failed dial is an error at -v 0 when its message differs from the
 	// previous failure's (a server that is down is not logged every second);
 	// the first connection, and the first after such an error, are logged at
-	// -v 0 too, so the default log says when the tunnel works.
+	// -v 0 too, so the default log says when the tunnel works. A refusal of
+	// our credentials is logged the same way, once until the server accepts
+	// them again (confirm logs that at -v 0); the reconnects in between are
+	// logged at -v 2, so the default log does not alternate "Connected" and
+	// "rejected" at every retry.
 	lastDialErr, connectedBefore, loggedFailure := "", false, false
 	// Each connection's hello (hello.go) runs beside it; all have ended
 	// when supervise returns (they end with their connection).
@@ -477,9 +489,12 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		bo.Failure(time.Now())
 		if code, ok := proto.FromError(cause); ok && code == proto.CodeAuthFailed {
 			c.authRefused.Store(true)
-			loggedFailure = true
-			logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id,
-				"fix", "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)")
+			if msg := cause.Error(); c.refusedBefore(msg) {
+				logger.V(2).Info("Server rejected our credentials again", "connID", id, "err", cause)
+			} else {
+				logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id,
+					"fix", "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)")
+			}
 		} else {
 			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
 		}
@@ -499,6 +514,15 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 // shortConnection is how long a connection must have been up for the
 // reconnect after it to go out without a backoff delay.
 const shortConnection = time.Second
+
+// refusedBefore reports whether msg is the refusal last logged (and not
+// followed by an acceptance); if not, it records msg as logged.
+func (c *Client) refusedBefore(msg string) bool {
+	if prev := c.lastRefusal.Swap(&msg); prev != nil && *prev == msg {
+		return true
+	}
+	return false
+}
 
 // errRedial cuts a reconnect backoff short.
 var errRedial = errors.New("credentials changed")

@@ -122,10 +122,14 @@ func sayHello(conn *quic.Conn, secret []byte) error {
 	return nil
 }
 
-// confirm records that the server accepted a stream header on sess (Ready).
+// confirm records that the server accepted a stream header on sess (Ready),
+// and says so at -v 0 when it had refused our credentials before.
 func (c *Client) confirm(sess *session) {
 	c.authRefused.Store(false)
 	c.confirmed.Store(sess)
+	if c.lastRefusal.Swap(nil) != nil {
+		c.logger.Info("Server accepted our credentials")
+	}
 }
 
 // logHeaderStale logs once at -v 0 that the server refused our header as

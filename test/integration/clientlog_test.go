@@ -196,3 +196,30 @@ func TestHelloAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedCredentialsLoggedOnce: a client with a wrong secret reconnects
+// again and again (each hello is refused), but its default log says
+// "Connected" and the refusal once each, not at every retry; once the
+// secret is fixed it says once that the server accepted it.
+func TestRefusedCredentialsLoggedOnce(t *testing.T) {
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	var logs logLines
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: []byte("not-the-right-secret-at-all"),
+		Logger: logs.logger(), Mutate: func(c *client.Config) { c.Backoff.Max = 50 * time.Millisecond }})
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.ReconnectsTotal) >= 4 }, 10*time.Second, 5*time.Millisecond,
+		"the client reconnects after each refusal")
+	refusedRead(t, cl.Addr) // an application's attempt is refused too
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.ReconnectsTotal) >= 6 }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 1, logs.count("Server rejected our credentials", "same secret as the server's --secret-file"), "logs: %s", &logs)
+	assert.Equal(t, 1, logs.count("Connected to server"), "reconnects after a refusal are logged at -v 2: %s", &logs)
+	assert.Zero(t, logs.count("Server accepted our credentials"))
+
+	cl.SetSecret(testutil.Secret)
+	require.Eventually(t, cl.Client.Ready, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return logs.count("Server accepted our credentials") == 1 }, 5*time.Second, 5*time.Millisecond,
+		"the recovery is logged: %s", &logs)
+	require.NoError(t, echoOK(cl.Addr))
+	assert.Equal(t, 1, logs.count("Server rejected our credentials"), "logs: %s", &logs)
+	assert.Equal(t, 1, logs.count("Connected to server"), "logs: %s", &logs)
+}
