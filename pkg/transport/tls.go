@@ -1,10 +1,12 @@
 package transport
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -69,6 +71,9 @@ func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
 	switch {
 	case len(o.Fingerprints) > 0:
 		pins := slices.Clone(o.Fingerprints)
+		if o.SessionCache != nil {
+			c.ClientSessionCache = pinnedCache{ClientSessionCache: o.SessionCache, scope: pinScope(pins)}
+		}
 		// Chain verification is replaced by the pins; everything else in TLS stays.
 		c.InsecureSkipVerify = true
 		c.VerifyConnection = func(cs tls.ConnectionState) error {
@@ -91,6 +96,38 @@ func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
 		return nil, ErrNoServerVerification
 	}
 	return c, nil
+}
+
+// pinnedCache keeps the tickets of each set of pins apart. A resumed
+// session shows the certificate of the handshake that made its ticket, and
+// a server that rotated its certificate but kept its session-ticket key
+// resumes it: with pins that no longer accept that certificate every dial
+// would fail, and the failed ticket would stay (StickySessionCache keeps
+// tickets of failed handshakes, to resume after a server comes back). With
+// the tickets kept per pin set, another set starts with a full handshake,
+// which verifies the certificate the server presents now.
+type pinnedCache struct {
+	tls.ClientSessionCache
+	scope string
+}
+
+func (c pinnedCache) Get(key string) (*tls.ClientSessionState, bool) {
+	return c.ClientSessionCache.Get(c.scope + key)
+}
+
+func (c pinnedCache) Put(key string, cs *tls.ClientSessionState) {
+	c.ClientSessionCache.Put(c.scope+key, cs)
+}
+
+// pinScope names a set of pins (in any order) for pinnedCache.
+func pinScope(pins [][32]byte) string {
+	sorted := slices.Clone(pins)
+	slices.SortFunc(sorted, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
+	h := sha256.New()
+	for _, p := range sorted {
+		h.Write(p[:])
+	}
+	return "pins:" + hex.EncodeToString(h.Sum(nil)[:8]) + "|"
 }
 
 // LoadCertPool reads PEM certificates from file.
