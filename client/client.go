@@ -172,6 +172,8 @@ type Client struct {
 
 	// secret is Config.Secret, replaced by SetSecret.
 	secret atomic.Pointer[[]byte]
+	// tlsConf is Config.TLS, replaced by SetTLS.
+	tlsConf atomic.Pointer[tls.Config]
 	// tokens holds Config.Tokens, replaced by SetTokens.
 	tokens atomic.Pointer[TokenSource]
 	// ingress carries the local connections over the current session.
@@ -181,6 +183,13 @@ type Client struct {
 // SetTokens replaces the token source for local connections accepted from
 // now on (a reload); open tunnels are not affected.
 func (c *Client) SetTokens(ts TokenSource) { c.tokens.Store(&ts) }
+
+// SetTLS replaces the TLS configuration (how the server is verified, the
+// client certificate) for connections dialed from now on (a reload); the
+// open connection and its tunnels are not affected. Keep the session cache
+// of the previous configuration to keep resuming (see
+// transport.ClientTLSConfig).
+func (c *Client) SetTLS(conf *tls.Config) { c.tlsConf.Store(conf) }
 
 // SetSecret replaces the shared secret for stream headers made from now on
 // (a reload); open tunnels are not affected. A connection whose hello the
@@ -239,6 +248,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), redial: make(chan struct{}, 1), logger: klog.Background()}
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
+	c.SetTLS(cfg.TLS)
 	in, err := ingress.New(ingress.Config{
 		Sessions:          sessions{c},
 		Tokens:            func() TokenSource { return *c.tokens.Load() },
@@ -469,7 +479,8 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		}
 		connectedBefore, loggedFailure, lastDialErr = true, false, ""
 		logger.V(level).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
-			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT)
+			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT,
+			"serverFingerprint", serverFingerprint(conn))
 		upSince := time.Now()
 		bo.Success(upSince)
 
@@ -509,6 +520,17 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			c.waitBackoff(ctx, bo)
 		}
 	}
+}
+
+// serverFingerprint is the fingerprint of the certificate the client
+// verified on conn (for a resumed session, that of the handshake that made
+// its ticket).
+func serverFingerprint(conn *quic.Conn) string {
+	certs := conn.ConnectionState().TLS.PeerCertificates
+	if len(certs) == 0 {
+		return ""
+	}
+	return transport.Fingerprint(certs[0].Raw)
 }
 
 // shortConnection is how long a connection must have been up for the
@@ -569,7 +591,7 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport) (*quic.Conn, erro
 	defer cancel()
 	// DialEarly returns as soon as 0-RTT keys exist when a session ticket is
 	// cached (after a reconnect), and after the handshake otherwise.
-	conn, err := tr.DialEarly(dctx, ua, c.cfg.TLS, c.cfg.QUIC)
+	conn, err := tr.DialEarly(dctx, ua, c.tlsConf.Load(), c.cfg.QUIC)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", c.cfg.ServerAddr, err)
 	}
@@ -611,7 +633,7 @@ func DialErrorFix(err error) string {
 	msg := err.Error()
 	switch {
 	case errors.Is(err, transport.ErrFingerprintMismatch) || strings.Contains(msg, transport.ErrFingerprintMismatch.Error()):
-		return "the server's certificate is not the pinned one: set --server-fingerprint to what 'quictun-server fingerprint' prints on the server host (same --state-dir)"
+		return "the server's certificate is not the pinned one: set --server-fingerprint to what 'quictun-server fingerprint' prints on the server host (same --state-dir); a reload (SIGHUP) applies it"
 	case strings.Contains(msg, "x509:") || strings.Contains(msg, "certificate"):
 		return "the server's certificate did not verify: check --ca-file and --server-name (or pin it with --server-fingerprint)"
 	case errors.As(err, &idle) || errors.As(err, &hs) || errors.Is(err, context.DeadlineExceeded):

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync/atomic"
 )
 
 // ALPN is the application protocol negotiated by quictun endpoints.
@@ -20,21 +21,52 @@ const ALPN = "quictun/1"
 // certificate does not match.
 var ErrFingerprintMismatch = errors.New("server certificate fingerprint does not match --server-fingerprint")
 
-// ServerTLSConfig returns a TLS 1.3 server configuration. When clientCAs is
-// non-nil, clients must present a certificate signed by one of them.
+// ServerTLSConfig returns a TLS 1.3 server configuration presenting s.Cert.
+// When clientCAs is non-nil, clients must present a certificate signed by
+// one of them.
 func ServerTLSConfig(s *State, clientCAs *x509.CertPool) *tls.Config {
+	return ServerTLSConfigFor(NewServerCertificate(s.Cert), s.TicketKey, clientCAs)
+}
+
+// ServerTLSConfigFor is ServerTLSConfig presenting what cert holds at each
+// handshake, so the certificate can be replaced while the server runs.
+func ServerTLSConfigFor(cert *ServerCertificate, ticketKey [32]byte, clientCAs *x509.CertPool) *tls.Config {
 	c := &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{s.Cert},
-		NextProtos:   []string{ALPN},
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil },
+		NextProtos:     []string{ALPN},
 	}
 	if clientCAs != nil {
 		c.ClientAuth = tls.RequireAndVerifyClientCert
 		c.ClientCAs = clientCAs
 	}
-	c.SetSessionTicketKeys([][32]byte{s.TicketKey})
+	c.SetSessionTicketKeys([][32]byte{ticketKey})
 	return c
 }
+
+// ServerCertificate is the certificate a server presents, replaceable while
+// it runs (a reload): handshakes from then on present the new one; open
+// connections, and sessions resumed from tickets made before (the ticket
+// key stays), keep the one they were made with. Safe for concurrent use.
+type ServerCertificate struct {
+	cert atomic.Pointer[tls.Certificate]
+}
+
+// NewServerCertificate returns a ServerCertificate presenting c.
+func NewServerCertificate(c tls.Certificate) *ServerCertificate {
+	s := &ServerCertificate{}
+	s.Store(c)
+	return s
+}
+
+// Load returns the certificate presented now.
+func (s *ServerCertificate) Load() *tls.Certificate { return s.cert.Load() }
+
+// Store replaces the certificate for the handshakes that follow.
+func (s *ServerCertificate) Store(c tls.Certificate) { s.cert.Store(&c) }
+
+// Fingerprint is the SHA-256 fingerprint of the leaf certificate presented now.
+func (s *ServerCertificate) Fingerprint() string { return Fingerprint(s.Load().Certificate[0]) }
 
 // ClientTLSOptions says how a client verifies the server and proves who it is.
 type ClientTLSOptions struct {
