@@ -100,12 +100,12 @@ func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
 	if o.ClientCert != nil {
 		c.Certificates = []tls.Certificate{*o.ClientCert}
 	}
+	if scope := sessionScope(o.Fingerprints, o.ClientCert); scope != "" && o.SessionCache != nil {
+		c.ClientSessionCache = scopedCache{ClientSessionCache: o.SessionCache, scope: scope}
+	}
 	switch {
 	case len(o.Fingerprints) > 0:
 		pins := slices.Clone(o.Fingerprints)
-		if o.SessionCache != nil {
-			c.ClientSessionCache = pinnedCache{ClientSessionCache: o.SessionCache, scope: pinScope(pins)}
-		}
 		// Chain verification is replaced by the pins; everything else in TLS stays.
 		c.InsecureSkipVerify = true
 		c.VerifyConnection = func(cs tls.ConnectionState) error {
@@ -130,36 +130,47 @@ func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
 	return c, nil
 }
 
-// pinnedCache keeps the tickets of each set of pins apart. A resumed
-// session shows the certificate of the handshake that made its ticket, and
-// a server that rotated its certificate but kept its session-ticket key
-// resumes it: with pins that no longer accept that certificate every dial
-// would fail, and the failed ticket would stay (StickySessionCache keeps
-// tickets of failed handshakes, to resume after a server comes back). With
-// the tickets kept per pin set, another set starts with a full handshake,
-// which verifies the certificate the server presents now.
-type pinnedCache struct {
+// scopedCache keeps the tickets of each set of pins, and of each client
+// certificate, apart. A resumed session shows the certificates of the
+// handshake that made its ticket, to both ends. A server that rotated its
+// certificate but kept its session-ticket key resumes it: with pins that no
+// longer accept that certificate every dial would fail, and the failed
+// ticket would stay (StickySessionCache keeps tickets of failed handshakes,
+// to resume after a server comes back). And a client given a new
+// certificate would still be known to the server by the old one. With the
+// tickets kept apart, another set of pins or another client certificate
+// starts with a full handshake, which verifies the certificate the server
+// presents now and presents the client's new one.
+type scopedCache struct {
 	tls.ClientSessionCache
 	scope string
 }
 
-func (c pinnedCache) Get(key string) (*tls.ClientSessionState, bool) {
+func (c scopedCache) Get(key string) (*tls.ClientSessionState, bool) {
 	return c.ClientSessionCache.Get(c.scope + key)
 }
 
-func (c pinnedCache) Put(key string, cs *tls.ClientSessionState) {
+func (c scopedCache) Put(key string, cs *tls.ClientSessionState) {
 	c.ClientSessionCache.Put(c.scope+key, cs)
 }
 
-// pinScope names a set of pins (in any order) for pinnedCache.
-func pinScope(pins [][32]byte) string {
+// sessionScope names a set of pins (in any order) and a client certificate
+// for scopedCache; "" for neither.
+func sessionScope(pins [][32]byte, cert *tls.Certificate) string {
+	if len(pins) == 0 && (cert == nil || len(cert.Certificate) == 0) {
+		return ""
+	}
 	sorted := slices.Clone(pins)
 	slices.SortFunc(sorted, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
 	h := sha256.New()
 	for _, p := range sorted {
 		h.Write(p[:])
 	}
-	return "pins:" + hex.EncodeToString(h.Sum(nil)[:8]) + "|"
+	if cert != nil && len(cert.Certificate) > 0 {
+		h.Write([]byte("client"))
+		h.Write(cert.Certificate[0])
+	}
+	return "scope:" + hex.EncodeToString(h.Sum(nil)[:8]) + "|"
 }
 
 // LoadCertPool reads PEM certificates from file.
