@@ -154,9 +154,26 @@ type Client struct {
 	// dial) with auth_failed, and cleared when it accepts a stream header:
 	// while set, Ready is false, as the server refuses every tunnel.
 	authRefused atomic.Bool
+	// confirmed is the session on which the server last accepted a stream
+	// header (its hello or a tunnel's): with a shared secret, the current
+	// session must be it for Ready.
+	confirmed atomic.Pointer[session]
+	// staleLogged is set once a header refused as stale was logged at -v 0.
+	staleLogged atomic.Bool
+	// redial cuts the reconnect backoff short (SetSecret).
+	redial chan struct{}
+	// lastRefusal is the refusal of our credentials last logged at -v 0;
+	// nil once the server accepted them again (confirm), so each distinct
+	// refusal, and the recovery, is logged once.
+	lastRefusal atomic.Pointer[string]
+	// logger is Run's logger, for what is logged outside its goroutines'
+	// contexts (confirm from ingress); set before Run starts any.
+	logger klog.Logger
 
 	// secret is Config.Secret, replaced by SetSecret.
 	secret atomic.Pointer[[]byte]
+	// tlsConf is Config.TLS, replaced by SetTLS.
+	tlsConf atomic.Pointer[tls.Config]
 	// tokens holds Config.Tokens, replaced by SetTokens.
 	tokens atomic.Pointer[TokenSource]
 	// ingress carries the local connections over the current session.
@@ -167,11 +184,35 @@ type Client struct {
 // now on (a reload); open tunnels are not affected.
 func (c *Client) SetTokens(ts TokenSource) { c.tokens.Store(&ts) }
 
+// SetTLS replaces the TLS configuration (how the server is verified, the
+// client certificate) for connections dialed from now on (a reload); the
+// open connection and its tunnels are not affected. Keep the session cache
+// of the previous configuration to keep resuming (see
+// transport.ClientTLSConfig).
+func (c *Client) SetTLS(conf *tls.Config) { c.tlsConf.Store(conf) }
+
 // SetSecret replaces the shared secret for stream headers made from now on
-// (a reload); open tunnels are not affected.
+// (a reload); open tunnels are not affected. A connection whose hello the
+// server has not accepted (it refuses our credentials, or has not answered
+// yet) proved the old secret: it is closed, and the next one is dialed at
+// once, without waiting for the reconnect backoff.
 func (c *Client) SetSecret(secret []byte) {
 	secret = bytes.Clone(secret)
-	c.secret.Store(&secret)
+	old := c.secret.Swap(&secret)
+	if old == nil || bytes.Equal(*old, secret) {
+		return
+	}
+	cur := c.current()
+	unproven := cur != nil && c.confirmed.Load() != cur
+	if unproven {
+		_ = cur.Conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "client credentials changed")
+	}
+	if unproven || c.authRefused.Load() {
+		select {
+		case c.redial <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // New checks cfg and returns a Client that dials from pc. The caller keeps
@@ -204,9 +245,10 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
-	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{})}
+	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), redial: make(chan struct{}, 1), logger: klog.Background()}
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
+	c.SetTLS(cfg.TLS)
 	in, err := ingress.New(ingress.Config{
 		Sessions:          sessions{c},
 		Tokens:            func() TokenSource { return *c.tokens.Load() },
@@ -214,9 +256,15 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		StreamOpenTimeout: cfg.StreamOpenTimeout,
 		MaxConnections:    cfg.MaxConnections,
 		UDPIdleTimeout:    cfg.UDPIdleTimeout,
-		Accepted:          func() { c.authRefused.Store(false) },
-		Metrics:           cfg.Metrics,
-		Registry:          cfg.Registry,
+		Accepted: func() {
+			if cur := c.current(); cur != nil {
+				c.confirm(cur)
+			} else {
+				c.authRefused.Store(false)
+			}
+		},
+		Metrics:  cfg.Metrics,
+		Registry: cfg.Registry,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
@@ -226,14 +274,19 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 }
 
 // Ready reports whether a QUIC connection to the server is up (for /readyz):
-// its handshake completed, so the server is known to be there. A resumed
-// connection is used for 0-RTT data before that, but does not count yet;
-// nor does anything once the client has started to drain, nor while the
-// server refuses our credentials (from its auth_failed close until it
-// accepts a stream header).
+// its handshake completed, so the server is known to be there, and with a
+// shared secret the server accepted a stream header on it (the hello each
+// connection starts with, see hello.go), so our credentials are good. A
+// resumed connection is used for 0-RTT data before that, but does not count
+// yet; nor does anything once the client has started to drain, nor while the
+// server refuses our credentials (from its auth_failed close until it accepts
+// a stream header).
 func (c *Client) Ready() bool {
 	cur := c.current()
-	return !c.draining.Load() && !c.authRefused.Load() && cur != nil && isClosed(cur.Conn.HandshakeComplete())
+	if c.draining.Load() || c.authRefused.Load() || cur == nil || !isClosed(cur.Conn.HandshakeComplete()) {
+		return false
+	}
+	return len(*c.secret.Load()) == 0 || c.confirmed.Load() == cur
 }
 
 func (c *Client) current() *session {
@@ -283,6 +336,7 @@ func (c *Client) ConnStats() []metrics.ConnStats {
 // goroutine it started has ended.
 func (c *Client) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
+	c.logger = logger
 	// A send error must not end the connection while the host's address changes (senderr.go).
 	tr := &quic.Transport{Conn: sendErrorsAsLoss(c.pc, logger)}
 	defer func() { _ = tr.Close() }()
@@ -358,8 +412,17 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 	// A failed dial is an error at -v 0 when its message differs from the
 	// previous failure's (a server that is down is not logged every second);
 	// the first connection, and the first after such an error, are logged at
-	// -v 0 too, so the default log says when the tunnel works.
+	// -v 0 too, so the default log says when the tunnel works. A refusal of
+	// our credentials is logged the same way, once until the server accepts
+	// them again (confirm logs that at -v 0); the reconnects in between are
+	// logged at -v 2, so the default log does not alternate "Connected" and
+	// "rejected" at every retry.
 	lastDialErr, connectedBefore, loggedFailure := "", false, false
+	// Each connection's hello (hello.go) runs beside it; all have ended
+	// when supervise returns (they end with their connection).
+	var hellos sync.WaitGroup
+	defer hellos.Wait()
+	startHello := func(s *session) { hellos.Go(func() { c.hello(ctx, s) }) }
 	for ctx.Err() == nil {
 		start := time.Now()
 		conn, err := c.dial(ctx, tr)
@@ -379,12 +442,13 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			} else {
 				logger.V(2).Info("Could not connect to server", "address", c.cfg.ServerAddr, "attempt", bo.Attempts()+1, "err", err)
 			}
-			_ = bo.Wait(ctx)
+			c.waitBackoff(ctx, bo)
 			continue
 		}
 		id := c.nextConnID.Add(1)
 		sess := c.newSession(conn)
 		c.setSession(sess) // usable at once: with a session ticket, streams go out as 0-RTT data
+		startHello(sess)
 		if !isClosed(conn.HandshakeComplete()) {
 			select {
 			case <-conn.HandshakeComplete():
@@ -398,6 +462,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 					conn = next
 					sess = c.newSession(conn)
 					c.setSession(sess)
+					startHello(sess)
 				}
 			}
 		}
@@ -414,8 +479,10 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		}
 		connectedBefore, loggedFailure, lastDialErr = true, false, ""
 		logger.V(level).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
-			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT)
-		bo.Success(time.Now())
+			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT,
+			"serverFingerprint", serverFingerprint(conn))
+		upSince := time.Now()
+		bo.Success(upSince)
 
 		c.monitor(ctx, tr, sess) // returns when the connection or ctx ends
 		c.setSession(nil)
@@ -433,15 +500,78 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		bo.Failure(time.Now())
 		if code, ok := proto.FromError(cause); ok && code == proto.CodeAuthFailed {
 			c.authRefused.Store(true)
-			loggedFailure = true
-			logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id,
-				"fix", "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)")
+			if msg := cause.Error(); c.refusedBefore(msg) {
+				logger.V(2).Info("Server rejected our credentials again", "connID", id, "err", cause)
+			} else {
+				logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id,
+					"fix", "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)")
+			}
 		} else {
 			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
 		}
-		if bo.Attempts() > 0 {
-			_ = bo.Wait(ctx)
+		// Reconnect at once after a connection that was up for a while (a
+		// server restart: streams opened meanwhile go out as 0-RTT data on
+		// the new connection and wait for the server there). Back off after
+		// failed attempts, and after a connection that ended right after it
+		// came up (the server refused our hello, or closes at once): the
+		// attempt count grows only in a wait, so without one that would be
+		// a reconnect loop without any delay.
+		if bo.Attempts() > 0 || time.Since(upSince) < shortConnection {
+			c.waitBackoff(ctx, bo)
 		}
+	}
+}
+
+// serverFingerprint is the fingerprint of the certificate the client
+// verified on conn (for a resumed session, that of the handshake that made
+// its ticket).
+func serverFingerprint(conn *quic.Conn) string {
+	certs := conn.ConnectionState().TLS.PeerCertificates
+	if len(certs) == 0 {
+		return ""
+	}
+	return transport.Fingerprint(certs[0].Raw)
+}
+
+// shortConnection is how long a connection must have been up for the
+// reconnect after it to go out without a backoff delay.
+const shortConnection = time.Second
+
+// refusedBefore reports whether msg is the refusal last logged (and not
+// followed by an acceptance); if not, it records msg as logged.
+func (c *Client) refusedBefore(msg string) bool {
+	if prev := c.lastRefusal.Swap(&msg); prev != nil && *prev == msg {
+		return true
+	}
+	return false
+}
+
+// errRedial cuts a reconnect backoff short.
+var errRedial = errors.New("credentials changed")
+
+// waitBackoff waits for bo's next delay, or until the credentials change
+// (SetSecret): then it returns at once and starts the backoff afresh.
+func (c *Client) waitBackoff(ctx context.Context, bo *backoff.Backoff) {
+	select {
+	case <-c.redial: // changed before the wait
+		bo.Reset()
+		return
+	default:
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-c.redial:
+			cancel(errRedial)
+		case <-wctx.Done():
+		}
+	})
+	_ = bo.Wait(wctx)
+	cancel(nil)
+	wg.Wait()
+	if errors.Is(context.Cause(wctx), errRedial) {
+		bo.Reset()
 	}
 }
 
@@ -461,7 +591,7 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport) (*quic.Conn, erro
 	defer cancel()
 	// DialEarly returns as soon as 0-RTT keys exist when a session ticket is
 	// cached (after a reconnect), and after the handshake otherwise.
-	conn, err := tr.DialEarly(dctx, ua, c.cfg.TLS, c.cfg.QUIC)
+	conn, err := tr.DialEarly(dctx, ua, c.tlsConf.Load(), c.cfg.QUIC)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", c.cfg.ServerAddr, err)
 	}
@@ -503,7 +633,7 @@ func DialErrorFix(err error) string {
 	msg := err.Error()
 	switch {
 	case errors.Is(err, transport.ErrFingerprintMismatch) || strings.Contains(msg, transport.ErrFingerprintMismatch.Error()):
-		return "the server's certificate is not the pinned one: set --server-fingerprint to what 'quictun-server fingerprint' prints on the server host (same --state-dir)"
+		return "the server's certificate is not the pinned one: set --server-fingerprint to what 'quictun-server fingerprint' prints on the server host (same --state-dir); a reload (SIGHUP) applies it"
 	case strings.Contains(msg, "x509:") || strings.Contains(msg, "certificate"):
 		return "the server's certificate did not verify: check --ca-file and --server-name (or pin it with --server-fingerprint)"
 	case errors.As(err, &idle) || errors.As(err, &hs) || errors.Is(err, context.DeadlineExceeded):

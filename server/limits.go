@@ -6,13 +6,17 @@ import (
 	"time"
 )
 
-// sourceLimiter bounds QUIC connections per source IP: a token bucket of
-// handshakes (rate per second, burst twice that) and a cap on open
-// connections. Safe for concurrent use.
+// sourceLimiter bounds what one source IP may hold: a token bucket of QUIC
+// handshakes (rate per second, burst twice that), a cap on open connections,
+// and a share of the server's budget of streams awaiting a verified header.
+// Safe for concurrent use.
 type sourceLimiter struct {
 	rate    float64
 	burst   float64
 	maxOpen int
+	// maxUnverified bounds the source's streams awaiting a verified header
+	// (0: unbounded).
+	maxUnverified int
 
 	mu        sync.Mutex
 	sources   map[string]*source
@@ -24,6 +28,9 @@ type source struct {
 	tokens float64
 	last   time.Time
 	open   int
+	// unverified counts the source's streams awaiting a verified header;
+	// they belong to open connections, so open > 0 while it is.
+	unverified int
 }
 
 const (
@@ -32,9 +39,9 @@ const (
 	overflowFactor = 10
 )
 
-func newSourceLimiter(handshakesPerSecond float64, maxOpen int) *sourceLimiter {
-	return &sourceLimiter{rate: handshakesPerSecond, burst: 2 * handshakesPerSecond, maxOpen: maxOpen, sources: map[string]*source{},
-		overflow: source{tokens: overflowFactor * 2 * handshakesPerSecond}}
+func newSourceLimiter(handshakesPerSecond float64, maxOpen, maxUnverified int) *sourceLimiter {
+	return &sourceLimiter{rate: handshakesPerSecond, burst: 2 * handshakesPerSecond, maxOpen: maxOpen, maxUnverified: maxUnverified,
+		sources: map[string]*source{}, overflow: source{tokens: overflowFactor * 2 * handshakesPerSecond}}
 }
 
 // sourceIP returns the key a source address is limited by: the IPv4 address,
@@ -154,4 +161,31 @@ func (l *sourceLimiter) closed(ip string) {
 	if s := l.sources[ip]; s != nil && s.open > 0 {
 		s.open--
 	}
+}
+
+// holdUnverified takes one of ip's places for a stream awaiting a verified
+// header and reports whether one was left; release frees it (call it once).
+// Sources the table could not track (it was full when they connected) share
+// one set of places, as they share one handshake bucket.
+func (l *sourceLimiter) holdUnverified(ip string) (release func(), ok bool) {
+	if l.maxUnverified <= 0 {
+		return func() {}, true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.sources[ip]
+	if s == nil {
+		s = &l.overflow
+	}
+	if s.unverified >= l.maxUnverified {
+		return nil, false
+	}
+	s.unverified++
+	// The entry stays in the table while the place is held: it has an open
+	// connection, which the sweep keeps.
+	return func() {
+		l.mu.Lock()
+		s.unverified--
+		l.mu.Unlock()
+	}, true
 }

@@ -15,7 +15,7 @@ func spoofedIP(i int) string { return fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8
 // address validation, so the per-source table must stay bounded.
 func TestSourceLimiterBoundedUnderSpoofing(t *testing.T) {
 	t.Parallel()
-	l := newSourceLimiter(20, 64)
+	l := newSourceLimiter(20, 64, 0)
 	now := time.Unix(1000, 0)
 	for i := range maxTrackedSources + 200 {
 		l.suspicious(spoofedIP(i), now)
@@ -29,7 +29,7 @@ func TestSourceLimiterBoundedUnderSpoofing(t *testing.T) {
 // BenchmarkSourceLimiterNewSource measures what one Initial from a new source
 // costs when the table is full of recent sources.
 func BenchmarkSourceLimiterNewSource(b *testing.B) {
-	l := newSourceLimiter(20, 64)
+	l := newSourceLimiter(20, 64, 0)
 	now := time.Unix(1000, 0)
 	for i := range maxTrackedSources {
 		l.suspicious(spoofedIP(i), now)

@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestSourceLimiterHandshakeRate(t *testing.T) {
 	t.Parallel()
-	l := newSourceLimiter(10, 0) // burst 20
+	l := newSourceLimiter(10, 0, 0) // burst 20
 	now := time.Unix(1000, 0)
 	for i := range 20 {
 		assert.True(t, l.allowHandshake("192.0.2.1", now), "handshake %d within the burst", i)
@@ -24,12 +25,12 @@ func TestSourceLimiterHandshakeRate(t *testing.T) {
 		assert.True(t, l.allowHandshake("192.0.2.1", later))
 	}
 	assert.False(t, l.allowHandshake("192.0.2.1", later))
-	assert.True(t, newSourceLimiter(0, 0).allowHandshake("x", now), "0 disables the rate")
+	assert.True(t, newSourceLimiter(0, 0, 0).allowHandshake("x", now), "0 disables the rate")
 }
 
 func TestSourceLimiterOpenConnections(t *testing.T) {
 	t.Parallel()
-	l := newSourceLimiter(0, 2)
+	l := newSourceLimiter(0, 2, 0)
 	now := time.Now()
 	assert.True(t, l.open("a", now))
 	assert.True(t, l.open("a", now))
@@ -69,7 +70,7 @@ func (a fakeAddr) String() string  { return string(a) }
 // per-source limits; another /64 has its own.
 func TestSourceLimiterIPv6Prefix(t *testing.T) {
 	t.Parallel()
-	l := newSourceLimiter(1, 2) // burst 2 handshakes, 2 open connections
+	l := newSourceLimiter(1, 2, 0) // burst 2 handshakes, 2 open connections
 	now := time.Unix(1000, 0)
 	a := func(ip string) string { return sourceIP(&net.UDPAddr{IP: net.ParseIP(ip), Port: 1}) }
 	assert.True(t, l.open(a("2001:db8:0:1::1"), now))
@@ -80,4 +81,39 @@ func TestSourceLimiterIPv6Prefix(t *testing.T) {
 	assert.True(t, l.allowHandshake(a("2001:db8:0:7::1"), now))
 	assert.True(t, l.allowHandshake(a("2001:db8:0:7::2"), now))
 	assert.False(t, l.allowHandshake(a("2001:db8:0:7::3"), now), "one handshake bucket per /64")
+}
+
+// TestSourceLimiterUnverifiedShare: a source holds at most its share of
+// places for streams awaiting a verified header; releasing one frees it;
+// other sources have their own share, and untracked sources share one.
+func TestSourceLimiterUnverifiedShare(t *testing.T) {
+	t.Parallel()
+	l := newSourceLimiter(0, 0, 2)
+	now := time.Now()
+	require.True(t, l.open("a", now))
+	require.True(t, l.open("b", now))
+	r1, ok := l.holdUnverified("a")
+	require.True(t, ok)
+	_, ok = l.holdUnverified("a")
+	require.True(t, ok)
+	_, ok = l.holdUnverified("a")
+	assert.False(t, ok, "a third place is over the share")
+	_, ok = l.holdUnverified("b")
+	assert.True(t, ok, "another source has its own share")
+	r1()
+	_, ok = l.holdUnverified("a")
+	assert.True(t, ok, "a released place is free again")
+
+	for range 2 {
+		_, ok = l.holdUnverified("untracked-1")
+		require.True(t, ok)
+	}
+	_, ok = l.holdUnverified("untracked-2")
+	assert.False(t, ok, "untracked sources share one set of places")
+
+	free := newSourceLimiter(0, 0, 0)
+	for range 100 {
+		_, ok = free.holdUnverified("a")
+		require.True(t, ok, "0: no share")
+	}
 }

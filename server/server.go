@@ -108,11 +108,25 @@ type Config struct {
 	// connections that have not yet presented a verified header; past it,
 	// such streams are reset with overloaded at once.
 	MaxUnverifiedStreams int
+	// MaxUnverifiedStreamsPerSource is one source's share of
+	// MaxUnverifiedStreams (a source is an IPv4 address or an IPv6 /64, as
+	// for MaxConnsPerSource), so that one source cannot take the whole
+	// budget and have every new client's first stream reset; past it, its
+	// streams are reset with overloaded at once. 0: an eighth of
+	// MaxUnverifiedStreams, at least MaxUnverifiedStreamsPerConn.
+	MaxUnverifiedStreamsPerSource int
 	// AuthTimeout is how long a connection has, from its first stream, to
 	// present a verified header (with a shared secret); then it is closed
-	// with auth_failed. Connections without streams are not timed (idle
-	// clients); they count against MaxConnsPerSource and MaxConnections.
+	// with auth_failed.
 	AuthTimeout time.Duration
+	// IdleAuthTimeout is how long a connection has, from its handshake, to
+	// present a verified header (with a shared secret), whether it opened
+	// streams or not: clients send one at once (a hello, proto.KindHello).
+	// A connection that opened no stream is then closed with timeout (a
+	// client from before the hello that sat idle: it reconnects), one that
+	// did with auth_failed. The longer default spares such old clients a
+	// reconnect every few seconds.
+	IdleAuthTimeout time.Duration
 	// MaxReplayEntriesPerConn bounds the nonces one connection records in
 	// the replay cache per ReplayWindow, so one client cannot fill it.
 	// 0: MaxReplayEntries/64.
@@ -148,11 +162,19 @@ func DefaultConfig() Config {
 		MaxUnverifiedStreamsPerConn: 16,
 		MaxUnverifiedStreams:        1024,
 		AuthTimeout:                 10 * time.Second,
+		IdleAuthTimeout:             time.Minute,
 
 		MaxUDPFlows:        egress.DefaultMaxUDPFlows,
 		MaxUDPFlowsPerConn: egress.DefaultMaxUDPFlowsPerConn,
 		UDPIdleTimeout:     egress.DefaultUDPIdleTimeout,
 	}
+}
+
+// DefaultUnverifiedStreamsPerSource is MaxUnverifiedStreamsPerSource when it
+// is not set: an eighth of the server-wide budget, so that at least eight
+// sources share it, and at least one connection's budget.
+func DefaultUnverifiedStreamsPerSource(maxUnverifiedStreams, perConn int) int {
+	return max(perConn, maxUnverifiedStreams/8)
 }
 
 // Server is a quictun server. Create it with New and call Run once.
@@ -208,7 +230,9 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	orDefault(&cfg.MaxConnections, def.MaxConnections)
 	orDefault(&cfg.MaxUnverifiedStreamsPerConn, def.MaxUnverifiedStreamsPerConn)
 	orDefault(&cfg.MaxUnverifiedStreams, def.MaxUnverifiedStreams)
+	orDefault(&cfg.MaxUnverifiedStreamsPerSource, DefaultUnverifiedStreamsPerSource(cfg.MaxUnverifiedStreams, cfg.MaxUnverifiedStreamsPerConn))
 	orDefault(&cfg.AuthTimeout, def.AuthTimeout)
+	orDefault(&cfg.IdleAuthTimeout, def.IdleAuthTimeout)
 	orDefault(&cfg.MaxReplayEntriesPerConn, max(1, cfg.MaxReplayEntries/64))
 	switch {
 	case cfg.TLS == nil:
@@ -278,7 +302,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		cfg:            cfg,
 		pc:             pc,
 		egress:         eg,
-		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource),
+		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource, cfg.MaxUnverifiedStreamsPerSource),
 		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
 		raiseStreamsTo: raiseStreamsTo,
 		conns:          map[uint64]*quic.Conn{},
@@ -447,16 +471,7 @@ var (
 
 // refuseConn closes a connection that is over a limit with overloaded.
 func refuseConn(ctx context.Context, conn *quic.Conn, reason string) {
-	// Before the handshake is confirmed, QUIC carries an application's
-	// close only as a bare APPLICATION_ERROR: wait (briefly) for it, so
-	// the client learns why. The handshake's cost is already spent.
-	select {
-	case <-conn.HandshakeComplete():
-	case <-conn.Context().Done():
-	case <-ctx.Done():
-	case <-time.After(time.Second):
-	}
-	_ = conn.CloseWithError(proto.CodeOverloaded.ApplicationErrorCode(), reason)
+	egress.CloseConn(ctx, conn, proto.CodeOverloaded, reason)
 }
 
 // quicDefaultMaxIncomingStreams is quic-go's default for a zero
@@ -470,8 +485,14 @@ type connGate struct {
 	// verified yet (MaxUnverifiedStreamsPerConn).
 	slots    chan struct{}
 	verified atomic.Bool
-	deadline *time.Timer // started at the first stream; nil until then
-	state    *egress.ConnState
+	// deadline closes the connection unless it is verified first: started
+	// at the handshake (IdleAuthTimeout), brought forward at the first
+	// stream (AuthTimeout). nil for a connection verified from the start.
+	deadline   *time.Timer
+	deadlineAt time.Time
+	// sawStream is set at the connection's first stream.
+	sawStream atomic.Bool
+	state     *egress.ConnState
 	// onVerified runs once, when the connection is first verified.
 	onVerified func()
 }
@@ -554,6 +575,29 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	// With mutual TLS or without authentication the handshake is all the
 	// proof there is: the connection starts verified.
 	gate.verified.Store(s.egress.Keys().Len() == 0)
+	if !gate.verified.Load() {
+		// Clients prove the secret at once (a hello): a connection that
+		// does not is closed, streams or not.
+		fired := atomic.Bool{}
+		gate.deadlineAt = time.Now().Add(s.cfg.IdleAuthTimeout)
+		gate.deadline = time.AfterFunc(s.cfg.IdleAuthTimeout, func() {
+			if gate.verified.Load() || !fired.CompareAndSwap(false, true) {
+				return
+			}
+			m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout).Inc()
+			if gate.sawStream.Load() {
+				logger.V(2).Info("Closed connection: no authenticated stream header in time", "authTimeout", s.cfg.AuthTimeout)
+				_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "no authenticated stream header in time")
+				return
+			}
+			// Most likely a client from before the hello that has had no
+			// tunnel yet: timeout, not auth_failed, so it reconnects
+			// without reporting its credentials as refused.
+			logger.V(2).Info("Closed connection: it presented no authenticated stream header since its handshake; clients from before the hello reconnect",
+				"idleAuthTimeout", s.cfg.IdleAuthTimeout)
+			_ = conn.CloseWithError(proto.CodeTimeout.ApplicationErrorCode(), "no authenticated stream header since the handshake")
+		})
+	}
 	defer func() {
 		if gate.deadline != nil {
 			gate.deadline.Stop()
@@ -589,28 +633,31 @@ accept:
 			break accept
 		}
 		global := false
+		releaseSource := func() {}
 		if !gate.verified.Load() {
+			// The source's share first, so that a source over it does not
+			// touch the server-wide budget.
+			var ok bool
+			if releaseSource, ok = s.limits.holdUnverified(src); !ok {
+				<-gate.slots
+				s.refuseUnverified(logger, str, metrics.PreauthSourceUnverifiedStreamsLimit,
+					"Refused stream: too many streams from this address awaiting authentication; raise --max-unverified-streams-per-source if legitimate clients behind one address hit this",
+					s.cfg.MaxUnverifiedStreamsPerSource)
+				continue
+			}
 			select {
 			case s.unverified <- struct{}{}:
 				global = true
 			default:
 				<-gate.slots
-				egress.Reset(str, proto.CodeOverloaded)
-				m.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
-				m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit).Inc()
-				logger.V(2).Info("Refused stream: too many streams awaiting authentication on the server; raise --max-unverified-streams if legitimate clients hit this",
-					"limit", s.cfg.MaxUnverifiedStreams)
+				releaseSource()
+				s.refuseUnverified(logger, str, metrics.PreauthUnverifiedStreamsLimit,
+					"Refused stream: too many streams awaiting authentication on the server; raise --max-unverified-streams if legitimate clients hit this",
+					s.cfg.MaxUnverifiedStreams)
 				continue
 			}
-			if gate.deadline == nil {
-				gate.deadline = time.AfterFunc(s.cfg.AuthTimeout, func() {
-					if gate.verified.Load() {
-						return
-					}
-					m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout).Inc()
-					logger.V(2).Info("Closed connection: no authenticated stream header in time", "authTimeout", s.cfg.AuthTimeout)
-					_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "no authenticated stream header in time")
-				})
+			if gate.sawStream.CompareAndSwap(false, true) && time.Until(gate.deadlineAt) > s.cfg.AuthTimeout {
+				gate.deadline.Reset(s.cfg.AuthTimeout) // from the first stream
 			}
 		}
 		m.UnverifiedStreams.Inc()
@@ -618,6 +665,7 @@ accept:
 			<-gate.slots
 			if global {
 				<-s.unverified
+				releaseSource()
 			}
 			m.UnverifiedStreams.Dec()
 		})
@@ -648,6 +696,16 @@ accept:
 	logger.V(2).Info("Closed connection", "result", result, "err", cause)
 }
 
+// refuseUnverified resets a stream of a connection not yet verified that is
+// over a pre-authentication budget (reason), and counts it.
+func (s *Server) refuseUnverified(logger klog.Logger, str *quic.Stream, reason, msg string, limit int) {
+	egress.Reset(str, proto.CodeOverloaded)
+	m := s.cfg.Metrics
+	m.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
+	m.PreauthRejectionsTotal.WithLabelValues(reason).Inc()
+	logger.V(2).Info(msg, "limit", limit)
+}
+
 func connResult(err error) string {
 	var idle *quic.IdleTimeoutError
 	var app *quic.ApplicationError
@@ -660,6 +718,10 @@ func connResult(err error) string {
 			return "auth_failed"
 		case proto.CodeShutdown:
 			return "shutdown"
+		case proto.CodeTimeout:
+			if !app.Remote {
+				return "auth_timeout" // IdleAuthTimeout
+			}
 		}
 		return "closed"
 	}

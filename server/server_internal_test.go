@@ -34,6 +34,8 @@ func TestConnResult(t *testing.T) {
 		{"auth failed (we closed it)", app(proto.CodeAuthFailed, false), "auth_failed"},
 		{"client shut down", app(proto.CodeShutdown, true), "shutdown"},
 		{"we shut down", app(proto.CodeShutdown, false), "shutdown"},
+		{"no authenticated header since the handshake", app(proto.CodeTimeout, false), "auth_timeout"},
+		{"client closed with timeout", app(proto.CodeTimeout, true), "closed"},
 		{"client closed normally", app(proto.CodeOK, true), "closed"},
 		{"other code", app(proto.CodeInternal, true), "closed"},
 		{"handshake timeout", &quic.HandshakeTimeoutError{}, "error"},

@@ -183,6 +183,23 @@ type Stream struct {
 	Flows *udpflow.Table
 }
 
+// CloseConn closes conn with code. Before the handshake is complete (a
+// 0-RTT stream, or a connection refused as soon as it is accepted) QUIC
+// carries an application's close only as a bare APPLICATION_ERROR: it waits
+// for the handshake, at most a second, so the client learns the code (that
+// its credentials were refused, say). The handshake's cost is already spent.
+func CloseConn(ctx context.Context, conn *quic.Conn, code proto.Code, reason string) {
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-conn.HandshakeComplete():
+	case <-conn.Context().Done():
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	_ = conn.CloseWithError(code.ApplicationErrorCode(), reason)
+}
+
 // Reset aborts both directions of str with code.
 func Reset(str *quic.Stream, code proto.Code) {
 	str.CancelRead(code.StreamErrorCode())
@@ -280,7 +297,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 			}
 			m.AuthFailuresTotal.WithLabelValues(reason).Inc()
 			fail(proto.CodeAuthFailed, "Rejected stream: authentication failed", "reason", reason, "keyID", keyIDOf(h))
-			_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "authentication failed")
+			CloseConn(ctx, conn, proto.CodeAuthFailed, "authentication failed")
 			return
 		}
 	}
@@ -289,6 +306,10 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	}
 	if st.Verified != nil {
 		st.Verified()
+	}
+	if h.Kind == proto.KindHello {
+		e.hello(st, h, logger)
+		return
 	}
 	// The client certificate is known once the handshake is (a stream of a
 	// new connection arrives after it; a 0-RTT stream's session ticket
@@ -433,6 +454,35 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	if audit != nil {
 		audit(result, up, down)
 	}
+}
+
+// hello answers a verified hello (proto.KindHello): the same freshness and
+// replay checks as a tunnel's header, then CodeOK and the end of the stream.
+// A hello is no tunnel: it is not counted in streams_total, audited or
+// registered.
+func (e *Handler) hello(st Stream, h *proto.Header, logger klog.Logger) {
+	str := st.Stream
+	str.CancelRead(proto.CodeOK.StreamErrorCode()) // nothing follows the header
+	now := time.Now()
+	code := proto.CodeReplay
+	if !st.Early || !h.Time.Before(e.started.Truncate(time.Second)) {
+		var unrecorded string
+		if code, unrecorded = e.replay.admit(h, now, st.Early, st.Conn0.quota); unrecorded != "" {
+			e.cfg.Metrics.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
+		}
+	}
+	if code != proto.CodeOK {
+		str.CancelWrite(code.StreamErrorCode())
+		logger.V(2).Info("Refused hello", "code", code.String(), "early", st.Early, "headerTime", h.Time)
+		return
+	}
+	_ = str.SetWriteDeadline(now.Add(e.cfg.HeaderTimeout))
+	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
+		str.CancelWrite(proto.CodeConnReset.StreamErrorCode())
+		return
+	}
+	_ = str.Close()
+	logger.V(4).Info("Accepted hello", "early", st.Early)
 }
 
 // peer is who a connection's client certificate says the client is (mutual

@@ -25,11 +25,16 @@ const (
 	// RefusedMaxConnections: refused_connections_total, the server held --max-connections.
 	RefusedMaxConnections = "max_connections"
 	// PreauthAuthTimeout: a connection closed because it presented no verified
-	// stream header within --auth-timeout of its first stream.
+	// stream header within --auth-timeout of its first stream or
+	// --idle-auth-timeout of its handshake.
 	PreauthAuthTimeout = "auth_timeout"
 	// PreauthUnverifiedStreamsLimit: a stream of a not yet authenticated
 	// connection reset because --max-unverified-streams were in use.
 	PreauthUnverifiedStreamsLimit = "unverified_streams_limit"
+	// PreauthSourceUnverifiedStreamsLimit: a stream of a not yet
+	// authenticated connection reset because its source held its share,
+	// --max-unverified-streams-per-source.
+	PreauthSourceUnverifiedStreamsLimit = "unverified_streams_per_source_limit"
 	// ReplayUnrecordedCacheFull and ReplayUnrecordedConnQuota: why a verified
 	// header's nonce was not recorded in the replay cache.
 	ReplayUnrecordedCacheFull = "cache_full"
@@ -105,7 +110,7 @@ func NewServer(reg prometheus.Registerer) *Server {
 		}, []string{"direction"}),
 		ConnectionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "connections_total",
-			Help: "QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, shutdown, error).",
+			Help: "QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).",
 		}, []string{"result"}),
 		ActiveConnections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "active_connections",
@@ -130,7 +135,7 @@ func NewServer(reg prometheus.Registerer) *Server {
 	}, []string{"reason"})
 	m.PreauthRejectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "preauth_rejections_total",
-		Help: "Connections closed and streams reset because the peer had not proven the shared secret, by reason: auth_timeout (connection: no verified stream header within --auth-timeout of its first stream), unverified_streams_limit (stream: --max-unverified-streams in use).",
+		Help: "Connections closed and streams reset because the peer had not proven the shared secret, by reason: auth_timeout (connection: no verified stream header within --auth-timeout of its first stream or --idle-auth-timeout of its handshake), unverified_streams_limit (stream: --max-unverified-streams in use), unverified_streams_per_source_limit (stream: its source, an IPv4 address or IPv6 /64, held --max-unverified-streams-per-source).",
 	}, []string{"reason"})
 	m.UnverifiedStreams = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "unverified_streams",
@@ -154,7 +159,7 @@ func NewServer(reg prometheus.Registerer) *Server {
 	for _, r := range []string{AuthNoMAC, AuthUnknownKey, AuthBadMAC} {
 		m.AuthFailuresTotal.WithLabelValues(r)
 	}
-	for _, r := range []string{PreauthAuthTimeout, PreauthUnverifiedStreamsLimit} {
+	for _, r := range []string{PreauthAuthTimeout, PreauthUnverifiedStreamsLimit, PreauthSourceUnverifiedStreamsLimit} {
 		m.PreauthRejectionsTotal.WithLabelValues(r)
 	}
 	for _, r := range []string{ReplayUnrecordedCacheFull, ReplayUnrecordedConnQuota} {
@@ -172,7 +177,7 @@ func NewServer(reg prometheus.Registerer) *Server {
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
 	}
-	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "shutdown", "error"} {
+	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "auth_timeout", "shutdown", "error"} {
 		m.ConnectionsTotal.WithLabelValues(r)
 	}
 	for _, n := range []string{endpoint.NetworkTCP, endpoint.NetworkUDP, endpoint.NetworkUnix} {

@@ -67,9 +67,10 @@ func TestServerPrecreatedSeries(t *testing.T) {
 # TYPE quictun_server_stream_bytes_total counter
 quictun_server_stream_bytes_total{direction="downstream"} 0
 quictun_server_stream_bytes_total{direction="upstream"} 0
-# HELP quictun_server_connections_total QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, shutdown, error).
+# HELP quictun_server_connections_total QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).
 # TYPE quictun_server_connections_total counter
 quictun_server_connections_total{result="auth_failed"} 0
+quictun_server_connections_total{result="auth_timeout"} 0
 quictun_server_connections_total{result="closed"} 0
 quictun_server_connections_total{result="error"} 0
 quictun_server_connections_total{result="idle_timeout"} 0
@@ -100,7 +101,7 @@ quictun_server_active_streams 0
 		"quictun_server_refused_destinations_total", "quictun_server_active_streams"))
 
 	assert.Equal(t, []string{"handshake_rate", "max_connections", "per_source_limit"}, labelValues(t, reg, "quictun_server_refused_connections_total", "reason"))
-	assert.Equal(t, []string{metrics.PreauthAuthTimeout, metrics.PreauthUnverifiedStreamsLimit},
+	assert.Equal(t, []string{metrics.PreauthAuthTimeout, metrics.PreauthUnverifiedStreamsLimit, metrics.PreauthSourceUnverifiedStreamsLimit},
 		labelValues(t, reg, "quictun_server_preauth_rejections_total", "reason"))
 	assert.Equal(t, []string{metrics.ReplayUnrecordedCacheFull, metrics.ReplayUnrecordedConnQuota},
 		labelValues(t, reg, "quictun_server_replay_unrecorded_total", "reason"))

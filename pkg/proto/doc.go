@@ -17,8 +17,8 @@
 //	26     2     token length n (1..MaxTokenLen)
 //	28     n     token (names the destination, e.g. "tcp:127.0.0.1:22")
 //	28+n   4     key ID (KeyIDOf the secret) when flag bit 1 is set
-//	..     1     kind (2 UDP flow, 3 reserved: reverse bind) when flag bit 2 is set;
-//	             without it the stream is TCP (kind 1, never written)
+//	..     1     kind (2 UDP flow, 3 reserved: reverse bind, 4 hello) when flag bit 2
+//	             is set; without it the stream is TCP (kind 1, never written)
 //	..     32    HMAC-SHA256(secret, every byte before it) when flag bit 0 is set
 //
 // The MAC authenticates the client with a shared secret without an extra round
@@ -37,4 +37,23 @@
 // with any server that knows key IDs; a server that does not know a kind
 // (or the kind flag) refuses the stream (CodeUnsupported, or bad_header from
 // older servers) instead of treating a UDP flow as TCP.
+//
+// The hello (KindHello, token HelloToken) is the first stream a client with a
+// shared secret opens on every new connection, at once (as 0-RTT data when
+// resuming) and without waiting for its answer: it proves the secret before
+// any tunnel, so the server can close connections that prove nothing within
+// its --auth-timeout of the handshake, and the client learns at once whether
+// its credentials are accepted. The client ends the stream after the header;
+// the server checks it as any header (MAC, freshness, replay) and answers
+// CodeOK and ends the stream, or resets it with the code of the failure
+// (auth_failed also closes the connection). A hello is no tunnel: it is not
+// dialed, audited, listed in /tunnels or counted in streams_total.
+// Compatibility: a server that knows kinds but not the hello verifies the MAC
+// before it looks at the kind, so it marks the connection authenticated and
+// answers CodeUnsupported (and counts and audits that stream as refused);
+// the client takes that as "credentials accepted". A server from before kinds
+// answers bad_header, which tells nothing: the client then behaves as before
+// the hello. A client from before the hello sends none: a new server then
+// closes such a connection with CodeTimeout if it has presented no valid
+// header within --idle-auth-timeout of its handshake (the client reconnects).
 package proto

@@ -43,7 +43,25 @@ const (
 	KindUDP Kind = 2
 	// KindReverse is reserved for a reverse bind (the server listens).
 	KindReverse Kind = 3
+	// KindHello proves the shared secret on a new connection before any
+	// tunnel: no destination (its token is HelloToken), nothing follows the
+	// header; the server answers the Reply and ends the stream.
+	KindHello Kind = 4
 )
+
+// HelloToken is the token of a KindHello header (a header's token is never
+// empty); servers ignore it.
+const HelloToken = "hello"
+
+// NewHello returns a KindHello header with the current time and a fresh nonce.
+func NewHello(now time.Time) (*Header, error) {
+	h, err := NewHeader(HelloToken, now)
+	if err != nil {
+		return nil, err
+	}
+	h.Kind = KindHello
+	return h, nil
+}
 
 // String names the kind for logs.
 func (k Kind) String() string {
@@ -54,6 +72,8 @@ func (k Kind) String() string {
 		return "udp"
 	case KindReverse:
 		return "reverse"
+	case KindHello:
+		return "hello"
 	}
 	return fmt.Sprintf("kind_%d", uint8(k))
 }

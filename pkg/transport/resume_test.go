@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -67,7 +68,17 @@ func serveOnce(t *testing.T, st *transport.State) (net.Addr, func()) {
 
 func dialEarly(t *testing.T, addr net.Addr, cache tls.ClientSessionCache, pin [32]byte) *quic.Conn {
 	t.Helper()
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}, SessionCache: cache})
+	conn, err := dialPins(t, true, addr, cache, pin)
+	require.NoError(t, err)
+	return conn
+}
+
+// dialPins dials addr from a new socket with a client pinning pins, using
+// cache, and returns the outcome once the handshake is complete. early
+// dials with 0-RTT when cache holds a ticket.
+func dialPins(t *testing.T, early bool, addr net.Addr, cache tls.ClientSessionCache, pins ...[32]byte) (*quic.Conn, error) {
+	t.Helper()
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: pins, SessionCache: cache})
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)
@@ -78,14 +89,21 @@ func dialEarly(t *testing.T, addr net.Addr, cache tls.ClientSessionCache, pin [3
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn, err := tr.DialEarly(ctx, addr, ctls, transport.QUICConfig(transport.DefaultQUICOptions()))
-	require.NoError(t, err)
+	dial := tr.Dial
+	if early {
+		dial = tr.DialEarly
+	}
+	conn, err := dial(ctx, addr, ctls, transport.QUICConfig(transport.DefaultQUICOptions()))
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { _ = conn.CloseWithError(0, "") })
 	select {
 	case <-conn.HandshakeComplete():
 	case <-ctx.Done():
 		t.Fatal("handshake did not complete")
 	}
-	return conn
+	return conn, nil
 }
 
 // TestZeroRTTAcrossRestart checks what the state dir promises: a server
@@ -207,4 +225,52 @@ func TestStatelessResetAfterRestart(t *testing.T) {
 	}
 	var sr *quic.StatelessResetError
 	assert.ErrorAs(t, context.Cause(conn.Context()), &sr)
+}
+
+// TestTicketOfAnUnpinnedCertificate: a server that rotated its certificate
+// but kept its session-ticket key (the state dir's) still resumes sessions
+// made with the old certificate, and a resumed session shows the old one.
+// A client that now pins only the new certificate must not be stuck on its
+// ticket (the sticky cache keeps tickets of failed handshakes): its tickets
+// are kept per pin set, so it does a full handshake and verifies the new
+// certificate, while a client that still pins the old one resumes.
+func TestTicketOfAnUnpinnedCertificate(t *testing.T) {
+	t.Parallel()
+	oldDir, newDir := filepath.Join(t.TempDir(), "old"), filepath.Join(t.TempDir(), "new")
+	oldSt, err := transport.LoadOrCreateState(oldDir, "", "")
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(newDir, 0o700))
+	b, err := os.ReadFile(filepath.Join(oldDir, transport.TicketKeyFileName))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(newDir, transport.TicketKeyFileName), b, 0o600))
+	newSt, err := transport.LoadOrCreateState(newDir, "", "") // a new certificate, the same ticket key
+	require.NoError(t, err)
+	oldPin, err := transport.ParseFingerprint(oldSt.Fingerprint())
+	require.NoError(t, err)
+	newPin, err := transport.ParseFingerprint(newSt.Fingerprint())
+	require.NoError(t, err)
+	cache := &signallingCache{ClientSessionCache: transport.NewStickySessionCache(4), stored: make(chan struct{}, 1)}
+
+	addr, stop := serveOnce(t, oldSt)
+	c, err := dialPins(t, false, addr, cache, oldPin)
+	require.NoError(t, err)
+	select {
+	case <-cache.stored:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no session ticket received")
+	}
+	_ = c.CloseWithError(0, "")
+	stop()
+
+	addr, _ = serveOnce(t, newSt)
+	for i := range 2 {
+		c, err := dialPins(t, false, addr, cache, newPin)
+		if !assert.NoError(t, err, "dial %d pinning only the new certificate", i) {
+			continue
+		}
+		assert.Equal(t, newSt.Cert.Certificate[0], c.ConnectionState().TLS.PeerCertificates[0].Raw, "dial %d saw the new certificate", i)
+	}
+	c, err = dialPins(t, false, addr, cache, oldPin)
+	require.NoError(t, err, "the old pin set still has its ticket")
+	assert.True(t, c.ConnectionState().TLS.DidResume, "resumed the old certificate's session")
 }

@@ -124,6 +124,26 @@ func LoadOrCreateState(dir, certFile, keyFile string) (*State, error) {
 	return s, nil
 }
 
+// LoadCertificate reads the server certificate LoadOrCreateState would use,
+// without creating anything: certFile and keyFile when certFile is set, else
+// the certificate in dir. A key file that group or others may access is
+// refused (CheckPrivate). For a reload of the certificate.
+func LoadCertificate(dir, certFile, keyFile string) (tls.Certificate, error) {
+	if certFile == "" {
+		certFile, keyFile = filepath.Join(dir, CertFileName), filepath.Join(dir, KeyFileName)
+		if err := CheckPrivate("--state-dir key file", keyFile); err != nil {
+			return tls.Certificate{}, err
+		}
+	} else if err := CheckPrivate("--key-file", keyFile); err != nil {
+		return tls.Certificate{}, err
+	}
+	c, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("load certificate %s: %w", certFile, err)
+	}
+	return c, nil
+}
+
 func loadOrCreateKey(path string, key []byte) error {
 	b, err := os.ReadFile(path)
 	if err == nil {

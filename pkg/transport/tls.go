@@ -1,14 +1,17 @@
 package transport
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
+	"sync/atomic"
 )
 
 // ALPN is the application protocol negotiated by quictun endpoints.
@@ -18,21 +21,52 @@ const ALPN = "quictun/1"
 // certificate does not match.
 var ErrFingerprintMismatch = errors.New("server certificate fingerprint does not match --server-fingerprint")
 
-// ServerTLSConfig returns a TLS 1.3 server configuration. When clientCAs is
-// non-nil, clients must present a certificate signed by one of them.
+// ServerTLSConfig returns a TLS 1.3 server configuration presenting s.Cert.
+// When clientCAs is non-nil, clients must present a certificate signed by
+// one of them.
 func ServerTLSConfig(s *State, clientCAs *x509.CertPool) *tls.Config {
+	return ServerTLSConfigFor(NewServerCertificate(s.Cert), s.TicketKey, clientCAs)
+}
+
+// ServerTLSConfigFor is ServerTLSConfig presenting what cert holds at each
+// handshake, so the certificate can be replaced while the server runs.
+func ServerTLSConfigFor(cert *ServerCertificate, ticketKey [32]byte, clientCAs *x509.CertPool) *tls.Config {
 	c := &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{s.Cert},
-		NextProtos:   []string{ALPN},
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil },
+		NextProtos:     []string{ALPN},
 	}
 	if clientCAs != nil {
 		c.ClientAuth = tls.RequireAndVerifyClientCert
 		c.ClientCAs = clientCAs
 	}
-	c.SetSessionTicketKeys([][32]byte{s.TicketKey})
+	c.SetSessionTicketKeys([][32]byte{ticketKey})
 	return c
 }
+
+// ServerCertificate is the certificate a server presents, replaceable while
+// it runs (a reload): handshakes from then on present the new one; open
+// connections, and sessions resumed from tickets made before (the ticket
+// key stays), keep the one they were made with. Safe for concurrent use.
+type ServerCertificate struct {
+	cert atomic.Pointer[tls.Certificate]
+}
+
+// NewServerCertificate returns a ServerCertificate presenting c.
+func NewServerCertificate(c tls.Certificate) *ServerCertificate {
+	s := &ServerCertificate{}
+	s.Store(c)
+	return s
+}
+
+// Load returns the certificate presented now.
+func (s *ServerCertificate) Load() *tls.Certificate { return s.cert.Load() }
+
+// Store replaces the certificate for the handshakes that follow.
+func (s *ServerCertificate) Store(c tls.Certificate) { s.cert.Store(&c) }
+
+// Fingerprint is the SHA-256 fingerprint of the leaf certificate presented now.
+func (s *ServerCertificate) Fingerprint() string { return Fingerprint(s.Load().Certificate[0]) }
 
 // ClientTLSOptions says how a client verifies the server and proves who it is.
 type ClientTLSOptions struct {
@@ -66,6 +100,9 @@ func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
 	if o.ClientCert != nil {
 		c.Certificates = []tls.Certificate{*o.ClientCert}
 	}
+	if scope := sessionScope(o.Fingerprints, o.ClientCert); scope != "" && o.SessionCache != nil {
+		c.ClientSessionCache = scopedCache{ClientSessionCache: o.SessionCache, scope: scope}
+	}
 	switch {
 	case len(o.Fingerprints) > 0:
 		pins := slices.Clone(o.Fingerprints)
@@ -91,6 +128,49 @@ func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
 		return nil, ErrNoServerVerification
 	}
 	return c, nil
+}
+
+// scopedCache keeps the tickets of each set of pins, and of each client
+// certificate, apart. A resumed session shows the certificates of the
+// handshake that made its ticket, to both ends. A server that rotated its
+// certificate but kept its session-ticket key resumes it: with pins that no
+// longer accept that certificate every dial would fail, and the failed
+// ticket would stay (StickySessionCache keeps tickets of failed handshakes,
+// to resume after a server comes back). And a client given a new
+// certificate would still be known to the server by the old one. With the
+// tickets kept apart, another set of pins or another client certificate
+// starts with a full handshake, which verifies the certificate the server
+// presents now and presents the client's new one.
+type scopedCache struct {
+	tls.ClientSessionCache
+	scope string
+}
+
+func (c scopedCache) Get(key string) (*tls.ClientSessionState, bool) {
+	return c.ClientSessionCache.Get(c.scope + key)
+}
+
+func (c scopedCache) Put(key string, cs *tls.ClientSessionState) {
+	c.ClientSessionCache.Put(c.scope+key, cs)
+}
+
+// sessionScope names a set of pins (in any order) and a client certificate
+// for scopedCache; "" for neither.
+func sessionScope(pins [][32]byte, cert *tls.Certificate) string {
+	if len(pins) == 0 && (cert == nil || len(cert.Certificate) == 0) {
+		return ""
+	}
+	sorted := slices.Clone(pins)
+	slices.SortFunc(sorted, func(a, b [32]byte) int { return bytes.Compare(a[:], b[:]) })
+	h := sha256.New()
+	for _, p := range sorted {
+		h.Write(p[:])
+	}
+	if cert != nil && len(cert.Certificate) > 0 {
+		h.Write([]byte("client"))
+		h.Write(cert.Certificate[0])
+	}
+	return "scope:" + hex.EncodeToString(h.Sum(nil)[:8]) + "|"
 }
 
 // LoadCertPool reads PEM certificates from file.

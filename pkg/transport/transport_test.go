@@ -392,8 +392,71 @@ func TestServerTLSConfig(t *testing.T) {
 	assert.Equal(t, uint16(tls.VersionTLS13), c.MinVersion)
 	assert.Equal(t, []string{transport.ALPN}, c.NextProtos)
 	assert.Equal(t, tls.NoClientCert, c.ClientAuth)
-	require.Len(t, c.Certificates, 1)
-	assert.Equal(t, st.Cert.Certificate, c.Certificates[0].Certificate)
+	got, err := c.GetCertificate(&tls.ClientHelloInfo{})
+	require.NoError(t, err)
+	assert.Equal(t, st.Cert.Certificate, got.Certificate)
+}
+
+// TestServerCertificateReplaced: a server certificate replaced while the
+// server runs is presented from the next handshake on, and a client pinning
+// only the new one verifies it.
+func TestServerCertificateReplaced(t *testing.T) {
+	t.Parallel()
+	oldSt, _ := newState(t)
+	newSt, _ := newState(t)
+	cert := transport.NewServerCertificate(oldSt.Cert)
+	scfg := transport.ServerTLSConfigFor(cert, oldSt.TicketKey, nil)
+	pin := func(st *transport.State) [32]byte {
+		p, err := transport.ParseFingerprint(st.Fingerprint())
+		require.NoError(t, err)
+		return p
+	}
+	client := func(pins ...[32]byte) *tls.Config {
+		c, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: pins})
+		require.NoError(t, err)
+		return c
+	}
+	cs, serr, cerr := handshake(t, scfg, client(pin(oldSt)))
+	require.NoError(t, serr)
+	require.NoError(t, cerr)
+	assert.Equal(t, oldSt.Cert.Certificate[0], cs.PeerCertificates[0].Raw)
+
+	cert.Store(newSt.Cert)
+	assert.Equal(t, newSt.Fingerprint(), cert.Fingerprint())
+	cs, serr, cerr = handshake(t, scfg, client(pin(newSt)))
+	require.NoError(t, serr)
+	require.NoError(t, cerr)
+	assert.Equal(t, newSt.Cert.Certificate[0], cs.PeerCertificates[0].Raw, "the new certificate from the next handshake")
+	_, _, cerr = handshake(t, scfg, client(pin(oldSt)))
+	require.ErrorIs(t, cerr, transport.ErrFingerprintMismatch, "a client pinning only the old one refuses it")
+}
+
+// TestLoadCertificate: the certificate a reload reads, from --cert-file or
+// the state dir, without creating anything; a key others may read is
+// refused as at start.
+func TestLoadCertificate(t *testing.T) {
+	t.Parallel()
+	st, dir := newState(t)
+	c, err := transport.LoadCertificate(dir, "", "")
+	require.NoError(t, err)
+	assert.Equal(t, st.Cert.Certificate, c.Certificate)
+
+	certFile, keyFile := filepath.Join(dir, transport.CertFileName), filepath.Join(dir, transport.KeyFileName)
+	c, err = transport.LoadCertificate("", certFile, keyFile)
+	require.NoError(t, err)
+	assert.Equal(t, st.Cert.Certificate, c.Certificate)
+
+	empty := t.TempDir()
+	_, err = transport.LoadCertificate(empty, "", "")
+	require.ErrorIs(t, err, os.ErrNotExist)
+	_, err = os.Stat(filepath.Join(empty, transport.CertFileName))
+	require.ErrorIs(t, err, os.ErrNotExist, "nothing created")
+
+	require.NoError(t, os.Chmod(keyFile, 0o644))
+	_, err = transport.LoadCertificate(dir, "", "")
+	require.ErrorIs(t, err, transport.ErrLoosePermissions)
+	_, err = transport.LoadCertificate("", certFile, keyFile)
+	require.ErrorIs(t, err, transport.ErrLoosePermissions)
 }
 
 func TestStickySessionCacheKeepsTicketOnDelete(t *testing.T) {

@@ -329,7 +329,7 @@ func startedOrAddrInUse(t *testing.T, d *daemon) bool {
 type clientOpts struct {
 	Token       string // --token-source (Fixed unless Args choose another plugin)
 	SecretFile  string // default: the server's
-	Fingerprint string // default: the server's
+	Fingerprint string // default: the server's; "-": none on the command line (a --config file gives it)
 	Args        []string
 	NoWait      bool // do not wait for the QUIC connection (readyz)
 }
@@ -347,8 +347,10 @@ func startClient(t *testing.T, srv *daemon, o clientOpts) *daemon {
 	for attempt := 1; ; attempt++ {
 		lp, adm := testutil.FreePort(t, "tcp"), testutil.FreePort(t, "tcp")
 		args := []string{"--listen-on", "tcp:127.0.0.1:" + strconv.Itoa(lp), "--server-endpoint", srv.Addr,
-			"--server-fingerprint", o.Fingerprint, "--token-source", o.Token,
-			"--httpd-listen-on", "127.0.0.1:" + strconv.Itoa(adm), "-v", "4"}
+			"--token-source", o.Token, "--httpd-listen-on", "127.0.0.1:" + strconv.Itoa(adm), "-v", "4"}
+		if o.Fingerprint != "-" {
+			args = append(args, "--server-fingerprint", o.Fingerprint)
+		}
 		if o.SecretFile != "-" {
 			args = append(args, "--secret-file", o.SecretFile)
 		}

@@ -280,7 +280,9 @@ func TestBadCredentialsThroughClient(t *testing.T) {
 		})
 	}
 	m := scrape(t, srv)
-	assert.Equal(t, 2.0, m.val("quictun_server_streams_total", "result", "auth_failed"))
+	// The wrong secret's tunnel and its hellos (one per connection: the no-secret client sends none).
+	assert.GreaterOrEqual(t, m.val("quictun_server_streams_total", "result", "auth_failed"), 2.0)
+	assert.GreaterOrEqual(t, m.val("quictun_server_auth_failures_total", "reason", "unknown_key"), 1.0, "the wrong secret's hello")
 	assert.GreaterOrEqual(t, m.val("quictun_server_connections_total", "result", "auth_failed"), 2.0)
 	assert.Equal(t, 0.0, m.val("quictun_server_streams_total", "result", "ok"))
 	assert.Equal(t, 0.0, m.val("quictun_server_dial_duration_seconds"), "no destination was dialed")

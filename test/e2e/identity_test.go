@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -104,4 +106,49 @@ func TestClientCertificateIdentity(t *testing.T) {
 	assert.Equal(t, "tcp:"+echo, tunnels[0].ServerAppAddr)
 	assert.Contains(t, strings.Split(tunnels[0].ClientIdentity, ","), "CN=ci-runner", "the certificate's identity, beside the key's")
 	require.NoError(t, live.CloseWrite())
+}
+
+// TestClientCertificateReload: the built client reads its --cert-file and
+// --key-file again on SIGHUP; its next connection presents the new
+// certificate in a full handshake (its session tickets are kept per client
+// certificate: a resumed session would show the server the old one).
+func TestClientCertificateReload(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	caFile, issue := testutil.ClientCAFiles(t)
+	certA, keyA := issue("runner-a")
+	certB, keyB := issue("runner-b")
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	copyFile := func(from, to string) {
+		b, err := os.ReadFile(from)
+		require.NoError(t, err)
+		replaceFile(t, to, b)
+	}
+	copyFile(certA, cert)
+	copyFile(keyA, key)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--client-ca-file", caFile}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: []string{"--cert-file", cert, "--key-file", key}})
+	require.NoError(t, echoVia(t, cl.Addr, "as runner-a"))
+	waitFor(t, ioTimeout, "runner-a authenticated", func() bool {
+		return strings.Contains(srv.log(), `clientSubject="CN=runner-a,O=quictun tests"`)
+	})
+
+	copyFile(keyB, key)
+	copyFile(certB, cert)
+	cl.signal(t, syscall.SIGHUP)
+	waitMetric(t, cl, ioTimeout, eq(1), "quictun_client_config_reloads_total", "result", "success")
+	require.NoError(t, echoVia(t, cl.Addr, "the open connection keeps runner-a"))
+
+	// A restart of the server makes the client connect again.
+	srv.signal(t, syscall.SIGTERM)
+	waitFor(t, 30*time.Second, "the server stopped", srv.exited)
+	srv2 := startServer(t, serverOpts{StateDir: srv.StateDir, SecretFile: srv.SecretFile, UDPPort: srv.udpPort, AdminPort: srv.adminPort,
+		Allow: []string{"tcp:" + echo}, Args: []string{"--client-ca-file", caFile}})
+	cl.waitReady(t)
+	require.NoError(t, echoVia(t, cl.Addr, "as runner-b"))
+	waitFor(t, ioTimeout, "runner-b authenticated", func() bool {
+		return strings.Contains(srv2.log(), `clientSubject="CN=runner-b,O=quictun tests"`)
+	})
+	assert.NotContains(t, srv2.log(), `clientSubject="CN=runner-a`)
 }

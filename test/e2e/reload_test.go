@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/transport"
 )
 
 // TestReloadOnSIGHUP: the built server takes new --allow rules and a new
@@ -145,4 +147,116 @@ func TestForwards(t *testing.T) {
 	assert.Equal(t, 1.0, scrape(t, srv).val("quictun_server_active_connections"), "all forwards share one QUIC connection")
 	_ = ca.Close()
 	_ = cb.Close()
+}
+
+// replaceFile writes content to path through a rename, as an operator's
+// tooling (or certbot) should, so a reader never sees half a file.
+func replaceFile(t *testing.T, path string, content []byte) {
+	t.Helper()
+	tmp := path + ".new"
+	require.NoError(t, os.WriteFile(tmp, content, 0o600))
+	require.NoError(t, os.Rename(tmp, path))
+}
+
+// TestServerCertificateRotation rotates the server's certificate without
+// restarting a client, on the built binaries (SECURITY.md, "Rotating the
+// server certificate"): a client pinned to OLD is reloaded to OLD,NEW and
+// keeps its open tunnel; the server's state dir gets the NEW certificate and
+// the server reloads it, the tunnel still open; a new client pinning only NEW
+// connects and verifies it; the reloaded client verifies NEW on its next
+// connection (the server restarted to force one) and is reloaded to NEW alone.
+func TestServerCertificateRotation(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}})
+	oldFP := srv.Fingerprint
+	newDir := filepath.Join(t.TempDir(), "new-state")
+	newFP := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", newDir).stdout)
+	require.NotEqual(t, oldFP, newFP)
+
+	cfg := writeFile(t, "client.yaml", "server-fingerprint: ["+oldFP+"]\n")
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Fingerprint: "-", Args: []string{"--config", cfg}})
+	live := dialApp(t, cl.Addr)
+	require.NoError(t, roundTrip(live, "before"))
+
+	// 1. The client accepts both certificates.
+	require.NoError(t, os.WriteFile(cfg, []byte("server-fingerprint: ["+oldFP+", "+newFP+"]\n"), 0o600))
+	cl.signal(t, syscall.SIGHUP)
+	waitMetric(t, cl, ioTimeout, eq(1), "quictun_client_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "the added pin logged", func() bool {
+		return strings.Contains(cl.log(), `serverFingerprintsAdded=["`+newFP+`"]`)
+	})
+	assert.NotContains(t, cl.log(), "needsRestart")
+	require.NoError(t, roundTrip(live, "the open tunnel after the client's reload"))
+
+	// 2. The server presents the new certificate: its files are replaced in
+	// the state dir, then a reload.
+	for _, f := range []string{transport.KeyFileName, transport.CertFileName} {
+		b, err := os.ReadFile(filepath.Join(newDir, f))
+		require.NoError(t, err)
+		replaceFile(t, filepath.Join(srv.StateDir, f), b)
+	}
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "the new certificate logged", func() bool {
+		return strings.Contains(srv.log(), `"Replaced the server certificate; new connections get the new one, open ones keep theirs" fingerprint="`+newFP+`"`)
+	})
+	require.NoError(t, roundTrip(live, "the open tunnel after the server's reload"))
+	require.NoError(t, echoVia(t, cl.Addr, "a new tunnel of the reloaded client"))
+	assert.Equal(t, newFP, strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", srv.StateDir).stdout))
+
+	// 3. A new client that pins only the new certificate connects.
+	fresh := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Fingerprint: newFP})
+	require.NoError(t, echoVia(t, fresh.Addr, "a client pinning NEW"))
+	assert.Contains(t, fresh.log(), `serverFingerprint="`+newFP+`"`)
+
+	// 4. The reloaded client's next connection verifies the new certificate
+	// (a full handshake: its tickets are kept per pin set).
+	require.NoError(t, live.CloseWrite())
+	srv.signal(t, syscall.SIGTERM)
+	waitFor(t, 30*time.Second, "the server stopped", srv.exited)
+	srv2 := startServer(t, serverOpts{StateDir: srv.StateDir, SecretFile: srv.SecretFile, UDPPort: srv.udpPort, AdminPort: srv.adminPort,
+		Allow: []string{"tcp:" + echo}})
+	require.Equal(t, newFP, srv2.Fingerprint)
+	cl.waitReady(t)
+	waitFor(t, ioTimeout, "the client reconnected to NEW", func() bool {
+		return strings.Contains(cl.log(), `serverFingerprint="`+newFP+`"`)
+	})
+	require.NoError(t, echoVia(t, cl.Addr, "after the reconnect"))
+
+	// 5. The old certificate is dropped from the client.
+	require.NoError(t, os.WriteFile(cfg, []byte("server-fingerprint: ["+newFP+"]\n"), 0o600))
+	cl.signal(t, syscall.SIGHUP)
+	waitMetric(t, cl, ioTimeout, eq(2), "quictun_client_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "the removed pin logged", func() bool {
+		return strings.Contains(cl.log(), `serverFingerprintsRemoved=["`+oldFP+`"]`)
+	})
+	require.NoError(t, echoVia(t, cl.Addr, "pinning NEW alone"))
+}
+
+// TestServerCertificateReloadRefusesBrokenFiles: a --cert-file that does not
+// load fails the reload as a whole; the server keeps presenting the
+// certificate it had.
+func TestServerCertificateReloadRefusesBrokenFiles(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	src := filepath.Join(t.TempDir(), "src")
+	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", src).stdout)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	for from, to := range map[string]string{transport.CertFileName: certFile, transport.KeyFileName: keyFile} {
+		b, err := os.ReadFile(filepath.Join(src, from))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(to, b, 0o600))
+	}
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--cert-file", certFile, "--key-file", keyFile}})
+
+	replaceFile(t, certFile, []byte("-----BEGIN CERTIFICATE-----\nbroken\n-----END CERTIFICATE-----\n"))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "failure")
+	waitFor(t, ioTimeout, "the failure logged", func() bool {
+		return strings.Contains(srv.log(), "Configuration reload failed") && strings.Contains(srv.log(), "server certificate")
+	})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Fingerprint: fp})
+	require.NoError(t, echoVia(t, cl.Addr, "the certificate it had"))
 }

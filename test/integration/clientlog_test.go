@@ -17,6 +17,7 @@ import (
 
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/transport"
 )
@@ -82,8 +83,9 @@ func TestWrongFingerprintLoggedAtDefaultVerbosity(t *testing.T) {
 }
 
 // TestConnectedLoggedOnceAndRefusedCredentialsNotReady: the first connection is logged
-// at -v 0; a client whose secret the server refuses logs an error with the
-// fix and is not ready until the server accepts a header again.
+// at -v 0; a client whose secret the server refuses learns it from its hello,
+// before any application connects: it logs an error with the fix and is
+// never ready, and becomes ready once its secret is fixed (a reload).
 func TestConnectedLoggedOnceAndRefusedCredentialsNotReady(t *testing.T) {
 	echo := testutil.EchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
@@ -93,23 +95,29 @@ func TestConnectedLoggedOnceAndRefusedCredentialsNotReady(t *testing.T) {
 
 	var bad logLines
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: []byte("not-the-right-secret-at-all"),
-		Logger: bad.logger(), WaitReady: true})
-	// Ready turns true when the handshake completes, just before the line is logged.
-	require.Eventually(t, func() bool { return bad.count("Connected to server") == 1 }, 5*time.Second, 10*time.Millisecond,
-		"the TLS handshake succeeds: %s", &bad)
-	refusedRead(t, cl.Addr)
-	require.Eventually(t, func() bool {
-		return bad.count("Server rejected our credentials", "same secret as the server's --secret-file") >= 1
-	}, 5*time.Second, 10*time.Millisecond, "logs: %s", &bad)
-	// It reconnects (TLS works) but stays not ready: the server refuses its tunnels.
-	require.Eventually(t, func() bool { return bad.count("Connected to server") >= 2 }, 10*time.Second, 10*time.Millisecond, "logs: %s", &bad)
-	assert.False(t, cl.Client.Ready(), "/readyz must be false while the server refuses our credentials")
+		Logger: bad.logger()})
+	fix := "same secret as the server's --secret-file"
+	// No application connects: the hello alone brings the refusal.
+	deadline := time.Now().Add(10 * time.Second)
+	for bad.count("Server rejected our credentials", fix) == 0 {
+		require.False(t, cl.Client.Ready(), "never ready with a wrong secret: %s", &bad)
+		require.Zero(t, promtest.ToFloat64(cl.Metrics.AcceptedTotal))
+		require.True(t, time.Now().Before(deadline), "no refusal logged without an application: %s", &bad)
+		time.Sleep(time.Millisecond) // polls Ready at every moment, from the start
+	}
+	require.Never(t, cl.Client.Ready, 500*time.Millisecond, 5*time.Millisecond, "/readyz false while the server refuses our credentials")
+	assert.GreaterOrEqual(t, promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(metrics.AuthUnknownKey)), 1.0,
+		"the server refused the hello's key")
+
+	cl.SetSecret(testutil.Secret) // the fix, as a reload gives it
+	require.Eventually(t, cl.Client.Ready, 5*time.Second, 5*time.Millisecond, "ready once the server accepts the new secret")
+	require.NoError(t, echoOK(cl.Addr))
 }
 
-// TestOldServerRefusingHeaderLoggedOnce: a server that cannot read our
-// stream header (one from before key IDs answers bad_header) makes the
-// client say at -v 0, once, to upgrade the server.
-func TestOldServerRefusingHeaderLoggedOnce(t *testing.T) {
+// refusingServer runs a QUIC server with quictun's TLS identity that resets
+// every stream with code, as older servers answer what they cannot read.
+func refusingServer(t *testing.T, code proto.Code) *testutil.Server {
+	t.Helper()
 	st, err := transport.LoadOrCreateState(t.TempDir(), "", "")
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -126,7 +134,7 @@ func TestOldServerRefusingHeaderLoggedOnce(t *testing.T) {
 		_ = tr.Close()
 		_ = pc.Close()
 	})
-	wg.Go(func() { // the "old server": every stream is refused with bad_header
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept(ctx)
 			if err != nil {
@@ -138,14 +146,22 @@ func TestOldServerRefusingHeaderLoggedOnce(t *testing.T) {
 					if err != nil {
 						return
 					}
-					s.CancelRead(proto.CodeBadHeader.StreamErrorCode())
-					s.CancelWrite(proto.CodeBadHeader.StreamErrorCode())
+					s.CancelRead(code.StreamErrorCode())
+					s.CancelWrite(code.StreamErrorCode())
 				}
 			})
 		}
 	})
+	return &testutil.Server{Addr: pc.LocalAddr().String(), State: st}
+}
+
+// TestOldServerRefusingHeaderLoggedOnce: a server that cannot read our
+// stream header (one from before key IDs answers bad_header) makes the
+// client say at -v 0, once, to upgrade the server. Its answer to the hello
+// tells nothing, so the client is ready once connected, as before the hello.
+func TestOldServerRefusingHeaderLoggedOnce(t *testing.T) {
 	var logs logLines
-	cl := testutil.StartClient(t, &testutil.Server{Addr: pc.LocalAddr().String(), State: st},
+	cl := testutil.StartClient(t, refusingServer(t, proto.CodeBadHeader),
 		testutil.ClientOptions{Token: "tcp:127.0.0.1:1", Logger: logs.logger(), WaitReady: true})
 	for range 3 {
 		refusedRead(t, cl.Addr)
@@ -153,4 +169,57 @@ func TestOldServerRefusingHeaderLoggedOnce(t *testing.T) {
 	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.StreamsTotal.WithLabelValues("bad_header")) == 3 },
 		5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, 1, logs.count("could not read our stream header", "upgrade it"), logs.String())
+}
+
+// TestHelloAnswers: how the client reads the answers to its hello of servers
+// that do not know it. A server that knows stream kinds but not the hello
+// verifies the MAC before it refuses the kind with unsupported: our
+// credentials are good, the client is ready. auth_failed is a refusal: not
+// ready. (bad_header: TestOldServerRefusingHeaderLoggedOnce.)
+func TestHelloAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		code  proto.Code
+		ready bool
+	}{
+		{proto.CodeUnsupported, true},
+		{proto.CodeAuthFailed, false},
+	} {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			cl := testutil.StartClient(t, refusingServer(t, tc.code), testutil.ClientOptions{Token: "tcp:127.0.0.1:1"})
+			if tc.ready {
+				require.Eventually(t, cl.Client.Ready, 10*time.Second, 5*time.Millisecond)
+				return
+			}
+			require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("ok")) >= 1 },
+				10*time.Second, 5*time.Millisecond)
+			require.Never(t, cl.Client.Ready, 500*time.Millisecond, 5*time.Millisecond)
+		})
+	}
+}
+
+// TestRefusedCredentialsLoggedOnce: a client with a wrong secret reconnects
+// again and again (each hello is refused), but its default log says
+// "Connected" and the refusal once each, not at every retry; once the
+// secret is fixed it says once that the server accepted it.
+func TestRefusedCredentialsLoggedOnce(t *testing.T) {
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	var logs logLines
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: []byte("not-the-right-secret-at-all"),
+		Logger: logs.logger(), Mutate: func(c *client.Config) { c.Backoff.Max = 50 * time.Millisecond }})
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.ReconnectsTotal) >= 4 }, 10*time.Second, 5*time.Millisecond,
+		"the client reconnects after each refusal")
+	refusedRead(t, cl.Addr) // an application's attempt is refused too
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.ReconnectsTotal) >= 6 }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 1, logs.count("Server rejected our credentials", "same secret as the server's --secret-file"), "logs: %s", &logs)
+	assert.Equal(t, 1, logs.count("Connected to server"), "reconnects after a refusal are logged at -v 2: %s", &logs)
+	assert.Zero(t, logs.count("Server accepted our credentials"))
+
+	cl.SetSecret(testutil.Secret)
+	require.Eventually(t, cl.Client.Ready, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return logs.count("Server accepted our credentials") == 1 }, 5*time.Second, 5*time.Millisecond,
+		"the recovery is logged: %s", &logs)
+	require.NoError(t, echoOK(cl.Addr))
+	assert.Equal(t, 1, logs.count("Server rejected our credentials"), "logs: %s", &logs)
+	assert.Equal(t, 1, logs.count("Connected to server"), "logs: %s", &logs)
 }

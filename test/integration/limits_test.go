@@ -38,24 +38,11 @@ func TestConnectionFloodFromOneAddress(t *testing.T) {
 	}})
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
 
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
-	require.NoError(t, err)
-	tr := &quic.Transport{Conn: pc}
-	t.Cleanup(func() { _ = tr.Close(); _ = pc.Close() })
-	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
-	require.NoError(t, err)
-	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}})
-	require.NoError(t, err)
-	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
-	sa, err := net.ResolveUDPAddr("udp", srv.Addr)
-	require.NoError(t, err)
-
+	from := dialerFrom(t, srv, net.IPv4(127, 0, 0, 2))
 	var opened []*quic.Conn
 	refused, legitFailures := 0, 0
 	for i := range 40 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		c, err := tr.Dial(ctx, sa, ctls, qconf)
-		cancel()
+		c, err := from.dial(2 * time.Second)
 		if err != nil {
 			var te *quic.TransportError
 			// Refused in the Initial: CONNECTION_REFUSED, or APPLICATION_ERROR

@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"net"
 	"runtime"
 	"sync"
 	"testing"
@@ -34,6 +36,53 @@ func attackerConn(t *testing.T, srv *testutil.Server) *quic.Conn {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.CloseWithError(0, "") })
 	return c
+}
+
+// sourceDialer dials a server from one source address, as a peer that pins
+// the server's certificate (as anyone can) but holds no secret.
+type sourceDialer struct {
+	tr     *quic.Transport
+	tls    *tls.Config
+	server *net.UDPAddr
+}
+
+// dialerFrom returns a sourceDialer for srv from ip (a loopback address
+// other than the clients', 127.0.0.1), closed when the test ends.
+func dialerFrom(t *testing.T, srv *testutil.Server, ip net.IP) *sourceDialer {
+	t.Helper()
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: ip})
+	require.NoError(t, err)
+	tr := &quic.Transport{Conn: pc}
+	t.Cleanup(func() { _ = tr.Close(); _ = pc.Close() })
+	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
+	require.NoError(t, err)
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}})
+	require.NoError(t, err)
+	sa, err := net.ResolveUDPAddr("udp", srv.Addr)
+	require.NoError(t, err)
+	return &sourceDialer{tr: tr, tls: ctls, server: sa}
+}
+
+// dial opens one connection within timeout.
+func (d *sourceDialer) dial(timeout time.Duration) (*quic.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return d.tr.Dial(ctx, d.server, d.tls, transport.QUICConfig(transport.DefaultQUICOptions()))
+}
+
+// attackerConnsFrom dials n connections to srv as attackerConn does, all
+// from one source address ip.
+func attackerConnsFrom(t *testing.T, srv *testutil.Server, ip net.IP, n int) []*quic.Conn {
+	t.Helper()
+	from := dialerFrom(t, srv, ip)
+	cs := make([]*quic.Conn, n)
+	for i := range cs {
+		c, err := from.dial(10 * time.Second)
+		require.NoError(t, err, "connection %d", i)
+		t.Cleanup(func() { _ = c.CloseWithError(0, "") })
+		cs[i] = c
+	}
+	return cs
 }
 
 // openHeaderless opens n streams on c and writes one byte on each (so the
@@ -134,13 +183,15 @@ func TestUnauthenticatedStreamFlood(t *testing.T) {
 }
 
 // TestAuthTimeout: a connection that opens streams but never presents a
-// verified header is closed once --auth-timeout has passed since its first
-// stream; an idle connection (no stream yet) is not timed.
+// verified header is closed with auth_failed once --auth-timeout has passed
+// since its first stream; a connection without streams is timed from its
+// handshake only (--idle-auth-timeout, TestIdleAuthTimeout).
 func TestAuthTimeout(t *testing.T) {
 	t.Parallel()
 	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
 		c.HeaderTimeout = time.Minute
 		c.AuthTimeout = 500 * time.Millisecond
+		c.IdleAuthTimeout = time.Minute
 		c.MaxUnverifiedStreamsPerConn = 4
 	}})
 	idle := attackerConn(t, srv)
@@ -148,8 +199,60 @@ func TestAuthTimeout(t *testing.T) {
 	require.Equal(t, 4, openHeaderless(c, 20, time.Second), "credit for the unverified budget only")
 	requireClosedByServer(t, c, proto.CodeAuthFailed, 30*time.Second)
 	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)))
-	require.NoError(t, idle.Context().Err(), "a connection without streams is left alone")
+	require.NoError(t, idle.Context().Err(), "a connection without streams is not timed by --auth-timeout")
 	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestIdleAuthTimeout: a connection that presents no verified header, and
+// opens no stream, is closed once --idle-auth-timeout has passed since its
+// handshake, with timeout (a client from before the hello just reconnects),
+// counted as auth_timeout. Before the hello such connections lived until the
+// client left.
+func TestIdleAuthTimeout(t *testing.T) {
+	t.Parallel()
+	const idle = 500 * time.Millisecond
+	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
+		c.AuthTimeout = time.Minute
+		c.IdleAuthTimeout = idle
+	}})
+	start := time.Now()
+	c := attackerConn(t, srv)
+	requireClosedByServer(t, c, proto.CodeTimeout, 30*time.Second)
+	assert.GreaterOrEqual(t, time.Since(start), idle, "not before the timeout")
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)))
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.ConnectionsTotal.WithLabelValues("auth_timeout")) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestHelloKeepsIdleClientConnected: a client with the secret proves it at
+// once on each connection (its hello), so it stays connected while idle far
+// beyond both deadlines. The hello is no tunnel: it is not in the registry
+// or the stream metrics of either end.
+func TestHelloKeepsIdleClientConnected(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.AuthTimeout = 200 * time.Millisecond
+		c.IdleAuthTimeout = 200 * time.Millisecond
+	}})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+	require.Never(t, func() bool {
+		return promtest.ToFloat64(cl.Metrics.ReconnectsTotal) > 0 || !cl.Ready()
+	}, 2*time.Second, 20*time.Millisecond, "connected and ready while idle for ten times the deadlines")
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)))
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.ActiveConnections))
+
+	assert.Zero(t, srv.Server.Registry().Len(), "the hello is not a tunnel")
+	assert.Zero(t, cl.Client.Registry().Len())
+	for _, c := range proto.AllCodes() {
+		assert.Zero(t, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(metrics.ResultLabel(c))), "server streams_total{result=%q}", c)
+		assert.Zero(t, promtest.ToFloat64(cl.Metrics.StreamsTotal.WithLabelValues(metrics.ResultLabel(c))), "client streams_total{result=%q}", c)
+	}
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.UnverifiedStreams))
+	require.NoError(t, echoOK(cl.Addr))
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(metrics.ResultOK)), "one tunnel, counted once")
+	assert.Zero(t, promtest.ToFloat64(cl.Metrics.ReconnectsTotal))
 }
 
 // TestUnverifiedStreamsServerBudget: past --max-unverified-streams across the
@@ -184,13 +287,18 @@ func TestUnverifiedStreamsServerBudget(t *testing.T) {
 		require.ErrorAs(t, err, &se, "stream %d", i)
 		assert.Equal(t, proto.CodeOverloaded.StreamErrorCode(), se.ErrorCode)
 	}
-	assert.Equal(t, 3.0, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit)))
+	require.Equal(t, 3.0, promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit)))
 	assert.Equal(t, 5.0, promtest.ToFloat64(srv.Metrics.UnverifiedStreams))
 	// A verified connection's streams do not need the server-wide budget.
-	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
-	// Its first stream does (the connection is not verified yet): free one.
-	held[0].CancelWrite(0)
-	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == 4 }, 10*time.Second, 5*time.Millisecond)
+	// Its first stream (the hello) does, as the connection is not verified
+	// yet: refused with overloaded, the client is not ready and tries again.
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo})
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit)) >= 4
+	}, 10*time.Second, 5*time.Millisecond, "the client's hello is refused")
+	assert.False(t, cl.Ready(), "not ready before the server accepted a header")
+	held[0].CancelWrite(0) // a place frees: the hello gets through
+	require.Eventually(t, cl.Ready, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, echoOK(cl.Addr))
 	var wg sync.WaitGroup
 	errs := make([]error, 20)
@@ -201,6 +309,60 @@ func TestUnverifiedStreamsServerBudget(t *testing.T) {
 	for i, err := range errs {
 		assert.NoError(t, err, "tunnel %d of a verified client", i)
 	}
+}
+
+// TestUnverifiedStreamsShareOfOneSource: one source (127.0.0.2) opens
+// header-less streams on many connections, enough to fill the server-wide
+// --max-unverified-streams budget. It gets only its share
+// (--max-unverified-streams-per-source); the rest are reset with overloaded
+// and counted, and a client with the secret on another address still gets
+// its first tunnel through, which needs a place in the server-wide budget.
+func TestUnverifiedStreamsShareOfOneSource(t *testing.T) {
+	t.Parallel()
+	const perConn, share, global, conns = 4, 16, 32, 8 // conns*perConn fills global
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.HeaderTimeout = time.Minute
+		c.AuthTimeout = time.Minute
+		c.MaxUnverifiedStreamsPerConn = perConn
+		c.MaxUnverifiedStreams = global
+		c.MaxUnverifiedStreamsPerSource = share
+	}})
+	var strs []*quic.Stream
+	for _, c := range attackerConnsFrom(t, srv, net.IPv4(127, 0, 0, 2), conns) {
+		for range perConn {
+			str, err := c.OpenStream()
+			require.NoError(t, err)
+			_, err = str.Write([]byte{1})
+			require.NoError(t, err)
+			strs = append(strs, str)
+		}
+	}
+	// Every stream is either held (waiting for its header) or reset.
+	reset := func() float64 {
+		return promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthSourceUnverifiedStreamsLimit)) +
+			promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthUnverifiedStreamsLimit))
+	}
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.UnverifiedStreams)+reset() == conns*perConn
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, float64(share), promtest.ToFloat64(srv.Metrics.UnverifiedStreams), "the source holds its share")
+	assert.Equal(t, float64(conns*perConn-share),
+		promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthSourceUnverifiedStreamsLimit)))
+	resets := 0
+	for _, str := range strs {
+		_ = str.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, err := str.Read(make([]byte, 1))
+		var se *quic.StreamError
+		if errors.As(err, &se) {
+			assert.Equal(t, proto.CodeOverloaded.StreamErrorCode(), se.ErrorCode)
+			resets++
+		}
+	}
+	assert.Equal(t, conns*perConn-share, resets, "the streams over the share are reset with overloaded")
+
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+	require.NoError(t, echoOK(cl.Addr), "a client on another address is served")
 }
 
 // TestBurstOfStreamsFromANewClient: a client with the secret that opens many

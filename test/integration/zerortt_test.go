@@ -104,10 +104,16 @@ func TestZeroRTTReplayRefused(t *testing.T) {
 	})
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: recordProxy, WaitReady: true})
 	echoCheck(t, dial(t, cl.Addr), 100) // gets a session ticket
+	// Record from before the server stops, so the capture holds the whole
+	// reconnect, its first Initial too.
+	recording.Store(true)
 	srv.Stop(t)
 	require.Eventually(t, func() bool { return !cl.Client.Ready() }, 5*time.Second, 5*time.Millisecond)
-	recording.Store(true)
 	c := dial(t, cl.Addr)
+	// The server comes back only once the client redialed (with 0-RTT, after
+	// a backoff): the tunnel's header then goes out as 0-RTT data, which is
+	// what is replayed below.
+	require.Eventually(t, func() bool { return len(cl.Client.ConnStats()) == 1 }, 5*time.Second, time.Millisecond)
 	srv2 := testutil.StartServer(t, testutil.ServerOptions{StateDir: state, Addr: srv.Addr, Allow: []string{"tcp:" + echo}})
 	_, err := c.Write([]byte("0-rtt request"))
 	require.NoError(t, err)

@@ -148,6 +148,22 @@ func (r *Reloader) ReloadOnce(logger klog.Logger, apply Apply, m *metrics.Reload
 	logger.Info("Configuration reloaded")
 }
 
+// Diff returns the values of next not in cur, and of cur not in next (what a
+// reload added and removed, for its log line).
+func Diff(cur, next []string) (added, removed []string) {
+	for _, v := range next {
+		if !slices.Contains(cur, v) {
+			added = append(added, v)
+		}
+	}
+	for _, v := range cur {
+		if !slices.Contains(next, v) {
+			removed = append(removed, v)
+		}
+	}
+	return added, removed
+}
+
 // Watch reloads on every SIGHUP until ctx is done.
 func (r *Reloader) Watch(ctx context.Context, apply Apply, m *metrics.Reload) {
 	sigs := make(chan os.Signal, 1)

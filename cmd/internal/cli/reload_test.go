@@ -151,3 +151,20 @@ func TestReload(t *testing.T) {
 	assert.Equal(t, 5.0, total(metrics.ReloadSuccess))
 	assert.Equal(t, 4.0, total(metrics.ReloadFailure))
 }
+
+func TestDiff(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cur, next, added, removed []string
+	}{
+		{nil, nil, nil, nil},
+		{[]string{"a"}, []string{"a"}, nil, nil},
+		{[]string{"a"}, []string{"a", "b"}, []string{"b"}, nil},
+		{[]string{"a", "b"}, []string{"b", "c"}, []string{"c"}, []string{"a"}},
+		{[]string{"a"}, nil, nil, []string{"a"}},
+	} {
+		added, removed := cli.Diff(tc.cur, tc.next)
+		assert.Equal(t, tc.added, added, "%v -> %v", tc.cur, tc.next)
+		assert.Equal(t, tc.removed, removed, "%v -> %v", tc.cur, tc.next)
+	}
+}

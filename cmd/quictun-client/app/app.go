@@ -3,7 +3,9 @@ package app
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"net"
@@ -54,7 +56,11 @@ func (o *Options) Run(ctx context.Context) error {
 	var cleanup cli.Cleanup
 	defer cleanup.Run()
 
-	tlsConf, err := o.tlsConfig(logger)
+	cache, err := o.sessionCache(logger)
+	if err != nil {
+		return err
+	}
+	tlsConf, err := o.tlsConfig(logger, cache)
 	if err != nil {
 		return err
 	}
@@ -114,7 +120,7 @@ func (o *Options) Run(ctx context.Context) error {
 	logger.Info("Tunnel configured", o.entriesLog()...)
 	return o.Serve(ctx, cli.Serving{
 		Side: "client", Service: c, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
-		Admin: adm, Reloader: o.reloader, Apply: o.applier(c, secret),
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(c, secret, cache),
 	})
 }
 
@@ -223,21 +229,28 @@ func openForward(f string, cleanup *cli.Cleanup) (client.Forward, error) {
 	return client.Forward{Listener: ln, Tokens: ts}, nil
 }
 
+// sessionCache returns the client's session ticket cache: in --session-file
+// (kept across restarts), or in memory. It lives as long as the client: a
+// reload builds a new TLS configuration around the same cache.
+func (o *Options) sessionCache(logger klog.Logger) (tls.ClientSessionCache, error) {
+	if o.SessionFile == "" {
+		return transport.NewStickySessionCache(16), nil
+	}
+	if err := transport.CheckPrivate("--session-file", o.SessionFile); err != nil {
+		return nil, err
+	}
+	return transport.NewFileSessionCache(o.SessionFile, 16, func(err error) {
+		logger.Error(err, "Session tickets", "file", o.SessionFile)
+	}), nil
+}
+
 // tlsConfig builds the client's TLS configuration: how it verifies the
-// server, its certificate for mutual TLS, and its session ticket cache.
-func (o *Options) tlsConfig(logger klog.Logger) (*tls.Config, error) {
+// server and its certificate for mutual TLS, with cache for session tickets.
+func (o *Options) tlsConfig(logger klog.Logger, cache tls.ClientSessionCache) (*tls.Config, error) {
 	topts := transport.ClientTLSOptions{
 		ServerName:         o.ServerName,
 		InsecureSkipVerify: o.InsecureSkipVerify,
-		SessionCache:       transport.NewStickySessionCache(16),
-	}
-	if o.SessionFile != "" {
-		if err := transport.CheckPrivate("--session-file", o.SessionFile); err != nil {
-			return nil, err
-		}
-		topts.SessionCache = transport.NewFileSessionCache(o.SessionFile, 16, func(err error) {
-			logger.Error(err, "Session tickets", "file", o.SessionFile)
-		})
+		SessionCache:       cache,
 	}
 	if topts.ServerName == "" {
 		host, _, _ := net.SplitHostPort(o.ServerEndpoint)
@@ -315,14 +328,23 @@ func listen(flag, spec string) (net.Listener, error) {
 
 // reloadableFlags are the client flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"token-source", "token-source-plugin", "secret-file"}
+var reloadableFlags = []string{"token-source", "token-source-plugin", "secret-file",
+	"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "cert-file", "key-file"}
 
 // applier returns the cli.Apply of a running client: the token source built
-// again (a File source re-reads its file) and the secret file read again.
-// Everything is read and checked before anything is applied.
-func (o *Options) applier(c *client.Client, secret []byte) cli.Apply {
+// again (a File source re-reads its file), the secret file read again, and
+// the TLS configuration built again (the pinned fingerprints, the CA file
+// and the client certificate files read again) around the same session
+// cache, for the connections dialed from then on. Everything is read and
+// checked before anything is applied.
+func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessionCache) cli.Apply {
+	pins, ca := o.ServerFingerprint, fileDigest(o.CAFile)
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
+		tlsConf, err := next.tlsConfig(klog.Background(), cache)
+		if err != nil {
+			return nil, err
+		}
 		var tokens client.TokenSource
 		if next.TokenSource != "" {
 			ts, err := token.NewSource(next.TokenSourcePlugin, next.TokenSource, nil)
@@ -338,6 +360,11 @@ func (o *Options) applier(c *client.Client, secret []byte) cli.Apply {
 		if tokens != nil {
 			c.SetTokens(tokens)
 		}
+		c.SetTLS(tlsConf)
+		pinsAdded, pinsRemoved := cli.Diff(pins, next.ServerFingerprint)
+		nextCA := fileDigest(next.CAFile)
+		caChanged := nextCA != ca
+		pins, ca = next.ServerFingerprint, nextCA
 		secretChanged := !bytes.Equal(newSecret, secret)
 		if secretChanged {
 			c.SetSecret(newSecret)
@@ -350,9 +377,24 @@ func (o *Options) applier(c *client.Client, secret []byte) cli.Apply {
 			}
 		}
 		klog.InfoS("Applied configuration changes", "tokenSourcePlugin", next.TokenSourcePlugin, "secretChanged", secretChanged,
-			"note", "open tunnels keep running; the token source and the secret apply to new local connections")
+			"serverFingerprintsAdded", pinsAdded, "serverFingerprintsRemoved", pinsRemoved, "caFileChanged", caChanged,
+			"note", "open tunnels keep running; the token source and the secret apply to new local connections, the server verification to new connections to the server")
 		return applied, nil
 	}
+}
+
+// fileDigest is the SHA-256 of file's contents, "" for no file or one that
+// cannot be read (to tell whether a reload changed it).
+func fileDigest(file string) string {
+	if file == "" {
+		return ""
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // clientSecret reads the secret a client authenticates with (nil without

@@ -103,7 +103,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.Forward, "forward", o.Forward, "LISTEN=DESTINATION, repeatable: one more local listener whose connections all go to DESTINATION, e.g. tcp:127.0.0.1:2222=tcp:127.0.0.1:22 (ssh) beside tcp:127.0.0.1:5433=tcp:10.0.0.5:5432; all forwards share one QUIC connection. --listen-on with --token-source is the single-forward form; with --forward alone, --token-source may be empty and --listen-on is not opened")
 	fs.StringVar(&o.TokenSource, "token-source", o.TokenSource, "the token source, e.g. tcp:127.0.0.1:22 for Fixed; tokens name tcp:HOST:PORT or unix:/path on the server side")
 
-	fs.StringSliceVar(&o.ServerFingerprint, "server-fingerprint", o.ServerFingerprint, "pin the server certificate: sha256:<hex> as printed by 'quictun-server fingerprint'; several (comma-separated or repeated) are each accepted, to rotate the server's key without downtime")
+	fs.StringSliceVar(&o.ServerFingerprint, "server-fingerprint", o.ServerFingerprint, "pin the server certificate: sha256:<hex> as printed by 'quictun-server fingerprint'; several (comma-separated or repeated) are each accepted, to rotate the server's key without downtime; reloaded on SIGHUP (from the config file) for new connections")
 	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "verify the server certificate against these PEM CAs")
 	fs.StringVar(&o.ServerName, "server-name", o.ServerName, "name to verify in the server certificate with --ca-file (default: the host of --server-endpoint)")
 	fs.BoolVar(&o.InsecureSkipVerify, "insecure-skip-verify", o.InsecureSkipVerify, "do not verify the server (anyone on the path can impersonate it)")

@@ -72,7 +72,7 @@ func (o *Options) Run(ctx context.Context) error {
 	var cleanup cli.Cleanup
 	defer cleanup.Run()
 
-	st, tlsConf, keys, err := o.identity(logger)
+	st, cert, tlsConf, keys, err := o.identity(logger)
 	if err != nil {
 		return err
 	}
@@ -117,12 +117,15 @@ func (o *Options) Run(ctx context.Context) error {
 		MaxConnections:         o.MaxConnections,
 
 		AuthTimeout:                 o.AuthTimeout,
+		IdleAuthTimeout:             o.IdleAuthTimeout,
 		MaxUnverifiedStreamsPerConn: o.MaxUnverifiedStreamsPerConn,
 		MaxUnverifiedStreams:        o.MaxUnverifiedStreams,
 		MaxReplayEntriesPerConn:     o.MaxReplayEntriesPerConn,
-		MaxUDPFlows:                 o.MaxUDPFlows,
-		MaxUDPFlowsPerConn:          o.MaxUDPFlowsPerConn,
-		UDPIdleTimeout:              o.UDPIdleTimeout,
+
+		MaxUnverifiedStreamsPerSource: o.MaxUnverifiedStreamsPerSource,
+		MaxUDPFlows:                   o.MaxUDPFlows,
+		MaxUDPFlowsPerConn:            o.MaxUDPFlowsPerConn,
+		UDPIdleTimeout:                o.UDPIdleTimeout,
 
 		DrainTimeout: o.DrainTimeout,
 		TailProbes:   o.TailProbes,
@@ -136,16 +139,17 @@ func (o *Options) Run(ctx context.Context) error {
 	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
 	return o.Serve(ctx, cli.Serving{
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
-		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, keys),
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, keys, cert),
 	})
 }
 
 // identity loads the server's certificate and keys (--state-dir or
-// --cert-file), the client CAs for mutual TLS and the shared secrets.
-func (o *Options) identity(logger klog.Logger) (*transport.State, *tls.Config, *proto.Keyring, error) {
+// --cert-file), the client CAs for mutual TLS and the shared secrets. The
+// certificate is presented through cert, which a reload replaces.
+func (o *Options) identity(logger klog.Logger) (*transport.State, *transport.ServerCertificate, *tls.Config, *proto.Keyring, error) {
 	st, err := transport.LoadOrCreateState(o.StateDir, o.CertFile, o.KeyFile)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if st.Generated {
 		logger.Info("Generated a self-signed server certificate", "stateDir", o.StateDir)
@@ -154,17 +158,18 @@ func (o *Options) identity(logger klog.Logger) (*transport.State, *tls.Config, *
 	var clientCAs *x509.CertPool
 	if o.ClientCAFile != "" {
 		if clientCAs, err = transport.LoadCertPool(o.ClientCAFile); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 	}
 	keys, err := loadKeys(o.SecretFile, o.KeysFile)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if o.InsecureNoAuth {
 		logger.Info("WARNING: client authentication is disabled (--insecure-no-auth)")
 	}
-	return st, transport.ServerTLSConfig(st, clientCAs), keys, nil
+	cert := transport.NewServerCertificate(st.Cert)
+	return st, cert, transport.ServerTLSConfigFor(cert, st.TicketKey, clientCAs), keys, nil
 }
 
 // destinations parses the destination rules and the token parser.
@@ -204,15 +209,22 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cert-file", "key-file"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
-// rules, and the secret file read again (its keys may change under the same
-// name). Everything is read and checked before anything is applied.
-func (o *Options) applier(srv *server.Server, keys *proto.Keyring) cli.Apply {
+// rules, the secret file read again (its keys may change under the same
+// name), and the certificate read again (--cert-file and --key-file, or the
+// one in --state-dir: files replaced in place are picked up). Everything is
+// read and checked before anything is applied.
+func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transport.ServerCertificate) cli.Apply {
 	rules, deny, allowFor := o.Allow, o.Deny, o.AllowFor
+	stateDir := o.StateDir // a new --state-dir takes a restart (its reset and ticket keys)
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
+		newCert, err := transport.LoadCertificate(stateDir, next.CertFile, next.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("server certificate: %w", err)
+		}
 		allow, err := endpoint.ParseRules(next.Allow, next.Deny)
 		if err != nil {
 			return nil, err
@@ -230,7 +242,7 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring) cli.Apply {
 		modeChange := (newKeys.Len() > 0) != (keys.Len() > 0)
 		var keysAdded, keysRemoved []string
 		if !modeChange {
-			keysAdded, keysRemoved = diffRules(keyLabels(keys), keyLabels(newKeys))
+			keysAdded, keysRemoved = cli.Diff(keyLabels(keys), keyLabels(newKeys))
 		}
 		if len(keysAdded)+len(keysRemoved) > 0 {
 			if err := srv.SetKeys(newKeys); err != nil {
@@ -244,9 +256,14 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring) cli.Apply {
 				applied = append(applied, name)
 			}
 		}
-		added, removed := diffRules(rules, next.Allow)
-		deniedAdded, deniedRemoved := diffRules(deny, next.Deny)
-		forAdded, forRemoved := diffRules(allowFor, next.AllowFor)
+		if old, fp := cert.Fingerprint(), transport.Fingerprint(newCert.Certificate[0]); fp != old {
+			cert.Store(newCert)
+			klog.InfoS("Replaced the server certificate; new connections get the new one, open ones keep theirs",
+				"fingerprint", fp, "previousFingerprint", old, "hint", "clients must pin "+fp+" (--server-fingerprint) or trust its CA")
+		}
+		added, removed := cli.Diff(rules, next.Allow)
+		deniedAdded, deniedRemoved := cli.Diff(deny, next.Deny)
+		forAdded, forRemoved := cli.Diff(allowFor, next.AllowFor)
 		if len(added)+len(removed)+len(deniedAdded)+len(deniedRemoved)+len(forAdded)+len(forRemoved) > 0 {
 			srv.SetAllowList(allow, byIdentity)
 			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
@@ -357,19 +374,4 @@ func splitAllowFor(spec string) (identity, rule string, err error) {
 		return "", "", fmt.Errorf("--allow-for %q: the identity is CN=NAME (client certificate) or key=NAME (--keys-file key), not %s=", spec, kind)
 	}
 	return kind + "=" + name, rule, nil
-}
-
-// diffRules returns the rules of next not in cur, and of cur not in next.
-func diffRules(cur, next []string) (added, removed []string) {
-	for _, r := range next {
-		if !slices.Contains(cur, r) {
-			added = append(added, r)
-		}
-	}
-	for _, r := range cur {
-		if !slices.Contains(next, r) {
-			removed = append(removed, r)
-		}
-	}
-	return added, removed
 }

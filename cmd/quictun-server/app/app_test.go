@@ -72,8 +72,16 @@ func TestValidate(t *testing.T) {
 		{"no connections", func(o *Options) { o.MaxConnections = 0 }, []string{"--max-connections"}},
 		{"no unverified streams per conn", func(o *Options) { o.MaxUnverifiedStreamsPerConn = 0 }, []string{"--max-unverified-streams-per-conn"}},
 		{"no unverified streams", func(o *Options) { o.MaxUnverifiedStreams = -1 }, []string{"--max-unverified-streams and"}},
+		{"unverified streams per source set", func(o *Options) { o.MaxUnverifiedStreamsPerSource = 64 }, nil},
+		{"unverified streams per source negative", func(o *Options) { o.MaxUnverifiedStreamsPerSource = -1 },
+			[]string{"--max-unverified-streams-per-source must not be negative"}},
+		{"unverified streams per source over the budget", func(o *Options) { o.MaxUnverifiedStreamsPerSource = 2000 },
+			[]string{"--max-unverified-streams-per-source (2000) must be between --max-unverified-streams-per-conn (16) and --max-unverified-streams (1024)"}},
+		{"unverified streams per source under one connection's", func(o *Options) { o.MaxUnverifiedStreamsPerSource = 8 },
+			[]string{"--max-unverified-streams-per-source (8) must be between"}},
 		{"no replay entries per conn", func(o *Options) { o.MaxReplayEntriesPerConn = 0 }, []string{"--max-replay-entries-per-conn must be at least 1"}},
-		{"auth timeout 0", func(o *Options) { o.AuthTimeout = 0 }, []string{"--auth-timeout must be positive"}},
+		{"auth timeout 0", func(o *Options) { o.AuthTimeout = 0 }, []string{"--auth-timeout and --idle-auth-timeout must be positive"}},
+		{"idle auth timeout 0", func(o *Options) { o.IdleAuthTimeout = 0 }, []string{"--auth-timeout and --idle-auth-timeout must be positive"}},
 		{"udp flow limits", func(o *Options) { o.MaxUDPFlowsPerConn = 0; o.UDPIdleTimeout = -1 },
 			[]string{"--max-udp-flows and --max-udp-flows-per-conn must be at least 1", "--udp-idle-timeout must be positive"}},
 		{"udp rules", func(o *Options) { o.Allow = []string{"dns=udp:10.0.0.53:53"}; o.Deny = []string{"udp:10.9.0.0/16:*"} }, nil},
@@ -112,6 +120,7 @@ func TestNewOptionsDefaults(t *testing.T) {
 	def := server.DefaultConfig()
 	assert.Equal(t, def.MaxConnections, o.MaxConnections)
 	assert.Equal(t, def.AuthTimeout, o.AuthTimeout)
+	assert.Equal(t, def.IdleAuthTimeout, o.IdleAuthTimeout)
 	assert.Equal(t, def.MaxUnverifiedStreamsPerConn, o.MaxUnverifiedStreamsPerConn)
 	assert.Equal(t, def.MaxUnverifiedStreams, o.MaxUnverifiedStreams)
 	assert.Equal(t, 16384, o.MaxReplayEntriesPerConn)

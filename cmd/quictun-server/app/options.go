@@ -50,9 +50,13 @@ type Options struct {
 	Disable0RTT        bool
 
 	AuthTimeout                 time.Duration
+	IdleAuthTimeout             time.Duration
 	MaxUnverifiedStreamsPerConn int
 	MaxUnverifiedStreams        int
-	MaxReplayEntriesPerConn     int
+	// MaxUnverifiedStreamsPerSource: 0 means
+	// server.DefaultUnverifiedStreamsPerSource.
+	MaxUnverifiedStreamsPerSource int
+	MaxReplayEntriesPerConn       int
 
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
@@ -87,6 +91,7 @@ func NewOptions() *Options {
 		MaxConnections:     def.MaxConnections,
 
 		AuthTimeout:                 def.AuthTimeout,
+		IdleAuthTimeout:             def.IdleAuthTimeout,
 		MaxUnverifiedStreamsPerConn: def.MaxUnverifiedStreamsPerConn,
 		MaxUnverifiedStreams:        def.MaxUnverifiedStreams,
 		MaxReplayEntriesPerConn:     def.MaxReplayEntries / 64,
@@ -105,7 +110,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "udp-idle-timeout"}},
-	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-replay-entries-per-conn"}},
+	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "idle-auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-unverified-streams-per-source", "max-replay-entries-per-conn"}},
 }
 
 // Config returns the config-file flags.
@@ -141,9 +146,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.HandshakeRate, "handshake-rate", o.HandshakeRate, "new QUIC connections per second per source IP (burst twice that); a source past half its burst must first prove its address (one Retry round trip); 0 = unlimited")
 	fs.IntVar(&o.MaxConnsPerSource, "max-conns-per-source", o.MaxConnsPerSource, "open QUIC connections per source IP (an IPv6 source counts by its /64); more are closed with overloaded; 0 = unlimited")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "open QUIC connections in total; more are refused (quictun_server_refused_connections_total{reason=\"max_connections\"})")
-	fs.DurationVar(&o.AuthTimeout, "auth-timeout", o.AuthTimeout, "with --secret-file: a connection must present a stream header with a valid MAC within this long of its first stream, or it is closed with auth_failed (idle connections are not timed)")
+	fs.DurationVar(&o.AuthTimeout, "auth-timeout", o.AuthTimeout, "with --secret-file: a connection must present a stream header with a valid MAC within this long of its first stream, or it is closed with auth_failed")
+	fs.DurationVar(&o.IdleAuthTimeout, "idle-auth-timeout", o.IdleAuthTimeout, "with --secret-file: a connection must present a stream header with a valid MAC within this long of its handshake, streams or not, or it is closed (clients send one at once, a hello; a client from before the hello that sits idle is closed with timeout and reconnects); kept above the 30 s after which clients reset their reconnect backoff")
 	fs.IntVar(&o.MaxUnverifiedStreamsPerConn, "max-unverified-streams-per-conn", o.MaxUnverifiedStreamsPerConn, "with --secret-file, a connection's stream credit until it presents a header with a valid MAC (then --max-streams-per-conn); and the streams per connection served before their header is verified")
 	fs.IntVar(&o.MaxUnverifiedStreams, "max-unverified-streams", o.MaxUnverifiedStreams, "streams, server-wide, of connections that have not yet presented a verified header; more are reset with overloaded")
+	fs.IntVar(&o.MaxUnverifiedStreamsPerSource, "max-unverified-streams-per-source", o.MaxUnverifiedStreamsPerSource, "one source's share of --max-unverified-streams (a source is an IPv4 address or an IPv6 /64), so one source cannot take the whole budget and have new clients' first tunnels reset; more are reset with overloaded; 0 = an eighth of --max-unverified-streams (128), at least --max-unverified-streams-per-conn")
 	fs.IntVar(&o.MaxReplayEntriesPerConn, "max-replay-entries-per-conn", o.MaxReplayEntriesPerConn, "stream-header nonces one connection may record in the replay cache (1,048,576 entries) per 2-minute window; beyond it 1-RTT streams go unrecorded and 0-RTT streams are reset with overloaded")
 	fs.IntVar(&o.MaxUDPFlows, "max-udp-flows", o.MaxUDPFlows, "UDP flows open on the server (each holds a UDP socket to its destination and a 64 KiB buffer); more are refused with overloaded")
 	fs.IntVar(&o.MaxUDPFlowsPerConn, "max-udp-flows-per-conn", o.MaxUDPFlowsPerConn, "UDP flows open on one client connection; more are refused with overloaded")
@@ -197,8 +204,14 @@ func (o *Options) Validate() error {
 	if o.MaxConnections < 1 || o.MaxUnverifiedStreamsPerConn < 1 || o.MaxUnverifiedStreams < 1 || o.MaxReplayEntriesPerConn < 1 {
 		add("--max-connections, --max-unverified-streams-per-conn, --max-unverified-streams and --max-replay-entries-per-conn must be at least 1")
 	}
-	if o.AuthTimeout <= 0 {
-		add("--auth-timeout must be positive")
+	if n := o.MaxUnverifiedStreamsPerSource; n < 0 {
+		add("--max-unverified-streams-per-source must not be negative")
+	} else if n > 0 && (n < o.MaxUnverifiedStreamsPerConn || n > o.MaxUnverifiedStreams) {
+		add("--max-unverified-streams-per-source (%d) must be between --max-unverified-streams-per-conn (%d) and --max-unverified-streams (%d): it is one source's share of the server-wide budget, and one connection's budget must fit in it",
+			n, o.MaxUnverifiedStreamsPerConn, o.MaxUnverifiedStreams)
+	}
+	if o.AuthTimeout <= 0 || o.IdleAuthTimeout <= 0 {
+		add("--auth-timeout and --idle-auth-timeout must be positive")
 	}
 	if o.MaxUDPFlows < 1 || o.MaxUDPFlowsPerConn < 1 {
 		add("--max-udp-flows and --max-udp-flows-per-conn must be at least 1")
