@@ -44,15 +44,16 @@ func newRootCommand() *cobra.Command {
 
 func newRunCommand() *cobra.Command {
 	var (
-		profile, binDir, out, prefix string
-		variants, scenarios          []string
-		congestion, directCC         []string
-		serverArgs, clientArgs       []string
-		reps                         int
-		skipChecks                   bool
-		tcpCC                        string
-		spin, maxDuration            time.Duration
-		blackoutBulk                 []time.Duration
+		profile, binDir, binDirB string
+		out, prefix              string
+		variants, scenarios      []string
+		congestion, directCC     []string
+		serverArgs, clientArgs   []string
+		reps                     int
+		skipChecks               bool
+		tcpCC                    string
+		spin, maxDuration        time.Duration
+		blackoutBulk             []time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -79,7 +80,7 @@ func newRunCommand() *cobra.Command {
 				}
 			}
 			opts := harness.Options{
-				Profile: p, BinDir: binDir, ResultsDir: out, Prefix: prefix,
+				Profile: p, BinDir: binDir, BinDirB: binDirB, ResultsDir: out, Prefix: prefix,
 				Variants: variants, Scenarios: scenarios, Reps: reps,
 				ServerArgs: serverArgs, ClientArgs: clientArgs, SkipChecks: skipChecks, Spin: spin, TCPCC: tcpCC,
 			}
@@ -102,6 +103,7 @@ func newRunCommand() *cobra.Command {
 	fs := cmd.Flags()
 	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout), cc (~15 minutes: bulk under loss, fairness, blackout under load, per congestion controller) stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) or full (every scenario)")
 	fs.StringVar(&binDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
+	fs.StringVar(&binDirB, "bin-b", "", "directory of another build of the daemons, run as variant quictun-b beside quictun (before/after in one run; select it with --variants ...,quictun-b)")
 	fs.StringVar(&out, "out", "bench/results", "results directory; each run writes <out>/<UTC date>/")
 	fs.StringVar(&prefix, "prefix", "qb", "network namespace prefix (<prefix>-c, <prefix>-s)")
 	fs.StringSliceVar(&variants, "variants", nil, "variants to run, by name (direct-cubic, quictun-bbr) or family (direct, kcptun, quictun); default: the profile's (stn: direct,quictun), else every available one. Opt-in: quictun-socks5 (the quictun daemons probed through a --proxy socks5: entry point)")

@@ -24,6 +24,7 @@ import (
 type Options struct {
 	Profile    Profile
 	BinDir     string   // latency-client and quictun binaries
+	BinDirB    string   // another build of the daemons, run as variant quictun-b (before/after in one run)
 	ResultsDir string   // parent of the <date> directory
 	Prefix     string   // namespace prefix
 	Variants   []string // empty: every available one
@@ -294,6 +295,14 @@ func (r *Runner) candidates(ctx context.Context) ([]Variant, error) {
 			q.SOCKS = true
 			cands = append(cands, s)
 		}
+	}
+	if r.opts.BinDirB != "" {
+		if !QuictunAvailable(r.opts.BinDirB) {
+			return nil, fmt.Errorf("--bin-b: %s/quictun-{server,client} are not built", r.opts.BinDirB)
+		}
+		// The second build runs with the first congestion controller named.
+		cands = append(cands, &quictun{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs, Congestion: ccs[0],
+			Instance: len(ccs), BinDir: r.opts.BinDirB, Label: "quictun-b"})
 	}
 	return cands, nil
 }

@@ -98,3 +98,19 @@ func TestRunTeardownOnEarlyError(t *testing.T) {
 	assert.False(t, netns.Exists(c), "namespace %s left behind", c)
 	assert.False(t, netns.Exists(s), "namespace %s left behind", s)
 }
+
+// TestRunSecondBuild runs a second build of the daemons (--bin-b, here the
+// same binaries) as variant quictun-b beside quictun, interleaved in the
+// same run, each with its own ports and samples.
+func TestRunSecondBuild(t *testing.T) {
+	res, _, p := runTunnelSmoke(t, "h2", func(o *Options) { o.BinDirB = o.BinDir }, ScLatency)
+	assert.Equal(t, []string{"direct", "quictun", "quictun-b"}, res.Variants)
+	seen := map[string]int{}
+	for _, smp := range res.Samples {
+		seen[smp.Variant]++
+		assert.Empty(t, smp.Error, "%s/%s", smp.Link, smp.Variant)
+	}
+	for _, v := range res.Variants {
+		assert.Equal(t, len(p.LatencyLinks), seen[v], "latency samples of %s", v)
+	}
+}

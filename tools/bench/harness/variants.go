@@ -295,9 +295,20 @@ type quictun struct {
 	// Instance numbers the quictun variants of a run (ports, files).
 	Instance int
 	// SOCKS opens a SOCKS5 entry point on the echo client (quictunSOCKS).
-	SOCKS   bool
-	server  *Proc
-	clients map[string]*Proc
+	SOCKS bool
+	// BinDir, if set, holds this instance's daemons instead of Env.BinDir,
+	// and Label names it: another build beside the first (before/after).
+	BinDir, Label string
+	server        *Proc
+	clients       map[string]*Proc
+}
+
+// bin is the path of one of this instance's daemons.
+func (q *quictun) bin(env *Env, name string) string {
+	if q.BinDir != "" {
+		return filepath.Join(q.BinDir, name)
+	}
+	return env.bin(name)
 }
 
 // Ports of instance 0; instance k adds 10*k (the UDP port adds k).
@@ -314,6 +325,9 @@ const (
 )
 
 func (q *quictun) Name() string {
+	if q.Label != "" {
+		return q.Label
+	}
 	if q.Congestion == "" {
 		return "quictun"
 	}
@@ -359,7 +373,7 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 	}
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(fctx, env.bin("quictun-server"), "fingerprint", "--state-dir", state).Output()
+	out, err := exec.CommandContext(fctx, q.bin(env, "quictun-server"), "fingerprint", "--state-dir", state).Output()
 	if err != nil {
 		return fmt.Errorf("quictun-server fingerprint: %w", err)
 	}
@@ -375,7 +389,7 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 		"--httpd-listen-on", q.local(qtServerAdminPort),
 	}, q.ccArgs()...)
 	args = append(args, q.ServerArgs...)
-	q.server, err = StartProc(q.file("quictun-server"), env.ServerNS, filepath.Join(env.LogDir, q.file("quictun-server.log")), env.bin("quictun-server"), args...)
+	q.server, err = StartProc(q.file("quictun-server"), env.ServerNS, filepath.Join(env.LogDir, q.file("quictun-server.log")), q.bin(env, "quictun-server"), args...)
 	if err != nil {
 		return err
 	}
@@ -400,7 +414,7 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 			args = append(args, "--proxy", "socks5:"+q.local(qtSOCKSLocal))
 		}
 		args = append(args, q.ClientArgs...)
-		p, err := StartProc(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), env.bin("quictun-client"), args...)
+		p, err := StartProc(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), q.bin(env, "quictun-client"), args...)
 		if err != nil {
 			return err
 		}
