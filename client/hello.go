@@ -98,7 +98,7 @@ func sayHello(conn *quic.Conn, secret []byte) error {
 	if err != nil {
 		return err
 	}
-	b, err := h.Append(make([]byte, 0, proto.MaxHeaderLen), secret)
+	b, err := h.Append(nil, secret)
 	if err != nil {
 		return err
 	}

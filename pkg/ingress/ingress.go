@@ -179,7 +179,7 @@ func (h *Handler) header(token string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return hdr.Append(make([]byte, 0, proto.MaxHeaderLen), h.cfg.Secret())
+	return hdr.Append(nil, h.cfg.Secret())
 }
 
 // proxyRequestTimeout bounds reading a proxy request (SOCKS5, CONNECT).

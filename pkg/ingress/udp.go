@@ -191,7 +191,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	var hb []byte
 	if err == nil {
 		hdr.Kind = proto.KindUDP
-		hb, err = hdr.Append(make([]byte, 0, proto.MaxHeaderLen), h.cfg.Secret())
+		hb, err = hdr.Append(nil, h.cfg.Secret())
 	}
 	if err == nil {
 		_, err = str.Write(hb)

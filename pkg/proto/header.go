@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 )
 
@@ -135,6 +136,9 @@ func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 	if len(h.Token) == 0 || len(h.Token) > MaxTokenLen {
 		return nil, fmt.Errorf("%w: token length %d not in 1..%d", ErrBadHeader, len(h.Token), MaxTokenLen)
 	}
+	// One allocation of the size this header can take at most, not of
+	// MaxHeaderLen (1 KiB more per tunnel for a short token).
+	b = slices.Grow(b, fixedLen+len(h.Token)+KeyIDLen+1+MACLen)
 	start := len(b)
 	var flags byte
 	if len(secret) > 0 {
