@@ -57,6 +57,11 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		f.fail(proto.CodeDialFailed, "UDP socket for the destination failed", "destination", f.dest.String(), "err", err)
 		return
 	}
+	if bc, ok := nc.(udpflow.BufferedConn); ok {
+		if err := udpflow.SetSocketBuffers(bc); err != nil {
+			f.logger.V(2).Info("Could not raise the UDP socket's buffers; bursts may overflow it", "err", err)
+		}
+	}
 	id := uint64(str.StreamID())
 	r := &udpflow.Relay{
 		Stream: str,

@@ -82,6 +82,9 @@ func (h *Handler) ServeUDP(ctx context.Context, pc *net.UDPConn, tokens TokenSou
 func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, handlers *sync.WaitGroup) {
 	logger := klog.FromContext(ctx)
 	m := h.cfg.Metrics.UDP
+	if err := udpflow.SetSocketBuffers(pc); err != nil {
+		logger.Info("Could not raise the UDP socket's buffers; bursts may overflow it", "address", pc.LocalAddr().String(), "err", err)
+	}
 	var mu sync.Mutex
 	flows := map[flowKey]*udpFlow{}
 	defer func() {
