@@ -14,7 +14,6 @@ import (
 	"github.com/quictun/quictun/pkg/dgram"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/proto"
-	"github.com/quictun/quictun/pkg/udpflow"
 )
 
 // monitor runs the session's datagram receiver, tail prober and heartbeats,
@@ -48,10 +47,7 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 		return
 	}
 	recv := liveness.NewReceiver(conn, false, 0, &c.liveness)
-	mux := dgram.NewMux(recv.Invalid)
-	recv.Register(mux)
-	mux.Handle(udpflow.TypeUDP, sess.Flows.Handle)
-	wg.Go(func() { mux.Run(mctx, conn) })
+	wg.Go(func() { dgram.Serve(mctx, conn, recv.Invalid, c.cfg.Metrics.UDP.ReceiveQueueDrops, recv, sess.Flows) })
 	wg.Go(func() { sess.Prober.Run(mctx) })
 	if c.cfg.HeartbeatInterval <= 0 {
 		<-mctx.Done()

@@ -559,10 +559,7 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 		prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
 			WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
 		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
-		mux := dgram.NewMux(recv.Invalid)
-		recv.Register(mux)
-		mux.Handle(udpflow.TypeUDP, flows.Handle)
-		streams.Go(func() { mux.Run(conn.Context(), conn) })
+		streams.Go(func() { dgram.Serve(conn.Context(), conn, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, flows) })
 		streams.Go(func() { prober.Run(conn.Context()) })
 	}
 	gate := &connGate{

@@ -8,6 +8,8 @@ package dgram
 import (
 	"context"
 	"fmt"
+
+	"github.com/quic-go/quic-go"
 )
 
 // Conn is the part of *quic.Conn the Mux reads from.
@@ -53,3 +55,40 @@ func (m *Mux) Run(ctx context.Context, c Conn) {
 		}
 	}
 }
+
+// Registrar adds its handlers to a Mux (liveness.Receiver, udpflow.Table).
+type Registrar interface {
+	Register(m *Mux)
+}
+
+// StatsConn is the part of *quic.Conn Serve uses.
+type StatsConn interface {
+	Conn
+	ConnectionStats() quic.ConnectionStats
+}
+
+// Serve is a connection's datagram goroutine: it routes c's datagrams to
+// the handlers rs register (other types to unknown, which may be nil) until
+// ctx is done or the connection ends. quic-go keeps the datagrams that
+// arrive while this goroutine is behind in a bounded queue and discards
+// more (third_party/quic-go patch 0006 counts them); each time the count
+// grows, dropped (which may be nil) is called with how many more.
+func Serve(ctx context.Context, c StatsConn, unknown func([]byte), dropped func(n int), rs ...Registrar) {
+	m := NewMux(unknown)
+	for _, r := range rs {
+		r.Register(m)
+	}
+	var seen uint64
+	m.Run(ctx, receiveFunc(func(ctx context.Context) ([]byte, error) {
+		b, err := c.ReceiveDatagram(ctx)
+		if n := c.ConnectionStats().DatagramsDropped; n > seen && dropped != nil {
+			dropped(int(n - seen))
+			seen = n
+		}
+		return b, err
+	}))
+}
+
+type receiveFunc func(ctx context.Context) ([]byte, error)
+
+func (f receiveFunc) ReceiveDatagram(ctx context.Context) ([]byte, error) { return f(ctx) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -37,4 +38,43 @@ func TestMuxRoutesByType(t *testing.T) {
 	assert.Equal(t, []string{"H:Hbeat", "U:Uflow", "unknown:Xjunk", "unknown:", "H:H2"}, got)
 	require.Panics(t, func() { m.Handle('H', func([]byte) {}) }, "a type registered twice")
 	dgram.NewMux(nil).Run(context.Background(), &queue{[]byte("Z")}) // no handler at all: dropped
+}
+
+// statsQueue is a queue whose connection reports drops: after the i-th
+// call of ReceiveDatagram, drops[i] in all.
+type statsQueue struct {
+	queue
+	drops []uint64
+	i     int
+}
+
+func (q *statsQueue) ReceiveDatagram(ctx context.Context) ([]byte, error) {
+	q.i++
+	return q.queue.ReceiveDatagram(ctx)
+}
+
+func (q *statsQueue) ConnectionStats() quic.ConnectionStats {
+	return quic.ConnectionStats{DatagramsDropped: q.drops[min(q.i, len(q.drops)-1)]}
+}
+
+type registrar struct {
+	t   byte
+	got *[]string
+}
+
+func (r registrar) Register(m *dgram.Mux) {
+	m.Handle(r.t, func(b []byte) { *r.got = append(*r.got, string(b)) })
+}
+
+func TestServeRegistersAndCountsDrops(t *testing.T) {
+	t.Parallel()
+	var got, unknown []string
+	var dropped []int
+	q := &statsQueue{queue: queue{[]byte("Ha"), []byte("Ub"), []byte("Xc"), []byte("Ud")}, drops: []uint64{0, 0, 3, 3, 3, 5}}
+	dgram.Serve(context.Background(), q, func(b []byte) { unknown = append(unknown, string(b)) },
+		func(n int) { dropped = append(dropped, n) }, registrar{'H', &got}, registrar{'U', &got})
+	assert.Equal(t, []string{"Ha", "Ub", "Ud"}, got)
+	assert.Equal(t, []string{"Xc"}, unknown)
+	assert.Equal(t, []int{3, 2}, dropped, "each growth of the count once, the last one seen as the connection ended")
+	dgram.Serve(context.Background(), &statsQueue{drops: []uint64{1}}, nil, nil) // nil callbacks
 }

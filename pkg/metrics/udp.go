@@ -41,7 +41,7 @@ func newUDP(reg prometheus.Registerer, sub string) *UDP {
 		}, []string{"direction"}),
 		DropsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "udp_drops_total",
-			Help: "UDP packets dropped by the tunnel, by reason: unknown_flow (a datagram for a flow not open), malformed, queue_full (the flow's send queue was full), flow_limit (a new flow beyond the limit), write_error (the local socket refused it), no_session (no connection to the server, or the flow could not be opened).",
+			Help: "UDP packets dropped by the tunnel, by reason: unknown_flow (a datagram for a flow not open), malformed, queue_full (the flow's send queue was full), flow_limit (a new flow beyond the limit), write_error (the local socket refused it), no_session (no connection to the server, or the flow could not be opened), foreign_source (a SOCKS5 UDP datagram from another address than the association's client), receive_queue (a datagram that arrived while the daemon was too far behind in reading the connection's datagrams).",
 		}, []string{"reason"}),
 	}
 	reg.MustRegister(m.FlowsActive, m.FlowsTotal, m.PacketsTotal, m.BytesTotal, m.DropsTotal)
@@ -79,3 +79,9 @@ func (m *UDP) OnPacket(direction string) func(path string, n int) {
 
 // Drop counts a dropped packet by reason (udpflow.DropReasons).
 func (m *UDP) Drop(reason string) { m.DropsTotal.WithLabelValues(reason).Inc() }
+
+// ReceiveQueueDrops counts n datagrams quic-go discarded because the
+// connection's datagram goroutine was behind (the dgram.Serve callback).
+func (m *UDP) ReceiveQueueDrops(n int) {
+	m.DropsTotal.WithLabelValues(udpflow.DropReceiveQueue).Add(float64(n))
+}

@@ -2,6 +2,8 @@ package udpflow
 
 import (
 	"sync"
+
+	"github.com/quictun/quictun/pkg/dgram"
 )
 
 // Drop reasons counted by a Table and a Relay (label values of
@@ -27,12 +29,18 @@ const (
 	// DropForeignSource: a SOCKS5 UDP ASSOCIATE packet from an address
 	// other than the association's client.
 	DropForeignSource = "foreign_source"
+	// DropReceiveQueue: a datagram that arrived while the connection's
+	// datagram goroutine was behind by more than quic-go's receive queue
+	// holds (1024, third_party/quic-go patch 0006): the daemon was not
+	// scheduled for a while. Counted for the connection's datagrams of
+	// every type, nearly all of them UDP flows' when it happens.
+	DropReceiveQueue = "receive_queue"
 )
 
 // DropReasons lists every drop reason, for pre-creating metric labels and
 // checking the documentation.
 func DropReasons() []string {
-	return []string{DropUnknownFlow, DropMalformed, DropQueueFull, DropFlowLimit, DropWriteError, DropNoSession, DropForeignSource}
+	return []string{DropUnknownFlow, DropMalformed, DropQueueFull, DropFlowLimit, DropWriteError, DropNoSession, DropForeignSource, DropReceiveQueue}
 }
 
 // Table routes a QUIC connection's 'U' datagrams to the flows open on it,
@@ -78,6 +86,9 @@ func (t *Table) Len() int {
 	defer t.mu.RUnlock()
 	return len(t.flows)
 }
+
+// Register routes the 'U' datagrams of m to t (dgram.Registrar).
+func (t *Table) Register(m *dgram.Mux) { m.Handle(TypeUDP, t.Handle) }
 
 // Handle delivers one 'U' datagram to its flow, or drops and counts it.
 func (t *Table) Handle(b []byte) {
