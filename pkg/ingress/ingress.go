@@ -42,6 +42,10 @@ type Session struct {
 	Conn   *quic.Conn
 	Prober *liveness.TailProber
 	Flows  *udpflow.Table
+
+	// verdicts: destinations the server accepted recently on this
+	// connection, which a proxy answers at once (verdicts.go).
+	verdicts verdicts
 }
 
 // Sessions gives ingress the client's current QUIC connection.
@@ -253,6 +257,9 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		return
 	}
 	conn := sess.Conn
+	// A proxied connection to a destination the server accepted on this
+	// connection recently is answered at once (verdicts.go).
+	optimistic := proxy != nil && sess.verdicts.accepted(token, time.Now())
 	str, err := h.openStream(ctx, sess)
 	if err != nil {
 		code := proto.CodeConnReset
@@ -291,10 +298,16 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 				h.cfg.Accepted() // the server accepted our header
 			}
 		}
+		if proxy != nil {
+			sess.verdicts.record(token, err == nil, time.Now())
+		}
 	}
 	var toServer splice.Stream = &replyStream{Stream: str, onReply: accepted}
-	if proxy != nil {
+	if proxy != nil && !optimistic {
 		// The application waits for its answer: the server's reply first.
+		// (Answered at once instead, the server's reply comes with the
+		// first downstream read, as for a forward; a refusal then resets
+		// the application's connection and forgets the destination.)
 		err := proto.ReadReply(str)
 		accepted(err)
 		if err != nil {
@@ -307,6 +320,9 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 			fail(metrics.ResultLabel(code), "Server refused a proxied connection", err)
 			return
 		}
+		toServer = str
+	}
+	if proxy != nil {
 		replied = true
 		if err := proxy.Reply(nc, nil); err != nil {
 			str.CancelRead(proto.CodeConnReset.StreamErrorCode())
@@ -314,7 +330,6 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 			fail(proto.CodeConnReset.String(), "Could not answer a proxied connection", err)
 			return
 		}
-		toServer = str
 	}
 	pipe := splice.New(sc, toServer)
 	if sess.Prober != nil {
@@ -329,13 +344,18 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		Upstream:    &pipe.ToStream,
 		Downstream:  &pipe.FromStream,
 	}
-	slog.V(4).Info("Opened stream")
+	slog.V(4).Info("Opened stream", "answeredAtOnce", optimistic)
 	result, err := h.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	var ab *splice.AbortedError
 	if errors.As(err, &ab) {
 		if code, ok := proto.FromError(ab.Cause); ok && code != proto.CodeConnReset && code != proto.CodeShutdown {
-			slog.V(2).Info("Server refused tunnel", "code", code.String())
+			if optimistic {
+				slog.V(2).Info("Server refused a destination it had accepted on this connection; reset the proxied connection, the next one waits for the server's answer",
+					"code", code.String(), "destination", token)
+			} else {
+				slog.V(2).Info("Server refused tunnel", "code", code.String())
+			}
 			if code == proto.CodeBadHeader && h.badHeaderLogged.CompareAndSwap(false, true) {
 				slog.Info("The server could not read our stream header; if it runs an older quictun (before key IDs), upgrade it: servers before clients",
 					"code", code.String())

@@ -2,12 +2,15 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +21,11 @@ import (
 
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/socks5"
 	"github.com/quictun/quictun/pkg/udpflow"
+	"github.com/quictun/quictun/server"
 )
 
 // startProxy runs a client whose only entry point is p and returns its address.
@@ -38,21 +43,42 @@ func startProxy(t *testing.T, srv *testutil.Server, p ingress.Proxy) (string, *t
 // byte and the connection.
 func socksConnect(t *testing.T, addr, host string, port int) (byte, net.Conn) {
 	t.Helper()
+	c := socksRequest(t, addr, host, port)
+	rep, err := socksReply(c)
+	require.NoError(t, err)
+	return rep, c
+}
+
+// socksRequest sends a raw SOCKS5 greeting and CONNECT to host:port at
+// once and reads the answer to the greeting (the client gives it at once).
+func socksRequest(t *testing.T, addr, host string, port int) net.Conn {
+	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	req := []byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}
 	req = append(req, host...)
 	req = append(req, byte(port>>8), byte(port))
 	_, err = c.Write(req)
 	require.NoError(t, err)
-	resp := make([]byte, 2+10)
-	_, err = io.ReadFull(c, resp)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	method := make([]byte, 2)
+	_, err = io.ReadFull(c, method)
 	require.NoError(t, err)
-	require.Equal(t, []byte{5, 0}, resp[:2], "method: no authentication")
-	_ = c.SetDeadline(time.Time{})
-	return resp[3], c
+	require.Equal(t, []byte{5, 0}, method, "method: no authentication")
+	_ = c.SetReadDeadline(time.Time{})
+	return c
+}
+
+// socksReply reads the answer to socksRequest's CONNECT and returns its REP byte.
+func socksReply(c net.Conn) (byte, error) {
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	resp := make([]byte, 10)
+	if _, err := io.ReadFull(c, resp); err != nil {
+		return 0, err
+	}
+	return resp[1], nil
 }
 
 // TestSOCKS5Proxy (issue 12 item 4): a SOCKS5 entry point carries CONNECTs
@@ -251,4 +277,99 @@ func TestSOCKS5UDPAssociate(t *testing.T) {
 		_, err = app.Read(buf)
 		assert.Error(t, err, "the relay is closed")
 	}
+}
+
+// gatedDialer is the server's dialer, held at will: while held, each dial
+// announces itself on dialing and waits for release.
+type gatedDialer struct {
+	held    atomic.Bool
+	dialing chan string
+	release chan struct{}
+	stop    chan struct{} // closed: no more holding (the test ended)
+}
+
+func (g *gatedDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	if g.held.Load() {
+		select {
+		case g.dialing <- address:
+		case <-g.stop:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		select {
+		case <-g.release:
+		case <-g.stop:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, address)
+}
+
+// TestSOCKS5ProxyAnswersAcceptedDestinationsAtOnce (issue 12: a proxied
+// connection's first byte costs one round trip plus the server's dial, as a
+// forward's): a destination the server accepted on this connection is
+// answered before the server has even dialed it, and the application's
+// bytes follow the header; a destination the server has not accepted yet
+// waits for its verdict; one it refuses after accepting it (rules reloaded)
+// resets the application's connection, and the next connection to it gets
+// "not allowed by ruleset".
+func TestSOCKS5ProxyAnswersAcceptedDestinationsAtOnce(t *testing.T) {
+	t.Parallel()
+	echo, other := testutil.EchoServer(t), testutil.EchoServer(t)
+	gate := &gatedDialer{dialing: make(chan string), release: make(chan struct{}), stop: make(chan struct{})}
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo, "tcp:" + other},
+		Mutate: func(cfg *server.Config) { cfg.Dialer = gate }})
+	t.Cleanup(func() { close(gate.stop) }) // before the server stops
+	addr, c := startProxy(t, srv, ingress.SOCKS5{})
+	hostPort := func(a string) (string, int) {
+		ap := netip.MustParseAddrPort(a)
+		return ap.Addr().String(), int(ap.Port())
+	}
+	h, p := hostPort(echo)
+
+	rep, conn := socksConnect(t, addr, h, p)
+	require.Equal(t, byte(socks5.ReplySucceeded), rep)
+	echoCheck(t, conn, 64<<10) // the server accepted echo on this connection
+
+	gate.held.Store(true)
+	rep, conn = socksConnect(t, addr, h, p)
+	require.Equal(t, byte(socks5.ReplySucceeded), rep, "answered at once")
+	require.Equal(t, echo, <-gate.dialing, "while the server was still to dial the destination")
+	_, err := conn.Write([]byte("first bytes")) // sent behind the header, before the dial
+	require.NoError(t, err)
+	gate.release <- struct{}{}
+	got := make([]byte, len("first bytes"))
+	_, err = io.ReadFull(conn, got)
+	require.NoError(t, err)
+	assert.Equal(t, "first bytes", string(got))
+
+	// A destination not accepted yet on this connection: the answer waits
+	// for the server, which is held in its dial.
+	oh, op := hostPort(other)
+	pending := socksRequest(t, addr, oh, op)
+	require.Equal(t, other, <-gate.dialing)
+	_ = pending.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	n, err := pending.Read(make([]byte, 1))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "answered (%d bytes) before the server dialed", n)
+	gate.release <- struct{}{}
+	rep, err = socksReply(pending)
+	require.NoError(t, err)
+	assert.Equal(t, byte(socks5.ReplySucceeded), rep)
+	gate.held.Store(false)
+
+	// Rules reloaded: echo is no longer allowed.
+	srv.SetAllowList(endpoint.MustParseAllowList("tcp:"+other), nil)
+	rep, conn = socksConnect(t, addr, h, p)
+	require.Equal(t, byte(socks5.ReplySucceeded), rep, "remembered as accepted")
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = conn.Read(make([]byte, 1))
+	require.Error(t, err, "the refusal resets the application's connection")
+	assert.NotErrorIs(t, err, os.ErrDeadlineExceeded)
+	rep, _ = socksConnect(t, addr, h, p)
+	assert.Equal(t, byte(socks5.ReplyNotAllowed), rep, "forgotten: the next connection gets the server's answer")
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(c.Metrics.StreamsTotal.WithLabelValues("refused")) == 2
+	}, 5*time.Second, 10*time.Millisecond)
 }
