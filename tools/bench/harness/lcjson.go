@@ -97,7 +97,7 @@ func parseJSON(out []byte, v any) (json.RawMessage, error) {
 // ProbeMetrics returns the probe metrics recorded for a sample.
 func ProbeMetrics(p ProbeResult) map[string]float64 {
 	return map[string]float64{
-		"first_packet_ms": p.FirstPacketMS, "total_ms": p.TotalMS, "connect_ms": p.ConnectMS,
+		"first_packet_ms": p.FirstPacketMS, "total_ms": p.TotalMS, "connect_ms": p.ConnectMS, "first_echo_ms": p.ConnectMS + p.FirstPacketMS,
 		"p50_ms": p.P50MS, "p90_ms": p.P90MS, "p99_ms": p.P99MS, "max_ms": p.MaxMS,
 		"tps": p.TPS, "mbit_per_s": p.MbitPerS, "errors": float64(p.Errors),
 	}

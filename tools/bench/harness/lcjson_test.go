@@ -20,6 +20,7 @@ func TestParseProbeJSON(t *testing.T) {
 	assert.Equal(t, 1000, p.RoundTrips)
 	m := ProbeMetrics(p)
 	assert.InDelta(t, 1.5, m["first_packet_ms"], 1e-9)
+	assert.InDelta(t, 1.8, m["first_echo_ms"], 1e-9, "connect + first round trip")
 	assert.Empty(t, ProbeError(p))
 
 	p.Errors, p.ErrorMessages = 2, []string{"read echo: EOF"}

@@ -36,8 +36,9 @@ type ScenarioInfo struct {
 // Scenarios describes each scenario for the report.
 func Scenarios() map[string]ScenarioInfo {
 	return map[string]ScenarioInfo{
-		ScLatency: {"1. Latency (ping-pong)", "One connection, 1000 round trips of 1000 B, as quic-tun's report. First packet = first round trip (includes opening the tunnel stream); total = all round trips.",
-			[]Metric{{"first_packet_ms", "first packet ms", false}, {"total_ms", "total ms", false}, {"p99_ms", "p99 RTT ms", false}},
+		ScLatency: {"1. Latency (ping-pong)", "One connection, 1000 round trips of 1000 B, as quic-tun's report. Connect = the application's connect (direct: the TCP handshake across the link; a forward: on loopback; SOCKS5: until the proxy's answer); first packet = first round trip after it (includes opening the tunnel stream and the server's dial); connect to first echo = both, the wait before the application's first answer; total = all round trips.",
+			[]Metric{{"first_packet_ms", "first packet ms", false}, {"connect_ms", "connect ms", false}, {"first_echo_ms", "connect to first echo ms", false},
+				{"total_ms", "total ms", false}, {"p99_ms", "p99 RTT ms", false}},
 			[]string{"total_ms", "first_packet_ms"}},
 		ScCold: {"1b. Cold start", "The tunnel's client process is restarted (SIGTERM, then started again as an operator or a boot would) and an application connects at once, retrying until the local listener is up; first byte = from the start of the successful connect to the echo of 1000 B. quictun runs with `--session-file` (as its systemd unit does), so the restarted client resumes with 0-RTT. direct: a new TCP connection (its handshake is part of the first byte). In RTTs: first byte / the link's round-trip time (2 x one-way delay). Since start: from starting the client process to the echo.",
 			[]Metric{{"first_byte_ms", "first byte ms", false}, {"first_byte_rtts", "first byte RTTs", false}, {"since_start_ms", "since process start ms", false}},

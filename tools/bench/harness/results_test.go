@@ -83,14 +83,14 @@ func TestSaveLoadReportCompare(t *testing.T) {
 	assert.Contains(t, cmp, "| latency | LAN loss 1% | 1000 x 1000 B | direct | total_ms | 4500 | 4500 | 1.000 |")
 
 	// Metrics outside the report's tables appear only with all.
-	res.Samples[0].Metrics["connect_ms"] = 1
-	newer.Samples[0].Metrics["connect_ms"] = 2
+	res.Samples[0].Metrics["p50_ms"] = 1
+	newer.Samples[0].Metrics["p50_ms"] = 2
 	out.Reset()
 	require.NoError(t, Compare(&out, res, newer, false))
-	assert.NotContains(t, out.String(), "connect_ms")
+	assert.NotContains(t, out.String(), "p50_ms")
 	out.Reset()
 	require.NoError(t, Compare(&out, res, newer, true))
-	assert.Contains(t, out.String(), "| connect_ms | 1.00 | 2.00 | 2.000 |")
+	assert.Contains(t, out.String(), "| p50_ms | 1.00 | 2.00 | 2.000 ↓ |")
 }
 
 func TestProfiles(t *testing.T) {
