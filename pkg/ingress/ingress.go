@@ -77,8 +77,9 @@ type Config struct {
 type Handler struct {
 	cfg   Config
 	slots chan struct{}
-	// badHeaderLogged is set once a bad_header refusal was logged at -v 0.
-	badHeaderLogged atomic.Bool
+	// badHeaderLogged is set once a bad_header refusal was logged at -v 0;
+	// udpRefusalLogged once a UDP flow refused as unreadable or unsupported.
+	badHeaderLogged, udpRefusalLogged atomic.Bool
 }
 
 // New returns a Handler for cfg.

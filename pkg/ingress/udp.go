@@ -228,6 +228,13 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 				}
 			} else if code, ok := proto.FromError(err); ok {
 				logger.V(2).Info("Server refused UDP flow", "code", code.String(), "destination", token)
+				// A server from before stream kinds cannot read the header
+				// (bad_header); one that knows kinds but not UDP answers
+				// unsupported. Either way the operator must upgrade it.
+				if (code == proto.CodeBadHeader || code == proto.CodeUnsupported) && h.udpRefusalLogged.CompareAndSwap(false, true) {
+					logger.Info("The server cannot carry UDP flows; if it runs an older quictun (before UDP forwarding), upgrade it: servers before clients",
+						"code", code.String(), "destination", token)
+				}
 			}
 		},
 		IdleTimeout: h.cfg.UDPIdleTimeout,

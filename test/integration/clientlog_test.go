@@ -19,6 +19,7 @@ import (
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 )
 
@@ -222,4 +223,34 @@ func TestRefusedCredentialsLoggedOnce(t *testing.T) {
 	require.NoError(t, echoOK(cl.Addr))
 	assert.Equal(t, 1, logs.count("Server rejected our credentials"), "logs: %s", &logs)
 	assert.Equal(t, 1, logs.count("Connected to server"), "logs: %s", &logs)
+}
+
+// TestOldServerRefusingUDPFlowLoggedOnce: UDP flows to a server that cannot
+// read a header with a stream kind (bad_header, before kinds) or does not
+// serve UDP (unsupported) make the client say at -v 0, once, to upgrade the
+// server, as for TCP.
+func TestOldServerRefusingUDPFlowLoggedOnce(t *testing.T) {
+	for _, code := range []proto.Code{proto.CodeBadHeader, proto.CodeUnsupported} {
+		t.Run(code.String(), func(t *testing.T) {
+			srv := refusingServer(t, code)
+			uc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			require.NoError(t, err)
+			ts, err := token.NewSource(token.PluginFixed, "udp:127.0.0.1:1", nil)
+			require.NoError(t, err)
+			var logs logLines
+			cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", Logger: logs.logger(), WaitReady: true,
+				Mutate: func(cfg *client.Config) { cfg.Forwards = []client.Forward{{Packet: uc, Tokens: ts}} }})
+			for range 3 { // three application sockets: three flows
+				app, err := net.DialUDP("udp", nil, uc.LocalAddr().(*net.UDPAddr))
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = app.Close() })
+				_, err = app.Write([]byte("x"))
+				require.NoError(t, err)
+			}
+			require.Eventually(t, func() bool {
+				return promtest.ToFloat64(cl.Metrics.UDP.FlowsTotal.WithLabelValues(code.String())) == 3
+			}, 5*time.Second, 10*time.Millisecond)
+			assert.Equal(t, 1, logs.count("cannot carry UDP flows", "upgrade it"), logs.String())
+		})
+	}
 }
