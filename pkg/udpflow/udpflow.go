@@ -134,6 +134,17 @@ func (c *Counters) count(path string, n int) {
 	}
 }
 
+// After SendDatagram fails (other than for size), a Sender carries the
+// flow's packets on its stream and tries a datagram again after a pause that
+// starts at datagramRetryMin and doubles, up to datagramRetryMax, while the
+// failures go on; a success ends it. quic-go fails for good when the peer
+// does not take datagrams (one failing call per pause is all that costs)
+// and when the connection is closing (the stream fails then too).
+const (
+	datagramRetryMin = 250 * time.Millisecond
+	datagramRetryMax = time.Minute
+)
+
 // Sender sends one flow's packets to the peer: on the stream until
 // Established, and for packets too large for a datagram; as datagrams
 // otherwise. Safe for concurrent use.
@@ -142,14 +153,19 @@ type Sender struct {
 	conn   DatagramConn
 	stream io.Writer
 	count  *Counters
+	now    func() time.Time
 
 	established atomic.Bool
 	// maxDatagram is the largest packet known to fit a datagram (0: not yet
 	// known; learnt from quic-go's DatagramTooLargeError).
 	maxDatagram atomic.Int64
+	// retryAt: after a failed datagram, packets go on the stream until this
+	// time (unix nanoseconds); 0 while datagrams work.
+	retryAt atomic.Int64
 
-	mu  sync.Mutex // serialises stream writes
-	buf []byte     // datagram scratch, under mu
+	mu    sync.Mutex    // serialises stream writes and datagram sends
+	buf   []byte        // datagram scratch, under mu
+	pause time.Duration // the current pause after failures, under mu
 }
 
 // NewSender returns a Sender for flow (its QUIC stream ID) writing to stream
@@ -158,7 +174,13 @@ func NewSender(flow uint64, conn DatagramConn, stream io.Writer, count *Counters
 	if count == nil {
 		count = &Counters{}
 	}
-	return &Sender{flow: flow, conn: conn, stream: stream, count: count}
+	return &Sender{flow: flow, conn: conn, stream: stream, count: count, now: time.Now}
+}
+
+// datagramsPaused reports whether a recent failure keeps packets on the stream.
+func (s *Sender) datagramsPaused() bool {
+	r := s.retryAt.Load()
+	return r != 0 && s.now().UnixNano() < r
 }
 
 // Establish lets later packets go as datagrams: the peer has the flow.
@@ -171,23 +193,33 @@ func (s *Sender) Send(p []byte) error {
 	if len(p) > MaxPacket {
 		return ErrTooLarge
 	}
-	if s.established.Load() && s.conn != nil {
+	if s.established.Load() && s.conn != nil && !s.datagramsPaused() {
 		if m := s.maxDatagram.Load(); m == 0 || int64(len(p)) <= m {
 			s.mu.Lock()
 			s.buf = AppendDatagram(s.buf[:0], s.flow, p)
 			err := s.conn.SendDatagram(s.buf)
+			var tooLarge *quic.DatagramTooLargeError
+			switch {
+			case err == nil:
+				if s.pause != 0 {
+					s.pause = 0
+					s.retryAt.Store(0)
+				}
+			case errors.As(err, &tooLarge):
+				if m := tooLarge.MaxDatagramPayloadSize - int64(DatagramOverhead(s.flow)); m > 0 {
+					s.maxDatagram.Store(m)
+				}
+			default:
+				// Datagrams not negotiated, or the connection is closing
+				// (the stream says which when it is written to): the
+				// stream for a while, then a datagram again.
+				s.pause = min(max(2*s.pause, datagramRetryMin), datagramRetryMax)
+				s.retryAt.Store(s.now().Add(s.pause).UnixNano())
+			}
 			s.mu.Unlock()
 			if err == nil {
 				s.count.count(PathDatagram, len(p))
 				return nil
-			}
-			var tooLarge *quic.DatagramTooLargeError
-			if !errors.As(err, &tooLarge) {
-				// Datagrams not negotiated, or the connection is closing:
-				// the stream says which when it is written to.
-				s.established.Store(false)
-			} else if m := tooLarge.MaxDatagramPayloadSize - int64(DatagramOverhead(s.flow)); m > 0 {
-				s.maxDatagram.Store(m)
 			}
 		}
 	}

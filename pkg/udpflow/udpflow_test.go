@@ -164,6 +164,51 @@ func TestSenderWithoutDatagramsFallsBack(t *testing.T) {
 	conn.mu.Unlock()
 }
 
+// TestSenderRecoversFromADatagramError: a failed datagram sends the packet
+// on the stream and keeps the flow there for a pause (doubling while the
+// failures go on), then tries datagrams again; a success ends the pauses.
+// Before, one failure kept the flow on its stream for good.
+func TestSenderRecoversFromADatagramError(t *testing.T) {
+	conn := &fakeConn{err: errors.New("transient")}
+	var stream bytes.Buffer
+	s := udpflow.NewSender(8, conn, &stream, nil)
+	now := time.Unix(1000, 0)
+	udpflow.SetSenderClock(s, func() time.Time { return now })
+	s.Establish()
+	setErr := func(err error) { conn.mu.Lock(); conn.err = err; conn.mu.Unlock() }
+
+	require.NoError(t, s.Send([]byte("failed")))
+	setErr(nil)
+	require.NoError(t, s.Send([]byte("paused")))
+	now = now.Add(udpflow.DatagramRetryMin)
+	require.NoError(t, s.Send([]byte("datagram again")))
+	assert.Equal(t, []string{"failed", "paused"}, streamPackets(t, stream.Bytes()))
+	assert.Equal(t, []string{"datagram again"}, conn.packets(t))
+
+	// Failures in a row double the pause; a success resets it.
+	setErr(errors.New("transient"))
+	require.NoError(t, s.Send([]byte("f1"))) // pause 250 ms (reset by the success)
+	now = now.Add(udpflow.DatagramRetryMin)
+	require.NoError(t, s.Send([]byte("f2"))) // pause 500 ms
+	setErr(nil)
+	now = now.Add(udpflow.DatagramRetryMin)
+	require.NoError(t, s.Send([]byte("still paused")))
+	now = now.Add(udpflow.DatagramRetryMin)
+	require.NoError(t, s.Send([]byte("d2")))
+	assert.Equal(t, []string{"failed", "paused", "f1", "f2", "still paused"}, streamPackets(t, stream.Bytes()))
+	assert.Equal(t, []string{"datagram again", "d2"}, conn.packets(t))
+
+	// The pause is bounded.
+	setErr(errors.New("for good"))
+	for range 20 {
+		require.NoError(t, s.Send([]byte("x")))
+		now = now.Add(udpflow.DatagramRetryMax)
+	}
+	setErr(nil)
+	require.NoError(t, s.Send([]byte("d3")))
+	assert.Equal(t, []string{"datagram again", "d2", "d3"}, conn.packets(t))
+}
+
 // lockedCheck fails the test if two Writes overlap.
 type lockedCheck struct {
 	bytes.Buffer
