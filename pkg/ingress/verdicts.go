@@ -17,10 +17,13 @@ import (
 // were reloaded, or the destination stopped answering), the application's
 // connection is reset and the destination forgotten, so the next connection
 // to it gets the server's answer.
+//
+// A remembered destination the server no longer accepts costs the
+// application one reset, once; so the memory can be long: verdictTTL.
 const (
 	// verdictTTL is how long an accepted destination is answered at once
-	// without asking the server again.
-	verdictTTL = 2 * time.Minute
+	// without asking the server again (each acceptance renews it).
+	verdictTTL = 10 * time.Minute
 	// maxVerdicts bounds the destinations a session remembers.
 	maxVerdicts = 256
 )
