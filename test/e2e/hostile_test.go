@@ -108,6 +108,17 @@ func header(t *testing.T, token string, secret []byte) []byte {
 	return b
 }
 
+// kindHeader encodes a valid stream header of kind for token, with a MAC.
+func kindHeader(t *testing.T, token string, kind proto.Kind, secret []byte) []byte {
+	t.Helper()
+	h, err := proto.NewHeader(token, time.Now())
+	require.NoError(t, err)
+	h.Kind = kind
+	b, err := h.Append(nil, secret)
+	require.NoError(t, err)
+	return b
+}
+
 // fixedHeader returns the 28 fixed header bytes: version, flags, time, nonce, token length.
 func fixedHeader(version, flags byte, tokenLen uint16) []byte {
 	b := []byte{version, flags}
@@ -175,6 +186,9 @@ func TestHostileStreams(t *testing.T) {
 		{"loopback port not allowed", header(t, fmt.Sprintf("tcp:127.0.0.1:%d", otherPort), secret), false, proto.CodeRefused},
 		{"unix socket not allowed", header(t, "unix:/etc/passwd", secret), false, proto.CodeRefused},
 		{"unparsable token", header(t, "ftp://example.org/", secret), false, proto.CodeBadToken},
+		// A kind this server does not serve (reserved for reverse binds):
+		// refused with a code, after authentication, never carried as TCP.
+		{"reserved kind", kindHeader(t, "tcp:"+echo, proto.KindReverse, secret), false, proto.CodeUnsupported},
 	} {
 		start := time.Now()
 		code, err := streamReset(t, conn, tc.payload, tc.fin)
@@ -221,7 +235,7 @@ func TestHostileStreams(t *testing.T) {
 	}
 
 	for result, want := range map[string]float64{
-		"bad_header": 6, "timeout": 1, "refused": 3, "bad_token": 1, "auth_failed": 2, "ok": 1,
+		"bad_header": 6, "timeout": 1, "refused": 3, "bad_token": 1, "auth_failed": 2, "ok": 1, "unsupported": 1,
 	} {
 		waitMetric(t, srv, 5*time.Second, eq(want), "quictun_server_streams_total", "result", result)
 	}

@@ -147,6 +147,16 @@ func TestForwards(t *testing.T) {
 	assert.Equal(t, 1.0, scrape(t, srv).val("quictun_server_active_connections"), "all forwards share one QUIC connection")
 	_ = ca.Close()
 	_ = cb.Close()
+
+	// The same as a YAML list in a --config file.
+	pc, pd := testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")
+	file := writeFile(t, "client.yaml", "forward:\n  - tcp:"+pc+"=tcp:"+a+"\n  - tcp:"+pd+"=tcp:"+b+"\n")
+	startClient(t, srv, clientOpts{Token: "tcp:" + a, Args: []string{"--config", file}})
+	cc, cd := dialApp(t, pc), dialApp(t, pd)
+	require.NoError(t, roundTrip(cc, "to a, from the YAML list"))
+	require.NoError(t, roundTrip(cd, "to b, from the YAML list"))
+	_ = cc.Close()
+	_ = cd.Close()
 }
 
 // replaceFile writes content to path through a rename, as an operator's

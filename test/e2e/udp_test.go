@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -20,11 +22,15 @@ import (
 )
 
 // needTool returns the path of name, or skips the test naming the Debian
-// package (.ci/run installs it).
+// package; with QUICTUN_E2E_REQUIRE_TOOLS set (.ci/run, which installs
+// them) a missing tool fails the test instead.
 func needTool(t *testing.T, name, pkg string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
+		if os.Getenv("QUICTUN_E2E_REQUIRE_TOOLS") != "" { // .ci/run installs them
+			t.Fatalf("%s not installed (apt-get install %s); QUICTUN_E2E_REQUIRE_TOOLS is set, so this is a failure, not a skip", name, pkg)
+		}
 		t.Skipf("%s not installed (apt-get install %s)", name, pkg)
 	}
 	return p
@@ -151,6 +157,116 @@ func TestProxiesWithCurl(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, out, "403", out)
 	waitMetric(t, srv, 5*time.Second, eq(2), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
+}
+
+// TestProxyCredentialsWithCurl: with --proxy-credentials-file, curl gets
+// through the built client's SOCKS5 entry point with the right user and
+// password (RFC 1929) and is turned away with a wrong password or none.
+func TestProxyCredentialsWithCurl(t *testing.T) {
+	checkLeaks(t)
+	curl := needTool(t, "curl", "curl")
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "hello")
+	}))
+	defer web.Close()
+	_, port, _ := net.SplitHostPort(web.Listener.Addr().String())
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:127.0.0.1:" + port}})
+	socks := testutil.FreeAddr(t, "tcp")
+	creds := writeFile(t, "proxy-credentials", "app:s3cret\n")
+	startClient(t, srv, clientOpts{Args: []string{"--proxy", "socks5:" + socks, "--proxy-credentials-file", creds}})
+
+	get := func(proxy string) (string, error) {
+		out, err := exec.Command(curl, "-sS", "--max-time", "10", "--proxy", proxy, "http://127.0.0.1:"+port+"/").CombinedOutput()
+		return string(out), err
+	}
+	out, err := get("socks5h://app:s3cret@" + socks)
+	require.NoError(t, err, out)
+	assert.Equal(t, "hello", out)
+	out, err = get("socks5h://app:wrong@" + socks)
+	require.Error(t, err, out)
+	assert.Contains(t, out, "User was rejected by the SOCKS5 server (1 1)", "a wrong password is rejected (RFC 1929 status 1): %s", out)
+	out, err = get("socks5h://" + socks)
+	require.Error(t, err, out)
+	assert.Contains(t, out, "No authentication method was acceptable", "no credentials: no acceptable method: %s", out)
+	assert.Equal(t, 1.0, scrape(t, srv).val("quictun_server_streams_total", "result", "ok"), "only the authenticated request reached the server")
+}
+
+// TestUDPIdleTimeoutAndFlowLimit: --udp-idle-timeout ends a quiet flow on
+// both daemons, and the server's --max-udp-flows-per-conn refuses a flow
+// beyond it; udp_flows_total counts each by result.
+func TestUDPIdleTimeoutAndFlowLimit(t *testing.T) {
+	checkLeaks(t)
+	echo := udpEchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"udp:" + echo}, Args: []string{"--max-udp-flows-per-conn", "1", "--udp-idle-timeout", "1s"}})
+	fwd := testutil.FreeAddr(t, "udp")
+	cl := startClient(t, srv, clientOpts{Token: "tcp:127.0.0.1:1", Args: []string{"--forward", "udp:" + fwd + "=udp:" + echo, "--udp-idle-timeout", "1s"}})
+
+	a, b := dialUDP(t, fwd), dialUDP(t, fwd) // two application sockets: two flows
+	require.NoError(t, udpRoundTrip(a, "first flow"))
+	_, err := b.Write([]byte("second flow"))
+	require.NoError(t, err)
+	waitMetric(t, cl, 10*time.Second, eq(1), "quictun_client_udp_flows_total", "result", "overloaded")
+	waitMetric(t, srv, 5*time.Second, eq(1), "quictun_server_udp_drops_total", "reason", "flow_limit")
+
+	// Quiet for the idle timeout: the first flow ends on both sides; then
+	// the second application socket gets a flow of its own.
+	waitMetric(t, cl, 10*time.Second, eq(1), "quictun_client_udp_flows_total", "result", "ok")
+	waitMetric(t, srv, 10*time.Second, eq(1), "quictun_server_udp_flows_total", "result", "ok")
+	waitMetric(t, srv, 5*time.Second, eq(0), "quictun_server_udp_flows_active")
+	require.NoError(t, udpRoundTrip(b, "after the first flow ended"))
+}
+
+// udpEchoServer echoes UDP datagrams on loopback until the test ends.
+func udpEchoServer(t *testing.T) string {
+	t.Helper()
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	t.Cleanup(func() { _ = pc.Close(); <-done })
+	return pc.LocalAddr().String()
+}
+
+// dialUDP is an application's connected UDP socket to addr.
+func dialUDP(t *testing.T, addr string) *net.UDPConn {
+	t.Helper()
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	require.NoError(t, err)
+	c, err := net.DialUDP("udp", nil, ua)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// udpRoundTrip sends msg and waits for its echo, sending again (UDP may be
+// lost, and a flow's first packets wait for its stream) up to 10 times.
+func udpRoundTrip(c *net.UDPConn, msg string) error {
+	buf := make([]byte, 2048)
+	var err error
+	for range 10 {
+		if _, err = c.Write([]byte(msg)); err != nil {
+			return err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		var n int
+		if n, err = c.Read(buf); err == nil {
+			if string(buf[:n]) != msg {
+				return fmt.Errorf("echo %q, want %q", buf[:n], msg)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("no echo of %q: %w", msg, err)
 }
 
 // TestSOCKS5UDPAssociateDig: dig's UDP queries relayed through the built
