@@ -134,12 +134,17 @@ func (c *Counters) count(path string, n int) {
 	}
 }
 
-// After SendDatagram fails (other than for size), a Sender carries the
-// flow's packets on its stream and tries a datagram again after a pause that
-// starts at datagramRetryMin and doubles, up to datagramRetryMax, while the
-// failures go on; a success ends it. quic-go fails for good when the peer
-// does not take datagrams (one failing call per pause is all that costs)
-// and when the connection is closing (the stream fails then too).
+// After SendDatagram fails, a Sender carries the flow's packets on its
+// stream and tries a datagram again after a pause that starts at
+// datagramRetryMin and doubles, up to datagramRetryMax, while the failures
+// go on; a success ends it. quic-go fails for good when the peer does not
+// take datagrams (one failing call per pause is all that costs) and when the
+// connection is closing (the stream fails then too). A packet refused as too
+// large pauses only the packets at least that large: quic-go's limit follows
+// the path's MTU, which drops to its initial 1200 bytes after a path change
+// (the client's path rescue, a NAT rebinding) and grows back as the path is
+// probed; a limit learnt once and kept for good (as before) left a flow of
+// 1200-byte packets on its stream for the rest of its life.
 const (
 	datagramRetryMin = 250 * time.Millisecond
 	datagramRetryMax = time.Minute
@@ -156,16 +161,18 @@ type Sender struct {
 	now    func() time.Time
 
 	established atomic.Bool
-	// maxDatagram is the largest packet known to fit a datagram (0: not yet
-	// known; learnt from quic-go's DatagramTooLargeError).
-	maxDatagram atomic.Int64
+	// maxDatagram is the largest packet known to fit a datagram (0: no
+	// limit known; learnt from quic-go's DatagramTooLargeError), until
+	// sizeRetryAt (unix nanoseconds), when a larger one is tried again.
+	maxDatagram, sizeRetryAt atomic.Int64
 	// retryAt: after a failed datagram, packets go on the stream until this
 	// time (unix nanoseconds); 0 while datagrams work.
 	retryAt atomic.Int64
 
-	mu    sync.Mutex    // serialises stream writes and datagram sends
-	buf   []byte        // datagram scratch, under mu
-	pause time.Duration // the current pause after failures, under mu
+	mu        sync.Mutex    // serialises stream writes and datagram sends
+	buf       []byte        // datagram scratch, under mu
+	pause     time.Duration // the current pause after failures, under mu
+	sizePause time.Duration // the current pause after too-large refusals, under mu
 }
 
 // NewSender returns a Sender for flow (its QUIC stream ID) writing to stream
@@ -183,6 +190,19 @@ func (s *Sender) datagramsPaused() bool {
 	return r != 0 && s.now().UnixNano() < r
 }
 
+// mayFit reports whether an n-byte packet may go as a datagram: no size
+// limit is known, it is within the limit, or the limit is due to be tried.
+func (s *Sender) mayFit(n int) bool {
+	m := s.maxDatagram.Load()
+	return m == 0 || int64(n) <= m || s.now().UnixNano() >= s.sizeRetryAt.Load()
+}
+
+// pauseFor doubles *pause within the bounds and returns when it ends; under mu.
+func (s *Sender) pauseFor(pause *time.Duration) int64 {
+	*pause = min(max(2**pause, datagramRetryMin), datagramRetryMax)
+	return s.now().Add(*pause).UnixNano()
+}
+
 // Establish lets later packets go as datagrams: the peer has the flow.
 func (s *Sender) Establish() { s.established.Store(true) }
 
@@ -194,7 +214,7 @@ func (s *Sender) Send(p []byte) error {
 		return ErrTooLarge
 	}
 	if s.established.Load() && s.conn != nil && !s.datagramsPaused() {
-		if m := s.maxDatagram.Load(); m == 0 || int64(len(p)) <= m {
+		if s.mayFit(len(p)) {
 			s.mu.Lock()
 			s.buf = AppendDatagram(s.buf[:0], s.flow, p)
 			err := s.conn.SendDatagram(s.buf)
@@ -205,16 +225,19 @@ func (s *Sender) Send(p []byte) error {
 					s.pause = 0
 					s.retryAt.Store(0)
 				}
-			case errors.As(err, &tooLarge):
-				if m := tooLarge.MaxDatagramPayloadSize - int64(DatagramOverhead(s.flow)); m > 0 {
-					s.maxDatagram.Store(m)
+				if m := s.maxDatagram.Load(); m != 0 && int64(len(p)) > m {
+					s.maxDatagram.Store(0) // the path takes more again
+					s.sizePause = 0
 				}
+			case errors.As(err, &tooLarge):
+				m := max(tooLarge.MaxDatagramPayloadSize-int64(DatagramOverhead(s.flow)), 1)
+				s.maxDatagram.Store(min(m, int64(len(p)-1)))
+				s.sizeRetryAt.Store(s.pauseFor(&s.sizePause))
 			default:
 				// Datagrams not negotiated, or the connection is closing
 				// (the stream says which when it is written to): the
 				// stream for a while, then a datagram again.
-				s.pause = min(max(2*s.pause, datagramRetryMin), datagramRetryMax)
-				s.retryAt.Store(s.now().Add(s.pause).UnixNano())
+				s.retryAt.Store(s.pauseFor(&s.pause))
 			}
 			s.mu.Unlock()
 			if err == nil {

@@ -151,6 +151,37 @@ func TestSenderTooLargeGoesOnStream(t *testing.T) {
 	assert.Len(t, conn.packets(t), 2)
 }
 
+// TestSenderTooLargeTriedAgain: a limit learnt from a too-large refusal
+// holds for a pause (doubling while refusals go on), then a larger packet is
+// tried again: quic-go's limit drops to 1200 bytes after a path change and
+// grows back as the new path is probed. Before, the limit was kept for good,
+// and a flow of 1200-byte packets stayed on its stream (udp-bench at 5 %
+// loss: 30,677 of 52,079 packets of a run).
+func TestSenderTooLargeTriedAgain(t *testing.T) {
+	conn := &fakeConn{limit: 100, err: &quic.DatagramTooLargeError{MaxDatagramPayloadSize: 100}}
+	var stream bytes.Buffer
+	s := udpflow.NewSender(4, conn, &stream, nil)
+	now := time.Unix(1000, 0)
+	udpflow.SetSenderClock(s, func() time.Time { return now })
+	s.Establish()
+	big := string(bytes.Repeat([]byte{'b'}, 200))
+	setLimit := func(n int) { conn.mu.Lock(); conn.limit = n; conn.mu.Unlock() }
+
+	require.NoError(t, s.Send([]byte(big))) // refused: limit learnt
+	require.NoError(t, s.Send([]byte(big))) // within the pause: the stream
+	require.NoError(t, s.Send([]byte("small")))
+	now = now.Add(udpflow.DatagramRetryMin)
+	require.NoError(t, s.Send([]byte(big))) // tried again, still too large: pause 500 ms
+	setLimit(1000)                          // the path was probed
+	now = now.Add(udpflow.DatagramRetryMin)
+	require.NoError(t, s.Send([]byte(big))) // still paused
+	now = now.Add(udpflow.DatagramRetryMin)
+	require.NoError(t, s.Send([]byte(big))) // a datagram: the limit is gone
+	require.NoError(t, s.Send([]byte(big)))
+	assert.Equal(t, []string{big, big, big, big}, streamPackets(t, stream.Bytes()))
+	assert.Equal(t, []string{"small", big, big}, conn.packets(t))
+}
+
 func TestSenderWithoutDatagramsFallsBack(t *testing.T) {
 	conn := &fakeConn{err: errors.New("datagram support disabled")}
 	var stream bytes.Buffer
