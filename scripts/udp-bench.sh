@@ -36,14 +36,15 @@
 # daemons' counters during each quictun run. GAP=client:SECONDS or
 # server:SECONDS stops that daemon (SIGSTOP) for SECONDS once a second
 # during quictun runs: a busy host's scheduling gaps, made repeatable.
-# BIN=DIR takes the binaries from DIR (to compare builds).
+# BIN=DIR takes the binaries from DIR (to compare builds); KEEP=1 keeps the
+# daemons' logs (-v 2) in the work directory it prints.
 #
 #   scripts/udp-bench.sh [RATE=50M] [LEN=1200] [DURATION=10] [LOSSES="0 1 5"] [REPS=3] [WARMUP=3]
-#                        [TRACE=0] [GAP=] [BIN=bin]
+#                        [TRACE=0] [GAP=] [BIN=bin] [KEEP=]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-50M} LEN=${LEN:-1200} DURATION=${DURATION:-10} LOSSES=${LOSSES:-"0 1 5"} REPS=${REPS:-3}
-WARMUP=${WARMUP:-3} TRACE=${TRACE:-0} GAP=${GAP:-} BIN=${BIN:-bin}
+WARMUP=${WARMUP:-3} TRACE=${TRACE:-0} GAP=${GAP:-} BIN=${BIN:-bin} KEEP=${KEEP:-}
 P=qu
 CNS=$P-c SNS=$P-s SERVER_IP=198.18.0.2
 work=$(mktemp -d)
@@ -52,7 +53,7 @@ cleanup() {
   for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   "$BIN/linkem" down --prefix $P >/dev/null 2>&1 || true
-  rm -rf "$work"
+  if [ -n "$KEEP" ]; then echo "daemons' logs kept in $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 command -v iperf3 >/dev/null || { echo "iperf3 is not installed (apt-get install iperf3)" >&2; exit 1; }
@@ -70,13 +71,13 @@ chmod 600 "$work/secret"
 fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
 ip netns exec $SNS "$BIN/quictun-server" --listen-on $SERVER_IP:7500 --state-dir "$work/state" \
   --secret-file "$work/secret" --allow tcp:127.0.0.1:5201,udp:127.0.0.1:5201 \
-  --httpd-listen-on 127.0.0.1:8086 >"$work/server.log" 2>&1 &
+  --httpd-listen-on 127.0.0.1:8086 -v 2 >"$work/server.log" 2>&1 &
 spid=$!
 pids+=($spid)
 ip netns exec $CNS "$BIN/quictun-client" --server-endpoint $SERVER_IP:7500 --server-fingerprint "$fp" \
   --secret-file "$work/secret" --httpd-listen-on 127.0.0.1:8087 \
   --forward tcp:127.0.0.1:5202=tcp:127.0.0.1:5201 --forward udp:127.0.0.1:5202=udp:127.0.0.1:5201 \
-  >"$work/client.log" 2>&1 &
+  -v 2 >"$work/client.log" 2>&1 &
 cpid=$!
 pids+=($cpid)
 for _ in $(seq 100); do
