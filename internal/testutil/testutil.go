@@ -254,6 +254,28 @@ func EchoServer(t testing.TB) string {
 	})
 }
 
+// UDPEchoServer answers every UDP packet with itself, on loopback, until the
+// test ends, and returns its address.
+func UDPEchoServer(t testing.TB) string {
+	t.Helper()
+	uc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 1<<16)
+		for {
+			n, addr, err := uc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = uc.WriteToUDPAddrPort(buf[:n], addr)
+		}
+	}()
+	t.Cleanup(func() { _ = uc.Close(); <-done })
+	return uc.LocalAddr().String()
+}
+
 // ServeTCP runs handle for every connection to a new loopback listener until the test ends.
 func ServeTCP(t testing.TB, handle func(net.Conn)) string {
 	t.Helper()

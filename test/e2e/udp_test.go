@@ -196,7 +196,7 @@ func TestProxyCredentialsWithCurl(t *testing.T) {
 // beyond it; udp_flows_total counts each by result.
 func TestUDPIdleTimeoutAndFlowLimit(t *testing.T) {
 	checkLeaks(t)
-	echo := udpEchoServer(t)
+	echo := testutil.UDPEchoServer(t)
 	srv := startServer(t, serverOpts{Allow: []string{"udp:" + echo}, Args: []string{"--max-udp-flows-per-conn", "1", "--udp-idle-timeout", "1s"}})
 	fwd := testutil.FreeAddr(t, "udp")
 	cl := startClient(t, srv, clientOpts{Token: "tcp:127.0.0.1:1", Args: []string{"--forward", "udp:" + fwd + "=udp:" + echo, "--udp-idle-timeout", "1s"}})
@@ -214,27 +214,6 @@ func TestUDPIdleTimeoutAndFlowLimit(t *testing.T) {
 	waitMetric(t, srv, 10*time.Second, eq(1), "quictun_server_udp_flows_total", "result", "ok")
 	waitMetric(t, srv, 5*time.Second, eq(0), "quictun_server_udp_flows_active")
 	require.NoError(t, udpRoundTrip(b, "after the first flow ended"))
-}
-
-// udpEchoServer echoes UDP datagrams on loopback until the test ends.
-func udpEchoServer(t *testing.T) string {
-	t.Helper()
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 65536)
-		for {
-			n, from, err := pc.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
-	t.Cleanup(func() { _ = pc.Close(); <-done })
-	return pc.LocalAddr().String()
 }
 
 // dialUDP is an application's connected UDP socket to addr.

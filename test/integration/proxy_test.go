@@ -220,7 +220,7 @@ func socksAssociate(t *testing.T, addr string) (net.Conn, *net.UDPAddr) {
 // the control connection ends the association and its flows.
 func TestSOCKS5UDPAssociate(t *testing.T) {
 	t.Parallel()
-	echo := udpEcho(t)
+	echo := testutil.UDPEchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"udp:" + echo}})
 	addr, c := startProxy(t, srv, ingress.SOCKS5{})
 	ctrl, relay := socksAssociate(t, addr)

@@ -23,27 +23,6 @@ import (
 	"github.com/quictun/quictun/server"
 )
 
-// udpEcho answers every packet with itself, until the test ends.
-func udpEcho(t *testing.T) string {
-	t.Helper()
-	uc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, udpflow.MaxPacket)
-		for {
-			n, addr, err := uc.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			_, _ = uc.WriteToUDPAddrPort(buf[:n], addr)
-		}
-	}()
-	t.Cleanup(func() { _ = uc.Close(); <-done })
-	return uc.LocalAddr().String()
-}
-
 // udpForward starts a client with one udp forward to dest and returns the
 // forward's local address.
 func udpForward(t *testing.T, srv *testutil.Server, dest string, mutate func(*client.Config)) (string, *testutil.Client) {
@@ -119,7 +98,7 @@ func exchange(t *testing.T, addr string, sizes ...int) *net.UDPConn {
 // for a datagram on the stream; metrics count them.
 func TestUDPForward(t *testing.T) {
 	t.Parallel()
-	echo := udpEcho(t)
+	echo := testutil.UDPEchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"udp:" + echo}})
 	addr, c := udpForward(t, srv, "udp:"+echo, nil)
 
@@ -164,7 +143,7 @@ func TestUDPForward(t *testing.T) {
 // packets go nowhere, and both ends count it.
 func TestUDPForwardRefused(t *testing.T) {
 	t.Parallel()
-	echo := udpEcho(t)
+	echo := testutil.UDPEchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
 	addr, c := udpForward(t, srv, "udp:"+echo, nil)
 	uc, err := net.Dial("udp", addr)
@@ -186,7 +165,7 @@ func TestUDPForwardRefused(t *testing.T) {
 // the server's per-connection limit are refused with overloaded.
 func TestUDPFlowIdleAndLimits(t *testing.T) {
 	t.Parallel()
-	echo := udpEcho(t)
+	echo := testutil.UDPEchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"udp:" + echo}, Mutate: func(cfg *server.Config) {
 		cfg.UDPIdleTimeout = 300 * time.Millisecond
 		cfg.MaxUDPFlowsPerConn = 2
@@ -241,7 +220,7 @@ func TestUDPDatagramsWithoutFlow(t *testing.T) {
 // ends it at once (shutdown) instead of waiting the drain timeout for it.
 func TestUDPFlowsDoNotHoldTheDrain(t *testing.T) {
 	t.Parallel()
-	echo := udpEcho(t)
+	echo := testutil.UDPEchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"udp:" + echo}, Mutate: func(cfg *server.Config) {
 		cfg.DrainTimeout = 20 * time.Second
 	}})
