@@ -268,6 +268,7 @@ type serverOpts struct {
 	AdminPort  int
 	Allow      []string // default: loopback (the server's default)
 	Args       []string
+	Env        []string // added to the environment
 	NoWait     bool
 }
 
@@ -294,7 +295,7 @@ func startServer(t *testing.T, o serverOpts) *daemon {
 			args = append(args, "--allow", strings.Join(o.Allow, ","))
 		}
 		args = append(args, o.Args...)
-		p := startProc(t, "quictun-server", nil, bins.server, args...)
+		p := startProc(t, "quictun-server", o.Env, bins.server, args...)
 		d := &daemon{proc: p, Addr: "127.0.0.1:" + strconv.Itoa(udp), AdminURL: "http://127.0.0.1:" + strconv.Itoa(adm),
 			StateDir: o.StateDir, SecretFile: o.SecretFile, Fingerprint: fp, udpPort: udp, adminPort: adm}
 		if o.NoWait {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -395,4 +396,15 @@ func TestServerRestartIdleClient(t *testing.T) {
 	assert.Equal(t, 1.0, scrape(t, cl).val("quictun_client_session_up"))
 	t.Logf("idle client, --keepalive-period 1s: lost the old connection %v after the restart, connected to the new server after %v",
 		lost, back)
+}
+
+// TestDefaultGOMAXPROCS: a daemon runs with half the CPUs' worth of Ps (at
+// least one) unless GOMAXPROCS is set, and says which at start.
+func TestDefaultGOMAXPROCS(t *testing.T) {
+	checkLeaks(t)
+	def := startServer(t, serverOpts{})
+	want := fmt.Sprintf("gomaxprocs=%d gomaxprocsFromEnv=false", max(1, runtime.NumCPU()/2))
+	assert.Contains(t, def.proc.log(), want)
+	set := startServer(t, serverOpts{Env: []string{"GOMAXPROCS=3"}})
+	assert.Contains(t, set.proc.log(), "gomaxprocs=3 gomaxprocsFromEnv=true")
 }

@@ -118,7 +118,8 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 					klog.V(1).InfoS("Effective configuration", "config", b.String())
 				}
 			}
-			klog.InfoS("Starting "+name, "version", version.String())
+			procs, fromEnv := procsInForce()
+			klog.InfoS("Starting "+name, "version", version.String(), "gomaxprocs", procs, "gomaxprocsFromEnv", fromEnv)
 			return d.Run(cmd.Context())
 		},
 	}

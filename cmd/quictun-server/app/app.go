@@ -24,7 +24,10 @@ import (
 )
 
 // Run runs the command with args and returns the exit code.
-func Run(args []string) int { return cli.Main(NewCommand(), args) }
+func Run(args []string) int {
+	cli.SetDefaultProcs()
+	return cli.Main(NewCommand(), args)
+}
 
 // NewCommand returns the quictun-server command.
 func NewCommand() *cobra.Command {
