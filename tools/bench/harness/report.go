@@ -64,10 +64,10 @@ func Scenarios() map[string]ScenarioInfo {
 		ScSTNBlackout: {"8c. New connection into a blackout (seed 000)", "The link starts at 100 % loss both ways and returns after the given time; a new short connection (16 B request, the 8a response) starts through every variant at once, together, as the cut begins, each bounded by the profile's limit from its start (as the seed's clients: 60 s). Done after s: seconds from the link's return to the verified end of the response (missing: it failed, see errors); took s: from its start to its end or failure. Direct TCP's wait is set by the kernel's SYN retransmission schedule (Linux 6.x: net.ipv4.tcp_syn_linear_timeouts retransmissions 1 s apart, then doubling, up to tcp_syn_retries; older kernels and the seed's iOS clients: 1, 3, 7, 15, 31 s), so it depends on where in that schedule the link returns. Tunnel survived: the sink client's QUIC connection was not replaced.",
 			[]Metric{{"done_after_s", "done after s", false}, {"ok", "completed", true}, {"took_s", "took s", false}, {"tunnel_survived", "tunnel survived", true}},
 			[]string{"done_after_s"}},
-		ScEcho: {"3a. Echo TPS by message size", "Several connections in parallel, ping-pong of the given size, unlimited link.",
-			[]Metric{{"tps", "round trips/s", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p99_ms", "p99 ms", false}}, nil},
-		ScReqSize: {"3b. QPS and throughput by request size", "One connection, request = echo of the given size, unlimited link.",
-			[]Metric{{"tps", "QPS", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p50_ms", "p50 ms", false}}, nil},
+		ScEcho: {"3a. Echo TPS by message size", "Several connections in parallel, ping-pong of the given size, unlimited link. " + echoCPUText,
+			append([]Metric{{"tps", "round trips/s", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p99_ms", "p99 ms", false}}, echoCPUColumns...), nil},
+		ScReqSize: {"3b. QPS and throughput by request size", "One connection, request = echo of the given size, unlimited link. " + echoCPUText,
+			append([]Metric{{"tps", "QPS", true}, {"mbit_per_s", "Mbit/s each way", true}, {"p50_ms", "p50 ms", false}}, echoCPUColumns...), nil},
 		ScConnrate: {"4. New-connection cost", "Short connections: connect, one 100 B request, echo, close; 8 in flight.",
 			[]Metric{{"conns_per_s", "conns/s", true}, {"first_byte_p50_ms", "first byte p50 ms", false}, {"first_byte_p99_ms", "first byte p99 ms", false}}, nil},
 		ScBlackout: {"5. Recovery after a blackout", "100 % loss both ways for the given time. In-flight: a 1000 B request sent on an open connection just after the cut started; seconds from the end of the cut to its echo. New connection: seconds from the end of the cut to the first new connection that completes a round trip. Survived: the tunnel's QUIC connection was not replaced (quictun reconnect counter unchanged).",
@@ -98,6 +98,13 @@ var stnColumns = []Metric{
 	{"max_s", "max s", false}, {"failures", "failures", false}, {"connections", "connections", true}, {"reconnects", "tunnel reconnects", false},
 	{"emu_loss_pct", "emulator loss %", false}, {"emu_queue_drops", "emulator queue drops", false}, {"emu_tun_drops", "TUN drops", false},
 }
+
+// echoCPUColumns are the CPU columns of the echo scenarios (3a, 3b).
+var echoCPUColumns = []Metric{
+	{"cpu_client_pct", "client CPU %", false}, {"cpu_server_pct", "server CPU %", false}, {"emu_cpu_pct", "emulator CPU %", false},
+}
+
+const echoCPUText = "CPU % = share of one core during the sample: the tunnel's client and server processes (direct TCP has none) and the emulator (the harness process, which runs tools/linkem). The machine's cores are shared by them, latency-client and its echo server: a process near 100 % is a machine limit, not a protocol one."
 
 // usageColumns are the CPU and drop columns shown beside bulk results.
 var usageColumns = []Metric{

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,5 +113,43 @@ func TestRunSecondBuild(t *testing.T) {
 	}
 	for _, v := range res.Variants {
 		assert.Equal(t, len(p.LatencyLinks), seen[v], "latency samples of %s", v)
+	}
+}
+
+// TestRunEchoCPU: the echo scenarios (3a, 3b) record the tunnel's and the
+// emulator's CPU beside their throughput, and the report shows it. /proc
+// counts CPU time in 10 ms ticks, so one short smoke sample may show 0: the
+// test checks the sum over each scenario's samples.
+func TestRunEchoCPU(t *testing.T) {
+	res, dir, p := runTunnelSmoke(t, "hc", nil, ScEcho, ScReqSize)
+	n := map[string]int{}
+	tunnelCPU := map[string]float64{}
+	for _, smp := range res.Samples {
+		require.Empty(t, smp.Error, "%s/%s/%s", smp.Scenario, smp.Case, smp.Variant)
+		n[smp.Scenario]++
+		assert.Contains(t, smp.Metrics, "emu_cpu_pct", "%s/%s/%s", smp.Scenario, smp.Case, smp.Variant)
+		if smp.Variant == "quictun" {
+			tunnelCPU[smp.Scenario+" client"] += smp.Metrics["cpu_client_pct"]
+			tunnelCPU[smp.Scenario+" server"] += smp.Metrics["cpu_server_pct"]
+		} else {
+			assert.NotContains(t, smp.Metrics, "cpu_client_pct", "direct TCP has no tunnel processes")
+		}
+	}
+	assert.Equal(t, 2*len(p.EchoSizes)*p.Reps, n[ScEcho])
+	assert.Equal(t, 2*len(p.ReqSizes)*p.Reps, n[ScReqSize])
+	for _, sc := range []string{ScEcho, ScReqSize} {
+		for _, side := range []string{"client", "server"} {
+			assert.Positive(t, tunnelCPU[sc+" "+side], "quictun-%s's CPU in %s", side, sc)
+		}
+	}
+	report, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	require.NoError(t, err)
+	for _, section := range []string{"## 3a.", "## 3b."} {
+		_, rest, ok := strings.Cut(string(report), section)
+		require.True(t, ok, section)
+		rest, _, _ = strings.Cut(rest, "\n## ")
+		for _, row := range []string{"| client CPU % |", "| server CPU % |", "| emulator CPU % |"} {
+			assert.Contains(t, rest, row, section)
+		}
 	}
 }

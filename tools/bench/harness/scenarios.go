@@ -189,6 +189,20 @@ func (r *Runner) bulk(ctx context.Context) error {
 	return nil
 }
 
+// cpuSince takes the CPU time of the variant's echo endpoints and of the
+// emulator now and returns a probe's extra, which adds their use since then
+// (client, server and emulator CPU %) to the sample: throughput beside the
+// CPU that bought it, so a saturated process is not read as a protocol limit.
+// The harness runs only the emulator while latency-client (its own process)
+// does the work, so the harness's CPU is the emulator's.
+func (r *Runner) cpuSince(v Variant) func(map[string]float64) {
+	cp, sp := v.EndpointPIDs("echo")
+	u0 := r.usage(cp, sp)
+	return func(m map[string]float64) {
+		maps.Copy(m, usageMetrics(u0, r.usage(cp, sp), 0, len(cp)+len(sp) > 0))
+	}
+}
+
 func cpuOf(pids []int) float64 {
 	var sum float64
 	for _, pid := range pids {
@@ -238,7 +252,7 @@ func (r *Runner) echoTPS(ctx context.Context) error {
 					return nil
 				}
 				r.probe(ctx, ScEcho, p.EchoLink, fmt.Sprintf("%s x %d conns", size, p.EchoConns), v, rep,
-					int(n), p.EchoNumber, p.EchoConns, 5*time.Minute, nil)
+					int(n), p.EchoNumber, p.EchoConns, 5*time.Minute, r.cpuSince(v))
 			}
 		}
 	}
@@ -259,7 +273,7 @@ func (r *Runner) reqSize(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				r.probe(ctx, ScReqSize, p.EchoLink, size, v, rep, int(n), number, 1, 5*time.Minute, nil)
+				r.probe(ctx, ScReqSize, p.EchoLink, size, v, rep, int(n), number, 1, 5*time.Minute, r.cpuSince(v))
 			}
 		}
 	}
