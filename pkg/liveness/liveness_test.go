@@ -401,7 +401,11 @@ func TestTailProberAdaptsToShortPaths(t *testing.T) {
 		{"loopback", 100 * time.Microsecond, 2200 * time.Microsecond},
 		{"LAN", 2 * time.Millisecond, 6 * time.Millisecond}, // the answer usually wins
 		{"limit", 4 * time.Millisecond, liveness.ShortPathWait},
-		{"WAN", 25 * time.Millisecond, delay}, // two RTTs would lose to the probe timeout
+		{"above the limit", 5 * time.Millisecond, delay}, // two RTTs would lose to the probe timeout; srtt/8 < delay
+		// Longer paths: srtt/8, as soon as quic-go's time threshold
+		// (9/8 RTT) would declare a lost burst anyway.
+		{"WAN", 25 * time.Millisecond, 25 * time.Millisecond / 8},
+		{"satellite", 600 * time.Millisecond, 75 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
