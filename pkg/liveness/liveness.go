@@ -153,6 +153,13 @@ const ShortPathWait = 10 * time.Millisecond
 // turnaround is the allowance for the peer's answer beyond two RTTs.
 const turnaround = 2 * time.Millisecond
 
+// LongPathWait caps the first probe's wait of srtt/8 on long paths. A probe
+// is ack-eliciting, so quic-go's probe timeout counts from it: when both a
+// burst and its probe are lost, a later probe delays that timeout by as
+// much. 5 ms keeps the probe clear of the peer's turnaround for a request
+// and bounds that shift (a probe timeout is srtt + 4·rttvar + 25 ms or more).
+const LongPathWait = 5 * time.Millisecond
+
 // TailProber sends up to Count tail probes after each burst of writes. Kick is
 // cheap and never blocks or wakes another goroutine: it arms a timer once per
 // burst. Safe for concurrent use.
@@ -193,11 +200,12 @@ func (p *TailProber) WithRTT(rtt func() time.Duration) *TailProber {
 
 // firstDelay is the wait between a burst's first write and its first probe.
 //
-// On longer paths it is at least srtt/8, which costs no repair time: quic-go
-// declares a packet lost only 9/8 of max(srtt, latest RTT) after it was sent
-// (RFC 9002's time threshold; the probe is the only later packet, below the
-// packet threshold), so the acknowledgement of a probe sent up to srtt/8
-// after a lost packet arrives no later than that verdict. A probe sent 1 ms
+// On longer paths it is at least srtt/8 (at most LongPathWait), which costs
+// no repair time when the probe gets through: quic-go declares a packet lost
+// only 9/8 of max(srtt, latest RTT) after it was sent (RFC 9002's time
+// threshold; the probe is the only later packet, below the packet
+// threshold), so the acknowledgement of a probe sent up to srtt/8 after a
+// lost packet arrives no later than that verdict. A probe sent 1 ms
 // after a request instead reaches the peer while it is still answering the
 // request, and its processing and the acknowledgement it draws delay the
 // answer (0.2-0.3 ms of a first round trip on a 25 ms path).
@@ -209,7 +217,7 @@ func (p *TailProber) firstDelay() time.Duration {
 		case 2*srtt+turnaround <= ShortPathWait:
 			d = max(d, 2*srtt+turnaround)
 		default:
-			d = max(d, srtt/8)
+			d = max(d, min(srtt/8, LongPathWait))
 		}
 	}
 	return d

@@ -403,9 +403,11 @@ func TestTailProberAdaptsToShortPaths(t *testing.T) {
 		{"limit", 4 * time.Millisecond, liveness.ShortPathWait},
 		{"above the limit", 5 * time.Millisecond, delay}, // two RTTs would lose to the probe timeout; srtt/8 < delay
 		// Longer paths: srtt/8, as soon as quic-go's time threshold
-		// (9/8 RTT) would declare a lost burst anyway.
+		// (9/8 RTT) would declare a lost burst anyway, at most
+		// LongPathWait (the probe timeout counts from the probe).
 		{"WAN", 25 * time.Millisecond, 25 * time.Millisecond / 8},
-		{"satellite", 600 * time.Millisecond, 75 * time.Millisecond},
+		{"cap", 40 * time.Millisecond, liveness.LongPathWait},
+		{"satellite", 600 * time.Millisecond, liveness.LongPathWait},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -92,7 +92,7 @@ func (o *Options) Config() *cli.ConfigFlags { return &o.ConfigFlags }
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.DaemonFlags.AddFlags(fs, cli.DaemonHelp{
 		FEC:        "forward error correction K/M, e.g. 10/3: after every K datagrams (or 1 ms), M Reed-Solomon parity datagrams let the server rebuild up to M lost ones before QUIC sees a loss; keeps throughput under random loss at M/K more bandwidth; costs GSO; the server needs --fec too; empty = off",
-		TailProbes: "tiny datagrams sent 1 ms after each burst of upstream data (two RTTs + 2 ms on paths under 4 ms, RTT/8 on paths over 8 ms; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables (saves ~40 B per burst)",
+		TailProbes: "tiny datagrams sent 1 ms after each burst of upstream data (two RTTs + 2 ms on paths under 4 ms, RTT/8 up to 5 ms on longer ones; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables (saves ~40 B per burst)",
 	})
 	fs.StringSliceVar(&o.ListenOn, "listen-on", o.ListenOn, "local listeners for applications, e.g. tcp:127.0.0.1:6500,unix:/run/quictun/app.sock")
 	fs.BoolVar(&o.ListenNonLoopback, "listen-non-loopback", o.ListenNonLoopback, "allow --listen-on TCP addresses beyond loopback: anyone who can reach them uses this client's credentials and reaches what the server allows")

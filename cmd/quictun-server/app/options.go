@@ -120,7 +120,7 @@ func (o *Options) Config() *cli.ConfigFlags { return &o.ConfigFlags }
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.DaemonFlags.AddFlags(fs, cli.DaemonHelp{
 		FEC:        "answer clients that use forward error correction with parity of K/M, e.g. 10/3 (see quictun-client --fec); plain clients are still served; costs GSO for all; empty = off",
-		TailProbes: "tiny datagrams sent 1 ms after each burst of downstream data (two RTTs + 2 ms on paths under 4 ms, RTT/8 on paths over 8 ms; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables",
+		TailProbes: "tiny datagrams sent 1 ms after each burst of downstream data (two RTTs + 2 ms on paths under 4 ms, RTT/8 up to 5 ms on longer ones; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables",
 	})
 	fs.StringVar(&o.ListenOn, "listen-on", o.ListenOn, "UDP address to accept QUIC connections on, e.g. 0.0.0.0:7500 or [::]:7500")
 	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only. Never reachable whatever the rules: the server's own QUIC and admin listeners, 0.0.0.0 and ::, and cloud metadata addresses (169.254.169.254, fd00:ec2::254, ...) unless a rule names them exactly")
