@@ -7,22 +7,16 @@
 # extra quictun-client and quictun-server flags. Prints medians and quartiles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${BIN:-bin}; N=${N:-30}; DELAY=${DELAY:-12.5ms}; PREFIX=${PREFIX:-fp}
-CNS=$PREFIX-c SNS=$PREFIX-s SERVER_IP=198.18.0.2
-work=$(mktemp -d); pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-bin/linkem up --prefix "$PREFIX" --delay "$DELAY" >"$work/linkem.log" 2>&1 & pids+=($!)
-for _ in $(seq 100); do ip netns exec "$CNS" true 2>/dev/null && ip netns exec "$SNS" true 2>/dev/null && break; sleep 0.1; done
-sleep 1
+BIN=${BIN:-bin}; N=${N:-30}; DELAY=${DELAY:-12.5ms}; PREFIX=${PREFIX:-fp}; LINKEM=bin/linkem
+# shellcheck source=scripts/lib/emulated-tunnel.sh
+. scripts/lib/emulated-tunnel.sh
+emulated_link
 ip netns exec "$SNS" bin/latency-client serve --listen 0.0.0.0:15676 >"$work/echo.log" 2>&1 & pids+=($!)
-mkdir -m 700 "$work/state"; (umask 077; head -c 32 /dev/urandom | base64 >"$work/secret")
-fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
-ip netns exec "$SNS" "$BIN/quictun-server" --listen-on $SERVER_IP:7500 --state-dir "$work/state" --secret-file "$work/secret" \
-  --allow tcp:127.0.0.1:15676 --audit-log=false ${SARGS:-} >"$work/server.log" 2>&1 & pids+=($!)
-ip netns exec "$CNS" "$BIN/quictun-client" --server-endpoint $SERVER_IP:7500 --server-fingerprint "$fp" --secret-file "$work/secret" \
-  --forward tcp:127.0.0.1:6500=tcp:127.0.0.1:15676 --httpd-listen-on 127.0.0.1:8087 ${CARGS:-} >"$work/client.log" 2>&1 & pids+=($!)
-for _ in $(seq 100); do ip netns exec "$CNS" curl -fsS http://127.0.0.1:8087/readyz >/dev/null 2>&1 && break; sleep 0.1; done
+# shellcheck disable=SC2206 # SARGS and CARGS are lists of flags
+server_args=(--allow tcp:127.0.0.1:15676 ${SARGS:-})
+# shellcheck disable=SC2206
+client_args=(--forward tcp:127.0.0.1:6500=tcp:127.0.0.1:15676 ${CARGS:-})
+emulated_tunnel
 ip netns exec "$CNS" bin/latency-client --server-host 127.0.0.1 --server-port 6500 --number 3 >/dev/null 2>&1 || true
 for i in $(seq $N); do
   for v in direct tunnel; do

@@ -18,37 +18,18 @@ OUT=${OUT:-bench/results/profile-$(date -u +%Y-%m-%dT%H%MZ)}
 SECS=${SECONDS_PER:-10}
 DELAY=${DELAY:-0.25ms}
 PREFIX=${PREFIX:-qp}
-CNS=$PREFIX-c SNS=$PREFIX-s SERVER_IP=198.18.0.2
+LINKEM=$BIN/linkem
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=scripts/lib/emulated-tunnel.sh
+. scripts/lib/emulated-tunnel.sh
 
-"$BIN/linkem" up --prefix "$PREFIX" --delay "$DELAY" >"$work/linkem.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do ip netns exec "$CNS" true 2>/dev/null && ip netns exec "$SNS" true 2>/dev/null && break; sleep 0.1; done
-sleep 1
-
+emulated_link
 ip netns exec "$SNS" "$BIN/latency-client" serve --listen 127.0.0.1:15676 --sink-listen 127.0.0.1:15677 >"$work/echo.log" 2>&1 &
 pids+=($!)
-mkdir -m 700 "$work/state"
-(umask 077; head -c 32 /dev/urandom | base64 >"$work/secret")
-fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
-ip netns exec "$SNS" "$BIN/quictun-server" --listen-on $SERVER_IP:7500 --state-dir "$work/state" \
-  --secret-file "$work/secret" --allow tcp:127.0.0.1:15676,tcp:127.0.0.1:15677 \
-  --httpd-listen-on 127.0.0.1:8086 --enable-pprof --audit-log=false >"$work/server.log" 2>&1 &
-pids+=($!)
-ip netns exec "$CNS" "$BIN/quictun-client" --server-endpoint $SERVER_IP:7500 --server-fingerprint "$fp" \
-  --secret-file "$work/secret" --forward tcp:127.0.0.1:6500=tcp:127.0.0.1:15676 \
-  --forward tcp:127.0.0.1:6501=tcp:127.0.0.1:15677 --httpd-listen-on 127.0.0.1:8087 --enable-pprof >"$work/client.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do ip netns exec "$CNS" curl -fsS http://127.0.0.1:8087/readyz >/dev/null 2>&1 && break; sleep 0.1; done
+server_args=(--allow tcp:127.0.0.1:15676,tcp:127.0.0.1:15677 --httpd-listen-on 127.0.0.1:8086 --enable-pprof)
+client_args=(--forward tcp:127.0.0.1:6500=tcp:127.0.0.1:15676 --forward tcp:127.0.0.1:6501=tcp:127.0.0.1:15677 --enable-pprof)
+emulated_tunnel
 
 # capture NAME: profile both daemons for SECS seconds while the workload runs.
 capture() {
