@@ -22,6 +22,20 @@ type signallingCache struct {
 	stored chan struct{}
 }
 
+func newSignallingCache(c tls.ClientSessionCache) *signallingCache {
+	return &signallingCache{ClientSessionCache: c, stored: make(chan struct{}, 1)}
+}
+
+// waitStored waits (at most 10 s) until a ticket was stored.
+func (c *signallingCache) waitStored(t *testing.T) {
+	t.Helper()
+	select {
+	case <-c.stored:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no session ticket received")
+	}
+}
+
 func (c *signallingCache) Put(key string, cs *tls.ClientSessionState) {
 	c.ClientSessionCache.Put(key, cs)
 	if cs != nil {
@@ -116,16 +130,12 @@ func TestZeroRTTAcrossRestart(t *testing.T) {
 	require.NoError(t, err)
 	pin, err := transport.ParseFingerprint(st.Fingerprint())
 	require.NoError(t, err)
-	cache := &signallingCache{ClientSessionCache: transport.NewStickySessionCache(4), stored: make(chan struct{}, 1)}
+	cache := newSignallingCache(transport.NewStickySessionCache(4))
 
 	addr, stop := serveOnce(t, st)
 	first := dialEarly(t, addr, cache, pin)
 	assert.False(t, first.ConnectionState().Used0RTT, "no ticket yet")
-	select {
-	case <-cache.stored:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no session ticket received")
-	}
+	cache.waitStored(t)
 	_ = first.CloseWithError(0, "")
 	stop()
 
@@ -249,16 +259,12 @@ func TestTicketOfAnUnpinnedCertificate(t *testing.T) {
 	require.NoError(t, err)
 	newPin, err := transport.ParseFingerprint(newSt.Fingerprint())
 	require.NoError(t, err)
-	cache := &signallingCache{ClientSessionCache: transport.NewStickySessionCache(4), stored: make(chan struct{}, 1)}
+	cache := newSignallingCache(transport.NewStickySessionCache(4))
 
 	addr, stop := serveOnce(t, oldSt)
 	c, err := dialPins(t, false, addr, cache, oldPin)
 	require.NoError(t, err)
-	select {
-	case <-cache.stored:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no session ticket received")
-	}
+	cache.waitStored(t)
 	_ = c.CloseWithError(0, "")
 	stop()
 

@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,14 +25,10 @@ func TestFileSessionCacheSurvivesClientRestart(t *testing.T) {
 	var errs []error
 	onErr := func(err error) { errs = append(errs, err) }
 
-	first := &signallingCache{ClientSessionCache: transport.NewFileSessionCache(path, 4, onErr), stored: make(chan struct{}, 1)}
+	first := newSignallingCache(transport.NewFileSessionCache(path, 4, onErr))
 	conn := dialEarly(t, addr, first, pin)
 	assert.False(t, conn.ConnectionState().Used0RTT, "no ticket yet")
-	select {
-	case <-first.stored:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no session ticket received")
-	}
+	first.waitStored(t)
 	_ = conn.CloseWithError(0, "")
 	fi, err := os.Stat(path)
 	require.NoError(t, err)
