@@ -105,6 +105,20 @@ func BenchmarkBulkLoopbackCC(b *testing.B) {
 					return closeWriter{tc}, func() { _, _ = io.Copy(io.Discard, c); _ = c.Close() }
 				})
 			})
+			// floor: the tunnel's structure with nothing of quictun's own; its
+			// ratio to raw-quic is the floor the tunnel can reach.
+			b.Run("floor", func(b *testing.B) {
+				sink := testutil.ServeTCP(b, func(c net.Conn) {
+					_, _ = io.Copy(io.Discard, c)
+					_ = c.(*net.TCPConn).CloseWrite()
+				})
+				addr := startFloorTunnel(b, sink, setCC)
+				bulkRun(b, func() (io.WriteCloser, func()) {
+					c, err := net.Dial("tcp", addr)
+					require.NoError(b, err)
+					return closeWriter{c.(*net.TCPConn)}, func() { _, _ = io.Copy(io.Discard, c); _ = c.Close() }
+				})
+			})
 		})
 	}
 }

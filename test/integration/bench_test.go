@@ -59,14 +59,17 @@ func pingPong(b *testing.B, addr string, size int) {
 
 // BenchmarkPingPong compares echo round trips on loopback, direct and
 // through the tunnel, by message size (report the ratio, never assert it;
-// BenchmarkRawQUIC/pingpong is quic-go's own figure).
+// BenchmarkRawQUIC/pingpong is quic-go's own figure; floor is
+// startFloorTunnel, the tunnel's structure without quictun's own code).
 func BenchmarkPingPong(b *testing.B) {
 	echo := testutil.EchoServer(b)
 	srv := testutil.StartServer(b, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
 	cl := testutil.StartClient(b, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+	floor := startFloorTunnel(b, echo)
 	for _, sz := range pingPongSizes {
 		b.Run("direct/"+sz.name, func(b *testing.B) { pingPong(b, echo, sz.size) })
 		b.Run("tunnel/"+sz.name, func(b *testing.B) { pingPong(b, cl.Addr, sz.size) })
+		b.Run("floor/"+sz.name, func(b *testing.B) { pingPong(b, floor, sz.size) })
 	}
 }
 
@@ -103,6 +106,7 @@ func BenchmarkShortConnections(b *testing.B) {
 	echo := testutil.EchoServer(b)
 	srv := testutil.StartServer(b, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
 	cl := testutil.StartClient(b, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+	floor := startFloorTunnel(b, echo)
 	run := func(b *testing.B, addr string) {
 		msg := make([]byte, 100)
 		got := make([]byte, 100)
@@ -125,4 +129,5 @@ func BenchmarkShortConnections(b *testing.B) {
 	}
 	b.Run("direct", func(b *testing.B) { run(b, echo) })
 	b.Run("tunnel", func(b *testing.B) { run(b, cl.Addr) })
+	b.Run("floor", func(b *testing.B) { run(b, floor) })
 }
