@@ -1,0 +1,321 @@
+// Command floortun is a benchmark-only floor for issue 13, not a product:
+// the simplest TCP-over-QUIC tunnel on the same patched quic-go and the same
+// quic.Config as quictun (transport.QUICConfig(transport.DefaultQUICOptions())),
+// with nothing of quictun's own: no header but the destination, no
+// authentication, no metrics, no liveness, no reconnect. It is
+// startFloorTunnel of test/integration/floor_bench_test.go as two processes,
+// so that `bench loopback` can run it beside quictun.
+//
+// One binary; its mode is the name it runs as. A directory holding it under
+// both names is a drop-in for `go run ./tools/bench loopback --bin-b DIR`:
+//
+//	go build -o DIR/quictun-server ./tools/floortun
+//	go build -o DIR/quictun-client ./tools/floortun
+//
+// It takes the flags the loopback harness passes (--listen-on, --allow,
+// --server-endpoint, --forward tcp:LOCAL=tcp:DEST, and the `fingerprint` and
+// `version` subcommands) and ignores every other flag. The client does not
+// verify the server (InsecureSkipVerify: the server makes a new self-signed
+// certificate at each start, and `fingerprint` prints a placeholder), and the
+// server does not authenticate the client: both refuse to listen on anything
+// but loopback. Each stream starts with the destination, a 2-byte big-endian
+// length and "HOST:PORT"; the server dials it if --allow lists it (or no
+// --allow was given), then both sides copy through 32 KiB buffers and pass
+// each EOF on as a half-close. GOMAXPROCS defaults to half the CPUs, at least
+// one, unless the environment sets it, as quictun's daemons do.
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/spf13/pflag"
+
+	"github.com/quictun/quictun/pkg/transport"
+)
+
+const alpn = "floortun"
+
+func main() {
+	if err := run(os.Args); err != nil {
+		fmt.Fprintf(os.Stderr, "%s (floortun): %v\n", filepath.Base(os.Args[0]), err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	mode := filepath.Base(args[0])
+	fs := pflag.NewFlagSet(mode, pflag.ContinueOnError)
+	fs.ParseErrorsAllowlist.UnknownFlagsHandling = pflag.IgnoreUnknownFlag
+	listenOn := fs.String("listen-on", "", "server: UDP address (loopback)")
+	allowList := fs.String("allow", "", "server: comma-separated tcp:HOST:PORT destinations (empty: any)")
+	endpoint := fs.String("server-endpoint", "", "client: the server's UDP address")
+	forwards := fs.StringArray("forward", nil, "client: tcp:LOCAL=tcp:DEST (LOCAL on loopback)")
+	for _, name := range []string{"state-dir", "secret-file", "httpd-listen-on", "server-fingerprint"} {
+		fs.String(name, "", "ignored")
+	}
+	fs.Bool("audit-log", false, "ignored")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	switch fs.Arg(0) {
+	case "fingerprint":
+		fmt.Println("floortun-does-not-verify")
+		return nil
+	case "version":
+		fmt.Println(version())
+		return nil
+	case "":
+	default:
+		return fmt.Errorf("unknown subcommand %q", fs.Arg(0))
+	}
+	if _, ok := os.LookupEnv("GOMAXPROCS"); !ok {
+		runtime.GOMAXPROCS(max(1, runtime.GOMAXPROCS(0)/2)) // cmd/internal/cli.DefaultProcs
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	context.AfterFunc(ctx, stop) // a second signal ends the process at once
+	fmt.Fprintf(os.Stderr, "%s, %s, GOMAXPROCS=%d\n", mode, version(), runtime.GOMAXPROCS(0))
+	switch mode {
+	case "quictun-server":
+		var allow []string
+		for a := range strings.SplitSeq(*allowList, ",") {
+			if a != "" {
+				allow = append(allow, strings.TrimPrefix(a, "tcp:"))
+			}
+		}
+		return serve(ctx, strings.TrimPrefix(*listenOn, "udp:"), allow)
+	case "quictun-client":
+		return forward(ctx, strings.TrimPrefix(*endpoint, "udp:"), *forwards)
+	}
+	return fmt.Errorf("run as quictun-server or quictun-client, not %q", mode)
+}
+
+// version names the tool and the quic-go it was built with.
+func version() string {
+	v := "floortun (benchmark floor, issue 13)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/quic-go/quic-go" {
+				v += " quic-go " + d.Version
+				if d.Replace != nil {
+					v += " => " + d.Replace.Path
+				}
+			}
+		}
+	}
+	return v
+}
+
+// onLoopback refuses addresses that are not loopback: floortun has no
+// authentication of either side.
+func onLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("%s is not a loopback address (floortun is a benchmark tool without authentication)", addr)
+	}
+	return nil
+}
+
+func serve(ctx context.Context, listenOn string, allow []string) error {
+	if err := onLoopback(listenOn); err != nil {
+		return err
+	}
+	tlsConf, err := selfSignedTLS()
+	if err != nil {
+		return err
+	}
+	ln, err := quic.ListenAddr(listenOn, tlsConf, transport.QUICConfig(transport.DefaultQUICOptions()))
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	var conns sync.WaitGroup
+	defer conns.Wait() // each closes when ctx is done
+	for {
+		c, err := ln.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		conns.Go(func() {
+			defer func() { _ = c.CloseWithError(0, "") }()
+			for {
+				s, err := c.AcceptStream(ctx)
+				if err != nil {
+					return
+				}
+				go serveStream(ctx, s, allow)
+			}
+		})
+	}
+}
+
+// serveStream reads the destination at the start of s, dials it and pipes.
+func serveStream(ctx context.Context, s *quic.Stream, allow []string) {
+	var n [2]byte
+	var dest []byte
+	_, err := io.ReadFull(s, n[:])
+	if err == nil {
+		dest = make([]byte, binary.BigEndian.Uint16(n[:]))
+		_, err = io.ReadFull(s, dest)
+	}
+	if err == nil && len(allow) > 0 && !slices.Contains(allow, string(dest)) {
+		err = fmt.Errorf("destination %q not in --allow", dest)
+	}
+	var tc net.Conn
+	if err == nil {
+		tc, err = net.Dial("tcp", string(dest))
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "stream %d: %v\n", s.StreamID(), err)
+		s.CancelRead(0)
+		s.CancelWrite(0)
+		return
+	}
+	pipe(ctx, tc.(*net.TCPConn), s)
+}
+
+func forward(ctx context.Context, endpoint string, forwards []string) error {
+	if len(forwards) == 0 {
+		return errors.New("no --forward")
+	}
+	conf := transport.QUICConfig(transport.DefaultQUICOptions())
+	tlsConf := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpn}} // benchmark only, loopback only (package doc)
+	// The harness starts both daemons at once and waits for the forwards to
+	// accept: dial until the server answers, then listen.
+	var conn *quic.Conn
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		c, err := quic.DialAddr(dctx, endpoint, tlsConf, conf)
+		cancel()
+		if err == nil {
+			conn = c
+			break
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("dial %s: %w", endpoint, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	defer func() { _ = conn.CloseWithError(0, "") }()
+	for _, f := range forwards {
+		local, dest, ok := strings.Cut(f, "=")
+		local, dest = strings.TrimPrefix(local, "tcp:"), strings.TrimPrefix(dest, "tcp:")
+		if !ok || len(dest) > 0xffff {
+			return fmt.Errorf("--forward %q: want tcp:LOCAL=tcp:DEST", f)
+		}
+		if err := onLoopback(local); err != nil {
+			return err
+		}
+		l, err := net.Listen("tcp", local)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		prefix := binary.BigEndian.AppendUint16(nil, uint16(len(dest)))
+		prefix = append(prefix, dest...)
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					s, err := conn.OpenStreamSync(ctx)
+					if err != nil {
+						_ = c.Close()
+						return
+					}
+					if _, err := s.Write(prefix); err != nil {
+						s.CancelWrite(0)
+						_ = c.Close()
+						return
+					}
+					pipe(ctx, c.(*net.TCPConn), s)
+				}()
+			}
+		}()
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-conn.Context().Done(): // no reconnect: the run is void
+		return fmt.Errorf("QUIC connection ended: %w", context.Cause(conn.Context()))
+	}
+}
+
+// pipe is floorPipe of test/integration/floor_bench_test.go: it copies both
+// ways between c and s through 32 KiB buffers (no splice(2) fast path),
+// passes each EOF on as a half-close, and closes both at the end or when ctx
+// is done.
+func pipe(ctx context.Context, c *net.TCPConn, s *quic.Stream) {
+	stop := context.AfterFunc(ctx, func() {
+		s.CancelRead(0)
+		s.CancelWrite(0)
+		_ = c.Close()
+	})
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{s}, make([]byte, 32<<10))
+		if err != nil {
+			s.CancelRead(0)
+		}
+		_ = c.CloseWrite()
+	}()
+	_, err := io.CopyBuffer(struct{ io.Writer }{s}, struct{ io.Reader }{c}, make([]byte, 32<<10))
+	if err != nil {
+		s.CancelWrite(0)
+	} else {
+		_ = s.Close()
+	}
+	<-done
+	s.CancelRead(0) // no-op after EOF; otherwise stops the peer's writes
+	_ = c.Close()
+}
+
+// selfSignedTLS is internal/testutil.SelfSignedTLS's server half (a test
+// package): a new self-signed ECDSA certificate at each start.
+func selfSignedTLS() (*tls.Config, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), DNSNames: []string{alpn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{alpn}}, nil
+}
