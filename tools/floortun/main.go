@@ -19,8 +19,8 @@
 // certificate at each start, and `fingerprint` prints a placeholder), and the
 // server does not authenticate the client: both refuse to listen on anything
 // but loopback. Each stream starts with the destination, a 2-byte big-endian
-// length and "HOST:PORT"; the server dials it if --allow lists it (or no
-// --allow was given), then both sides copy through 32 KiB buffers and pass
+// length and "HOST:PORT"; the server dials it if --allow lists it (required),
+// then both sides copy through 32 KiB buffers and pass
 // each EOF on as a half-close. GOMAXPROCS defaults to half the CPUs, at least
 // one, unless the environment sets it, as quictun's daemons do.
 package main
@@ -69,7 +69,7 @@ func run(args []string) error {
 	fs := pflag.NewFlagSet(mode, pflag.ContinueOnError)
 	fs.ParseErrorsAllowlist.UnknownFlagsHandling = pflag.IgnoreUnknownFlag
 	listenOn := fs.String("listen-on", "", "server: UDP address (loopback)")
-	allowList := fs.String("allow", "", "server: comma-separated tcp:HOST:PORT destinations (empty: any)")
+	allowList := fs.String("allow", "", "server: comma-separated tcp:HOST:PORT destinations (required)")
 	endpoint := fs.String("server-endpoint", "", "client: the server's UDP address")
 	forwards := fs.StringArray("forward", nil, "client: tcp:LOCAL=tcp:DEST (LOCAL on loopback)")
 	for _, name := range []string{"state-dir", "secret-file", "httpd-listen-on", "server-fingerprint"} {
@@ -104,6 +104,9 @@ func run(args []string) error {
 			if a != "" {
 				allow = append(allow, strings.TrimPrefix(a, "tcp:"))
 			}
+		}
+		if len(allow) == 0 {
+			return errors.New("--allow is required: list the tcp:HOST:PORT destinations the server may dial")
 		}
 		return serve(ctx, strings.TrimPrefix(*listenOn, "udp:"), allow)
 	case "quictun-client":
@@ -186,7 +189,7 @@ func serveStream(ctx context.Context, s *quic.Stream, allow []string) {
 		dest = make([]byte, binary.BigEndian.Uint16(n[:]))
 		_, err = io.ReadFull(s, dest)
 	}
-	if err == nil && len(allow) > 0 && !slices.Contains(allow, string(dest)) {
+	if err == nil && !slices.Contains(allow, string(dest)) {
 		err = fmt.Errorf("destination %q not in --allow", dest)
 	}
 	var tc net.Conn
