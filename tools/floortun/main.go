@@ -18,7 +18,8 @@
 // verify the server (InsecureSkipVerify: the server makes a new self-signed
 // certificate at each start, and `fingerprint` prints a placeholder), and the
 // server does not authenticate the client: both refuse to listen on anything
-// but loopback. Each stream starts with the destination, a 2-byte big-endian
+// but loopback or 198.18.0.0/15 (RFC 2544's benchmark range, used by the
+// emulated links). Each stream starts with the destination, a 2-byte big-endian
 // length and "HOST:PORT"; the server dials it if --allow lists it (required),
 // then both sides copy through 32 KiB buffers and pass
 // each EOF on as a half-close. GOMAXPROCS defaults to half the CPUs, at least
@@ -38,6 +39,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -131,15 +133,22 @@ func version() string {
 	return v
 }
 
-// onLoopback refuses addresses that are not loopback: floortun has no
-// authentication of either side.
+// benchNet is 198.18.0.0/15, the range RFC 2544 sets aside for benchmarks;
+// the emulated links of tools/linkem use it (scripts/floor-lan.sh).
+var benchNet = netip.MustParsePrefix("198.18.0.0/15")
+
+// onLoopback refuses addresses that are neither loopback nor in benchNet:
+// floortun has no authentication of either side.
 func onLoopback(addr string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return err
 	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("%s is not a loopback address (floortun is a benchmark tool without authentication)", addr)
+	if host == "localhost" {
+		return nil
+	}
+	if ip, err := netip.ParseAddr(host); err != nil || !(ip.IsLoopback() || benchNet.Contains(ip)) {
+		return fmt.Errorf("%s is not a loopback or 198.18.0.0/15 address (floortun is a benchmark tool without authentication)", addr)
 	}
 	return nil
 }
