@@ -60,14 +60,23 @@ import (
 const alpn = "floortun"
 
 func main() {
-	if err := run(os.Args); err != nil {
-		fmt.Fprintf(os.Stderr, "%s (floortun): %v\n", filepath.Base(os.Args[0]), err)
+	if _, ok := os.LookupEnv("GOMAXPROCS"); !ok {
+		runtime.GOMAXPROCS(max(1, runtime.GOMAXPROCS(0)/2)) // cmd/internal/cli.DefaultProcs
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop) // a second signal ends the process at once
+	mode := filepath.Base(os.Args[0])
+	err := run(ctx, mode, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s (floortun): %v\n", mode, err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
-	mode := filepath.Base(args[0])
+// run is the daemon of mode ("quictun-server" or "quictun-client") with the
+// flags args, until ctx is done.
+func run(ctx context.Context, mode string, args []string) error {
 	fs := pflag.NewFlagSet(mode, pflag.ContinueOnError)
 	fs.ParseErrorsAllowlist.UnknownFlagsHandling = pflag.IgnoreUnknownFlag
 	listenOn := fs.String("listen-on", "", "server: UDP address (loopback)")
@@ -78,7 +87,7 @@ func run(args []string) error {
 		fs.String(name, "", "ignored")
 	}
 	fs.Bool("audit-log", false, "ignored")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	switch fs.Arg(0) {
@@ -92,12 +101,6 @@ func run(args []string) error {
 	default:
 		return fmt.Errorf("unknown subcommand %q", fs.Arg(0))
 	}
-	if _, ok := os.LookupEnv("GOMAXPROCS"); !ok {
-		runtime.GOMAXPROCS(max(1, runtime.GOMAXPROCS(0)/2)) // cmd/internal/cli.DefaultProcs
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	context.AfterFunc(ctx, stop) // a second signal ends the process at once
 	fmt.Fprintf(os.Stderr, "%s, %s, GOMAXPROCS=%d\n", mode, version(), runtime.GOMAXPROCS(0))
 	switch mode {
 	case "quictun-server":
