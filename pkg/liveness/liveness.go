@@ -298,32 +298,11 @@ func (p *TailProber) fire() {
 // Heard tells the prober the peer's data just arrived. A probe still pending
 // for a burst written before is skipped: on a short path the answer beat the
 // probe, so the burst was not lost, and the probe would only add packets.
-//
-// The answered round ends here, its timer stopped, rather than when the
-// timer fires and finds the answer: in a ping-pong on a LAN that firing was
-// a wake-up of the process every few round trips (one timer goroutine each).
 func (p *TailProber) Heard() {
 	if p == nil || p.count == 0 {
 		return
 	}
-	now := time.Now().UnixNano()
-	p.heardAt.Store(now)
-	if !p.armed.Load() || p.kickedAt.Load() >= now {
-		return
-	}
-	p.mu.Lock()
-	kicked := p.kickedAt.Load()
-	stopped := !p.closed && kicked < now && p.timer.Stop()
-	p.mu.Unlock()
-	if !stopped {
-		return // the round is firing or was just extended by a Kick: fire decides
-	}
-	p.armed.Store(false)
-	// A Kick since the check above saw the round pending and was folded into
-	// it: nothing covers its data now, so it starts a round of its own.
-	if p.kickedAt.Load() != kicked {
-		p.arm()
-	}
+	p.heardAt.Store(time.Now().UnixNano())
 }
 
 // Run keeps the prober working until ctx is done, then stops it: no probe
