@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -407,4 +408,26 @@ func TestDefaultGOMAXPROCS(t *testing.T) {
 	assert.Contains(t, def.proc.log(), want)
 	set := startServer(t, serverOpts{Env: []string{"GOMAXPROCS=3"}})
 	assert.Contains(t, set.proc.log(), "gomaxprocs=3 gomaxprocsFromEnv=true")
+}
+
+// TestSysmonPolling: each daemon re-executes itself once at start with
+// GODEBUG's schedtrace set (cli.SysmonSetting: Go's system monitor polls
+// instead of being woken by the first system call after every idle spell),
+// keeping its PID and other settings, unless GODEBUG names schedtrace.
+func TestSysmonPolling(t *testing.T) {
+	checkLeaks(t)
+	environ := func(pid int) string {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		require.NoError(t, err)
+		return strings.ReplaceAll(string(b), "\x00", "\n")
+	}
+	srv := startServer(t, serverOpts{Env: []string{"GODEBUG=madvdontneed=1"}})
+	assert.Contains(t, srv.proc.log(), `godebug="madvdontneed=1,schedtrace=2147483647"`)
+	assert.Contains(t, environ(srv.cmd.Process.Pid), "GODEBUG=madvdontneed=1,schedtrace=2147483647\n", "re-executed in the same process")
+	cl := startClient(t, srv, clientOpts{Token: "tcp:127.0.0.1:9"})
+	assert.Contains(t, cl.proc.log(), `godebug="schedtrace=2147483647"`)
+	assert.Equal(t, 1, strings.Count(cl.proc.log(), "Starting quictun-client"), "one start, one log line")
+
+	own := startServer(t, serverOpts{Env: []string{"GODEBUG=schedtrace=0"}})
+	assert.Contains(t, own.proc.log(), `godebug="schedtrace=0"`, "the user's setting wins")
 }

@@ -119,7 +119,8 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 				}
 			}
 			procs, fromEnv := procsInForce()
-			klog.InfoS("Starting "+name, "version", version.String(), "gomaxprocs", procs, "gomaxprocsFromEnv", fromEnv)
+			klog.InfoS("Starting "+name, "version", version.String(), "gomaxprocs", procs, "gomaxprocsFromEnv", fromEnv,
+				"godebug", os.Getenv("GODEBUG"))
 			return d.Run(cmd.Context())
 		},
 	}
