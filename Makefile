@@ -7,7 +7,7 @@ LDFLAGS  := -s -w -X github.com/quictun/quictun/pkg/version.Version=$(VERSION) -
 FUZZTIME ?= 30s
 BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./tools/linkem
 
-.PHONY: all quic-go test-quic-go build demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-compare e2e soak deploy-check clean
+.PHONY: all quic-go test-quic-go build demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-floor bench-compare e2e soak deploy-check clean
 
 # golangci-lint, pinned; installed from the module proxy into bin/tools (about 2 minutes the first time)
 GOLANGCI_LINT_VERSION := v2.15.0
@@ -88,6 +88,13 @@ bench: build
 
 bench-full: build
 	$(GO) run ./tools/bench run --profile full --bin bin
+
+## bench-floor: quictun beside tools/floortun, the simplest tunnel on the same quic-go (issue 13's floor): loopback cases and the LAN link (root)
+bench-floor: build
+	$(GO) build -trimpath -o bin/floor/quictun-server ./tools/floortun
+	$(GO) build -trimpath -o bin/floor/quictun-client ./tools/floortun
+	$(GO) run ./tools/bench loopback --bin bin --bin-b bin/floor
+	scripts/floor-lan.sh
 
 ## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
 bench-compare: quic-go
