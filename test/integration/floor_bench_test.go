@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -10,6 +9,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/internal/floor"
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/transport"
 )
@@ -60,7 +60,7 @@ func startFloorTunnel(b *testing.B, dest string, quicOpts ...func(*transport.QUI
 							s.CancelWrite(0)
 							return
 						}
-						floorPipe(ctx, tc.(*net.TCPConn), s)
+						floor.Pipe(ctx, tc.(*net.TCPConn), s)
 					})
 				}
 			})
@@ -82,39 +82,9 @@ func startFloorTunnel(b *testing.B, dest string, quicOpts ...func(*transport.QUI
 					_ = c.Close()
 					return
 				}
-				floorPipe(ctx, c.(*net.TCPConn), s)
+				floor.Pipe(ctx, c.(*net.TCPConn), s)
 			})
 		}
 	})
 	return tln.Addr().String()
-}
-
-// floorPipe copies both ways between c and s through 32 KiB buffers (no
-// splice(2) fast path), passes each EOF on as a half-close, and closes both
-// at the end or when ctx is done.
-func floorPipe(ctx context.Context, c *net.TCPConn, s *quic.Stream) {
-	stop := context.AfterFunc(ctx, func() {
-		s.CancelRead(0)
-		s.CancelWrite(0)
-		_ = c.Close()
-	})
-	defer stop()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, err := io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{s}, make([]byte, 32<<10))
-		if err != nil {
-			s.CancelRead(0)
-		}
-		_ = c.CloseWrite()
-	}()
-	_, err := io.CopyBuffer(struct{ io.Writer }{s}, struct{ io.Reader }{c}, make([]byte, 32<<10))
-	if err != nil {
-		s.CancelWrite(0)
-	} else {
-		_ = s.Close()
-	}
-	<-done
-	s.CancelRead(0) // no-op after EOF; otherwise stops the peer's writes
-	_ = c.Close()
 }

@@ -54,6 +54,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/spf13/pflag"
 
+	"github.com/quictun/quictun/internal/floor"
 	"github.com/quictun/quictun/pkg/transport"
 )
 
@@ -214,7 +215,7 @@ func serveStream(ctx context.Context, s *quic.Stream, allow []string) {
 		s.CancelWrite(0)
 		return
 	}
-	pipe(ctx, tc.(*net.TCPConn), s)
+	floor.Pipe(ctx, tc.(*net.TCPConn), s)
 }
 
 func forward(ctx context.Context, endpoint string, forwards []string) error {
@@ -273,7 +274,7 @@ func forward(ctx context.Context, endpoint string, forwards []string) error {
 						_ = c.Close()
 						return
 					}
-					pipe(ctx, c.(*net.TCPConn), s)
+					floor.Pipe(ctx, c.(*net.TCPConn), s)
 				}()
 			}
 		}()
@@ -284,37 +285,6 @@ func forward(ctx context.Context, endpoint string, forwards []string) error {
 	case <-conn.Context().Done(): // no reconnect: the run is void
 		return fmt.Errorf("QUIC connection ended: %w", context.Cause(conn.Context()))
 	}
-}
-
-// pipe is floorPipe of test/integration/floor_bench_test.go: it copies both
-// ways between c and s through 32 KiB buffers (no splice(2) fast path),
-// passes each EOF on as a half-close, and closes both at the end or when ctx
-// is done.
-func pipe(ctx context.Context, c *net.TCPConn, s *quic.Stream) {
-	stop := context.AfterFunc(ctx, func() {
-		s.CancelRead(0)
-		s.CancelWrite(0)
-		_ = c.Close()
-	})
-	defer stop()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, err := io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{s}, make([]byte, 32<<10))
-		if err != nil {
-			s.CancelRead(0)
-		}
-		_ = c.CloseWrite()
-	}()
-	_, err := io.CopyBuffer(struct{ io.Writer }{s}, struct{ io.Reader }{c}, make([]byte, 32<<10))
-	if err != nil {
-		s.CancelWrite(0)
-	} else {
-		_ = s.Close()
-	}
-	<-done
-	s.CancelRead(0) // no-op after EOF; otherwise stops the peer's writes
-	_ = c.Close()
 }
 
 // selfSignedTLS is internal/testutil.SelfSignedTLS's server half (a test
