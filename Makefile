@@ -93,7 +93,7 @@ bench-full: build
 bench-floor: build
 	$(GO) build -trimpath -o bin/floor/quictun-server ./tools/floortun
 	$(GO) build -trimpath -o bin/floor/quictun-client ./tools/floortun
-	$(GO) run ./tools/bench loopback --bin bin --bin-b bin/floor
+	$(GO) run ./tools/bench loopback --bin bin --bin-b bin/floor --quictun-env GODEBUG=schedtrace=2147483647
 	scripts/floor-lan.sh
 
 ## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
