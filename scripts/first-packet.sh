@@ -11,12 +11,7 @@ BIN=${BIN:-bin}; N=${N:-30}; DELAY=${DELAY:-12.5ms}; PREFIX=${PREFIX:-fp}; LINKE
 # shellcheck source=scripts/lib/emulated-tunnel.sh
 . scripts/lib/emulated-tunnel.sh
 emulated_link
-ip netns exec "$SNS" bin/latency-client serve --listen 0.0.0.0:15676 >"$work/echo.log" 2>&1 & pids+=($!)
-# shellcheck disable=SC2206 # SARGS and CARGS are lists of flags
-server_args=(--allow tcp:127.0.0.1:15676 ${SARGS:-})
-# shellcheck disable=SC2206
-client_args=(--forward tcp:127.0.0.1:6500=tcp:127.0.0.1:15676 ${CARGS:-})
-emulated_tunnel
+echo_tunnel
 ip netns exec "$CNS" bin/latency-client --server-host 127.0.0.1 --server-port 6500 --number 3 >/dev/null 2>&1 || true
 for i in $(seq $N); do
   for v in direct tunnel; do

@@ -16,12 +16,7 @@ mkdir -p "$work/floor"
 go build -trimpath -o "$work/floor/quictun-server" ./tools/floortun
 go build -trimpath -o "$work/floor/quictun-client" ./tools/floortun
 emulated_link
-ip netns exec "$SNS" bin/latency-client serve --listen 0.0.0.0:15676 >"$work/echo.log" 2>&1 & pids+=($!)
-# shellcheck disable=SC2206 # SARGS and CARGS are lists of flags
-server_args=(--allow tcp:127.0.0.1:15676 ${SARGS:-})
-# shellcheck disable=SC2206
-client_args=(--forward tcp:127.0.0.1:6500=tcp:127.0.0.1:15676 ${CARGS:-})
-emulated_tunnel
+echo_tunnel
 # The floor runs with the Go runtime setting quictun's daemons give themselves (cli.SysmonSetting).
 ip netns exec "$SNS" env GODEBUG=schedtrace=2147483647 "$work/floor/quictun-server" --listen-on "$SERVER_IP:7600" --allow tcp:127.0.0.1:15676 \
   >"$work/floor-server.log" 2>&1 & pids+=($!)

@@ -1,5 +1,5 @@
 # emulated-tunnel.sh, sourced by the scripts that measure quictun on the emulated link
-# (profile-lan.sh, first-packet.sh). The caller sets BIN (quictun's daemons), LINKEM
+# (profile-lan.sh, first-packet.sh, floor-lan.sh). The caller sets BIN (quictun's daemons), LINKEM
 # (tools/linkem's binary), PREFIX and DELAY; this sets CNS, SNS, SERVER_IP, work (a
 # temporary directory for state and logs) and pids, and on exit stops every process
 # listed in pids and removes work.
@@ -38,4 +38,17 @@ emulated_tunnel() {
     --secret-file "$work/secret" --httpd-listen-on 127.0.0.1:8087 "${client_args[@]}" >"$work/client.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do ip netns exec "$CNS" curl -fsS http://127.0.0.1:8087/readyz >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+# echo_tunnel: latency-client's echo server in SNS on 0.0.0.0:15676 and emulated_tunnel with a
+# forward from the client namespace's 127.0.0.1:6500 to it; SARGS and CARGS are extra
+# quictun-server and quictun-client flags.
+echo_tunnel() {
+  ip netns exec "$SNS" bin/latency-client serve --listen 0.0.0.0:15676 >"$work/echo.log" 2>&1 &
+  pids+=($!)
+  # shellcheck disable=SC2206 # SARGS and CARGS are lists of flags
+  server_args=(--allow tcp:127.0.0.1:15676 ${SARGS:-})
+  # shellcheck disable=SC2206
+  client_args=(--forward tcp:127.0.0.1:6500=tcp:127.0.0.1:15676 ${CARGS:-})
+  emulated_tunnel
 }

@@ -99,10 +99,9 @@ var stnColumns = []Metric{
 	{"emu_loss_pct", "emulator loss %", false}, {"emu_queue_drops", "emulator queue drops", false}, {"emu_tun_drops", "TUN drops", false},
 }
 
-// echoCPUColumns are the CPU columns of the echo scenarios (3a, 3b).
-var echoCPUColumns = []Metric{
-	{"cpu_client_pct", "client CPU %", false}, {"cpu_server_pct", "server CPU %", false}, {"emu_cpu_pct", "emulator CPU %", false},
-}
+// echoCPUColumns are the CPU columns of the echo scenarios (3a, 3b): the
+// client, server and emulator CPU % of usageColumns.
+var echoCPUColumns = usageColumns[:3:3]
 
 const echoCPUText = "CPU % = share of one core during the sample: the tunnel's client and server processes (direct TCP has none) and the emulator (the harness process, which runs tools/linkem). The machine's cores are shared by them, latency-client and its echo server: a process near 100 % is a machine limit, not a protocol one."
 
