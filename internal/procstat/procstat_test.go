@@ -2,6 +2,8 @@ package procstat
 
 import (
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -32,4 +34,39 @@ func TestContextSwitches(t *testing.T) {
 	v, _, err := ContextSwitches(os.Getpid())
 	require.NoError(t, err)
 	assert.Positive(t, v, "this test process has slept at least once")
+}
+
+// TestCPUSecondsResolution: CPUSeconds sees a few milliseconds of CPU, which
+// /proc/PID/stat's 10 ms ticks do not (benchmark samples of a second show a
+// daemon using 0 CPU with them), and it reads another process too.
+func TestCPUSecondsResolution(t *testing.T) {
+	start, err := CPUSeconds(os.Getpid())
+	require.NoError(t, err)
+	seen := map[float64]bool{start: true}
+	for cpu := start; cpu-start < 0.02; {
+		for i := 0; i < 10000; i++ { // burn a little CPU between readings
+			_ = strconv.Itoa(i)
+		}
+		cpu, err = CPUSeconds(os.Getpid())
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, cpu, start, "the CPU clock went backwards")
+		seen[cpu] = true
+	}
+	assert.Greater(t, len(seen), 10, "distinct readings in 20 ms of CPU (ticks give at most 3)")
+	stat, err := statCPUSeconds(os.Getpid())
+	require.NoError(t, err)
+	cpu, err := CPUSeconds(os.Getpid())
+	require.NoError(t, err)
+	assert.InDelta(t, cpu, stat, 0.05, "the CPU clock and /proc/PID/stat agree to a few ticks")
+
+	child := exec.Command("sleep", "5")
+	require.NoError(t, child.Start())
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	c, err := CPUSeconds(child.Process.Pid)
+	require.NoError(t, err)
+	assert.Less(t, c, 1.0, "sleep's CPU time")
+	require.NoError(t, child.Process.Kill())
+	_ = child.Wait()
+	_, err = CPUSeconds(child.Process.Pid)
+	assert.Error(t, err, "a reaped process has no CPU time")
 }

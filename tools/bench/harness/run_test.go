@@ -117,31 +117,27 @@ func TestRunSecondBuild(t *testing.T) {
 }
 
 // TestRunEchoCPU: the echo scenarios (3a, 3b) record the tunnel's and the
-// emulator's CPU beside their throughput, and the report shows it. /proc
-// counts CPU time in 10 ms ticks, so one short smoke sample may show 0: the
-// test checks the sum over each scenario's samples.
+// emulator's CPU beside their throughput, and the report shows it. Each
+// tunnel sample's CPU is above zero: procstat reads the processes' CPU clocks
+// in nanoseconds (with /proc/PID/stat's 10 ms ticks a daemon using a few ms
+// in a short smoke sample showed 0).
 func TestRunEchoCPU(t *testing.T) {
 	res, dir, p := runTunnelSmoke(t, "hc", nil, ScEcho, ScReqSize)
 	n := map[string]int{}
-	tunnelCPU := map[string]float64{}
 	for _, smp := range res.Samples {
-		require.Empty(t, smp.Error, "%s/%s/%s", smp.Scenario, smp.Case, smp.Variant)
+		name := smp.Scenario + "/" + smp.Case + "/" + smp.Variant
+		require.Empty(t, smp.Error, name)
 		n[smp.Scenario]++
-		assert.Contains(t, smp.Metrics, "emu_cpu_pct", "%s/%s/%s", smp.Scenario, smp.Case, smp.Variant)
+		assert.Contains(t, smp.Metrics, "emu_cpu_pct", name)
 		if smp.Variant == "quictun" {
-			tunnelCPU[smp.Scenario+" client"] += smp.Metrics["cpu_client_pct"]
-			tunnelCPU[smp.Scenario+" server"] += smp.Metrics["cpu_server_pct"]
+			assert.Positive(t, smp.Metrics["cpu_client_pct"], "quictun-client's CPU in %s", name)
+			assert.Positive(t, smp.Metrics["cpu_server_pct"], "quictun-server's CPU in %s", name)
 		} else {
 			assert.NotContains(t, smp.Metrics, "cpu_client_pct", "direct TCP has no tunnel processes")
 		}
 	}
 	assert.Equal(t, 2*len(p.EchoSizes)*p.Reps, n[ScEcho])
 	assert.Equal(t, 2*len(p.ReqSizes)*p.Reps, n[ScReqSize])
-	for _, sc := range []string{ScEcho, ScReqSize} {
-		for _, side := range []string{"client", "server"} {
-			assert.Positive(t, tunnelCPU[sc+" "+side], "quictun-%s's CPU in %s", side, sc)
-		}
-	}
 	report, err := os.ReadFile(filepath.Join(dir, "report.md"))
 	require.NoError(t, err)
 	for _, section := range []string{"## 3a.", "## 3b."} {
