@@ -97,8 +97,13 @@ func TestKeyRotation(t *testing.T) {
 	// Step 2: the old key is removed.
 	require.NoError(t, srv.SetKeys(keyring(t, newSecret)))
 	refusedRead(t, old.Addr)
+	// At least 1: after the refusal the old client reconnects (at once when
+	// its connection was up for a second or more: 1 ms later in a measured
+	// run, the hello as 0-RTT data) and every hello it sends
+	// with the old key counts too, so on a slow machine the count can pass 1
+	// between two polls.
 	require.Eventually(t, func() bool {
-		return promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(metrics.AuthUnknownKey)) == 1
+		return promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(metrics.AuthUnknownKey)) >= 1
 	}, 5*time.Second, 10*time.Millisecond)
 	assert.Zero(t, promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(metrics.AuthBadMAC)))
 	echoMsg(t, curLive, "the new key's tunnel is not affected")
