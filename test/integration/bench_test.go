@@ -108,9 +108,8 @@ func BenchmarkShortConnections(b *testing.B) {
 	cl := testutil.StartClient(b, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
 	floor := startFloorTunnel(b, echo)
 	run := func(b *testing.B, addr string) {
-		msg := make([]byte, 100)
-		got := make([]byte, 100)
 		b.RunParallel(func(pb *testing.PB) {
+			msg, got := make([]byte, 100), make([]byte, 100) // each goroutine's own
 			for pb.Next() {
 				c, err := net.Dial("tcp", addr)
 				if err != nil {
