@@ -41,50 +41,20 @@ func startFloorTunnel(b *testing.B, dest string, quicOpts ...func(*transport.QUI
 	})
 
 	wg.Go(func() {
-		for {
-			c, err := ln.Accept(ctx)
+		_ = floor.ServeStreams(ctx, ln, func(s *quic.Stream) {
+			tc, err := net.Dial("tcp", dest)
 			if err != nil {
+				s.CancelRead(0)
+				s.CancelWrite(0)
 				return
 			}
-			wg.Go(func() {
-				defer func() { _ = c.CloseWithError(0, "") }()
-				for {
-					s, err := c.AcceptStream(ctx)
-					if err != nil {
-						return
-					}
-					wg.Go(func() {
-						tc, err := net.Dial("tcp", dest)
-						if err != nil {
-							s.CancelRead(0)
-							s.CancelWrite(0)
-							return
-						}
-						floor.Pipe(ctx, tc.(*net.TCPConn), s)
-					})
-				}
-			})
-		}
+			floor.Pipe(ctx, tc.(*net.TCPConn), s)
+		})
 	})
 
 	conn, err := quic.DialAddr(ctx, ln.Addr().String(), ctls, transport.QUICConfig(o))
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = conn.CloseWithError(0, "") }) // runs before the cleanup above
-	wg.Go(func() {
-		for {
-			c, err := tln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				s, err := conn.OpenStreamSync(ctx)
-				if err != nil {
-					_ = c.Close()
-					return
-				}
-				floor.Pipe(ctx, c.(*net.TCPConn), s)
-			})
-		}
-	})
+	wg.Go(func() { floor.Forward(ctx, tln, conn, nil) })
 	return tln.Addr().String()
 }

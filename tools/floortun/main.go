@@ -47,7 +47,6 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -170,27 +169,11 @@ func serve(ctx context.Context, listenOn string, allow []string) error {
 		return err
 	}
 	defer ln.Close()
-	var conns sync.WaitGroup
-	defer conns.Wait() // each closes when ctx is done
-	for {
-		c, err := ln.Accept(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		conns.Go(func() {
-			defer func() { _ = c.CloseWithError(0, "") }()
-			for {
-				s, err := c.AcceptStream(ctx)
-				if err != nil {
-					return
-				}
-				go serveStream(ctx, s, allow)
-			}
-		})
+	err = floor.ServeStreams(ctx, ln, func(s *quic.Stream) { serveStream(ctx, s, allow) })
+	if ctx.Err() != nil {
+		return nil
 	}
+	return err
 }
 
 // serveStream reads the destination at the start of s, dials it and pipes.
@@ -256,28 +239,7 @@ func forward(ctx context.Context, endpoint string, forwards []string) error {
 		}
 		defer l.Close()
 		prefix := binary.BigEndian.AppendUint16(nil, uint16(len(dest)))
-		prefix = append(prefix, dest...)
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					s, err := conn.OpenStreamSync(ctx)
-					if err != nil {
-						_ = c.Close()
-						return
-					}
-					if _, err := s.Write(prefix); err != nil {
-						s.CancelWrite(0)
-						_ = c.Close()
-						return
-					}
-					floor.Pipe(ctx, c.(*net.TCPConn), s)
-				}()
-			}
-		}()
+		go floor.Forward(ctx, l, conn, append(prefix, dest...))
 	}
 	select {
 	case <-ctx.Done():
