@@ -137,6 +137,9 @@ type Config struct {
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
 	UDPIdleTimeout     time.Duration
+	// UDPSocketMemory bounds the flow sockets' receive buffers, as the
+	// kernel books them (0: udpflow.MaxSocketMemory).
+	UDPSocketMemory int64
 
 	Metrics  *metrics.Server
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
@@ -294,6 +297,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		ReplayWindow: cfg.ReplayWindow, MaxReplayEntries: cfg.MaxReplayEntries, MaxReplayEntriesPerConn: cfg.MaxReplayEntriesPerConn,
 		AuditLog: cfg.AuditLog, Endpoint: pc.LocalAddr().String(), Metrics: cfg.Metrics, Registry: cfg.Registry,
 		MaxUDPFlows: cfg.MaxUDPFlows, MaxUDPFlowsPerConn: cfg.MaxUDPFlowsPerConn, UDPIdleTimeout: cfg.UDPIdleTimeout,
+		UDPSocketMemory: cfg.UDPSocketMemory,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)

@@ -69,6 +69,10 @@ type Config struct {
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
 	UDPIdleTimeout     time.Duration
+	// UDPSocketMemory bounds the receive buffers of all flow sockets, as the
+	// kernel books them (0: udpflow.MaxSocketMemory); each starts at
+	// udpflow.InitialFlowBuffer and grows with its flow's rate.
+	UDPSocketMemory int64
 
 	// Endpoint names the listener in the tunnel registry.
 	Endpoint string
@@ -95,6 +99,9 @@ type Handler struct {
 	dialsByDest map[string]*destSlots
 
 	udpFlows atomic.Int64 // UDP flows open, for MaxUDPFlows
+	// udpSockets bounds the flow sockets' receive buffers, udpQueues the
+	// packets queued between them and the client.
+	udpSockets, udpQueues *udpflow.Budget
 }
 
 // Defaults of the UDP flow limits.
@@ -102,6 +109,9 @@ const (
 	DefaultMaxUDPFlows        = 1024
 	DefaultMaxUDPFlowsPerConn = 256
 	DefaultUDPIdleTimeout     = time.Minute
+	// DefaultUDPQueueMemory bounds the packets all flows hold between their
+	// sockets and the client (each flow at most udpflow.DefaultQueueBytes).
+	DefaultUDPQueueMemory = 64 << 20
 )
 
 // destSlots is the dial semaphore of one destination, shared by its waiters.
@@ -134,12 +144,17 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.UDPIdleTimeout <= 0 {
 		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
 	}
+	if cfg.UDPSocketMemory <= 0 {
+		cfg.UDPSocketMemory = udpflow.MaxSocketMemory()
+	}
 	e := &Handler{
 		cfg:         cfg,
 		dials:       make(chan struct{}, cfg.MaxConcurrentDials),
 		started:     time.Now(),
 		replay:      newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
 		dialsByDest: map[string]*destSlots{},
+		udpSockets:  udpflow.NewBudget(cfg.UDPSocketMemory, cfg.Metrics.UDP.SocketBufferBytes),
+		udpQueues:   udpflow.NewBudget(DefaultUDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
 	}
 	e.replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
 	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })

@@ -57,10 +57,22 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		f.fail(proto.CodeDialFailed, "UDP socket for the destination failed", "destination", f.dest.String(), "err", err)
 		return
 	}
+	// The socket's receive buffer starts small and grows with the flow's
+	// rate, within the server's budget (udpflow.Sizer); the Relay reads it
+	// whether or not the client takes the packets, so a stalled flow drops
+	// packets rather than holding the host's UDP memory.
+	observe := func(int) {}
 	if bc, ok := nc.(udpflow.BufferedConn); ok {
-		if err := udpflow.SetSocketBuffers(bc); err != nil {
-			f.logger.V(2).Info("Could not raise the UDP socket's buffers; bursts may overflow it", "err", err)
+		sizer, err := udpflow.NewSizer(bc, e.udpSockets, nil)
+		if err != nil {
+			_ = nc.Close()
+			m.UDP.Drop(udpflow.DropFlowLimit)
+			f.fail(proto.CodeOverloaded, "Refused UDP flow: its socket buffer would exceed the server's UDP socket memory; raise --udp-socket-memory (and net.ipv4.udp_mem) if clients need more flows",
+				"limit", e.udpSockets.Limit(), "err", err)
+			return
 		}
+		defer sizer.Close()
+		observe = sizer.Observe
 	}
 	id := uint64(str.StreamID())
 	r := &udpflow.Relay{
@@ -73,6 +85,7 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 				if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
 					continue // ICMP port unreachable for an earlier packet: UDP goes on
 				}
+				observe(n)
 				return buf[:n], err
 			}
 		},
@@ -81,6 +94,7 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 			return err
 		},
 		CloseLocal:  func() { _ = nc.Close() },
+		Queue:       udpflow.NewQueue(udpflow.DefaultQueueBytes, e.udpQueues),
 		IdleTimeout: e.cfg.UDPIdleTimeout,
 		Drop:        m.UDP.Drop,
 	}

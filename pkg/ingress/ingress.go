@@ -77,6 +77,8 @@ type Config struct {
 type Handler struct {
 	cfg   Config
 	slots chan struct{}
+	// udpQueues bounds the packets all UDP flows hold for the server.
+	udpQueues *udpflow.Budget
 	// badHeaderLogged is set once a bad_header refusal was logged at -v 0;
 	// udpRefusalLogged once a UDP flow refused as unreadable or unsupported.
 	badHeaderLogged, udpRefusalLogged atomic.Bool
@@ -90,7 +92,10 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.UDPIdleTimeout <= 0 {
 		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
 	}
-	return &Handler{cfg: cfg, slots: make(chan struct{}, cfg.MaxConnections)}, nil
+	return &Handler{
+		cfg: cfg, slots: make(chan struct{}, cfg.MaxConnections),
+		udpQueues: udpflow.NewBudget(UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
+	}, nil
 }
 
 func isClosed(ch <-chan struct{}) bool {

@@ -18,11 +18,15 @@ import (
 	"github.com/quictun/quictun/pkg/udpflow"
 )
 
-// flowQueue is how many packets from the application wait for a flow's
-// sender (while its stream opens, or while the connection is congestion
-// limited); more are dropped (udp_drops_total{reason="queue_full"}), as a
-// router drops what it cannot forward.
-const flowQueue = 512
+// UDPQueueMemory bounds the packets all of a client's UDP flows queue.
+// Packets from the application wait for a flow's sender (while its stream
+// opens, or while the connection is congestion limited) in a queue of
+// udpflow.DefaultQueueBytes per flow and UDPQueueMemory for all of them;
+// more are dropped (udp_drops_total{reason="queue_full"}), as a router drops
+// what it cannot forward. Bounded in packets (512 of up to 64 KiB, with
+// flows bounded only by --max-connections), 16 source ports took a client
+// from 26 to 391 MB while the server was unreachable.
+const UDPQueueMemory = 64 << 20
 
 // DefaultUDPIdleTimeout ends a flow without packets either way.
 const DefaultUDPIdleTimeout = time.Minute
@@ -33,9 +37,7 @@ type udpFlow struct {
 	src    netip.AddrPort
 	dest   string // HOST:PORT the application named; "" for a forward (its TokenSource decides)
 	prefix []byte // prepended to each packet sent back to the application (the SOCKS5 UDP header)
-	in     chan []byte
-	closed chan struct{}
-	once   sync.Once
+	queue  *udpflow.Queue
 }
 
 // flowKey identifies a flow on a socket.
@@ -55,16 +57,9 @@ type udpSource struct {
 	parse func(src netip.AddrPort, b []byte) (dest string, prefix, payload []byte, reason string, ok bool)
 }
 
-func (f *udpFlow) recv(buf []byte) ([]byte, error) {
-	select {
-	case p := <-f.in:
-		return append(buf[:0], p...), nil
-	case <-f.closed:
-		return nil, errFlowClosed
-	}
-}
-
-func (f *udpFlow) close() { f.once.Do(func() { close(f.closed) }) }
+// close ends the flow cleanly; the packets still queued are dropped, and
+// how many is returned.
+func (f *udpFlow) close() int { return f.queue.Close(errFlowClosed) }
 
 // errFlowClosed ends a flow cleanly (its listener closed, or it was idle).
 var errFlowClosed = io.EOF
@@ -132,7 +127,7 @@ func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, h
 				logger.V(2).Info("Too many local connections and flows; dropping a packet of a new UDP flow", "limit", h.cfg.MaxConnections, "source", src.String())
 				continue
 			}
-			f = &udpFlow{src: src, dest: key.dest, prefix: bytes.Clone(prefix), in: make(chan []byte, flowQueue), closed: make(chan struct{})}
+			f = &udpFlow{src: src, dest: key.dest, prefix: bytes.Clone(prefix), queue: udpflow.NewQueue(udpflow.DefaultQueueBytes, h.udpQueues)}
 			flows[key] = f
 			handlers.Go(func() {
 				defer func() { <-h.slots }()
@@ -143,9 +138,7 @@ func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, h
 			})
 		}
 		mu.Unlock()
-		select {
-		case f.in <- bytes.Clone(payload):
-		default:
+		if !f.queue.Push(payload) {
 			m.Drop(udpflow.DropQueueFull)
 		}
 	}
@@ -160,7 +153,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	fail := func(result, msg string, err error) {
 		m.UDP.FlowsTotal.WithLabelValues(result).Inc()
 		// The packets queued for the flow are lost with it.
-		for range len(f.in) {
+		for range f.close() {
 			m.UDP.Drop(udpflow.DropNoSession)
 		}
 		logger.V(2).Info(msg, "err", err)
@@ -210,8 +203,8 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		Stream:     str,
 		Up:         &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionUpstream)},
 		Down:       &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionDownstream)},
-		Recv:       f.recv,
-		CloseLocal: f.close,
+		Queue:      f.queue,
+		CloseLocal: func() { f.close() },
 		Deliver: func(p []byte) error {
 			if f.prefix != nil {
 				p = append(append(make([]byte, 0, len(f.prefix)+len(p)), f.prefix...), p...)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/pkg/metrics"
@@ -70,3 +72,60 @@ func TestServeUDPRaisesTheSocketBuffer(t *testing.T) {
 	require.NoError(t, pc.Close())
 	handlers.Wait()
 }
+
+// waitSessions has no session until ctx ends: a client whose server is
+// unreachable.
+type waitSessions struct{}
+
+func (waitSessions) Wait(ctx context.Context) (*Session, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestUDPQueuesBoundedInBytes (issue 21 item 2): while the server is
+// unreachable, each flow queues at most udpflow.DefaultQueueBytes of its
+// application's packets, whatever their size; the rest are dropped as
+// queue_full. Bounded in packets (512 of up to 64 KiB each), 16 source ports
+// took the client from 26 to 391 MB.
+func TestUDPQueuesBoundedInBytes(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := metrics.NewClient(reg)
+	h, err := New(Config{
+		Sessions: waitSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil },
+		MaxConnections: 64, Metrics: m, Registry: tunnel.NewRegistry(),
+	})
+	require.NoError(t, err)
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var handlers sync.WaitGroup
+	handlers.Go(func() { h.ServeUDP(ctx, pc, staticToken("udp:127.0.0.1:9"), &handlers) })
+	t.Cleanup(func() { cancel(); _ = pc.Close(); handlers.Wait() })
+
+	const sources, perSource, size = 16, 40, 60000 // 38 MB in all, 2.4 MB a source
+	queued := func() int { return int(promtest.ToFloat64(m.UDP.QueuedBytes)) / (size + 64) }
+	dropped := func() int { return int(promtest.ToFloat64(m.UDP.DropsTotal.WithLabelValues(udpflow.DropQueueFull))) }
+	p := make([]byte, size)
+	sent := 0
+	for range sources {
+		c, err := net.DialUDP("udp", nil, pc.LocalAddr().(*net.UDPAddr))
+		require.NoError(t, err)
+		defer c.Close()
+		for range perSource {
+			_, err := c.Write(p)
+			require.NoError(t, err)
+			sent++
+			// One at a time, so the kernel drops none of them.
+			require.Eventually(t, func() bool { return queued()+dropped() == sent }, 10*time.Second, time.Millisecond,
+				"packet %d: %d queued, %d dropped", sent, queued(), dropped())
+		}
+	}
+	perFlow := udpflow.DefaultQueueBytes / (size + 64)
+	assert.Equal(t, sources*perFlow, queued(), "each flow holds what fits in its bytes")
+	assert.Equal(t, sent-sources*perFlow, dropped())
+}
+
+type staticToken string
+
+func (s staticToken) Token(context.Context, net.Addr) (string, error) { return string(s), nil }

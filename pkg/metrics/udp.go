@@ -14,6 +14,11 @@ type UDP struct {
 	PacketsTotal *prometheus.CounterVec // by direction and path
 	BytesTotal   *prometheus.CounterVec // by direction
 	DropsTotal   *prometheus.CounterVec // by reason
+	// QueuedBytes follows the bytes of packets queued between the flows'
+	// local sockets and the tunnel; SocketBufferBytes (the server's; nil on
+	// the client) the receive buffers of the flows' sockets to their
+	// destinations.
+	QueuedBytes, SocketBufferBytes prometheus.Gauge
 
 	// Per direction, pre-resolved for the data path.
 	upDatagram, upStream, downDatagram, downStream prometheus.Counter
@@ -43,8 +48,19 @@ func newUDP(reg prometheus.Registerer, sub string) *UDP {
 			Namespace: Namespace, Subsystem: sub, Name: "udp_drops_total",
 			Help: "UDP packets dropped by the tunnel, by reason: unknown_flow (a datagram for a flow not open), malformed, queue_full (the flow's send queue was full), flow_limit (a new flow beyond the limit), write_error (the local socket refused it), no_session (no connection to the server, or the flow could not be opened), foreign_source (a SOCKS5 UDP datagram from another address than the association's client), receive_queue (a datagram that arrived while the daemon was too far behind in reading the connection's datagrams).",
 		}, []string{"reason"}),
+		QueuedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "udp_queued_bytes",
+			Help: "Bytes of UDP packets queued between the flows' local sockets and the tunnel (with 64 bytes of overhead each), bounded per flow and in total; past either the packet is dropped (udp_drops_total{reason=\"queue_full\"}).",
+		}),
 	}
-	reg.MustRegister(m.FlowsActive, m.FlowsTotal, m.PacketsTotal, m.BytesTotal, m.DropsTotal)
+	reg.MustRegister(m.FlowsActive, m.FlowsTotal, m.PacketsTotal, m.BytesTotal, m.DropsTotal, m.QueuedBytes)
+	if sub == "server" {
+		m.SocketBufferBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "udp_socket_buffer_bytes",
+			Help: "Receive buffers of the UDP flows' sockets to their destinations, as the kernel books them (twice the size asked); each starts at 128 KiB and grows with its flow's rate, within --udp-socket-memory-mib.",
+		})
+		reg.MustRegister(m.SocketBufferBytes)
+	}
 	for _, c := range proto.AllCodes() {
 		m.FlowsTotal.WithLabelValues(ResultLabel(c))
 	}

@@ -22,8 +22,18 @@ type Relay struct {
 	Stream Stream
 	// Sender sends to the peer; it counts into Up.
 	Sender *Sender
-	// Recv returns the next packet from the local side (it may use buf, at
-	// least MaxPacket bytes). An error ends the flow.
+	// Queue holds the local side's packets until the Sender takes them; nil:
+	// a Queue of DefaultQueueBytes. Whoever reads the local side fills it:
+	// the Relay itself when Recv is set, else the caller (the client's
+	// socket reader, which serves many flows). Closing it ends the flow, as
+	// a clean end when closed with io.EOF.
+	Queue *Queue
+	// Recv, if set, returns the next packet from the local side (it may use
+	// buf, at least MaxPacket bytes); the Relay reads it on a goroutine of
+	// its own into Queue, dropping (DropQueueFull) what does not fit, so a
+	// peer that stops taking packets never stops the local socket from being
+	// read: its kernel buffer would fill and hold the host's UDP memory. An
+	// error ends the flow.
 	Recv func(buf []byte) ([]byte, error)
 	// Deliver hands a packet from the peer to the local side. It must not
 	// block for long (it runs on the connection's datagram goroutine); an
@@ -58,6 +68,9 @@ func (r *Relay) init() {
 		}
 		if r.Idle == nil {
 			r.Idle = NewIdle(nil)
+		}
+		if r.Queue == nil {
+			r.Queue = NewQueue(0, nil)
 		}
 	})
 }
@@ -117,11 +130,28 @@ func (r *Relay) fromStream() error {
 	}
 }
 
-// toPeer sends the local side's packets until Recv or the stream fails.
-func (r *Relay) toPeer() error {
+// readLocal queues the local side's packets until Recv fails, then closes
+// the Queue with Recv's error.
+func (r *Relay) readLocal() {
 	buf := make([]byte, MaxPacket)
 	for {
 		p, err := r.Recv(buf)
+		if err != nil {
+			r.Queue.Close(err)
+			return
+		}
+		r.Idle.Touch()
+		if !r.Queue.Push(p) {
+			r.Drop(DropQueueFull)
+		}
+	}
+}
+
+// toPeer sends the local side's packets until the Queue is closed or the
+// stream fails.
+func (r *Relay) toPeer() error {
+	for {
+		p, err := r.Queue.Pop()
 		if err != nil {
 			return localError{err}
 		}
@@ -132,8 +162,8 @@ func (r *Relay) toPeer() error {
 	}
 }
 
-// localError marks an error of the local side (Recv); io.EOF from Recv is a
-// clean end.
+// localError marks an error of the local side (Recv, or the Queue's
+// closing); io.EOF is a clean end.
 type localError struct{ error }
 
 func (e localError) Unwrap() error { return e.error }
@@ -151,6 +181,9 @@ func (r *Relay) Run() error {
 	var wg sync.WaitGroup
 	wg.Go(func() { fromPeer <- r.fromStream() })
 	wg.Go(func() { toPeer <- r.toPeer() })
+	if r.Recv != nil {
+		wg.Go(r.readLocal)
+	}
 	wg.Go(func() { idle <- r.Idle.Wait(done, r.IdleTimeout) })
 
 	var err error
@@ -182,6 +215,7 @@ func (r *Relay) Run() error {
 		r.abort(code, err)
 	}
 	r.CloseLocal()
+	r.Queue.Close(io.EOF)
 	wg.Wait()
 	select {
 	case <-r.aborted:

@@ -248,3 +248,69 @@ func (nopStream) Write(b []byte) (int, error)      { return len(b), nil }
 func (nopStream) Close() error                     { return nil }
 func (nopStream) CancelRead(quic.StreamErrorCode)  {}
 func (nopStream) CancelWrite(quic.StreamErrorCode) {}
+
+// stalledStream is a flow's stream whose peer reads nothing: every Write
+// blocks until the stream is cancelled.
+type stalledStream struct {
+	nopStream
+	once      sync.Once
+	cancelled chan struct{}
+}
+
+func (s *stalledStream) Write([]byte) (int, error) {
+	<-s.cancelled
+	return 0, errors.New("stream cancelled")
+}
+
+// Read waits, as for a peer that sends nothing.
+func (s *stalledStream) Read([]byte) (int, error) {
+	<-s.cancelled
+	return 0, errors.New("stream cancelled")
+}
+
+func (s *stalledStream) CancelWrite(quic.StreamErrorCode) { s.once.Do(func() { close(s.cancelled) }) }
+
+// TestRelayReadsLocalSideWhilePeerStalls (issue 21 item 1): a peer that
+// stops reading the flow's stream stops the Sender, not the reading of the
+// local socket: its packets are dropped past the flow's queue, so the
+// socket's kernel buffer never fills and holds the host's UDP memory.
+func TestRelayReadsLocalSideWhilePeerStalls(t *testing.T) {
+	t.Parallel()
+	const packets, size = 2000, 1000 // 2 MB through a queue of 1 MiB
+	var mu sync.Mutex
+	drops := map[string]int{}
+	read := 0
+	str := &stalledStream{cancelled: make(chan struct{})}
+	localClosed := make(chan struct{})
+	r := &udpflow.Relay{
+		Stream: str, Up: &udpflow.Counters{}, Down: &udpflow.Counters{},
+		Recv: func(buf []byte) ([]byte, error) {
+			mu.Lock()
+			if read == packets {
+				mu.Unlock()
+				<-localClosed
+				return nil, io.EOF
+			}
+			read++
+			mu.Unlock()
+			return buf[:size], nil
+		},
+		Deliver:     func([]byte) error { return nil },
+		CloseLocal:  sync.OnceFunc(func() { close(localClosed) }),
+		IdleTimeout: time.Minute,
+		Drop:        func(reason string) { mu.Lock(); drops[reason]++; mu.Unlock() },
+	}
+	r.Sender = udpflow.NewSender(1, nil, str, r.Up) // never established: every packet on the stream
+	done := make(chan error, 1)
+	go func() { done <- r.Run() }()
+	// Every packet is read, and queued, dropped or in the stalled Write.
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return read == packets && drops[udpflow.DropQueueFull]+r.Queue.Len()+1 == packets
+	}, 10*time.Second, time.Millisecond, "the local side is read to its end while the stream is stalled")
+	assert.LessOrEqual(t, r.Queue.Len()*(size+64), udpflow.DefaultQueueBytes, "the queue holds at most its bytes")
+	r.Abort(proto.CodeShutdown)
+	var ab *splice.AbortedError
+	require.ErrorAs(t, <-done, &ab)
+}

@@ -299,27 +299,3 @@ func (i *Idle) Wait(done <-chan struct{}, timeout time.Duration) bool {
 		}
 	}
 }
-
-// SocketBuffer is the receive and send buffer asked for a UDP socket that
-// carries flows (a client's forward or SOCKS5 relay socket, a server's
-// socket to a destination): about 350 ms of 1200-byte packets at 50 Mbit/s.
-// With the kernel's default (about 208 KiB, some 90 such packets) a burst
-// arriving while the daemon is not scheduled overflows the socket: iperf3 -u
-// at 50 Mbit/s on a busy host lost thousands of packets there, where the
-// direct path queues 5,000 packets in its network device. The kernel caps
-// it at net.core.rmem_max and wmem_max, which the deployment raises for QUIC
-// (7.5 MB; quictun-server check-host warns when lower).
-const SocketBuffer = 4 << 20
-
-// BufferedConn is the part of *net.UDPConn SetSocketBuffers uses.
-type BufferedConn interface {
-	SetReadBuffer(bytes int) error
-	SetWriteBuffer(bytes int) error
-}
-
-// SetSocketBuffers asks for SocketBuffer bytes of receive and send buffer
-// on c. A smaller cap (net.core.rmem_max) is not an error: the kernel
-// silently grants what it may.
-func SetSocketBuffers(c BufferedConn) error {
-	return errors.Join(c.SetReadBuffer(SocketBuffer), c.SetWriteBuffer(SocketBuffer))
-}

@@ -129,6 +129,7 @@ func (o *Options) Run(ctx context.Context) error {
 		MaxUnverifiedStreamsPerSource: o.MaxUnverifiedStreamsPerSource,
 		MaxUDPFlows:                   o.MaxUDPFlows,
 		MaxUDPFlowsPerConn:            o.MaxUDPFlowsPerConn,
+		UDPSocketMemory:               o.UDPSocketMemoryMiB << 20,
 		UDPIdleTimeout:                o.UDPIdleTimeout,
 
 		DrainTimeout: o.DrainTimeout,
