@@ -1,11 +1,12 @@
 // Package admin serves the operator HTTP endpoints of a quictun endpoint:
 // /metrics, /healthz, /readyz, the tunnel and connection lists, and
-// /debug/pprof when enabled.
+// /debug/pprof when enabled. Without the bearer token it answers only
+// requests that name a loopback or the listener's own address in Host and
+// that no web page of another origin sent (guard.go: DNS rebinding).
 package admin
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,6 +39,18 @@ type Options struct {
 	EnablePprof bool
 	// BearerToken, when set, is required on every request except /healthz and /readyz.
 	BearerToken string
+	// ListenAddr is the admin listener's own address (nil: unknown). A
+	// request without the valid bearer token is answered only if its Host
+	// names a loopback name or address or this address's IP (not a
+	// wildcard's), and is refused when its Origin header says a web page sent
+	// it (any Origin on a method that changes state, another host's on GET,
+	// HEAD and OPTIONS); /healthz and /readyz are exempt. This stops DNS
+	// rebinding (issue 21).
+	ListenAddr net.Addr
+	// Refused, when set, counts the requests refused by that rule, by reason
+	// (metrics.AdminRefusedHost, metrics.AdminRefusedOrigin); see
+	// metrics.NewAdminRefused.
+	Refused *prometheus.CounterVec
 }
 
 // congestionState is a connection's congestion controller in /connections.
@@ -63,16 +76,17 @@ func congestionStateOf(s *congestion.Stats) *congestionState {
 	}
 }
 
-// Handler returns the admin HTTP handler.
+// Handler returns the admin HTTP handler: the endpoints behind the bearer
+// token (when set) and the Host and Origin rule of Options.ListenAddr.
 func Handler(o Options) http.Handler {
 	mux := http.NewServeMux()
+	g := newGuard(o)
 	protect := func(h http.Handler) http.Handler {
 		if o.BearerToken == "" {
 			return h
 		}
-		want := []byte("Bearer " + o.BearerToken)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			if !g.validToken(r) {
 				w.Header().Set("WWW-Authenticate", "Bearer")
 				http.Error(w, "unauthorized", http.StatusUnauthorized)
 				return
@@ -149,7 +163,7 @@ func Handler(o Options) http.Handler {
 		mux.Handle("/debug/pprof/symbol", protect(http.HandlerFunc(pprof.Symbol)))
 		mux.Handle("/debug/pprof/trace", protect(http.HandlerFunc(pprof.Trace)))
 	}
-	return mux
+	return g.wrap(mux)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -161,7 +175,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 // Serve serves h on ln until ctx is cancelled, then shuts down within 5 s.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+	srv := &http.Server{
+		Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute,
+		// Requests log with ctx's logger; they are not cancelled with it (Shutdown lets them finish).
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -55,7 +56,11 @@ type env struct {
 	remove  []func()
 }
 
-func newEnv(t *testing.T, token string, pprof bool) *env {
+// testHost is the Host the tests send: the loopback address the admin API
+// listens on by default.
+const testHost = "127.0.0.1:8086"
+
+func newEnv(t *testing.T, token string, pprof bool, opts ...func(*admin.Options)) *env {
 	t.Helper()
 	preg := prometheus.NewRegistry()
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "quictun_test_total", Help: "Test counter."})
@@ -70,7 +75,7 @@ func newEnv(t *testing.T, token string, pprof bool) *env {
 		e.remove = append(e.remove, e.reg.Add(tn, e.aborter))
 		e.tunnels = append(e.tunnels, tn)
 	}
-	e.h = admin.Handler(admin.Options{
+	o := admin.Options{
 		Gatherer: preg, Ready: e.ready.Load, Registry: e.reg,
 		Conns: func() []metrics.ConnStats {
 			return []metrics.ConnStats{{Label: "0", Stats: quic.ConnectionStats{
@@ -78,19 +83,41 @@ func newEnv(t *testing.T, token string, pprof bool) *env {
 			}}}
 		},
 		EnablePprof: pprof, BearerToken: token,
-	})
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	e.h = admin.Handler(o)
 	return e
 }
 
 func (e *env) do(t *testing.T, method, path, auth string) *httptest.ResponseRecorder {
 	t.Helper()
-	req := httptest.NewRequest(method, path, nil)
+	return e.doHost(t, method, path, testHost, "", auth)
+}
+
+// doHost sends a request with Host host and, when not empty, Origin origin.
+func (e *env) doHost(t *testing.T, method, path, host, origin, auth string) *httptest.ResponseRecorder {
+	t.Helper()
+	req := get(method, path)
+	req.Host = host
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
 	rr := httptest.NewRecorder()
 	e.h.ServeHTTP(rr, req)
 	return rr
+}
+
+// get is httptest.NewRequest with the loopback Host the admin API accepts
+// without a token (httptest's default, example.com, is refused).
+func get(method, path string) *http.Request {
+	req := httptest.NewRequest(method, path, nil)
+	req.Host = testHost
+	return req
 }
 
 func TestHealthAndReady(t *testing.T) {
@@ -110,7 +137,7 @@ func TestHealthAndReady(t *testing.T) {
 	// Without a Ready func the endpoint is always ready.
 	h := admin.Handler(admin.Options{Gatherer: prometheus.NewRegistry()})
 	rr = httptest.NewRecorder()
-	h.ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	h.ServeHTTP(rr, get(http.MethodGet, "/readyz"))
 	assert.Equal(t, http.StatusOK, rr.Code)
 }
 
@@ -178,7 +205,7 @@ func TestConnections(t *testing.T) {
 	h := admin.Handler(admin.Options{Gatherer: prometheus.NewRegistry()})
 	for _, p := range []string{"/tunnels", "/connections"} {
 		rr := httptest.NewRecorder()
-		h.ServeHTTP(rr, httptest.NewRequest(http.MethodGet, p, nil))
+		h.ServeHTTP(rr, get(http.MethodGet, p))
 		assert.Equal(t, http.StatusNotFound, rr.Code, p)
 	}
 }
@@ -220,6 +247,123 @@ func TestBearerToken(t *testing.T) {
 }
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// TestHostAndOriginGuard: without a valid token (none configured, or none
+// presented) the admin API answers only a loopback or listener Host, refuses
+// a state-changing request with any Origin and a read whose Origin is another
+// host (DNS rebinding, issue 21); a valid token, /healthz and /readyz pass.
+func TestHostAndOriginGuard(t *testing.T) {
+	t.Parallel()
+	const token = "0123456789abcdef-admin"
+	listener := &net.TCPAddr{IP: net.ParseIP("192.0.2.10"), Port: 8086}
+	const (
+		ok      = http.StatusOK
+		deleted = http.StatusNoContent
+		unauth  = http.StatusUnauthorized
+		refused = http.StatusForbidden
+	)
+	for _, tc := range []struct {
+		name           string
+		token          string // configured
+		method, path   string // path "/tunnels/ID" is the first tunnel's
+		host, origin   string
+		auth           string
+		want           int
+		reason         string // refusal counted, "" for none
+		bodyContains   string
+		tunnelSurvives bool
+	}{
+		// Host, no token configured.
+		{name: "localhost", host: "localhost:8086", want: ok},
+		{name: "localhost without port", host: "localhost", want: ok},
+		{name: "LOCALHOST", host: "LOCALHOST:8086", want: ok},
+		{name: "localhost FQDN", host: "localhost.:8086", want: ok},
+		{name: "127.0.0.1", host: "127.0.0.1:8086", want: ok},
+		{name: "127.0.0.0/8", host: "127.1.2.3:9", want: ok},
+		{name: "[::1]", host: "[::1]:8086", want: ok},
+		{name: "[::1] without port", host: "[::1]", want: ok},
+		{name: "v4-mapped loopback", host: "[::ffff:127.0.0.1]:8086", want: ok},
+		{name: "listener IP", host: "192.0.2.10:8086", want: ok},
+		{name: "listener IP other port", host: "192.0.2.10:80", want: ok},
+		{name: "listener IP without port", host: "192.0.2.10", want: ok},
+		{name: "other IP", host: "192.0.2.11:8086", want: refused, reason: "host"},
+		{name: "evil name", host: "evil.example:8086", want: refused, reason: "host", bodyContains: "--httpd-token-file"},
+		{name: "evil name without port", host: "evil.example", want: refused, reason: "host"},
+		{name: "localhost subdomain of evil", host: "localhost.evil.example:8086", want: refused, reason: "host"},
+		{name: "evil subdomain localhost", host: "evil.localhost:8086", want: refused, reason: "host"},
+		{name: "0.0.0.0", host: "0.0.0.0:8086", want: refused, reason: "host"},
+		{name: "[::]", host: "[::]:8086", want: refused, reason: "host"},
+		{name: "empty", host: "", want: refused, reason: "host"},
+		{name: "malformed", host: "[::1:8086", want: refused, reason: "host"},
+		{name: "metrics evil", path: "/metrics", host: "evil.example:8086", want: refused, reason: "host"},
+		{name: "connections evil", path: "/connections", host: "evil.example:8086", want: refused, reason: "host"},
+		{name: "delete evil", method: http.MethodDelete, path: "/tunnels/ID", host: "evil.example:8086", want: refused, reason: "host", tunnelSurvives: true},
+		{name: "delete loopback", method: http.MethodDelete, path: "/tunnels/ID", host: "127.0.0.1:8086", want: deleted},
+		// Probes answer any Host and Origin, with or without a token.
+		{name: "healthz evil", path: "/healthz", host: "evil.example:8086", origin: "http://evil.example", want: ok},
+		{name: "readyz evil", path: "/readyz", host: "evil.example:8086", origin: "http://evil.example", want: ok},
+		{name: "healthz pod IP with token", token: token, path: "/healthz", host: "10.1.2.3:8086", want: ok},
+		{name: "readyz pod IP with token", token: token, path: "/readyz", host: "10.1.2.3:8086", want: ok},
+
+		// Origin, no token configured.
+		{name: "GET same origin", host: "127.0.0.1:8086", origin: "http://127.0.0.1:8086", want: ok},
+		{name: "GET same origin localhost", host: "localhost:8086", origin: "http://LOCALHOST:8086", want: ok},
+		{name: "GET same origin [::1]", host: "[::1]:8086", origin: "http://[::1]:8086", want: ok},
+		{name: "GET origin evil", host: "127.0.0.1:8086", origin: "http://evil.example", want: refused, reason: "origin", bodyContains: "Origin"},
+		{name: "GET origin evil same port", host: "127.0.0.1:8086", origin: "http://evil.example:8086", want: refused, reason: "origin"},
+		{name: "GET origin other loopback name", host: "127.0.0.1:8086", origin: "http://localhost:8086", want: refused, reason: "origin"},
+		{name: "GET origin null", host: "127.0.0.1:8086", origin: "null", want: refused, reason: "origin"},
+		{name: "GET origin garbage", host: "127.0.0.1:8086", origin: "::", want: refused, reason: "origin"},
+		{name: "DELETE same origin", method: http.MethodDelete, path: "/tunnels/ID", host: "127.0.0.1:8086", origin: "http://127.0.0.1:8086", want: refused, reason: "origin", tunnelSurvives: true},
+		{name: "DELETE origin evil", method: http.MethodDelete, path: "/tunnels/ID", host: "127.0.0.1:8086", origin: "http://evil.example", want: refused, reason: "origin", tunnelSurvives: true},
+		{name: "POST origin", method: http.MethodPost, path: "/tunnels", host: "localhost:8086", origin: "http://localhost:8086", want: refused, reason: "origin"},
+
+		// Token configured: a valid token passes whatever Host and Origin say (a
+		// Prometheus scrape by IP); without it the guard comes first, then 401.
+		{name: "token scrape by IP", token: token, path: "/metrics", host: "10.1.2.3:8086", auth: "Bearer " + token, want: ok},
+		{name: "token evil host", token: token, host: "evil.example:8086", auth: "Bearer " + token, want: ok},
+		{name: "token delete evil origin", token: token, method: http.MethodDelete, path: "/tunnels/ID", host: "evil.example", origin: "http://evil.example", auth: "Bearer " + token, want: deleted},
+		{name: "token missing scrape by IP", token: token, path: "/metrics", host: "10.1.2.3:8086", want: refused, reason: "host"},
+		{name: "token wrong evil host", token: token, host: "evil.example:8086", auth: "Bearer wrong", want: refused, reason: "host"},
+		{name: "token missing loopback", token: token, host: "127.0.0.1:8086", want: unauth},
+		{name: "token wrong delete origin", token: token, method: http.MethodDelete, path: "/tunnels/ID", host: "127.0.0.1:8086", origin: "http://127.0.0.1:8086", auth: "Bearer wrong", want: refused, reason: "origin", tunnelSurvives: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			refusals := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "refused_total", Help: "Refused."}, []string{"reason"})
+			e := newEnv(t, tc.token, false, func(o *admin.Options) {
+				o.ListenAddr = listener
+				o.Refused = refusals
+			})
+			method, path := tc.method, tc.path
+			if method == "" {
+				method = http.MethodGet
+			}
+			if path == "" {
+				path = "/tunnels"
+			}
+			path = strings.Replace(path, "/tunnels/ID", "/tunnels/"+itoa(e.tunnels[0].ID), 1)
+			rr := e.doHost(t, method, path, tc.host, tc.origin, tc.auth)
+			assert.Equal(t, tc.want, rr.Code, rr.Body.String())
+			if tc.bodyContains != "" {
+				assert.Contains(t, rr.Body.String(), tc.bodyContains)
+			}
+			if tc.want == refused {
+				assert.NotContains(t, rr.Body.String(), "tcp:127.0.0.1:22", "no tunnel data in a refusal")
+			}
+			for _, r := range []string{"host", "origin"} {
+				want := 0.0
+				if r == tc.reason {
+					want = 1
+				}
+				assert.InDelta(t, want, testutil.ToFloat64(refusals.WithLabelValues(r)), 0, "refusals with reason %s", r)
+			}
+			if tc.tunnelSurvives {
+				assert.Empty(t, e.aborter.got(), "the refused DELETE must not abort the tunnel")
+			}
+		})
+	}
+}
 
 func TestPprofOnlyWhenEnabled(t *testing.T) {
 	t.Parallel()
@@ -357,7 +501,7 @@ func TestMetricsContinueOnError(t *testing.T) {
 	reg.MustRegister(ok, failingCollector{prometheus.NewDesc("quictun_test_broken", "Broken.", nil, nil)})
 	h := admin.Handler(admin.Options{Gatherer: reg})
 	rr := httptest.NewRecorder()
-	h.ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	h.ServeHTTP(rr, get(http.MethodGet, "/metrics"))
 	assert.Equal(t, http.StatusOK, rr.Code, "one failing collector does not hide the others")
 	assert.Contains(t, rr.Body.String(), "quictun_test_up 1")
 }

@@ -29,6 +29,10 @@ func TestMetricsLint(t *testing.T) {
 	}{
 		{"server", func(r *prometheus.Registry) { metrics.NewServer(r) }},
 		{"client", func(r *prometheus.Registry) { metrics.NewClient(r) }},
+		{"reload and admin", func(r *prometheus.Registry) {
+			metrics.NewReload(r, "server")
+			metrics.NewAdminRefused(r, "server")
+		}},
 		{"quic and liveness", func(r *prometheus.Registry) {
 			r.MustRegister(metrics.NewQUICCollector("client", true, func() []metrics.ConnStats {
 				return []metrics.ConnStats{{Label: "0", Stats: quic.ConnectionStats{SmoothedRTT: time.Millisecond}}}

@@ -52,7 +52,7 @@ func metricRows(t *testing.T) map[string]string {
 }
 
 // TestEveryLabelValueDocumented: every label value the daemons' metrics
-// (and their reload metrics) create (they pre-create each series they can emit, so that rates start
+// (and their reload and admin metrics) create (they pre-create each series they can emit, so that rates start
 // at zero) is written, in backticks, in that metric's README row; stream
 // results that are protocol codes are in the README's list of codes, each
 // with its meaning.
@@ -66,9 +66,11 @@ func TestEveryLabelValueDocumented(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics.NewServer(reg)
 	metrics.NewReload(reg, "server")
+	metrics.NewAdminRefused(reg, "server")
 	cl := prometheus.NewRegistry()
 	metrics.NewClient(cl)
 	metrics.NewReload(cl, "client")
+	metrics.NewAdminRefused(cl, "client")
 	checked := 0
 	for _, g := range []prometheus.Gatherer{reg, cl} {
 		fams, err := g.Gather()

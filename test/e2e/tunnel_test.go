@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -293,4 +294,75 @@ func TestAdminToken(t *testing.T) {
 	for _, path := range []string{"/healthz", "/readyz"} {
 		assert.Equal(t, http.StatusOK, httpDoAuth(http.MethodGet, srv.AdminURL+path, ""), "%s is for probes, no token", path)
 	}
+}
+
+// httpDoHost is httpDo with the Host header set to host and, when not empty,
+// an Origin header: what a browser sends for a page of that origin.
+func httpDoHost(method, url, host, origin string) (int, string) {
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	req.Host = host
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, string(b)
+}
+
+// TestAdminHostOriginGuard: a web page cannot reach the token-less admin API
+// of either end by DNS rebinding (Host: evil.example) nor with its Origin
+// (issue 21): a DELETE /tunnels/{id} is refused with 403, the tunnel keeps
+// working, and the refusals are counted by reason.
+func TestAdminHostOriginGuard(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo})
+
+	c := dialApp(t, cl.Addr)
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
+	roundTrip := func(msg string) {
+		t.Helper()
+		_, err := io.WriteString(c, msg)
+		require.NoError(t, err)
+		buf := make([]byte, len(msg))
+		_, err = io.ReadFull(c, buf)
+		require.NoError(t, err)
+		require.Equal(t, msg, string(buf))
+	}
+	roundTrip("hello")
+	var st, ct []tunnelInfo
+	waitFor(t, 5*time.Second, "both ends list the tunnel", func() bool {
+		st, ct = listTunnels(t, srv), listTunnels(t, cl)
+		return len(st) == 1 && len(ct) == 1
+	})
+
+	for _, end := range []struct {
+		d  *daemon
+		id string
+	}{{srv, st[0].UUID}, {cl, ct[0].UUID}} {
+		evilHost := "evil.example:" + strconv.Itoa(end.d.adminPort)
+		code, body := httpDoHost(http.MethodDelete, end.d.AdminURL+"/tunnels/"+end.id, evilHost, "")
+		assert.Equal(t, http.StatusForbidden, code, "%s: DELETE with Host %s: %s", end.d.name, evilHost, body)
+		assert.Contains(t, body, "--httpd-token-file", "the refusal names the fix")
+		code, body = httpDoHost(http.MethodGet, end.d.AdminURL+"/tunnels", evilHost, "")
+		assert.Equal(t, http.StatusForbidden, code, "%s: GET /tunnels with Host %s: %s", end.d.name, evilHost, body)
+		code, body = httpDoHost(http.MethodDelete, end.d.AdminURL+"/tunnels/"+end.id, "127.0.0.1:"+strconv.Itoa(end.d.adminPort), "http://evil.example")
+		assert.Equal(t, http.StatusForbidden, code, "%s: DELETE with an Origin: %s", end.d.name, body)
+	}
+
+	roundTrip("still here")
+	assert.Len(t, listTunnels(t, srv), 1, "the server's tunnel survived")
+	assert.Len(t, listTunnels(t, cl), 1, "the client's tunnel survived")
+	assert.InDelta(t, 2, scrape(t, srv).val("quictun_server_admin_requests_refused_total", "reason", "host"), 0)
+	assert.InDelta(t, 1, scrape(t, srv).val("quictun_server_admin_requests_refused_total", "reason", "origin"), 0)
+	assert.InDelta(t, 2, scrape(t, cl).val("quictun_client_admin_requests_refused_total", "reason", "host"), 0)
+	assert.InDelta(t, 1, scrape(t, cl).val("quictun_client_admin_requests_refused_total", "reason", "origin"), 0)
 }

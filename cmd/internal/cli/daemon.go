@@ -201,13 +201,14 @@ func (a *Admin) Close() {
 	}
 }
 
-// Start serves o (its BearerToken is filled in) until Stop; the server
-// outlives ctx's cancellation, so /readyz reports the drain.
+// Start serves o (its BearerToken and ListenAddr are filled in) until Stop;
+// the server outlives ctx's cancellation, so /readyz reports the drain.
 func (a *Admin) Start(ctx context.Context, o admin.Options) {
 	if a == nil {
 		return
 	}
 	o.BearerToken = a.token
+	o.ListenAddr = a.ln.Addr()
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
 	klog.FromContext(ctx).Info("Admin server listening", "address", a.ln.Addr().String())

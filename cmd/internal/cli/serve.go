@@ -95,7 +95,12 @@ func (d *DaemonFlags) Serve(ctx context.Context, s Serving) error {
 	if s.Socket.FEC != nil {
 		s.Metrics.MustRegister(metrics.NewFECCollector(s.Side, s.Socket.FEC.Stats()))
 	}
-	s.Admin.Start(ctx, admin.Options{Gatherer: s.Metrics, Ready: s.Service.Ready, Registry: s.Tunnels, Conns: s.Service.ConnStats, EnablePprof: d.EnablePprof})
+	if s.Admin != nil {
+		s.Admin.Start(ctx, admin.Options{
+			Gatherer: s.Metrics, Ready: s.Service.Ready, Registry: s.Tunnels, Conns: s.Service.ConnStats,
+			EnablePprof: d.EnablePprof, Refused: metrics.NewAdminRefused(s.Metrics, s.Side),
+		})
+	}
 	var g errgroup.Group
 	rctx, stopReload := context.WithCancel(ctx)
 	if s.Reloader != nil {
