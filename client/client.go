@@ -65,6 +65,10 @@ type Config struct {
 	// RescueAfter is how long without a heartbeat echo before the client
 	// probes a new path to the server (see rescue.go).
 	RescueAfter time.Duration
+	// IdleAfter is how long a connection goes without work (a tunnel
+	// opening, bytes on a tunnel, a rescue) before its heartbeats stop; an
+	// idle connection sends only QUIC's keep-alives (0: 5 s).
+	IdleAfter time.Duration
 	// TailProbes is how many tail-loss probe datagrams follow a burst of
 	// upstream writes (0 disables); TailProbeDelay spaces them.
 	TailProbes     int
@@ -117,6 +121,7 @@ func DefaultConfig() Config {
 		UDPIdleTimeout:    ingress.DefaultUDPIdleTimeout,
 		HeartbeatInterval: 200 * time.Millisecond,
 		RescueAfter:       time.Second,
+		IdleAfter:         5 * time.Second,
 		DrainTimeout:      30 * time.Second,
 		TailProbes:        1,
 		TailProbeDelay:    time.Millisecond,
@@ -235,6 +240,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	orDefault(&cfg.StreamOpenTimeout, def.StreamOpenTimeout)
 	orDefault(&cfg.MaxConnections, def.MaxConnections)
 	orDefault(&cfg.RescueAfter, def.RescueAfter)
+	orDefault(&cfg.IdleAfter, def.IdleAfter)
 	orDefault(&cfg.TailProbeDelay, def.TailProbeDelay)
 	if cfg.TailProbes < 0 {
 		cfg.TailProbes = 0
@@ -301,7 +307,7 @@ type session = ingress.Session
 func (c *Client) newSession(conn *quic.Conn) *session {
 	prober := liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness).
 		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-	return &session{Conn: conn, Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop)}
+	return &session{Conn: conn, Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
 }
 
 func isClosed(ch <-chan struct{}) bool {

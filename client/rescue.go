@@ -55,7 +55,8 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 	}
 	r := &rescuer{c: c, conn: conn, transports: []*quic.Transport{tr}}
 	defer r.close()
-	tick := time.NewTicker(c.cfg.HeartbeatInterval)
+	interval := c.cfg.HeartbeatInterval
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	var seq uint64
 	var rescuing sync.WaitGroup
@@ -63,26 +64,68 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 	busy := false
 	done := make(chan struct{}, 1)
 	var sending atomic.Bool // a heartbeat is being handed to quic-go
+	heartbeat := func() {
+		seq++
+		if sending.CompareAndSwap(false, true) {
+			// Never block the loop: a stuck send skips heartbeats
+			// rather than the rescue and the shutdown.
+			n := seq
+			wg.Go(func() {
+				defer sending.Store(false)
+				_ = liveness.SendHeartbeat(conn, n, &c.liveness)
+			})
+		}
+	}
+	// Heartbeats go out only while the connection has work: a tunnel
+	// opening, bytes moving in the last IdleAfter, or a rescue. Idle, the
+	// loop wakes once every idlePoll to look for bytes on open tunnels (an
+	// idle ssh session that comes back to life), and QUIC's keep-alive
+	// (--keepalive-period) is all that crosses the network. watching is when
+	// the heartbeats last started: a path that died while idle is rescued
+	// RescueAfter after the work began, not at once for the old echo.
+	logger := klog.FromContext(ctx)
+	mark := c.cfg.Registry.Activity()
+	lastWork, watching := time.Now(), time.Now()
+	active := true
+	wakeUp := func(now time.Time) {
+		lastWork = now
+		if !active {
+			active, watching = true, now
+			tick.Reset(interval)
+			heartbeat()
+			logger.V(4).Info("Connection has work; heartbeats on")
+		}
+	}
 	for {
 		select {
 		case <-mctx.Done():
 			return
 		case <-done:
 			busy = false
-		case <-tick.C:
-			seq++
-			if sending.CompareAndSwap(false, true) {
-				// Never block the loop: a stuck send skips heartbeats
-				// rather than the rescue and the shutdown.
-				n := seq
-				wg.Go(func() {
-					defer sending.Store(false)
-					_ = liveness.SendHeartbeat(conn, n, &c.liveness)
-				})
+		case <-sess.Waker.C():
+			wakeUp(time.Now())
+		case now := <-tick.C:
+			if m := c.cfg.Registry.Activity(); m != mark {
+				mark = m
+				wakeUp(now)
 			}
-			quiet := time.Since(recv.LastEcho())
-			if !busy && quiet > c.cfg.RescueAfter && time.Since(r.lastSwitch) > c.cfg.RescueAfter {
+			if !active {
+				continue
+			}
+			if !busy && now.Sub(lastWork) > c.cfg.IdleAfter {
+				active = false
+				tick.Reset(idlePoll)
+				logger.V(4).Info("Connection idle; heartbeats off", "idleFor", now.Sub(lastWork))
+				continue
+			}
+			heartbeat()
+			echo := recv.LastEcho()
+			if echo.Before(watching) {
+				echo = watching
+			}
+			if !busy && now.Sub(echo) > c.cfg.RescueAfter && now.Sub(r.lastSwitch) > c.cfg.RescueAfter {
 				busy = true
+				lastWork = now
 				rescuing.Go(func() {
 					r.rescue(mctx, recv)
 					done <- struct{}{}
@@ -91,6 +134,11 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 		}
 	}
 }
+
+// idlePoll is how often the monitor of an idle connection looks for bytes
+// on its open tunnels (an ssh session that comes back to life): the one
+// wake-up a second it costs while idle.
+const idlePoll = time.Second
 
 // rescuer owns the extra sockets of one connection. They must live as long
 // as the connection: closing a quic.Transport destroys every connection that

@@ -42,6 +42,10 @@ type Session struct {
 	Conn   *quic.Conn
 	Prober *liveness.TailProber
 	Flows  *udpflow.Table
+	// Waker, if set, is woken as a stream or flow is about to be opened on
+	// the session: the client's liveness checks, silent while the
+	// connection is idle, start again at once (client/rescue.go).
+	Waker *liveness.Waker
 
 	// verdicts: destinations the server accepted recently on this
 	// connection, which a proxy answers at once (verdicts.go).
@@ -378,6 +382,7 @@ var errStreamCredit = errors.New("server stream limit")
 // stream credit if the server's limit is reached (the error then wraps
 // errStreamCredit).
 func (h *Handler) openStream(ctx context.Context, sess *Session) (*quic.Stream, error) {
+	sess.Waker.Wake()
 	str, err := sess.Conn.OpenStream()
 	if err == nil || !isStreamLimit(err) {
 		return str, err

@@ -318,3 +318,25 @@ func (p *TailProber) Run(ctx context.Context) {
 	p.timer.Stop()
 	p.mu.Unlock()
 }
+
+// Waker tells a connection's liveness checks, which are silent while the
+// connection is idle, that work is starting. Safe for concurrent use; a nil
+// *Waker does nothing.
+type Waker struct{ c chan struct{} }
+
+// NewWaker returns a Waker.
+func NewWaker() *Waker { return &Waker{c: make(chan struct{}, 1)} }
+
+// Wake signals C without blocking; wakes before C is read merge into one.
+func (w *Waker) Wake() {
+	if w == nil {
+		return
+	}
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+// C receives after Wake.
+func (w *Waker) C() <-chan struct{} { return w.c }

@@ -18,7 +18,12 @@ type QUICOptions struct {
 	// IdleTimeout closes a connection that received nothing for this long. It
 	// bounds how long a blackout the tunnel survives; both ends must agree.
 	IdleTimeout time.Duration
-	// KeepAlivePeriod sends a PING after this long without traffic.
+	// KeepAlivePeriod sends a PING after this long without traffic. The
+	// default, 25 s, is WireGuard's persistent keep-alive: under the 30 s
+	// after which many NATs and firewalls (and Linux conntrack, for a UDP
+	// mapping that has seen one reply) forget a UDP mapping, and, with the
+	// client's heartbeats off while idle, the only packet an idle
+	// connection sends.
 	KeepAlivePeriod time.Duration
 	// HandshakeTimeout bounds the handshake.
 	HandshakeTimeout time.Duration
@@ -40,7 +45,7 @@ type QUICOptions struct {
 func DefaultQUICOptions() QUICOptions {
 	return QUICOptions{
 		IdleTimeout:        90 * time.Second,
-		KeepAlivePeriod:    5 * time.Second,
+		KeepAlivePeriod:    25 * time.Second,
 		HandshakeTimeout:   3 * time.Second,
 		MaxIncomingStreams: 10000,
 		Allow0RTT:          true,

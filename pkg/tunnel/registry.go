@@ -112,6 +112,25 @@ func (r *Registry) Len() int {
 	return len(r.tunnels)
 }
 
+// Activity is a mark of the registry's work: it changes when a tunnel is
+// added or moves bytes (the sum over open tunnels, which an ending tunnel
+// changes too). Comparing two marks tells whether anything happened between.
+type Activity struct {
+	added uint64
+	bytes int64
+}
+
+// Activity returns the registry's mark now.
+func (r *Registry) Activity() Activity {
+	a := Activity{added: r.next.Load()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.tunnels {
+		a.bytes += e.t.Upstream.Load() + e.t.Downstream.Load()
+	}
+	return a
+}
+
 // Abort aborts the tunnel with id and reports whether it existed.
 func (r *Registry) Abort(id uint64, code proto.Code) bool {
 	r.mu.Lock()

@@ -46,7 +46,7 @@ state-dir: `+filepath.Join(t.TempDir(), "state")+`
 	assert.Equal(t, "4s", got["header-timeout"], "environment beats file")
 	assert.Equal(t, "40s", got["idle-timeout"], "command line beats environment and file")
 	assert.Equal(t, "11s", got["drain-timeout"], "environment beats default")
-	assert.Equal(t, "5s", got["keepalive-period"], "default")
+	assert.Equal(t, "25s", got["keepalive-period"], "default")
 	assert.Equal(t, []any{"tcp:127.0.0.1:22", "db=tcp:127.0.0.1:5432"}, got["allow"], "a YAML list replaces the default allow-list")
 	assert.Equal(t, secret, got["secret-file"])
 

@@ -85,7 +85,7 @@ func (d *DaemonFlags) AddFlags(fs *pflag.FlagSet, help DaemonHelp) {
 	fs.StringVar(&d.QlogDir, "qlog-dir", d.QlogDir, "write a qlog file per QUIC connection into this directory (open them in qvis: https://qvis.quictools.info); costs throughput, off by default")
 	fs.StringVar(&d.FEC, "fec", d.FEC, help.FEC)
 	fs.DurationVar(&d.IdleTimeout, "idle-timeout", d.IdleTimeout, "close a QUIC connection after this long without packets; the longest blackout a tunnel survives (the smaller of both ends wins)")
-	fs.DurationVar(&d.KeepAlivePeriod, "keepalive-period", d.KeepAlivePeriod, "send a keep-alive after this long without traffic")
+	fs.DurationVar(&d.KeepAlivePeriod, "keepalive-period", d.KeepAlivePeriod, "send a keep-alive after this long without traffic (at most half of --idle-timeout); an idle connection sends nothing else, so keep it under the UDP timeout of NATs and firewalls on the path (often 30 s)")
 	fs.DurationVar(&d.HandshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "QUIC handshake idle timeout")
 	fs.DurationVar(&d.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long open tunnels may finish before they are closed")
 	fs.IntVar(&d.TailProbes, "tail-probes", d.TailProbes, help.TailProbes)
@@ -110,7 +110,10 @@ func (d *DaemonFlags) Validate() []error {
 	if d.KeepAlivePeriod < 0 || d.DrainTimeout < 0 {
 		add("--keepalive-period and --drain-timeout must not be negative")
 	}
-	if d.KeepAlivePeriod >= d.IdleTimeout && d.IdleTimeout > 0 {
+	// The default keep-alive is longer than a short --idle-timeout; quic-go
+	// sends keep-alives at half the idle timeout then, so only a period the
+	// user chose is checked.
+	if d.KeepAlivePeriod >= d.IdleTimeout && d.IdleTimeout > 0 && d.KeepAlivePeriod != transport.DefaultQUICOptions().KeepAlivePeriod {
 		add("--keepalive-period (%s) must be shorter than --idle-timeout (%s)", d.KeepAlivePeriod, d.IdleTimeout)
 	}
 	if d.TailProbes < 0 || d.TailProbes > 4 {
