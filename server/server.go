@@ -497,7 +497,9 @@ type connGate struct {
 	onVerified func()
 }
 
-// markVerified records that the connection presented a verified header.
+// markVerified records that the connection presented a verified header: one
+// with a valid MAC that was also fresh and not a replay (a leaked header
+// proves nothing, however valid its MAC).
 func (g *connGate) markVerified() {
 	if !g.verified.CompareAndSwap(false, true) {
 		return
@@ -669,7 +671,16 @@ accept:
 		streams.Go(func() {
 			defer release() // a stream that fails before its header is verified
 			s.egress.Serve(ctx, egress.Stream{Conn: conn, ConnID: id, Stream: str, Early: early, Prober: prober, Conn0: gate.state,
-				Flows: flows, Verified: func() { gate.markVerified(); release() }})
+				Flows: flows,
+				// On a connection that has proven the secret a valid MAC is
+				// enough to free the slot (the rules may take a DNS lookup);
+				// otherwise the header must also be fresh and not a replay.
+				MACVerified: func() {
+					if gate.verified.Load() {
+						release()
+					}
+				},
+				Verified: func() { gate.markVerified(); release() }})
 		})
 	}
 	streams.Wait()

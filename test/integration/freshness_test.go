@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/server"
@@ -178,4 +179,63 @@ func TestUnknownKindRefused(t *testing.T) {
 	assert.Equal(t, proto.CodeBadToken, streamResult(t, c, b), "a UDP flow names a udp: destination")
 	assert.Equal(t, proto.CodeOK, streamResult(t, c, signedHeader(t, "tcp:"+echo, time.Now())))
 	assert.Equal(t, 2.0, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("unsupported")))
+}
+
+// signedHello encodes a hello made at at, with the shared secret.
+func signedHello(t *testing.T, at time.Time) []byte {
+	t.Helper()
+	h, err := proto.NewHello(at)
+	require.NoError(t, err)
+	b, err := h.Append(nil, testutil.Secret)
+	require.NoError(t, err)
+	return b
+}
+
+// TestStaleOrReplayedHeaderProvesNothing (issue 21 item 3): a header with a
+// valid MAC that fails freshness (an hour old) or replay (the bytes of a
+// header already used) is refused with replay and does not count as proof of
+// the secret, on any number of connections: each keeps the stream credit of
+// the unverified budget and is closed by --auth-timeout.
+func TestStaleOrReplayedHeaderProvesNothing(t *testing.T) {
+	t.Parallel()
+	const budget = 4
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.HeaderTimeout = time.Minute // header-less streams wait for the deadline
+		c.AuthTimeout = 3 * time.Second
+		c.IdleAuthTimeout = time.Minute
+		c.MaxUnverifiedStreamsPerConn = budget
+	}})
+	// The client whose header leaks (in a log, a core dump) has used it.
+	used := attackerConn(t, srv)
+	captured := signedHeader(t, "tcp:"+echo, time.Now())
+	require.Equal(t, proto.CodeOK, streamResult(t, used, captured))
+
+	closed := 0
+	for _, tc := range []struct {
+		name   string
+		header []byte
+	}{
+		{"an hour old", signedHeader(t, "tcp:"+echo, time.Now().Add(-time.Hour))},
+		{"a hello an hour old", signedHello(t, time.Now().Add(-time.Hour))},
+		{"replayed", captured},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range 2 { // the same bytes on another connection
+				c := attackerConn(t, srv)
+				require.Equal(t, proto.CodeReplay, streamResult(t, c, tc.header), "connection %d", i)
+				// A verified connection gets --max-streams-per-conn (100)
+				// at once; an unverified one only what its refused stream
+				// gave back.
+				assert.LessOrEqual(t, openHeaderless(c, 3*budget, time.Second), budget,
+					"connection %d: stream credit stays at the unverified budget", i)
+				requireClosedByServer(t, c, proto.CodeAuthFailed, 30*time.Second)
+				closed++
+			}
+		})
+	}
+	assert.Equal(t, float64(closed), promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)),
+		"every connection was closed by --auth-timeout")
+	require.NoError(t, used.Context().Err(), "the connection that used the header first is verified")
+	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == 0 }, 10*time.Second, 10*time.Millisecond)
 }
