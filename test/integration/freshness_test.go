@@ -3,6 +3,9 @@ package integration
 import (
 	"context"
 	"crypto/tls"
+	"net"
+	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -238,4 +241,54 @@ func TestStaleOrReplayedHeaderProvesNothing(t *testing.T) {
 		"every connection was closed by --auth-timeout")
 	require.NoError(t, used.Context().Err(), "the connection that used the header first is verified")
 	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// blockingResolver answers every lookup with 127.0.0.1, once release is
+// closed; it counts the lookups waiting.
+type blockingResolver struct {
+	release chan struct{}
+	waiting atomic.Int32
+}
+
+func (r *blockingResolver) LookupNetIP(ctx context.Context, _, _ string) ([]netip.Addr, error) {
+	r.waiting.Add(1)
+	defer r.waiting.Add(-1)
+	select {
+	case <-r.release:
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestSlowLookupOnVerifiedConnection: on a connection that has proven the
+// secret, a stream frees its place in the unverified budget once its MAC is
+// verified, as before issue 21 item 3, not after the rules: streams whose
+// destination name takes long to resolve do not hold the connection's
+// other streams back.
+func TestSlowLookupOnVerifiedConnection(t *testing.T) {
+	t.Parallel()
+	const budget = 2
+	echo := testutil.EchoServer(t)
+	_, port, err := net.SplitHostPort(echo)
+	require.NoError(t, err)
+	r := &blockingResolver{release: make(chan struct{})}
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:127.0.0.0/8:" + port}, Mutate: func(c *server.Config) {
+		c.Resolver = r
+		c.MaxUnverifiedStreamsPerConn = budget
+	}})
+	t.Cleanup(func() { close(r.release) })
+	c := attackerConn(t, srv) // has the secret here
+	require.Equal(t, proto.CodeOK, streamResult(t, c, signedHeader(t, "tcp:"+echo, time.Now())), "verifies the connection")
+
+	for range budget {
+		str, err := c.OpenStream()
+		require.NoError(t, err)
+		t.Cleanup(func() { str.CancelRead(0); str.CancelWrite(0) })
+		_, err = str.Write(signedHeader(t, "tcp:slow.example:"+port, time.Now()))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return r.waiting.Load() == budget }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, proto.CodeOK, streamResult(t, c, signedHeader(t, "tcp:"+echo, time.Now())),
+		"served while %d lookups wait", budget)
 }
