@@ -492,7 +492,10 @@ type connGate struct {
 	deadlineAt time.Time
 	// sawStream is set at the connection's first stream.
 	sawStream atomic.Bool
-	state     *egress.ConnState
+	// sawMAC is set at the connection's first header with a valid MAC,
+	// verified or not (stale, replayed, refused).
+	sawMAC atomic.Bool
+	state  *egress.ConnState
 	// onVerified runs once, when the connection is first verified.
 	onVerified func()
 }
@@ -584,6 +587,16 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 				return
 			}
 			m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout).Inc()
+			if gate.sawMAC.Load() {
+				// Headers made with the secret, none of them fresh, new and
+				// allowed (a client whose clock is off, or a leaked header):
+				// timeout, not auth_failed, so a client with the secret does
+				// not report its credentials as refused.
+				logger.V(2).Info("Closed connection: its stream headers had a valid MAC but none was fresh, new and allowed in time",
+					"authTimeout", s.cfg.AuthTimeout)
+				_ = conn.CloseWithError(proto.CodeTimeout.ApplicationErrorCode(), "no fresh authenticated stream header in time")
+				return
+			}
 			if gate.sawStream.Load() {
 				logger.V(2).Info("Closed connection: no authenticated stream header in time", "authTimeout", s.cfg.AuthTimeout)
 				_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "no authenticated stream header in time")
@@ -676,6 +689,7 @@ accept:
 				// enough to free the slot (the rules may take a DNS lookup);
 				// otherwise the header must also be fresh and not a replay.
 				MACVerified: func() {
+					gate.sawMAC.Store(true)
 					if gate.verified.Load() {
 						release()
 					}
