@@ -496,12 +496,17 @@ type connGate struct {
 	deadlineAt time.Time
 	// sawStream is set at the connection's first stream.
 	sawStream atomic.Bool
-	state     *egress.ConnState
+	// sawMAC is set at the connection's first header with a valid MAC,
+	// verified or not (stale, replayed, refused).
+	sawMAC atomic.Bool
+	state  *egress.ConnState
 	// onVerified runs once, when the connection is first verified.
 	onVerified func()
 }
 
-// markVerified records that the connection presented a verified header.
+// markVerified records that the connection presented a verified header: one
+// with a valid MAC that was also fresh and not a replay (a leaked header
+// proves nothing, however valid its MAC).
 func (g *connGate) markVerified() {
 	if !g.verified.CompareAndSwap(false, true) {
 		return
@@ -586,6 +591,16 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 				return
 			}
 			m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout).Inc()
+			if gate.sawMAC.Load() {
+				// Headers made with the secret, none of them fresh, new and
+				// allowed (a client whose clock is off, or a leaked header):
+				// timeout, not auth_failed, so a client with the secret does
+				// not report its credentials as refused.
+				logger.V(2).Info("Closed connection: its stream headers had a valid MAC but none was fresh, new and allowed in time",
+					"authTimeout", s.cfg.AuthTimeout)
+				_ = conn.CloseWithError(proto.CodeTimeout.ApplicationErrorCode(), "no fresh authenticated stream header in time")
+				return
+			}
 			if gate.sawStream.Load() {
 				logger.V(2).Info("Closed connection: no authenticated stream header in time", "authTimeout", s.cfg.AuthTimeout)
 				_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "no authenticated stream header in time")
@@ -673,7 +688,17 @@ accept:
 		streams.Go(func() {
 			defer release() // a stream that fails before its header is verified
 			s.egress.Serve(ctx, egress.Stream{Conn: conn, ConnID: id, Stream: str, Early: early, Prober: prober, Conn0: gate.state,
-				Flows: flows, Verified: func() { gate.markVerified(); release() }})
+				Flows: flows,
+				// On a connection that has proven the secret a valid MAC is
+				// enough to free the slot (the rules may take a DNS lookup);
+				// otherwise the header must also be fresh and not a replay.
+				MACVerified: func() {
+					gate.sawMAC.Store(true)
+					if gate.verified.Load() {
+						release()
+					}
+				},
+				Verified: func() { gate.markVerified(); release() }})
 		})
 	}
 	streams.Wait()

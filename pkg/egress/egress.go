@@ -191,7 +191,14 @@ type Stream struct {
 	Prober *liveness.TailProber
 	// Conn0 is the connection's state (NewConn).
 	Conn0 *ConnState
-	// Verified, if set, is called once the header is authenticated.
+	// MACVerified, if set, is called once the header's MAC is verified (at
+	// once without shared-secret authentication), before its freshness,
+	// replay and destination checks: the header was made with the secret,
+	// but a stale or replayed copy proves nothing about the peer.
+	MACVerified func()
+	// Verified, if set, is called once the header has proven the secret:
+	// its MAC, freshness and replay checks passed (a tunnel's replay check
+	// comes after its destination's, so a refused header does not call it).
 	Verified func()
 	// Flows routes the connection's UDP flow datagrams; nil: UDP flows
 	// are refused as unsupported.
@@ -261,7 +268,9 @@ func (p *policy) authorize(ctx context.Context, r endpoint.Resolver, dest endpoi
 // Serve serves one tunnel stream from header to close: it authenticates the
 // header, checks freshness and replay, the destination against the rules,
 // dials it within the dial limits and splices until both directions end.
-// It calls st.Verified once the header is authenticated.
+// It calls st.MACVerified once the header's MAC is verified, and
+// st.Verified once the header has also passed the freshness and replay
+// checks.
 func (e *Handler) Serve(ctx context.Context, st Stream) {
 	conn, connID, str, early, prober := st.Conn, st.ConnID, st.Stream, st.Early, st.Prober
 	m := e.cfg.Metrics
@@ -319,8 +328,8 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	if keyName != "" {
 		logger = klog.LoggerWithValues(logger, "key", keyName)
 	}
-	if st.Verified != nil {
-		st.Verified()
+	if st.MACVerified != nil {
+		st.MACVerified()
 	}
 	if h.Kind == proto.KindHello {
 		e.hello(st, h, logger)
@@ -389,6 +398,11 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	if code != proto.CodeOK {
 		fail(code, "Rejected stream: header seen before, or no room to record a 0-RTT header", "early", early, "unrecorded", unrecorded)
 		return
+	}
+	// Only now does the header prove the secret: a valid MAC on a stale or
+	// replayed header is what anyone holding a leaked header has.
+	if st.Verified != nil {
+		st.Verified()
 	}
 
 	if h.Kind == proto.KindUDP {
@@ -471,8 +485,9 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	}
 }
 
-// hello answers a verified hello (proto.KindHello): the same freshness and
-// replay checks as a tunnel's header, then CodeOK and the end of the stream.
+// hello answers a hello (proto.KindHello) whose MAC was verified: the same
+// freshness and replay checks as a tunnel's header, then st.Verified, CodeOK
+// and the end of the stream.
 // A hello is no tunnel: it is not counted in streams_total, audited or
 // registered.
 func (e *Handler) hello(st Stream, h *proto.Header, logger klog.Logger) {
@@ -490,6 +505,9 @@ func (e *Handler) hello(st Stream, h *proto.Header, logger klog.Logger) {
 		str.CancelWrite(code.StreamErrorCode())
 		logger.V(2).Info("Refused hello", "code", code.String(), "early", st.Early, "headerTime", h.Time)
 		return
+	}
+	if st.Verified != nil {
+		st.Verified()
 	}
 	_ = str.SetWriteDeadline(now.Add(e.cfg.HeaderTimeout))
 	if err := proto.WriteReply(str, proto.CodeOK); err != nil {

@@ -3,6 +3,9 @@ package integration
 import (
 	"context"
 	"crypto/tls"
+	"net"
+	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/server"
@@ -178,4 +182,121 @@ func TestUnknownKindRefused(t *testing.T) {
 	assert.Equal(t, proto.CodeBadToken, streamResult(t, c, b), "a UDP flow names a udp: destination")
 	assert.Equal(t, proto.CodeOK, streamResult(t, c, signedHeader(t, "tcp:"+echo, time.Now())))
 	assert.Equal(t, 2.0, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("unsupported")))
+}
+
+// signedHello encodes a hello made at at, with the shared secret.
+func signedHello(t *testing.T, at time.Time) []byte {
+	t.Helper()
+	h, err := proto.NewHello(at)
+	require.NoError(t, err)
+	b, err := h.Append(nil, testutil.Secret)
+	require.NoError(t, err)
+	return b
+}
+
+// TestStaleOrReplayedHeaderProvesNothing (issue 21 item 3): a header with a
+// valid MAC that fails freshness (an hour old) or replay (the bytes of a
+// header already used) is refused with replay and does not count as proof of
+// the secret, on any number of connections: each keeps the stream credit of
+// the unverified budget and is closed by --auth-timeout, with timeout (the
+// MAC was good: a client whose clock is off must not report its secret as
+// refused). Nor does a header the rules refuse: its replay check, which comes
+// after the rules, never ran.
+func TestStaleOrReplayedHeaderProvesNothing(t *testing.T) {
+	t.Parallel()
+	const budget = 4
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.HeaderTimeout = time.Minute // header-less streams wait for the deadline
+		c.AuthTimeout = 3 * time.Second
+		c.IdleAuthTimeout = time.Minute
+		c.MaxUnverifiedStreamsPerConn = budget
+	}})
+	// The client whose header leaks (in a log, a core dump) has used it.
+	used := attackerConn(t, srv)
+	captured := signedHeader(t, "tcp:"+echo, time.Now())
+	require.Equal(t, proto.CodeOK, streamResult(t, used, captured))
+
+	closed := 0
+	for _, tc := range []struct {
+		name   string
+		header []byte
+		want   proto.Code
+	}{
+		{"an hour old", signedHeader(t, "tcp:"+echo, time.Now().Add(-time.Hour)), proto.CodeReplay},
+		{"a hello an hour old", signedHello(t, time.Now().Add(-time.Hour)), proto.CodeReplay},
+		{"replayed", captured, proto.CodeReplay},
+		{"refused destination", signedHeader(t, "tcp:127.0.0.1:1", time.Now()), proto.CodeRefused},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range 2 { // the same bytes on another connection
+				c := attackerConn(t, srv)
+				require.Equal(t, tc.want, streamResult(t, c, tc.header), "connection %d", i)
+				// A verified connection gets --max-streams-per-conn (100)
+				// at once; an unverified one only what its refused stream
+				// gave back.
+				assert.LessOrEqual(t, openHeaderless(c, 3*budget, time.Second), budget,
+					"connection %d: stream credit stays at the unverified budget", i)
+				requireClosedByServer(t, c, proto.CodeTimeout, 30*time.Second)
+				closed++
+			}
+		})
+	}
+	assert.Equal(t, float64(closed), promtest.ToFloat64(srv.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout)),
+		"every connection was closed by --auth-timeout")
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.ConnectionsTotal.WithLabelValues("auth_timeout")) == float64(closed)
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, used.Context().Err(), "the connection that used the header first is verified")
+	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.UnverifiedStreams) == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// blockingResolver answers every lookup with 127.0.0.1, once release is
+// closed; it counts the lookups waiting.
+type blockingResolver struct {
+	release chan struct{}
+	waiting atomic.Int32
+}
+
+func (r *blockingResolver) LookupNetIP(ctx context.Context, _, _ string) ([]netip.Addr, error) {
+	r.waiting.Add(1)
+	defer r.waiting.Add(-1)
+	select {
+	case <-r.release:
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestSlowLookupOnVerifiedConnection: on a connection that has proven the
+// secret, a stream frees its place in the unverified budget once its MAC is
+// verified, as before issue 21 item 3, not after the rules: streams whose
+// destination name takes long to resolve do not hold the connection's
+// other streams back.
+func TestSlowLookupOnVerifiedConnection(t *testing.T) {
+	t.Parallel()
+	const budget = 2
+	echo := testutil.EchoServer(t)
+	_, port, err := net.SplitHostPort(echo)
+	require.NoError(t, err)
+	r := &blockingResolver{release: make(chan struct{})}
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:127.0.0.0/8:" + port}, Mutate: func(c *server.Config) {
+		c.Resolver = r
+		c.MaxUnverifiedStreamsPerConn = budget
+	}})
+	t.Cleanup(func() { close(r.release) })
+	c := attackerConn(t, srv) // has the secret here
+	require.Equal(t, proto.CodeOK, streamResult(t, c, signedHeader(t, "tcp:"+echo, time.Now())), "verifies the connection")
+
+	for range budget {
+		str, err := c.OpenStream()
+		require.NoError(t, err)
+		t.Cleanup(func() { str.CancelRead(0); str.CancelWrite(0) })
+		_, err = str.Write(signedHeader(t, "tcp:slow.example:"+port, time.Now()))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return r.waiting.Load() == budget }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, proto.CodeOK, streamResult(t, c, signedHeader(t, "tcp:"+echo, time.Now())),
+		"served while %d lookups wait", budget)
 }
