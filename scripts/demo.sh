@@ -4,6 +4,10 @@
 # stopped on exit. Ports can be changed with the environment variables below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# bench_env: the Go runtime settings README's figures were measured with (README, "Tuning");
+# GOMAXPROCS=$(nproc) GODEBUG=schedtrace=0 make demo runs the daemons with Go's defaults.
+# shellcheck source=scripts/lib/bench-env.sh
+. scripts/lib/bench-env.sh
 BIN=${BIN:-bin}
 ECHO_PORT=${ECHO_PORT:-15676}
 SERVER_PORT=${SERVER_PORT:-7500}
@@ -57,10 +61,10 @@ show_log() {
 (umask 077; head -c 32 /dev/urandom | base64 > "$work/secret")   # mode 0600: the daemons refuse a secret others can read
 "$BIN/latency-client" serve --listen 127.0.0.1:$ECHO_PORT >"$work/echo.log" 2>&1 & pids+=($!)
 fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
-"$BIN/quictun-server" --listen-on 127.0.0.1:$SERVER_PORT --state-dir "$work/state" \
+env "${bench_env[@]}" "$BIN/quictun-server" --listen-on 127.0.0.1:$SERVER_PORT --state-dir "$work/state" \
   --secret-file "$work/secret" --allow tcp:127.0.0.1:$ECHO_PORT --httpd-listen-on 127.0.0.1:0 \
   -v 2 >"$work/server.log" 2>&1 & pids+=($!)
-"$BIN/quictun-client" --listen-on tcp:127.0.0.1:$CLIENT_PORT --server-endpoint 127.0.0.1:$SERVER_PORT \
+env "${bench_env[@]}" "$BIN/quictun-client" --listen-on tcp:127.0.0.1:$CLIENT_PORT --server-endpoint 127.0.0.1:$SERVER_PORT \
   --server-fingerprint "$fp" --secret-file "$work/secret" --token-source tcp:127.0.0.1:$ECHO_PORT \
   --httpd-listen-on 127.0.0.1:0 -v 2 >"$work/client.log" 2>&1 & pids+=($!)
 wait_tcp $ECHO_PORT

@@ -1,8 +1,11 @@
 # emulated-tunnel.sh, sourced by the scripts that measure quictun on the emulated link
 # (profile-lan.sh, first-packet.sh, floor-lan.sh). The caller sets BIN (quictun's daemons), LINKEM
 # (tools/linkem's binary), PREFIX and DELAY; this sets CNS, SNS, SERVER_IP, work (a
-# temporary directory for state and logs) and pids, and on exit stops every process
-# listed in pids and removes work.
+# temporary directory for state and logs), pids and bench_env (lib/bench-env.sh: the Go
+# runtime settings the daemons run with), and on exit stops every process listed in pids
+# and removes work.
+# shellcheck source=scripts/lib/bench-env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/bench-env.sh"
 CNS=$PREFIX-c SNS=$PREFIX-s SERVER_IP=198.18.0.2
 work=$(mktemp -d)
 pids=()
@@ -31,10 +34,10 @@ emulated_tunnel() {
   (umask 077; head -c 32 /dev/urandom | base64 >"$work/secret")
   local fp
   fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
-  ip netns exec "$SNS" "$BIN/quictun-server" --listen-on "$SERVER_IP:7500" --state-dir "$work/state" \
+  ip netns exec "$SNS" env "${bench_env[@]}" "$BIN/quictun-server" --listen-on "$SERVER_IP:7500" --state-dir "$work/state" \
     --secret-file "$work/secret" --audit-log=false "${server_args[@]}" >"$work/server.log" 2>&1 &
   pids+=($!)
-  ip netns exec "$CNS" "$BIN/quictun-client" --server-endpoint "$SERVER_IP:7500" --server-fingerprint "$fp" \
+  ip netns exec "$CNS" env "${bench_env[@]}" "$BIN/quictun-client" --server-endpoint "$SERVER_IP:7500" --server-fingerprint "$fp" \
     --secret-file "$work/secret" --httpd-listen-on 127.0.0.1:8087 "${client_args[@]}" >"$work/client.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do ip netns exec "$CNS" curl -fsS http://127.0.0.1:8087/readyz >/dev/null 2>&1 && break; sleep 0.1; done

@@ -332,7 +332,8 @@ type clientOpts struct {
 	SecretFile  string // default: the server's
 	Fingerprint string // default: the server's; "-": none on the command line (a --config file gives it)
 	Args        []string
-	NoWait      bool // do not wait for the QUIC connection (readyz)
+	Env         []string // added to the environment
+	NoWait      bool     // do not wait for the QUIC connection (readyz)
 }
 
 // startClient starts quictun-client for srv with -v 4 and, unless NoWait,
@@ -356,7 +357,7 @@ func startClient(t *testing.T, srv *daemon, o clientOpts) *daemon {
 			args = append(args, "--secret-file", o.SecretFile)
 		}
 		args = append(args, o.Args...)
-		p := startProc(t, "quictun-client", nil, bins.client, args...)
+		p := startProc(t, "quictun-client", o.Env, bins.client, args...)
 		d := &daemon{proc: p, Addr: "127.0.0.1:" + strconv.Itoa(lp), AdminURL: "http://127.0.0.1:" + strconv.Itoa(adm), adminPort: adm}
 		if o.NoWait {
 			// Wait for the admin server at least, so the listener is up.

@@ -6,10 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -399,35 +403,141 @@ func TestServerRestartIdleClient(t *testing.T) {
 		lost, back)
 }
 
-// TestDefaultGOMAXPROCS: a daemon runs with half the CPUs' worth of Ps (at
-// least one) unless GOMAXPROCS is set, and says which at start.
-func TestDefaultGOMAXPROCS(t *testing.T) {
+// TestRuntimeSettingsAreTheOperators: the daemons start once, as they were
+// started, and leave the Go runtime's settings to the environment (README,
+// "Tuning"): no GODEBUG of their own (they used to re-execute themselves with
+// schedtrace set), GOMAXPROCS Go's default (the CPUs, or a container's CPU
+// limit; it used to be half of that) unless GOMAXPROCS is set. The "Starting"
+// line says what is in force.
+func TestRuntimeSettingsAreTheOperators(t *testing.T) {
 	checkLeaks(t)
-	def := startServer(t, serverOpts{})
-	want := fmt.Sprintf("gomaxprocs=%d gomaxprocsFromEnv=false", max(1, runtime.NumCPU()/2))
-	assert.Contains(t, def.proc.log(), want)
-	set := startServer(t, serverOpts{Env: []string{"GOMAXPROCS=3"}})
-	assert.Contains(t, set.proc.log(), "gomaxprocs=3 gomaxprocsFromEnv=true")
-}
-
-// TestSysmonPolling: each daemon re-executes itself once at start with
-// GODEBUG's schedtrace set (cli.SysmonSetting: Go's system monitor polls
-// instead of being woken by the first system call after every idle spell),
-// keeping its PID and other settings, unless GODEBUG names schedtrace.
-func TestSysmonPolling(t *testing.T) {
-	checkLeaks(t)
-	environ := func(pid int) string {
+	for _, name := range []string{"GOMAXPROCS", "GODEBUG"} {
+		t.Setenv(name, "") // restored after the test
+		require.NoError(t, os.Unsetenv(name))
+	}
+	environ := func(pid int) []string {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 		require.NoError(t, err)
-		return strings.ReplaceAll(string(b), "\x00", "\n")
+		return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 	}
-	srv := startServer(t, serverOpts{Env: []string{"GODEBUG=madvdontneed=1"}})
-	assert.Contains(t, srv.proc.log(), `godebug="madvdontneed=1,schedtrace=2147483647"`)
-	assert.Contains(t, environ(srv.cmd.Process.Pid), "GODEBUG=madvdontneed=1,schedtrace=2147483647\n", "re-executed in the same process")
-	cl := startClient(t, srv, clientOpts{Token: "tcp:127.0.0.1:9"})
-	assert.Contains(t, cl.proc.log(), `godebug="schedtrace=2147483647"`)
-	assert.Equal(t, 1, strings.Count(cl.proc.log(), "Starting quictun-client"), "one start, one log line")
+	godebugOf := func(env []string) []string {
+		var out []string
+		for _, kv := range env {
+			if strings.HasPrefix(kv, "GODEBUG=") {
+				out = append(out, kv)
+			}
+		}
+		return out
+	}
+	// starting is the "Starting" line of log, and how many there are.
+	starting := func(log, name string) (line string, n int) {
+		for l := range strings.Lines(log) {
+			if strings.Contains(l, `"Starting `+name+`"`) {
+				line, n = l, n+1
+			}
+		}
+		return line, n
+	}
+	cmdline := func(p *proc) string {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.cmd.Process.Pid))
+		require.NoError(t, err)
+		return string(b)
+	}
 
-	own := startServer(t, serverOpts{Env: []string{"GODEBUG=schedtrace=0"}})
-	assert.Contains(t, own.proc.log(), `godebug="schedtrace=0"`, "the user's setting wins")
+	// GODEBUG=inittrace=1: the runtime writes one "init runtime @" line each
+	// time the program starts, so an execution of itself would show as two.
+	srv := startServer(t, serverOpts{Env: []string{"GODEBUG=inittrace=1"}})
+	log := srv.proc.log()
+	runtimeInits := 0
+	for line := range strings.Lines(log) {
+		if strings.HasPrefix(line, "init runtime @") {
+			runtimeInits++
+		}
+	}
+	assert.Equal(t, 1, runtimeInits, "the runtime started once")
+	line, n := starting(log, "quictun-server")
+	assert.Equal(t, 1, n, "one start, one log line")
+	assert.Equal(t, []string{"GODEBUG=inittrace=1"}, godebugOf(environ(srv.cmd.Process.Pid)), "GODEBUG as given")
+	assert.Equal(t, strings.Join(srv.cmd.Args, "\x00")+"\x00", cmdline(srv.proc), "the command line as started")
+	assert.Contains(t, line, `godebug="inittrace=1"`)
+	want := fmt.Sprintf("gomaxprocs=%d gomaxprocsFromEnv=false", defaultGOMAXPROCS(t))
+	assert.Contains(t, line, want, "Go's default GOMAXPROCS")
+
+	cl := startClient(t, srv, clientOpts{Token: "tcp:127.0.0.1:9"})
+	assert.Empty(t, godebugOf(environ(cl.cmd.Process.Pid)), "no GODEBUG of the client's own")
+	assert.Equal(t, strings.Join(cl.cmd.Args, "\x00")+"\x00", cmdline(cl.proc), "the command line as started")
+	line, n = starting(cl.proc.log(), "quictun-client")
+	assert.Equal(t, 1, n, "one start, one log line")
+	assert.Contains(t, line, `godebug=""`)
+	assert.Contains(t, line, want)
+
+	set := startServer(t, serverOpts{Env: []string{"GOMAXPROCS=3", "GODEBUG=schedtrace=2147483647"}})
+	line, _ = starting(set.proc.log(), "quictun-server")
+	assert.Contains(t, line, "gomaxprocs=3 gomaxprocsFromEnv=true")
+	assert.Contains(t, line, `godebug="schedtrace=2147483647"`, "the operator's setting, as given")
+}
+
+// defaultGOMAXPROCS is Go's default GOMAXPROCS for a process started here
+// (runtime/cgroup_linux.go, defaultGOMAXPROCS): the CPUs it may use, or the
+// CPU bandwidth limit of its cgroup and the cgroup's ancestors, rounded up,
+// at least 2, if that is lower. It reads cgroup v2's cpu.max and v1's
+// cpu.cfs_quota_us under /sys/fs/cgroup (where containers and most hosts
+// mount them); a limit it cannot find counts as none.
+func defaultGOMAXPROCS(t *testing.T) int {
+	t.Helper()
+	procs := runtime.NumCPU()
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return procs
+	}
+	limit := math.Inf(1)
+	readLimit := func(dir string) (float64, bool) {
+		if b, err := os.ReadFile(filepath.Join(dir, "cpu.max")); err == nil { // v2: "QUOTA PERIOD" or "max PERIOD"
+			var q, p float64
+			if _, err := fmt.Sscanf(string(b), "%g %g", &q, &p); err == nil && p > 0 {
+				return q / p, true
+			}
+			return 0, false
+		}
+		q, err1 := os.ReadFile(filepath.Join(dir, "cpu.cfs_quota_us")) // v1: -1 for none
+		p, err2 := os.ReadFile(filepath.Join(dir, "cpu.cfs_period_us"))
+		if err1 != nil || err2 != nil {
+			return 0, false
+		}
+		qv, err1 := strconv.ParseFloat(strings.TrimSpace(string(q)), 64)
+		pv, err2 := strconv.ParseFloat(strings.TrimSpace(string(p)), 64)
+		if err1 != nil || err2 != nil || qv < 0 || pv <= 0 {
+			return 0, false
+		}
+		return qv / pv, true
+	}
+	for line := range strings.Lines(string(b)) {
+		fields := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(fields) != 3 {
+			continue
+		}
+		var mounts []string
+		switch {
+		case fields[0] == "0" && fields[1] == "":
+			mounts = []string{"/sys/fs/cgroup"}
+		case slices.Contains(strings.Split(fields[1], ","), "cpu"):
+			mounts = []string{"/sys/fs/cgroup/" + fields[1], "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}
+		default:
+			continue
+		}
+		for _, m := range mounts {
+			for p := fields[2]; ; p = filepath.Dir(p) {
+				if l, ok := readLimit(filepath.Join(m, p)); ok {
+					limit = min(limit, l)
+				}
+				if p == "/" || p == "." {
+					break
+				}
+			}
+		}
+	}
+	if math.IsInf(limit, 1) {
+		return procs
+	}
+	return min(procs, max(2, int(math.Ceil(limit))))
 }

@@ -149,7 +149,7 @@ func newLoopbackCommand() *cobra.Command {
 	fs.StringSliceVar(&o.Cases, "cases", nil, "cases to run (default: all): "+strings.Join(harness.LoopbackCases(), ","))
 	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable)")
 	fs.StringSliceVar(&o.ClientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")
-	fs.StringSliceVar(&o.Env, "quictun-env", nil, "extra environment of both daemons, e.g. GOMAXPROCS=1 (repeatable)")
+	fs.StringSliceVar(&o.Env, "quictun-env", nil, "extra environment of both daemons, e.g. GOMAXPROCS=2 (repeatable); without GOMAXPROCS and GODEBUG here or in this environment the daemons get GOMAXPROCS at half the CPUs and GODEBUG="+harness.SysmonPolling+" (GODEBUG=schedtrace=0: Go's default)")
 	fs.StringSliceVar(&o.EnvB, "quictun-env-b", nil, "extra environment of quictun-b's daemons only (with --bin-b, or alone: the same build with another environment)")
 	return cmd
 }

@@ -22,8 +22,10 @@
 // emulated links). Each stream starts with the destination, a 2-byte big-endian
 // length and "HOST:PORT"; the server dials it if --allow lists it (required),
 // then both sides copy through 32 KiB buffers and pass
-// each EOF on as a half-close. GOMAXPROCS defaults to half the CPUs, at least
-// one, unless the environment sets it, as quictun's daemons do.
+// each EOF on as a half-close. Like quictun's daemons it sets no Go runtime
+// settings of its own: GOMAXPROCS and GODEBUG come from its environment, where
+// the bench harness puts the ones it measures with (tools/bench daemonEnv,
+// scripts/lib/bench-env.sh).
 package main
 
 import (
@@ -60,9 +62,6 @@ import (
 const alpn = "floortun"
 
 func main() {
-	if _, ok := os.LookupEnv("GOMAXPROCS"); !ok {
-		runtime.GOMAXPROCS(max(1, runtime.GOMAXPROCS(0)/2)) // cmd/internal/cli.DefaultProcs
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	context.AfterFunc(ctx, stop) // a second signal ends the process at once
 	mode := filepath.Base(os.Args[0])
@@ -101,7 +100,7 @@ func run(ctx context.Context, mode string, args []string) error {
 	default:
 		return fmt.Errorf("unknown subcommand %q", fs.Arg(0))
 	}
-	fmt.Fprintf(os.Stderr, "%s, %s, GOMAXPROCS=%d\n", mode, version(), runtime.GOMAXPROCS(0))
+	fmt.Fprintf(os.Stderr, "%s, %s, GOMAXPROCS=%d, GODEBUG=%q\n", mode, version(), runtime.GOMAXPROCS(0), os.Getenv("GODEBUG"))
 	switch mode {
 	case "quictun-server":
 		var allow []string

@@ -25,8 +25,6 @@ import (
 
 // Run runs the command with args and returns the exit code.
 func Run(args []string) int {
-	cli.KeepSysmonPolling() // re-executes once with GODEBUG's schedtrace set
-	cli.SetDefaultProcs()
 	return cli.Main(NewCommand(), args)
 }
 

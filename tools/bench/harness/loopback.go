@@ -53,8 +53,10 @@ type LoopbackOptions struct {
 	Reps       int
 	Cases      []string
 	// ServerArgs and ClientArgs are extra daemon flags; Env extra
-	// environment of the daemons (e.g. GOMAXPROCS=1). They apply to every
-	// quictun variant.
+	// environment of the daemons (e.g. GOMAXPROCS=2). They apply to every
+	// quictun variant. The daemons also get the Go runtime settings of
+	// daemonEnv (GOMAXPROCS at half the CPUs, GODEBUG with SysmonPolling)
+	// unless Env or the harness's environment sets them.
 	ServerArgs, ClientArgs, Env []string
 	// EnvB is extra environment of quictun-b's daemons only (after Env).
 	EnvB []string
@@ -160,10 +162,13 @@ func RunLoopback(ctx context.Context, opts LoopbackOptions) (dir string, err err
 		name, bin string
 		env       []string
 	}
-	builds := []build{{"quictun", opts.BinDir, opts.Env}}
+	builds := []build{{"quictun", opts.BinDir, benchDaemonEnv(opts.Env)}}
 	if opts.BinDirB != "" || len(opts.EnvB) > 0 {
 		bin := cmp.Or(opts.BinDirB, opts.BinDir)
-		builds = append(builds, build{"quictun-b", bin, append(slices.Clone(opts.Env), opts.EnvB...)})
+		builds = append(builds, build{"quictun-b", bin, benchDaemonEnv(append(slices.Clone(opts.Env), opts.EnvB...))})
+	}
+	for _, b := range builds {
+		r.res.Notes = append(r.res.Notes, b.name+" daemons' env: "+strings.Join(b.env, " "))
 	}
 	for _, b := range builds {
 		t, err := r.startTunnel(ctx, work, b.name, b.bin, b.env)

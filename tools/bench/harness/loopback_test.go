@@ -41,6 +41,12 @@ func TestLoopbackSmoke(t *testing.T) {
 	res, err := LoadResults(dir)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"direct", "quictun", "quictun-b"}, res.Variants)
+	// The daemons ran with the harness's runtime settings (daemonEnv), quictun-b with its own GOMAXPROCS.
+	for name, want := range map[string]string{"quictun-server.log": SysmonPolling, "quictun-b-client.log": "gomaxprocs=1 gomaxprocsFromEnv=true"} {
+		b, err := os.ReadFile(filepath.Join(dir, "raw", name))
+		require.NoError(t, err)
+		assert.Contains(t, string(b), want, name)
+	}
 	cases := map[string]bool{}
 	for _, s := range res.Samples {
 		cases[s.Case] = true

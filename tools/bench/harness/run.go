@@ -287,6 +287,7 @@ func (r *Runner) candidates(ctx context.Context) ([]Variant, error) {
 	if len(ccs) == 0 {
 		ccs = []string{""}
 	}
+	r.res.Notes = append(r.res.Notes, "quictun daemons' env: "+strings.Join(benchDaemonEnv(nil), " "))
 	for i, cc := range ccs {
 		q := &quictun{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs, Congestion: cc, Instance: i}
 		cands = append(cands, q)

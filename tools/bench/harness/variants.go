@@ -287,7 +287,8 @@ func helpHasFlag(help, flag string) bool {
 // 127.0.0.2 go to the echo server, every other one to the sink, so a
 // download and an interactive echo can share one QUIC connection).
 // Instance k of a run uses its own ports, so several instances (one per
-// congestion controller) run side by side.
+// congestion controller) run side by side. The daemons run with the Go
+// runtime settings of daemonEnv unless the harness's environment sets them.
 type quictun struct {
 	ServerArgs, ClientArgs []string // extra flags
 	// Congestion is the --congestion value passed to both daemons; "" passes none.
@@ -389,7 +390,8 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 		"--httpd-listen-on", q.local(qtServerAdminPort),
 	}, q.ccArgs()...)
 	args = append(args, q.ServerArgs...)
-	q.server, err = StartProc(q.file("quictun-server"), env.ServerNS, filepath.Join(env.LogDir, q.file("quictun-server.log")), q.bin(env, "quictun-server"), args...)
+	denv := benchDaemonEnv(nil)
+	q.server, err = startProcEnv(q.file("quictun-server"), env.ServerNS, filepath.Join(env.LogDir, q.file("quictun-server.log")), denv, q.bin(env, "quictun-server"), args...)
 	if err != nil {
 		return err
 	}
@@ -414,7 +416,7 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 			args = append(args, "--proxy", "socks5:"+q.local(qtSOCKSLocal))
 		}
 		args = append(args, q.ClientArgs...)
-		p, err := StartProc(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), q.bin(env, "quictun-client"), args...)
+		p, err := startProcEnv(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), denv, q.bin(env, "quictun-client"), args...)
 		if err != nil {
 			return err
 		}
