@@ -43,8 +43,9 @@ type Session struct {
 	Prober *liveness.TailProber
 	Flows  *udpflow.Table
 	// Waker, if set, is woken as a stream or flow is about to be opened on
-	// the session: the client's liveness checks, silent while the
-	// connection is idle, start again at once (client/rescue.go).
+	// the session and as bytes move on it: the client's liveness checks,
+	// silent while the connection is idle, start again at once
+	// (client/rescue.go).
 	Waker *liveness.Waker
 
 	// verdicts: destinations the server accepted recently on this
@@ -342,8 +343,10 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		}
 	}
 	pipe := splice.New(sc, toServer)
-	if sess.Prober != nil {
-		pipe.AfterWrite, pipe.AfterRead = sess.Prober.Kick, sess.Prober.Heard
+	if sess.Prober != nil || sess.Waker != nil {
+		// Bytes either way wake the liveness checks of an idle connection.
+		pipe.AfterWrite = func() { sess.Prober.Kick(); sess.Waker.Wake() }
+		pipe.AfterRead = func() { sess.Prober.Heard(); sess.Waker.Wake() }
 	}
 	t := &tunnel.Tunnel{
 		StreamID:    int64(str.StreamID()),
