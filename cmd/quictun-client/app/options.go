@@ -116,7 +116,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.SessionWait, "session-wait-timeout", o.SessionWait, "how long a local connection waits for a connection to the server before it is reset")
 	fs.DurationVar(&o.StreamOpenTimeout, "stream-open-timeout", o.StreamOpenTimeout, "how long to wait for stream credit when the server's stream limit is reached")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "concurrent local connections and UDP flows; more are reset (UDP: the packets of a new flow are dropped)")
-	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way); after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
+	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way) while the connection has work (a tunnel opening, bytes in the last 5 s, a rescue); idle, only --keepalive-period's keep-alives go out; after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
 	fs.DurationVar(&o.RescueAfter, "rescue-after", o.RescueAfter, "without a heartbeat echo for this long, probe a new path (fresh UDP socket) and switch to it as soon as the server answers")
 	fs.DurationVar(&o.ReconnectMax, "reconnect-max-delay", o.ReconnectMax, "longest pause between reconnect attempts (exponential backoff with jitter from 100ms)")
 }
