@@ -243,8 +243,8 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		_ = nc.SetDeadline(time.Now().Add(proxyRequestTimeout))
 		token, early, err = proxy.Request(nc)
 		_ = nc.SetDeadline(time.Time{})
-		if errors.Is(err, ErrUDPAssociate) {
-			h.serveAssociate(ctx, nc)
+		if ua := (*UDPAssociateError)(nil); errors.As(err, &ua) {
+			h.serveAssociate(ctx, nc, ua.Client)
 			return
 		}
 		if err != nil {

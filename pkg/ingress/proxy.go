@@ -53,8 +53,23 @@ func codeOf(err error) proto.Code {
 }
 
 // ErrUDPAssociate is what SOCKS5.Request returns for a UDP ASSOCIATE
-// request: the handler answers it with a UDP relay (serveAssociate).
+// request (as a *UDPAssociateError): the handler answers it with a UDP
+// relay (serveAssociate).
 var ErrUDPAssociate = errors.New("socks5: UDP ASSOCIATE")
+
+// UDPAssociateError is a UDP ASSOCIATE request: Client is the address and
+// port the application declared it will send from (RFC 1928 DST.ADDR and
+// DST.PORT; zeros when it does not know them). It matches ErrUDPAssociate.
+type UDPAssociateError struct {
+	Client socks5.Addr
+}
+
+func (e *UDPAssociateError) Error() string {
+	return ErrUDPAssociate.Error() + " from " + e.Client.String()
+}
+
+// Is reports whether target is ErrUDPAssociate.
+func (e *UDPAssociateError) Is(target error) bool { return target == ErrUDPAssociate }
 
 // SOCKS5 is a SOCKS version 5 entry point (RFC 1928): CONNECT and UDP
 // ASSOCIATE, with username/password authentication (RFC 1929) when
@@ -76,7 +91,7 @@ func (s SOCKS5) Request(nc net.Conn) (string, []byte, error) {
 		return "", nil, fmt.Errorf("%w: socks5: %w", ErrProxyRequest, err)
 	}
 	if req.Command == socks5.CmdUDPAssociate {
-		return "", nil, ErrUDPAssociate
+		return "", nil, &UDPAssociateError{Client: req.Addr}
 	}
 	if req.Command != socks5.CmdConnect {
 		_ = socks5.WriteReply(nc, socks5.ReplyCommandNotSupported, socks5.Addr{})
@@ -171,14 +186,51 @@ func writeStatus(w io.Writer, status int, headers string) {
 		headers+"Connection: close\r\nContent-Length: 0\r\n\r\n")
 }
 
+// associateSource decides which application socket an association
+// relays: the one the ASSOCIATE request declared (RFC 1928: DST.ADDR and
+// DST.PORT name the address and port the client will send from), with an
+// unspecified address meaning the control connection's and port 0 the
+// first port that sends. Without a declared port, the first packet from
+// the address pins the association to its port. Packets from any other
+// source are dropped (udp_drops_total{reason="foreign_source"}), so another
+// local process cannot use an association it did not open. Not safe for
+// concurrent use: the socket's read loop alone calls accept.
+type associateSource struct {
+	addr netip.Addr
+	port uint16 // 0: not pinned yet
+}
+
+// newAssociateSource returns the source of an association declared as
+// declared on a control connection from control.
+func newAssociateSource(declared socks5.Addr, control netip.Addr) *associateSource {
+	a := &associateSource{addr: control.Unmap(), port: declared.Port}
+	if declared.IP.IsValid() && !declared.IP.IsUnspecified() {
+		a.addr = declared.IP.Unmap()
+	}
+	return a
+}
+
+// accept reports whether src is the association's socket, pinning the
+// port to src's when none is pinned yet.
+func (a *associateSource) accept(src netip.AddrPort) bool {
+	if src.Addr().Unmap() != a.addr {
+		return false
+	}
+	if a.port == 0 {
+		a.port = src.Port()
+	}
+	return src.Port() == a.port
+}
+
 // serveAssociate serves a SOCKS5 UDP ASSOCIATE on its control connection nc:
 // a UDP relay socket on nc's local address, answered to the application;
 // each (application address, destination) of the packets it receives is a
 // UDP flow to "udp:" + destination (checked by the server's rules), and the
 // answers go back with the SOCKS5 UDP header naming their source. Only
-// packets from nc's remote IP are relayed. The association, and its flows,
-// end when nc closes (RFC 1928 section 6).
-func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn) {
+// packets from the application socket the request declared (or the first
+// one to send, see associateSource) are relayed. The association, and its
+// flows, end when nc closes (RFC 1928 section 6).
+func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn, declared socks5.Addr) {
 	logger := klog.FromContext(ctx)
 	m := h.cfg.Metrics
 	local, _ := netip.ParseAddrPort(nc.LocalAddr().String())
@@ -197,8 +249,8 @@ func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
-	client := remote.Addr().Unmap()
-	logger.V(4).Info("SOCKS5 UDP ASSOCIATE", "remoteAddress", remote.String(), "relay", bound.String())
+	source := newAssociateSource(declared, remote.Addr())
+	logger.V(4).Info("SOCKS5 UDP ASSOCIATE", "remoteAddress", remote.String(), "relay", bound.String(), "declared", declared.String())
 	// The association lives as long as its control connection (or ctx).
 	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
 	defer stop()
@@ -210,7 +262,7 @@ func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn) {
 	}()
 	var flows sync.WaitGroup
 	h.serveUDP(ctx, pc, udpSource{parse: func(src netip.AddrPort, b []byte) (string, []byte, []byte, string, bool) {
-		if src.Addr() != client {
+		if !source.accept(src) {
 			return "", nil, nil, udpflow.DropForeignSource, false
 		}
 		a, payload, err := socks5.ParseUDP(b)
