@@ -46,7 +46,7 @@ func codeOf(err error) proto.Code {
 	if c, ok := proto.FromError(err); ok {
 		return c
 	}
-	if errors.Is(err, errStreamCredit) {
+	if errors.Is(err, errStreamCredit) || errors.Is(err, errTooManyConnections) {
 		return proto.CodeOverloaded
 	}
 	return proto.CodeInternal

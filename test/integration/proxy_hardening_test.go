@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"bufio"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/socks5"
@@ -125,4 +129,103 @@ func socksAssociateFrom(t *testing.T, addr string, client socks5.Addr) (net.Conn
 	require.Equal(t, []byte{5, 0, 5, 0, 0, 1}, resp[:6], "UDP ASSOCIATE succeeded with an IPv4 relay address")
 	_ = c.SetDeadline(time.Time{})
 	return c, &net.UDPAddr{IP: net.IP(resp[6:10]), Port: int(resp[10])<<8 | int(resp[11])}
+}
+
+// TestIdleProxyConnectionsDoNotStopForwards (issue 21 item 5): connections
+// to a proxy entry point that have not authenticated and sent their request
+// wait in a budget of their own, not in --max-connections: more idle ones
+// than --max-connections leave a TCP forward working.
+func TestIdleProxyConnectionsDoNotStopForwards(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	const limit = 20
+	c := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Mutate: func(cfg *client.Config) {
+		cfg.MaxConnections = limit
+		cfg.Forwards = []client.Forward{{Listener: ln, Proxy: ingress.SOCKS5{}}}
+	}})
+	for i := range limit + 5 {
+		idle, err := net.Dial("tcp", ln.Addr().String())
+		if !assert.NoError(t, err, "idle proxy connection %d", i) {
+			continue
+		}
+		t.Cleanup(func() { _ = idle.Close() })
+	}
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(c.Metrics.AcceptedTotal) == limit+5
+	}, 5*time.Second, 10*time.Millisecond, "the idle proxy connections were accepted")
+	conn, err := net.Dial("tcp", c.Addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = conn.Write([]byte("x"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(conn, make([]byte, 1))
+	require.NoError(t, err, "the forward carries a connection")
+	_ = conn.SetDeadline(time.Time{})
+	echoCheck(t, conn, 64<<10)
+	assert.Equal(t, 0.0, promtest.ToFloat64(c.Metrics.StreamsTotal.WithLabelValues("overloaded")), "nothing refused for the limit")
+}
+
+// TestProxyBudgets: proxy connections still sending their request hold one
+// of --max-proxy-handshakes (more are reset) for at most the handshake
+// timeout; a request read while --max-connections are in use is answered
+// 503 (HTTP CONNECT) and counted as overloaded.
+func TestProxyBudgets(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	c := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Mutate: func(cfg *client.Config) {
+		cfg.MaxConnections, cfg.MaxProxyHandshakes = 1, 2
+		cfg.Forwards = []client.Forward{{Listener: ln, Proxy: ingress.HTTPConnect{}}}
+	}})
+	addr := ln.Addr().String()
+	var idle []net.Conn
+	for range 2 {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		idle = append(idle, conn)
+	}
+	require.Eventually(t, func() bool { return promtest.ToFloat64(c.Metrics.AcceptedTotal) == 2 }, 5*time.Second, 10*time.Millisecond)
+	third, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer third.Close()
+	_ = third.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = third.Read(make([]byte, 1))
+	require.Error(t, err, "beyond the handshake budget: reset")
+	assert.NotErrorIs(t, err, os.ErrDeadlineExceeded)
+	assert.Equal(t, 1.0, promtest.ToFloat64(c.Metrics.StreamsTotal.WithLabelValues("overloaded")))
+
+	// The forward holds the only --max-connections slot.
+	fw, err := net.Dial("tcp", c.Addr)
+	require.NoError(t, err)
+	defer fw.Close()
+	_ = fw.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = fw.Write([]byte("x"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(fw, make([]byte, 1))
+	require.NoError(t, err, "the forward's tunnel is open")
+	// The idle ones are closed at the handshake timeout, which frees the budget.
+	for _, conn := range idle {
+		_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+		_, err := conn.Read(make([]byte, 1))
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "closed by the client")
+	}
+	c2, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c2.Close()
+	_ = c2.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.WriteString(c2, "CONNECT "+echo+" HTTP/1.1\r\nHost: "+echo+"\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c2), &http.Request{Method: http.MethodConnect})
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "read, but --max-connections are in use")
+	assert.Equal(t, 2.0, promtest.ToFloat64(c.Metrics.StreamsTotal.WithLabelValues("overloaded")))
 }
