@@ -294,6 +294,9 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		}
 		if err != nil {
 			replied = true // Request answered what it could not serve
+			if ae := (*ProxyAuthError)(nil); errors.As(err, &ae) {
+				m.ProxyAuthFailuresTotal.WithLabelValues(ae.Proxy, ae.Reason).Inc()
+			}
 			fail(proto.CodeBadToken.String(), "Bad proxy request", err)
 			return
 		}

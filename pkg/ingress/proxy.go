@@ -3,6 +3,7 @@ package ingress
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -10,10 +11,13 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/socks5"
 	"github.com/quictun/quictun/pkg/udpflow"
@@ -36,6 +40,46 @@ type Proxy interface {
 
 // ErrProxyRequest wraps errors about a request a Proxy could not serve.
 var ErrProxyRequest = errors.New("proxy request")
+
+// ProxyAuthError is a request turned away for its credentials (it has been
+// answered): Proxy and Reason are the labels of
+// proxy_auth_failures_total (metrics.ProxySOCKS5, metrics.ProxyAuthMissing, ...).
+type ProxyAuthError struct {
+	Proxy, Reason string
+}
+
+func (e *ProxyAuthError) Error() string {
+	return e.Proxy + ": proxy authentication failed (" + e.Reason + ")"
+}
+
+// ProxyCredentials holds the usernames and passwords the proxy entry points
+// require; nil (or holding nil) requires none. Set replaces them for the
+// requests read from then on (a reload of --proxy-credentials-file). Safe
+// for concurrent use.
+type ProxyCredentials struct {
+	creds atomic.Pointer[socks5.Credentials]
+}
+
+// NewProxyCredentials returns a ProxyCredentials holding c.
+func NewProxyCredentials(c socks5.Credentials) *ProxyCredentials {
+	p := &ProxyCredentials{}
+	p.Set(c)
+	return p
+}
+
+// Set replaces the credentials (nil: none required).
+func (p *ProxyCredentials) Set(c socks5.Credentials) { p.creds.Store(&c) }
+
+// Load returns the credentials in force; nil when none are required.
+func (p *ProxyCredentials) Load() socks5.Credentials {
+	if p == nil {
+		return nil
+	}
+	if c := p.creds.Load(); c != nil {
+		return *c
+	}
+	return nil
+}
 
 // errNoSession: the client had no connection to the server in time.
 var errNoSession = errors.New("no connection to the server")
@@ -72,15 +116,24 @@ func (e *UDPAssociateError) Error() string {
 func (e *UDPAssociateError) Is(target error) bool { return target == ErrUDPAssociate }
 
 // SOCKS5 is a SOCKS version 5 entry point (RFC 1928): CONNECT and UDP
-// ASSOCIATE, with username/password authentication (RFC 1929) when
-// Credentials is set.
+// ASSOCIATE, with username/password authentication (RFC 1929) while
+// Credentials holds any.
 type SOCKS5 struct {
-	Credentials socks5.Credentials
+	Credentials *ProxyCredentials
 }
 
-// Request negotiates and reads a CONNECT request.
+// Request negotiates and reads a CONNECT request. A client that offers no
+// username/password, or a wrong one, while credentials are required gets a
+// *ProxyAuthError.
 func (s SOCKS5) Request(nc net.Conn) (string, []byte, error) {
-	if err := socks5.Negotiate(nc, s.Credentials); err != nil {
+	creds := s.Credentials.Load()
+	if err := socks5.Negotiate(nc, creds); err != nil {
+		switch {
+		case errors.Is(err, socks5.ErrAuth):
+			err = fmt.Errorf("%w: %w", err, &ProxyAuthError{Proxy: metrics.ProxySOCKS5, Reason: metrics.ProxyAuthWrong})
+		case errors.Is(err, socks5.ErrNoAcceptableMethod) && creds != nil:
+			err = fmt.Errorf("%w: %w", err, &ProxyAuthError{Proxy: metrics.ProxySOCKS5, Reason: metrics.ProxyAuthMissing})
+		}
 		return "", nil, fmt.Errorf("%w: socks5: %w", ErrProxyRequest, err)
 	}
 	req, err := socks5.ReadRequest(nc)
@@ -128,16 +181,30 @@ func (SOCKS5) Reply(nc net.Conn, err error) error {
 const maxConnectRequest = 16 << 10
 
 // HTTPConnect is an HTTP proxy entry point that serves CONNECT only (what
-// curl -x, git and browsers use for HTTPS, and curl -p for anything).
-type HTTPConnect struct{}
+// curl -x, git and browsers use for HTTPS, and curl -p for anything), with
+// Proxy-Authorization: Basic (RFC 7617) while Credentials holds any.
+type HTTPConnect struct {
+	Credentials *ProxyCredentials
+}
 
-// Request reads a CONNECT request.
-func (HTTPConnect) Request(nc net.Conn) (string, []byte, error) {
+// proxyAuthenticate is the challenge of a 407 answer.
+const proxyAuthenticate = `Proxy-Authenticate: Basic realm="quictun"` + "\r\n"
+
+// Request reads a CONNECT request. While credentials are required, a
+// request without a valid Proxy-Authorization: Basic header is answered
+// 407 with a Basic challenge and returns a *ProxyAuthError.
+func (c HTTPConnect) Request(nc net.Conn) (string, []byte, error) {
 	br := bufio.NewReader(&io.LimitedReader{R: nc, N: maxConnectRequest})
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		writeStatus(nc, http.StatusBadRequest, "")
 		return "", nil, fmt.Errorf("%w: http: %w", ErrProxyRequest, err)
+	}
+	if creds := c.Credentials.Load(); creds != nil {
+		if reason := checkBasic(creds, req.Header.Get("Proxy-Authorization")); reason != "" {
+			writeStatus(nc, http.StatusProxyAuthRequired, proxyAuthenticate)
+			return "", nil, fmt.Errorf("%w: http: %w", ErrProxyRequest, &ProxyAuthError{Proxy: metrics.ProxyHTTPConnect, Reason: reason})
+		}
 	}
 	if req.Method != http.MethodConnect {
 		writeStatus(nc, http.StatusMethodNotAllowed, "Allow: CONNECT\r\n")
@@ -152,6 +219,25 @@ func (HTTPConnect) Request(nc net.Conn) (string, []byte, error) {
 		early, _ = br.Peek(n) // sent before our answer: forwarded after the header
 	}
 	return "tcp:" + req.Host, early, nil
+}
+
+// checkBasic checks a Proxy-Authorization header value against creds: ""
+// when it holds a valid pair, else the reason (metrics.ProxyAuthMissing for
+// no Basic credentials, metrics.ProxyAuthWrong for a pair creds does not hold).
+func checkBasic(creds socks5.Credentials, header string) string {
+	scheme, value, _ := strings.Cut(strings.TrimSpace(header), " ")
+	if !strings.EqualFold(scheme, "Basic") {
+		return metrics.ProxyAuthMissing
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(value))
+	if err != nil {
+		return metrics.ProxyAuthWrong
+	}
+	user, pass, ok := strings.Cut(string(b), ":")
+	if !ok || !creds.Valid(user, pass) {
+		return metrics.ProxyAuthWrong
+	}
+	return ""
 }
 
 // Reply writes the HTTP status for err: 200, or 403 for a destination the

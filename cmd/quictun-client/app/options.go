@@ -243,6 +243,9 @@ func (o *Options) Validate() error {
 func (o *Options) CheckFiles() error {
 	errs := cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, HTTPDTokenFile: o.HTTPDTokenFile,
 		CAFlag: "ca-file", CAFile: o.CAFile, CertFile: o.CertFile, KeyFile: o.KeyFile, SessionFile: o.SessionFile})
+	if _, err := proxyCredentials(o.ProxyCredentials); err != nil {
+		errs = append(errs, err)
+	}
 	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFile) {
 		if _, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
 			errs = append(errs, fmt.Errorf("--token-source: %w", err))
