@@ -18,6 +18,7 @@ import (
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/socks5"
+	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
 
@@ -134,20 +135,27 @@ func socksAssociateFrom(t *testing.T, addr string, client socks5.Addr) (net.Conn
 // TestIdleProxyConnectionsDoNotStopForwards (issue 21 item 5): connections
 // to a proxy entry point that have not authenticated and sent their request
 // wait in a budget of their own, not in --max-connections: more idle ones
-// than --max-connections leave a TCP forward working.
+// than --max-connections leave a TCP and a UDP forward working.
 func TestIdleProxyConnectionsDoNotStopForwards(t *testing.T) {
 	t.Parallel()
-	echo := testutil.EchoServer(t)
-	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
+	echo, udpEcho := testutil.EchoServer(t), testutil.UDPEchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo, "udp:" + udpEcho}})
 	const limit = 20
-	c := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Mutate: func(cfg *client.Config) {
+	var proxyAddr string
+	udpAddr, c := udpForward(t, srv, "udp:"+udpEcho, func(cfg *client.Config) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		proxyAddr = ln.Addr().String()
+		tcp, err := token.NewSource(token.PluginFixed, "tcp:"+echo, nil)
+		require.NoError(t, err)
+		cfg.Tokens = tcp
 		cfg.MaxConnections = limit
-		cfg.Forwards = []client.Forward{{Listener: ln, Proxy: ingress.SOCKS5{}}}
-	}})
+		cfg.Forwards = append(cfg.Forwards, client.Forward{Listener: ln, Proxy: ingress.SOCKS5{
+			Credentials: ingress.NewProxyCredentials(socks5.UserPass{User: "app", Password: "s3cret"}),
+		}})
+	})
 	for i := range limit + 5 {
-		idle, err := net.Dial("tcp", ln.Addr().String())
+		idle, err := net.Dial("tcp", proxyAddr)
 		if !assert.NoError(t, err, "idle proxy connection %d", i) {
 			continue
 		}
@@ -156,6 +164,21 @@ func TestIdleProxyConnectionsDoNotStopForwards(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return promtest.ToFloat64(c.Metrics.AcceptedTotal) == limit+5
 	}, 5*time.Second, 10*time.Millisecond, "the idle proxy connections were accepted")
+
+	app := udpSocket(t)
+	dst, err := net.ResolveUDPAddr("udp", udpAddr)
+	require.NoError(t, err)
+	got := false
+	for try := 0; try < 5 && !got; try++ {
+		_, err := app.WriteToUDP(packet(7, 100), dst)
+		require.NoError(t, err)
+		_ = app.SetReadDeadline(time.Now().Add(2 * time.Second))
+		buf := make([]byte, 2048)
+		n, err := app.Read(buf)
+		got = err == nil && checkPacket(t, buf[:n]) == 7
+	}
+	assert.True(t, got, "the UDP forward carries a flow")
+
 	conn, err := net.Dial("tcp", c.Addr)
 	require.NoError(t, err)
 	defer conn.Close()
@@ -163,10 +186,11 @@ func TestIdleProxyConnectionsDoNotStopForwards(t *testing.T) {
 	_, err = conn.Write([]byte("x"))
 	require.NoError(t, err)
 	_, err = io.ReadFull(conn, make([]byte, 1))
-	require.NoError(t, err, "the forward carries a connection")
+	require.NoError(t, err, "the TCP forward carries a connection")
 	_ = conn.SetDeadline(time.Time{})
 	echoCheck(t, conn, 64<<10)
 	assert.Equal(t, 0.0, promtest.ToFloat64(c.Metrics.StreamsTotal.WithLabelValues("overloaded")), "nothing refused for the limit")
+	assert.Equal(t, 0.0, promtest.ToFloat64(c.Metrics.UDP.DropsTotal.WithLabelValues(udpflow.DropFlowLimit)), "nothing dropped for the limit")
 }
 
 // TestProxyBudgets: proxy connections still sending their request hold one
