@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"io"
 	"net"
 	"testing"
 	"time"
@@ -22,16 +21,12 @@ func heartbeatsStopped(cl *testutil.Client, interval time.Duration) bool {
 	return cl.LivenessStats().HeartbeatsSent.Load() == before
 }
 
-// echoOnce writes msg on c and reads it back.
+// echoOnce is echoMsg (reload_test.go) bounded in time: a tunnel that never
+// gets through fails the test instead of hanging it.
 func echoOnce(t *testing.T, c net.Conn, msg string) {
 	t.Helper()
 	require.NoError(t, c.SetDeadline(time.Now().Add(20*time.Second)))
-	_, err := c.Write([]byte(msg))
-	require.NoError(t, err)
-	buf := make([]byte, len(msg))
-	_, err = io.ReadFull(c, buf)
-	require.NoError(t, err)
-	require.Equal(t, msg, string(buf))
+	echoMsg(t, c, msg)
 }
 
 // TestHeartbeatsOnlyWithWork (issue 22 item 1): a connected client sends
