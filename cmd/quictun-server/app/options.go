@@ -235,6 +235,13 @@ func (o *Options) Validate() error {
 // CheckFiles reads the files the server reads at start (for --check-config);
 // see cli.CheckStartFiles.
 func (o *Options) CheckFiles() error {
-	return errors.Join(cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, KeysFile: o.KeysFile, HTTPDTokenFile: o.HTTPDTokenFile,
-		CAFlag: "client-ca-file", CAFile: o.ClientCAFile, CertFile: o.CertFile, KeyFile: o.KeyFile, StateDir: o.StateDir})...)
+	errs := cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, KeysFile: o.KeysFile, HTTPDTokenFile: o.HTTPDTokenFile,
+		CAFlag: "client-ca-file", CAFile: o.ClientCAFile, CertFile: o.CertFile, KeyFile: o.KeyFile, StateDir: o.StateDir})
+	if len(errs) == 0 && o.SecretFile != "" && o.KeysFile != "" {
+		// Each file is fine alone; together their keys must not clash.
+		if _, err := loadKeys(o.SecretFile, o.KeysFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
