@@ -201,7 +201,7 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 		own = append(own, "tcp:"+a.String())
 	}
 	kv := []any{"allow", strings.Join(allow.Rules(), ","), "deny", strings.Join(allow.DenyRules(), ","),
-		"alwaysRefused", "the server's own listeners (" + strings.Join(own, ",") + ", on every local address when unspecified), 0.0.0.0/8, ::, cloud metadata addresses unless named exactly"}
+		"alwaysRefused", "the server's own listeners (" + strings.Join(own, ",") + ", on every local address when unspecified), 0.0.0.0/8, ::, cloud metadata, multicast and broadcast addresses unless named exactly"}
 	if slices.Equal(o.Allow, endpoint.DefaultAllowList().Rules()) {
 		logger.Info("Destinations allowed: no --allow given, so clients may reach every TCP and UDP port on this host's loopback addresses; name only what they need",
 			append(kv, "hint", "e.g. --allow tcp:127.0.0.1:22 (or allow: [tcp:127.0.0.1:22] in the config file)")...)
