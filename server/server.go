@@ -136,7 +136,16 @@ type Config struct {
 	// packets either way (0: egress's defaults).
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
-	UDPIdleTimeout     time.Duration
+	// MaxUDPFlowsPerIdentity is one client identity's share of MaxUDPFlows:
+	// the flows of all connections of one client certificate's common name
+	// or named key (Key.Name), or, for a client with neither (the unnamed
+	// key of Secret, no authentication), of one source (an IPv4 address or
+	// an IPv6 /64, as for MaxConnsPerSource), so that one client cannot take
+	// every flow; past it, its flows are refused with overloaded.
+	// 0: egress.DefaultUDPFlowsPerIdentity, a quarter of MaxUDPFlows, at
+	// least MaxUDPFlowsPerConn.
+	MaxUDPFlowsPerIdentity int
+	UDPIdleTimeout         time.Duration
 	// UDPSocketMemory bounds the flow sockets' receive buffers, as the
 	// kernel books them (0: udpflow.MaxSocketMemory).
 	UDPSocketMemory int64
@@ -296,7 +305,8 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		MaxConcurrentDials: cfg.MaxConcurrentDials, MaxDialsPerDestination: cfg.MaxDialsPerDestination,
 		ReplayWindow: cfg.ReplayWindow, MaxReplayEntries: cfg.MaxReplayEntries, MaxReplayEntriesPerConn: cfg.MaxReplayEntriesPerConn,
 		AuditLog: cfg.AuditLog, Endpoint: pc.LocalAddr().String(), Metrics: cfg.Metrics, Registry: cfg.Registry,
-		MaxUDPFlows: cfg.MaxUDPFlows, MaxUDPFlowsPerConn: cfg.MaxUDPFlowsPerConn, UDPIdleTimeout: cfg.UDPIdleTimeout,
+		MaxUDPFlows: cfg.MaxUDPFlows, MaxUDPFlowsPerConn: cfg.MaxUDPFlowsPerConn, MaxUDPFlowsPerIdentity: cfg.MaxUDPFlowsPerIdentity,
+		UDPIdleTimeout:  cfg.UDPIdleTimeout,
 		UDPSocketMemory: cfg.UDPSocketMemory,
 	})
 	if err != nil {
@@ -688,7 +698,7 @@ accept:
 		streams.Go(func() {
 			defer release() // a stream that fails before its header is verified
 			s.egress.Serve(ctx, egress.Stream{Conn: conn, ConnID: id, Stream: str, Early: early, Prober: prober, Conn0: gate.state,
-				Flows: flows,
+				Flows: flows, Source: src,
 				// On a connection that has proven the secret a valid MAC is
 				// enough to free the slot (the rules may take a DNS lookup);
 				// otherwise the header must also be fresh and not a replay.

@@ -68,7 +68,11 @@ type Config struct {
 	// flow without packets either way (0: the defaults of New).
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
-	UDPIdleTimeout     time.Duration
+	// MaxUDPFlowsPerIdentity is one client identity's share of MaxUDPFlows
+	// (see flowAccount), so that the connections of one key or certificate
+	// cannot take every flow (0: DefaultUDPFlowsPerIdentity).
+	MaxUDPFlowsPerIdentity int
+	UDPIdleTimeout         time.Duration
 	// UDPSocketMemory bounds the receive buffers of all flow sockets, as the
 	// kernel books them (0: udpflow.MaxSocketMemory); each starts at
 	// udpflow.InitialFlowBuffer and grows with its flow's rate.
@@ -99,6 +103,9 @@ type Handler struct {
 	dialsByDest map[string]*destSlots
 
 	udpFlows atomic.Int64 // UDP flows open, for MaxUDPFlows
+	// flowShares counts the UDP flows open by account, for
+	// MaxUDPFlowsPerIdentity.
+	flowShares shares
 	// udpSockets bounds the flow sockets' receive buffers, udpQueues the
 	// packets queued between them and the client.
 	udpSockets, udpQueues *udpflow.Budget
@@ -113,6 +120,13 @@ const (
 	// sockets and the client (each flow at most udpflow.DefaultQueueBytes).
 	DefaultUDPQueueMemory = 64 << 20
 )
+
+// DefaultUDPFlowsPerIdentity is MaxUDPFlowsPerIdentity when it is not set: a
+// quarter of the server's flows, so that at least four identities share
+// them, and at least one connection's.
+func DefaultUDPFlowsPerIdentity(maxUDPFlows, perConn int) int {
+	return max(perConn, maxUDPFlows/4)
+}
 
 // destSlots is the dial semaphore of one destination, shared by its waiters.
 type destSlots struct {
@@ -141,6 +155,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.MaxUDPFlowsPerConn <= 0 {
 		cfg.MaxUDPFlowsPerConn = DefaultMaxUDPFlowsPerConn
 	}
+	if cfg.MaxUDPFlowsPerIdentity <= 0 {
+		cfg.MaxUDPFlowsPerIdentity = DefaultUDPFlowsPerIdentity(cfg.MaxUDPFlows, cfg.MaxUDPFlowsPerConn)
+	}
 	if cfg.UDPIdleTimeout <= 0 {
 		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
 	}
@@ -153,6 +170,7 @@ func New(cfg Config) (*Handler, error) {
 		started:     time.Now(),
 		replay:      newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
 		dialsByDest: map[string]*destSlots{},
+		flowShares:  shares{open: map[string]int{}},
 		udpSockets:  udpflow.NewBudget(cfg.UDPSocketMemory, cfg.Metrics.UDP.SocketBufferBytes),
 		udpQueues:   udpflow.NewBudget(DefaultUDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
 	}
@@ -203,6 +221,11 @@ type Stream struct {
 	// Flows routes the connection's UDP flow datagrams; nil: UDP flows
 	// are refused as unsupported.
 	Flows *udpflow.Table
+	// Source is the connection's source (an IPv4 address or an IPv6 /64,
+	// as the server's per-source limits count it): the UDP flow account of
+	// a client with no identity of its own (flowAccount); "": the
+	// connection's ID.
+	Source string
 }
 
 // CloseConn closes conn with code. Before the handshake is complete (a
@@ -308,8 +331,9 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	// keyName names the shared secret the header was made with ("" without
 	// shared-secret authentication), for logs and identity rules.
 	var keyName string
+	var key proto.Key
 	if kr := e.keys.Load(); kr.Len() > 0 {
-		key, err := kr.Verify(h)
+		key, err = kr.Verify(h)
 		keyName = key.Label()
 		if err != nil {
 			reason := metrics.AuthBadMAC
@@ -407,7 +431,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 
 	if h.Kind == proto.KindUDP {
 		e.serveUDP(ctx, st, flowStart{logger: logger, start: start, dest: dest, dial: dial, rule: rule,
-			identities: identities, fail: fail, refuse: refuse, audit: audit})
+			identities: identities, account: flowAccount(peer, key, st), fail: fail, refuse: refuse, audit: audit})
 		return
 	}
 

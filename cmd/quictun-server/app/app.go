@@ -127,6 +127,7 @@ func (o *Options) Run(ctx context.Context) error {
 		MaxUnverifiedStreamsPerSource: o.MaxUnverifiedStreamsPerSource,
 		MaxUDPFlows:                   o.MaxUDPFlows,
 		MaxUDPFlowsPerConn:            o.MaxUDPFlowsPerConn,
+		MaxUDPFlowsPerIdentity:        o.MaxUDPFlowsPerIdentity,
 		UDPSocketMemory:               o.UDPSocketMemoryMiB << 20,
 		UDPIdleTimeout:                o.UDPIdleTimeout,
 

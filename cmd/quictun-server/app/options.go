@@ -60,6 +60,8 @@ type Options struct {
 
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
+	// MaxUDPFlowsPerIdentity: 0 means egress.DefaultUDPFlowsPerIdentity.
+	MaxUDPFlowsPerIdentity int
 	// UDPSocketMemoryMiB: 0 means udpflow.MaxSocketMemory.
 	UDPSocketMemoryMiB int64
 
@@ -111,7 +113,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
-	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "udp-idle-timeout", "udp-socket-memory-mib"}},
+	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
 	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "idle-auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-unverified-streams-per-source", "max-replay-entries-per-conn"}},
 }
 
@@ -157,6 +159,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxUDPFlows, "max-udp-flows", o.MaxUDPFlows, "UDP flows open on the server (each holds a UDP socket to its destination, whose receive buffer counts against --udp-socket-memory-mib, and queues at most 1 MiB of packets for the client, 64 MiB for all flows); more are refused with overloaded")
 	fs.Int64Var(&o.UDPSocketMemoryMiB, "udp-socket-memory-mib", o.UDPSocketMemoryMiB, "MiB of kernel memory the UDP flows' sockets may hold, as the kernel books it: each flow's receive buffer starts at 128 KiB and grows with its rate to at most 8 MiB while this lasts; a flow that would pass it is refused with overloaded. Keep it well under net.ipv4.udp_mem's hard limit, past which the kernel drops UDP on every socket, QUIC included; 0 = a quarter of that limit, at most 256")
 	fs.IntVar(&o.MaxUDPFlowsPerConn, "max-udp-flows-per-conn", o.MaxUDPFlowsPerConn, "UDP flows open on one client connection; more are refused with overloaded")
+	fs.IntVar(&o.MaxUDPFlowsPerIdentity, "max-udp-flows-per-identity", o.MaxUDPFlowsPerIdentity, "one client's share of --max-udp-flows, so that one client cannot take every flow: the flows of all connections of one client certificate CN or --keys-file key name, or, for clients with neither (the --secret-file key, which they all hold), of one source (an IPv4 address or an IPv6 /64); more are refused with overloaded (quictun_server_udp_drops_total{reason=\"identity_flow_limit\"}); 0 = a quarter of --max-udp-flows (256), at least --max-udp-flows-per-conn")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
@@ -218,6 +221,12 @@ func (o *Options) Validate() error {
 	}
 	if o.MaxUDPFlows < 1 || o.MaxUDPFlowsPerConn < 1 {
 		add("--max-udp-flows and --max-udp-flows-per-conn must be at least 1")
+	}
+	if n := o.MaxUDPFlowsPerIdentity; n < 0 {
+		add("--max-udp-flows-per-identity must not be negative (0 = a quarter of --max-udp-flows)")
+	} else if n > 0 && (n < o.MaxUDPFlowsPerConn || n > o.MaxUDPFlows) {
+		add("--max-udp-flows-per-identity (%d) must be between --max-udp-flows-per-conn (%d) and --max-udp-flows (%d): it is one client's share of the server's flows, and one connection's flows must fit in it",
+			n, o.MaxUDPFlowsPerConn, o.MaxUDPFlows)
 	}
 	if o.UDPSocketMemoryMiB < 0 {
 		add("--udp-socket-memory-mib must not be negative (0 = from net.ipv4.udp_mem)")
