@@ -331,7 +331,22 @@ func (s *Server) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*e
 	s.egress.SetAllowList(all, forIdentity)
 }
 
-// ErrAuthModeChange is returned by SetKeys for a change between shared-secret
+// Reconfigure replaces the shared secrets and the destination rules (all:
+// for every client; forIdentity: see Config.AllowFor) in one step, as a
+// reload does: each stream header from now on is checked against the new
+// keys and the new rules together, never the keys of one configuration and
+// the rules of another. Open tunnels are not affected. A change between
+// shared-secret authentication and none returns ErrAuthModeChange and
+// changes nothing.
+func (s *Server) Reconfigure(kr *proto.Keyring, all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) error {
+	if (kr.Len() > 0) != (s.egress.Keys().Len() > 0) {
+		return ErrAuthModeChange
+	}
+	s.egress.Reconfigure(kr, all, forIdentity)
+	return nil
+}
+
+// ErrAuthModeChange is returned by SetKeys and Reconfigure for a change between shared-secret
 // authentication and none (mutual TLS or --insecure-no-auth): connection
 // credit and verification depend on the mode, so it takes a restart.
 var ErrAuthModeChange = errors.New("switching between shared-secret and other authentication needs a restart")

@@ -94,10 +94,11 @@ type Handler struct {
 	started time.Time
 	replay  *replayCache
 
-	// policy and keys are what SetAllowList and SetKeys change while the
-	// server runs (a reload); a stream uses the values it loaded at its header.
-	policy atomic.Pointer[policy]
-	keys   atomic.Pointer[proto.Keyring]
+	// policy is what a reload changes while the server runs (Reconfigure,
+	// SetKeys, SetAllowList): keys and rules, swapped together; a stream
+	// uses the policy it loaded at its header. policyMu serialises writers.
+	policy   atomic.Pointer[policy]
+	policyMu sync.Mutex
 
 	dialsMu     sync.Mutex
 	dialsByDest map[string]*destSlots
@@ -176,16 +177,43 @@ func New(cfg Config) (*Handler, error) {
 	}
 	e.replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
 	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })
-	e.SetAllowList(cfg.Allow, cfg.AllowFor)
-	e.keys.Store(cfg.Keys)
+	e.Reconfigure(cfg.Keys, cfg.Allow, cfg.AllowFor)
 	return e, nil
 }
 
 // Keys are the shared secrets in force.
-func (e *Handler) Keys() *proto.Keyring { return e.keys.Load() }
+func (e *Handler) Keys() *proto.Keyring { return e.policy.Load().keys }
 
-// SetKeys replaces the shared secrets for headers verified from now on.
-func (e *Handler) SetKeys(kr *proto.Keyring) { e.keys.Store(kr) }
+// Reconfigure replaces the shared secrets and the destination rules (all:
+// for every client; forIdentity: see Config.AllowFor) in one step, for
+// streams whose header arrives from now on: a stream is checked against the
+// keys and rules of one configuration, never the keys of one and the rules
+// of another. Tunnels already open are not affected; Config.Self stays
+// refused.
+func (e *Handler) Reconfigure(kr *proto.Keyring, all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
+	e.policyMu.Lock()
+	defer e.policyMu.Unlock()
+	e.policy.Store(e.newPolicy(kr, all, forIdentity))
+}
+
+// newPolicy returns the policy of kr and the rules, with Config.Self refused.
+func (e *Handler) newPolicy(kr *proto.Keyring, all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) *policy {
+	p := &policy{keys: kr, all: all.WithSelf(nil, e.cfg.Self...), byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity))}
+	for id, a := range forIdentity {
+		p.byIdentity[id] = a.WithSelf(nil, e.cfg.Self...)
+	}
+	return p
+}
+
+// SetKeys replaces the shared secrets for headers verified from now on,
+// keeping the rules.
+func (e *Handler) SetKeys(kr *proto.Keyring) {
+	e.policyMu.Lock()
+	defer e.policyMu.Unlock()
+	p := *e.policy.Load()
+	p.keys = kr
+	e.policy.Store(&p)
+}
 
 // ConnState is what the Handler keeps per QUIC connection: its quota in the
 // replay cache.
@@ -251,21 +279,22 @@ func Reset(str *quic.Stream, code proto.Code) {
 	str.CancelWrite(code.StreamErrorCode())
 }
 
-// policy is the destination rules in force: for everyone, and by identity.
+// policy is the configuration a stream is checked against: the shared
+// secrets, and the destination rules for everyone and by identity.
 type policy struct {
+	keys       *proto.Keyring
 	all        *endpoint.AllowList
 	byIdentity map[string]*endpoint.AllowList
 }
 
 // SetAllowList replaces the destination rules (all: for every client;
 // forIdentity: see Config.AllowFor) for streams whose header arrives from now
-// on; tunnels already open are not affected. Config.Self stays refused.
+// on, keeping the keys; tunnels already open are not affected. Config.Self
+// stays refused.
 func (e *Handler) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
-	p := &policy{all: all.WithSelf(nil, e.cfg.Self...), byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity))}
-	for id, a := range forIdentity {
-		p.byIdentity[id] = a.WithSelf(nil, e.cfg.Self...)
-	}
-	e.policy.Store(p)
+	e.policyMu.Lock()
+	defer e.policyMu.Unlock()
+	e.policy.Store(e.newPolicy(e.policy.Load().keys, all, forIdentity))
 }
 
 // authorize checks dest against the rules for everyone and then, if none of
@@ -332,7 +361,9 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	// shared-secret authentication), for logs and identity rules.
 	var keyName string
 	var key proto.Key
-	if kr := e.keys.Load(); kr.Len() > 0 {
+	// One configuration for the whole stream: keys and rules of one reload.
+	pol := e.policy.Load()
+	if kr := pol.keys; kr.Len() > 0 {
 		key, err = kr.Verify(h)
 		keyName = key.Label()
 		if err != nil {
@@ -406,7 +437,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		m.RefusedTotal.WithLabelValues(dest.Network, reason).Inc()
 		fail(proto.CodeRefused, "Refused destination", "destination", dest.String(), "reason", reason, "err", err)
 	}
-	dial, rule, err := e.policy.Load().authorize(ctx, e.cfg.Resolver, dest, identities)
+	dial, rule, err := pol.authorize(ctx, e.cfg.Resolver, dest, identities)
 	if err != nil {
 		// Every Authorize error refuses, a name that does not resolve too:
 		// the client learns nothing about which internal names exist.

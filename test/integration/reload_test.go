@@ -3,6 +3,7 @@ package integration
 import (
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/server"
 )
 
@@ -117,4 +119,63 @@ func TestKeyRotation(t *testing.T) {
 
 	require.ErrorIs(t, srv.SetKeys(nil), server.ErrAuthModeChange)
 	echoCheck(t, dial(t, cur.Addr), 1000) // still the new key
+}
+
+// blockingParser is a token parser whose first Parse waits for release:
+// it holds a stream between its header's key check and its rules' check.
+type blockingParser struct {
+	server.TokenParser
+	once             sync.Once
+	entered, release chan struct{}
+}
+
+func (p *blockingParser) Parse(tok string) (endpoint.Endpoint, error) {
+	p.once.Do(func() {
+		close(p.entered)
+		<-p.release
+	})
+	return p.TokenParser.Parse(tok)
+}
+
+// TestReloadSwapsKeysAndRulesAtOnce (issue 21 item 7): a stream is checked
+// against one configuration, the keys and rules of the same reload. Here a
+// reload renames key a to b (same secret) and moves its --allow-for rule
+// along, while a stream of key a is between its key check and its rules:
+// it keeps the configuration of its header (key=a, with a's rule) and is
+// served; with keys and rules read at different times it was refused (its
+// identity key=a under the rules for key=b).
+func TestReloadSwapsKeysAndRulesAtOnce(t *testing.T) {
+	echo := testutil.EchoServer(t)
+	secret := []byte("a secret shared by a, later by b")
+	named := func(name string) *proto.Keyring {
+		kr, err := proto.NewKeyring(proto.Key{Name: name, Secret: secret})
+		require.NoError(t, err)
+		return kr
+	}
+	rulesFor := func(id string) map[string]*endpoint.AllowList {
+		return map[string]*endpoint.AllowList{id: endpoint.MustParseAllowList("tcp:" + echo)}
+	}
+	none := endpoint.MustParseAllowList("tcp:127.0.0.2:1")
+	parser, err := token.NewParser(token.PluginCleartext, "")
+	require.NoError(t, err)
+	bp := &blockingParser{TokenParser: parser, entered: make(chan struct{}), release: make(chan struct{})}
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: none.Rules(), Mutate: func(c *server.Config) {
+		c.Keys, c.Parser, c.AllowFor = named("a"), bp, rulesFor("key=a")
+	}})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: secret, WaitReady: true})
+	c := dial(t, cl.Addr)
+	_, err = c.Write([]byte("hello"))
+	require.NoError(t, err)
+	select {
+	case <-bp.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not reach the token parser")
+	}
+	require.NoError(t, srv.Reconfigure(named("b"), none, rulesFor("key=b")))
+	close(bp.release)
+	got := make([]byte, 5)
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err, "the stream is checked against the configuration of its header")
+	assert.Equal(t, "hello", string(got))
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.RefusedTotal.WithLabelValues("tcp", endpoint.ReasonNotAllowed)))
 }

@@ -248,12 +248,7 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 		if !modeChange {
 			keysAdded, keysRemoved = cli.Diff(keyLabels(keys), keyLabels(newKeys))
 		}
-		if len(keysAdded)+len(keysRemoved) > 0 {
-			if err := srv.SetKeys(newKeys); err != nil {
-				return nil, fmt.Errorf("--secret-file: %w", err)
-			}
-			keys = newKeys
-		}
+		keysChanged := len(keysAdded)+len(keysRemoved) > 0
 		var applied []string
 		for _, name := range changed {
 			if slices.Contains(reloadableFlags, name) && !((name == "secret-file" || name == "keys-file") && modeChange) {
@@ -268,8 +263,19 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 		added, removed := cli.Diff(rules, next.Allow)
 		deniedAdded, deniedRemoved := cli.Diff(deny, next.Deny)
 		forAdded, forRemoved := cli.Diff(allowFor, next.AllowFor)
-		if len(added)+len(removed)+len(deniedAdded)+len(deniedRemoved)+len(forAdded)+len(forRemoved) > 0 {
-			srv.SetAllowList(allow, byIdentity)
+		rulesChanged := len(added)+len(removed)+len(deniedAdded)+len(deniedRemoved)+len(forAdded)+len(forRemoved) > 0
+		if keysChanged || rulesChanged {
+			// Keys and rules in one swap: a stream is checked against the
+			// keys and the rules of one configuration (a key renamed along
+			// with its --allow-for rules must not meet the other's rules).
+			apply := keys
+			if keysChanged {
+				apply = newKeys
+			}
+			if err := srv.Reconfigure(apply, allow, byIdentity); err != nil {
+				return nil, fmt.Errorf("--secret-file: %w", err)
+			}
+			keys = apply
 			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
 		}
 		klog.InfoS("Applied configuration changes", "allowAdded", added, "allowRemoved", removed,
