@@ -331,18 +331,22 @@ func (s *Server) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*e
 	s.egress.SetAllowList(all, forIdentity)
 }
 
-// Reconfigure replaces the shared secrets and the destination rules (all:
-// for every client; forIdentity: see Config.AllowFor) in one step, as a
-// reload does: each stream header from now on is checked against the new
-// keys and the new rules together, never the keys of one configuration and
-// the rules of another. Open tunnels are not affected. A change between
-// shared-secret authentication and none returns ErrAuthModeChange and
-// changes nothing.
-func (s *Server) Reconfigure(kr *proto.Keyring, all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) error {
-	if (kr.Len() > 0) != (s.egress.Keys().Len() > 0) {
+// Policy is what a reload changes: the shared secrets, the destination
+// rules, and whether the open tunnels of removed keys are cut.
+type Policy = egress.Policy
+
+// Reconfigure replaces the shared secrets and the destination rules in one
+// step, as a reload does: each stream header from now on is checked against
+// the new keys and the new rules together, never the keys of one
+// configuration and the rules of another. Open tunnels keep running, unless
+// p.CutRemovedKeys resets those of keys p.Keys no longer holds with
+// auth_failed. A change between shared-secret authentication and none
+// returns ErrAuthModeChange and changes nothing.
+func (s *Server) Reconfigure(p Policy) error {
+	if (p.Keys.Len() > 0) != (s.egress.Keys().Len() > 0) {
 		return ErrAuthModeChange
 	}
-	s.egress.Reconfigure(kr, all, forIdentity)
+	s.egress.Reconfigure(p)
 	return nil
 }
 

@@ -177,42 +177,92 @@ func New(cfg Config) (*Handler, error) {
 	}
 	e.replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
 	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })
-	e.Reconfigure(cfg.Keys, cfg.Allow, cfg.AllowFor)
+	e.Reconfigure(Policy{Keys: cfg.Keys, Allow: cfg.Allow, AllowFor: cfg.AllowFor})
 	return e, nil
 }
 
 // Keys are the shared secrets in force.
 func (e *Handler) Keys() *proto.Keyring { return e.policy.Load().keys }
 
-// Reconfigure replaces the shared secrets and the destination rules (all:
-// for every client; forIdentity: see Config.AllowFor) in one step, for
-// streams whose header arrives from now on: a stream is checked against the
-// keys and rules of one configuration, never the keys of one and the rules
-// of another. Tunnels already open are not affected; Config.Self stays
-// refused.
-func (e *Handler) Reconfigure(kr *proto.Keyring, all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
-	e.policyMu.Lock()
-	defer e.policyMu.Unlock()
-	e.policy.Store(e.newPolicy(kr, all, forIdentity))
+// Policy is what a reload changes while the server runs; Reconfigure
+// applies it whole.
+type Policy struct {
+	// Keys are the shared secrets (Config.Keys).
+	Keys *proto.Keyring
+	// Allow and AllowFor are the destination rules (Config.Allow and
+	// Config.AllowFor).
+	Allow    *endpoint.AllowList
+	AllowFor map[string]*endpoint.AllowList
+	// CutRemovedKeys resets, with auth_failed, the open tunnels and UDP
+	// flows of the keys Keys no longer holds (a key is its secret: one
+	// replaced under the same name is removed), and refuses their streams
+	// still being checked; otherwise they run until they end.
+	CutRemovedKeys bool
 }
 
-// newPolicy returns the policy of kr and the rules, with Config.Self refused.
-func (e *Handler) newPolicy(kr *proto.Keyring, all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) *policy {
-	p := &policy{keys: kr, all: all.WithSelf(nil, e.cfg.Self...), byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity))}
-	for id, a := range forIdentity {
-		p.byIdentity[id] = a.WithSelf(nil, e.cfg.Self...)
-	}
-	return p
+// Reconfigure replaces the shared secrets and the destination rules in one
+// step, for streams whose header arrives from now on: a stream is checked
+// against the keys and rules of one configuration, never the keys of one
+// and the rules of another. Tunnels already open keep running, unless
+// p.CutRemovedKeys cuts those of removed keys. Config.Self stays refused.
+func (e *Handler) Reconfigure(p Policy) {
+	e.policyMu.Lock()
+	defer e.policyMu.Unlock()
+	e.store(p.Keys, p.Allow, p.AllowFor, p.CutRemovedKeys)
 }
 
 // SetKeys replaces the shared secrets for headers verified from now on,
-// keeping the rules.
+// keeping the rules; tunnels of removed keys keep running.
 func (e *Handler) SetKeys(kr *proto.Keyring) {
 	e.policyMu.Lock()
 	defer e.policyMu.Unlock()
-	p := *e.policy.Load()
-	p.keys = kr
-	e.policy.Store(&p)
+	cur := e.policy.Load()
+	e.store(kr, cur.allow, cur.allowFor, false)
+}
+
+// SetAllowList replaces the destination rules (all: for every client;
+// forIdentity: see Config.AllowFor) for streams whose header arrives from now
+// on, keeping the keys; tunnels already open are not affected. Config.Self
+// stays refused.
+func (e *Handler) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
+	e.policyMu.Lock()
+	defer e.policyMu.Unlock()
+	e.store(e.policy.Load().keys, all, forIdentity, false)
+}
+
+// errKeyRemoved is why a key's tunnels are cut.
+var errKeyRemoved = errors.New("its key was removed by a reload (--cut-removed-keys)")
+
+// store makes the policy of kr and the rules, with Config.Self refused, the
+// one in force, then cuts the keys it removed if cut. Call it with
+// policyMu held.
+func (e *Handler) store(kr *proto.Keyring, all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList, cut bool) {
+	prev := e.policy.Load()
+	p := &policy{keys: kr, allow: all, allowFor: forIdentity, all: all.WithSelf(nil, e.cfg.Self...),
+		byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity)), lives: map[proto.KeyID]keyLife{}}
+	for id, a := range forIdentity {
+		p.byIdentity[id] = a.WithSelf(nil, e.cfg.Self...)
+	}
+	for _, k := range kr.Keys() {
+		if l, ok := prev.life(k.ID); ok {
+			p.lives[k.ID] = l
+			continue
+		}
+		ctx, cancel := context.WithCancelCause(context.Background())
+		p.lives[k.ID] = keyLife{ctx: ctx, cut: cancel}
+	}
+	e.policy.Store(p)
+	if !cut || prev == nil {
+		return
+	}
+	// After the swap: a stream that loads the new policy is refused the
+	// removed key at its MAC check; one that loaded the old one meets the
+	// cancelled context before it dials or once its tunnel runs.
+	for id, l := range prev.lives {
+		if _, kept := p.lives[id]; !kept {
+			l.cut(errKeyRemoved)
+		}
+	}
 }
 
 // ConnState is what the Handler keeps per QUIC connection: its quota in the
@@ -285,16 +335,29 @@ type policy struct {
 	keys       *proto.Keyring
 	all        *endpoint.AllowList
 	byIdentity map[string]*endpoint.AllowList
+	// allow and allowFor are the rules as given (without Config.Self).
+	allow    *endpoint.AllowList
+	allowFor map[string]*endpoint.AllowList
+	// lives holds a context per key, cancelled when a reload removes the
+	// key with Policy.CutRemovedKeys.
+	lives map[proto.KeyID]keyLife
 }
 
-// SetAllowList replaces the destination rules (all: for every client;
-// forIdentity: see Config.AllowFor) for streams whose header arrives from now
-// on, keeping the keys; tunnels already open are not affected. Config.Self
-// stays refused.
-func (e *Handler) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
-	e.policyMu.Lock()
-	defer e.policyMu.Unlock()
-	e.policy.Store(e.newPolicy(e.policy.Load().keys, all, forIdentity))
+// keyLife is how long a key's tunnels may run.
+type keyLife struct {
+	// ctx is a lifetime, not a request's: tunnels watch it with
+	// context.AfterFunc.
+	ctx context.Context
+	cut context.CancelCauseFunc
+}
+
+// life returns the lifetime of key id (false: p is nil or has no such key).
+func (p *policy) life(id proto.KeyID) (keyLife, bool) {
+	if p == nil {
+		return keyLife{}, false
+	}
+	l, ok := p.lives[id]
+	return l, ok
 }
 
 // authorize checks dest against the rules for everyone and then, if none of
@@ -459,10 +522,21 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	if st.Verified != nil {
 		st.Verified()
 	}
+	// The key's lifetime: a reload that removes it with
+	// Policy.CutRemovedKeys ends its tunnels, and refuses this stream if it
+	// has removed it since the header was checked.
+	keyLife := context.Background()
+	if l, ok := pol.life(key.ID); ok && pol.keys.Len() > 0 {
+		keyLife = l.ctx
+	}
+	if context.Cause(keyLife) != nil {
+		fail(proto.CodeAuthFailed, "Refused stream: a reload removed its key; the client needs a key the server holds", "cause", context.Cause(keyLife))
+		return
+	}
 
 	if h.Kind == proto.KindUDP {
 		e.serveUDP(ctx, st, flowStart{logger: logger, start: start, dest: dest, dial: dial, rule: rule,
-			identities: identities, account: flowAccount(peer, key, st), fail: fail, refuse: refuse, audit: audit})
+			identities: identities, account: flowAccount(peer, key, st), keyLife: keyLife, fail: fail, refuse: refuse, audit: audit})
 		return
 	}
 
@@ -531,6 +605,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		Downstream:  &pipe.ToStream,
 	}
 	logger.V(4).Info("Opened stream", "destination", dial.String(), "rule", rule)
+	defer cutOnRemoval(keyLife, pipe, logger, "tunnel")()
 	result, err := e.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
@@ -571,6 +646,16 @@ func (e *Handler) hello(st Stream, h *proto.Header, logger klog.Logger) {
 	}
 	_ = str.Close()
 	logger.V(4).Info("Accepted hello", "early", st.Early)
+}
+
+// cutOnRemoval aborts a (a tunnel or a UDP flow: what) with auth_failed when
+// its key's lifetime ends (Policy.CutRemovedKeys), at once if it has ended;
+// the returned function stops watching.
+func cutOnRemoval(keyLife context.Context, a tunnel.Aborter, logger klog.Logger, what string) func() bool {
+	return context.AfterFunc(keyLife, func() {
+		logger.V(2).Info("Cut "+what+": a reload removed its key (--cut-removed-keys)", "cause", context.Cause(keyLife))
+		a.Abort(proto.CodeAuthFailed)
+	})
 }
 
 // peer is who a connection's client certificate says the client is (mutual

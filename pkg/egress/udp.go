@@ -28,6 +28,8 @@ type flowStart struct {
 	identities []string
 	// account is whom the flow counts against for MaxUDPFlowsPerIdentity.
 	account string
+	// keyLife ends when a reload removes the flow's key (cutOnRemoval).
+	keyLife context.Context
 	fail    func(code proto.Code, msg string, kv ...any)
 	refuse  func(err error)
 	audit   func(result string, up, down int64)
@@ -142,6 +144,7 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		Downstream:  &r.Up.Bytes,
 	}
 	f.logger.V(4).Info("Opened UDP flow", "destination", f.dial.String(), "rule", f.rule, "local", nc.LocalAddr().String())
+	defer cutOnRemoval(f.keyLife, r, f.logger, "UDP flow")()
 	result, err := e.cfg.Registry.Run(t, r, tunnel.StreamMetrics{Active: m.UDP.FlowsActive, Results: m.UDP.FlowsTotal})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	f.logger.V(4).Info("Closed UDP flow", "destination", f.dial.String(), "bytesUpstream", up, "bytesDownstream", down,

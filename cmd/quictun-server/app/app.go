@@ -213,7 +213,7 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cert-file", "key-file"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
 // rules, the secret file read again (its keys may change under the same
@@ -263,6 +263,10 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 		added, removed := cli.Diff(rules, next.Allow)
 		deniedAdded, deniedRemoved := cli.Diff(deny, next.Deny)
 		forAdded, forRemoved := cli.Diff(allowFor, next.AllowFor)
+		note := "open tunnels keep running; the rules and the keys apply to new streams"
+		if len(keysRemoved) > 0 && next.CutRemovedKeys {
+			note = "the open tunnels and UDP flows of the removed keys were reset with auth_failed (--cut-removed-keys); the others keep running; the rules and the keys apply to new streams"
+		}
 		rulesChanged := len(added)+len(removed)+len(deniedAdded)+len(deniedRemoved)+len(forAdded)+len(forRemoved) > 0
 		if keysChanged || rulesChanged {
 			// Keys and rules in one swap: a stream is checked against the
@@ -272,7 +276,7 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 			if keysChanged {
 				apply = newKeys
 			}
-			if err := srv.Reconfigure(apply, allow, byIdentity); err != nil {
+			if err := srv.Reconfigure(server.Policy{Keys: apply, Allow: allow, AllowFor: byIdentity, CutRemovedKeys: next.CutRemovedKeys}); err != nil {
 				return nil, fmt.Errorf("--secret-file: %w", err)
 			}
 			keys = apply
@@ -280,8 +284,8 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 		}
 		klog.InfoS("Applied configuration changes", "allowAdded", added, "allowRemoved", removed,
 			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "allowForAdded", forAdded, "allowForRemoved", forRemoved,
-			"keysAdded", keysAdded, "keysRemoved", keysRemoved,
-			"note", "open tunnels keep running; the rules and the keys apply to new streams")
+			"keysAdded", keysAdded, "keysRemoved", keysRemoved, "cutRemovedKeys", next.CutRemovedKeys,
+			"note", note)
 		return applied, nil
 	}
 }

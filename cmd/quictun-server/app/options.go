@@ -35,6 +35,8 @@ type Options struct {
 	SecretFile     string
 	KeysFile       string
 	InsecureNoAuth bool
+	// CutRemovedKeys: a reload that removes a key resets its open tunnels.
+	CutRemovedKeys bool
 
 	TokenParserPlugin string
 	TokenParserKey    string
@@ -84,6 +86,7 @@ func NewOptions() *Options {
 		ListenOn:           "0.0.0.0:7500",
 		Allow:              endpoint.DefaultAllowList().Rules(),
 		AuditLog:           true,
+		CutRemovedKeys:     true,
 		StateDir:           "/var/lib/quictun-server",
 		TokenParserPlugin:  token.PluginCleartext,
 		HeaderTimeout:      def.HeaderTimeout,
@@ -109,7 +112,7 @@ func NewOptions() *Options {
 // congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "allow-for", "token-parser-plugin", "token-parser-key"}},
-	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "insecure-no-auth"}},
+	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
@@ -140,6 +143,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "require client certificates signed by these CAs (mutual TLS)")
 	fs.StringVar(&o.SecretFile, "secret-file", o.SecretFile, "file holding the shared secret clients must prove (at least 16 bytes), e.g. from: head -c 32 /dev/urandom | base64 > secret")
 	fs.StringVar(&o.KeysFile, "keys-file", o.KeysFile, "file of named shared secrets, one 'NAME SECRET' per line, all accepted (with --secret-file's too): rotate keys without downtime (add the new key, reload, move clients, remove the old one, reload); NAME shows in logs and in --allow-for key=NAME rules")
+	fs.BoolVar(&o.CutRemovedKeys, "cut-removed-keys", o.CutRemovedKeys, "when a reload (SIGHUP) removes a key from --secret-file/--keys-file (or replaces its secret), reset the open tunnels and UDP flows made with it (auth_failed), so a revoked key keeps no access; --cut-removed-keys=false lets them run until they end (new streams need a key the server holds either way)")
 	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "accept clients without authentication (only with a restrictive --allow on a trusted network)")
 
 	fs.DurationVar(&o.HeaderTimeout, "header-timeout", o.HeaderTimeout, "time a client has to send a stream header")
