@@ -140,7 +140,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "directory for the generated self-signed certificate and the stateless-reset and session-ticket keys; keep it across restarts")
 	fs.StringVar(&o.CertFile, "cert-file", o.CertFile, "PEM certificate to serve instead of the generated one (with --key-file)")
 	fs.StringVar(&o.KeyFile, "key-file", o.KeyFile, "PEM private key for --cert-file")
-	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "require client certificates signed by these CAs (mutual TLS)")
+	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "require client certificates signed by these CAs (mutual TLS); read again on SIGHUP, for new connections and resumed sessions (open ones keep running)")
 	fs.StringVar(&o.SecretFile, "secret-file", o.SecretFile, "file holding the shared secret clients must prove (at least 16 bytes), e.g. from: head -c 32 /dev/urandom | base64 > secret")
 	fs.StringVar(&o.KeysFile, "keys-file", o.KeysFile, "file of named shared secrets, one 'NAME SECRET' per line, all accepted (with --secret-file's too): rotate keys without downtime (add the new key, reload, move clients, remove the old one, reload); NAME shows in logs and in --allow-for key=NAME rules")
 	fs.BoolVar(&o.CutRemovedKeys, "cut-removed-keys", o.CutRemovedKeys, "when a reload (SIGHUP) removes a key from --secret-file/--keys-file (or replaces its secret), reset the open tunnels and UDP flows made with it (auth_failed), so a revoked key keeps no access; --cut-removed-keys=false lets them run until they end (new streams need a key the server holds either way)")
