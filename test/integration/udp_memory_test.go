@@ -94,7 +94,9 @@ func TestStalledUDPFlowHoldsNoKernelMemory(t *testing.T) {
 	// 20,000 of them (160 MB) were sent. Paced so that a loaded machine's
 	// server reads enough of them; bounded for one that never drops.
 	answer := make([]byte, 8000)
-	queueFull := func() float64 { return promtest.ToFloat64(srv.Metrics.UDP.DropsTotal.WithLabelValues(udpflow.DropQueueFull)) }
+	queueFull := func() float64 {
+		return promtest.ToFloat64(srv.Metrics.UDP.DropsTotal.WithLabelValues(udpflow.DropQueueFull))
+	}
 	for i := 0; i < 20000 && queueFull() == 0; i++ {
 		_, err := dest.WriteToUDP(answer, flow)
 		require.NoError(t, err)
