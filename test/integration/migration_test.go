@@ -256,8 +256,11 @@ func startWorkload(t *testing.T, addr string, pingPongs int, bulk int64) *testut
 	return w
 }
 
-// finishWorkload waits for the bulk transfer to end and at least 2 s to pass
-// since at, then stops the workload, and reports the stall around at. The
+// finishWorkload waits for the bulk transfer to end and at least 4 s to pass
+// since at (more than the slowest recovery a test allows for: a rescue after
+// 2 s and its probe; with 2 s the workload stopped before TestClientSocketRebind's
+// rescue and a ping-pong had no round trip after at), then stops the
+// workload, and reports the stall around at. The
 // bound on the bulk transfer only stops a hung test: under -race with both
 // cores busy 32 MiB took longer than 25 s (29 MiB echoed after 35 s), with
 // the stall around at still well under its 5 s; the stall is what is checked.
@@ -265,7 +268,7 @@ func finishWorkload(t *testing.T, w *testutil.Workload, what string, at time.Tim
 	t.Helper()
 	select {
 	case <-w.BulkDone():
-		time.Sleep(time.Until(at.Add(2 * time.Second)))
+		time.Sleep(time.Until(at.Add(4 * time.Second)))
 	case <-time.After(2 * time.Minute):
 		t.Error("bulk transfer did not finish")
 	}
