@@ -78,14 +78,30 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 	}
 	// Heartbeats go out only while the connection has work: a tunnel
 	// opening, bytes moving in the last IdleAfter, a rescue, or no recent
-	// echo. Idle, the
-	// ticker stops and the session's Waker is armed: the data path wakes the
-	// loop as a tunnel opens or bytes move (an idle ssh session that comes
-	// back to life), and QUIC's keep-alive (--keepalive-period) is all that
-	// crosses the network. watching is when the heartbeats last started: a
-	// path that died while idle is rescued RescueAfter after the work began,
-	// not at once for the old echo.
+	// echo. Idle, the ticker slows to the keep-alive period and the
+	// session's Waker is armed: the data path wakes the loop as a tunnel
+	// opens or bytes move (an idle ssh session that comes back to life), and
+	// one keep-alive datagram a period (liveness.SendKeepAlive: padded so a
+	// restarted server answers it with a stateless reset, which quic-go's
+	// own PING is too short to draw) is all that crosses the network: it
+	// goes every nine tenths of the period, before quic-go's own keep-alive
+	// (the period after the last packet received) would, whose timer its
+	// acknowledgement restarts. watching is when the heartbeats last
+	// started: a path that died while idle is rescued RescueAfter after the
+	// work began, not at once for the old echo.
 	logger := klog.FromContext(ctx)
+	var keepAlivePeriod time.Duration
+	if c.cfg.QUIC != nil {
+		keepAlivePeriod = c.cfg.QUIC.KeepAlivePeriod
+	}
+	keepAlive := func() {
+		if sending.CompareAndSwap(false, true) {
+			wg.Go(func() {
+				defer sending.Store(false)
+				_ = liveness.SendKeepAlive(conn, &c.liveness)
+			})
+		}
+	}
 	mark := c.cfg.Registry.Activity()
 	lastWork, watching := time.Now(), time.Now()
 	active := true
@@ -106,6 +122,15 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 				logger.V(4).Info("Connection has work; heartbeats on")
 			}
 		case now := <-tickC:
+			if !active { // a keep-alive period passed without work
+				if m := c.cfg.Registry.Activity(); m == mark {
+					keepAlive()
+					continue
+				}
+				sess.Waker.Disarm() // bytes moved and did not wake us: a closed tunnel's
+				active, watching = true, now
+				tick.Reset(interval)
+			}
 			if m := c.cfg.Registry.Activity(); m != mark {
 				mark, lastWork = m, now
 			}
@@ -122,8 +147,13 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 					sess.Waker.Disarm()
 					mark, lastWork = m, now
 				} else {
-					active, tickC = false, nil
-					tick.Stop()
+					active = false
+					if keepAlivePeriod > 0 {
+						tick.Reset(keepAlivePeriod * 9 / 10)
+					} else {
+						tickC = nil
+						tick.Stop()
+					}
 					logger.V(4).Info("Connection idle; heartbeats off", "idleFor", now.Sub(lastWork))
 					continue
 				}

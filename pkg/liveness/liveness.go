@@ -44,6 +44,7 @@ type Stats struct {
 	EchoesReceived atomic.Uint64
 	EchoesSent     atomic.Uint64
 	TailProbesSent atomic.Uint64
+	KeepAlivesSent atomic.Uint64
 	Invalid        atomic.Uint64
 }
 
@@ -136,6 +137,22 @@ func SendHeartbeat(c Conn, seq uint64, stats *Stats) error {
 		return err
 	}
 	stats.HeartbeatsSent.Add(1)
+	return nil
+}
+
+// SendKeepAlive sends an idle connection's keep-alive: a tail-probe datagram
+// (which the peer takes without answering, old servers too) padded as a
+// heartbeat is, so that a restarted server answers it with a stateless reset
+// (quic-go's own keep-alive PING is too short to draw one: an idle client
+// would wait out its idle timeout, 90 s). Its acknowledgement keeps the NAT
+// mapping open and quic-go's own keep-alive from firing: one packet each way.
+func SendKeepAlive(c Conn, stats *Stats) error {
+	b := make([]byte, heartbeatLen)
+	b[0] = TypeTail
+	if err := c.SendDatagram(b); err != nil {
+		return err
+	}
+	stats.KeepAlivesSent.Add(1)
 	return nil
 }
 

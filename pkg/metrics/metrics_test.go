@@ -382,16 +382,18 @@ func TestLivenessCollector(t *testing.T) {
 	st.EchoesReceived.Add(4)
 	st.EchoesSent.Add(3)
 	st.TailProbesSent.Add(2)
+	st.KeepAlivesSent.Add(6)
 	st.Invalid.Add(1)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(metrics.NewLivenessCollector("server", st))
 	expected := `
-# HELP quictun_quic_datagrams_total Liveness datagrams by type: heartbeat_sent, echo_received, echo_sent, tail_probe_sent, invalid (received and dropped).
+# HELP quictun_quic_datagrams_total Liveness datagrams by type: heartbeat_sent, echo_received, echo_sent, tail_probe_sent, keepalive_sent (an idle client's, every --keepalive-period), invalid (received and dropped).
 # TYPE quictun_quic_datagrams_total counter
 quictun_quic_datagrams_total{side="server",type="echo_received"} 4
 quictun_quic_datagrams_total{side="server",type="echo_sent"} 3
 quictun_quic_datagrams_total{side="server",type="heartbeat_sent"} 5
 quictun_quic_datagrams_total{side="server",type="invalid"} 1
+quictun_quic_datagrams_total{side="server",type="keepalive_sent"} 6
 quictun_quic_datagrams_total{side="server",type="tail_probe_sent"} 2
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(expected)))

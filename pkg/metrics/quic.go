@@ -218,13 +218,14 @@ type LivenessCollector struct{ typeCounters }
 // NewLivenessCollector returns a collector of stats for side ("client" or "server").
 func NewLivenessCollector(side string, stats *liveness.Stats) *LivenessCollector {
 	return &LivenessCollector{newTypeCounters(side, "quic",
-		"Liveness datagrams by type: heartbeat_sent, echo_received, echo_sent, tail_probe_sent, invalid (received and dropped).",
+		"Liveness datagrams by type: heartbeat_sent, echo_received, echo_sent, tail_probe_sent, keepalive_sent (an idle client's, every --keepalive-period), invalid (received and dropped).",
 		func() []typeCount {
 			return []typeCount{
 				{"heartbeat_sent", stats.HeartbeatsSent.Load()},
 				{"echo_received", stats.EchoesReceived.Load()},
 				{"echo_sent", stats.EchoesSent.Load()},
 				{"tail_probe_sent", stats.TailProbesSent.Load()},
+				{"keepalive_sent", stats.KeepAlivesSent.Load()},
 				{"invalid", stats.Invalid.Load()},
 			}
 		})}

@@ -541,3 +541,29 @@ func defaultGOMAXPROCS(t *testing.T) int {
 	}
 	return min(procs, max(2, int(math.Ceil(limit))))
 }
+
+// TestIdleClientSeesServerRestart (issue 22 item 1): an idle client sends no
+// heartbeats, only a keep-alive every --keepalive-period; the keep-alive is
+// padded, so a server killed and restarted answers it with a stateless reset
+// and the client reconnects then, not after its idle timeout (quic-go's own
+// keep-alive PING is too short to draw a reset: it waited out 90 s).
+func TestIdleClientSeesServerRestart(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: []string{"--keepalive-period", "3s"}})
+	require.NoError(t, echoVia(t, cl.Addr, "before"))
+	// Idle: heartbeats off, keep-alives on.
+	waitMetric(t, cl, 30*time.Second, ge(1), "quictun_quic_datagrams_total", "side", "client", "type", "keepalive_sent")
+
+	srv.kill(t)
+	srv2 := startServer(t, serverOpts{StateDir: srv.StateDir, SecretFile: srv.SecretFile, UDPPort: srv.udpPort, AdminPort: srv.adminPort,
+		Allow: []string{"tcp:" + echo}})
+	restartedAt := time.Now()
+	// The next keep-alive (within 2.7 s) draws the reset; 20 s is far below
+	// the 90 s idle timeout the client waited for before.
+	waitMetric(t, cl, 20*time.Second, ge(1), "quictun_client_reconnects_total")
+	t.Logf("idle client reconnected %v after the server restarted (keep-alive every 2.7 s)", time.Since(restartedAt).Round(time.Millisecond))
+	waitMetric(t, srv2, 10*time.Second, eq(1), "quictun_server_active_connections")
+	require.NoError(t, echoVia(t, cl.Addr, "after"))
+}
