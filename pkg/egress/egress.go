@@ -18,6 +18,7 @@ import (
 
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/lograte"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
@@ -102,7 +103,20 @@ type Handler struct {
 	// udpSockets bounds the flow sockets' receive buffers, udpQueues the
 	// packets queued between them and the client.
 	udpSockets, udpQueues *udpflow.Budget
+
+	// refusals and authFailures choose which refused destinations (by
+	// reason and destination) and failed authentications (by source
+	// address) are logged at -v 0; the rest go to -v 2.
+	refusals, authFailures *lograte.Limiter
 }
+
+// LogInterval is how often the same refused destination, or failed
+// authentication from one address, is logged at -v 0 (with the number left
+// out); at most logKinds distinct ones are logged per interval.
+const (
+	LogInterval = time.Minute
+	logKinds    = 64
+)
 
 // Defaults of the UDP flow limits.
 const (
@@ -155,6 +169,9 @@ func New(cfg Config) (*Handler, error) {
 		dialsByDest: map[string]*destSlots{},
 		udpSockets:  udpflow.NewBudget(cfg.UDPSocketMemory, cfg.Metrics.UDP.SocketBufferBytes),
 		udpQueues:   udpflow.NewBudget(DefaultUDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
+
+		refusals:     lograte.New(LogInterval, logKinds),
+		authFailures: lograte.New(LogInterval, logKinds),
 	}
 	e.replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
 	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })
@@ -278,17 +295,21 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	start := time.Now()
 	// audit, set once the header is verified, writes the tunnel's audit line.
 	var audit func(result string, up, down int64)
-	fail := func(code proto.Code, msg string, kv ...any) {
+	// failAt ends the stream with code and logs msg at level lvl.
+	failAt := func(lvl int, code proto.Code, msg string, kv ...any) {
 		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
 		Reset(str, code)
 		if audit != nil {
 			audit(metrics.ResultLabel(code), 0, 0)
 		}
-		lvl := klog.Level(4)
+		logger.V(lvl).Info(msg, append(kv, "code", code.String())...)
+	}
+	fail := func(code proto.Code, msg string, kv ...any) {
+		lvl := 4
 		if code == proto.CodeRefused || code == proto.CodeAuthFailed || code == proto.CodeReplay {
 			lvl = 2 // an operator wants to see these
 		}
-		logger.V(int(lvl)).Info(msg, append(kv, "code", code.String())...)
+		failAt(lvl, code, msg, kv...)
 	}
 
 	_ = str.SetReadDeadline(start.Add(e.cfg.HeaderTimeout))
@@ -320,7 +341,13 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 				reason = metrics.AuthUnknownKey
 			}
 			m.AuthFailuresTotal.WithLabelValues(reason).Inc()
-			fail(proto.CodeAuthFailed, "Rejected stream: authentication failed", "reason", reason, "keyID", keyIDOf(h))
+			// The operator must see a client that cannot authenticate
+			// (most often a wrong secret), once a minute per address.
+			lvl, kv := 2, []any{"reason", reason, "keyID", keyIDOf(h)}
+			if ok, n := e.authFailures.Allow(sourceOf(conn)); ok {
+				lvl, kv = 0, append(kv, "suppressed", n)
+			}
+			failAt(lvl, proto.CodeAuthFailed, "Refused client: authentication failed; "+authFailureFix(reason), kv...)
 			CloseConn(ctx, conn, proto.CodeAuthFailed, "authentication failed")
 			return
 		}
@@ -380,7 +407,16 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	refuse := func(err error) {
 		reason := endpoint.RefusalReason(err)
 		m.RefusedTotal.WithLabelValues(dest.Network, reason).Inc()
-		fail(proto.CodeRefused, "Refused destination", "destination", dest.String(), "reason", reason, "err", err)
+		// Each refused destination is logged at -v 0 with the fix, once a
+		// minute: the client's application only sees a reset.
+		lvl, kv := 2, []any{"destination", dest.String(), "reason", reason, "identity", strings.Join(identities, ","), "err", err}
+		if ok, n := e.refusals.Allow(reason + " " + dest.String()); ok {
+			lvl, kv = 0, append(kv, "suppressed", n)
+		}
+		if reason == endpoint.ReasonNotAllowed {
+			kv = append(kv, "allowRule", dest.String())
+		}
+		failAt(lvl, proto.CodeRefused, "Refused destination: "+RefusalFix(reason), kv...)
 	}
 	dial, rule, err := e.policy.Load().authorize(ctx, e.cfg.Resolver, dest, identities)
 	if err != nil {
@@ -546,6 +582,46 @@ func (p peer) identities(keyName string) []string {
 		ids = append(ids, "key="+keyName)
 	}
 	return ids
+}
+
+// RefusalFix says why a destination refused for reason
+// (endpoint.RefusalReason) was refused and what to change if clients should
+// reach it.
+func RefusalFix(reason string) string {
+	switch reason {
+	case endpoint.ReasonNotAllowed:
+		return "no --allow rule admits it; if clients should reach it, add allowRule to the server's --allow (or --allow-for IDENTITY=allowRule for one client) and reload"
+	case endpoint.ReasonDenied:
+		return "a --deny rule matches it (deny wins over --allow); narrow that --deny rule if clients should reach it"
+	case endpoint.ReasonReserved:
+		return "0.0.0.0/8, :: and cloud metadata addresses are never reachable, unless an --allow rule names the metadata address exactly"
+	case endpoint.ReasonSelf:
+		return "it is the server's own QUIC or admin listener, which no rule can allow; point the client's forward elsewhere"
+	case endpoint.ReasonUnresolved:
+		return "the server could not resolve its name; check the name in the client's forward and the server's DNS"
+	}
+	return "not allowed"
+}
+
+// authFailureFix says what most likely caused an authentication failure of
+// reason (metrics.Auth*) and what to check.
+func authFailureFix(reason string) string {
+	switch reason {
+	case metrics.AuthNoMAC:
+		return "the client has no --secret-file; give it the server's secret"
+	case metrics.AuthUnknownKey:
+		return "the client's secret is none of the server's (a wrong --secret-file, or a key removed from --keys-file); give the client the server's secret"
+	}
+	return "the header's MAC does not match (a wrong secret on a client from before key IDs, or a forged header); give the client the server's secret"
+}
+
+// sourceOf is the address a connection comes from, without its port: one
+// client host's failures count as one.
+func sourceOf(c *quic.Conn) string {
+	if ua, ok := c.RemoteAddr().(*net.UDPAddr); ok {
+		return ua.IP.String()
+	}
+	return c.RemoteAddr().String()
 }
 
 // keyIDOf returns the key ID a header names, in hex, or "" for none.

@@ -24,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/lograte"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
@@ -86,6 +87,25 @@ type Handler struct {
 	// badHeaderLogged is set once a bad_header refusal was logged at -v 0;
 	// udpRefusalLogged once a UDP flow refused as unreadable or unsupported.
 	badHeaderLogged, udpRefusalLogged atomic.Bool
+	// refusals chooses which destinations the server refused are logged at
+	// -v 0 (logRefused).
+	refusals *lograte.Limiter
+}
+
+// RefusalLogInterval is how often a destination the server keeps refusing is
+// logged at -v 0 (with the number of refusals left out).
+const RefusalLogInterval = time.Minute
+
+// logRefused says at -v 0, once per RefusalLogInterval for each destination,
+// that the server refused token (the application only sees a reset, or its
+// proxy's refusal), and what to do; it reports whether it did.
+func (h *Handler) logRefused(logger klog.Logger, token string) bool {
+	ok, n := h.refusals.Allow(token)
+	if ok {
+		logger.Info("Server refused the destination: its --allow rules do not admit it (or a --deny rule matches, or its name does not resolve there); "+
+			"allow it on the server (its log names the rule to add), or fix the destination here", "destination", token, "suppressed", n)
+	}
+	return ok
 }
 
 // New returns a Handler for cfg.
@@ -99,6 +119,7 @@ func New(cfg Config) (*Handler, error) {
 	return &Handler{
 		cfg: cfg, slots: make(chan struct{}, cfg.MaxConnections),
 		udpQueues: udpflow.NewBudget(UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
+		refusals:  lograte.New(RefusalLogInterval, 64),
 	}, nil
 }
 
@@ -327,6 +348,9 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 			if _, ok := proto.FromError(err); !ok {
 				code = proto.CodeConnReset
 			}
+			if code == proto.CodeRefused {
+				h.logRefused(klog.LoggerWithValues(slog, "listenAddress", listenAddr), token)
+			}
 			fail(metrics.ResultLabel(code), "Server refused a proxied connection", err)
 			return
 		}
@@ -360,6 +384,9 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 	var ab *splice.AbortedError
 	if errors.As(err, &ab) {
 		if code, ok := proto.FromError(ab.Cause); ok && code != proto.CodeConnReset && code != proto.CodeShutdown {
+			if code == proto.CodeRefused {
+				h.logRefused(klog.LoggerWithValues(slog, "listenAddress", listenAddr), token)
+			}
 			if optimistic {
 				slog.V(2).Info("Server refused a destination it had accepted on this connection; reset the proxied connection, the next one waits for the server's answer",
 					"code", code.String(), "destination", token)
