@@ -424,6 +424,10 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 	// logged at -v 2, so the default log does not alternate "Connected" and
 	// "rejected" at every retry.
 	lastDialErr, connectedBefore, loggedFailure := "", false, false
+	// A lost connection is logged at -v 0 (and the reconnect after it), at
+	// most once per lostLogInterval: a server restart shows in the default
+	// log, a connection that keeps dropping does not fill it.
+	var lostLoggedAt time.Time
 	// Each connection's hello (hello.go) runs beside it; all have ended
 	// when supervise returns (they end with their connection).
 	var hellos sync.WaitGroup
@@ -479,12 +483,15 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			m.DialsTotal.WithLabelValues("ok").Inc()
 		}
 		m.HandshakeDuration.Observe(time.Since(start).Seconds())
-		level := 2
+		level, msg := 2, "Connected to server"
 		if !connectedBefore || loggedFailure {
 			level = 0
 		}
+		if connectedBefore && loggedFailure {
+			msg = "Reconnected to server"
+		}
 		connectedBefore, loggedFailure, lastDialErr = true, false, ""
-		logger.V(level).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
+		logger.V(level).Info(msg, "address", c.cfg.ServerAddr, "connID", id,
 			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT,
 			"serverFingerprint", serverFingerprint(conn))
 		upSince := time.Now()
@@ -512,6 +519,10 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 				logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id,
 					"fix", "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)")
 			}
+		} else if now := time.Now(); lostLoggedAt.IsZero() || now.Sub(lostLoggedAt) >= lostLogInterval {
+			lostLoggedAt, loggedFailure = now, true
+			logger.Info("Lost connection to server; reconnecting (tunnels opened meanwhile wait for the new connection)",
+				"address", c.cfg.ServerAddr, "connID", id, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause)
 		} else {
 			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
 		}
@@ -538,6 +549,9 @@ func serverFingerprint(conn *quic.Conn) string {
 	}
 	return transport.Fingerprint(certs[0].Raw)
 }
+
+// lostLogInterval is how often a lost connection is logged at -v 0.
+const lostLogInterval = time.Minute
 
 // shortConnection is how long a connection must have been up for the
 // reconnect after it to go out without a backoff delay.
