@@ -341,6 +341,7 @@ var reloadableFlags = []string{"token-source", "token-source-plugin", "secret-fi
 // checked before anything is applied.
 func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessionCache) cli.Apply {
 	pins, ca := o.ServerFingerprint, fileDigest(o.CAFile)
+	plugin, source, sourceDigest := o.TokenSourcePlugin, o.TokenSource, tokenFileDigest(o.TokenSourcePlugin, o.TokenSource)
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
 		tlsConf, err := next.tlsConfig(klog.Background(), cache)
@@ -378,9 +379,12 @@ func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessi
 				applied = append(applied, name)
 			}
 		}
-		klog.InfoS("Applied configuration changes", "tokenSourcePlugin", next.TokenSourcePlugin, "secretChanged", secretChanged,
-			"serverFingerprintsAdded", pinsAdded, "serverFingerprintsRemoved", pinsRemoved, "caFileChanged", caChanged,
-			"note", "open tunnels keep running; the token source and the secret apply to new local connections, the server verification to new connections to the server")
+		nextDigest := tokenFileDigest(next.TokenSourcePlugin, next.TokenSource)
+		tokensChanged := next.TokenSourcePlugin != plugin || next.TokenSource != source || nextDigest != sourceDigest
+		plugin, source, sourceDigest = next.TokenSourcePlugin, next.TokenSource, nextDigest
+		cli.LogApplied(klog.Background(), "open tunnels keep running; the token source and the secret apply to new local connections, the server verification to new connections to the server",
+			"tokenSourceChanged", tokensChanged, "secretChanged", secretChanged,
+			"serverFingerprintsAdded", pinsAdded, "serverFingerprintsRemoved", pinsRemoved, "caFileChanged", caChanged)
 		return applied, nil
 	}
 }
@@ -397,6 +401,15 @@ func fileDigest(file string) string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
+}
+
+// tokenFileDigest is fileDigest of a File token source's file ("" for other
+// sources), to tell whether a reload changed its tokens.
+func tokenFileDigest(plugin, source string) string {
+	if !strings.EqualFold(plugin, token.PluginFile) {
+		return ""
+	}
+	return fileDigest(source)
 }
 
 // clientSecret reads the secret a client authenticates with (nil without

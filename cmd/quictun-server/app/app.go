@@ -259,7 +259,9 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 				applied = append(applied, name)
 			}
 		}
+		certReplaced := false
 		if old, fp := cert.Fingerprint(), transport.Fingerprint(newCert.Certificate[0]); fp != old {
+			certReplaced = true
 			cert.Store(newCert)
 			klog.InfoS("Replaced the server certificate; new connections get the new one, open ones keep theirs",
 				"fingerprint", fp, "previousFingerprint", old, "hint", "clients must pin "+fp+" (--server-fingerprint) or trust its CA")
@@ -271,10 +273,10 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 			srv.SetAllowList(allow, byIdentity)
 			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
 		}
-		klog.InfoS("Applied configuration changes", "allowAdded", added, "allowRemoved", removed,
+		cli.LogApplied(klog.Background(), "open tunnels keep running; the rules and the keys apply to new streams",
+			"allowAdded", added, "allowRemoved", removed,
 			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "allowForAdded", forAdded, "allowForRemoved", forRemoved,
-			"keysAdded", keysAdded, "keysRemoved", keysRemoved,
-			"note", "open tunnels keep running; the rules and the keys apply to new streams")
+			"keysAdded", keysAdded, "keysRemoved", keysRemoved, "certificateReplaced", certReplaced)
 		return applied, nil
 	}
 }
