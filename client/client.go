@@ -93,6 +93,9 @@ type Forward struct {
 	// Proxy, with Listener, makes it an entry point where the application
 	// names each destination (--proxy socks5:... or http-connect:...).
 	Proxy ingress.Proxy
+	// Name says what the entry point is in the log: the destination of a
+	// forward ("tcp:10.0.0.5:22"), the kind of a proxy ("socks5").
+	Name string
 }
 
 // addr names the forward's local address, e.g. "udp:127.0.0.1:5353".
@@ -359,7 +362,11 @@ func (c *Client) Run(ctx context.Context) error {
 		wg.Go(func() { c.ingress.Accept(sessCtx, ln, nil, &handlers) })
 	}
 	for _, f := range c.cfg.Forwards {
-		logger.Info("Listening for local connections", "address", f.addr(), "forward", true)
+		if f.Proxy != nil {
+			logger.Info("Listening for local connections", "address", f.addr(), "proxy", f.Name)
+		} else {
+			logger.Info("Listening for local connections", "address", f.addr(), "forwardTo", f.Name)
+		}
 		switch {
 		case f.Packet != nil:
 			wg.Go(func() { c.ingress.ServeUDP(sessCtx, f.Packet, f.Tokens, &handlers) })

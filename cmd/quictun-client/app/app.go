@@ -199,7 +199,7 @@ func (o *Options) localEntries(cleanup *cli.Cleanup) ([]net.Listener, []client.F
 			return nil, nil, err
 		}
 		cleanup.Push(func() { _ = ln.Close() })
-		forwards = append(forwards, client.Forward{Listener: ln, Proxy: proxy})
+		forwards = append(forwards, client.Forward{Listener: ln, Proxy: proxy, Name: kind})
 	}
 	return listeners, forwards, nil
 }
@@ -221,14 +221,14 @@ func openForward(f string, cleanup *cli.Cleanup) (client.Forward, error) {
 			return client.Forward{}, fmt.Errorf("--forward %s: %w", spec, err)
 		}
 		cleanup.Push(func() { _ = uc.Close() })
-		return client.Forward{Packet: uc, Tokens: ts}, nil
+		return client.Forward{Packet: uc, Tokens: ts, Name: dest}, nil
 	}
 	ln, err := listen("forward", spec)
 	if err != nil {
 		return client.Forward{}, err
 	}
 	cleanup.Push(func() { _ = ln.Close() })
-	return client.Forward{Listener: ln, Tokens: ts}, nil
+	return client.Forward{Listener: ln, Tokens: ts, Name: dest}, nil
 }
 
 // sessionCache returns the client's session ticket cache: in --session-file
