@@ -4,6 +4,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,4 +145,29 @@ func TestAdminPortInUse(t *testing.T) {
 	assert.Equal(t, 1, r.code)
 	assert.Contains(t, r.stderr, "address already in use")
 	assert.Contains(t, r.stderr, "set --httpd-listen-on to a free address for this one (127.0.0.1:0 picks a free port and logs it)", r.stderr)
+}
+
+// TestReloadWithoutChangesAndEntryPointsLogged: a SIGHUP that changes
+// nothing says so, on both ends, instead of listing empty changes; the
+// client's log names what each entry point is (a forward's destination, a
+// proxy's kind).
+func TestReloadWithoutChangesAndEntryPointsLogged(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: defaultLevel})
+	fwd, socks := testutil.FreePort(t, "tcp"), testutil.FreePort(t, "tcp")
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: append([]string{
+		"--forward", "tcp:127.0.0.1:" + strconv.Itoa(fwd) + "=tcp:" + echo, "--proxy", "socks5:127.0.0.1:" + strconv.Itoa(socks),
+	}, defaultLevel...)})
+	assert.Equal(t, 1, count(cl.log(), "Listening for local connections", `address="tcp:127.0.0.1:`+strconv.Itoa(fwd)+`"`, `forwardTo="tcp:`+echo+`"`), cl.log())
+	assert.Equal(t, 1, count(cl.log(), "Listening for local connections", `address="tcp:127.0.0.1:`+strconv.Itoa(socks)+`"`, `proxy="socks5"`), cl.log())
+	assert.NotContains(t, cl.log(), "forward=true")
+
+	for _, d := range []*daemon{srv, cl} {
+		d.signal(t, syscall.SIGHUP)
+		waitFor(t, ioTimeout, d.name+" reloaded", func() bool { return strings.Contains(d.log(), "Configuration reloaded") })
+		assert.Equal(t, 1, count(d.log(), "No changes to apply"), d.log())
+		assert.NotContains(t, d.log(), "=null", "no empty changes listed")
+		assert.NotContains(t, d.log(), "Applied configuration changes")
+	}
 }
