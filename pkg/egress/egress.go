@@ -190,6 +190,26 @@ func (e *Handler) SetKeys(kr *proto.Keyring) { e.keys.Store(kr) }
 // replay cache.
 type ConnState struct {
 	quota *replayQuota
+	// identity is who the connection's client proved to be, with its
+	// latest verified header (Identity).
+	identity atomic.Pointer[string]
+}
+
+// Identity is who the connection's client proved to be with its latest
+// verified header: "CN=NAME" of its certificate and "key=NAME" of its shared
+// secret, comma-separated. Before a verified header it is what the
+// handshake showed (a client certificate's "CN=NAME"), else "".
+func (s *ConnState) Identity(conn *quic.Conn) string {
+	if id := s.identity.Load(); id != nil {
+		return *id
+	}
+	return strings.Join(peerOf(conn).identities(""), ",")
+}
+
+// verified records the identities a verified header proved.
+func (s *ConnState) verified(identities []string) {
+	id := strings.Join(identities, ",")
+	s.identity.Store(&id)
 }
 
 // NewConn returns the state of a new connection.
@@ -359,7 +379,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		st.MACVerified()
 	}
 	if h.Kind == proto.KindHello {
-		e.hello(st, h, logger)
+		e.hello(st, h, keyName, logger)
 		return
 	}
 	// The client certificate is known once the handshake is (a stream of a
@@ -437,12 +457,13 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	}
 	// Only now does the header prove the secret: a valid MAC on a stale or
 	// replayed header is what anyone holding a leaked header has.
+	st.Conn0.verified(identities)
 	if st.Verified != nil {
 		st.Verified()
 	}
 
 	if h.Kind == proto.KindUDP {
-		e.serveUDP(ctx, st, flowStart{logger: logger, start: start, dest: dest, dial: dial, rule: rule,
+		e.serveUDP(ctx, st, flowStart{logger: logger, start: start, tunnelID: h.TunnelID(), dest: dest, dial: dial, rule: rule,
 			identities: identities, fail: fail, refuse: refuse, audit: audit})
 		return
 	}
@@ -501,6 +522,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		pipe.AfterWrite, pipe.AfterRead = prober.Kick, prober.Heard
 	}
 	t := &tunnel.Tunnel{
+		UUID:        h.TunnelID(),
 		StreamID:    int64(str.StreamID()),
 		ConnID:      connID,
 		Identity:    strings.Join(identities, ","),
@@ -526,7 +548,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 // and the end of the stream.
 // A hello is no tunnel: it is not counted in streams_total, audited or
 // registered.
-func (e *Handler) hello(st Stream, h *proto.Header, logger klog.Logger) {
+func (e *Handler) hello(st Stream, h *proto.Header, keyName string, logger klog.Logger) {
 	str := st.Stream
 	str.CancelRead(proto.CodeOK.StreamErrorCode()) // nothing follows the header
 	now := time.Now()
@@ -542,6 +564,7 @@ func (e *Handler) hello(st Stream, h *proto.Header, logger klog.Logger) {
 		logger.V(2).Info("Refused hello", "code", code.String(), "early", st.Early, "headerTime", h.Time)
 		return
 	}
+	st.Conn0.verified(peerOf(st.Conn).identities(keyName))
 	if st.Verified != nil {
 		st.Verified()
 	}

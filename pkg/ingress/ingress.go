@@ -208,13 +208,15 @@ func (r *replyStream) Read(b []byte) (int, error) {
 	return r.Stream.Read(b)
 }
 
-// header encodes a stream header for token with a fresh nonce.
-func (h *Handler) header(token string) ([]byte, error) {
+// header encodes a stream header for token with a fresh nonce; id is the
+// tunnel's ID (proto.Header.TunnelID).
+func (h *Handler) header(token string) (b []byte, id string, err error) {
 	hdr, err := proto.NewHeader(token, time.Now())
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return hdr.Append(nil, h.cfg.Secret())
+	b, err = hdr.Append(nil, h.cfg.Secret())
+	return b, hdr.TunnelID(), err
 }
 
 // proxyRequestTimeout bounds reading a proxy request (SOCKS5, CONNECT).
@@ -302,7 +304,7 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 	}
 	// The header goes out now; the application's bytes follow without waiting
 	// for the reply. It is made now, not at accept: its timestamp must be fresh.
-	hb, err := h.header(token)
+	hb, tunnelID, err := h.header(token)
 	if err != nil {
 		str.CancelRead(proto.CodeInternal.StreamErrorCode())
 		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
@@ -316,7 +318,7 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		return
 	}
 	if !isClosed(conn.HandshakeComplete()) {
-		if str, err = h.earlyPhase(ctx, conn, sc, str, token, early); err != nil {
+		if str, tunnelID, err = h.earlyPhase(ctx, conn, sc, str, token, early, tunnelID); err != nil {
 			fail(proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err)
 			return
 		}
@@ -370,6 +372,7 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		pipe.AfterWrite, pipe.AfterRead = sess.Prober.Kick, sess.Prober.Heard
 	}
 	t := &tunnel.Tunnel{
+		UUID:        tunnelID,
 		StreamID:    int64(str.StreamID()),
 		Endpoint:    listenAddr,
 		Source:      nc.RemoteAddr().String(),
@@ -442,7 +445,10 @@ const maxEarlyBytes = 256 << 10
 // connection died before its handshake (the server was still down), it opens a
 // stream on the next connection and re-sends a fresh header and the copy. Downstream bytes cannot arrive before the handshake completes, so only
 // the upstream direction needs this.
-func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str *quic.Stream, token string, early []byte) (*quic.Stream, error) {
+//
+// It also returns the tunnel ID of the header in force: id, or the re-sent
+// header's.
+func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str *quic.Stream, token string, early []byte, id string) (*quic.Stream, string, error) {
 	sent := append([]byte(nil), early...) // written with the header already
 	done := make(chan error, 1)
 	go func() {
@@ -469,10 +475,10 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	rerr := <-done
 	_ = nc.SetReadDeadline(time.Time{})
 	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, os.ErrDeadlineExceeded) {
-		return nil, fmt.Errorf("read before handshake: %w", rerr)
+		return nil, "", fmt.Errorf("read before handshake: %w", rerr)
 	}
 	if conn.Context().Err() == nil && conn.ConnectionState().Used0RTT {
-		return str, nil
+		return str, id, nil
 	}
 	str.CancelRead(0) // discarded with the rest of the 0-RTT data
 	str.CancelWrite(0)
@@ -481,7 +487,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		// Rejected: the same connection goes on without 0-RTT.
 		n, err := conn.NextConnection(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("connection after 0-RTT rejection: %w", err)
+			return nil, "", fmt.Errorf("connection after 0-RTT rejection: %w", err)
 		}
 		next = n
 	} else {
@@ -490,7 +496,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		for next == nil {
 			sess, err := h.cfg.Sessions.Wait(ctx)
 			if err != nil {
-				return nil, fmt.Errorf("connection died before its handshake: %w", err)
+				return nil, "", fmt.Errorf("connection died before its handshake: %w", err)
 			}
 			select {
 			case <-sess.Conn.HandshakeComplete():
@@ -499,7 +505,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 				}
 			case <-sess.Conn.Context().Done():
 			case <-ctx.Done():
-				return nil, ctx.Err()
+				return nil, "", ctx.Err()
 			}
 		}
 	}
@@ -507,16 +513,16 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	defer cancel()
 	nstr, err := next.OpenStreamSync(octx)
 	if err != nil {
-		return nil, fmt.Errorf("stream after 0-RTT rejection: %w", err)
+		return nil, "", fmt.Errorf("stream after 0-RTT rejection: %w", err)
 	}
-	hb, err := h.header(token)
+	hb, id, err := h.header(token)
 	if err == nil {
 		_, err = nstr.Write(append(hb, sent...))
 	}
 	if err != nil {
 		nstr.CancelRead(0)
 		nstr.CancelWrite(0)
-		return nil, fmt.Errorf("re-send after 0-RTT rejection: %w", err)
+		return nil, "", fmt.Errorf("re-send after 0-RTT rejection: %w", err)
 	}
-	return nstr, nil
+	return nstr, id, nil
 }

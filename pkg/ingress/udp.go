@@ -239,6 +239,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	remove, _ := sess.Flows.Add(id, 0, r.FromDatagram) // stream IDs are unique on a connection
 	defer remove()
 	t := &tunnel.Tunnel{
+		UUID:        hdr.TunnelID(),
 		StreamID:    int64(id),
 		Endpoint:    "udp:" + pc.LocalAddr().String(),
 		Source:      f.src.String(),

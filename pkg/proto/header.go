@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -255,4 +256,21 @@ func ReadReply(r io.Reader) error {
 		return &RemoteError{Code: c}
 	}
 	return nil
+}
+
+// TunnelID is the header's nonce in the form of a UUID
+// (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx): random, never reused, and known to
+// both ends, it names the tunnel the header opened on both (GET /tunnels).
+func (h *Header) TunnelID() string {
+	var b [36]byte
+	hex.Encode(b[0:8], h.Nonce[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], h.Nonce[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], h.Nonce[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], h.Nonce[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:36], h.Nonce[10:16])
+	return string(b[:])
 }
