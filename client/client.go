@@ -46,6 +46,11 @@ type Config struct {
 	// Forwards are further listeners, each with its own destination; the
 	// client closes them when it stops.
 	Forwards []Forward
+	// Check are the fixed destinations (of forwards, of a Fixed token
+	// source) the client asks the server about on each new connection
+	// (proto.KindCheck, checkDestinations): one the server's rules refuse
+	// is logged at -v 0 when the client connects, not at its first use.
+	Check []string
 
 	// SessionWait bounds how long a local connection waits for a QUIC connection.
 	SessionWait time.Duration
@@ -168,6 +173,9 @@ type Client struct {
 	confirmed atomic.Pointer[session]
 	// staleLogged is set once a header refused as stale was logged at -v 0.
 	staleLogged atomic.Bool
+	// refusedDests holds the destinations of Config.Check the server
+	// refused at its last answer (string -> true).
+	refusedDests sync.Map
 	// redial cuts the reconnect backoff short (SetSecret).
 	redial chan struct{}
 	// lastRefusal is the refusal of our credentials last logged at -v 0;
@@ -439,7 +447,12 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 	// when supervise returns (they end with their connection).
 	var hellos sync.WaitGroup
 	defer hellos.Wait()
-	startHello := func(s *session) { hellos.Go(func() { c.hello(ctx, s) }) }
+	startHello := func(s *session) {
+		hellos.Go(func() {
+			c.hello(ctx, s)
+			c.checkDestinations(ctx, s)
+		})
+	}
 	for ctx.Err() == nil {
 		start := time.Now()
 		conn, err := c.dial(ctx, tr)

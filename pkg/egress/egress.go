@@ -408,6 +408,10 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		fail(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", h.Time)
 		return // recorded before a restart: the cache cannot know it
 	}
+	if h.Kind == proto.KindCheck {
+		e.check(ctx, st, h, identities, logger)
+		return
+	}
 	if h.Kind != proto.KindTCP && (h.Kind != proto.KindUDP || st.Flows == nil) {
 		// Reverse binds are carried by later versions; refuse clearly
 		// rather than treat the stream as TCP.
@@ -425,18 +429,9 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		return
 	}
 	refuse := func(err error) {
-		reason := endpoint.RefusalReason(err)
-		m.RefusedTotal.WithLabelValues(dest.Network, reason).Inc()
-		// Each refused destination is logged at -v 0 with the fix, once a
-		// minute: the client's application only sees a reset.
-		lvl, kv := 2, []any{"destination", dest.String(), "reason", reason, "identity", strings.Join(identities, ","), "err", err}
-		if ok, n := e.refusals.Allow(reason + " " + dest.String()); ok {
-			lvl, kv = 0, append(kv, "suppressed", n)
-		}
-		if reason == endpoint.ReasonNotAllowed {
-			kv = append(kv, "allowRule", dest.String())
-		}
-		failAt(lvl, proto.CodeRefused, "Refused destination: "+RefusalFix(reason), kv...)
+		m.RefusedTotal.WithLabelValues(dest.Network, endpoint.RefusalReason(err)).Inc()
+		lvl, msg, kv := e.refusal(dest, identities, err)
+		failAt(lvl, proto.CodeRefused, msg, kv...)
 	}
 	dial, rule, err := e.policy.Load().authorize(ctx, e.cfg.Resolver, dest, identities)
 	if err != nil {
@@ -575,6 +570,65 @@ func (e *Handler) hello(st Stream, h *proto.Header, keyName string, logger klog.
 	}
 	_ = str.Close()
 	logger.V(4).Info("Accepted hello", "early", st.Early)
+}
+
+// refusal returns how to log a destination refused by err: at -v 0 with the
+// fix, once a minute per reason and destination (the client's application
+// only sees a reset), else at -v 2.
+func (e *Handler) refusal(dest endpoint.Endpoint, identities []string, err error) (lvl int, msg string, kv []any) {
+	reason := endpoint.RefusalReason(err)
+	lvl, kv = 2, []any{"destination", dest.String(), "reason", reason, "identity", strings.Join(identities, ","), "err", err}
+	if ok, n := e.refusals.Allow(reason + " " + dest.String()); ok {
+		lvl, kv = 0, append(kv, "suppressed", n)
+	}
+	if reason == endpoint.ReasonNotAllowed {
+		kv = append(kv, "allowRule", dest.String())
+	}
+	return lvl, "Refused destination: " + RefusalFix(reason), kv
+}
+
+// check answers a check (proto.KindCheck) whose MAC was verified and which is
+// fresh: the replay check, then whether the rules admit its destination for
+// identities, without dialing it; CodeOK and the end of the stream, or a
+// reset with the code of the failure. Like a hello it is no tunnel: not
+// counted in streams_total or refused_destinations_total, audited or
+// registered; a refusal is logged as a tunnel's.
+func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, identities []string, logger klog.Logger) {
+	str := st.Stream
+	str.CancelRead(proto.CodeOK.StreamErrorCode()) // nothing follows the header
+	code, unrecorded := e.replay.admit(h, time.Now(), st.Early, st.Conn0.quota)
+	if unrecorded != "" {
+		e.cfg.Metrics.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
+	}
+	if code != proto.CodeOK {
+		str.CancelWrite(code.StreamErrorCode())
+		logger.V(2).Info("Refused check", "code", code.String(), "early", st.Early, "headerTime", h.Time)
+		return
+	}
+	st.Conn0.verified(identities)
+	if st.Verified != nil {
+		st.Verified()
+	}
+	dest, err := e.cfg.Parser.Parse(h.Token)
+	if err != nil {
+		str.CancelWrite(proto.CodeBadToken.StreamErrorCode())
+		logger.V(2).Info("Refused check: bad destination token", "err", err)
+		return
+	}
+	_, rule, err := e.policy.Load().authorize(ctx, e.cfg.Resolver, dest, identities)
+	if err != nil {
+		str.CancelWrite(proto.CodeRefused.StreamErrorCode())
+		lvl, msg, kv := e.refusal(dest, identities, err)
+		logger.V(lvl).Info(msg, append(kv, "check", true)...)
+		return
+	}
+	logger.V(4).Info("Answered check: allowed", "destination", dest.String(), "rule", rule)
+	_ = str.SetWriteDeadline(time.Now().Add(e.cfg.HeaderTimeout))
+	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
+		str.CancelWrite(proto.CodeConnReset.StreamErrorCode())
+		return
+	}
+	_ = str.Close()
 }
 
 // peer is who a connection's client certificate says the client is (mutual

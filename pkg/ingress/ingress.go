@@ -23,6 +23,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/lograte"
 	"github.com/quictun/quictun/pkg/metrics"
@@ -103,9 +104,19 @@ func (h *Handler) logRefused(logger klog.Logger, token string) bool {
 	ok, n := h.refusals.Allow(token)
 	if ok {
 		logger.Info("Server refused the destination: its --allow rules do not admit it (or a --deny rule matches, or its name does not resolve there); "+
-			"allow it on the server (its log names the rule to add), or fix the destination here", "destination", token, "suppressed", n)
+			"allow it on the server (its log names the rule to add), or fix the destination here", "destination", LoggableToken(token), "suppressed", n)
 	}
 	return ok
+}
+
+// LoggableToken is token as logs may show it: a cleartext destination
+// ("tcp:10.0.0.5:22") as is, anything else (a token a --token-parser-key
+// server decrypts) as a placeholder: tokens are not logged.
+func LoggableToken(token string) string {
+	if _, err := endpoint.Parse(token); err == nil {
+		return token
+	}
+	return "(opaque token)"
 }
 
 // New returns a Handler for cfg.

@@ -49,6 +49,11 @@ const (
 	// tunnel: no destination (its token is HelloToken), nothing follows the
 	// header; the server answers the Reply and ends the stream.
 	KindHello Kind = 4
+	// KindCheck asks whether the server's rules admit the header's
+	// destination for this client, without dialing it: nothing follows the
+	// header; the server answers CodeOK and ends the stream, or resets it
+	// with CodeRefused (or the code of another failure).
+	KindCheck Kind = 5
 )
 
 // HelloToken is the token of a KindHello header (a header's token is never
@@ -65,6 +70,17 @@ func NewHello(now time.Time) (*Header, error) {
 	return h, nil
 }
 
+// NewCheck returns a KindCheck header for token with the current time and a
+// fresh nonce.
+func NewCheck(token string, now time.Time) (*Header, error) {
+	h, err := NewHeader(token, now)
+	if err != nil {
+		return nil, err
+	}
+	h.Kind = KindCheck
+	return h, nil
+}
+
 // String names the kind for logs.
 func (k Kind) String() string {
 	switch k {
@@ -76,6 +92,8 @@ func (k Kind) String() string {
 		return "reverse"
 	case KindHello:
 		return "hello"
+	case KindCheck:
+		return "check"
 	}
 	return fmt.Sprintf("kind_%d", uint8(k))
 }

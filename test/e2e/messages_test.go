@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,7 +39,9 @@ next:
 
 // TestRefusedDestinationLoggedAtDefaultLevel: a destination the server
 // refuses is only a reset to the application; both ends say at -v 0 why and
-// what to change, once however often the application retries.
+// what to change, once however often the application retries, and before
+// any application connects: the client checks its fixed destinations with
+// the server when it connects (proto.KindCheck), which counts no tunnel.
 func TestRefusedDestinationLoggedAtDefaultLevel(t *testing.T) {
 	checkLeaks(t)
 	allowed, other, denied := testutil.EchoServer(t), testutil.EchoServer(t), testutil.EchoServer(t)
@@ -54,19 +57,34 @@ func TestRefusedDestinationLoggedAtDefaultLevel(t *testing.T) {
 		{"deny rule", denied, []string{"Refused destination: a --deny rule matches it", `reason="denied"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			refused := func() (streams, dests float64) {
+				m := scrape(t, srv)
+				return m.val("quictun_server_streams_total", "result", "refused"),
+					m.val("quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed") +
+						m.val("quictun_server_refused_destinations_total", "network", "tcp", "reason", "denied")
+			}
+			streams0, dests0 := refused() // the previous cases'
 			cl := startClient(t, srv, clientOpts{Token: "tcp:" + tc.dest, Args: defaultLevel})
+			dest := `destination="tcp:` + tc.dest + `"`
+			waitFor(t, ioTimeout, "the check's refusal in both logs, before any application", func() bool {
+				return count(cl.log(), "Server refuses a destination this client forwards to", dest) == 1 &&
+					count(srv.log(), append(tc.server, dest, "check=true")...) == 1
+			})
+			streams, dests := refused()
+			assert.Equal(t, streams0, streams, "a check is no tunnel")
+			assert.Equal(t, dests0, dests, "nor a refused destination in the metrics")
 			for range 3 {
 				err := echoVia(t, cl.Addr, "refused")
 				require.Error(t, err)
 				assert.True(t, isReset(err), "the application sees a reset: %v", err)
 			}
-			dest := `destination="tcp:` + tc.dest + `"`
 			waitFor(t, ioTimeout, "the refusal in both logs", func() bool {
 				return count(srv.log(), append(tc.server, dest)...) > 0 &&
 					count(cl.log(), "Server refused the destination", "allow it on the server (its log names the rule to add)", dest) > 0
 			})
 			waitMetric(t, cl, ioTimeout, eq(3), "quictun_client_streams_total", "result", "refused")
-			assert.Equal(t, 1, count(srv.log(), "Refused destination", dest), "once a minute per destination: %s", srv.log())
+			assert.Equal(t, 1, count(srv.log(), "Refused destination", dest), "once a minute per destination (the check's line): %s", srv.log())
+			assert.Equal(t, 1, count(cl.log(), "Server refuses a destination this client forwards to"), cl.log())
 			assert.Equal(t, 1, count(cl.log(), "Server refused the destination", dest), "once a minute per destination: %s", cl.log())
 			assert.Equal(t, 1, count(srv.log(), "Refused destination", `remoteAddress="127.0.0.1:`, dest), "the server names the client")
 		})
@@ -170,4 +188,31 @@ func TestReloadWithoutChangesAndEntryPointsLogged(t *testing.T) {
 		assert.NotContains(t, d.log(), "=null", "no empty changes listed")
 		assert.NotContains(t, d.log(), "Applied configuration changes")
 	}
+}
+
+// TestAllowedDestinationsCheckedQuietly: forwards the server allows are
+// checked when the client connects without a word at -v 0, and a server that
+// allows a refused one at a later connection is reported.
+func TestAllowedDestinationsCheckedQuietly(t *testing.T) {
+	checkLeaks(t)
+	a, b := testutil.EchoServer(t), testutil.EchoServer(t)
+	cfg := writeFile(t, "server.yaml", "allow: [tcp:"+a+"]\n")
+	srv := startServer(t, serverOpts{Args: append([]string{"--config", cfg}, defaultLevel...)})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + a, Args: append([]string{
+		"--forward", "tcp:127.0.0.1:" + strconv.Itoa(testutil.FreePort(t, "tcp")) + "=tcp:" + b,
+	}, defaultLevel...)})
+	waitFor(t, ioTimeout, "the refused forward reported", func() bool {
+		return count(cl.log(), "Server refuses a destination", `destination="tcp:`+b+`"`) == 1
+	})
+	assert.Zero(t, count(cl.log(), "Server refuses a destination", `destination="tcp:`+a+`"`), cl.log())
+	require.NoError(t, echoVia(t, cl.Addr, "allowed"))
+
+	// The server now allows it; each new connection checks again.
+	require.NoError(t, os.WriteFile(cfg, []byte("allow: [tcp:"+a+", tcp:"+b+"]\n"), 0o600))
+	srv.kill(t)
+	startServer(t, serverOpts{StateDir: srv.StateDir, SecretFile: srv.SecretFile, UDPPort: srv.udpPort, AdminPort: srv.adminPort,
+		Args: []string{"--config", cfg}})
+	waitFor(t, ioTimeout, "the change reported", func() bool {
+		return count(cl.log(), "Server now allows a destination it refused before", `destination="tcp:`+b+`"`) == 1
+	})
 }

@@ -102,6 +102,7 @@ func (o *Options) Run(ctx context.Context) error {
 		Tokens:            tokens,
 		Listeners:         listeners,
 		Forwards:          forwards,
+		Check:             o.checkDestinations(),
 		SessionWait:       o.SessionWait,
 		StreamOpenTimeout: o.StreamOpenTimeout,
 		MaxConnections:    o.MaxConnections,
@@ -146,6 +147,27 @@ func (o *Options) listenOn() []string {
 		return nil
 	}
 	return o.ListenOn
+}
+
+// checkDestinations are the fixed destinations the client asks the server
+// about when it connects (client.Config.Check): each forward's, and a Fixed
+// token source's when listeners use it; each once.
+func (o *Options) checkDestinations() []string {
+	var out []string
+	add := func(d string) {
+		if d != "" && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFixed) && len(o.listenOn()) > 0 {
+		add(o.TokenSource)
+	}
+	for _, f := range o.Forward {
+		if _, dest, err := splitForward(f); err == nil {
+			add(dest)
+		}
+	}
+	return out
 }
 
 // entriesLog is the server endpoint and the local entry points for the
