@@ -140,6 +140,7 @@ func TestUsageErrors(t *testing.T) {
 		{bins.server, []string{"--alow", "tcp:127.0.0.1:22"}, "quictun-server: unknown flag: --alow (did you mean --allow?)"},
 		{bins.server, []string{"fingerprint", "--stat-dir", "x"}, "quictun-server fingerprint: unknown flag: --stat-dir (did you mean --state-dir?)"},
 		{bins.server, []string{"verison"}, `quictun-server: unknown command "verison" (did you mean version?)`},
+		{bins.server, []string{"fingerprint", "extra"}, `quictun-server fingerprint: unexpected argument "extra"`},
 		{bins.client, []string{"-v", "x"}, `quictun-client: invalid argument "x" for "-v, --v" flag`},
 		{bins.client, []string{"--listen-on", "bad"}, "quictun-client: invalid configuration:\n--listen-on \"bad\""},
 	} {

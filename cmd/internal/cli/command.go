@@ -69,7 +69,7 @@ type Daemon interface {
 func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:           name,
-		Args:          noArgs,
+		Args:          NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -135,7 +135,7 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 		FlagGroup{Title: "Configuration", Names: configFlagNames},
 		FlagGroup{Title: "Logging", Names: []string{"v", "vmodule"}}))
 	cmd.AddCommand(&cobra.Command{
-		Use: "version", Short: "Print the version", Args: cobra.NoArgs,
+		Use: "version", Short: "Print the version", Args: NoArgs,
 		Run: func(c *cobra.Command, _ []string) { _, _ = fmt.Fprintln(c.OutOrStdout(), name, version.String()) },
 	})
 	return cmd
@@ -188,9 +188,9 @@ func flagError(c *cobra.Command, err error) error {
 	return &UsageError{Err: err}
 }
 
-// noArgs refuses positional arguments, naming the subcommand a misspelled one
-// most likely meant.
-func noArgs(c *cobra.Command, args []string) error {
+// NoArgs is cobra.NoArgs as a UsageError: it refuses positional arguments,
+// naming the subcommand a misspelled one most likely meant.
+func NoArgs(c *cobra.Command, args []string) error {
 	if len(args) == 0 {
 		return nil
 	}

@@ -47,7 +47,7 @@ destination the client names (if the --allow list permits it) and carries the by
 		Long: `Print the SHA-256 fingerprint of the server certificate for clients' --server-fingerprint. It reads
 the same --config file, QUICTUN_* environment and flags as the server, so it finds the same
 --state-dir (or --cert-file); a missing state is created.`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if err := cli.LoadConfig(c.Flags(), fpOpts.ConfigFile); err != nil {
 				return err
