@@ -58,6 +58,9 @@ type Config struct {
 	StreamOpenTimeout time.Duration
 	// MaxConnections bounds concurrently handled local connections and UDP flows.
 	MaxConnections int
+	// MaxProxyHandshakes bounds the connections to proxy entry points still
+	// sending their request, apart from MaxConnections (0: the default).
+	MaxProxyHandshakes int
 	// UDPIdleTimeout ends a UDP flow without packets either way (0: the default).
 	UDPIdleTimeout time.Duration
 	DrainTimeout   time.Duration
@@ -123,16 +126,17 @@ func (f Forward) close() {
 // in those left zero (HeartbeatInterval excepted: zero disables heartbeats).
 func DefaultConfig() Config {
 	return Config{
-		SessionWait:       10 * time.Second,
-		StreamOpenTimeout: 10 * time.Second,
-		MaxConnections:    16384,
-		UDPIdleTimeout:    ingress.DefaultUDPIdleTimeout,
-		HeartbeatInterval: 200 * time.Millisecond,
-		RescueAfter:       time.Second,
-		IdleAfter:         5 * time.Second,
-		DrainTimeout:      30 * time.Second,
-		TailProbes:        1,
-		TailProbeDelay:    time.Millisecond,
+		SessionWait:        10 * time.Second,
+		StreamOpenTimeout:  10 * time.Second,
+		MaxConnections:     16384,
+		MaxProxyHandshakes: ingress.DefaultMaxProxyHandshakes,
+		UDPIdleTimeout:     ingress.DefaultUDPIdleTimeout,
+		HeartbeatInterval:  200 * time.Millisecond,
+		RescueAfter:        time.Second,
+		IdleAfter:          5 * time.Second,
+		DrainTimeout:       30 * time.Second,
+		TailProbes:         1,
+		TailProbeDelay:     time.Millisecond,
 	}
 }
 
@@ -267,12 +271,13 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	c.SetTokens(cfg.Tokens)
 	c.SetTLS(cfg.TLS)
 	in, err := ingress.New(ingress.Config{
-		Sessions:          sessions{c},
-		Tokens:            func() TokenSource { return *c.tokens.Load() },
-		Secret:            func() []byte { return *c.secret.Load() },
-		StreamOpenTimeout: cfg.StreamOpenTimeout,
-		MaxConnections:    cfg.MaxConnections,
-		UDPIdleTimeout:    cfg.UDPIdleTimeout,
+		Sessions:           sessions{c},
+		Tokens:             func() TokenSource { return *c.tokens.Load() },
+		Secret:             func() []byte { return *c.secret.Load() },
+		StreamOpenTimeout:  cfg.StreamOpenTimeout,
+		MaxConnections:     cfg.MaxConnections,
+		MaxProxyHandshakes: cfg.MaxProxyHandshakes,
+		UDPIdleTimeout:     cfg.UDPIdleTimeout,
 		Accepted: func() {
 			if cur := c.current(); cur != nil {
 				c.confirm(cur)

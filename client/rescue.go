@@ -77,25 +77,19 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 		}
 	}
 	// Heartbeats go out only while the connection has work: a tunnel
-	// opening, bytes moving in the last IdleAfter, or a rescue. Idle, the
-	// loop wakes once every idlePoll to look for bytes on open tunnels (an
-	// idle ssh session that comes back to life), and QUIC's keep-alive
-	// (--keepalive-period) is all that crosses the network. watching is when
-	// the heartbeats last started: a path that died while idle is rescued
-	// RescueAfter after the work began, not at once for the old echo.
+	// opening, bytes moving in the last IdleAfter, a rescue, or no recent
+	// echo. Idle, the
+	// ticker stops and the session's Waker is armed: the data path wakes the
+	// loop as a tunnel opens or bytes move (an idle ssh session that comes
+	// back to life), and QUIC's keep-alive (--keepalive-period) is all that
+	// crosses the network. watching is when the heartbeats last started: a
+	// path that died while idle is rescued RescueAfter after the work began,
+	// not at once for the old echo.
 	logger := klog.FromContext(ctx)
 	mark := c.cfg.Registry.Activity()
 	lastWork, watching := time.Now(), time.Now()
 	active := true
-	wakeUp := func(now time.Time) {
-		lastWork = now
-		if !active {
-			active, watching = true, now
-			tick.Reset(interval)
-			heartbeat()
-			logger.V(4).Info("Connection has work; heartbeats on")
-		}
-	}
+	var tickC <-chan time.Time = tick.C
 	for {
 		select {
 		case <-mctx.Done():
@@ -103,20 +97,36 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 		case <-done:
 			busy = false
 		case <-sess.Waker.C():
-			wakeUp(time.Now())
-		case now := <-tick.C:
+			now := time.Now()
+			lastWork, mark = now, c.cfg.Registry.Activity()
+			if !active { // (a Wake between an Arm and its Disarm finds it active)
+				active, tickC, watching = true, tick.C, now
+				tick.Reset(interval)
+				heartbeat()
+				logger.V(4).Info("Connection has work; heartbeats on")
+			}
+		case now := <-tickC:
 			if m := c.cfg.Registry.Activity(); m != mark {
-				mark = m
-				wakeUp(now)
+				mark, lastWork = m, now
 			}
-			if !active {
-				continue
-			}
-			if !busy && now.Sub(lastWork) > c.cfg.IdleAfter {
-				active = false
-				tick.Reset(idlePoll)
-				logger.V(4).Info("Connection idle; heartbeats off", "idleFor", now.Sub(lastWork))
-				continue
+			// Idle also needs an echo since the heartbeats started, recent
+			// enough that no rescue is due: a tunnel that opened onto a path
+			// that died while idle moves no bytes, and must not send the
+			// heartbeats back to sleep before its rescue.
+			heard := recv.LastEcho()
+			if !busy && now.Sub(lastWork) > c.cfg.IdleAfter && heard.After(watching) && now.Sub(heard) < c.cfg.RescueAfter {
+				// Arm first, then look once more: work that began before
+				// the Waker was armed shows in the mark, work after it wakes.
+				sess.Waker.Arm()
+				if m := c.cfg.Registry.Activity(); m != mark {
+					sess.Waker.Disarm()
+					mark, lastWork = m, now
+				} else {
+					active, tickC = false, nil
+					tick.Stop()
+					logger.V(4).Info("Connection idle; heartbeats off", "idleFor", now.Sub(lastWork))
+					continue
+				}
 			}
 			heartbeat()
 			echo := recv.LastEcho()
@@ -134,11 +144,6 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 		}
 	}
 }
-
-// idlePoll is how often the monitor of an idle connection looks for bytes
-// on its open tunnels (an ssh session that comes back to life): the one
-// wake-up a second it costs while idle.
-const idlePoll = time.Second
 
 // rescuer owns the extra sockets of one connection. They must live as long
 // as the connection: closing a quic.Transport destroys every connection that

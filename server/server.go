@@ -136,7 +136,16 @@ type Config struct {
 	// packets either way (0: egress's defaults).
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
-	UDPIdleTimeout     time.Duration
+	// MaxUDPFlowsPerIdentity is one client identity's share of MaxUDPFlows:
+	// the flows of all connections of one client certificate's common name
+	// or named key (Key.Name), or, for a client with neither (the unnamed
+	// key of Secret, no authentication), of one source (an IPv4 address or
+	// an IPv6 /64, as for MaxConnsPerSource), so that one client cannot take
+	// every flow; past it, its flows are refused with overloaded.
+	// 0: egress.DefaultUDPFlowsPerIdentity, a quarter of MaxUDPFlows, at
+	// least MaxUDPFlowsPerConn.
+	MaxUDPFlowsPerIdentity int
+	UDPIdleTimeout         time.Duration
 	// UDPSocketMemory bounds the flow sockets' receive buffers, as the
 	// kernel books them (0: udpflow.MaxSocketMemory).
 	UDPSocketMemory int64
@@ -296,7 +305,8 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		MaxConcurrentDials: cfg.MaxConcurrentDials, MaxDialsPerDestination: cfg.MaxDialsPerDestination,
 		ReplayWindow: cfg.ReplayWindow, MaxReplayEntries: cfg.MaxReplayEntries, MaxReplayEntriesPerConn: cfg.MaxReplayEntriesPerConn,
 		AuditLog: cfg.AuditLog, Endpoint: pc.LocalAddr().String(), Metrics: cfg.Metrics, Registry: cfg.Registry,
-		MaxUDPFlows: cfg.MaxUDPFlows, MaxUDPFlowsPerConn: cfg.MaxUDPFlowsPerConn, UDPIdleTimeout: cfg.UDPIdleTimeout,
+		MaxUDPFlows: cfg.MaxUDPFlows, MaxUDPFlowsPerConn: cfg.MaxUDPFlowsPerConn, MaxUDPFlowsPerIdentity: cfg.MaxUDPFlowsPerIdentity,
+		UDPIdleTimeout:  cfg.UDPIdleTimeout,
 		UDPSocketMemory: cfg.UDPSocketMemory,
 	})
 	if err != nil {
@@ -321,7 +331,26 @@ func (s *Server) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*e
 	s.egress.SetAllowList(all, forIdentity)
 }
 
-// ErrAuthModeChange is returned by SetKeys for a change between shared-secret
+// Policy is what a reload changes: the shared secrets, the destination
+// rules, and whether the open tunnels of removed keys are cut.
+type Policy = egress.Policy
+
+// Reconfigure replaces the shared secrets and the destination rules in one
+// step, as a reload does: each stream header from now on is checked against
+// the new keys and the new rules together, never the keys of one
+// configuration and the rules of another. Open tunnels keep running, unless
+// p.CutRemovedKeys resets those of keys p.Keys no longer holds with
+// auth_failed. A change between shared-secret authentication and none
+// returns ErrAuthModeChange and changes nothing.
+func (s *Server) Reconfigure(p Policy) error {
+	if (p.Keys.Len() > 0) != (s.egress.Keys().Len() > 0) {
+		return ErrAuthModeChange
+	}
+	s.egress.Reconfigure(p)
+	return nil
+}
+
+// ErrAuthModeChange is returned by SetKeys and Reconfigure for a change between shared-secret
 // authentication and none (mutual TLS or --insecure-no-auth): connection
 // credit and verification depend on the mode, so it takes a restart.
 var ErrAuthModeChange = errors.New("switching between shared-secret and other authentication needs a restart")
@@ -696,7 +725,7 @@ accept:
 		streams.Go(func() {
 			defer release() // a stream that fails before its header is verified
 			s.egress.Serve(ctx, egress.Stream{Conn: conn, ConnID: id, Stream: str, Early: early, Prober: prober, Conn0: gate.state,
-				Flows: flows,
+				Flows: flows, Source: src,
 				// On a connection that has proven the secret a valid MAC is
 				// enough to free the slot (the rules may take a DNS lookup);
 				// otherwise the header must also be fresh and not a replay.

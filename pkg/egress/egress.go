@@ -69,7 +69,11 @@ type Config struct {
 	// flow without packets either way (0: the defaults of New).
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
-	UDPIdleTimeout     time.Duration
+	// MaxUDPFlowsPerIdentity is one client identity's share of MaxUDPFlows
+	// (see flowAccount), so that the connections of one key or certificate
+	// cannot take every flow (0: DefaultUDPFlowsPerIdentity).
+	MaxUDPFlowsPerIdentity int
+	UDPIdleTimeout         time.Duration
 	// UDPSocketMemory bounds the receive buffers of all flow sockets, as the
 	// kernel books them (0: udpflow.MaxSocketMemory); each starts at
 	// udpflow.InitialFlowBuffer and grows with its flow's rate.
@@ -91,15 +95,19 @@ type Handler struct {
 	started time.Time
 	replay  *replayCache
 
-	// policy and keys are what SetAllowList and SetKeys change while the
-	// server runs (a reload); a stream uses the values it loaded at its header.
-	policy atomic.Pointer[policy]
-	keys   atomic.Pointer[proto.Keyring]
+	// policy is what a reload changes while the server runs (Reconfigure,
+	// SetKeys, SetAllowList): keys and rules, swapped together; a stream
+	// uses the policy it loaded at its header. policyMu serialises writers.
+	policy   atomic.Pointer[policy]
+	policyMu sync.Mutex
 
 	dialsMu     sync.Mutex
 	dialsByDest map[string]*destSlots
 
 	udpFlows atomic.Int64 // UDP flows open, for MaxUDPFlows
+	// flowShares counts the UDP flows open by account, for
+	// MaxUDPFlowsPerIdentity.
+	flowShares shares
 	// udpSockets bounds the flow sockets' receive buffers, udpQueues the
 	// packets queued between them and the client.
 	udpSockets, udpQueues *udpflow.Budget
@@ -128,6 +136,13 @@ const (
 	DefaultUDPQueueMemory = 64 << 20
 )
 
+// DefaultUDPFlowsPerIdentity is MaxUDPFlowsPerIdentity when it is not set: a
+// quarter of the server's flows, so that at least four identities share
+// them, and at least one connection's.
+func DefaultUDPFlowsPerIdentity(maxUDPFlows, perConn int) int {
+	return max(perConn, maxUDPFlows/4)
+}
+
 // destSlots is the dial semaphore of one destination, shared by its waiters.
 type destSlots struct {
 	slots chan struct{}
@@ -155,6 +170,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.MaxUDPFlowsPerConn <= 0 {
 		cfg.MaxUDPFlowsPerConn = DefaultMaxUDPFlowsPerConn
 	}
+	if cfg.MaxUDPFlowsPerIdentity <= 0 {
+		cfg.MaxUDPFlowsPerIdentity = DefaultUDPFlowsPerIdentity(cfg.MaxUDPFlows, cfg.MaxUDPFlowsPerConn)
+	}
 	if cfg.UDPIdleTimeout <= 0 {
 		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
 	}
@@ -167,6 +185,7 @@ func New(cfg Config) (*Handler, error) {
 		started:     time.Now(),
 		replay:      newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
 		dialsByDest: map[string]*destSlots{},
+		flowShares:  shares{open: map[string]int{}},
 		udpSockets:  udpflow.NewBudget(cfg.UDPSocketMemory, cfg.Metrics.UDP.SocketBufferBytes),
 		udpQueues:   udpflow.NewBudget(DefaultUDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
 
@@ -175,16 +194,93 @@ func New(cfg Config) (*Handler, error) {
 	}
 	e.replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
 	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })
-	e.SetAllowList(cfg.Allow, cfg.AllowFor)
-	e.keys.Store(cfg.Keys)
+	e.Reconfigure(Policy{Keys: cfg.Keys, Allow: cfg.Allow, AllowFor: cfg.AllowFor})
 	return e, nil
 }
 
 // Keys are the shared secrets in force.
-func (e *Handler) Keys() *proto.Keyring { return e.keys.Load() }
+func (e *Handler) Keys() *proto.Keyring { return e.policy.Load().keys }
 
-// SetKeys replaces the shared secrets for headers verified from now on.
-func (e *Handler) SetKeys(kr *proto.Keyring) { e.keys.Store(kr) }
+// Policy is what a reload changes while the server runs; Reconfigure
+// applies it whole.
+type Policy struct {
+	// Keys are the shared secrets (Config.Keys).
+	Keys *proto.Keyring
+	// Allow and AllowFor are the destination rules (Config.Allow and
+	// Config.AllowFor).
+	Allow    *endpoint.AllowList
+	AllowFor map[string]*endpoint.AllowList
+	// CutRemovedKeys resets, with auth_failed, the open tunnels and UDP
+	// flows of the keys Keys no longer holds (a key is its secret: one
+	// replaced under the same name is removed), and refuses their streams
+	// still being checked; otherwise they run until they end.
+	CutRemovedKeys bool
+}
+
+// Reconfigure replaces the shared secrets and the destination rules in one
+// step, for streams whose header arrives from now on: a stream is checked
+// against the keys and rules of one configuration, never the keys of one
+// and the rules of another. Tunnels already open keep running, unless
+// p.CutRemovedKeys cuts those of removed keys. Config.Self stays refused.
+func (e *Handler) Reconfigure(p Policy) {
+	e.policyMu.Lock()
+	defer e.policyMu.Unlock()
+	e.store(p.Keys, p.Allow, p.AllowFor, p.CutRemovedKeys)
+}
+
+// SetKeys replaces the shared secrets for headers verified from now on,
+// keeping the rules; tunnels of removed keys keep running.
+func (e *Handler) SetKeys(kr *proto.Keyring) {
+	e.policyMu.Lock()
+	defer e.policyMu.Unlock()
+	cur := e.policy.Load()
+	e.store(kr, cur.allow, cur.allowFor, false)
+}
+
+// SetAllowList replaces the destination rules (all: for every client;
+// forIdentity: see Config.AllowFor) for streams whose header arrives from now
+// on, keeping the keys; tunnels already open are not affected. Config.Self
+// stays refused.
+func (e *Handler) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
+	e.policyMu.Lock()
+	defer e.policyMu.Unlock()
+	e.store(e.policy.Load().keys, all, forIdentity, false)
+}
+
+// errKeyRemoved is why a key's tunnels are cut.
+var errKeyRemoved = errors.New("its key was removed by a reload (--cut-removed-keys)")
+
+// store makes the policy of kr and the rules, with Config.Self refused, the
+// one in force, then cuts the keys it removed if cut. Call it with
+// policyMu held.
+func (e *Handler) store(kr *proto.Keyring, all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList, cut bool) {
+	prev := e.policy.Load()
+	p := &policy{keys: kr, allow: all, allowFor: forIdentity, all: all.WithSelf(nil, e.cfg.Self...),
+		byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity)), lives: map[proto.KeyID]keyLife{}}
+	for id, a := range forIdentity {
+		p.byIdentity[id] = a.WithSelf(nil, e.cfg.Self...)
+	}
+	for _, k := range kr.Keys() {
+		if l, ok := prev.life(k.ID); ok {
+			p.lives[k.ID] = l
+			continue
+		}
+		ctx, cancel := context.WithCancelCause(context.Background())
+		p.lives[k.ID] = keyLife{ctx: ctx, cut: cancel}
+	}
+	e.policy.Store(p)
+	if !cut || prev == nil {
+		return
+	}
+	// After the swap: a stream that loads the new policy is refused the
+	// removed key at its MAC check; one that loaded the old one meets the
+	// cancelled context before it dials or once its tunnel runs.
+	for id, l := range prev.lives {
+		if _, kept := p.lives[id]; !kept {
+			l.cut(errKeyRemoved)
+		}
+	}
+}
 
 // ConnState is what the Handler keeps per QUIC connection: its quota in the
 // replay cache.
@@ -240,6 +336,11 @@ type Stream struct {
 	// Flows routes the connection's UDP flow datagrams; nil: UDP flows
 	// are refused as unsupported.
 	Flows *udpflow.Table
+	// Source is the connection's source (an IPv4 address or an IPv6 /64,
+	// as the server's per-source limits count it): the UDP flow account of
+	// a client with no identity of its own (flowAccount); "": the
+	// connection's ID.
+	Source string
 }
 
 // CloseConn closes conn with code. Before the handshake is complete (a
@@ -265,21 +366,35 @@ func Reset(str *quic.Stream, code proto.Code) {
 	str.CancelWrite(code.StreamErrorCode())
 }
 
-// policy is the destination rules in force: for everyone, and by identity.
+// policy is the configuration a stream is checked against: the shared
+// secrets, and the destination rules for everyone and by identity.
 type policy struct {
+	keys       *proto.Keyring
 	all        *endpoint.AllowList
 	byIdentity map[string]*endpoint.AllowList
+	// allow and allowFor are the rules as given (without Config.Self).
+	allow    *endpoint.AllowList
+	allowFor map[string]*endpoint.AllowList
+	// lives holds a context per key, cancelled when a reload removes the
+	// key with Policy.CutRemovedKeys.
+	lives map[proto.KeyID]keyLife
 }
 
-// SetAllowList replaces the destination rules (all: for every client;
-// forIdentity: see Config.AllowFor) for streams whose header arrives from now
-// on; tunnels already open are not affected. Config.Self stays refused.
-func (e *Handler) SetAllowList(all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) {
-	p := &policy{all: all.WithSelf(nil, e.cfg.Self...), byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity))}
-	for id, a := range forIdentity {
-		p.byIdentity[id] = a.WithSelf(nil, e.cfg.Self...)
+// keyLife is how long a key's tunnels may run.
+type keyLife struct {
+	// ctx is a lifetime, not a request's: tunnels watch it with
+	// context.AfterFunc.
+	ctx context.Context
+	cut context.CancelCauseFunc
+}
+
+// life returns the lifetime of key id (false: p is nil or has no such key).
+func (p *policy) life(id proto.KeyID) (keyLife, bool) {
+	if p == nil {
+		return keyLife{}, false
 	}
-	e.policy.Store(p)
+	l, ok := p.lives[id]
+	return l, ok
 }
 
 // authorize checks dest against the rules for everyone and then, if none of
@@ -349,8 +464,11 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	// keyName names the shared secret the header was made with ("" without
 	// shared-secret authentication), for logs and identity rules.
 	var keyName string
-	if kr := e.keys.Load(); kr.Len() > 0 {
-		key, err := kr.Verify(h)
+	var key proto.Key
+	// One configuration for the whole stream: keys and rules of one reload.
+	pol := e.policy.Load()
+	if kr := pol.keys; kr.Len() > 0 {
+		key, err = kr.Verify(h)
 		keyName = key.Label()
 		if err != nil {
 			reason := metrics.AuthBadMAC
@@ -409,7 +527,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		return // recorded before a restart: the cache cannot know it
 	}
 	if h.Kind == proto.KindCheck {
-		e.check(ctx, st, h, identities, logger)
+		e.check(ctx, st, h, pol, key, identities, logger)
 		return
 	}
 	if h.Kind != proto.KindTCP && (h.Kind != proto.KindUDP || st.Flows == nil) {
@@ -433,7 +551,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		lvl, msg, kv := e.refusal(dest, identities, err)
 		failAt(lvl, proto.CodeRefused, msg, kv...)
 	}
-	dial, rule, err := e.policy.Load().authorize(ctx, e.cfg.Resolver, dest, identities)
+	dial, rule, err := pol.authorize(ctx, e.cfg.Resolver, dest, identities)
 	if err != nil {
 		// Every Authorize error refuses, a name that does not resolve too:
 		// the client learns nothing about which internal names exist.
@@ -456,10 +574,21 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	if st.Verified != nil {
 		st.Verified()
 	}
+	// The key's lifetime: a reload that removes it with
+	// Policy.CutRemovedKeys ends its tunnels, and refuses this stream if it
+	// has removed it since the header was checked.
+	keyLife := context.Background()
+	if l, ok := pol.life(key.ID); ok && pol.keys.Len() > 0 {
+		keyLife = l.ctx
+	}
+	if context.Cause(keyLife) != nil {
+		fail(proto.CodeAuthFailed, "Refused stream: a reload removed its key; the client needs a key the server holds", "cause", context.Cause(keyLife))
+		return
+	}
 
 	if h.Kind == proto.KindUDP {
 		e.serveUDP(ctx, st, flowStart{logger: logger, start: start, tunnelID: h.TunnelID(), dest: dest, dial: dial, rule: rule,
-			identities: identities, fail: fail, refuse: refuse, audit: audit})
+			identities: identities, account: flowAccount(peer, key, st), keyLife: keyLife, fail: fail, refuse: refuse, audit: audit})
 		return
 	}
 
@@ -529,6 +658,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		Downstream:  &pipe.ToStream,
 	}
 	logger.V(4).Info("Opened stream", "destination", dial.String(), "rule", rule)
+	defer cutOnRemoval(keyLife, pipe, logger, "tunnel")()
 	result, err := e.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
@@ -587,13 +717,15 @@ func (e *Handler) refusal(dest endpoint.Endpoint, identities []string, err error
 	return lvl, "Refused destination: " + RefusalFix(reason), kv
 }
 
-// check answers a check (proto.KindCheck) whose MAC was verified and which is
-// fresh: the replay check, then whether the rules admit its destination for
-// identities, without dialing it; CodeOK and the end of the stream, or a
-// reset with the code of the failure. Like a hello it is no tunnel: not
-// counted in streams_total or refused_destinations_total, audited or
+// check answers a check (proto.KindCheck) whose MAC was verified by key of
+// pol (the policy its stream loaded) and which is fresh: the replay check,
+// then whether pol's rules admit its destination for identities, without
+// dialing it; CodeOK and the end of the stream, or a reset with the code of
+// the failure (auth_failed if a reload has removed key with
+// Policy.CutRemovedKeys since, as a tunnel's). Like a hello it is no tunnel:
+// not counted in streams_total or refused_destinations_total, audited or
 // registered; a refusal is logged as a tunnel's.
-func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, identities []string, logger klog.Logger) {
+func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *policy, key proto.Key, identities []string, logger klog.Logger) {
 	str := st.Stream
 	str.CancelRead(proto.CodeOK.StreamErrorCode()) // nothing follows the header
 	code, unrecorded := e.replay.admit(h, time.Now(), st.Early, st.Conn0.quota)
@@ -609,13 +741,18 @@ func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, identit
 	if st.Verified != nil {
 		st.Verified()
 	}
+	if l, ok := pol.life(key.ID); ok && pol.keys.Len() > 0 && context.Cause(l.ctx) != nil {
+		str.CancelWrite(proto.CodeAuthFailed.StreamErrorCode())
+		logger.V(2).Info("Refused check: a reload removed its key; the client needs a key the server holds", "cause", context.Cause(l.ctx))
+		return
+	}
 	dest, err := e.cfg.Parser.Parse(h.Token)
 	if err != nil {
 		str.CancelWrite(proto.CodeBadToken.StreamErrorCode())
 		logger.V(2).Info("Refused check: bad destination token", "err", err)
 		return
 	}
-	_, rule, err := e.policy.Load().authorize(ctx, e.cfg.Resolver, dest, identities)
+	_, rule, err := pol.authorize(ctx, e.cfg.Resolver, dest, identities)
 	if err != nil {
 		str.CancelWrite(proto.CodeRefused.StreamErrorCode())
 		lvl, msg, kv := e.refusal(dest, identities, err)
@@ -629,6 +766,16 @@ func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, identit
 		return
 	}
 	_ = str.Close()
+}
+
+// cutOnRemoval aborts a (a tunnel or a UDP flow: what) with auth_failed when
+// its key's lifetime ends (Policy.CutRemovedKeys), at once if it has ended;
+// the returned function stops watching.
+func cutOnRemoval(keyLife context.Context, a tunnel.Aborter, logger klog.Logger, what string) func() bool {
+	return context.AfterFunc(keyLife, func() {
+		logger.V(2).Info("Cut "+what+": a reload removed its key (--cut-removed-keys)", "cause", context.Cause(keyLife))
+		a.Abort(proto.CodeAuthFailed)
+	})
 }
 
 // peer is who a connection's client certificate says the client is (mutual

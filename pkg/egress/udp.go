@@ -3,7 +3,9 @@ package egress
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -25,9 +27,13 @@ type flowStart struct {
 	dest, dial endpoint.Endpoint
 	rule       string
 	identities []string
-	fail       func(code proto.Code, msg string, kv ...any)
-	refuse     func(err error)
-	audit      func(result string, up, down int64)
+	// account is whom the flow counts against for MaxUDPFlowsPerIdentity.
+	account string
+	// keyLife ends when a reload removes the flow's key (cutOnRemoval).
+	keyLife context.Context
+	fail    func(code proto.Code, msg string, kv ...any)
+	refuse  func(err error)
+	audit   func(result string, up, down int64)
 }
 
 // serveUDP serves a UDP flow (a stream of kind UDP): a connected UDP socket
@@ -36,6 +42,15 @@ type flowStart struct {
 func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 	m := e.cfg.Metrics
 	str := st.Stream
+	// The identity's share first, so that an identity over it does not
+	// touch the server-wide count.
+	if open, ok := e.flowShares.take(f.account, e.cfg.MaxUDPFlowsPerIdentity); !ok {
+		m.UDP.Drop(udpflow.DropIdentityFlowLimit)
+		f.fail(proto.CodeOverloaded, "Refused UDP flow: this client identity holds its share of the server's flows; raise --max-udp-flows-per-identity if it needs more",
+			"account", f.account, "open", open, "limit", e.cfg.MaxUDPFlowsPerIdentity)
+		return
+	}
+	defer e.flowShares.release(f.account)
 	if n := e.udpFlows.Add(1); n > int64(e.cfg.MaxUDPFlows) {
 		e.udpFlows.Add(-1)
 		m.UDP.Drop(udpflow.DropFlowLimit)
@@ -131,6 +146,7 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		Downstream:  &r.Up.Bytes,
 	}
 	f.logger.V(4).Info("Opened UDP flow", "destination", f.dial.String(), "rule", f.rule, "local", nc.LocalAddr().String())
+	defer cutOnRemoval(f.keyLife, r, f.logger, "UDP flow")()
 	result, err := e.cfg.Registry.Run(t, r, tunnel.StreamMetrics{Active: m.UDP.FlowsActive, Results: m.UDP.FlowsTotal})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	f.logger.V(4).Info("Closed UDP flow", "destination", f.dial.String(), "bytesUpstream", up, "bytesDownstream", down,
@@ -139,5 +155,56 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		"duration", time.Since(f.start), "result", result, "err", err)
 	if f.audit != nil {
 		f.audit(result, up, down)
+	}
+}
+
+// flowAccount is whom a UDP flow counts against for MaxUDPFlowsPerIdentity:
+// the client's own identity, a client certificate's common name and a named
+// key ("CN=NAME,key=NAME"); or, for a client with neither (the unnamed
+// --secret-file key, which in a one-secret deployment every client holds,
+// or no authentication), its source, as the pre-authentication budget
+// counts sources; or, without a source, its connection.
+func flowAccount(p peer, key proto.Key, st Stream) string {
+	var ids []string
+	if p.cn != "" {
+		ids = append(ids, "CN="+p.cn)
+	}
+	if key.Name != "" {
+		ids = append(ids, "key="+key.Name)
+	}
+	switch {
+	case len(ids) > 0:
+		return strings.Join(ids, ",")
+	case st.Source != "":
+		return "source=" + st.Source
+	}
+	return "conn=" + strconv.FormatUint(st.ConnID, 10)
+}
+
+// shares counts what each account holds of a budget. Safe for concurrent use.
+type shares struct {
+	mu   sync.Mutex
+	open map[string]int
+}
+
+// take counts one more for account unless it holds limit already, and
+// returns what it held before.
+func (s *shares) take(account string, limit int) (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.open[account]
+	if n >= limit {
+		return n, false
+	}
+	s.open[account] = n + 1
+	return n, true
+}
+
+// release ends one take of account.
+func (s *shares) release(account string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open[account]--; s.open[account] <= 0 {
+		delete(s.open, account)
 	}
 }

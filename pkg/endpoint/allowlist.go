@@ -30,8 +30,10 @@ var ErrDenied = fmt.Errorf("%w by a deny rule", ErrForbidden)
 
 // ErrReserved is returned (wrapped) for addresses no rule can allow (the
 // unspecified addresses 0.0.0.0/8 and ::, which reach the server host itself)
-// and for cloud metadata addresses that no allow rule names exactly (see
-// MetadataAddrs). NAT64 forms (64:ff9b::/96) of these addresses are refused too.
+// and for cloud metadata addresses (see MetadataAddrs), multicast addresses
+// (224.0.0.0/4, ff00::/8) and the limited broadcast address 255.255.255.255
+// that no allow rule names exactly. NAT64 forms (64:ff9b::/96) of these
+// addresses are refused too.
 var ErrReserved = fmt.Errorf("%w: reserved address", ErrForbidden)
 
 // ErrSelf is returned (wrapped) for an address and port the server itself
@@ -46,7 +48,7 @@ var ErrInvalidRule = errors.New("invalid rule")
 const (
 	ReasonNotAllowed = "not_allowed" // no allow rule matches
 	ReasonDenied     = "denied"      // a deny rule matches (ErrDenied)
-	ReasonReserved   = "reserved"    // unspecified or metadata address (ErrReserved)
+	ReasonReserved   = "reserved"    // unspecified, metadata, multicast or broadcast address (ErrReserved)
 	ReasonSelf       = "self"        // the server's own listener (ErrSelf)
 	ReasonUnresolved = "unresolved"  // the name does not resolve (ErrResolve)
 )
@@ -126,6 +128,32 @@ func isMetadata(ip netip.Addr) bool {
 	return false
 }
 
+// broadcast is the limited broadcast address: a datagram to it reaches every
+// host of the server's segments (with SO_BROADCAST, which a flow's socket
+// does not set, but a rule should not rely on that).
+var broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// exactOnly names why ip is reached only through a rule naming it exactly
+// ("" when a broad rule may): a metadata address, or one that reaches a
+// group of hosts rather than one, multicast (224.0.0.0/4, ff00::/8) or the
+// limited broadcast address. A subnet's directed broadcast (10.0.0.255 of
+// 10.0.0.0/24) depends on the netmask, which the rules do not know: deny it
+// (--deny) where it matters.
+func exactOnly(ip netip.Addr) string {
+	if isMetadata(ip) {
+		return "a metadata address"
+	}
+	for _, f := range forms(ip) {
+		switch {
+		case f.IsMulticast():
+			return "a multicast address"
+		case f == broadcast:
+			return "the broadcast address"
+		}
+	}
+	return ""
+}
+
 // maxRuleNameLen bounds rule names, which are used as metric label values.
 const maxRuleNameLen = 64
 
@@ -183,9 +211,9 @@ type AllowList struct {
 //	unix:/run/apps/*          a path.Match pattern on the cleaned path ('*' does not cross '/')
 //
 // A CIDR prefix must not have host bits set. An empty list allows nothing.
-// Whatever the rules, Authorize refuses unspecified addresses and metadata
-// addresses not named exactly (ErrReserved); see also ParseRules (deny rules)
-// and WithSelf.
+// Whatever the rules, Authorize refuses unspecified addresses, and metadata,
+// multicast and broadcast addresses not named exactly (ErrReserved); see
+// also ParseRules (deny rules) and WithSelf.
 // Errors wrap ErrInvalidRule and name the bad rule; all bad rules are
 // reported.
 func ParseAllowList(rules []string) (*AllowList, error) { return ParseRules(rules, nil) }
@@ -481,7 +509,8 @@ func (a *AllowList) Names() []string {
 //
 // Whatever the allow rules say, these are refused: a destination matching a
 // deny rule (ErrDenied); the unspecified addresses, and metadata addresses
-// (MetadataAddrs) unless an allow rule names that exact address (ErrReserved);
+// (MetadataAddrs), multicast addresses and 255.255.255.255 unless an allow
+// rule names that exact address (ErrReserved);
 // the server's own listeners (ErrSelf, see WithSelf).
 //
 // Every error wraps ErrForbidden (refused, including an invalid dest); a
@@ -570,8 +599,8 @@ func (a *AllowList) Authorize(ctx context.Context, r Resolver, dest Endpoint) (d
 // CheckDial checks an address a dialer is about to connect to, after its own
 // name resolution (e.g. for a destination an exact host-name rule allowed,
 // which is dialed by name): it refuses what no allow rule can override
-// (unspecified, deny rules, the server's own listeners) and metadata
-// addresses no allow rule names exactly. It does not require an allow rule to
+// (unspecified, deny rules, the server's own listeners) and metadata,
+// multicast and broadcast addresses no allow rule names exactly. It does not require an allow rule to
 // match. network is the dialer's ("tcp4", "udp6", …: the rules of its family
 // apply). Errors wrap ErrForbidden, as for Authorize.
 func (a *AllowList) CheckDial(network string, addr netip.AddrPort) error {
@@ -583,8 +612,10 @@ func (a *AllowList) CheckDial(network string, addr netip.AddrPort) error {
 	if err := a.refuse(nw, ip, addr.Port()); err != nil {
 		return fmt.Errorf("%s: %w", netip.AddrPortFrom(ip, addr.Port()), err)
 	}
-	if _, ok := a.namesExactly(nw, ip, addr.Port()); isMetadata(ip) && !ok {
-		return fmt.Errorf("%w: %s is a metadata address", ErrReserved, ip)
+	if what := exactOnly(ip); what != "" {
+		if _, ok := a.namesExactly(nw, ip, addr.Port()); !ok {
+			return fmt.Errorf("%w: %s is %s", ErrReserved, ip, what)
+		}
 	}
 	return nil
 }
@@ -598,10 +629,10 @@ func (a *AllowList) checkIP(nw string, ip netip.Addr, port uint16) (string, erro
 	if !ok {
 		return "", fmt.Errorf("%w: no rule allows %s", ErrForbidden, netip.AddrPortFrom(ip, port))
 	}
-	if isMetadata(ip) {
+	if what := exactOnly(ip); what != "" {
 		exact, ok := a.namesExactly(nw, ip, port)
 		if !ok {
-			return "", fmt.Errorf("%w: %s is a metadata address (allow it with a rule naming it exactly)", ErrReserved, ip)
+			return "", fmt.Errorf("%w: %s is %s (allow it with a rule naming it exactly)", ErrReserved, ip, what)
 		}
 		name = exact
 	}

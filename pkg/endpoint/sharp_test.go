@@ -234,3 +234,69 @@ func TestUDPRules(t *testing.T) {
 	_, _, err = def.Authorize(context.Background(), nil, Endpoint{NetworkUDP, "10.0.0.1:53"})
 	assert.Equal(t, ReasonNotAllowed, RefusalReason(err))
 }
+
+// Issue 21 item 7: a broad rule does not admit multicast (224.0.0.0/4,
+// ff00::/8) or the limited broadcast address (255.255.255.255): a UDP flow
+// to them reaches every host of a segment. Only a rule naming the address
+// exactly does, as for metadata addresses; CheckDial (a name an exact host
+// rule allowed, resolved by the dialer) refuses them likewise.
+func TestBroadRulesRefuseMulticastAndBroadcast(t *testing.T) {
+	t.Parallel()
+	a := MustParseAllowList("udp:0.0.0.0/0:*", "udp:[::]/0:*", "tcp:0.0.0.0/0:*",
+		"mdns=udp:224.0.0.251:5353", "mdns6=udp:[ff02::fb]:5353", "bootp=udp:255.255.255.255:67", "udp:lan.example:*")
+	res := &fakeResolver{hosts: map[string][]string{
+		"group.evil": {"239.1.2.3"},
+		"bcast.evil": {"255.255.255.255"},
+		"ok.example": {"93.184.216.34"},
+	}}
+	for _, tc := range []struct{ dest, want string }{
+		{"udp:93.184.216.34:53", "rule0"},
+		{"udp:[2001:db8::1]:53", "rule1"},
+		{"udp:ok.example:53", "rule0"},
+		{"udp:224.0.0.251:5353", "mdns"},
+		{"udp:[ff02::fb]:5353", "mdns6"},
+		{"udp:255.255.255.255:67", "bootp"},
+		{"udp:224.0.0.251:53", ReasonReserved}, // the exact rule covers 5353 only
+		{"udp:224.0.0.1:53", ReasonReserved},
+		{"udp:239.255.255.250:1900", ReasonReserved},
+		{"udp:[::ffff:239.255.255.250]:1900", ReasonReserved},
+		{"udp:[64:ff9b::e000:1]:53", ReasonReserved}, // NAT64 form of 224.0.0.1
+		{"udp:[ff02::1]:53", ReasonReserved},
+		{"udp:[ff05::1:3]:547", ReasonReserved},
+		{"udp:255.255.255.255:68", ReasonReserved},
+		{"udp:group.evil:53", ReasonReserved},
+		{"udp:bcast.evil:53", ReasonReserved},
+		{"tcp:224.0.0.1:80", ReasonReserved},
+	} {
+		t.Run(tc.dest, func(t *testing.T) {
+			t.Parallel()
+			d, err := Parse(tc.dest)
+			require.NoError(t, err)
+			_, rule, err := a.Authorize(context.Background(), res, d)
+			if r := RefusalReason(err); r != "" {
+				assert.Equal(t, tc.want, r, "err: %v", err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, rule)
+		})
+	}
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"93.184.216.34:53", true},
+		{"224.0.0.251:5353", true},
+		{"224.0.0.251:53", false},
+		{"239.1.2.3:53", false},
+		{"[ff02::1]:53", false},
+		{"255.255.255.255:53", false},
+	} {
+		err := a.CheckDial("udp4", netip.MustParseAddrPort(tc.addr))
+		if tc.ok {
+			assert.NoError(t, err, tc.addr)
+			continue
+		}
+		assert.ErrorIs(t, err, ErrReserved, tc.addr)
+	}
+}

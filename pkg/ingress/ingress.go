@@ -45,8 +45,9 @@ type Session struct {
 	Prober *liveness.TailProber
 	Flows  *udpflow.Table
 	// Waker, if set, is woken as a stream or flow is about to be opened on
-	// the session: the client's liveness checks, silent while the
-	// connection is idle, start again at once (client/rescue.go).
+	// the session and as bytes move on it: the client's liveness checks,
+	// silent while the connection is idle, start again at once
+	// (client/rescue.go).
 	Waker *liveness.Waker
 
 	// verdicts: destinations the server accepted recently on this
@@ -69,8 +70,15 @@ type Config struct {
 	Secret func() []byte
 	// StreamOpenTimeout bounds waiting for stream credit from the server.
 	StreamOpenTimeout time.Duration
-	// MaxConnections bounds concurrently handled local connections and UDP flows.
+	// MaxConnections bounds concurrently handled local connections and UDP
+	// flows. A proxied connection counts once its request is read (and
+	// authenticated), not before.
 	MaxConnections int
+	// MaxProxyHandshakes bounds the proxied connections whose request is
+	// still being read (not yet authenticated), apart from MaxConnections,
+	// so that idle connections to a proxy entry point cannot take the
+	// forwards' slots (0: DefaultMaxProxyHandshakes).
+	MaxProxyHandshakes int
 	// UDPIdleTimeout ends a UDP flow without packets either way (0: DefaultUDPIdleTimeout).
 	UDPIdleTimeout time.Duration
 	// Accepted, if set, is called when the server accepted a stream header.
@@ -83,6 +91,8 @@ type Config struct {
 type Handler struct {
 	cfg   Config
 	slots chan struct{}
+	// handshakes: the proxied connections whose request is being read.
+	handshakes chan struct{}
 	// udpQueues bounds the packets all UDP flows hold for the server.
 	udpQueues *udpflow.Budget
 	// badHeaderLogged is set once a bad_header refusal was logged at -v 0;
@@ -127,8 +137,11 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.UDPIdleTimeout <= 0 {
 		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
 	}
+	if cfg.MaxProxyHandshakes <= 0 {
+		cfg.MaxProxyHandshakes = DefaultMaxProxyHandshakes
+	}
 	return &Handler{
-		cfg: cfg, slots: make(chan struct{}, cfg.MaxConnections),
+		cfg: cfg, slots: make(chan struct{}, cfg.MaxConnections), handshakes: make(chan struct{}, cfg.MaxProxyHandshakes),
 		udpQueues: udpflow.NewBudget(UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
 		refusals:  lograte.New(RefusalLogInterval, 64),
 	}, nil
@@ -148,16 +161,25 @@ func isClosed(ch <-chan struct{}) bool {
 // tokens chooses the destinations of this listener (a forward's fixed
 // destination); nil means Config.Tokens.
 func (h *Handler) Accept(ctx context.Context, ln net.Listener, tokens TokenSource, handlers *sync.WaitGroup) {
-	h.accept(ctx, ln, handlers, func(nc net.Conn) { h.serve(ctx, ln.Addr().String(), nc, tokens, nil) })
+	h.accept(ctx, ln, handlers, h.slots, h.cfg.MaxConnections, "Too many local connections; refusing",
+		func(nc net.Conn, _ func()) { h.serve(ctx, ln.Addr().String(), nc, tokens, nil, nil) })
 }
 
 // AcceptProxy is Accept for a listener where the application names each
-// connection's destination through proxy (SOCKS5, HTTP CONNECT).
+// connection's destination through proxy (SOCKS5, HTTP CONNECT). Until its
+// request is read, within proxyHandshakeTimeout, a connection holds one of
+// MaxProxyHandshakes; then one of MaxConnections.
 func (h *Handler) AcceptProxy(ctx context.Context, ln net.Listener, proxy Proxy, handlers *sync.WaitGroup) {
-	h.accept(ctx, ln, handlers, func(nc net.Conn) { h.serve(ctx, ln.Addr().String(), nc, nil, proxy) })
+	h.accept(ctx, ln, handlers, h.handshakes, h.cfg.MaxProxyHandshakes,
+		"Too many proxy connections yet to send their request; refusing. A local client may be holding them open; raise --max-proxy-handshakes if they are legitimate",
+		func(nc net.Conn, release func()) { h.serve(ctx, ln.Addr().String(), nc, nil, proxy, release) })
 }
 
-func (h *Handler) accept(ctx context.Context, ln net.Listener, handlers *sync.WaitGroup, serve func(net.Conn)) {
+// accept serves ln: each connection takes one of slots (limit) for as long
+// as serve runs, or until serve calls its release func.
+func (h *Handler) accept(ctx context.Context, ln net.Listener, handlers *sync.WaitGroup, slots chan struct{}, limit int,
+	refusal string, serve func(nc net.Conn, release func()),
+) {
 	logger := klog.FromContext(ctx)
 	var delay time.Duration
 	for {
@@ -179,16 +201,18 @@ func (h *Handler) accept(ctx context.Context, ln net.Listener, handlers *sync.Wa
 		delay = 0
 		h.cfg.Metrics.AcceptedTotal.Inc()
 		select {
-		case h.slots <- struct{}{}:
+		case slots <- struct{}{}:
 		default:
-			logger.V(2).Info("Too many local connections; refusing", "limit", h.cfg.MaxConnections)
+			logger.V(2).Info(refusal, "limit", limit, "address", ln.Addr().String())
 			resetConn(nc)
 			h.cfg.Metrics.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
 			continue
 		}
 		handlers.Go(func() {
-			defer func() { <-h.slots }()
-			serve(nc)
+			var once sync.Once
+			release := func() { once.Do(func() { <-slots }) }
+			defer release()
+			serve(nc, release)
 		})
 	}
 }
@@ -230,19 +254,30 @@ func (h *Handler) header(token string) (b []byte, id string, err error) {
 	return b, hdr.TunnelID(), err
 }
 
-// proxyRequestTimeout bounds reading a proxy request (SOCKS5, CONNECT).
-const proxyRequestTimeout = 10 * time.Second
+// proxyHandshakeTimeout bounds reading a proxy request (SOCKS5
+// negotiation and authentication and its request, or an HTTP CONNECT
+// request): applications send it at once.
+const proxyHandshakeTimeout = 5 * time.Second
+
+// DefaultMaxProxyHandshakes is the default Config.MaxProxyHandshakes: 64
+// connections that each hold one for at most proxyHandshakeTimeout.
+const DefaultMaxProxyHandshakes = 64
+
+// errTooManyConnections: a proxied connection's request was read, but
+// MaxConnections were in use.
+var errTooManyConnections = errors.New("too many local connections (--max-connections)")
 
 // Serve carries one local connection accepted on listenAddr to the
 // destination tokens chooses (nil: Config.Tokens).
 func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource) {
-	h.serve(ctx, listenAddr, nc, tokens, nil)
+	h.serve(ctx, listenAddr, nc, tokens, nil, nil)
 }
 
 // serve is Serve; with proxy set, the destination comes from the
 // application's request and the application is answered with the server's
-// reply before any byte flows.
-func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource, proxy Proxy) {
+// reply before any byte flows: once the request is read, serve calls
+// release (its handshake slot) and takes one of MaxConnections.
+func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource, proxy Proxy, release func()) {
 	m := h.cfg.Metrics
 	start := time.Now()
 	logger := klog.FromContext(ctx)
@@ -274,15 +309,29 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 	var early []byte
 	var err error
 	if proxy != nil {
-		_ = nc.SetDeadline(time.Now().Add(proxyRequestTimeout))
+		_ = nc.SetDeadline(time.Now().Add(proxyHandshakeTimeout))
 		token, early, err = proxy.Request(nc)
 		_ = nc.SetDeadline(time.Time{})
-		if errors.Is(err, ErrUDPAssociate) {
-			h.serveAssociate(ctx, nc)
+		release()
+		ua := (*UDPAssociateError)(nil)
+		if err == nil || errors.As(err, &ua) {
+			select {
+			case h.slots <- struct{}{}:
+				defer func() { <-h.slots }()
+			default:
+				fail(proto.CodeOverloaded.String(), "Too many local connections; refusing a proxied connection", errTooManyConnections)
+				return
+			}
+		}
+		if ua != nil {
+			h.serveAssociate(ctx, nc, ua.Client)
 			return
 		}
 		if err != nil {
 			replied = true // Request answered what it could not serve
+			if ae := (*ProxyAuthError)(nil); errors.As(err, &ae) {
+				m.ProxyAuthFailuresTotal.WithLabelValues(ae.Proxy, ae.Reason).Inc()
+			}
 			fail(proto.CodeBadToken.String(), "Bad proxy request", err)
 			return
 		}
@@ -379,8 +428,10 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		}
 	}
 	pipe := splice.New(sc, toServer)
-	if sess.Prober != nil {
-		pipe.AfterWrite, pipe.AfterRead = sess.Prober.Kick, sess.Prober.Heard
+	if sess.Prober != nil || sess.Waker != nil {
+		// Bytes either way wake the liveness checks of an idle connection.
+		pipe.AfterWrite = func() { sess.Prober.Kick(); sess.Waker.Wake() }
+		pipe.AfterRead = func() { sess.Prober.Heard(); sess.Waker.Wake() }
 	}
 	t := &tunnel.Tunnel{
 		UUID:        tunnelID,

@@ -3,6 +3,7 @@ package ingress
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -10,10 +11,13 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/socks5"
 	"github.com/quictun/quictun/pkg/udpflow"
@@ -37,6 +41,46 @@ type Proxy interface {
 // ErrProxyRequest wraps errors about a request a Proxy could not serve.
 var ErrProxyRequest = errors.New("proxy request")
 
+// ProxyAuthError is a request turned away for its credentials (it has been
+// answered): Proxy and Reason are the labels of
+// proxy_auth_failures_total (metrics.ProxySOCKS5, metrics.ProxyAuthMissing, ...).
+type ProxyAuthError struct {
+	Proxy, Reason string
+}
+
+func (e *ProxyAuthError) Error() string {
+	return e.Proxy + ": proxy authentication failed (" + e.Reason + ")"
+}
+
+// ProxyCredentials holds the usernames and passwords the proxy entry points
+// require; nil (or holding nil) requires none. Set replaces them for the
+// requests read from then on (a reload of --proxy-credentials-file). Safe
+// for concurrent use.
+type ProxyCredentials struct {
+	creds atomic.Pointer[socks5.Credentials]
+}
+
+// NewProxyCredentials returns a ProxyCredentials holding c.
+func NewProxyCredentials(c socks5.Credentials) *ProxyCredentials {
+	p := &ProxyCredentials{}
+	p.Set(c)
+	return p
+}
+
+// Set replaces the credentials (nil: none required).
+func (p *ProxyCredentials) Set(c socks5.Credentials) { p.creds.Store(&c) }
+
+// Load returns the credentials in force; nil when none are required.
+func (p *ProxyCredentials) Load() socks5.Credentials {
+	if p == nil {
+		return nil
+	}
+	if c := p.creds.Load(); c != nil {
+		return *c
+	}
+	return nil
+}
+
 // errNoSession: the client had no connection to the server in time.
 var errNoSession = errors.New("no connection to the server")
 
@@ -46,26 +90,50 @@ func codeOf(err error) proto.Code {
 	if c, ok := proto.FromError(err); ok {
 		return c
 	}
-	if errors.Is(err, errStreamCredit) {
+	if errors.Is(err, errStreamCredit) || errors.Is(err, errTooManyConnections) {
 		return proto.CodeOverloaded
 	}
 	return proto.CodeInternal
 }
 
 // ErrUDPAssociate is what SOCKS5.Request returns for a UDP ASSOCIATE
-// request: the handler answers it with a UDP relay (serveAssociate).
+// request (as a *UDPAssociateError): the handler answers it with a UDP
+// relay (serveAssociate).
 var ErrUDPAssociate = errors.New("socks5: UDP ASSOCIATE")
 
-// SOCKS5 is a SOCKS version 5 entry point (RFC 1928): CONNECT and UDP
-// ASSOCIATE, with username/password authentication (RFC 1929) when
-// Credentials is set.
-type SOCKS5 struct {
-	Credentials socks5.Credentials
+// UDPAssociateError is a UDP ASSOCIATE request: Client is the address and
+// port the application declared it will send from (RFC 1928 DST.ADDR and
+// DST.PORT; zeros when it does not know them). It matches ErrUDPAssociate.
+type UDPAssociateError struct {
+	Client socks5.Addr
 }
 
-// Request negotiates and reads a CONNECT request.
+func (e *UDPAssociateError) Error() string {
+	return ErrUDPAssociate.Error() + " from " + e.Client.String()
+}
+
+// Is reports whether target is ErrUDPAssociate.
+func (e *UDPAssociateError) Is(target error) bool { return target == ErrUDPAssociate }
+
+// SOCKS5 is a SOCKS version 5 entry point (RFC 1928): CONNECT and UDP
+// ASSOCIATE, with username/password authentication (RFC 1929) while
+// Credentials holds any.
+type SOCKS5 struct {
+	Credentials *ProxyCredentials
+}
+
+// Request negotiates and reads a CONNECT request. A client that offers no
+// username/password, or a wrong one, while credentials are required gets a
+// *ProxyAuthError.
 func (s SOCKS5) Request(nc net.Conn) (string, []byte, error) {
-	if err := socks5.Negotiate(nc, s.Credentials); err != nil {
+	creds := s.Credentials.Load()
+	if err := socks5.Negotiate(nc, creds); err != nil {
+		switch {
+		case errors.Is(err, socks5.ErrAuth):
+			err = fmt.Errorf("%w: %w", err, &ProxyAuthError{Proxy: metrics.ProxySOCKS5, Reason: metrics.ProxyAuthWrong})
+		case errors.Is(err, socks5.ErrNoAcceptableMethod) && creds != nil:
+			err = fmt.Errorf("%w: %w", err, &ProxyAuthError{Proxy: metrics.ProxySOCKS5, Reason: metrics.ProxyAuthMissing})
+		}
 		return "", nil, fmt.Errorf("%w: socks5: %w", ErrProxyRequest, err)
 	}
 	req, err := socks5.ReadRequest(nc)
@@ -76,7 +144,7 @@ func (s SOCKS5) Request(nc net.Conn) (string, []byte, error) {
 		return "", nil, fmt.Errorf("%w: socks5: %w", ErrProxyRequest, err)
 	}
 	if req.Command == socks5.CmdUDPAssociate {
-		return "", nil, ErrUDPAssociate
+		return "", nil, &UDPAssociateError{Client: req.Addr}
 	}
 	if req.Command != socks5.CmdConnect {
 		_ = socks5.WriteReply(nc, socks5.ReplyCommandNotSupported, socks5.Addr{})
@@ -113,16 +181,30 @@ func (SOCKS5) Reply(nc net.Conn, err error) error {
 const maxConnectRequest = 16 << 10
 
 // HTTPConnect is an HTTP proxy entry point that serves CONNECT only (what
-// curl -x, git and browsers use for HTTPS, and curl -p for anything).
-type HTTPConnect struct{}
+// curl -x, git and browsers use for HTTPS, and curl -p for anything), with
+// Proxy-Authorization: Basic (RFC 7617) while Credentials holds any.
+type HTTPConnect struct {
+	Credentials *ProxyCredentials
+}
 
-// Request reads a CONNECT request.
-func (HTTPConnect) Request(nc net.Conn) (string, []byte, error) {
+// proxyAuthenticate is the challenge of a 407 answer.
+const proxyAuthenticate = `Proxy-Authenticate: Basic realm="quictun"` + "\r\n"
+
+// Request reads a CONNECT request. While credentials are required, a
+// request without a valid Proxy-Authorization: Basic header is answered
+// 407 with a Basic challenge and returns a *ProxyAuthError.
+func (c HTTPConnect) Request(nc net.Conn) (string, []byte, error) {
 	br := bufio.NewReader(&io.LimitedReader{R: nc, N: maxConnectRequest})
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		writeStatus(nc, http.StatusBadRequest, "")
 		return "", nil, fmt.Errorf("%w: http: %w", ErrProxyRequest, err)
+	}
+	if creds := c.Credentials.Load(); creds != nil {
+		if reason := checkBasic(creds, req.Header.Get("Proxy-Authorization")); reason != "" {
+			writeStatus(nc, http.StatusProxyAuthRequired, proxyAuthenticate)
+			return "", nil, fmt.Errorf("%w: http: %w", ErrProxyRequest, &ProxyAuthError{Proxy: metrics.ProxyHTTPConnect, Reason: reason})
+		}
 	}
 	if req.Method != http.MethodConnect {
 		writeStatus(nc, http.StatusMethodNotAllowed, "Allow: CONNECT\r\n")
@@ -137,6 +219,25 @@ func (HTTPConnect) Request(nc net.Conn) (string, []byte, error) {
 		early, _ = br.Peek(n) // sent before our answer: forwarded after the header
 	}
 	return "tcp:" + req.Host, early, nil
+}
+
+// checkBasic checks a Proxy-Authorization header value against creds: ""
+// when it holds a valid pair, else the reason (metrics.ProxyAuthMissing for
+// no Basic credentials, metrics.ProxyAuthWrong for a pair creds does not hold).
+func checkBasic(creds socks5.Credentials, header string) string {
+	scheme, value, _ := strings.Cut(strings.TrimSpace(header), " ")
+	if !strings.EqualFold(scheme, "Basic") {
+		return metrics.ProxyAuthMissing
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(value))
+	if err != nil {
+		return metrics.ProxyAuthWrong
+	}
+	user, pass, ok := strings.Cut(string(b), ":")
+	if !ok || !creds.Valid(user, pass) {
+		return metrics.ProxyAuthWrong
+	}
+	return ""
 }
 
 // Reply writes the HTTP status for err: 200, or 403 for a destination the
@@ -171,14 +272,51 @@ func writeStatus(w io.Writer, status int, headers string) {
 		headers+"Connection: close\r\nContent-Length: 0\r\n\r\n")
 }
 
+// associateSource decides which application socket an association
+// relays: the one the ASSOCIATE request declared (RFC 1928: DST.ADDR and
+// DST.PORT name the address and port the client will send from), with an
+// unspecified address meaning the control connection's and port 0 the
+// first port that sends. Without a declared port, the first packet from
+// the address pins the association to its port. Packets from any other
+// source are dropped (udp_drops_total{reason="foreign_source"}), so another
+// local process cannot use an association it did not open. Not safe for
+// concurrent use: the socket's read loop alone calls accept.
+type associateSource struct {
+	addr netip.Addr
+	port uint16 // 0: not pinned yet
+}
+
+// newAssociateSource returns the source of an association declared as
+// declared on a control connection from control.
+func newAssociateSource(declared socks5.Addr, control netip.Addr) *associateSource {
+	a := &associateSource{addr: control.Unmap(), port: declared.Port}
+	if declared.IP.IsValid() && !declared.IP.IsUnspecified() {
+		a.addr = declared.IP.Unmap()
+	}
+	return a
+}
+
+// accept reports whether src is the association's socket, pinning the
+// port to src's when none is pinned yet.
+func (a *associateSource) accept(src netip.AddrPort) bool {
+	if src.Addr().Unmap() != a.addr {
+		return false
+	}
+	if a.port == 0 {
+		a.port = src.Port()
+	}
+	return src.Port() == a.port
+}
+
 // serveAssociate serves a SOCKS5 UDP ASSOCIATE on its control connection nc:
 // a UDP relay socket on nc's local address, answered to the application;
 // each (application address, destination) of the packets it receives is a
 // UDP flow to "udp:" + destination (checked by the server's rules), and the
 // answers go back with the SOCKS5 UDP header naming their source. Only
-// packets from nc's remote IP are relayed. The association, and its flows,
-// end when nc closes (RFC 1928 section 6).
-func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn) {
+// packets from the application socket the request declared (or the first
+// one to send, see associateSource) are relayed. The association, and its
+// flows, end when nc closes (RFC 1928 section 6).
+func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn, declared socks5.Addr) {
 	logger := klog.FromContext(ctx)
 	m := h.cfg.Metrics
 	local, _ := netip.ParseAddrPort(nc.LocalAddr().String())
@@ -197,8 +335,8 @@ func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
-	client := remote.Addr().Unmap()
-	logger.V(4).Info("SOCKS5 UDP ASSOCIATE", "remoteAddress", remote.String(), "relay", bound.String())
+	source := newAssociateSource(declared, remote.Addr())
+	logger.V(4).Info("SOCKS5 UDP ASSOCIATE", "remoteAddress", remote.String(), "relay", bound.String(), "declared", declared.String())
 	// The association lives as long as its control connection (or ctx).
 	stop := context.AfterFunc(ctx, func() { _ = nc.Close() })
 	defer stop()
@@ -210,7 +348,7 @@ func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn) {
 	}()
 	var flows sync.WaitGroup
 	h.serveUDP(ctx, pc, udpSource{parse: func(src netip.AddrPort, b []byte) (string, []byte, []byte, string, bool) {
-		if src.Addr() != client {
+		if !source.accept(src) {
 			return "", nil, nil, udpflow.DropForeignSource, false
 		}
 		a, payload, err := socks5.ParseUDP(b)

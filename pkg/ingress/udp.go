@@ -144,6 +144,15 @@ func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, h
 	}
 }
 
+// wakeOnPacket wraps a packet counter so that packets either way also wake
+// the session's liveness checks when the connection went idle.
+func wakeOnPacket(sess *Session, count func(path string, n int)) func(path string, n int) {
+	return func(path string, n int) {
+		count(path, n)
+		sess.Waker.Wake()
+	}
+}
+
 // serveFlow opens the flow's stream and relays until the flow ends.
 func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, tokens TokenSource) {
 	defer f.close()
@@ -201,8 +210,8 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	id := uint64(str.StreamID())
 	r := &udpflow.Relay{
 		Stream:     str,
-		Up:         &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionUpstream)},
-		Down:       &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionDownstream)},
+		Up:         &udpflow.Counters{OnPacket: wakeOnPacket(sess, m.UDP.OnPacket(metrics.DirectionUpstream))},
+		Down:       &udpflow.Counters{OnPacket: wakeOnPacket(sess, m.UDP.OnPacket(metrics.DirectionDownstream))},
 		Queue:      f.queue,
 		CloseLocal: func() { f.close() },
 		Deliver: func(p []byte) error {

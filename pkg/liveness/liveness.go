@@ -320,16 +320,26 @@ func (p *TailProber) Run(ctx context.Context) {
 }
 
 // Waker tells a connection's liveness checks, which are silent while the
-// connection is idle, that work is starting. Safe for concurrent use; a nil
-// *Waker does nothing.
-type Waker struct{ c chan struct{} }
+// connection is idle, that work is starting. The data path calls Wake on
+// every chunk it moves; until the checks Arm it (as they go idle) that costs
+// one atomic load. Safe for concurrent use; a nil *Waker does nothing.
+type Waker struct {
+	c     chan struct{}
+	armed atomic.Bool
+}
 
-// NewWaker returns a Waker.
+// NewWaker returns a Waker, not armed.
 func NewWaker() *Waker { return &Waker{c: make(chan struct{}, 1)} }
 
-// Wake signals C without blocking; wakes before C is read merge into one.
+// Arm makes the next Wake signal C.
+func (w *Waker) Arm() { w.armed.Store(true) }
+
+// Disarm takes back an Arm that no Wake used.
+func (w *Waker) Disarm() { w.armed.Store(false) }
+
+// Wake signals C once if armed, and disarms it.
 func (w *Waker) Wake() {
-	if w == nil {
+	if w == nil || !w.armed.Load() || !w.armed.CompareAndSwap(true, false) {
 		return
 	}
 	select {
@@ -338,5 +348,5 @@ func (w *Waker) Wake() {
 	}
 }
 
-// C receives after Wake.
+// C receives after a Wake of an armed Waker.
 func (w *Waker) C() <-chan struct{} { return w.c }

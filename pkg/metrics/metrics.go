@@ -201,6 +201,9 @@ type Client struct {
 	StreamBytesTotal   *prometheus.CounterVec
 	AcceptedTotal      prometheus.Counter
 	PathRescuesTotal   *prometheus.CounterVec
+	// ProxyAuthFailuresTotal counts proxy connections turned away for their
+	// credentials, by proxy kind and reason.
+	ProxyAuthFailuresTotal *prometheus.CounterVec
 	// UDP holds the UDP flow metrics.
 	UDP *UDP
 }
@@ -249,9 +252,18 @@ func NewClient(reg prometheus.Registerer) *Client {
 			Namespace: Namespace, Subsystem: sub, Name: "path_rescues_total",
 			Help: "Blackout rescues: switched (a new path validated), recovered (the old path came back first), error.",
 		}, []string{"result"}),
+		ProxyAuthFailuresTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "proxy_auth_failures_total",
+			Help: "Connections to a --proxy entry point turned away because --proxy-credentials-file is set and they did not authenticate, by proxy (socks5, http_connect) and reason (missing: no username/password offered, wrong: a pair not in the file).",
+		}, []string{"proxy", "reason"}),
 	}
 	reg.MustRegister(m.PathRescuesTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
-		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal)
+		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal, m.ProxyAuthFailuresTotal)
+	for _, p := range []string{ProxySOCKS5, ProxyHTTPConnect} {
+		for _, r := range []string{ProxyAuthMissing, ProxyAuthWrong} {
+			m.ProxyAuthFailuresTotal.WithLabelValues(p, r)
+		}
+	}
 	for _, r := range []string{"ok", "ok_0rtt", "0rtt_rejected", "error", "auth_failed"} {
 		m.DialsTotal.WithLabelValues(r)
 	}
@@ -268,6 +280,16 @@ func NewClient(reg prometheus.Registerer) *Client {
 	m.UDP = newUDP(reg, sub)
 	return m
 }
+
+// Label values of proxy_auth_failures_total.
+const (
+	ProxySOCKS5      = "socks5"
+	ProxyHTTPConnect = "http_connect"
+	// ProxyAuthMissing: the application offered no username and password.
+	ProxyAuthMissing = "missing"
+	// ProxyAuthWrong: it offered a pair the credentials file does not hold.
+	ProxyAuthWrong = "wrong"
+)
 
 // ResultLabel returns the streams_total label for code c.
 func ResultLabel(c proto.Code) string { return c.String() }

@@ -46,7 +46,7 @@ func newUDP(reg prometheus.Registerer, sub string) *UDP {
 		}, []string{"direction"}),
 		DropsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "udp_drops_total",
-			Help: "UDP packets dropped by the tunnel, by reason: unknown_flow (a datagram for a flow not open), malformed, queue_full (the flow's send queue was full), flow_limit (a new flow beyond the limit), write_error (the local socket refused it), no_session (no connection to the server, or the flow could not be opened), foreign_source (a SOCKS5 UDP datagram from another address than the association's client), receive_queue (a datagram that arrived while the daemon was too far behind in reading the connection's datagrams).",
+			Help: "UDP packets dropped by the tunnel, by reason: unknown_flow (a datagram for a flow not open), malformed, queue_full (the flow's send queue was full), flow_limit (a new flow beyond the limit), identity_flow_limit (server: a new flow beyond its client identity's share, --max-udp-flows-per-identity), write_error (the local socket refused it), no_session (no connection to the server, or the flow could not be opened), foreign_source (a SOCKS5 UDP datagram from another address than the association's client), receive_queue (a datagram that arrived while the daemon was too far behind in reading the connection's datagrams).",
 		}, []string{"reason"}),
 		QueuedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "udp_queued_bytes",

@@ -59,7 +59,8 @@ type Keyring struct {
 
 // NewKeyring returns a keyring of keys, filling in their IDs. Secrets must
 // be non-empty, distinct (by ID) and at most MaxKeys; names, when given,
-// distinct.
+// distinct and none the hex ID of a key (the label of an unnamed key: such
+// a name would give its holders that key's identity in logs and rules).
 func NewKeyring(keys ...Key) (*Keyring, error) {
 	if len(keys) > MaxKeys {
 		return nil, fmt.Errorf("%d keys: at most %d", len(keys), MaxKeys)
@@ -82,6 +83,19 @@ func NewKeyring(keys ...Key) (*Keyring, error) {
 			names[k.Name] = i + 1
 		}
 		kr.keys = append(kr.keys, k)
+	}
+	for i, k := range kr.keys {
+		for j, other := range kr.keys {
+			if k.Name == "" || k.Name != other.ID.String() {
+				continue
+			}
+			whose := fmt.Sprintf("key %d", j+1)
+			if other.Name == "" {
+				whose += " (the unnamed key, e.g. --secret-file's)"
+			}
+			return nil, fmt.Errorf("key %d: the name %q is the ID of %s: a key's ID names the unnamed key in logs and --allow-for key=ID rules; pick another name",
+				i+1, k.Name, whose)
+		}
 	}
 	return kr, nil
 }

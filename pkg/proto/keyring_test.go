@@ -79,3 +79,37 @@ func TestNewKeyringErrors(t *testing.T) {
 	_, err = NewKeyring(many...)
 	require.ErrorContains(t, err, "at most")
 }
+
+// TestNewKeyringRefusesNameOfAKeyID: a key named like another key's ID (how
+// logs and --allow-for key=... name an unnamed key) would share that key's
+// identity, so it is refused; any name that is no key's ID is fine.
+func TestNewKeyringRefusesNameOfAKeyID(t *testing.T) {
+	t.Parallel()
+	unnamed, named := []byte("the --secret-file secret"), []byte("a --keys-file secret")
+	for _, tc := range []struct {
+		name    string
+		keys    []Key
+		wantErr string
+	}{
+		{"the hex label of the unnamed key", []Key{{Secret: unnamed}, {Name: KeyIDOf(unnamed).String(), Secret: named}},
+			`key 2: the name "` + KeyIDOf(unnamed).String() + `" is the ID of key 1 (the unnamed key`},
+		{"the unnamed key listed after", []Key{{Name: KeyIDOf(unnamed).String(), Secret: named}, {Secret: unnamed}},
+			`key 1: the name "` + KeyIDOf(unnamed).String() + `" is the ID of key 2 (the unnamed key`},
+		{"the ID of another named key", []Key{{Name: "a", Secret: unnamed}, {Name: KeyIDOf(unnamed).String(), Secret: named}},
+			"is the ID of key 1"},
+		{"its own ID", []Key{{Name: KeyIDOf(named).String(), Secret: named}}, "is the ID of key 1"},
+		{"a hex name that is no key's ID", []Key{{Secret: unnamed}, {Name: "0badc0de", Secret: named}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kr, err := NewKeyring(tc.keys...)
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+				assert.Equal(t, len(tc.keys), kr.Len())
+				return
+			}
+			require.ErrorContains(t, err, tc.wantErr)
+			assert.ErrorContains(t, err, "a key's ID names the unnamed key in logs and --allow-for key=ID rules; pick another name")
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 )
 
 // Version is the SOCKS protocol version this package speaks.
@@ -99,6 +100,50 @@ func (u UserPass) Valid(user, password string) bool {
 	a := subtle.ConstantTimeCompare([]byte(user), []byte(u.User))
 	b := subtle.ConstantTimeCompare([]byte(password), []byte(u.Password))
 	return a&b == 1
+}
+
+// Users is a set of usernames and passwords (a client's
+// --proxy-credentials-file). Valid compares the given pair with every entry
+// in constant time, without stopping at a match.
+type Users []UserPass
+
+// Valid reports whether user and password match an entry.
+func (u Users) Valid(user, password string) bool {
+	ok := 0
+	for _, up := range u {
+		a := subtle.ConstantTimeCompare([]byte(user), []byte(up.User))
+		b := subtle.ConstantTimeCompare([]byte(password), []byte(up.Password))
+		ok |= a & b
+	}
+	return ok == 1
+}
+
+// ParseUsers reads lines USER:PASSWORD (the password may hold colons; each
+// 1-255 bytes, as RFC 1929 allows); blank lines and lines starting with #
+// are skipped, surrounding spaces trimmed. It refuses a file without users
+// and a user named twice; errors name the line.
+func ParseUsers(b []byte) (Users, error) {
+	var users Users
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		user, pass, ok := strings.Cut(line, ":")
+		if !ok || user == "" || pass == "" || len(user) > 255 || len(pass) > 255 {
+			return nil, fmt.Errorf("line %d: want USER:PASSWORD (each 1-255 bytes)", i+1)
+		}
+		for _, u := range users {
+			if u.User == user {
+				return nil, fmt.Errorf("line %d: user %q appears twice", i+1, user)
+			}
+		}
+		users = append(users, UserPass{User: user, Password: pass})
+	}
+	if len(users) == 0 {
+		return nil, errors.New("no USER:PASSWORD line")
+	}
+	return users, nil
 }
 
 // Negotiate reads the client's greeting, chooses a method and, when creds is

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,4 +256,49 @@ func FuzzParseUDP(f *testing.F) {
 		out := append(socks5.AppendUDPHeader(nil, a), payload...)
 		assert.Equal(t, in[3:], out[3:])
 	})
+}
+
+func TestParseUsers(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, in string
+		want     socks5.Users
+		wantErr  string
+	}{
+		{name: "one line", in: "app:s3cret\n", want: socks5.Users{{User: "app", Password: "s3cret"}}},
+		{name: "several, comments and blank lines", in: "# proxy users\napp:s3cret\n\n  ops:pa:ss  \n",
+			want: socks5.Users{{User: "app", Password: "s3cret"}, {User: "ops", Password: "pa:ss"}}},
+		{name: "no colon", in: "app\n", wantErr: "line 1: want USER:PASSWORD"},
+		{name: "empty password", in: "app:s3cret\nops:\n", wantErr: "line 2: want USER:PASSWORD"},
+		{name: "empty user", in: ":s3cret", wantErr: "line 1: want USER:PASSWORD"},
+		{name: "user too long", in: strings.Repeat("u", 256) + ":p", wantErr: "line 1: want USER:PASSWORD (each 1-255 bytes)"},
+		{name: "user twice", in: "app:a\napp:b\n", wantErr: `line 2: user "app" appears twice`},
+		{name: "comments only", in: "# nobody\n", wantErr: "no USER:PASSWORD line"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := socks5.ParseUsers([]byte(tc.in))
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestUsersValid(t *testing.T) {
+	t.Parallel()
+	users := socks5.Users{{User: "app", Password: "s3cret"}, {User: "ops", Password: "other"}}
+	for _, tc := range []struct {
+		user, password string
+		want           bool
+	}{
+		{"app", "s3cret", true}, {"ops", "other", true}, {"app", "other", false}, {"ops", "s3cret", false},
+		{"app", "s3cre", false}, {"", "", false}, {"bob", "s3cret", false},
+	} {
+		assert.Equal(t, tc.want, users.Valid(tc.user, tc.password), "%s:%s", tc.user, tc.password)
+	}
+	assert.False(t, socks5.Users(nil).Valid("", ""), "no users: nothing is valid")
 }

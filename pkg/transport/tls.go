@@ -25,24 +25,61 @@ var ErrFingerprintMismatch = errors.New("server certificate fingerprint does not
 // When clientCAs is non-nil, clients must present a certificate signed by
 // one of them.
 func ServerTLSConfig(s *State, clientCAs *x509.CertPool) *tls.Config {
-	return ServerTLSConfigFor(NewServerCertificate(s.Cert), s.TicketKey, clientCAs)
+	var cas *ClientCAs
+	if clientCAs != nil {
+		cas = NewClientCAs(clientCAs)
+	}
+	return ServerTLSConfigFor(NewServerCertificate(s.Cert), s.TicketKey, cas)
 }
 
 // ServerTLSConfigFor is ServerTLSConfig presenting what cert holds at each
-// handshake, so the certificate can be replaced while the server runs.
-func ServerTLSConfigFor(cert *ServerCertificate, ticketKey [32]byte, clientCAs *x509.CertPool) *tls.Config {
+// handshake, and, when clientCAs is non-nil, verifying client certificates
+// against what clientCAs holds at each handshake, so both can be replaced
+// while the server runs.
+func ServerTLSConfigFor(cert *ServerCertificate, ticketKey [32]byte, clientCAs *ClientCAs) *tls.Config {
 	c := &tls.Config{
 		MinVersion:     tls.VersionTLS13,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert.Load(), nil },
 		NextProtos:     []string{ALPN},
 	}
+	c.SetSessionTicketKeys([][32]byte{ticketKey})
 	if clientCAs != nil {
 		c.ClientAuth = tls.RequireAndVerifyClientCert
-		c.ClientCAs = clientCAs
+		c.ClientCAs = clientCAs.Load()
+		// Each handshake takes the pool in force: crypto/tls verifies a
+		// full handshake's chain against it and a resumed session's chain
+		// again, so a session ticket made under a removed CA no longer
+		// resumes (the client then makes a full handshake, which fails).
+		base := c.Clone()
+		c.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			hc := base.Clone()
+			hc.ClientCAs = clientCAs.Load()
+			return hc, nil
+		}
 	}
-	c.SetSessionTicketKeys([][32]byte{ticketKey})
 	return c
 }
+
+// ClientCAs are the CAs a server verifies client certificates against
+// (mutual TLS), replaceable while it runs (a reload): handshakes from then
+// on, resumed sessions included, need a certificate they verify; open
+// connections keep running. Safe for concurrent use.
+type ClientCAs struct {
+	pool atomic.Pointer[x509.CertPool]
+}
+
+// NewClientCAs returns ClientCAs holding pool.
+func NewClientCAs(pool *x509.CertPool) *ClientCAs {
+	c := &ClientCAs{}
+	c.Store(pool)
+	return c
+}
+
+// Load returns the pool in force.
+func (c *ClientCAs) Load() *x509.CertPool { return c.pool.Load() }
+
+// Store replaces the pool for the handshakes that follow.
+func (c *ClientCAs) Store(pool *x509.CertPool) { c.pool.Store(pool) }
 
 // ServerCertificate is the certificate a server presents, replaceable while
 // it runs (a reload): handshakes from then on present the new one; open

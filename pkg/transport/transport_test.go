@@ -552,3 +552,41 @@ func TestLoadCertPool(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotNil(t, pool)
 }
+
+// TestClientCAsReplaced: client CAs replaced while the server runs apply
+// from the next handshake on, to resumed sessions too: a client of a
+// removed CA neither makes a full handshake nor resumes the session it has
+// a ticket for, and a client of the new CA is accepted.
+func TestClientCAsReplaced(t *testing.T) {
+	t.Parallel()
+	st, _ := newState(t)
+	poolA, certA := clientCA(t)
+	poolB, certB := clientCA(t)
+	cas := transport.NewClientCAs(poolA)
+	scfg := transport.ServerTLSConfigFor(transport.NewServerCertificate(st.Cert), st.TicketKey, cas)
+	assert.Equal(t, tls.RequireAndVerifyClientCert, scfg.ClientAuth)
+	client := func(cert tls.Certificate, cache tls.ClientSessionCache) *tls.Config {
+		c, err := transport.ClientTLSConfig(transport.ClientTLSOptions{ServerName: "server.test", InsecureSkipVerify: true, ClientCert: &cert, SessionCache: cache})
+		require.NoError(t, err)
+		return c
+	}
+	cacheA := tls.NewLRUClientSessionCache(4)
+	_, serr, cerr := handshake(t, scfg, client(certA, cacheA))
+	require.NoError(t, serr)
+	require.NoError(t, cerr)
+	cs, serr, cerr := handshake(t, scfg, client(certA, cacheA))
+	require.NoError(t, serr)
+	require.NoError(t, cerr)
+	require.True(t, cs.DidResume, "the ticket resumes while CA A is in force")
+	_, serr, cerr = handshake(t, scfg, client(certB, nil))
+	require.Error(t, serr, "CA B is not trusted yet")
+	require.Error(t, cerr)
+
+	cas.Store(poolB)
+	_, serr, cerr = handshake(t, scfg, client(certA, cacheA))
+	assert.Error(t, serr, "a session of CA A no longer resumes, and a full handshake fails")
+	assert.Error(t, cerr)
+	_, serr, cerr = handshake(t, scfg, client(certB, nil))
+	assert.NoError(t, serr)
+	assert.NoError(t, cerr)
+}

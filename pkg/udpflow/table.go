@@ -20,6 +20,9 @@ const (
 	// DropFlowLimit: a packet that would have started a flow beyond the
 	// flow limit.
 	DropFlowLimit = "flow_limit"
+	// DropIdentityFlowLimit: a packet that would have started a flow beyond
+	// its client identity's share of the server's flows (server only).
+	DropIdentityFlowLimit = "identity_flow_limit"
 	// DropWriteError: a packet from the peer that the local socket refused
 	// (e.g. ICMP port unreachable from the destination).
 	DropWriteError = "write_error"
@@ -40,7 +43,7 @@ const (
 // DropReasons lists every drop reason, for pre-creating metric labels and
 // checking the documentation.
 func DropReasons() []string {
-	return []string{DropUnknownFlow, DropMalformed, DropQueueFull, DropFlowLimit, DropWriteError, DropNoSession, DropForeignSource, DropReceiveQueue}
+	return []string{DropUnknownFlow, DropMalformed, DropQueueFull, DropFlowLimit, DropIdentityFlowLimit, DropWriteError, DropNoSession, DropForeignSource, DropReceiveQueue}
 }
 
 // Table routes a QUIC connection's 'U' datagrams to the flows open on it,

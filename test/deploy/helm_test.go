@@ -151,6 +151,8 @@ func TestHelmDefaultValues(t *testing.T) {
 		ports[str(dig(p, "name"))] = str(dig(p, "protocol"))
 	}
 	assert.Equal(t, map[string]string{"quic": "UDP", "admin": "TCP"}, ports)
+	// server.goDebug's default (README, "Tuning"), and nothing else in the environment.
+	assert.Equal(t, []any{map[string]any{"name": "GODEBUG", "value": "schedtrace=2147483647"}}, dig(ctr, "env"))
 
 	// The server config: the admin server on the pod IP needs the token, and it validates.
 	cm := find(t, ms, "ConfigMap", "-server")
@@ -219,6 +221,23 @@ func checkStateSecret(t *testing.T, sec manifest) {
 	assert.NotEqual(t, st.ResetKey[:], st.TicketKey[:])
 }
 
+// TestHelmGoDebugServerOnly: server.goDebug's default reaches the server
+// container and nothing else; the client sidecar (and the demo echo) get no
+// GODEBUG.
+func TestHelmGoDebugServerOnly(t *testing.T) {
+	t.Parallel()
+	helm := lookTool(t, "helm")
+	ms := helmTemplate(t, helm, "--set", "clientExample.enabled=true", "--set", "demoEcho.enabled=true")
+	srv := dig(find(t, ms, "Deployment", "-server"), "spec", "template", "spec", "containers", 0)
+	assert.Equal(t, []any{map[string]any{"name": "GODEBUG", "value": "schedtrace=2147483647"}}, dig(srv, "env"))
+	job := byKind(ms)["Job"]
+	require.Len(t, job, 1)
+	side := dig(job[0], "spec", "template", "spec", "initContainers", 0)
+	assert.Equal(t, "quictun-client", dig(side, "name"))
+	assert.Nil(t, dig(side, "env"), "the client sidecar gets no GODEBUG")
+	assert.Nil(t, dig(job[0], "spec", "template", "spec", "containers", 0, "env"))
+}
+
 func TestHelmFullValues(t *testing.T) {
 	t.Parallel()
 	helm := lookTool(t, "helm")
@@ -237,6 +256,7 @@ func TestHelmFullValues(t *testing.T) {
 	assert.Equal(t, "registry.example.com/quictun@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 		dig(dep, "spec", "template", "spec", "containers", 0, "image"))
 	assert.Equal(t, 5, dig(dep, "spec", "template", "spec", "containers", 0, "lifecycle", "preStop", "sleep", "seconds"))
+	assert.Nil(t, dig(dep, "spec", "template", "spec", "containers", 0, "env"), `server.goDebug "" leaves GODEBUG unset`)
 
 	cfgText := str(dig(find(t, ms, "ConfigMap", "-server"), "data", "server.yaml"))
 	assert.Contains(t, cfgText, "max-streams-per-conn: 20000")
@@ -283,6 +303,7 @@ func TestHelmFullValues(t *testing.T) {
 	side := dig(job, "spec", "template", "spec", "initContainers", 0)
 	assert.Equal(t, "Always", dig(side, "restartPolicy"))
 	assert.Equal(t, "/readyz", dig(side, "startupProbe", "httpGet", "path"))
+	assert.Nil(t, dig(side, "env"), "the client sidecar gets no Go runtime setting")
 	var args []string
 	for _, a := range dig(side, "args").([]any) {
 		args = append(args, str(a))

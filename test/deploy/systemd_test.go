@@ -227,3 +227,17 @@ func TestExampleServerConfigOptionalKeys(t *testing.T) {
 		assert.Contains(t, strings.Join(lines, "\n"), want)
 	}
 }
+
+// TestSystemdGoRuntimeSettings: the server unit sets GODEBUG's schedtrace
+// (README, "Tuning"), visibly and on its own, and the client unit (laptops,
+// idle most of the time) sets no Go runtime setting; neither sets GOMAXPROCS.
+func TestSystemdGoRuntimeSettings(t *testing.T) {
+	t.Parallel()
+	server := parseUnit(t, deployPath(t, "systemd", "quictun-server.service"))
+	assert.Equal(t, []string{"GODEBUG=schedtrace=2147483647"}, server["Service"]["Environment"])
+	client := parseUnit(t, deployPath(t, "systemd", "quictun-client.service"))
+	assert.Empty(t, client["Service"]["Environment"])
+	for _, f := range []string{"quictun-server.service", "quictun-client.service"} {
+		assert.NotContains(t, string(readFile(t, deployPath(t, "systemd", f))), "Environment=GOMAXPROCS", f)
+	}
+}

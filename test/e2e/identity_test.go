@@ -152,3 +152,37 @@ func TestClientCertificateReload(t *testing.T) {
 	})
 	assert.NotContains(t, srv2.log(), `clientSubject="CN=runner-a`)
 }
+
+// TestClientCAReload (issue 21 item 7): the built server reads
+// --client-ca-file again on SIGHUP, as it does its certificate: a client
+// whose certificate a new CA signed connects after the reload, and the open
+// connection of a client of the old CA keeps running (new handshakes and
+// resumptions need the new CAs: pkg/transport TestClientCAsReplaced).
+func TestClientCAReload(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	caA, issueA := testutil.ClientCAFiles(t)
+	caB, issueB := testutil.ClientCAFiles(t)
+	certA, keyA := issueA("runner-a")
+	certB, keyB := issueB("runner-b")
+	caFile := filepath.Join(t.TempDir(), "client-ca.pem")
+	copyTo := func(from, to string) {
+		b, err := os.ReadFile(from)
+		require.NoError(t, err)
+		replaceFile(t, to, b)
+	}
+	copyTo(caA, caFile)
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--client-ca-file", caFile}})
+	a := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: []string{"--cert-file", certA, "--key-file", keyA}})
+	aLive := dialApp(t, a.Addr)
+	require.NoError(t, roundTrip(aLive, "as runner-a"))
+	b := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: []string{"--cert-file", certB, "--key-file", keyB}, NoWait: true})
+	require.Error(t, echoVia(t, b.Addr, "CA B is not trusted yet"))
+
+	copyTo(caB, caFile)
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "runner-b tunnels after the reload", func() bool { return echoVia(t, b.Addr, "as runner-b") == nil })
+	assert.Contains(t, srv.log(), "Replaced the client CAs")
+	require.NoError(t, roundTrip(aLive, "runner-a's open connection keeps running"))
+}

@@ -20,8 +20,9 @@ import (
 
 // TestReloadOnSIGHUP: the built server takes new --allow rules and a new
 // secret from its config and secret files on SIGHUP, without dropping an
-// open tunnel; a broken config is refused as a whole and the old rules keep
-// running; the client takes the new secret on its own SIGHUP.
+// open tunnel for new rules (one of the replaced secret is reset,
+// --cut-removed-keys); a broken config is refused as a whole and the old
+// rules keep running; the client takes the new secret on its own SIGHUP.
 func TestReloadOnSIGHUP(t *testing.T) {
 	checkLeaks(t)
 	a, b := testutil.EchoServer(t), testutil.EchoServer(t)
@@ -73,7 +74,11 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	waitFor(t, 10*time.Second, "the client tunnels with the new secret", func() bool {
 		return echoVia(t, toB.Addr, "new secret") == nil
 	})
-	require.NoError(t, live.CloseWrite())
+	// The open tunnel was made with the replaced secret: --cut-removed-keys
+	// (the default) reset it at that reload.
+	_ = live.SetReadDeadline(time.Now().Add(ioTimeout))
+	_, err := live.Read(make([]byte, 1))
+	require.True(t, isReset(err), "the replaced secret's open tunnel is reset, got %v", err)
 }
 
 // TestKeyRotationWithKeysFile rotates a shared secret without downtime on the
@@ -114,6 +119,37 @@ func TestKeyRotationWithKeysFile(t *testing.T) {
 	waitMetric(t, srv, ioTimeout, ge(1), "quictun_server_auth_failures_total", "reason", "unknown_key")
 	require.NoError(t, echoVia(t, onNew.Addr, "new key"))
 	assert.Zero(t, scrape(t, srv).val("quictun_server_auth_failures_total", "reason", "bad_mac"))
+}
+
+// TestRemovedKeyCutsOpenTunnels (issue 21 item 7): removing a key from
+// --keys-file and reloading (the built server, a real SIGHUP) resets the
+// open tunnels of that key with auth_failed, the default of
+// --cut-removed-keys: a revoked key keeps no access. Tunnels of the other
+// key keep running.
+func TestRemovedKeyCutsOpenTunnels(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	oldKey, newKey := randomSecret(), randomSecret()
+	keys := writeFile(t, "keys", "v1 "+oldKey+"\nv2 "+newKey+"\n")
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--keys-file", keys}})
+	onOld := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "old", oldKey+"\n")})
+	onNew := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "new", newKey+"\n")})
+	oldLive, newLive := dialApp(t, onOld.Addr), dialApp(t, onNew.Addr)
+	require.NoError(t, roundTrip(oldLive, "old key"))
+	require.NoError(t, roundTrip(newLive, "new key"))
+
+	require.NoError(t, os.WriteFile(keys, []byte("v2 "+newKey+"\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
+	_ = oldLive.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := oldLive.Read(make([]byte, 1))
+	require.Error(t, err)
+	require.True(t, isReset(err), "the removed key's open tunnel must be reset, got %v", err)
+	waitFor(t, ioTimeout, "the cut tunnel's audit line", func() bool {
+		return strings.Contains(srv.log(), `identity="key=v1" destination="tcp:`+echo+`" result="auth_failed"`)
+	})
+	assert.Contains(t, srv.log(), `cutRemovedKeys=true`)
+	require.NoError(t, roundTrip(newLive, "the other key's tunnel keeps running"))
 }
 
 // TestAuditLogSwitch: --audit-log=false leaves out the per-tunnel line.

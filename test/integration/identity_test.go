@@ -65,22 +65,25 @@ func expectRefusedBy(t *testing.T, srv *testutil.Server, cl *testutil.Client, re
 
 // TestAllowForClientCertificateOn0RTT: a 0-RTT stream of a resumed mutual-TLS
 // session is matched by its certificate's identity too (the session ticket
-// carries the certificate), without waiting for the handshake.
+// carries the certificate), without waiting for the handshake. The server's
+// TLS config is the binary's (transport.ServerTLSConfigFor with reloadable
+// client CAs, a config per handshake), so 0-RTT works through it.
 func TestAllowForClientCertificateOn0RTT(t *testing.T) {
 	private := testutil.EchoServer(t)
 	pool, issue := testutil.ClientCA(t)
 	allowFor, err := endpoint.ParseRules([]string{"tcp:" + private}, nil)
 	require.NoError(t, err)
+	stateDir := t.TempDir()
 	opts := func(addr string) testutil.ServerOptions {
-		return testutil.ServerOptions{NoAuth: true, Addr: addr, Allow: []string{"tcp:127.0.0.2:1"}, Mutate: func(c *server.Config) {
-			c.TLS.ClientAuth, c.TLS.ClientCAs = tls.RequireAndVerifyClientCert, pool
+		return testutil.ServerOptions{NoAuth: true, Addr: addr, StateDir: stateDir, Allow: []string{"tcp:127.0.0.2:1"}, Mutate: func(c *server.Config) {
+			st, err := transport.LoadOrCreateState(stateDir, "", "")
+			require.NoError(t, err)
+			c.TLS = transport.ServerTLSConfigFor(transport.NewServerCertificate(st.Cert), st.TicketKey, transport.NewClientCAs(pool))
 			c.AllowFor = map[string]*endpoint.AllowList{"CN=ci-runner": allowFor}
 			c.DrainTimeout = 0
 		}}
 	}
-	o := opts("")
-	o.StateDir = t.TempDir()
-	srv := testutil.StartServer(t, o)
+	srv := testutil.StartServer(t, opts(""))
 	cert := issue("ci-runner")
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + private, NoAuth: true, WaitReady: true,
 		TLS: func(o *transport.ClientTLSOptions) { o.ClientCert = &cert }})
@@ -88,9 +91,7 @@ func TestAllowForClientCertificateOn0RTT(t *testing.T) {
 	srv.Stop(t)
 	require.Eventually(t, func() bool { return !cl.Client.Ready() }, 5*time.Second, 5*time.Millisecond)
 	c := dial(t, cl.Addr) // waits for the session
-	o2 := opts(srv.Addr)
-	o2.StateDir = o.StateDir
-	srv2 := testutil.StartServer(t, o2)
+	srv2 := testutil.StartServer(t, opts(srv.Addr))
 	echoMsg(t, c, "first bytes as 0-RTT data")
 	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("ok_0rtt")) == 1 },
 		5*time.Second, 5*time.Millisecond, "the reconnect must resume with 0-RTT")

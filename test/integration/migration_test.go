@@ -316,7 +316,12 @@ func TestNATRebinding(t *testing.T) {
 			echo := testutil.EchoServer(t)
 			srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
 			relay := startNATRelay(t, srv, 5*time.Millisecond)
-			cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: relay.Addr(), WaitReady: true})
+			// The server follows the rebinding by itself (no rescue in the
+			// logs of passing runs); the client's rescue waits 3 s, not 1 s,
+			// so that late echoes on a loaded machine (-race, both cores busy)
+			// do not open a second mapping before the rebind.
+			cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: relay.Addr(), WaitReady: true,
+				Mutate: func(c *client.Config) { c.RescueAfter = 3 * time.Second }})
 			w := startWorkload(t, cl.Addr, 4, tc.bulk)
 			require.Len(t, relay.Clients(), 1, "one client mapping before the rebind")
 			at := time.Now()
@@ -360,10 +365,10 @@ func TestClientSocketRebind(t *testing.T) {
 			relay := startNATRelay(t, srv, 5*time.Millisecond)
 			cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: relay.Addr(), WaitReady: true,
 				Mutate: func(c *client.Config) {
-					// A rescue after 1 s without an echo: with 300 ms, echoes late
+					// A rescue after 2 s without an echo: with 300 ms, echoes late
 					// on a loaded machine (-race, both cores busy) started a
 					// rescue before the socket was blocked (2 sockets seen).
-					c.HeartbeatInterval, c.RescueAfter = 100*time.Millisecond, time.Second
+					c.HeartbeatInterval, c.RescueAfter = 100*time.Millisecond, 2*time.Second
 				}})
 			w := startWorkload(t, cl.Addr, 4, tc.bulk)
 			old := relay.Clients()

@@ -122,7 +122,7 @@ func TestSOCKS5ProxyCredentials(t *testing.T) {
 	t.Parallel()
 	echo := testutil.EchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
-	addr, c := startProxy(t, srv, ingress.SOCKS5{Credentials: socks5.UserPass{User: "app", Password: "s3cret"}})
+	addr, c := startProxy(t, srv, ingress.SOCKS5{Credentials: ingress.NewProxyCredentials(socks5.UserPass{User: "app", Password: "s3cret"})})
 	for _, auth := range []*proxy.Auth{nil, {User: "app", Password: "wrong"}} {
 		d, err := proxy.SOCKS5("tcp", addr, auth, proxy.Direct)
 		require.NoError(t, err)
@@ -135,6 +135,8 @@ func TestSOCKS5ProxyCredentials(t *testing.T) {
 	require.NoError(t, err)
 	echoCheck(t, conn, 256<<10)
 	assert.Equal(t, 2.0, promtest.ToFloat64(c.Metrics.StreamsTotal.WithLabelValues("bad_token")), "bad requests are counted")
+	assert.Equal(t, 1.0, promtest.ToFloat64(c.Metrics.ProxyAuthFailuresTotal.WithLabelValues("socks5", "missing")))
+	assert.Equal(t, 1.0, promtest.ToFloat64(c.Metrics.ProxyAuthFailuresTotal.WithLabelValues("socks5", "wrong")))
 	assert.Equal(t, 0.0, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("refused")), "the server saw nothing of them")
 }
 

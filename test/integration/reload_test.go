@@ -3,6 +3,7 @@ package integration
 import (
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,10 +11,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/server"
 )
 
@@ -117,4 +120,121 @@ func TestKeyRotation(t *testing.T) {
 
 	require.ErrorIs(t, srv.SetKeys(nil), server.ErrAuthModeChange)
 	echoCheck(t, dial(t, cur.Addr), 1000) // still the new key
+}
+
+// blockingParser is a token parser whose first Parse waits for release:
+// it holds a stream between its header's key check and its rules' check.
+type blockingParser struct {
+	server.TokenParser
+	once             sync.Once
+	entered, release chan struct{}
+}
+
+func (p *blockingParser) Parse(tok string) (endpoint.Endpoint, error) {
+	p.once.Do(func() {
+		close(p.entered)
+		<-p.release
+	})
+	return p.TokenParser.Parse(tok)
+}
+
+// TestReloadSwapsKeysAndRulesAtOnce (issue 21 item 7): a stream is checked
+// against one configuration, the keys and rules of the same reload. Here a
+// reload renames key a to b (same secret) and moves its --allow-for rule
+// along, while a stream of key a is between its key check and its rules:
+// it keeps the configuration of its header (key=a, with a's rule) and is
+// served; with keys and rules read at different times it was refused (its
+// identity key=a under the rules for key=b).
+func TestReloadSwapsKeysAndRulesAtOnce(t *testing.T) {
+	echo := testutil.EchoServer(t)
+	secret := []byte("a secret shared by a, later by b")
+	named := func(name string) *proto.Keyring {
+		kr, err := proto.NewKeyring(proto.Key{Name: name, Secret: secret})
+		require.NoError(t, err)
+		return kr
+	}
+	rulesFor := func(id string) map[string]*endpoint.AllowList {
+		return map[string]*endpoint.AllowList{id: endpoint.MustParseAllowList("tcp:" + echo)}
+	}
+	none := endpoint.MustParseAllowList("tcp:127.0.0.2:1")
+	parser, err := token.NewParser(token.PluginCleartext, "")
+	require.NoError(t, err)
+	bp := &blockingParser{TokenParser: parser, entered: make(chan struct{}), release: make(chan struct{})}
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: none.Rules(), Mutate: func(c *server.Config) {
+		c.Keys, c.Parser, c.AllowFor = named("a"), bp, rulesFor("key=a")
+	}})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: secret, WaitReady: true})
+	c := dial(t, cl.Addr)
+	_, err = c.Write([]byte("hello"))
+	require.NoError(t, err)
+	select {
+	case <-bp.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not reach the token parser")
+	}
+	require.NoError(t, srv.Reconfigure(server.Policy{Keys: named("b"), Allow: none, AllowFor: rulesFor("key=b")}))
+	close(bp.release)
+	got := make([]byte, 5)
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err, "the stream is checked against the configuration of its header")
+	assert.Equal(t, "hello", string(got))
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.RefusedTotal.WithLabelValues("tcp", endpoint.ReasonNotAllowed)))
+}
+
+// TestReconfigureCutsRemovedKeys (issue 21 item 7): with CutRemovedKeys a
+// reload that removes key a resets a's open tunnel and UDP flow with
+// auth_failed, while key b's tunnel keeps running; without it they all run
+// on (new streams of a are refused either way).
+func TestReconfigureCutsRemovedKeys(t *testing.T) {
+	t.Parallel()
+	for _, cut := range []bool{true, false} {
+		t.Run(map[bool]string{true: "cut", false: "kept"}[cut], func(t *testing.T) {
+			t.Parallel()
+			echo, udpEcho := testutil.EchoServer(t), testutil.UDPEchoServer(t)
+			secretA, secretB := []byte("the secret of group a, 32 bytes!"), []byte("the secret of group b, 32 bytes!")
+			both, err := proto.NewKeyring(proto.Key{Name: "a", Secret: secretA}, proto.Key{Name: "b", Secret: secretB})
+			require.NoError(t, err)
+			onlyB, err := proto.NewKeyring(proto.Key{Name: "b", Secret: secretB})
+			require.NoError(t, err)
+			allow := endpoint.MustParseAllowList("tcp:"+echo, "udp:"+udpEcho)
+			srv := testutil.StartServer(t, testutil.ServerOptions{Allow: allow.Rules(), Mutate: func(c *server.Config) { c.Keys = both }})
+			a := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: secretA, WaitReady: true})
+			b := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: secretB, WaitReady: true})
+			aLive, bLive := dial(t, a.Addr), dial(t, b.Addr)
+			echoMsg(t, aLive, "a")
+			echoMsg(t, bLive, "b")
+			aFlow, _ := udpForward(t, srv, "udp:"+udpEcho, func(c *client.Config) { c.Secret, c.UDPIdleTimeout = secretA, time.Hour })
+			flow := exchange(t, aFlow, 10) // its socket keeps the flow
+			require.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.UDP.FlowsActive))
+
+			require.NoError(t, srv.Reconfigure(server.Policy{Keys: onlyB, Allow: allow, CutRemovedKeys: cut}))
+			echoMsg(t, bLive, "b keeps running")
+			if !cut {
+				echoMsg(t, aLive, "a keeps running")
+				buf := make([]byte, 100)
+				var n int
+				for try := 0; try < 5; try++ { // datagrams may be lost
+					_, err = flow.Write(packet(9, 10))
+					require.NoError(t, err)
+					_ = flow.SetReadDeadline(time.Now().Add(2 * time.Second))
+					if n, err = flow.Read(buf); err == nil {
+						break
+					}
+				}
+				require.NoError(t, err, "a's flow keeps running")
+				assert.Equal(t, uint32(9), checkPacket(t, buf[:n]))
+				assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.UDP.FlowsActive))
+				return
+			}
+			_ = aLive.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, err = aLive.Read(make([]byte, 1))
+			require.True(t, isReset(err), "a's tunnel must be reset, got %v", err)
+			require.Eventually(t, func() bool {
+				return promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("auth_failed")) == 1 &&
+					promtest.ToFloat64(srv.Metrics.UDP.FlowsTotal.WithLabelValues("auth_failed")) == 1 &&
+					promtest.ToFloat64(srv.Metrics.UDP.FlowsActive) == 0
+			}, 10*time.Second, 10*time.Millisecond, "a's tunnel and flow end with auth_failed")
+			assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.ActiveStreams), "b's tunnel is open")
+		})
+	}
 }

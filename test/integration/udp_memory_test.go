@@ -88,16 +88,25 @@ func TestStalledUDPFlowHoldsNoKernelMemory(t *testing.T) {
 	flow := openStalledFlow(t, c, dest)
 
 	// Answers too large for a datagram go on the stream, which the client
-	// does not read: 4,000 of 8,000 bytes, 32 MB, as fast as loopback takes
-	// them (what the socket cannot hold the kernel drops).
+	// does not read: 8,000 bytes each, in bursts of 8 (what the socket cannot
+	// hold the kernel drops), until the server has read more than the
+	// stream's window and the flow's queue hold and drops at its queue, or
+	// 20,000 of them (160 MB) were sent. Paced so that a loaded machine's
+	// server reads enough of them; bounded for one that never drops.
 	answer := make([]byte, 8000)
-	for range 4000 {
+	queueFull := func() float64 {
+		return promtest.ToFloat64(srv.Metrics.UDP.DropsTotal.WithLabelValues(udpflow.DropQueueFull))
+	}
+	for i := 0; i < 20000 && queueFull() == 0; i++ {
 		_, err := dest.WriteToUDP(answer, flow)
 		require.NoError(t, err)
+		if i%8 == 7 {
+			time.Sleep(time.Millisecond)
+		}
 	}
+	assert.Positive(t, queueFull(), "what the flow's queue cannot hold is dropped")
 	require.Eventually(t, func() bool { return udpRxQueue(t, flow) == 0 }, 20*time.Second, 10*time.Millisecond,
 		"the server's socket to the destination is drained while the client reads nothing (receive queue %d bytes)", udpRxQueue(t, flow))
-	assert.Positive(t, promtest.ToFloat64(srv.Metrics.UDP.DropsTotal.WithLabelValues(udpflow.DropQueueFull)), "what the flow's queue cannot hold is dropped")
 	assert.LessOrEqual(t, promtest.ToFloat64(srv.Metrics.UDP.QueuedBytes), float64(udpflow.DefaultQueueBytes), "one flow's queue")
 	assert.LessOrEqual(t, promtest.ToFloat64(srv.Metrics.UDP.SocketBufferBytes), float64(2*udpflow.SocketBuffer), "one flow's socket, as the kernel books it")
 }

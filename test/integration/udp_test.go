@@ -18,6 +18,7 @@ import (
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/udpflow"
 	"github.com/quictun/quictun/server"
@@ -234,4 +235,51 @@ func TestUDPFlowsDoNotHoldTheDrain(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return promtest.ToFloat64(c.Metrics.UDP.FlowsActive) == 0
 	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// TestUDPFlowShareByIdentity (issue 21 item 6): one identity cannot take
+// every UDP flow of the server. Connections of key "a" together hold at most
+// their share (here the default, a quarter of MaxUDPFlows but at least
+// MaxUDPFlowsPerConn: 2 of 4); past it their flows are refused with
+// overloaded and counted as identity_flow_limit, and a client of key "b"
+// still gets flows.
+func TestUDPFlowShareByIdentity(t *testing.T) {
+	t.Parallel()
+	echo := testutil.UDPEchoServer(t)
+	secretA, secretB := []byte("the secret of group a, 32 bytes!"), []byte("the secret of group b, 32 bytes!")
+	kr, err := proto.NewKeyring(proto.Key{Name: "a", Secret: secretA}, proto.Key{Name: "b", Secret: secretB})
+	require.NoError(t, err)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"udp:" + echo}, Mutate: func(cfg *server.Config) {
+		cfg.Keys = kr
+		cfg.MaxUDPFlows = 4
+		cfg.MaxUDPFlowsPerConn = 2
+		cfg.UDPIdleTimeout = time.Hour
+	}})
+	withSecret := func(s []byte) func(*client.Config) {
+		return func(cfg *client.Config) { cfg.Secret, cfg.UDPIdleTimeout = s, time.Hour }
+	}
+	a1, _ := udpForward(t, srv, "udp:"+echo, withSecret(secretA))
+	exchange(t, a1, 10)
+	exchange(t, a1, 10)
+
+	// A second connection of key a: its flows are over a's share.
+	a2, ca2 := udpForward(t, srv, "udp:"+echo, withSecret(secretA))
+	for i := range 2 {
+		uc, err := net.Dial("udp", a2)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = uc.Close() })
+		_, err = uc.Write(packet(0, 10))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			return promtest.ToFloat64(ca2.Metrics.UDP.FlowsTotal.WithLabelValues("overloaded")) == float64(i+1)
+		}, 5*time.Second, 10*time.Millisecond, "flow %d of the second connection of key a: want overloaded", i)
+	}
+	assert.Equal(t, 2.0, promtest.ToFloat64(srv.Metrics.UDP.DropsTotal.WithLabelValues("identity_flow_limit")))
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.UDP.DropsTotal.WithLabelValues(udpflow.DropFlowLimit)))
+
+	// Key b's client gets its flows: the server is not full.
+	b, _ := udpForward(t, srv, "udp:"+echo, withSecret(secretB))
+	exchange(t, b, 10)
+	exchange(t, b, 10)
+	assert.Equal(t, 4.0, promtest.ToFloat64(srv.Metrics.UDP.FlowsActive))
 }

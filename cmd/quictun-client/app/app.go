@@ -79,10 +79,16 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	cleanup.Push(adm.Close)
-	listeners, forwards, err := o.localEntries(&cleanup)
+	users, err := proxyCredentials(o.ProxyCredentials)
 	if err != nil {
 		return err
 	}
+	proxyCreds := ingress.NewProxyCredentials(credentialsOf(users))
+	listeners, forwards, err := o.localEntries(&cleanup, proxyCreds)
+	if err != nil {
+		return err
+	}
+	o.logProxies(logger, users)
 	sock, err := o.OpenSocket(":0", o.QUICOptions(), true, &cleanup, logger)
 	if err != nil {
 		return err
@@ -95,27 +101,28 @@ func (o *Options) Run(ctx context.Context) error {
 	var c *client.Client
 	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
 	c, err = client.New(client.Config{
-		ServerAddr:        o.ServerEndpoint,
-		TLS:               tlsConf,
-		QUIC:              sock.QUIC,
-		Secret:            secret,
-		Tokens:            tokens,
-		Listeners:         listeners,
-		Forwards:          forwards,
-		Check:             o.checkDestinations(),
-		SessionWait:       o.SessionWait,
-		StreamOpenTimeout: o.StreamOpenTimeout,
-		MaxConnections:    o.MaxConnections,
-		UDPIdleTimeout:    o.UDPIdleTimeout,
-		DrainTimeout:      o.DrainTimeout,
-		Backoff:           bo,
-		HeartbeatInterval: o.HeartbeatInterval,
-		RescueAfter:       o.RescueAfter,
-		TailProbes:        o.TailProbes,
-		Metrics:           metrics.NewClient(reg),
-		QUICStat:          qstat,
-		Registry:          registry,
-		WrapConn:          sock.Wrap,
+		ServerAddr:         o.ServerEndpoint,
+		TLS:                tlsConf,
+		QUIC:               sock.QUIC,
+		Secret:             secret,
+		Tokens:             tokens,
+		Listeners:          listeners,
+		Forwards:           forwards,
+		Check:              o.checkDestinations(),
+		SessionWait:        o.SessionWait,
+		StreamOpenTimeout:  o.StreamOpenTimeout,
+		MaxConnections:     o.MaxConnections,
+		MaxProxyHandshakes: o.MaxProxyHandshakes,
+		UDPIdleTimeout:     o.UDPIdleTimeout,
+		DrainTimeout:       o.DrainTimeout,
+		Backoff:            bo,
+		HeartbeatInterval:  o.HeartbeatInterval,
+		RescueAfter:        o.RescueAfter,
+		TailProbes:         o.TailProbes,
+		Metrics:            metrics.NewClient(reg),
+		QUICStat:           qstat,
+		Registry:           registry,
+		WrapConn:           sock.Wrap,
 	}, sock.Conn)
 	if err != nil {
 		return err
@@ -123,7 +130,7 @@ func (o *Options) Run(ctx context.Context) error {
 	logger.Info("Tunnel configured", o.entriesLog()...)
 	return o.Serve(ctx, cli.Serving{
 		Side: "client", Service: c, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
-		Admin: adm, Reloader: o.reloader, Apply: o.applier(c, secret, cache),
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(c, secret, cache, proxyCreds),
 	})
 }
 
@@ -185,10 +192,25 @@ func (o *Options) entriesLog() []any {
 	return kv
 }
 
+// logProxies says at -v 0 which --proxy entry points require credentials
+// (users from --proxy-credentials-file), and what the others lend.
+func (o *Options) logProxies(logger klog.Logger, users socks5.Users) {
+	for _, p := range o.Proxy {
+		kind, addr, _ := strings.Cut(p, ":")
+		if len(users) > 0 {
+			logger.Info("Proxy entry point requires credentials", "address", addr, "kind", kind, "users", len(users))
+			continue
+		}
+		logger.Info("Proxy entry point requires no credentials: whoever can connect to it uses this client's credentials and picks the destinations; set --proxy-credentials-file to require a username and password",
+			"address", addr, "kind", kind)
+	}
+}
+
 // localEntries opens the local entry points applications connect to, each
 // pushed on cleanup: the --listen-on listeners (the client's own Listeners)
-// and each --forward (TCP, UNIX or UDP) and --proxy (the client's Forwards).
-func (o *Options) localEntries(cleanup *cli.Cleanup) ([]net.Listener, []client.Forward, error) {
+// and each --forward (TCP, UNIX or UDP) and --proxy (the client's Forwards),
+// the proxies requiring creds.
+func (o *Options) localEntries(cleanup *cli.Cleanup, creds *ingress.ProxyCredentials) ([]net.Listener, []client.Forward, error) {
 	var listeners []net.Listener
 	for _, spec := range o.listenOn() {
 		ln, err := listen("listen-on", spec)
@@ -208,12 +230,8 @@ func (o *Options) localEntries(cleanup *cli.Cleanup) ([]net.Listener, []client.F
 	}
 	for _, p := range o.Proxy {
 		kind, addr, _ := strings.Cut(p, ":")
-		var proxy ingress.Proxy = ingress.HTTPConnect{}
+		var proxy ingress.Proxy = ingress.HTTPConnect{Credentials: creds}
 		if kind == ProxySOCKS5 {
-			creds, err := proxyCredentials(o.ProxyCredentials)
-			if err != nil {
-				return nil, nil, err
-			}
 			proxy = ingress.SOCKS5{Credentials: creds}
 		}
 		ln, err := listen("proxy", "tcp:"+addr)
@@ -310,9 +328,9 @@ func (o *Options) tlsConfig(logger klog.Logger, cache tls.ClientSessionCache) (*
 	return transport.ClientTLSConfig(topts)
 }
 
-// proxyCredentials reads --proxy-credentials-file (USER:PASSWORD); nil
-// without one.
-func proxyCredentials(file string) (socks5.Credentials, error) {
+// proxyCredentials reads --proxy-credentials-file (lines USER:PASSWORD);
+// nil without one.
+func proxyCredentials(file string) (socks5.Users, error) {
 	if file == "" {
 		return nil, nil
 	}
@@ -320,11 +338,20 @@ func proxyCredentials(file string) (socks5.Credentials, error) {
 	if err != nil {
 		return nil, err
 	}
-	user, pass, ok := strings.Cut(string(b), ":")
-	if !ok || user == "" || pass == "" || len(user) > 255 || len(pass) > 255 {
-		return nil, fmt.Errorf("--proxy-credentials-file %s: want one line USER:PASSWORD (each 1-255 bytes)", file)
+	users, err := socks5.ParseUsers(b)
+	if err != nil {
+		return nil, fmt.Errorf("--proxy-credentials-file %s: %w; one USER:PASSWORD a line, mode 0600", file, err)
 	}
-	return socks5.UserPass{User: user, Password: pass}, nil
+	return users, nil
+}
+
+// credentialsOf is users as the credentials the proxies require: nil (none)
+// for no users.
+func credentialsOf(users socks5.Users) socks5.Credentials {
+	if len(users) == 0 {
+		return nil
+	}
+	return users
 }
 
 // listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale
@@ -353,17 +380,20 @@ func listen(flag, spec string) (net.Listener, error) {
 // reloadableFlags are the client flags a reload applies; every other change
 // needs a restart.
 var reloadableFlags = []string{"token-source", "token-source-plugin", "secret-file",
-	"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "cert-file", "key-file"}
+	"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "cert-file", "key-file", "proxy-credentials-file"}
 
 // applier returns the cli.Apply of a running client: the token source built
 // again (a File source re-reads its file), the secret file read again, and
 // the TLS configuration built again (the pinned fingerprints, the CA file
 // and the client certificate files read again) around the same session
-// cache, for the connections dialed from then on. Everything is read and
-// checked before anything is applied.
-func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessionCache) cli.Apply {
+// cache, for the connections dialed from then on, and the
+// --proxy-credentials-file read again into proxyCreds, for the proxy
+// requests read from then on. Everything is read and checked before
+// anything is applied.
+func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessionCache, proxyCreds *ingress.ProxyCredentials) cli.Apply {
 	pins, ca := o.ServerFingerprint, fileDigest(o.CAFile)
 	plugin, source, sourceDigest := o.TokenSourcePlugin, o.TokenSource, tokenFileDigest(o.TokenSourcePlugin, o.TokenSource)
+	credsFile, credsDigest := o.ProxyCredentials, fileDigest(o.ProxyCredentials)
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
 		tlsConf, err := next.tlsConfig(klog.Background(), cache)
@@ -381,6 +411,28 @@ func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessi
 		newSecret, err := clientSecret(next.SecretFile)
 		if err != nil {
 			return nil, err
+		}
+		var users socks5.Users
+		if len(o.Proxy) > 0 {
+			if users, err = proxyCredentials(next.ProxyCredentials); err != nil {
+				return nil, err
+			}
+		}
+		credsChanged := false
+		if len(o.Proxy) > 0 {
+			nextDigest := fileDigest(next.ProxyCredentials)
+			credsChanged = next.ProxyCredentials != credsFile || nextDigest != credsDigest
+			credsDigest = nextDigest
+			proxyCreds.Set(credentialsOf(users))
+			switch {
+			case next.ProxyCredentials != "":
+				klog.InfoS("Reloaded proxy credentials", "file", next.ProxyCredentials, "users", len(users),
+					"note", "they apply to new proxy connections; connections already authenticated keep running")
+			case credsFile != "":
+				klog.InfoS("Proxy entry points no longer require credentials (--proxy-credentials-file removed): whoever can connect to them uses this client's credentials",
+					"proxies", strings.Join(o.Proxy, ","))
+			}
+			credsFile = next.ProxyCredentials
 		}
 		if tokens != nil {
 			c.SetTokens(tokens)
@@ -406,7 +458,8 @@ func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessi
 		plugin, source, sourceDigest = next.TokenSourcePlugin, next.TokenSource, nextDigest
 		cli.LogApplied(klog.Background(), "open tunnels keep running; the token source and the secret apply to new local connections, the server verification to new connections to the server",
 			"tokenSourceChanged", tokensChanged, "secretChanged", secretChanged,
-			"serverFingerprintsAdded", pinsAdded, "serverFingerprintsRemoved", pinsRemoved, "caFileChanged", caChanged)
+			"serverFingerprintsAdded", pinsAdded, "serverFingerprintsRemoved", pinsRemoved, "caFileChanged", caChanged,
+			"proxyCredentialsChanged", credsChanged)
 		return applied, nil
 	}
 }

@@ -42,12 +42,13 @@ type Options struct {
 	InsecureNoAuth     bool
 	SessionFile        string
 
-	SessionWait       time.Duration
-	StreamOpenTimeout time.Duration
-	MaxConnections    int
-	ReconnectMax      time.Duration
-	HeartbeatInterval time.Duration
-	RescueAfter       time.Duration
+	SessionWait        time.Duration
+	StreamOpenTimeout  time.Duration
+	MaxConnections     int
+	MaxProxyHandshakes int
+	ReconnectMax       time.Duration
+	HeartbeatInterval  time.Duration
+	RescueAfter        time.Duration
 
 	reloader *cli.Reloader
 }
@@ -64,14 +65,15 @@ func NewOptions() *Options {
 	return &Options{
 		DaemonFlags: cli.NewDaemonFlags(cli.DaemonDefaults{HTTPDListenOn: "127.0.0.1:8087",
 			DrainTimeout: def.DrainTimeout, TailProbes: def.TailProbes, UDPIdleTimeout: def.UDPIdleTimeout}),
-		ListenOn:          []string{"tcp:127.0.0.1:6500"},
-		TokenSourcePlugin: token.PluginFixed,
-		SessionWait:       def.SessionWait,
-		StreamOpenTimeout: def.StreamOpenTimeout,
-		MaxConnections:    def.MaxConnections,
-		ReconnectMax:      client.DefaultBackoff().Max,
-		HeartbeatInterval: def.HeartbeatInterval,
-		RescueAfter:       def.RescueAfter,
+		ListenOn:           []string{"tcp:127.0.0.1:6500"},
+		TokenSourcePlugin:  token.PluginFixed,
+		SessionWait:        def.SessionWait,
+		StreamOpenTimeout:  def.StreamOpenTimeout,
+		MaxConnections:     def.MaxConnections,
+		MaxProxyHandshakes: def.MaxProxyHandshakes,
+		ReconnectMax:       client.DefaultBackoff().Max,
+		HeartbeatInterval:  def.HeartbeatInterval,
+		RescueAfter:        def.RescueAfter,
 	}
 }
 
@@ -81,7 +83,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source", "forward", "proxy", "proxy-credentials-file"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: cli.AdminFlagNames},
-	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"session-wait-timeout", "stream-open-timeout", "max-connections", "udp-idle-timeout", "reconnect-max-delay"})},
+	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"session-wait-timeout", "stream-open-timeout", "max-connections", "max-proxy-handshakes", "udp-idle-timeout", "reconnect-max-delay"})},
 	{Title: "Loss and blackout recovery", Names: slices.Concat([]string{"heartbeat-interval", "rescue-after"}, cli.RecoveryFlagNames)},
 }
 
@@ -99,7 +101,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500")
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
 	fs.StringSliceVar(&o.Proxy, "proxy", o.Proxy, "a local entry point where each application names its destination, repeatable: socks5:127.0.0.1:1080 (SOCKS5 CONNECT and UDP ASSOCIATE; curl --socks5-hostname, ssh -o ProxyCommand='nc -X 5 -x ...') or http-connect:127.0.0.1:8080 (HTTP CONNECT; curl -x, git, https_proxy); each destination is checked by the server's --allow rules, and a refusal is answered as SOCKS 'not allowed by ruleset' or HTTP 403")
-	fs.StringVar(&o.ProxyCredentials, "proxy-credentials-file", o.ProxyCredentials, "file holding USER:PASSWORD that SOCKS5 clients must present (RFC 1929); empty: none (the entry point is on loopback)")
+	fs.StringVar(&o.ProxyCredentials, "proxy-credentials-file", o.ProxyCredentials, "file (mode 0600) of USER:PASSWORD lines that every --proxy client must present: SOCKS5 username/password (RFC 1929), HTTP CONNECT Proxy-Authorization: Basic (407 otherwise); re-read on SIGHUP; empty: none, any local process may use the proxies")
 	fs.StringSliceVar(&o.Forward, "forward", o.Forward, "LISTEN=DESTINATION, repeatable: one more local listener whose connections all go to DESTINATION, e.g. tcp:127.0.0.1:2222=tcp:127.0.0.1:22 (ssh) beside tcp:127.0.0.1:5433=tcp:10.0.0.5:5432; all forwards share one QUIC connection. --listen-on with --token-source is the single-forward form; with --forward alone, --token-source may be empty and --listen-on is not opened")
 	fs.StringVar(&o.TokenSource, "token-source", o.TokenSource, "the token source, e.g. tcp:127.0.0.1:22 for Fixed; tokens name tcp:HOST:PORT or unix:/path on the server side")
 
@@ -115,8 +117,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 	fs.DurationVar(&o.SessionWait, "session-wait-timeout", o.SessionWait, "how long a local connection waits for a connection to the server before it is reset")
 	fs.DurationVar(&o.StreamOpenTimeout, "stream-open-timeout", o.StreamOpenTimeout, "how long to wait for stream credit when the server's stream limit is reached")
-	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "concurrent local connections and UDP flows; more are reset (UDP: the packets of a new flow are dropped)")
-	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way); after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
+	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "concurrent local connections and UDP flows; more are reset (UDP: the packets of a new flow are dropped); a --proxy connection counts once its request is read and authenticated")
+	fs.IntVar(&o.MaxProxyHandshakes, "max-proxy-handshakes", o.MaxProxyHandshakes, "concurrent --proxy connections still sending their request (each for at most 5s), apart from --max-connections so that idle ones cannot stop the forwards; more are reset")
+	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way) while the connection has work (a tunnel opening, bytes in the last 5 s, a rescue); idle, only --keepalive-period's keep-alives go out; after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
 	fs.DurationVar(&o.RescueAfter, "rescue-after", o.RescueAfter, "without a heartbeat echo for this long, probe a new path (fresh UDP socket) and switch to it as soon as the server answers")
 	fs.DurationVar(&o.ReconnectMax, "reconnect-max-delay", o.ReconnectMax, "longest pause between reconnect attempts (exponential backoff with jitter from 100ms)")
 }
@@ -228,6 +231,9 @@ func (o *Options) Validate() error {
 	if o.MaxConnections < 1 {
 		add("--max-connections must be at least 1")
 	}
+	if o.MaxProxyHandshakes < 1 {
+		add("--max-proxy-handshakes must be at least 1")
+	}
 	errs = append(errs, o.DaemonFlags.Validate()...)
 	return errors.Join(errs...)
 }
@@ -237,6 +243,9 @@ func (o *Options) Validate() error {
 func (o *Options) CheckFiles() error {
 	errs := cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, HTTPDTokenFile: o.HTTPDTokenFile,
 		CAFlag: "ca-file", CAFile: o.CAFile, CertFile: o.CertFile, KeyFile: o.KeyFile, SessionFile: o.SessionFile})
+	if _, err := proxyCredentials(o.ProxyCredentials); err != nil {
+		errs = append(errs, err)
+	}
 	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFile) {
 		if _, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
 			errs = append(errs, fmt.Errorf("--token-source: %w", err))

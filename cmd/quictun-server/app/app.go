@@ -74,10 +74,11 @@ func (o *Options) Run(ctx context.Context) error {
 	var cleanup cli.Cleanup
 	defer cleanup.Run()
 
-	st, cert, tlsConf, keys, err := o.identity(logger)
+	st, id, tlsConf, err := o.identity(logger)
 	if err != nil {
 		return err
 	}
+	keys := id.keys
 	allow, allowFor, parser, err := o.destinations(logger, keys)
 	if err != nil {
 		return err
@@ -127,6 +128,7 @@ func (o *Options) Run(ctx context.Context) error {
 		MaxUnverifiedStreamsPerSource: o.MaxUnverifiedStreamsPerSource,
 		MaxUDPFlows:                   o.MaxUDPFlows,
 		MaxUDPFlowsPerConn:            o.MaxUDPFlowsPerConn,
+		MaxUDPFlowsPerIdentity:        o.MaxUDPFlowsPerIdentity,
 		UDPSocketMemory:               o.UDPSocketMemoryMiB << 20,
 		UDPIdleTimeout:                o.UDPIdleTimeout,
 
@@ -142,37 +144,49 @@ func (o *Options) Run(ctx context.Context) error {
 	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
 	return o.Serve(ctx, cli.Serving{
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
-		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, keys, cert),
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id),
 	})
+}
+
+// served is what a reload replaces of the server's identity.
+type served struct {
+	// cert is the certificate presented.
+	cert *transport.ServerCertificate
+	// clientCAs verify client certificates; nil without --client-ca-file
+	// (adding or removing it takes a restart).
+	clientCAs *transport.ClientCAs
+	// keys are the shared secrets loaded at start.
+	keys *proto.Keyring
 }
 
 // identity loads the server's certificate and keys (--state-dir or
 // --cert-file), the client CAs for mutual TLS and the shared secrets. The
-// certificate is presented through cert, which a reload replaces.
-func (o *Options) identity(logger klog.Logger) (*transport.State, *transport.ServerCertificate, *tls.Config, *proto.Keyring, error) {
+// certificate and the client CAs are used through holders a reload
+// replaces the contents of.
+func (o *Options) identity(logger klog.Logger) (*transport.State, *served, *tls.Config, error) {
 	st, err := transport.LoadOrCreateState(o.StateDir, o.CertFile, o.KeyFile)
 	if err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, nil, err
 	}
 	if st.Generated {
 		logger.Info("Generated a self-signed server certificate", "stateDir", o.StateDir)
 	}
 	logger.Info("Server certificate", "fingerprint", st.Fingerprint(), "hint", "give clients --server-fingerprint "+st.Fingerprint())
-	var clientCAs *x509.CertPool
+	id := &served{cert: transport.NewServerCertificate(st.Cert)}
 	if o.ClientCAFile != "" {
-		if clientCAs, err = transport.LoadCertPool(o.ClientCAFile); err != nil {
-			return nil, nil, nil, nil, err
+		pool, err := transport.LoadCertPool(o.ClientCAFile)
+		if err != nil {
+			return nil, nil, nil, err
 		}
+		id.clientCAs = transport.NewClientCAs(pool)
 	}
-	keys, err := loadKeys(o.SecretFile, o.KeysFile)
-	if err != nil {
-		return nil, nil, nil, nil, err
+	if id.keys, err = loadKeys(o.SecretFile, o.KeysFile); err != nil {
+		return nil, nil, nil, err
 	}
 	if o.InsecureNoAuth {
 		logger.Info("WARNING: client authentication is disabled (--insecure-no-auth)")
 	}
-	cert := transport.NewServerCertificate(st.Cert)
-	return st, cert, transport.ServerTLSConfigFor(cert, st.TicketKey, clientCAs), keys, nil
+	return st, id, transport.ServerTLSConfigFor(id.cert, st.TicketKey, id.clientCAs), nil
 }
 
 // destinations parses the destination rules and the token parser.
@@ -201,7 +215,7 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 		own = append(own, "tcp:"+a.String())
 	}
 	kv := []any{"allow", strings.Join(allow.Rules(), ","), "deny", strings.Join(allow.DenyRules(), ","),
-		"alwaysRefused", "the server's own listeners (" + strings.Join(own, ",") + ", on every local address when unspecified), 0.0.0.0/8, ::, cloud metadata addresses unless named exactly"}
+		"alwaysRefused", "the server's own listeners (" + strings.Join(own, ",") + ", on every local address when unspecified), 0.0.0.0/8, ::, cloud metadata, multicast and broadcast addresses unless named exactly"}
 	if slices.Equal(o.Allow, endpoint.DefaultAllowList().Rules()) {
 		logger.Info("Destinations allowed: no --allow given, so clients may reach every TCP and UDP port on this host's loopback addresses; name only what they need",
 			append(kv, "hint", "e.g. --allow tcp:127.0.0.1:22 (or allow: [tcp:127.0.0.1:22] in the config file)")...)
@@ -212,14 +226,17 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cert-file", "key-file"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
-// rules, the secret file read again (its keys may change under the same
-// name), and the certificate read again (--cert-file and --key-file, or the
-// one in --state-dir: files replaced in place are picked up). Everything is
-// read and checked before anything is applied.
-func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transport.ServerCertificate) cli.Apply {
+// rules and the secret files read again (its keys may change under the
+// same name), swapped together, the removed keys' tunnels cut
+// (--cut-removed-keys); the certificate read again (--cert-file and
+// --key-file, or the one in --state-dir: files replaced in place are picked
+// up) and the client CAs (--client-ca-file). Everything is read and checked
+// before anything is applied.
+func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
+	keys, cert := id.keys, id.cert
 	rules, deny, allowFor := o.Allow, o.Deny, o.AllowFor
 	stateDir := o.StateDir // a new --state-dir takes a restart (its reset and ticket keys)
 	return func(d cli.Daemon, changed []string) ([]string, error) {
@@ -240,6 +257,16 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 		if err != nil {
 			return nil, err
 		}
+		// The client CAs are read again, as the certificate is; adding or
+		// removing --client-ca-file changes how clients authenticate and
+		// takes a restart.
+		var newCAs *x509.CertPool
+		caModeChange := (next.ClientCAFile != "") != (id.clientCAs != nil)
+		if !caModeChange && next.ClientCAFile != "" {
+			if newCAs, err = transport.LoadCertPool(next.ClientCAFile); err != nil {
+				return nil, fmt.Errorf("--client-ca-file: %w", err)
+			}
+		}
 		// A switch to or from shared-secret authentication needs a restart
 		// (ErrAuthModeChange): then the keys are left as they are.
 		modeChange := (newKeys.Len() > 0) != (keys.Len() > 0)
@@ -247,15 +274,11 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 		if !modeChange {
 			keysAdded, keysRemoved = cli.Diff(keyLabels(keys), keyLabels(newKeys))
 		}
-		if len(keysAdded)+len(keysRemoved) > 0 {
-			if err := srv.SetKeys(newKeys); err != nil {
-				return nil, fmt.Errorf("--secret-file: %w", err)
-			}
-			keys = newKeys
-		}
+		keysChanged := len(keysAdded)+len(keysRemoved) > 0
 		var applied []string
 		for _, name := range changed {
-			if slices.Contains(reloadableFlags, name) && !((name == "secret-file" || name == "keys-file") && modeChange) {
+			if slices.Contains(reloadableFlags, name) && !((name == "secret-file" || name == "keys-file") && modeChange) &&
+				!(name == "client-ca-file" && caModeChange) {
 				applied = append(applied, name)
 			}
 		}
@@ -266,17 +289,42 @@ func (o *Options) applier(srv *server.Server, keys *proto.Keyring, cert *transpo
 			klog.InfoS("Replaced the server certificate; new connections get the new one, open ones keep theirs",
 				"fingerprint", fp, "previousFingerprint", old, "hint", "clients must pin "+fp+" (--server-fingerprint) or trust its CA")
 		}
+		caReplaced := false
+		if newCAs != nil && !newCAs.Equal(id.clientCAs.Load()) {
+			caReplaced = true
+			id.clientCAs.Store(newCAs)
+			klog.InfoS("Replaced the client CAs; new connections and resumed sessions need a client certificate they verify, open connections keep running",
+				"clientCAFile", next.ClientCAFile, "hint", "restart the server to close the open connections of clients the old CAs verified")
+		}
 		added, removed := cli.Diff(rules, next.Allow)
 		deniedAdded, deniedRemoved := cli.Diff(deny, next.Deny)
 		forAdded, forRemoved := cli.Diff(allowFor, next.AllowFor)
-		if len(added)+len(removed)+len(deniedAdded)+len(deniedRemoved)+len(forAdded)+len(forRemoved) > 0 {
-			srv.SetAllowList(allow, byIdentity)
+		note := "open tunnels keep running; the rules and the keys apply to new streams"
+		if len(keysRemoved) > 0 && next.CutRemovedKeys {
+			note = "the open tunnels and UDP flows of the removed keys were reset with auth_failed (--cut-removed-keys); the others keep running; the rules and the keys apply to new streams"
+		}
+		rulesChanged := len(added)+len(removed)+len(deniedAdded)+len(deniedRemoved)+len(forAdded)+len(forRemoved) > 0
+		if keysChanged || rulesChanged {
+			// Keys and rules in one swap: a stream is checked against the
+			// keys and the rules of one configuration (a key renamed along
+			// with its --allow-for rules must not meet the other's rules).
+			apply := keys
+			if keysChanged {
+				apply = newKeys
+			}
+			if err := srv.Reconfigure(server.Policy{Keys: apply, Allow: allow, AllowFor: byIdentity, CutRemovedKeys: next.CutRemovedKeys}); err != nil {
+				return nil, fmt.Errorf("--secret-file: %w", err)
+			}
+			keys = apply
 			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
 		}
-		cli.LogApplied(klog.Background(), "open tunnels keep running; the rules and the keys apply to new streams",
+		// cutRemovedKeys only when it cut something: it is on by default,
+		// and a reload that changes nothing must say so.
+		cli.LogApplied(klog.Background(), note,
 			"allowAdded", added, "allowRemoved", removed,
 			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "allowForAdded", forAdded, "allowForRemoved", forRemoved,
-			"keysAdded", keysAdded, "keysRemoved", keysRemoved, "certificateReplaced", certReplaced)
+			"keysAdded", keysAdded, "keysRemoved", keysRemoved, "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
+			"certificateReplaced", certReplaced, "clientCAsReplaced", caReplaced)
 		return applied, nil
 	}
 }

@@ -84,6 +84,13 @@ func TestValidate(t *testing.T) {
 		{"idle auth timeout 0", func(o *Options) { o.IdleAuthTimeout = 0 }, []string{"--auth-timeout and --idle-auth-timeout must be positive"}},
 		{"udp flow limits", func(o *Options) { o.MaxUDPFlowsPerConn = 0; o.UDPIdleTimeout = -1 },
 			[]string{"--max-udp-flows and --max-udp-flows-per-conn must be at least 1", "--udp-idle-timeout must be positive"}},
+		{"udp flows per identity set", func(o *Options) { o.MaxUDPFlowsPerIdentity = 512 }, nil},
+		{"udp flows per identity negative", func(o *Options) { o.MaxUDPFlowsPerIdentity = -1 },
+			[]string{"--max-udp-flows-per-identity must not be negative"}},
+		{"udp flows per identity over the server's", func(o *Options) { o.MaxUDPFlowsPerIdentity = 2000 },
+			[]string{"--max-udp-flows-per-identity (2000) must be between --max-udp-flows-per-conn (256) and --max-udp-flows (1024)"}},
+		{"udp flows per identity under one connection's", func(o *Options) { o.MaxUDPFlowsPerIdentity = 100 },
+			[]string{"--max-udp-flows-per-identity (100) must be between"}},
 		{"udp rules", func(o *Options) { o.Allow = []string{"dns=udp:10.0.0.53:53"}; o.Deny = []string{"udp:10.9.0.0/16:*"} }, nil},
 		{"admin listener beyond loopback needs a token", func(o *Options) { o.HTTPDListenOn = "0.0.0.0:8086" }, []string{"--httpd-token-file"}},
 		{"every error at once", func(o *Options) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/transport"
 )
 
@@ -32,6 +33,10 @@ func TestCheckFiles(t *testing.T) {
 		{"every file flag is read", func(o *Options) {
 			o.SecretFile, o.KeysFile, o.HTTPDTokenFile, o.ClientCAFile, o.CertFile, o.KeyFile = missing, missing, missing, missing, missing, missing
 		}, []string{"--secret-file: open " + missing, "--keys-file: open " + missing, "--httpd-token-file: open " + missing, "--client-ca-file", "--cert-file/--key-file"}},
+		{"a --keys-file name that is the --secret-file key's ID", func(o *Options) {
+			o.SecretFile = writeFile(t, "secret", "0123456789abcdef0123\n")
+			o.KeysFile = writeFile(t, "keys", proto.KeyIDOf([]byte("0123456789abcdef0123")).String()+" another-secret-of-16-bytes\n")
+		}, []string{"--secret-file/--keys-file: key 2: the name \"" + proto.KeyIDOf([]byte("0123456789abcdef0123")).String() + "\" is the ID of key 1 (the unnamed key"}},
 		{"missing state dir is created at start", func(o *Options) { o.StateDir = missing }, nil},
 		{"state dir readable by others", func(o *Options) { o.StateDir = looseDir }, []string{"--state-dir " + looseDir, "chmod 700 " + looseDir}},
 	} {

@@ -35,6 +35,8 @@ type Options struct {
 	SecretFile     string
 	KeysFile       string
 	InsecureNoAuth bool
+	// CutRemovedKeys: a reload that removes a key resets its open tunnels.
+	CutRemovedKeys bool
 
 	TokenParserPlugin string
 	TokenParserKey    string
@@ -60,6 +62,8 @@ type Options struct {
 
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
+	// MaxUDPFlowsPerIdentity: 0 means egress.DefaultUDPFlowsPerIdentity.
+	MaxUDPFlowsPerIdentity int
 	// UDPSocketMemoryMiB: 0 means udpflow.MaxSocketMemory.
 	UDPSocketMemoryMiB int64
 
@@ -82,6 +86,7 @@ func NewOptions() *Options {
 		ListenOn:           "0.0.0.0:7500",
 		Allow:              endpoint.DefaultAllowList().Rules(),
 		AuditLog:           true,
+		CutRemovedKeys:     true,
 		StateDir:           "/var/lib/quictun-server",
 		TokenParserPlugin:  token.PluginCleartext,
 		HeaderTimeout:      def.HeaderTimeout,
@@ -107,11 +112,11 @@ func NewOptions() *Options {
 // congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "allow-for", "token-parser-plugin", "token-parser-key"}},
-	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "insecure-no-auth"}},
+	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
-	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "udp-idle-timeout", "udp-socket-memory-mib"}},
+	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
 	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "idle-auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-unverified-streams-per-source", "max-replay-entries-per-conn"}},
 }
 
@@ -125,7 +130,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		TailProbes: "tiny datagrams sent 1 ms after each burst of downstream data (two RTTs + 2 ms on paths under 4 ms, RTT/8 up to 5 ms on longer ones; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables",
 	})
 	fs.StringVar(&o.ListenOn, "listen-on", o.ListenOn, "UDP address to accept QUIC connections on, e.g. 0.0.0.0:7500 or [::]:7500")
-	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only. Never reachable whatever the rules: the server's own QUIC and admin listeners, 0.0.0.0 and ::, and cloud metadata addresses (169.254.169.254, fd00:ec2::254, ...) unless a rule names them exactly")
+	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only. Never reachable whatever the rules: the server's own QUIC and admin listeners, 0.0.0.0 and ::, and cloud metadata (169.254.169.254, fd00:ec2::254, ...), multicast (224.0.0.0/4, ff00::/8) and broadcast (255.255.255.255) addresses unless a rule names them exactly")
 	fs.StringSliceVar(&o.AllowFor, "allow-for", o.AllowFor, "destinations only some clients may reach, IDENTITY=RULE (repeatable): CN=NAME for a client certificate's common name (needs --client-ca-file), key=NAME for a --keys-file key; e.g. CN=ci-runner=tcp:10.0.0.5:5432. Added to --allow for that client; --deny still wins")
 	fs.BoolVar(&o.AuditLog, "audit-log", o.AuditLog, "log one line per tunnel at -v 0 once its client is authenticated: identity, remote address, destination, result, bytes, duration (--audit-log=false turns it off)")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
@@ -135,9 +140,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "directory for the generated self-signed certificate and the stateless-reset and session-ticket keys; keep it across restarts")
 	fs.StringVar(&o.CertFile, "cert-file", o.CertFile, "PEM certificate to serve instead of the generated one (with --key-file)")
 	fs.StringVar(&o.KeyFile, "key-file", o.KeyFile, "PEM private key for --cert-file")
-	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "require client certificates signed by these CAs (mutual TLS)")
+	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "require client certificates signed by these CAs (mutual TLS); read again on SIGHUP, for new connections and resumed sessions (open ones keep running)")
 	fs.StringVar(&o.SecretFile, "secret-file", o.SecretFile, "file holding the shared secret clients must prove (at least 16 bytes), e.g. from: head -c 32 /dev/urandom | base64 > secret")
 	fs.StringVar(&o.KeysFile, "keys-file", o.KeysFile, "file of named shared secrets, one 'NAME SECRET' per line, all accepted (with --secret-file's too): rotate keys without downtime (add the new key, reload, move clients, remove the old one, reload); NAME shows in logs and in --allow-for key=NAME rules")
+	fs.BoolVar(&o.CutRemovedKeys, "cut-removed-keys", o.CutRemovedKeys, "when a reload (SIGHUP) removes a key from --secret-file/--keys-file (or replaces its secret), reset the open tunnels and UDP flows made with it (auth_failed), so a revoked key keeps no access; --cut-removed-keys=false lets them run until they end (new streams need a key the server holds either way)")
 	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "accept clients without authentication (only with a restrictive --allow on a trusted network)")
 
 	fs.DurationVar(&o.HeaderTimeout, "header-timeout", o.HeaderTimeout, "time a client has to send a stream header")
@@ -157,6 +163,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxUDPFlows, "max-udp-flows", o.MaxUDPFlows, "UDP flows open on the server (each holds a UDP socket to its destination, whose receive buffer counts against --udp-socket-memory-mib, and queues at most 1 MiB of packets for the client, 64 MiB for all flows); more are refused with overloaded")
 	fs.Int64Var(&o.UDPSocketMemoryMiB, "udp-socket-memory-mib", o.UDPSocketMemoryMiB, "MiB of kernel memory the UDP flows' sockets may hold, as the kernel books it: each flow's receive buffer starts at 128 KiB and grows with its rate to at most 8 MiB while this lasts; a flow that would pass it is refused with overloaded. Keep it well under net.ipv4.udp_mem's hard limit, past which the kernel drops UDP on every socket, QUIC included; 0 = a quarter of that limit, at most 256")
 	fs.IntVar(&o.MaxUDPFlowsPerConn, "max-udp-flows-per-conn", o.MaxUDPFlowsPerConn, "UDP flows open on one client connection; more are refused with overloaded")
+	fs.IntVar(&o.MaxUDPFlowsPerIdentity, "max-udp-flows-per-identity", o.MaxUDPFlowsPerIdentity, "one client's share of --max-udp-flows, so that one client cannot take every flow: the flows of all connections of one client certificate CN or --keys-file key name, or, for clients with neither (the --secret-file key, which they all hold), of one source (an IPv4 address or an IPv6 /64); more are refused with overloaded (quictun_server_udp_drops_total{reason=\"identity_flow_limit\"}); 0 = a quarter of --max-udp-flows (256), at least --max-udp-flows-per-conn")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
@@ -219,6 +226,12 @@ func (o *Options) Validate() error {
 	if o.MaxUDPFlows < 1 || o.MaxUDPFlowsPerConn < 1 {
 		add("--max-udp-flows and --max-udp-flows-per-conn must be at least 1")
 	}
+	if n := o.MaxUDPFlowsPerIdentity; n < 0 {
+		add("--max-udp-flows-per-identity must not be negative (0 = a quarter of --max-udp-flows)")
+	} else if n > 0 && (n < o.MaxUDPFlowsPerConn || n > o.MaxUDPFlows) {
+		add("--max-udp-flows-per-identity (%d) must be between --max-udp-flows-per-conn (%d) and --max-udp-flows (%d): it is one client's share of the server's flows, and one connection's flows must fit in it",
+			n, o.MaxUDPFlowsPerConn, o.MaxUDPFlows)
+	}
 	if o.UDPSocketMemoryMiB < 0 {
 		add("--udp-socket-memory-mib must not be negative (0 = from net.ipv4.udp_mem)")
 	}
@@ -235,6 +248,13 @@ func (o *Options) Validate() error {
 // CheckFiles reads the files the server reads at start (for --check-config);
 // see cli.CheckStartFiles.
 func (o *Options) CheckFiles() error {
-	return errors.Join(cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, KeysFile: o.KeysFile, HTTPDTokenFile: o.HTTPDTokenFile,
-		CAFlag: "client-ca-file", CAFile: o.ClientCAFile, CertFile: o.CertFile, KeyFile: o.KeyFile, StateDir: o.StateDir})...)
+	errs := cli.CheckStartFiles(cli.StartFiles{SecretFile: o.SecretFile, KeysFile: o.KeysFile, HTTPDTokenFile: o.HTTPDTokenFile,
+		CAFlag: "client-ca-file", CAFile: o.ClientCAFile, CertFile: o.CertFile, KeyFile: o.KeyFile, StateDir: o.StateDir})
+	if len(errs) == 0 && o.SecretFile != "" && o.KeysFile != "" {
+		// Each file is fine alone; together their keys must not clash.
+		if _, err := loadKeys(o.SecretFile, o.KeysFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
