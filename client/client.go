@@ -46,6 +46,11 @@ type Config struct {
 	// Forwards are further listeners, each with its own destination; the
 	// client closes them when it stops.
 	Forwards []Forward
+	// Check are the fixed destinations (of forwards, of a Fixed token
+	// source) the client asks the server about on each new connection
+	// (proto.KindCheck, checkDestinations): one the server's rules refuse
+	// is logged at -v 0 when the client connects, not at its first use.
+	Check []string
 
 	// SessionWait bounds how long a local connection waits for a QUIC connection.
 	SessionWait time.Duration
@@ -96,6 +101,9 @@ type Forward struct {
 	// Proxy, with Listener, makes it an entry point where the application
 	// names each destination (--proxy socks5:... or http-connect:...).
 	Proxy ingress.Proxy
+	// Name says what the entry point is in the log: the destination of a
+	// forward ("tcp:10.0.0.5:22"), the kind of a proxy ("socks5").
+	Name string
 }
 
 // addr names the forward's local address, e.g. "udp:127.0.0.1:5353".
@@ -169,6 +177,9 @@ type Client struct {
 	confirmed atomic.Pointer[session]
 	// staleLogged is set once a header refused as stale was logged at -v 0.
 	staleLogged atomic.Bool
+	// refusedDests holds the destinations of Config.Check the server
+	// refused at its last answer (string -> true).
+	refusedDests sync.Map
 	// redial cuts the reconnect backoff short (SetSecret).
 	redial chan struct{}
 	// lastRefusal is the refusal of our credentials last logged at -v 0;
@@ -364,7 +375,11 @@ func (c *Client) Run(ctx context.Context) error {
 		wg.Go(func() { c.ingress.Accept(sessCtx, ln, nil, &handlers) })
 	}
 	for _, f := range c.cfg.Forwards {
-		logger.Info("Listening for local connections", "address", f.addr(), "forward", true)
+		if f.Proxy != nil {
+			logger.Info("Listening for local connections", "address", f.addr(), "proxy", f.Name)
+		} else {
+			logger.Info("Listening for local connections", "address", f.addr(), "forwardTo", f.Name)
+		}
 		switch {
 		case f.Packet != nil:
 			wg.Go(func() { c.ingress.ServeUDP(sessCtx, f.Packet, f.Tokens, &handlers) })
@@ -429,11 +444,20 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 	// logged at -v 2, so the default log does not alternate "Connected" and
 	// "rejected" at every retry.
 	lastDialErr, connectedBefore, loggedFailure := "", false, false
+	// A lost connection is logged at -v 0 (and the reconnect after it), at
+	// most once per lostLogInterval: a server restart shows in the default
+	// log, a connection that keeps dropping does not fill it.
+	var lostLoggedAt time.Time
 	// Each connection's hello (hello.go) runs beside it; all have ended
 	// when supervise returns (they end with their connection).
 	var hellos sync.WaitGroup
 	defer hellos.Wait()
-	startHello := func(s *session) { hellos.Go(func() { c.hello(ctx, s) }) }
+	startHello := func(s *session) {
+		hellos.Go(func() {
+			c.hello(ctx, s)
+			c.checkDestinations(ctx, s)
+		})
+	}
 	for ctx.Err() == nil {
 		start := time.Now()
 		conn, err := c.dial(ctx, tr)
@@ -484,12 +508,15 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			m.DialsTotal.WithLabelValues("ok").Inc()
 		}
 		m.HandshakeDuration.Observe(time.Since(start).Seconds())
-		level := 2
+		level, msg := 2, "Connected to server"
 		if !connectedBefore || loggedFailure {
 			level = 0
 		}
+		if connectedBefore && loggedFailure {
+			msg = "Reconnected to server"
+		}
 		connectedBefore, loggedFailure, lastDialErr = true, false, ""
-		logger.V(level).Info("Connected to server", "address", c.cfg.ServerAddr, "connID", id,
+		logger.V(level).Info(msg, "address", c.cfg.ServerAddr, "connID", id,
 			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT,
 			"serverFingerprint", serverFingerprint(conn))
 		upSince := time.Now()
@@ -517,6 +544,10 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 				logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id,
 					"fix", "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)")
 			}
+		} else if now := time.Now(); lostLoggedAt.IsZero() || now.Sub(lostLoggedAt) >= lostLogInterval {
+			lostLoggedAt, loggedFailure = now, true
+			logger.Info("Lost connection to server; reconnecting (tunnels opened meanwhile wait for the new connection)",
+				"address", c.cfg.ServerAddr, "connID", id, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause)
 		} else {
 			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
 		}
@@ -543,6 +574,9 @@ func serverFingerprint(conn *quic.Conn) string {
 	}
 	return transport.Fingerprint(certs[0].Raw)
 }
+
+// lostLogInterval is how often a lost connection is logged at -v 0.
+const lostLogInterval = time.Minute
 
 // shortConnection is how long a connection must have been up for the
 // reconnect after it to go out without a backoff delay.

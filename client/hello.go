@@ -92,12 +92,19 @@ func (c *Client) hello(ctx context.Context, sess *session) {
 // sayHello sends one hello on conn and returns the server's answer: nil for
 // CodeOK, a *proto.RemoteError or quic error otherwise.
 func sayHello(conn *quic.Conn, secret []byte) error {
-	ctx, cancel := context.WithTimeout(conn.Context(), helloTimeout)
-	defer cancel()
 	h, err := proto.NewHello(time.Now())
 	if err != nil {
 		return err
 	}
+	return ask(conn, h, secret)
+}
+
+// ask sends h, a header nothing follows (a hello, a check), on a new stream
+// of conn and returns the server's answer: nil for CodeOK, a
+// *proto.RemoteError or quic error otherwise.
+func ask(conn *quic.Conn, h *proto.Header, secret []byte) error {
+	ctx, cancel := context.WithTimeout(conn.Context(), helloTimeout)
+	defer cancel()
 	b, err := h.Append(nil, secret)
 	if err != nil {
 		return err

@@ -215,7 +215,7 @@ type Server struct {
 	draining   atomic.Bool
 
 	mu    sync.Mutex
-	conns map[uint64]*quic.Conn
+	conns map[uint64]liveConn
 }
 
 // orDefault sets *v to def when it is zero or negative (unset).
@@ -319,7 +319,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource, cfg.MaxUnverifiedStreamsPerSource),
 		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
 		raiseStreamsTo: raiseStreamsTo,
-		conns:          map[uint64]*quic.Conn{},
+		conns:          map[uint64]liveConn{},
 	}, nil
 }
 
@@ -383,9 +383,10 @@ func (s *Server) ConnStats() []metrics.ConnStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]metrics.ConnStats, 0, len(s.conns))
-	for id, c := range s.conns {
-		cs := metrics.ConnStatsOf(fmt.Sprint(id), c)
-		cs.ClientSubject = egress.ClientSubject(c)
+	for id, lc := range s.conns {
+		cs := metrics.ConnStatsOf(fmt.Sprint(id), lc.conn)
+		cs.ClientSubject = egress.ClientSubject(lc.conn)
+		cs.ClientIdentity = lc.state.Identity(lc.conn)
 		out = append(out, cs)
 	}
 	return out
@@ -479,8 +480,8 @@ func (s *Server) Run(ctx context.Context) error {
 			// closing the connections now would discard them.
 			s.mu.Lock()
 			conns := make([]*quic.Conn, 0, len(s.conns))
-			for _, c := range s.conns {
-				conns = append(conns, c)
+			for _, lc := range s.conns {
+				conns = append(conns, lc.conn)
 			}
 			s.mu.Unlock()
 			transport.Linger(dctx, conns)
@@ -510,6 +511,12 @@ func refuseConn(ctx context.Context, conn *quic.Conn, reason string) {
 // quicDefaultMaxIncomingStreams is quic-go's default for a zero
 // quic.Config.MaxIncomingStreams.
 const quicDefaultMaxIncomingStreams = 100
+
+// liveConn is an open connection and its egress state (for ConnStats).
+type liveConn struct {
+	conn  *quic.Conn
+	state *egress.ConnState
+}
 
 // connGate is what a connection may hold before it has proven the secret: a
 // few streams being served (slots) and a deadline to present a verified header.
@@ -568,8 +575,9 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	}
 	defer s.limits.closed(src)
 	ctx = klog.NewContext(ctx, logger)
+	state := s.egress.NewConn()
 	s.mu.Lock()
-	s.conns[id] = conn
+	s.conns[id] = liveConn{conn: conn, state: state}
 	s.mu.Unlock()
 	m := s.cfg.Metrics
 	m.ActiveConnections.Inc()
@@ -602,7 +610,7 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	}
 	gate := &connGate{
 		slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn),
-		state: s.egress.NewConn(),
+		state: state,
 	}
 	if s.raiseStreamsTo > 0 {
 		gate.onVerified = func() { conn.RaiseMaxIncomingStreams(s.raiseStreamsTo) }

@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"strconv"
 	"strings"
 	"time"
 
@@ -110,12 +109,12 @@ func Handler(o Options) http.Handler {
 			writeJSON(w, o.Registry.List(time.Now()))
 		})))
 		mux.Handle("DELETE /tunnels/{id}", protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+			id, found, err := o.Registry.Lookup(r.PathValue("id"))
 			if err != nil {
-				http.Error(w, "bad tunnel id", http.StatusBadRequest)
+				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
 			}
-			if !o.Registry.Abort(id, proto.CodeShutdown) {
+			if !found || !o.Registry.Abort(id, proto.CodeShutdown) {
 				http.Error(w, "no such tunnel", http.StatusNotFound)
 				return
 			}
@@ -126,6 +125,9 @@ func Handler(o Options) http.Handler {
 		mux.Handle("GET /connections", protect(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			type conn struct {
 				ID                 string  `json:"id"`
+				RemoteAddress      string  `json:"remoteAddress"`
+				LocalAddress       string  `json:"localAddress"`
+				ClientIdentity     string  `json:"clientIdentity,omitempty"`
 				ClientSubject      string  `json:"clientSubject,omitempty"`
 				SmoothedRTTSeconds float64 `json:"smoothedRttSeconds"`
 				MinRTTSeconds      float64 `json:"minRttSeconds"`
@@ -146,7 +148,7 @@ func Handler(o Options) http.Handler {
 			for _, c := range cs {
 				s := c.Stats
 				out = append(out, conn{
-					ID: c.Label, ClientSubject: c.ClientSubject, SmoothedRTTSeconds: s.SmoothedRTT.Seconds(), MinRTTSeconds: s.MinRTT.Seconds(),
+					ID: c.Label, RemoteAddress: c.RemoteAddress, LocalAddress: c.LocalAddress, ClientIdentity: c.ClientIdentity, ClientSubject: c.ClientSubject, SmoothedRTTSeconds: s.SmoothedRTT.Seconds(), MinRTTSeconds: s.MinRTT.Seconds(),
 					LatestRTTSeconds: s.LatestRTT.Seconds(), RTTVarianceSeconds: s.MeanDeviation.Seconds(),
 					CongestionWindow: uint64(s.CongestionWindow), BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
 					BytesLost: s.BytesLost, PacketsSent: s.PacketsSent, PacketsReceived: s.PacketsReceived, PacketsLost: s.PacketsLost,

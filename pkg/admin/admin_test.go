@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -68,8 +69,9 @@ func newEnv(t *testing.T, token string, pprof bool, opts ...func(*admin.Options)
 	preg.MustRegister(c)
 	e := &env{ready: new(atomic.Bool), reg: tunnel.NewRegistry(), aborter: &recorder{}}
 	e.ready.Store(true)
-	for _, d := range []string{"tcp:127.0.0.1:22", "tcp:127.0.0.1:80"} {
+	for i, d := range []string{"tcp:127.0.0.1:22", "tcp:127.0.0.1:80"} {
 		tn := &tunnel.Tunnel{Destination: d, Source: "127.0.0.1:5000", CreatedAt: time.Now(),
+			UUID:     fmt.Sprintf("0123abcd-0000-0000-0000-00000000000%d", i),
 			Upstream: new(atomic.Int64), Downstream: new(atomic.Int64)}
 		tn.Upstream.Store(int64(len(d)))
 		e.remove = append(e.remove, e.reg.Add(tn, e.aborter))
@@ -78,7 +80,7 @@ func newEnv(t *testing.T, token string, pprof bool, opts ...func(*admin.Options)
 	o := admin.Options{
 		Gatherer: preg, Ready: e.ready.Load, Registry: e.reg,
 		Conns: func() []metrics.ConnStats {
-			return []metrics.ConnStats{{Label: "0", Stats: quic.ConnectionStats{
+			return []metrics.ConnStats{{Label: "0", RemoteAddress: "198.51.100.7:52100", LocalAddress: "0.0.0.0:7500", ClientIdentity: "key=ops", Stats: quic.ConnectionStats{
 				SmoothedRTT: 20 * time.Millisecond, BytesSent: 1234, PacketsLost: 3, CongestionWindow: 9000,
 			}}}
 		},
@@ -167,6 +169,7 @@ func TestTunnelsListAndDelete(t *testing.T) {
 	}
 
 	id := list[1]["uuid"].(string)
+	assert.Equal(t, "0123abcd-0000-0000-0000-000000000001", id, "the tunnel's UUID, the same on both ends")
 	rr = e.do(t, http.MethodDelete, "/tunnels/"+id, "")
 	assert.Equal(t, http.StatusNoContent, rr.Code)
 	assert.Equal(t, []proto.Code{proto.CodeShutdown}, e.aborter.got())
@@ -175,7 +178,10 @@ func TestTunnelsListAndDelete(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, e.do(t, http.MethodDelete, "/tunnels/"+id, "").Code)
 	assert.Len(t, e.aborter.got(), 1)
 
-	for _, bad := range []string{"abc", "-1", "1.5", "99999999999999999999999"} {
+	assert.Equal(t, http.StatusNoContent, e.do(t, http.MethodDelete, fmt.Sprint("/tunnels/", e.tunnels[0].ID), "").Code,
+		"the registry's ID in decimal still works")
+	assert.Equal(t, http.StatusNotFound, e.do(t, http.MethodDelete, "/tunnels/0123abcd-0000-0000-0000-00000000000f", "").Code)
+	for _, bad := range []string{"abc", "-1", "1.5", "99999999999999999999999", "0123ABCD-0000-0000-0000-000000000001"} {
 		assert.Equal(t, http.StatusBadRequest, e.do(t, http.MethodDelete, "/tunnels/"+bad, "").Code, bad)
 	}
 	assert.Equal(t, http.StatusNotFound, e.do(t, http.MethodDelete, "/tunnels/12345", "").Code)
@@ -196,6 +202,9 @@ func TestConnections(t *testing.T) {
 	require.NoError(t, json.Unmarshal(rr.Body.Bytes(), &out))
 	require.Len(t, out, 1)
 	assert.Equal(t, "0", out[0]["id"])
+	assert.Equal(t, "198.51.100.7:52100", out[0]["remoteAddress"])
+	assert.Equal(t, "0.0.0.0:7500", out[0]["localAddress"])
+	assert.Equal(t, "key=ops", out[0]["clientIdentity"])
 	assert.InDelta(t, 0.02, out[0]["smoothedRttSeconds"], 1e-9)
 	assert.InDelta(t, 1234, out[0]["bytesSent"], 0)
 	assert.InDelta(t, 3, out[0]["packetsLost"], 0)

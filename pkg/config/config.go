@@ -297,6 +297,29 @@ func suggest(fs *pflag.FlagSet, key string, skipped map[string]bool) string {
 	return best
 }
 
+// SuggestFlag returns the long name of the flag of fs that name (a long
+// flag name as typed, without dashes) most likely meant: the closest within
+// edit distance 2, else the one flag whose name starts with name (3 letters
+// at least); "" if none. Hidden flags are not suggested.
+func SuggestFlag(fs *pflag.FlagSet, name string) string {
+	hidden := map[string]bool{}
+	var prefixed []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Hidden {
+			hidden[f.Name] = true
+		} else if len(name) >= 3 && strings.HasPrefix(f.Name, name) {
+			prefixed = append(prefixed, f.Name)
+		}
+	})
+	if s := suggest(fs, name, hidden); s != "" {
+		return s
+	}
+	if len(prefixed) == 1 {
+		return prefixed[0]
+	}
+	return ""
+}
+
 // editDistance is the Levenshtein distance between a and b (bytes).
 func editDistance(a, b string) int {
 	prev := make([]int, len(b)+1)

@@ -352,3 +352,25 @@ func TestUnknownEnv(t *testing.T) {
 		assert.NotContains(t, g, "b:2", "values are never returned")
 	}
 }
+
+func TestSuggestFlag(t *testing.T) {
+	t.Parallel()
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	for _, n := range []string{"listen-on", "listen-non-loopback", "allow", "allow-for", "server-endpoint", "secret"} {
+		fs.String(n, "", "")
+	}
+	fs.String("hidden-flag", "", "")
+	require.NoError(t, fs.MarkHidden("hidden-flag"))
+	for _, tc := range []struct{ typed, want string }{
+		{"lisen-on", "listen-on"},
+		{"alow", "allow"},
+		{"allow-fro", "allow-for"},
+		{"server", "server-endpoint"}, // the one flag it starts
+		{"listen", ""},                // two flags start so
+		{"se", ""},                    // too short to be a prefix
+		{"hiden-flag", ""},            // hidden flags are not suggested
+		{"nothing-like-it", ""},
+	} {
+		assert.Equal(t, tc.want, SuggestFlag(fs, tc.typed), tc.typed)
+	}
+}

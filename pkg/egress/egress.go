@@ -18,6 +18,7 @@ import (
 
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/lograte"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
@@ -110,7 +111,20 @@ type Handler struct {
 	// udpSockets bounds the flow sockets' receive buffers, udpQueues the
 	// packets queued between them and the client.
 	udpSockets, udpQueues *udpflow.Budget
+
+	// refusals and authFailures choose which refused destinations (by
+	// reason and destination) and failed authentications (by source
+	// address) are logged at -v 0; the rest go to -v 2.
+	refusals, authFailures *lograte.Limiter
 }
+
+// LogInterval is how often the same refused destination, or failed
+// authentication from one address, is logged at -v 0 (with the number left
+// out); at most logKinds distinct ones are logged per interval.
+const (
+	LogInterval = time.Minute
+	logKinds    = 64
+)
 
 // Defaults of the UDP flow limits.
 const (
@@ -174,6 +188,9 @@ func New(cfg Config) (*Handler, error) {
 		flowShares:  shares{open: map[string]int{}},
 		udpSockets:  udpflow.NewBudget(cfg.UDPSocketMemory, cfg.Metrics.UDP.SocketBufferBytes),
 		udpQueues:   udpflow.NewBudget(DefaultUDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
+
+		refusals:     lograte.New(LogInterval, logKinds),
+		authFailures: lograte.New(LogInterval, logKinds),
 	}
 	e.replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
 	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })
@@ -269,6 +286,26 @@ func (e *Handler) store(kr *proto.Keyring, all *endpoint.AllowList, forIdentity 
 // replay cache.
 type ConnState struct {
 	quota *replayQuota
+	// identity is who the connection's client proved to be, with its
+	// latest verified header (Identity).
+	identity atomic.Pointer[string]
+}
+
+// Identity is who the connection's client proved to be with its latest
+// verified header: "CN=NAME" of its certificate and "key=NAME" of its shared
+// secret, comma-separated. Before a verified header it is what the
+// handshake showed (a client certificate's "CN=NAME"), else "".
+func (s *ConnState) Identity(conn *quic.Conn) string {
+	if id := s.identity.Load(); id != nil {
+		return *id
+	}
+	return strings.Join(peerOf(conn).identities(""), ",")
+}
+
+// verified records the identities a verified header proved.
+func (s *ConnState) verified(identities []string) {
+	id := strings.Join(identities, ",")
+	s.identity.Store(&id)
 }
 
 // NewConn returns the state of a new connection.
@@ -393,17 +430,21 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	start := time.Now()
 	// audit, set once the header is verified, writes the tunnel's audit line.
 	var audit func(result string, up, down int64)
-	fail := func(code proto.Code, msg string, kv ...any) {
+	// failAt ends the stream with code and logs msg at level lvl.
+	failAt := func(lvl int, code proto.Code, msg string, kv ...any) {
 		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
 		Reset(str, code)
 		if audit != nil {
 			audit(metrics.ResultLabel(code), 0, 0)
 		}
-		lvl := klog.Level(4)
+		logger.V(lvl).Info(msg, append(kv, "code", code.String())...)
+	}
+	fail := func(code proto.Code, msg string, kv ...any) {
+		lvl := 4
 		if code == proto.CodeRefused || code == proto.CodeAuthFailed || code == proto.CodeReplay {
 			lvl = 2 // an operator wants to see these
 		}
-		logger.V(int(lvl)).Info(msg, append(kv, "code", code.String())...)
+		failAt(lvl, code, msg, kv...)
 	}
 
 	_ = str.SetReadDeadline(start.Add(e.cfg.HeaderTimeout))
@@ -438,7 +479,13 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 				reason = metrics.AuthUnknownKey
 			}
 			m.AuthFailuresTotal.WithLabelValues(reason).Inc()
-			fail(proto.CodeAuthFailed, "Rejected stream: authentication failed", "reason", reason, "keyID", keyIDOf(h))
+			// The operator must see a client that cannot authenticate
+			// (most often a wrong secret), once a minute per address.
+			lvl, kv := 2, []any{"reason", reason, "keyID", keyIDOf(h)}
+			if ok, n := e.authFailures.Allow(sourceOf(conn)); ok {
+				lvl, kv = 0, append(kv, "suppressed", n)
+			}
+			failAt(lvl, proto.CodeAuthFailed, "Refused client: authentication failed; "+authFailureFix(reason), kv...)
 			CloseConn(ctx, conn, proto.CodeAuthFailed, "authentication failed")
 			return
 		}
@@ -450,7 +497,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		st.MACVerified()
 	}
 	if h.Kind == proto.KindHello {
-		e.hello(st, h, logger)
+		e.hello(st, h, keyName, logger)
 		return
 	}
 	// The client certificate is known once the handshake is (a stream of a
@@ -479,6 +526,10 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		fail(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", h.Time)
 		return // recorded before a restart: the cache cannot know it
 	}
+	if h.Kind == proto.KindCheck {
+		e.check(ctx, st, h, pol, key, identities, logger)
+		return
+	}
 	if h.Kind != proto.KindTCP && (h.Kind != proto.KindUDP || st.Flows == nil) {
 		// Reverse binds are carried by later versions; refuse clearly
 		// rather than treat the stream as TCP.
@@ -496,9 +547,9 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		return
 	}
 	refuse := func(err error) {
-		reason := endpoint.RefusalReason(err)
-		m.RefusedTotal.WithLabelValues(dest.Network, reason).Inc()
-		fail(proto.CodeRefused, "Refused destination", "destination", dest.String(), "reason", reason, "err", err)
+		m.RefusedTotal.WithLabelValues(dest.Network, endpoint.RefusalReason(err)).Inc()
+		lvl, msg, kv := e.refusal(dest, identities, err)
+		failAt(lvl, proto.CodeRefused, msg, kv...)
 	}
 	dial, rule, err := pol.authorize(ctx, e.cfg.Resolver, dest, identities)
 	if err != nil {
@@ -519,6 +570,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	}
 	// Only now does the header prove the secret: a valid MAC on a stale or
 	// replayed header is what anyone holding a leaked header has.
+	st.Conn0.verified(identities)
 	if st.Verified != nil {
 		st.Verified()
 	}
@@ -535,7 +587,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	}
 
 	if h.Kind == proto.KindUDP {
-		e.serveUDP(ctx, st, flowStart{logger: logger, start: start, dest: dest, dial: dial, rule: rule,
+		e.serveUDP(ctx, st, flowStart{logger: logger, start: start, tunnelID: h.TunnelID(), dest: dest, dial: dial, rule: rule,
 			identities: identities, account: flowAccount(peer, key, st), keyLife: keyLife, fail: fail, refuse: refuse, audit: audit})
 		return
 	}
@@ -594,6 +646,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		pipe.AfterWrite, pipe.AfterRead = prober.Kick, prober.Heard
 	}
 	t := &tunnel.Tunnel{
+		UUID:        h.TunnelID(),
 		StreamID:    int64(str.StreamID()),
 		ConnID:      connID,
 		Identity:    strings.Join(identities, ","),
@@ -620,7 +673,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 // and the end of the stream.
 // A hello is no tunnel: it is not counted in streams_total, audited or
 // registered.
-func (e *Handler) hello(st Stream, h *proto.Header, logger klog.Logger) {
+func (e *Handler) hello(st Stream, h *proto.Header, keyName string, logger klog.Logger) {
 	str := st.Stream
 	str.CancelRead(proto.CodeOK.StreamErrorCode()) // nothing follows the header
 	now := time.Now()
@@ -636,6 +689,7 @@ func (e *Handler) hello(st Stream, h *proto.Header, logger klog.Logger) {
 		logger.V(2).Info("Refused hello", "code", code.String(), "early", st.Early, "headerTime", h.Time)
 		return
 	}
+	st.Conn0.verified(peerOf(st.Conn).identities(keyName))
 	if st.Verified != nil {
 		st.Verified()
 	}
@@ -646,6 +700,72 @@ func (e *Handler) hello(st Stream, h *proto.Header, logger klog.Logger) {
 	}
 	_ = str.Close()
 	logger.V(4).Info("Accepted hello", "early", st.Early)
+}
+
+// refusal returns how to log a destination refused by err: at -v 0 with the
+// fix, once a minute per reason and destination (the client's application
+// only sees a reset), else at -v 2.
+func (e *Handler) refusal(dest endpoint.Endpoint, identities []string, err error) (lvl int, msg string, kv []any) {
+	reason := endpoint.RefusalReason(err)
+	lvl, kv = 2, []any{"destination", dest.String(), "reason", reason, "identity", strings.Join(identities, ","), "err", err}
+	if ok, n := e.refusals.Allow(reason + " " + dest.String()); ok {
+		lvl, kv = 0, append(kv, "suppressed", n)
+	}
+	if reason == endpoint.ReasonNotAllowed {
+		kv = append(kv, "allowRule", dest.String())
+	}
+	return lvl, "Refused destination: " + RefusalFix(reason), kv
+}
+
+// check answers a check (proto.KindCheck) whose MAC was verified by key of
+// pol (the policy its stream loaded) and which is fresh: the replay check,
+// then whether pol's rules admit its destination for identities, without
+// dialing it; CodeOK and the end of the stream, or a reset with the code of
+// the failure (auth_failed if a reload has removed key with
+// Policy.CutRemovedKeys since, as a tunnel's). Like a hello it is no tunnel:
+// not counted in streams_total or refused_destinations_total, audited or
+// registered; a refusal is logged as a tunnel's.
+func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *policy, key proto.Key, identities []string, logger klog.Logger) {
+	str := st.Stream
+	str.CancelRead(proto.CodeOK.StreamErrorCode()) // nothing follows the header
+	code, unrecorded := e.replay.admit(h, time.Now(), st.Early, st.Conn0.quota)
+	if unrecorded != "" {
+		e.cfg.Metrics.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
+	}
+	if code != proto.CodeOK {
+		str.CancelWrite(code.StreamErrorCode())
+		logger.V(2).Info("Refused check", "code", code.String(), "early", st.Early, "headerTime", h.Time)
+		return
+	}
+	st.Conn0.verified(identities)
+	if st.Verified != nil {
+		st.Verified()
+	}
+	if l, ok := pol.life(key.ID); ok && pol.keys.Len() > 0 && context.Cause(l.ctx) != nil {
+		str.CancelWrite(proto.CodeAuthFailed.StreamErrorCode())
+		logger.V(2).Info("Refused check: a reload removed its key; the client needs a key the server holds", "cause", context.Cause(l.ctx))
+		return
+	}
+	dest, err := e.cfg.Parser.Parse(h.Token)
+	if err != nil {
+		str.CancelWrite(proto.CodeBadToken.StreamErrorCode())
+		logger.V(2).Info("Refused check: bad destination token", "err", err)
+		return
+	}
+	_, rule, err := pol.authorize(ctx, e.cfg.Resolver, dest, identities)
+	if err != nil {
+		str.CancelWrite(proto.CodeRefused.StreamErrorCode())
+		lvl, msg, kv := e.refusal(dest, identities, err)
+		logger.V(lvl).Info(msg, append(kv, "check", true)...)
+		return
+	}
+	logger.V(4).Info("Answered check: allowed", "destination", dest.String(), "rule", rule)
+	_ = str.SetWriteDeadline(time.Now().Add(e.cfg.HeaderTimeout))
+	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
+		str.CancelWrite(proto.CodeConnReset.StreamErrorCode())
+		return
+	}
+	_ = str.Close()
 }
 
 // cutOnRemoval aborts a (a tunnel or a UDP flow: what) with auth_failed when
@@ -686,6 +806,46 @@ func (p peer) identities(keyName string) []string {
 		ids = append(ids, "key="+keyName)
 	}
 	return ids
+}
+
+// RefusalFix says why a destination refused for reason
+// (endpoint.RefusalReason) was refused and what to change if clients should
+// reach it.
+func RefusalFix(reason string) string {
+	switch reason {
+	case endpoint.ReasonNotAllowed:
+		return "no --allow rule admits it; if clients should reach it, add allowRule to the server's --allow (or --allow-for IDENTITY=allowRule for one client) and reload"
+	case endpoint.ReasonDenied:
+		return "a --deny rule matches it (deny wins over --allow); narrow that --deny rule if clients should reach it"
+	case endpoint.ReasonReserved:
+		return "0.0.0.0/8, :: and cloud metadata addresses are never reachable, unless an --allow rule names the metadata address exactly"
+	case endpoint.ReasonSelf:
+		return "it is the server's own QUIC or admin listener, which no rule can allow; point the client's forward elsewhere"
+	case endpoint.ReasonUnresolved:
+		return "the server could not resolve its name; check the name in the client's forward and the server's DNS"
+	}
+	return "not allowed"
+}
+
+// authFailureFix says what most likely caused an authentication failure of
+// reason (metrics.Auth*) and what to check.
+func authFailureFix(reason string) string {
+	switch reason {
+	case metrics.AuthNoMAC:
+		return "the client has no --secret-file; give it the server's secret"
+	case metrics.AuthUnknownKey:
+		return "the client's secret is none of the server's (a wrong --secret-file, or a key removed from --keys-file); give the client the server's secret"
+	}
+	return "the header's MAC does not match (a wrong secret on a client from before key IDs, or a forged header); give the client the server's secret"
+}
+
+// sourceOf is the address a connection comes from, without its port: one
+// client host's failures count as one.
+func sourceOf(c *quic.Conn) string {
+	if ua, ok := c.RemoteAddr().(*net.UDPAddr); ok {
+		return ua.IP.String()
+	}
+	return c.RemoteAddr().String()
 }
 
 // keyIDOf returns the key ID a header names, in hex, or "" for none.

@@ -23,6 +23,7 @@ import (
 type flowStart struct {
 	logger     klog.Logger
 	start      time.Time
+	tunnelID   string
 	dest, dial endpoint.Endpoint
 	rule       string
 	identities []string
@@ -132,6 +133,7 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 	// The client has the flow from its first byte on: datagrams from now.
 	r.Sender.Establish()
 	t := &tunnel.Tunnel{
+		UUID:        f.tunnelID,
 		StreamID:    int64(str.StreamID()),
 		ConnID:      st.ConnID,
 		Identity:    strings.Join(f.identities, ","),

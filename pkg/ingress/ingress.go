@@ -23,7 +23,9 @@ import (
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/lograte"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
@@ -96,6 +98,35 @@ type Handler struct {
 	// badHeaderLogged is set once a bad_header refusal was logged at -v 0;
 	// udpRefusalLogged once a UDP flow refused as unreadable or unsupported.
 	badHeaderLogged, udpRefusalLogged atomic.Bool
+	// refusals chooses which destinations the server refused are logged at
+	// -v 0 (logRefused).
+	refusals *lograte.Limiter
+}
+
+// RefusalLogInterval is how often a destination the server keeps refusing is
+// logged at -v 0 (with the number of refusals left out).
+const RefusalLogInterval = time.Minute
+
+// logRefused says at -v 0, once per RefusalLogInterval for each destination,
+// that the server refused token (the application only sees a reset, or its
+// proxy's refusal), and what to do; it reports whether it did.
+func (h *Handler) logRefused(logger klog.Logger, token string) bool {
+	ok, n := h.refusals.Allow(token)
+	if ok {
+		logger.Info("Server refused the destination: its --allow rules do not admit it (or a --deny rule matches, or its name does not resolve there); "+
+			"allow it on the server (its log names the rule to add), or fix the destination here", "destination", LoggableToken(token), "suppressed", n)
+	}
+	return ok
+}
+
+// LoggableToken is token as logs may show it: a cleartext destination
+// ("tcp:10.0.0.5:22") as is, anything else (a token a --token-parser-key
+// server decrypts) as a placeholder: tokens are not logged.
+func LoggableToken(token string) string {
+	if _, err := endpoint.Parse(token); err == nil {
+		return token
+	}
+	return "(opaque token)"
 }
 
 // New returns a Handler for cfg.
@@ -112,6 +143,7 @@ func New(cfg Config) (*Handler, error) {
 	return &Handler{
 		cfg: cfg, slots: make(chan struct{}, cfg.MaxConnections), handshakes: make(chan struct{}, cfg.MaxProxyHandshakes),
 		udpQueues: udpflow.NewBudget(UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
+		refusals:  lograte.New(RefusalLogInterval, 64),
 	}, nil
 }
 
@@ -211,13 +243,15 @@ func (r *replyStream) Read(b []byte) (int, error) {
 	return r.Stream.Read(b)
 }
 
-// header encodes a stream header for token with a fresh nonce.
-func (h *Handler) header(token string) ([]byte, error) {
+// header encodes a stream header for token with a fresh nonce; id is the
+// tunnel's ID (proto.Header.TunnelID).
+func (h *Handler) header(token string) (b []byte, id string, err error) {
 	hdr, err := proto.NewHeader(token, time.Now())
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return hdr.Append(nil, h.cfg.Secret())
+	b, err = hdr.Append(nil, h.cfg.Secret())
+	return b, hdr.TunnelID(), err
 }
 
 // proxyHandshakeTimeout bounds reading a proxy request (SOCKS5
@@ -330,7 +364,7 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 	}
 	// The header goes out now; the application's bytes follow without waiting
 	// for the reply. It is made now, not at accept: its timestamp must be fresh.
-	hb, err := h.header(token)
+	hb, tunnelID, err := h.header(token)
 	if err != nil {
 		str.CancelRead(proto.CodeInternal.StreamErrorCode())
 		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
@@ -344,7 +378,7 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		return
 	}
 	if !isClosed(conn.HandshakeComplete()) {
-		if str, err = h.earlyPhase(ctx, conn, sc, str, token, early); err != nil {
+		if str, tunnelID, err = h.earlyPhase(ctx, conn, sc, str, token, early, tunnelID); err != nil {
 			fail(proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err)
 			return
 		}
@@ -376,6 +410,9 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 			if _, ok := proto.FromError(err); !ok {
 				code = proto.CodeConnReset
 			}
+			if code == proto.CodeRefused {
+				h.logRefused(klog.LoggerWithValues(slog, "listenAddress", listenAddr), token)
+			}
 			fail(metrics.ResultLabel(code), "Server refused a proxied connection", err)
 			return
 		}
@@ -397,6 +434,7 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		pipe.AfterRead = func() { sess.Prober.Heard(); sess.Waker.Wake() }
 	}
 	t := &tunnel.Tunnel{
+		UUID:        tunnelID,
 		StreamID:    int64(str.StreamID()),
 		Endpoint:    listenAddr,
 		Source:      nc.RemoteAddr().String(),
@@ -411,6 +449,9 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 	var ab *splice.AbortedError
 	if errors.As(err, &ab) {
 		if code, ok := proto.FromError(ab.Cause); ok && code != proto.CodeConnReset && code != proto.CodeShutdown {
+			if code == proto.CodeRefused {
+				h.logRefused(klog.LoggerWithValues(slog, "listenAddress", listenAddr), token)
+			}
 			if optimistic {
 				slog.V(2).Info("Server refused a destination it had accepted on this connection; reset the proxied connection, the next one waits for the server's answer",
 					"code", code.String(), "destination", token)
@@ -466,7 +507,10 @@ const maxEarlyBytes = 256 << 10
 // connection died before its handshake (the server was still down), it opens a
 // stream on the next connection and re-sends a fresh header and the copy. Downstream bytes cannot arrive before the handshake completes, so only
 // the upstream direction needs this.
-func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str *quic.Stream, token string, early []byte) (*quic.Stream, error) {
+//
+// It also returns the tunnel ID of the header in force: id, or the re-sent
+// header's.
+func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str *quic.Stream, token string, early []byte, id string) (*quic.Stream, string, error) {
 	sent := append([]byte(nil), early...) // written with the header already
 	done := make(chan error, 1)
 	go func() {
@@ -493,10 +537,10 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	rerr := <-done
 	_ = nc.SetReadDeadline(time.Time{})
 	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, os.ErrDeadlineExceeded) {
-		return nil, fmt.Errorf("read before handshake: %w", rerr)
+		return nil, "", fmt.Errorf("read before handshake: %w", rerr)
 	}
 	if conn.Context().Err() == nil && conn.ConnectionState().Used0RTT {
-		return str, nil
+		return str, id, nil
 	}
 	str.CancelRead(0) // discarded with the rest of the 0-RTT data
 	str.CancelWrite(0)
@@ -505,7 +549,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		// Rejected: the same connection goes on without 0-RTT.
 		n, err := conn.NextConnection(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("connection after 0-RTT rejection: %w", err)
+			return nil, "", fmt.Errorf("connection after 0-RTT rejection: %w", err)
 		}
 		next = n
 	} else {
@@ -514,7 +558,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		for next == nil {
 			sess, err := h.cfg.Sessions.Wait(ctx)
 			if err != nil {
-				return nil, fmt.Errorf("connection died before its handshake: %w", err)
+				return nil, "", fmt.Errorf("connection died before its handshake: %w", err)
 			}
 			select {
 			case <-sess.Conn.HandshakeComplete():
@@ -523,7 +567,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 				}
 			case <-sess.Conn.Context().Done():
 			case <-ctx.Done():
-				return nil, ctx.Err()
+				return nil, "", ctx.Err()
 			}
 		}
 	}
@@ -531,16 +575,16 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	defer cancel()
 	nstr, err := next.OpenStreamSync(octx)
 	if err != nil {
-		return nil, fmt.Errorf("stream after 0-RTT rejection: %w", err)
+		return nil, "", fmt.Errorf("stream after 0-RTT rejection: %w", err)
 	}
-	hb, err := h.header(token)
+	hb, id, err := h.header(token)
 	if err == nil {
 		_, err = nstr.Write(append(hb, sent...))
 	}
 	if err != nil {
 		nstr.CancelRead(0)
 		nstr.CancelWrite(0)
-		return nil, fmt.Errorf("re-send after 0-RTT rejection: %w", err)
+		return nil, "", fmt.Errorf("re-send after 0-RTT rejection: %w", err)
 	}
-	return nstr, nil
+	return nstr, id, nil
 }

@@ -229,7 +229,9 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 					h.cfg.Accepted()
 				}
 			} else if code, ok := proto.FromError(err); ok {
-				logger.V(2).Info("Server refused UDP flow", "code", code.String(), "destination", token)
+				if code != proto.CodeRefused || !h.logRefused(klog.LoggerWithValues(logger, "listenAddress", pc.LocalAddr().String()), token) {
+					logger.V(2).Info("Server refused UDP flow", "code", code.String(), "destination", token)
+				}
 				// A server from before stream kinds cannot read the header
 				// (bad_header); one that knows kinds but not UDP answers
 				// unsupported. Either way the operator must upgrade it.
@@ -246,6 +248,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	remove, _ := sess.Flows.Add(id, 0, r.FromDatagram) // stream IDs are unique on a connection
 	defer remove()
 	t := &tunnel.Tunnel{
+		UUID:        hdr.TunnelID(),
 		StreamID:    int64(id),
 		Endpoint:    "udp:" + pc.LocalAddr().String(),
 		Source:      f.src.String(),

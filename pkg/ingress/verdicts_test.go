@@ -49,3 +49,15 @@ func TestVerdictsBounded(t *testing.T) {
 	assert.True(t, v.accepted("tcp:later:1", later))
 	assert.LessOrEqual(t, len(v.m), 3, "everything else had expired")
 }
+
+func TestLoggableToken(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ token, want string }{
+		{"tcp:10.0.0.5:22", "tcp:10.0.0.5:22"},
+		{"udp:[::1]:53", "udp:[::1]:53"},
+		{"unix:/run/app.sock", "unix:/run/app.sock"},
+		{"k7Jx0c2VjcmV0LXRva2Vu", "(opaque token)"}, // what a --token-parser-key server decrypts
+	} {
+		assert.Equal(t, tc.want, LoggableToken(tc.token), tc.token)
+	}
+}

@@ -151,7 +151,7 @@ func NewServer(reg prometheus.Registerer) *Server {
 	}, []string{"reason"})
 	m.AuthFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "auth_failures_total",
-		Help: "Stream headers that failed shared-secret authentication (the connection is closed with auth_failed), by reason: no_mac (the client has no --secret-file), unknown_key (a secret the server does not hold, e.g. removed in a rotation), bad_mac (a wrong secret).",
+		Help: "Stream headers that failed shared-secret authentication (the connection is closed with auth_failed), by reason: no_mac (the client has no --secret-file), unknown_key (a wrong secret: the key ID derived from it names no key the server holds; or a key removed in a rotation), bad_mac (the key ID matches but the MAC does not: a forged or corrupted header, or a client from before key IDs with a wrong secret).",
 	}, []string{"reason"})
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.DialDuration, m.StreamBytesTotal,
 		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal, m.DroppedDatagramsTotal,

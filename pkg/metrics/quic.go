@@ -15,6 +15,11 @@ import (
 // under when per-connection series are enabled (the client's connection index).
 type ConnStats struct {
 	Label string
+	// RemoteAddress and LocalAddress are the connection's UDP addresses.
+	RemoteAddress, LocalAddress string
+	// ClientIdentity is who the client proved to be (server side: "CN=NAME",
+	// "key=NAME"); empty otherwise.
+	ClientIdentity string
 	// ClientSubject is the subject of the client's certificate (server side,
 	// mutual TLS); empty otherwise.
 	ClientSubject string
@@ -26,7 +31,7 @@ type ConnStats struct {
 
 // ConnStatsOf reads c's statistics and its congestion controller's state.
 func ConnStatsOf(label string, c *quic.Conn) ConnStats {
-	s := ConnStats{Label: label, Stats: c.ConnectionStats()}
+	s := ConnStats{Label: label, Stats: c.ConnectionStats(), RemoteAddress: c.RemoteAddr().String(), LocalAddress: c.LocalAddr().String()}
 	if cs, ok := congestion.StatsOf(c.CongestionController()); ok {
 		s.Congestion = &cs
 	}

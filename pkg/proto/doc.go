@@ -17,7 +17,7 @@
 //	26     2     token length n (1..MaxTokenLen)
 //	28     n     token (names the destination, e.g. "tcp:127.0.0.1:22")
 //	28+n   4     key ID (KeyIDOf the secret) when flag bit 1 is set
-//	..     1     kind (2 UDP flow, 3 reserved: reverse bind, 4 hello) when flag bit 2
+//	..     1     kind (2 UDP flow, 3 reserved: reverse bind, 4 hello, 5 check) when flag bit 2
 //	             is set; without it the stream is TCP (kind 1, never written)
 //	..     32    HMAC-SHA256(secret, every byte before it) when flag bit 0 is set
 //
@@ -56,4 +56,17 @@
 // the hello. A client from before the hello sends none: a new server then
 // closes such a connection with CodeTimeout if it has presented no valid
 // header within --idle-auth-timeout of its handshake (the client reconnects).
+//
+// The check (KindCheck, the token a destination) asks whether the server's
+// rules admit that destination for this client, without dialing it: a client
+// sends one per fixed destination (its forwards, a Fixed token source) on
+// each new connection, after the handshake, so a forward that can never work
+// is reported when the client connects rather than at its first use. The
+// server checks the header as any (MAC, freshness, replay), then the rules
+// (resolving a name as for a tunnel), and answers CodeOK and ends the stream,
+// or resets it with CodeRefused. A check is no tunnel: it is not dialed,
+// audited, listed or counted in streams_total or refused_destinations_total;
+// a refusal is logged as a tunnel's is. Compatibility: a server from before
+// the check answers CodeUnsupported (and counts and audits that stream as
+// refused) or bad_header; the client then stops checking on that connection.
 package proto

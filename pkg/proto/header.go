@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -48,6 +49,11 @@ const (
 	// tunnel: no destination (its token is HelloToken), nothing follows the
 	// header; the server answers the Reply and ends the stream.
 	KindHello Kind = 4
+	// KindCheck asks whether the server's rules admit the header's
+	// destination for this client, without dialing it: nothing follows the
+	// header; the server answers CodeOK and ends the stream, or resets it
+	// with CodeRefused (or the code of another failure).
+	KindCheck Kind = 5
 )
 
 // HelloToken is the token of a KindHello header (a header's token is never
@@ -64,6 +70,17 @@ func NewHello(now time.Time) (*Header, error) {
 	return h, nil
 }
 
+// NewCheck returns a KindCheck header for token with the current time and a
+// fresh nonce.
+func NewCheck(token string, now time.Time) (*Header, error) {
+	h, err := NewHeader(token, now)
+	if err != nil {
+		return nil, err
+	}
+	h.Kind = KindCheck
+	return h, nil
+}
+
 // String names the kind for logs.
 func (k Kind) String() string {
 	switch k {
@@ -75,6 +92,8 @@ func (k Kind) String() string {
 		return "reverse"
 	case KindHello:
 		return "hello"
+	case KindCheck:
+		return "check"
 	}
 	return fmt.Sprintf("kind_%d", uint8(k))
 }
@@ -255,4 +274,21 @@ func ReadReply(r io.Reader) error {
 		return &RemoteError{Code: c}
 	}
 	return nil
+}
+
+// TunnelID is the header's nonce in the form of a UUID
+// (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx): random, never reused, and known to
+// both ends, it names the tunnel the header opened on both (GET /tunnels).
+func (h *Header) TunnelID() string {
+	var b [36]byte
+	hex.Encode(b[0:8], h.Nonce[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], h.Nonce[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], h.Nonce[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], h.Nonce[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:36], h.Nonce[10:16])
+	return string(b[:])
 }

@@ -219,3 +219,22 @@ func TestHeaderKind(t *testing.T) {
 	_, err = Decode(bytes.NewReader(b))
 	require.ErrorIs(t, err, ErrBadHeader)
 }
+
+func TestTunnelID(t *testing.T) {
+	t.Parallel()
+	h := &Header{}
+	for i := range h.Nonce {
+		h.Nonce[i] = byte(i * 17)
+	}
+	assert.Equal(t, "00112233-4455-6677-8899-aabbccddeeff", h.TunnelID())
+	a, err := NewHeader("tcp:127.0.0.1:22", time.Now())
+	require.NoError(t, err)
+	b, err := NewHeader("tcp:127.0.0.1:22", time.Now())
+	require.NoError(t, err)
+	assert.NotEqual(t, a.TunnelID(), b.TunnelID(), "each header's nonce is fresh")
+	raw, err := a.Append(nil, []byte("0123456789abcdef"))
+	require.NoError(t, err)
+	got, err := Decode(bytes.NewReader(raw))
+	require.NoError(t, err)
+	assert.Equal(t, a.TunnelID(), got.TunnelID(), "the server reads the same ID")
+}

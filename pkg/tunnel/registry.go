@@ -3,6 +3,7 @@ package tunnel
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"sync"
@@ -17,7 +18,10 @@ type Aborter interface{ Abort(code proto.Code) }
 
 // Tunnel is one open tunneled connection.
 type Tunnel struct {
-	ID          uint64
+	ID uint64
+	// UUID names the tunnel on both ends (proto.Header.TunnelID); "" shows
+	// ID instead.
+	UUID        string
 	StreamID    int64
 	ConnID      uint64
 	Endpoint    string // the local listener (client) or the QUIC listener (server)
@@ -142,6 +146,51 @@ func (r *Registry) Abort(id uint64, code proto.Code) bool {
 	return ok
 }
 
+// ErrBadID is returned by Lookup for a string that is neither a UUID nor a
+// decimal tunnel ID.
+var ErrBadID = errors.New("bad tunnel id: want its uuid from GET /tunnels")
+
+// Lookup returns the ID of the tunnel that s names: its UUID as GET /tunnels
+// shows it, or its ID in decimal. found is false when no open tunnel has that
+// UUID; a decimal ID is returned as is (Abort tells whether it is open).
+func (r *Registry) Lookup(s string) (id uint64, found bool, err error) {
+	if id, err := strconv.ParseUint(s, 10, 64); err == nil {
+		return id, true, nil
+	}
+	if !isUUID(s) {
+		return 0, false, ErrBadID
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, e := range r.tunnels {
+		if e.t.UUID == s {
+			return id, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+// isUUID reports whether s has the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+// (lower-case hex).
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range []byte(s) {
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // AbortAll aborts every open tunnel.
 func (r *Registry) AbortAll(code proto.Code) { r.abortWhere(code, func(*Tunnel) bool { return true }) }
 
@@ -192,8 +241,12 @@ func (r *Registry) List(now time.Time) []Info {
 			e.rateDown = float64(down-e.lastDown) / dt
 			e.lastAt, e.lastUp, e.lastDown = now, up, down
 		}
+		uuid := t.UUID
+		if uuid == "" {
+			uuid = strconv.FormatUint(t.ID, 10)
+		}
 		out = append(out, Info{
-			UUID:                  strconv.FormatUint(t.ID, 10),
+			UUID:                  uuid,
 			StreamID:              t.StreamID,
 			ConnID:                t.ConnID,
 			Endpoint:              t.Endpoint,

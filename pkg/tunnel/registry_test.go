@@ -2,6 +2,7 @@ package tunnel_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -259,3 +260,35 @@ func TestRegistryConcurrent(t *testing.T) {
 type countingAborter struct{ n *atomic.Int64 }
 
 func (c *countingAborter) Abort(proto.Code) { c.n.Add(1) }
+
+func TestRegistryLookup(t *testing.T) {
+	t.Parallel()
+	r := tunnel.NewRegistry()
+	ta := newTunnel("a")
+	ta.UUID = "00112233-4455-6677-8899-aabbccddeeff"
+	r.Add(ta, nil)
+	tb := newTunnel("b") // no UUID: listed by its ID
+	r.Add(tb, nil)
+	list := r.List(t0)
+	require.Len(t, list, 2)
+	assert.Equal(t, ta.UUID, list[0].UUID)
+	assert.Equal(t, fmt.Sprint(tb.ID), list[1].UUID)
+
+	for _, tc := range []struct {
+		in    string
+		id    uint64
+		found bool
+		err   error
+	}{
+		{ta.UUID, ta.ID, true, nil},
+		{fmt.Sprint(tb.ID), tb.ID, true, nil},
+		{"00112233-4455-6677-8899-aabbccddeee0", 0, false, nil},
+		{"not-a-uuid", 0, false, tunnel.ErrBadID},
+		{"00112233-4455-6677-8899-AABBCCDDEEFF", 0, false, tunnel.ErrBadID},
+	} {
+		id, found, err := r.Lookup(tc.in)
+		assert.Equal(t, tc.id, id, tc.in)
+		assert.Equal(t, tc.found, found, tc.in)
+		assert.ErrorIs(t, err, tc.err, tc.in)
+	}
+}

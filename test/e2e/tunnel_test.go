@@ -207,13 +207,29 @@ func isReset(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-// TestTunnelsAPI: an open tunnel is listed by both ends; DELETE on either end
-// closes it and the application sees a reset, not a clean EOF.
+// TestTunnelsAPI: an open tunnel is listed by both ends, under one uuid;
+// DELETE on either end closes it and the application sees a reset, not a
+// clean EOF. The server's /connections names each client's address and
+// identity.
 func TestTunnelsAPI(t *testing.T) {
 	checkLeaks(t)
 	echo := testutil.EchoServer(t)
 	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}})
 	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo})
+
+	var conns []struct {
+		RemoteAddress  string `json:"remoteAddress"`
+		LocalAddress   string `json:"localAddress"`
+		ClientIdentity string `json:"clientIdentity"`
+	}
+	code, body := httpDo(http.MethodGet, srv.AdminURL+"/connections")
+	require.Equal(t, http.StatusOK, code, body)
+	require.NoError(t, json.Unmarshal([]byte(body), &conns), body)
+	if assert.Len(t, conns, 1, body) {
+		assert.Regexp(t, `^127\.0\.0\.1:\d+$`, conns[0].RemoteAddress, body)
+		assert.Equal(t, srv.Addr, conns[0].LocalAddress, body)
+		assert.Regexp(t, `^key=[0-9a-f]{8}$`, conns[0].ClientIdentity, "the key the client's hello proved: %s", body)
+	}
 
 	for i, end := range []*daemon{srv, cl} {
 		c := dialApp(t, cl.Addr)
@@ -232,6 +248,8 @@ func TestTunnelsAPI(t *testing.T) {
 		assert.Equal(t, "tcp:"+echo, st[0].ServerAppAddr)
 		assert.Equal(t, c.LocalAddr().String(), ct[0].ClientAppAddr)
 		assert.Equal(t, "tcp:"+echo, ct[0].ServerAppAddr, "the client shows the destination it asked for, not the server (issue 12)")
+		assert.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`, st[0].UUID)
+		assert.Equal(t, st[0].UUID, ct[0].UUID, "one tunnel has one uuid on both ends (issue 20)")
 
 		id := st[0].UUID
 		if end == cl {
@@ -248,7 +266,7 @@ func TestTunnelsAPI(t *testing.T) {
 		assert.Equal(t, http.StatusNotFound, code, "second DELETE")
 		waitMetric(t, cl, 5*time.Second, eq(float64(i+1)), "quictun_client_streams_total", "result", "shutdown")
 	}
-	code, _ := httpDo(http.MethodDelete, srv.AdminURL+"/tunnels/abc")
+	code, _ = httpDo(http.MethodDelete, srv.AdminURL+"/tunnels/abc")
 	assert.Equal(t, http.StatusBadRequest, code)
 	waitMetric(t, srv, 5*time.Second, eq(2), "quictun_server_streams_total", "result", "shutdown")
 	assert.Equal(t, 0.0, scrape(t, srv).val("quictun_server_active_streams"))

@@ -20,7 +20,7 @@ func NewCheckCommand(d Daemon, remote func() string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Check the host for QUIC: UDP buffer limits, GSO, path MTU; print fixes",
-		Args:  cobra.NoArgs,
+		Args:  NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if err := LoadConfig(c.Flags(), d.Config().ConfigFile); err != nil {
 				return err

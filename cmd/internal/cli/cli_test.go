@@ -98,6 +98,9 @@ func TestListenAdmin(t *testing.T) {
 	_, err = cli.ListenAdmin(busy.Addr().String(), "")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "admin listener")
+	assert.ErrorIs(t, err, syscall.EADDRINUSE)
+	assert.Contains(t, err.Error(), "set --httpd-listen-on to a free address for this one (127.0.0.1:0 picks a free port and logs it)",
+		"a port in use names the flag to set")
 }
 
 func TestNewRegistry(t *testing.T) {

@@ -69,7 +69,7 @@ type Daemon interface {
 func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:           name,
-		Args:          cobra.NoArgs,
+		Args:          NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -127,13 +127,15 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 	d.Config().AddFlags(cmd.Flags())
 	d.AddFlags(cmd.Flags())
 	AddKlogFlags(cmd.Flags())
+	cmd.SetFlagErrorFunc(flagError)    // the subcommands' too
+	cmd.SuggestionsMinimumDistance = 2 // noArgs: "verison" means version
 	_ = cmd.MarkFlagFilename("config", "yaml", "yml")
 	SetGroupedHelp(cmd, append(slices.Clone(groups),
 		FlagGroup{Title: "Congestion control", Names: CongestionFlagNames},
 		FlagGroup{Title: "Configuration", Names: configFlagNames},
 		FlagGroup{Title: "Logging", Names: []string{"v", "vmodule"}}))
 	cmd.AddCommand(&cobra.Command{
-		Use: "version", Short: "Print the version", Args: cobra.NoArgs,
+		Use: "version", Short: "Print the version", Args: NoArgs,
 		Run: func(c *cobra.Command, _ []string) { _, _ = fmt.Fprintln(c.OutOrStdout(), name, version.String()) },
 	})
 	return cmd
@@ -160,13 +162,60 @@ func LoadConfig(fs *pflag.FlagSet, file string) error {
 // knownEnv are the QUICTUN_* variables read other than as flags.
 var knownEnv = []string{EnvPrefix + "_CONFIG"}
 
-// Main runs cmd with args under SignalContext and returns the exit code.
+// UsageError is a mistake on the command line (a misspelled flag, a value
+// that does not parse, an argument where none is taken): it is ErrUsage, but
+// reads as its own message.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+
+// Unwrap returns ErrUsage and the error itself.
+func (e *UsageError) Unwrap() []error { return []error{ErrUsage, e.Err} }
+
+// flagError makes a flag parsing error a UsageError and, for a flag that
+// does not exist, names the flag that was most likely meant.
+func flagError(c *cobra.Command, err error) error {
+	var ne *pflag.NotExistError
+	if errors.As(err, &ne) {
+		name := ne.GetSpecifiedName()
+		if sh := ne.GetSpecifiedShortnames(); sh != "" {
+			name = sh // -listen-on: a long name with one dash
+		}
+		if s := config.SuggestFlag(c.Flags(), strings.TrimLeft(name, "-")); s != "" {
+			err = fmt.Errorf("%w (did you mean --%s?)", err, s)
+		}
+	}
+	return &UsageError{Err: err}
+}
+
+// NoArgs is cobra.NoArgs as a UsageError: it refuses positional arguments,
+// naming the subcommand a misspelled one most likely meant.
+func NoArgs(c *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unexpected argument %q: flags are --name VALUE or --name=VALUE", args[0])
+	if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+		msg = fmt.Sprintf("unknown command %q (did you mean %s?)", args[0], s[0])
+	}
+	return &UsageError{Err: errors.New(msg)}
+}
+
+// Main runs cmd with args under SignalContext and returns the exit code. A
+// usage error (ErrUsage) is printed as a plain message with a pointer to
+// --help; any other error as a log line.
 func Main(cmd *cobra.Command, args []string) int {
 	ctx, stop := SignalContext(context.Background())
 	defer stop()
 	cmd.SetArgs(args)
-	err := cmd.ExecuteContext(ctx)
-	if err != nil {
+	c, err := cmd.ExecuteContextC(ctx)
+	switch {
+	case errors.Is(err, ErrUsage):
+		if c == nil {
+			c = cmd
+		}
+		_, _ = fmt.Fprintf(cmd.ErrOrStderr(), "%s: %v\nRun '%s --help' for usage.\n", c.CommandPath(), err, c.CommandPath())
+	case err != nil:
 		klog.ErrorS(err, cmd.Name()+" failed")
 	}
 	klog.Flush()

@@ -148,6 +148,37 @@ func (r *Reloader) ReloadOnce(logger klog.Logger, apply Apply, m *metrics.Reload
 	logger.Info("Configuration reloaded")
 }
 
+// LogApplied logs what a reload changed: the key/value pairs of kv whose
+// value is not empty (nil, "", false, an empty slice), then note; or, when
+// every value is empty, that nothing changed.
+func LogApplied(logger klog.Logger, note string, kv ...any) {
+	var changes []any
+	for i := 0; i+1 < len(kv); i += 2 {
+		switch v := kv[i+1].(type) {
+		case nil:
+			continue
+		case string:
+			if v == "" {
+				continue
+			}
+		case bool:
+			if !v {
+				continue
+			}
+		case []string:
+			if len(v) == 0 {
+				continue
+			}
+		}
+		changes = append(changes, kv[i], kv[i+1])
+	}
+	if len(changes) == 0 {
+		logger.Info("No changes to apply: the configuration and the files it names are as before")
+		return
+	}
+	logger.Info("Applied configuration changes", append(changes, "note", note)...)
+}
+
 // Diff returns the values of next not in cur, and of cur not in next (what a
 // reload added and removed, for its log line).
 func Diff(cur, next []string) (added, removed []string) {

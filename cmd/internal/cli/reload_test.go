@@ -168,3 +168,32 @@ func TestDiff(t *testing.T) {
 		assert.Equal(t, tc.removed, removed, "%v -> %v", tc.cur, tc.next)
 	}
 }
+
+func TestLogApplied(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		kv      []any
+		want    []string
+		notWant []string
+	}{
+		{"nothing changed", []any{"allowAdded", []string(nil), "keysRemoved", []string{}, "secretChanged", false, "plugin", ""},
+			[]string{`"No changes to apply: the configuration and the files it names are as before"`},
+			[]string{"Applied", "null", "allowAdded", "secretChanged", "note"}},
+		{"only what changed", []any{"allowAdded", []string{"tcp:10.0.0.1:22"}, "allowRemoved", []string(nil), "secretChanged", true},
+			[]string{`"Applied configuration changes" allowAdded=["tcp:10.0.0.1:22"] secretChanged=true note="the note"`},
+			[]string{"allowRemoved", "null", "No changes"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var logs bytes.Buffer
+			cli.LogApplied(textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&logs))), "the note", tc.kv...)
+			for _, w := range tc.want {
+				assert.Contains(t, logs.String(), w)
+			}
+			for _, w := range tc.notWant {
+				assert.NotContains(t, logs.String(), w)
+			}
+		})
+	}
+}

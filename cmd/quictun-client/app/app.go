@@ -108,6 +108,7 @@ func (o *Options) Run(ctx context.Context) error {
 		Tokens:             tokens,
 		Listeners:          listeners,
 		Forwards:           forwards,
+		Check:              o.checkDestinations(),
 		SessionWait:        o.SessionWait,
 		StreamOpenTimeout:  o.StreamOpenTimeout,
 		MaxConnections:     o.MaxConnections,
@@ -153,6 +154,27 @@ func (o *Options) listenOn() []string {
 		return nil
 	}
 	return o.ListenOn
+}
+
+// checkDestinations are the fixed destinations the client asks the server
+// about when it connects (client.Config.Check): each forward's, and a Fixed
+// token source's when listeners use it; each once.
+func (o *Options) checkDestinations() []string {
+	var out []string
+	add := func(d string) {
+		if d != "" && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFixed) && len(o.listenOn()) > 0 {
+		add(o.TokenSource)
+	}
+	for _, f := range o.Forward {
+		if _, dest, err := splitForward(f); err == nil {
+			add(dest)
+		}
+	}
+	return out
 }
 
 // entriesLog is the server endpoint and the local entry points for the
@@ -217,7 +239,7 @@ func (o *Options) localEntries(cleanup *cli.Cleanup, creds *ingress.ProxyCredent
 			return nil, nil, err
 		}
 		cleanup.Push(func() { _ = ln.Close() })
-		forwards = append(forwards, client.Forward{Listener: ln, Proxy: proxy})
+		forwards = append(forwards, client.Forward{Listener: ln, Proxy: proxy, Name: kind})
 	}
 	return listeners, forwards, nil
 }
@@ -239,14 +261,14 @@ func openForward(f string, cleanup *cli.Cleanup) (client.Forward, error) {
 			return client.Forward{}, fmt.Errorf("--forward %s: %w", spec, err)
 		}
 		cleanup.Push(func() { _ = uc.Close() })
-		return client.Forward{Packet: uc, Tokens: ts}, nil
+		return client.Forward{Packet: uc, Tokens: ts, Name: dest}, nil
 	}
 	ln, err := listen("forward", spec)
 	if err != nil {
 		return client.Forward{}, err
 	}
 	cleanup.Push(func() { _ = ln.Close() })
-	return client.Forward{Listener: ln, Tokens: ts}, nil
+	return client.Forward{Listener: ln, Tokens: ts, Name: dest}, nil
 }
 
 // sessionCache returns the client's session ticket cache: in --session-file
@@ -370,7 +392,8 @@ var reloadableFlags = []string{"token-source", "token-source-plugin", "secret-fi
 // anything is applied.
 func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessionCache, proxyCreds *ingress.ProxyCredentials) cli.Apply {
 	pins, ca := o.ServerFingerprint, fileDigest(o.CAFile)
-	credsFile := o.ProxyCredentials
+	plugin, source, sourceDigest := o.TokenSourcePlugin, o.TokenSource, tokenFileDigest(o.TokenSourcePlugin, o.TokenSource)
+	credsFile, credsDigest := o.ProxyCredentials, fileDigest(o.ProxyCredentials)
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
 		tlsConf, err := next.tlsConfig(klog.Background(), cache)
@@ -395,7 +418,11 @@ func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessi
 				return nil, err
 			}
 		}
+		credsChanged := false
 		if len(o.Proxy) > 0 {
+			nextDigest := fileDigest(next.ProxyCredentials)
+			credsChanged = next.ProxyCredentials != credsFile || nextDigest != credsDigest
+			credsDigest = nextDigest
 			proxyCreds.Set(credentialsOf(users))
 			switch {
 			case next.ProxyCredentials != "":
@@ -426,9 +453,13 @@ func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessi
 				applied = append(applied, name)
 			}
 		}
-		klog.InfoS("Applied configuration changes", "tokenSourcePlugin", next.TokenSourcePlugin, "secretChanged", secretChanged,
+		nextDigest := tokenFileDigest(next.TokenSourcePlugin, next.TokenSource)
+		tokensChanged := next.TokenSourcePlugin != plugin || next.TokenSource != source || nextDigest != sourceDigest
+		plugin, source, sourceDigest = next.TokenSourcePlugin, next.TokenSource, nextDigest
+		cli.LogApplied(klog.Background(), "open tunnels keep running; the token source and the secret apply to new local connections, the server verification to new connections to the server",
+			"tokenSourceChanged", tokensChanged, "secretChanged", secretChanged,
 			"serverFingerprintsAdded", pinsAdded, "serverFingerprintsRemoved", pinsRemoved, "caFileChanged", caChanged,
-			"note", "open tunnels keep running; the token source and the secret apply to new local connections, the server verification to new connections to the server")
+			"proxyCredentialsChanged", credsChanged)
 		return applied, nil
 	}
 }
@@ -445,6 +476,15 @@ func fileDigest(file string) string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
+}
+
+// tokenFileDigest is fileDigest of a File token source's file ("" for other
+// sources), to tell whether a reload changed its tokens.
+func tokenFileDigest(plugin, source string) string {
+	if !strings.EqualFold(plugin, token.PluginFile) {
+		return ""
+	}
+	return fileDigest(source)
 }
 
 // clientSecret reads the secret a client authenticates with (nil without

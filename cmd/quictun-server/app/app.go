@@ -47,7 +47,7 @@ destination the client names (if the --allow list permits it) and carries the by
 		Long: `Print the SHA-256 fingerprint of the server certificate for clients' --server-fingerprint. It reads
 the same --config file, QUICTUN_* environment and flags as the server, so it finds the same
 --state-dir (or --cert-file); a missing state is created.`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if err := cli.LoadConfig(c.Flags(), fpOpts.ConfigFile); err != nil {
 				return err
@@ -282,12 +282,16 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 				applied = append(applied, name)
 			}
 		}
+		certReplaced := false
 		if old, fp := cert.Fingerprint(), transport.Fingerprint(newCert.Certificate[0]); fp != old {
+			certReplaced = true
 			cert.Store(newCert)
 			klog.InfoS("Replaced the server certificate; new connections get the new one, open ones keep theirs",
 				"fingerprint", fp, "previousFingerprint", old, "hint", "clients must pin "+fp+" (--server-fingerprint) or trust its CA")
 		}
+		caReplaced := false
 		if newCAs != nil && !newCAs.Equal(id.clientCAs.Load()) {
+			caReplaced = true
 			id.clientCAs.Store(newCAs)
 			klog.InfoS("Replaced the client CAs; new connections and resumed sessions need a client certificate they verify, open connections keep running",
 				"clientCAFile", next.ClientCAFile, "hint", "restart the server to close the open connections of clients the old CAs verified")
@@ -314,10 +318,13 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			keys = apply
 			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
 		}
-		klog.InfoS("Applied configuration changes", "allowAdded", added, "allowRemoved", removed,
+		// cutRemovedKeys only when it cut something: it is on by default,
+		// and a reload that changes nothing must say so.
+		cli.LogApplied(klog.Background(), note,
+			"allowAdded", added, "allowRemoved", removed,
 			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "allowForAdded", forAdded, "allowForRemoved", forRemoved,
-			"keysAdded", keysAdded, "keysRemoved", keysRemoved, "cutRemovedKeys", next.CutRemovedKeys,
-			"note", note)
+			"keysAdded", keysAdded, "keysRemoved", keysRemoved, "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
+			"certificateReplaced", certReplaced, "clientCAsReplaced", caReplaced)
 		return applied, nil
 	}
 }

@@ -1,0 +1,67 @@
+package client
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/ingress"
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+// checkDestinations asks the server on sess's connection, once its handshake
+// is done and its hello answered, whether its rules admit each destination of
+// Config.Check (proto.KindCheck), without dialing them: a forward that can
+// never work is reported when the client connects, not at its first use.
+// A refusal is logged at -v 0 once until the server allows the destination
+// again (which is logged too); a server from before the check answers
+// unsupported (or bad_header), and the rest are not asked.
+func (c *Client) checkDestinations(ctx context.Context, sess *session) {
+	if len(c.cfg.Check) == 0 {
+		return
+	}
+	conn := sess.Conn
+	select {
+	case <-conn.HandshakeComplete():
+	case <-conn.Context().Done():
+		return
+	case <-ctx.Done():
+		return
+	}
+	if c.current() != sess {
+		return // replaced (0-RTT rejected): the new session checks
+	}
+	logger := klog.FromContext(ctx)
+	for _, dest := range c.cfg.Check {
+		if c.authRefused.Load() || conn.Context().Err() != nil || ctx.Err() != nil {
+			return
+		}
+		h, err := proto.NewCheck(dest, time.Now())
+		if err != nil {
+			logger.V(2).Info("Could not make a destination check", "destination", ingress.LoggableToken(dest), "err", err)
+			continue
+		}
+		err = ask(conn, h, *c.secret.Load())
+		code, remote := proto.FromError(err)
+		switch {
+		case err == nil:
+			if c.refusedDests.CompareAndDelete(dest, true) {
+				logger.Info("Server now allows a destination it refused before", "destination", ingress.LoggableToken(dest))
+			} else {
+				logger.V(4).Info("Server allows the destination", "destination", ingress.LoggableToken(dest))
+			}
+		case remote && code == proto.CodeRefused:
+			if _, seen := c.refusedDests.Swap(dest, true); !seen {
+				logger.Info("Server refuses a destination this client forwards to: every connection to it will be reset; "+
+					"allow it on the server (its log names the rule to add), or fix the destination here",
+					"destination", ingress.LoggableToken(dest))
+			}
+		case remote && (code == proto.CodeUnsupported || code == proto.CodeBadHeader):
+			logger.V(2).Info("Server cannot check destinations (it predates the check); they are checked at first use", "code", code.String())
+			return
+		default:
+			logger.V(2).Info("Server did not answer a destination check", "destination", ingress.LoggableToken(dest), "err", err)
+		}
+	}
+}
