@@ -83,7 +83,7 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		if err != nil {
 			_ = nc.Close()
 			m.UDP.Drop(udpflow.DropFlowLimit)
-			f.fail(proto.CodeOverloaded, "Refused UDP flow: its socket buffer would exceed the server's UDP socket memory; raise --udp-socket-memory (and net.ipv4.udp_mem) if clients need more flows",
+			f.fail(proto.CodeOverloaded, "Refused UDP flow: its socket buffer would exceed the server's UDP socket memory; raise --udp-socket-memory-mib (and net.ipv4.udp_mem) if clients need more flows",
 				"limit", e.udpSockets.Limit(), "err", err)
 			return
 		}
