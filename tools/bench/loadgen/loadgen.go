@@ -66,6 +66,10 @@ type Options struct {
 	ServerArgs, ServerEnv []string
 	// Command is the command line, for the report.
 	Command string
+	// GCWait bounds the wait, once every client left, for the server's next
+	// garbage collection (Go forces one every 2 minutes), so the memory
+	// left over is read without garbage (0: read it at once).
+	GCWait time.Duration
 	// Settle is how long the server is left alone before a baseline or
 	// leave snapshot (0: 1 s).
 	Settle time.Duration
@@ -77,7 +81,7 @@ func DefaultOptions() Options {
 	return Options{BinDir: "bin", ResultsDir: "bench/results", Clients: 1000, Concurrency: 64, Idle: 30 * time.Second,
 		Tunnels: 10, TunnelBytes: 1024, Restarts: []string{SignalTerm, SignalKill}, Resume: true,
 		Quiet:        client.DefaultConfig().IdleAfter + time.Second,
-		PhaseTimeout: 2 * time.Minute, Timeout: 30 * time.Minute}
+		PhaseTimeout: 3 * time.Minute, Timeout: 30 * time.Minute, GCWait: 2*time.Minute + 10*time.Second}
 }
 
 // Validate reports every problem of o at once.
@@ -100,7 +104,7 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--restarts: %q is neither %s nor %s", s, SignalTerm, SignalKill))
 		}
 	}
-	if o.Idle < 0 || o.Quiet < 0 || o.KeepAlive < 0 || o.PhaseTimeout <= 0 || o.Timeout <= 0 {
+	if o.Idle < 0 || o.Quiet < 0 || o.GCWait < 0 || o.KeepAlive < 0 || o.PhaseTimeout <= 0 || o.Timeout <= 0 {
 		errs = append(errs, errors.New("--idle, --quiet and --keepalive must not be negative, --phase-timeout and --timeout positive"))
 	}
 	return errors.Join(errs...)
@@ -206,7 +210,7 @@ func (r *run) snapshot(ctx context.Context) (Snapshot, error) {
 		return Snapshot{}, err
 	}
 	return Snapshot{RSSBytes: r.srv.rss(), Goroutines: m["go_goroutines"], HeapInuseBytes: m["go_memstats_heap_inuse_bytes"],
-		ActiveConnections: m["quictun_server_active_connections"]}, nil
+		ActiveConnections: m["quictun_server_active_connections"], ReplayCacheEntries: m["quictun_server_replay_cache_entries"]}, nil
 }
 
 // sleep waits d or until ctx is done.
@@ -483,6 +487,7 @@ func (r *run) restart(ctx context.Context, sig string) (Restart, error) {
 		rs.ServerRefused = labelled(m, "quictun_server_refused_connections_total")
 		rs.ServerPreauthRejections = labelled(m, "quictun_server_preauth_rejections_total")
 		rs.ServerConnections = m["quictun_server_active_connections"]
+		rs.ServerDropped = labelled(m, "quictun_server_dropped_datagrams_total")
 	}
 	if rs.NotBack > 0 {
 		return rs, fmt.Errorf("%d of %d clients not back within %v", rs.NotBack, n, r.o.PhaseTimeout)
@@ -496,8 +501,9 @@ func (r *run) resume(ctx context.Context) error {
 	if !r.o.Resume {
 		return nil
 	}
-	r.fl.stopAll()
-	if _, err := r.waitNoConnections(ctx); err != nil {
+	d, err := r.disconnect(ctx)
+	r.res.ResumeStop = d
+	if err != nil {
 		return err
 	}
 	c, err := r.connectPhase(ctx)
@@ -505,18 +511,39 @@ func (r *run) resume(ctx context.Context) error {
 	return err
 }
 
+// disconnect stops every client and waits until the server counts no
+// connection; it records how the server saw them end.
+func (r *run) disconnect(ctx context.Context) (*Disconnect, error) {
+	m0, err := r.srv.scrape(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	r.fl.stopAll()
+	d := &Disconnect{StopSeconds: time.Since(t0).Seconds()}
+	empty, err := r.waitNoConnections(ctx)
+	d.ServerEmptySeconds = empty.Seconds()
+	if m1, serr := r.srv.scrape(ctx); serr == nil {
+		d.ServerEnded = map[string]float64{}
+		for k, v := range labelled(m1, "quictun_server_connections_total") {
+			if n := v - m0["quictun_server_connections_total{"+k+"}"]; n != 0 {
+				d.ServerEnded[k] = n
+			}
+		}
+	}
+	return d, err
+}
+
 // leave disconnects every client and checks that the server's goroutines
 // and memory return to the baseline (phase 6).
 func (r *run) leave(ctx context.Context) error {
-	t0 := time.Now()
-	r.fl.stopAll()
-	l := &Leave{StopSeconds: time.Since(t0).Seconds()}
+	d, err := r.disconnect(ctx)
+	l := &Leave{Disconnect: d}
 	r.res.Leave = l
-	d, err := r.waitNoConnections(ctx)
-	l.ServerEmptySeconds = d.Seconds()
 	if err != nil {
 		return err
 	}
+	left := time.Now()
 	// Goroutines end asynchronously after a connection is gone: give them
 	// up to 10 s to come down to the baseline.
 	b := r.res.Baseline
@@ -535,11 +562,33 @@ func (r *run) leave(ctx context.Context) error {
 		}
 	}
 	l.GoroutinesOverBaseline = l.Snapshot.Goroutines - b.Goroutines
-	l.RSSOverBaselineBytes = l.Snapshot.RSSBytes - b.RSSBytes
-	l.HeapOverBaselineBytes = l.Snapshot.HeapInuseBytes - b.HeapInuseBytes
 	if l.GoroutinesOverBaseline > leakTolerance {
 		return fmt.Errorf("server has %v goroutines after every client left, %v over its baseline", l.Snapshot.Goroutines, l.GoroutinesOverBaseline)
 	}
+	// Heap in use counts garbage until a collection: an idle server
+	// allocates little, so the next one is Go's forced collection, at most
+	// 2 minutes away. Wait for a collection that began after the clients
+	// left, up to GCWait, before reading the memory.
+	if r.o.GCWait > 0 {
+		gcDeadline := left.Add(r.o.GCWait)
+		for time.Now().Before(gcDeadline) {
+			m, err := r.srv.scrape(ctx)
+			if err == nil && m["go_memstats_last_gc_time_seconds"] > float64(left.UnixNano())/1e9 {
+				l.GCAfterLeave = true
+				break
+			}
+			if err := sleep(ctx, time.Second); err != nil {
+				return err
+			}
+		}
+		s, err := r.snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		l.Snapshot = s
+	}
+	l.RSSOverBaselineBytes = l.Snapshot.RSSBytes - b.RSSBytes
+	l.HeapOverBaselineBytes = l.Snapshot.HeapInuseBytes - b.HeapInuseBytes
 	return nil
 }
 

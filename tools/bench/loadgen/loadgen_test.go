@@ -91,7 +91,7 @@ func TestSmoke(t *testing.T) {
 	o.Clients, o.Concurrency, o.Tunnels = 20, 8, 4
 	o.Idle, o.Quiet, o.KeepAlive, o.Settle = 2*time.Second, 0, time.Second, 500*time.Millisecond
 	o.ServerArgs = []string{"--keepalive-period=1s"}
-	o.PhaseTimeout, o.Timeout = time.Minute, 3*time.Minute
+	o.PhaseTimeout, o.Timeout, o.GCWait = time.Minute, 3*time.Minute, 0
 	o.Command = "TestSmoke"
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
@@ -120,6 +120,8 @@ func TestSmoke(t *testing.T) {
 	require.NotNil(t, r.Resume, "resume")
 	assert.Equal(t, 20, r.Resume.ZeroRTT, "resumed with 0-RTT")
 	require.NotNil(t, r.Leave, "leave")
+	require.NotNil(t, r.Leave.Disconnect, "leave")
+	assert.InDelta(t, 20, r.Leave.ServerEnded[`result="shutdown"`], 0, "closed by the clients")
 	assert.LessOrEqual(t, r.Leave.GoroutinesOverBaseline, float64(leakTolerance))
 	report, err := os.ReadFile(dir + "/report.md")
 	require.NoError(t, err)

@@ -41,10 +41,12 @@ type Results struct {
 	Idle     *Idle     `json:"idle,omitempty"`
 	Tunnels  *Tunnels  `json:"tunnels,omitempty"`
 	Restarts []Restart `json:"restarts,omitempty"`
-	Resume   *Connect  `json:"resume,omitempty"`
-	Leave    *Leave    `json:"leave,omitempty"`
-	Errors   []string  `json:"errors,omitempty"`
-	Notes    []string  `json:"notes,omitempty"`
+	// ResumeStop is the disconnect before the resume phase.
+	ResumeStop *Disconnect `json:"resume_stop,omitempty"`
+	Resume     *Connect    `json:"resume,omitempty"`
+	Leave      *Leave      `json:"leave,omitempty"`
+	Errors     []string    `json:"errors,omitempty"`
+	Notes      []string    `json:"notes,omitempty"`
 }
 
 // Snapshot is the server at one moment: /proc and its /metrics.
@@ -53,6 +55,9 @@ type Snapshot struct {
 	Goroutines        float64 `json:"goroutines"`
 	HeapInuseBytes    float64 `json:"heap_inuse_bytes"`
 	ActiveConnections float64 `json:"active_connections"`
+	// ReplayCacheEntries are stream-header nonces the server holds for its
+	// replay window (2 minutes) after the connections that sent them left.
+	ReplayCacheEntries float64 `json:"replay_cache_entries"`
 }
 
 // Connect is a phase that brings every client up at a bounded concurrency.
@@ -143,16 +148,33 @@ type Restart struct {
 	ServerConnections       float64            `json:"server_connections"`
 	ServerRefused           map[string]float64 `json:"server_refused,omitempty"`
 	ServerPreauthRejections map[string]float64 `json:"server_preauth_rejections,omitempty"`
+	// ServerDropped is the new server's
+	// quictun_server_dropped_datagrams_total by reason: unknown_connection_id
+	// counts the old connections' packets it could not answer with a
+	// stateless reset (quic-go answers only packets over 42 bytes).
+	ServerDropped map[string]float64 `json:"server_dropped,omitempty"`
+}
+
+// Disconnect is every client stopping (each closes its connection).
+type Disconnect struct {
+	StopSeconds        float64 `json:"stop_seconds"`
+	ServerEmptySeconds float64 `json:"server_empty_seconds"`
+	// ServerEnded is how the server saw the connections end
+	// (quictun_server_connections_total by result): shutdown is the
+	// client's close; idle_timeout a close that never arrived.
+	ServerEnded map[string]float64 `json:"server_ended,omitempty"`
 }
 
 // Leave is the server after every client disconnected.
 type Leave struct {
-	StopSeconds            float64  `json:"stop_seconds"`
-	ServerEmptySeconds     float64  `json:"server_empty_seconds"`
+	*Disconnect
 	Snapshot               Snapshot `json:"snapshot"`
 	GoroutinesOverBaseline float64  `json:"goroutines_over_baseline"`
-	RSSOverBaselineBytes   int64    `json:"rss_over_baseline_bytes"`
-	HeapOverBaselineBytes  float64  `json:"heap_inuse_over_baseline_bytes"`
+	// GCAfterLeave tells whether the server collected garbage after the
+	// clients left and before Snapshot (else the heap holds garbage).
+	GCAfterLeave          bool    `json:"gc_after_leave"`
+	RSSOverBaselineBytes  int64   `json:"rss_over_baseline_bytes"`
+	HeapOverBaselineBytes float64 `json:"heap_inuse_over_baseline_bytes"`
 }
 
 // save writes results.json and report.md into dir.
@@ -228,13 +250,23 @@ func (r *Results) WriteReport(w io.Writer) {
 		row(p, "handshakes/s over the return; per server CPU-second", fmt.Sprintf("%.0f; %.0f (server %.2f s, load generator %.2f s CPU)",
 			rs.PerSecond, rs.PerServerCPUSecond, rs.ServerCPUSeconds, rs.LoadgenCPUSeconds))
 		row(p, "server refusals", refusals(rs.ServerRefused, rs.ServerPreauthRejections))
+		row(p, "new server's dropped datagrams", counts(rs.ServerDropped))
+	}
+	if d := r.ResumeStop; d != nil {
+		disconnectRows(row, "5 resume", d)
 	}
 	if c := r.Resume; c != nil {
 		connectRows(row, "5 resume", "0-RTT", c)
 	}
-	if l := r.Leave; l != nil {
-		row("6 leave", "server empty after", fmt.Sprintf("%.2f s (clients stopped in %.2f s)", l.ServerEmptySeconds, l.StopSeconds))
-		row("6 leave", "goroutines / RSS / heap over baseline", fmt.Sprintf("%+.0f / %s / %s", l.GoroutinesOverBaseline, mib(float64(l.RSSOverBaselineBytes)), mib(l.HeapOverBaselineBytes)))
+	if l := r.Leave; l != nil && l.Disconnect != nil {
+		disconnectRows(row, "6 leave", l.Disconnect)
+		gc := "no collection since they left"
+		if l.GCAfterLeave {
+			gc = "after a collection"
+		}
+		row("6 leave", "goroutines / RSS / heap over baseline", fmt.Sprintf("%+.0f / %s / %s (%s)", l.GoroutinesOverBaseline,
+			mib(float64(l.RSSOverBaselineBytes)), mib(l.HeapOverBaselineBytes), gc))
+		row("6 leave", "replay cache entries (kept for 2 min)", fmt.Sprintf("%.0f", l.Snapshot.ReplayCacheEntries))
 	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "\nError: %s\n", e)
@@ -252,6 +284,11 @@ func connectRows(row func(string, string, string), phase, kind string, c *Connec
 	row(phase, "server refusals", refusals(c.ServerRefused, c.ServerPreauthRejections))
 }
 
+func disconnectRows(row func(string, string, string), phase string, d *Disconnect) {
+	row(phase, "clients stopped / server empty after", fmt.Sprintf("%.2f s / %.2f s", d.StopSeconds, d.ServerEmptySeconds))
+	row(phase, "how the server saw them end", counts(d.ServerEnded))
+}
+
 // refusals lists the non-zero refusal counters, or "none".
 func refusals(refused, preauth map[string]float64) string {
 	var parts []string
@@ -260,6 +297,18 @@ func refusals(refused, preauth map[string]float64) string {
 	}
 	for _, k := range slices.Sorted(maps.Keys(preauth)) {
 		parts = append(parts, "preauth "+k+"="+strconv.FormatFloat(preauth[k], 'f', 0, 64))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// counts lists non-zero counters by label, or "none".
+func counts(m map[string]float64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+"="+strconv.FormatFloat(m[k], 'f', 0, 64))
 	}
 	if len(parts) == 0 {
 		return "none"
