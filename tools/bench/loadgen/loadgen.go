@@ -230,7 +230,15 @@ func (r *run) baseline(ctx context.Context) error {
 	if err := sleep(ctx, r.o.Settle); err != nil {
 		return err
 	}
+	// The server's own idle cost (Go's system monitor, timers), to take
+	// out of the cost per idle client.
+	w := max(r.o.Settle, min(10*time.Second, r.o.Idle/3))
+	cpu0, t0 := r.srv.cpu(), time.Now()
+	if err := sleep(ctx, w); err != nil {
+		return err
+	}
 	s, err := r.snapshot(ctx)
+	s.CPUCores = (r.srv.cpu() - cpu0) / time.Since(t0).Seconds()
 	r.res.Baseline = s
 	r.loadgenBase = loadgenFigures(1, nil)
 	return err
@@ -294,7 +302,7 @@ func (r *run) idle(ctx context.Context) error {
 	n := float64(r.o.Clients)
 	b := r.res.Baseline
 	r.res.Idle = &Idle{Seconds: d, Snapshot: s, ServerCPUSeconds: cpu, ServerCores: cpu / d,
-		ServerCPUPerClientMicrosPerSecond: cpu / d / n * 1e6, LoadgenCores: gen / d,
+		ServerCPUPerClientMicrosPerSecond: max(0, cpu/d-b.CPUCores) / n * 1e6, LoadgenCores: gen / d,
 		OtherCores:          max(0, busy/d-cpu/d-gen/d),
 		RSSPerClientBytes:   float64(s.RSSBytes-b.RSSBytes) / n,
 		HeapPerClientBytes:  (s.HeapInuseBytes - b.HeapInuseBytes) / n,

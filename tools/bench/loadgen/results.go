@@ -58,6 +58,9 @@ type Snapshot struct {
 	// ReplayCacheEntries are stream-header nonces the server holds for its
 	// replay window (2 minutes) after the connections that sent them left.
 	ReplayCacheEntries float64 `json:"replay_cache_entries"`
+	// CPUCores is the server's CPU as a fraction of one core over a few
+	// seconds before the snapshot (the baseline only).
+	CPUCores float64 `json:"cpu_cores,omitempty"`
 }
 
 // Connect is a phase that brings every client up at a bounded concurrency.
@@ -98,7 +101,9 @@ type Idle struct {
 	Snapshot         Snapshot `json:"snapshot"`
 	ServerCPUSeconds float64  `json:"server_cpu_seconds"`
 	// ServerCores is the server's CPU as a fraction of one core.
-	ServerCores                       float64 `json:"server_cores"`
+	ServerCores float64 `json:"server_cores"`
+	// ServerCPUPerClientMicrosPerSecond is the server's CPU over its
+	// baseline's (no client), per client: µs of CPU per client per second.
 	ServerCPUPerClientMicrosPerSecond float64 `json:"server_cpu_per_client_us_per_second"`
 	LoadgenCores                      float64 `json:"loadgen_cores"`
 	// OtherCores is the rest of the machine's busy CPU (/proc/stat) meanwhile.
@@ -223,6 +228,7 @@ func (r *Results) WriteReport(w io.Writer) {
 	row := func(phase, figure, value string) { fmt.Fprintf(w, "| %s | %s | %s |\n", phase, figure, value) }
 	b := r.Baseline
 	row("0 baseline", "server RSS / goroutines / heap in use", fmt.Sprintf("%s / %.0f / %s", mib(float64(b.RSSBytes)), b.Goroutines, mib(b.HeapInuseBytes)))
+	row("0 baseline", "server CPU, % of one core", fmt.Sprintf("%.2f %%", 100*b.CPUCores))
 	if c := r.Connect; c != nil {
 		connectRows(row, "1 connect", "full", c)
 	}
@@ -235,7 +241,7 @@ func (r *Results) WriteReport(w io.Writer) {
 		row("2 idle", "server heap in use per client", kib(i.HeapPerClientBytes))
 		row("2 idle", "server goroutines per client", fmt.Sprintf("%.2f (%.0f)", i.GoroutinesPerClient, i.Snapshot.Goroutines))
 		row("2 idle", "server CPU, % of one core", fmt.Sprintf("%.2f %% over %.0f s", 100*i.ServerCores, i.Seconds))
-		row("2 idle", "server CPU per idle client", fmt.Sprintf("%.2f µs/s", i.ServerCPUPerClientMicrosPerSecond))
+		row("2 idle", "server CPU per idle client (over the baseline's)", fmt.Sprintf("%.2f µs/s", i.ServerCPUPerClientMicrosPerSecond))
 		row("2 idle", "load generator / other processes, cores", fmt.Sprintf("%.3f / %.3f", i.LoadgenCores, i.OtherCores))
 	}
 	if t := r.Tunnels; t != nil {
