@@ -426,7 +426,7 @@ func (r *run) restart(ctx context.Context, sig string) (Restart, error) {
 		base[i] = f + z
 	}
 	before := r.dialCounts()
-	t0 := time.Now()
+	t0, rcv0 := time.Now(), udpRcvbufErrors()
 	if sig == SignalKill {
 		r.srv.proc.Kill()
 		r.srv.proc = nil
@@ -445,10 +445,11 @@ func (r *run) restart(ctx context.Context, sig string) (Restart, error) {
 		pending[i] = i
 	}
 	deadline := time.Now().Add(r.o.PhaseTimeout)
-	// A pass reads two counters of each client not back yet (~1 µs each):
-	// every 20 ms for up to 1000 clients, less often for more, so the
-	// polling takes at most about a tenth of a core from the server.
-	tick := time.NewTicker(max(20*time.Millisecond, time.Duration(n)*20*time.Microsecond))
+	// A pass reads two counters of each ready client not back yet (~1 µs
+	// each; after a SIGKILL every client still looks ready until it
+	// notices): every 50 ms for up to 1000 clients, less often for more,
+	// so the polling takes at most a few percent of a core.
+	tick := time.NewTicker(max(50*time.Millisecond, time.Duration(n)*50*time.Microsecond))
 	defer tick.Stop()
 	for len(pending) > 0 && time.Now().Before(deadline) {
 		select {
@@ -471,6 +472,7 @@ func (r *run) restart(ctx context.Context, sig string) (Restart, error) {
 	}
 	rs.ServerCPUSeconds, rs.LoadgenCPUSeconds = r.srv.cpu()-cpu0, selfCPU()-gen0
 	rs.NotBack = len(pending)
+	rs.UDPRcvbufErrors = udpRcvbufErrors() - rcv0
 	after := r.dialCounts()
 	rs.Full, rs.ZeroRTT = int(after.full-before.full), int(after.zeroRTT-before.zeroRTT)
 	rs.Rejected0RTT, rs.DialErrors = int(after.rejected-before.rejected), int(after.errors-before.errors)
@@ -526,18 +528,15 @@ func (r *run) disconnect(ctx context.Context) (*Disconnect, error) {
 	if err != nil {
 		return nil, err
 	}
-	t0 := time.Now()
+	t0, rcv0 := time.Now(), udpRcvbufErrors()
 	r.fl.stopAll()
 	d := &Disconnect{StopSeconds: time.Since(t0).Seconds()}
 	empty, err := r.waitNoConnections(ctx)
 	d.ServerEmptySeconds = empty.Seconds()
+	d.UDPRcvbufErrors = udpRcvbufErrors() - rcv0
 	if m1, serr := r.srv.scrape(ctx); serr == nil {
-		d.ServerEnded = map[string]float64{}
-		for k, v := range labelled(m1, "quictun_server_connections_total") {
-			if n := v - m0["quictun_server_connections_total{"+k+"}"]; n != 0 {
-				d.ServerEnded[k] = n
-			}
-		}
+		d.ServerEnded = delta(m0, m1, "quictun_server_connections_total")
+		d.ServerDropped = delta(m0, m1, "quictun_server_dropped_datagrams_total")
 	}
 	return d, err
 }
@@ -647,6 +646,18 @@ func labelled(m metricSet, name string) map[string]float64 {
 	for k, v := range m {
 		if labels, ok := strings.CutPrefix(k, name+"{"); ok && v != 0 {
 			out[labels[:len(labels)-1]] = v
+		}
+	}
+	return out
+}
+
+// delta returns the non-zero increases of a labelled metric from m0 to m1,
+// keyed by their labels.
+func delta(m0, m1 metricSet, name string) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range labelled(m1, name) {
+		if n := v - m0[name+"{"+k+"}"]; n != 0 {
+			out[k] = n
 		}
 	}
 	return out

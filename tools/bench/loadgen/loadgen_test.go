@@ -52,6 +52,19 @@ go_memstats_heap_inuse_bytes 3.3554432e+06
 	require.Error(t, err)
 }
 
+func TestParseRcvbufErrors(t *testing.T) {
+	t.Parallel()
+	snmp := `Tcp: RtoAlgorithm RtoMin
+Tcp: 1 200
+Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors
+Udp: 4784875 30722 388056 4156909 388057 0
+UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors
+UdpLite: 0 0 0 0 7 0
+`
+	assert.InDelta(t, 388057, parseRcvbufErrors(snmp), 0)
+	assert.Zero(t, parseRcvbufErrors("Tcp: 1 200\n"))
+}
+
 func TestValidate(t *testing.T) {
 	t.Parallel()
 	require.NoError(t, DefaultOptions().Validate())

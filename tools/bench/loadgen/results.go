@@ -158,6 +158,8 @@ type Restart struct {
 	// counts the old connections' packets it could not answer with a
 	// stateless reset (quic-go answers only packets over 42 bytes).
 	ServerDropped map[string]float64 `json:"server_dropped,omitempty"`
+	// UDPRcvbufErrors: as in Disconnect, from the signal until all were back.
+	UDPRcvbufErrors float64 `json:"udp_rcvbuf_errors"`
 }
 
 // Disconnect is every client stopping (each closes its connection).
@@ -168,6 +170,12 @@ type Disconnect struct {
 	// (quictun_server_connections_total by result): shutdown is the
 	// client's close; idle_timeout a close that never arrived.
 	ServerEnded map[string]float64 `json:"server_ended,omitempty"`
+	// ServerDropped is the server's dropped datagrams meanwhile, by reason.
+	ServerDropped map[string]float64 `json:"server_dropped,omitempty"`
+	// UDPRcvbufErrors is the increase of /proc/net/snmp's Udp RcvbufErrors
+	// meanwhile: datagrams the kernel dropped for a full socket receive
+	// buffer, any socket of this network namespace.
+	UDPRcvbufErrors float64 `json:"udp_rcvbuf_errors"`
 }
 
 // Leave is the server after every client disconnected.
@@ -256,7 +264,7 @@ func (r *Results) WriteReport(w io.Writer) {
 		row(p, "handshakes/s over the return; per server CPU-second", fmt.Sprintf("%.0f; %.0f (server %.2f s, load generator %.2f s CPU)",
 			rs.PerSecond, rs.PerServerCPUSecond, rs.ServerCPUSeconds, rs.LoadgenCPUSeconds))
 		row(p, "server refusals", refusals(rs.ServerRefused, rs.ServerPreauthRejections))
-		row(p, "new server's dropped datagrams", counts(rs.ServerDropped))
+		row(p, "new server's dropped datagrams; kernel UDP receive-buffer drops", fmt.Sprintf("%s; %.0f", counts(rs.ServerDropped), rs.UDPRcvbufErrors))
 	}
 	if d := r.ResumeStop; d != nil {
 		disconnectRows(row, "5 resume", d)
@@ -293,6 +301,7 @@ func connectRows(row func(string, string, string), phase, kind string, c *Connec
 func disconnectRows(row func(string, string, string), phase string, d *Disconnect) {
 	row(phase, "clients stopped / server empty after", fmt.Sprintf("%.2f s / %.2f s", d.StopSeconds, d.ServerEmptySeconds))
 	row(phase, "how the server saw them end", counts(d.ServerEnded))
+	row(phase, "server's dropped datagrams meanwhile; kernel UDP receive-buffer drops", fmt.Sprintf("%s; %.0f", counts(d.ServerDropped), d.UDPRcvbufErrors))
 }
 
 // refusals lists the non-zero refusal counters, or "none".
@@ -336,6 +345,38 @@ func loadavg() string {
 		return ""
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// udpRcvbufErrors is /proc/net/snmp's Udp RcvbufErrors (0 if unreadable).
+func udpRcvbufErrors() float64 {
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		return 0
+	}
+	return parseRcvbufErrors(string(b))
+}
+
+// parseRcvbufErrors reads RcvbufErrors from the Udp lines of /proc/net/snmp
+// (a line of names, then one of values).
+func parseRcvbufErrors(snmp string) float64 {
+	var names []string
+	for line := range strings.SplitSeq(snmp, "\n") {
+		rest, ok := strings.CutPrefix(line, "Udp: ")
+		if !ok {
+			continue
+		}
+		if names == nil {
+			names = strings.Fields(rest)
+			continue
+		}
+		for i, v := range strings.Fields(rest) {
+			if i < len(names) && names[i] == "RcvbufErrors" {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+	}
+	return 0
 }
 
 // machineBusy is the machine's busy CPU seconds so far, every CPU's
