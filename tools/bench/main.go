@@ -191,7 +191,7 @@ func newLoadgenCommand() *cobra.Command {
 	fs.IntVar(&o.TunnelBytes, "tunnel-bytes", o.TunnelBytes, "bytes each tunnel sends and reads back")
 	fs.StringSliceVar(&o.Restarts, "restarts", o.Restarts, "server restarts, in order: term (SIGTERM: drain), kill (SIGKILL); --restarts= for none")
 	fs.BoolVar(&o.Resume, "resume", o.Resume, "disconnect every client and connect them again with their session tickets (0-RTT handshakes/s)")
-	fs.DurationVar(&o.KeepAlive, "keepalive", o.KeepAlive, "the clients' QUIC keep-alive period (0: the client's default, 25s); an idle client learns of a SIGKILLed server at its next keep-alive")
+	fs.DurationVar(&o.KeepAlive, "keepalive", o.KeepAlive, "the clients' QUIC keep-alive period (0: the client's default, 25s): all an idle client sends")
 	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", o.PhaseTimeout, "bound on each phase that waits for the clients (connect, each restart, leave)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "bound on the whole run")
 	fs.DurationVar(&o.GCWait, "gc-wait", o.GCWait, "after every client left, wait up to this long for the server's next garbage collection (Go forces one every 2m) before reading its memory; 0 reads it at once")
