@@ -7,7 +7,7 @@ LDFLAGS  := -s -w -X github.com/quictun/quictun/pkg/version.Version=$(VERSION) -
 FUZZTIME ?= 30s
 BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./tools/linkem
 
-.PHONY: all quic-go test-quic-go build demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-floor bench-compare e2e soak deploy-check clean
+.PHONY: all quic-go test-quic-go build demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-floor bench-compare bench-scale e2e soak deploy-check clean
 
 # golangci-lint, pinned; installed from the module proxy into GOPATH/bin under a versioned name (about
 # 2 minutes the first time), so every clone on the machine (CI's fresh ones too) shares one build
@@ -99,6 +99,12 @@ bench-floor: build
 	$(GO) build -trimpath -o bin/floor/quictun-client ./tools/floortun
 	$(GO) run ./tools/bench loopback --bin bin --bin-b bin/floor --quictun-env GODEBUG=schedtrace=2147483647
 	scripts/floor-lan.sh
+
+## bench-scale N=1000: N emulated clients against bin/quictun-server (tools/bench/loadgen/README.md): handshakes/s, RSS/goroutines/CPU per idle client, restarts (SIGTERM, SIGKILL), leaks; LOADGEN_ARGS adds flags
+N ?= 1000
+LOADGEN_ARGS ?=
+bench-scale: build
+	$(GO) run ./tools/bench loadgen --bin bin --clients $(N) $(LOADGEN_ARGS)
 
 ## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
 bench-compare: quic-go

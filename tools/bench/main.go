@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/tools/bench/harness"
+	"github.com/quictun/quictun/tools/bench/loadgen"
 )
 
 func main() {
@@ -38,7 +39,7 @@ func newRootCommand() *cobra.Command {
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	root.PersistentFlags().AddGoFlag(gfs.Lookup("v"))
-	root.AddCommand(newRunCommand(), newLoopbackCommand(), newCompareCommand(), newReportCommand(), newFlameCommand())
+	root.AddCommand(newRunCommand(), newLoopbackCommand(), newCompareCommand(), newReportCommand(), newFlameCommand(), newLoadgenCommand())
 	return root
 }
 
@@ -151,6 +152,51 @@ func newLoopbackCommand() *cobra.Command {
 	fs.StringSliceVar(&o.ClientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")
 	fs.StringSliceVar(&o.Env, "quictun-env", nil, "extra environment of both daemons, e.g. GOMAXPROCS=2 (repeatable); without GOMAXPROCS and GODEBUG here or in this environment the daemons get GOMAXPROCS at half the CPUs and GODEBUG="+harness.SysmonPolling+" (GODEBUG=schedtrace=0: Go's default)")
 	fs.StringSliceVar(&o.EnvB, "quictun-env-b", nil, "extra environment of quictun-b's daemons only (with --bin-b, or alone: the same build with another environment)")
+	return cmd
+}
+
+func newLoadgenCommand() *cobra.Command {
+	o := loadgen.DefaultOptions()
+	cmd := &cobra.Command{
+		Use:   "loadgen",
+		Short: "Emulate N clients against a real quictun-server and write bench/results/loadgen-<date>/ (tools/bench/loadgen/README.md)",
+		Long: "Runs quictun-server from --bin and N emulated clients in this process, each the client library on its own " +
+			"UDP socket and source address (127.0.0.2 upwards), and measures: full handshakes/s (connect at --concurrency), " +
+			"the server's RSS, goroutines and CPU per idle client, a few tunnels, the time for every client to come back " +
+			"after a SIGTERM and a SIGKILL restart of the server, 0-RTT handshakes/s (resume) and what is left on the " +
+			"server after every client left. Prints the table of report.md.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Command = strings.Join(os.Args, " ")
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			dir, err := loadgen.Run(ctx, o)
+			if dir != "" {
+				if r, lerr := loadgen.LoadResults(dir); lerr == nil {
+					r.WriteReport(os.Stdout)
+				}
+				fmt.Printf("\nReport: %s/report.md\n", dir)
+			}
+			return err
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.BinDir, "bin", o.BinDir, "directory with quictun-server")
+	fs.StringVar(&o.ResultsDir, "out", o.ResultsDir, "results directory; the run writes <out>/loadgen-<UTC date>/")
+	fs.IntVarP(&o.Clients, "clients", "n", o.Clients, "emulated clients (N), one source address each")
+	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "clients connecting at once (handshake and hello in flight)")
+	fs.DurationVar(&o.Idle, "idle", o.Idle, "how long the connected clients stay idle while the server's CPU is measured (span a keep-alive period: 25s)")
+	fs.DurationVar(&o.Quiet, "quiet", o.Quiet, "wait before the idle measurement: a new connection heartbeats until it had no work for 5s")
+	fs.IntVar(&o.Tunnels, "tunnels", o.Tunnels, "clients that open a tunnel to an echo server and exchange --tunnel-bytes")
+	fs.IntVar(&o.TunnelBytes, "tunnel-bytes", o.TunnelBytes, "bytes each tunnel sends and reads back")
+	fs.StringSliceVar(&o.Restarts, "restarts", o.Restarts, "server restarts, in order: term (SIGTERM: drain), kill (SIGKILL); --restarts= for none")
+	fs.BoolVar(&o.Resume, "resume", o.Resume, "disconnect every client and connect them again with their session tickets (0-RTT handshakes/s)")
+	fs.DurationVar(&o.KeepAlive, "keepalive", o.KeepAlive, "the clients' QUIC keep-alive period (0: the client's default, 25s): all an idle client sends")
+	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", o.PhaseTimeout, "bound on each phase that waits for the clients (connect, each restart, leave)")
+	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "bound on the whole run")
+	fs.DurationVar(&o.GCWait, "gc-wait", o.GCWait, "after every client left, wait up to this long for the server's next garbage collection (Go forces one every 2m) before reading its memory; 0 reads it at once")
+	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable), e.g. --quictun-server-arg=--handshake-rate=5")
+	fs.StringSliceVar(&o.ServerEnv, "quictun-env", nil, "extra environment of the server, e.g. GOMAXPROCS=2 (repeatable); without GOMAXPROCS and GODEBUG the server gets GOMAXPROCS at half the CPUs and GODEBUG="+harness.SysmonPolling+", as in every harness run")
 	return cmd
 }
 

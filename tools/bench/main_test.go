@@ -1,0 +1,19 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestCommands builds every subcommand: a flag defined twice panics here
+// rather than in the hands of whoever runs the bench.
+func TestCommands(t *testing.T) {
+	var root interface{ Name() string }
+	require.NotPanics(t, func() { root = newRootCommand() })
+	assert.Equal(t, "bench", root.Name())
+	cmd, _, err := newRootCommand().Find([]string{"loadgen"})
+	require.NoError(t, err)
+	assert.NotNil(t, cmd.Flags().Lookup("gc-wait"))
+}
