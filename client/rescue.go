@@ -102,6 +102,8 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 			})
 		}
 	}
+	var ackDue bool          // idle: a keep-alive is waiting for any packet from the server
+	var rxAtKeepAlive uint64 // packets received when it went out
 	mark := c.cfg.Registry.Activity()
 	lastWork, watching := time.Now(), time.Now()
 	active := true
@@ -116,18 +118,36 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 			now := time.Now()
 			lastWork, mark = now, c.cfg.Registry.Activity()
 			if !active { // (a Wake between an Arm and its Disarm finds it active)
-				active, tickC, watching = true, tick.C, now
+				active, tickC, watching, ackDue = true, tick.C, now, false
 				tick.Reset(interval)
 				heartbeat()
 				logger.V(4).Info("Connection has work; heartbeats on")
 			}
 		case now := <-tickC:
-			if !active { // a keep-alive period passed without work
-				if m := c.cfg.Registry.Activity(); m == mark {
-					keepAlive()
+			if !active {
+				m := c.cfg.Registry.Activity()
+				switch {
+				case m != mark:
+					// Bytes moved and did not wake us (a closed tunnel's).
+				case ackDue && conn.ConnectionStats().PacketsReceived > rxAtKeepAlive:
+					ackDue = false // the keep-alive was answered
+					tick.Reset(max(keepAlivePeriod*9/10-c.cfg.RescueAfter, keepAlivePeriod/10, time.Millisecond))
 					continue
+				case !ackDue:
+					// A keep-alive period passed without work. Nothing
+					// answered in RescueAfter means a dead path or a
+					// restarted server whose reset was lost (quic-go sends
+					// one per packet only while its queue of 4 has room):
+					// heartbeats then, each padded to draw a reset.
+					keepAlive()
+					ackDue, rxAtKeepAlive = true, conn.ConnectionStats().PacketsReceived
+					tick.Reset(c.cfg.RescueAfter)
+					continue
+				default:
+					logger.V(2).Info("Keep-alive not answered; heartbeats on", "waited", c.cfg.RescueAfter)
 				}
-				sess.Waker.Disarm() // bytes moved and did not wake us: a closed tunnel's
+				sess.Waker.Disarm()
+				ackDue = false
 				active, watching = true, now
 				tick.Reset(interval)
 			}
@@ -149,7 +169,8 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 				} else {
 					active = false
 					if keepAlivePeriod > 0 {
-						tick.Reset(keepAlivePeriod * 9 / 10)
+						ackDue = false
+						tick.Reset(max(keepAlivePeriod*9/10, time.Millisecond))
 					} else {
 						tickC = nil
 						tick.Stop()
