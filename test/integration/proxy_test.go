@@ -197,22 +197,12 @@ func TestHTTPConnectProxy(t *testing.T) {
 	assert.True(t, strings.Contains(resp.Header.Get("Allow"), "CONNECT"))
 }
 
-// socksAssociate opens a SOCKS5 UDP ASSOCIATE on addr and returns the
-// control connection and the relay address.
+// socksAssociate opens a SOCKS5 UDP ASSOCIATE on addr declaring no client
+// address (0.0.0.0:0) and returns the control connection and the relay
+// address.
 func socksAssociate(t *testing.T, addr string) (net.Conn, *net.UDPAddr) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	_, err = c.Write([]byte{5, 1, 0, 5, 3, 0, 1, 0, 0, 0, 0, 0, 0})
-	require.NoError(t, err)
-	resp := make([]byte, 2+10)
-	_, err = io.ReadFull(c, resp)
-	require.NoError(t, err)
-	require.Equal(t, []byte{5, 0, 5, 0, 0, 1}, resp[:6], "UDP ASSOCIATE succeeded with an IPv4 relay address")
-	_ = c.SetDeadline(time.Time{})
-	return c, &net.UDPAddr{IP: net.IP(resp[6:10]), Port: int(resp[10])<<8 | int(resp[11])}
+	return socksAssociateFrom(t, addr, socks5.Addr{IP: netip.IPv4Unspecified()})
 }
 
 // TestSOCKS5UDPAssociate: datagrams sent to the SOCKS5 relay with the UDP
