@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Idle cost of a connected quictun-client and quictun-server (issue 22): both on loopback inside a
+# network namespace of their own (so its /proc/net/snmp counts only their UDP datagrams), connected,
+# then left alone; prints each daemon's context switches a second (all threads, from
+# /proc/PID/task/*/status), CPU (10 ms ticks) and the UDP datagrams both sent in SECONDS.
+# MODE=ssh keeps one tunnel open but quiet (an echo, then nothing), as an idle ssh session.
+# Needs root and `make build`.
+#   scripts/idle-cost.sh [BIN=bin] [SECONDS=60] [MODE=none|ssh]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-bin} SECS=${SECONDS_IDLE:-${1:-60}} MODE=${MODE:-none}
+ns=qtidle$$
+work=$(mktemp -d)
+ip netns add "$ns"
+ip -n "$ns" link set lo up
+cleanup() {
+  ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+  sleep 0.5
+  ip netns del "$ns" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+X=(ip netns exec "$ns")
+(umask 077; head -c 32 /dev/urandom | base64 >"$work/secret")
+fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
+"${X[@]}" "$BIN/latency-client" serve --listen 127.0.0.1:7000 >"$work/echo.log" 2>&1 &
+"${X[@]}" "$BIN/quictun-server" --listen-on 127.0.0.1:7500 --state-dir "$work/state" --secret-file "$work/secret" \
+  --allow tcp:127.0.0.1:7000 --httpd-listen-on 127.0.0.1:8086 >"$work/server.log" 2>&1 &
+spid=$!
+sleep 0.5
+"${X[@]}" "$BIN/quictun-client" --listen-on tcp:127.0.0.1:6500 --server-endpoint 127.0.0.1:7500 --server-fingerprint "$fp" \
+  --secret-file "$work/secret" --token-source tcp:127.0.0.1:7000 --httpd-listen-on 127.0.0.1:8087 >"$work/client.log" 2>&1 &
+cpid=$!
+sleep 2
+if [ "$MODE" = ssh ]; then
+  # one tunnel, one echo, then quiet for the rest of the run (bash's /dev/tcp)
+  "${X[@]}" bash -c 'exec 3<>/dev/tcp/127.0.0.1/6500; printf hello >&3; head -c 5 <&3 >/dev/null; sleep 100000' &
+fi
+sleep 10 # past the client's 5 s without work
+csw() { local t=0 v f; for f in /proc/"$1"/task/*/status; do v=$(awk '/^(non)?voluntary_ctxt_switches/{s+=$2} END{print s+0}' "$f"); t=$((t + v)); done; echo "$t"; }
+ticks() { awk '{print $14+$15}' /proc/"$1"/stat; }
+udp() { "${X[@]}" awk '/^Udp:/{n++; if (n==2) print $2, $5}' /proc/net/snmp; }
+c0=$(csw $cpid) s0=$(csw $spid) ct0=$(ticks $cpid) st0=$(ticks $spid)
+read -r in0 out0 < <(udp)
+sleep "$SECS"
+c1=$(csw $cpid) s1=$(csw $spid) ct1=$(ticks $cpid) st1=$(ticks $spid)
+read -r in1 out1 < <(udp)
+awk -v s="$SECS" -v c=$((c1 - c0)) -v sv=$((s1 - s0)) -v ct=$((ct1 - ct0)) -v st=$((st1 - st0)) -v i=$((in1 - in0)) -v o=$((out1 - out0)) -v m="$MODE" 'BEGIN {
+  printf "idle %d s (mode %s): client %.2f context switches/s, %.3f %% of a core; server %.2f/s, %.3f %%; UDP datagrams sent %d, received %d (both daemons)\n",
+    s, m, c/s, ct/s, sv/s, st/s, o, i }'
