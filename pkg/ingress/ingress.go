@@ -79,6 +79,13 @@ type Config struct {
 	MaxProxyHandshakes int
 	// UDPIdleTimeout ends a UDP flow without packets either way.
 	UDPIdleTimeout time.Duration
+	// UDPQueueMemory bounds the packets all UDP flows queue toward the peer
+	// (0: UDPQueueMemory).
+	UDPQueueMemory int64
+	// Reverse: this Handler carries reverse forwards (on the server, from
+	// the listeners it opened for a client toward that client): its
+	// tunnels show the direction "reverse" (/tunnels).
+	Reverse bool
 
 	Metrics  *metrics.Client
 	Registry *tunnel.Registry
@@ -168,11 +175,23 @@ func New(cfg Config, links Links) (*Handler, error) {
 	if cfg.MaxProxyHandshakes <= 0 {
 		cfg.MaxProxyHandshakes = def.MaxProxyHandshakes
 	}
+	if cfg.UDPQueueMemory <= 0 {
+		cfg.UDPQueueMemory = UDPQueueMemory
+	}
 	return &Handler{
 		cfg: cfg, links: links, slots: make(chan struct{}, cfg.MaxConnections), handshakes: make(chan struct{}, cfg.MaxProxyHandshakes),
-		udpQueues: udpflow.NewBudget(UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
+		udpQueues: udpflow.NewBudget(cfg.UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
 		refusals:  lograte.New(RefusalLogInterval, 64),
 	}, nil
+}
+
+// direction is the direction of the Handler's tunnels (tunnel.Forward or
+// tunnel.Reverse).
+func (h *Handler) direction() string {
+	if h.cfg.Reverse {
+		return tunnel.Reverse
+	}
+	return tunnel.Forward
 }
 
 // Config returns the settings in use: the Config given to New, its zero

@@ -292,6 +292,7 @@ func (l *local) splice(toServer splice.Stream) {
 		Endpoint:    l.listenAddr,
 		Source:      l.nc.RemoteAddr().String(),
 		Destination: l.token, // what the server is asked to reach (/tunnels)
+		Direction:   h.direction(),
 		CreatedAt:   l.start,
 		Upstream:    &pipe.ToStream,
 		Downstream:  &pipe.FromStream,

@@ -254,6 +254,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		Source:      f.src.String(),
 		Destination: token,
 		Datagram:    true,
+		Direction:   h.direction(),
 		CreatedAt:   start,
 		Upstream:    &r.Up.Bytes,
 		Downstream:  &r.Down.Bytes,

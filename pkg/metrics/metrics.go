@@ -89,8 +89,14 @@ type Server struct {
 }
 
 // NewServer creates and registers the server metrics on reg.
-func NewServer(reg prometheus.Registerer) *Server {
-	const sub = "server"
+func NewServer(reg prometheus.Registerer) *Server { return newServer(reg, "server") }
+
+// NewReverseServer creates and registers, on the client, the metrics of the
+// half that serves reverse forwards' streams (pkg/egress): the server's
+// metrics, named quictun_client_reverse_* (streams_total, dial_duration_seconds, ...).
+func NewReverseServer(reg prometheus.Registerer) *Server { return newServer(reg, "client_reverse") }
+
+func newServer(reg prometheus.Registerer, sub string) *Server {
 	m := &Server{
 		StreamsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "streams_total",
@@ -185,7 +191,7 @@ func NewServer(reg prometheus.Registerer) *Server {
 			m.RefusedTotal.WithLabelValues(n, r)
 		}
 	}
-	m.UDP = newUDP(reg, sub)
+	m.UDP = newUDP(reg, sub, true)
 	return m
 }
 
@@ -209,8 +215,15 @@ type Client struct {
 }
 
 // NewClient creates and registers the client metrics on reg.
-func NewClient(reg prometheus.Registerer) *Client {
-	const sub = "client"
+func NewClient(reg prometheus.Registerer) *Client { return newClient(reg, "client") }
+
+// NewReverseClient creates and registers, on the server, the metrics of the
+// half that carries reverse forwards' connections (pkg/ingress): the
+// client's metrics, named quictun_server_reverse_* (streams_total,
+// active_streams, stream_bytes_total, ...).
+func NewReverseClient(reg prometheus.Registerer) *Client { return newClient(reg, "server_reverse") }
+
+func newClient(reg prometheus.Registerer, sub string) *Client {
 	m := &Client{
 		SessionUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "session_up",
@@ -277,7 +290,7 @@ func NewClient(reg prometheus.Registerer) *Client {
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
 	}
-	m.UDP = newUDP(reg, sub)
+	m.UDP = newUDP(reg, sub, false)
 	return m
 }
 
