@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 
+	"k8s.io/klog/v2"
+
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/ingress"
@@ -148,7 +150,7 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 		release()
 		return nil, &egress.BindError{Code: proto.CodeInternal, Err: err}
 	}
-	bctx, cancel := context.WithCancel(ctx)
+	bctx, cancel := context.WithCancel(klog.NewContext(ctx, req.Logger)) // its audit lines name the client and the listener
 	var accept, handlers sync.WaitGroup
 	if pc != nil {
 		accept.Go(func() { h.ServeUDP(bctx, pc, nil, &handlers) })

@@ -150,7 +150,11 @@ func (s *stream) fail(ctx context.Context, f *failure) {
 
 // audit writes the tunnel's audit line.
 func (s *stream) audit(result string, up, down int64) {
-	s.logger.Info("Closed tunnel", "direction", s.e.direction(), "identity", strings.Join(s.identities, ","), "destination", s.h.Token, "result", result,
+	dest := s.h.Token
+	if s.e.cfg.Reverse && s.dest.Network != "" {
+		dest = s.dest.String() // the declared destination its binding names
+	}
+	s.logger.Info("Closed tunnel", "direction", s.e.direction(), "identity", strings.Join(s.identities, ","), "destination", dest, "result", result,
 		"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(s.start).Round(time.Millisecond))
 }
 

@@ -86,6 +86,11 @@ type Config struct {
 	// the listeners it opened for a client toward that client): its
 	// tunnels show the direction "reverse" (/tunnels).
 	Reverse bool
+	// AuditLog logs one line per tunnel at -v 0 when it ends: direction,
+	// the application's address, destination token, result, bytes,
+	// duration (and what the context's logger carries: on the server the
+	// client's identity and the listen address).
+	AuditLog bool
 
 	Metrics  *metrics.Client
 	Registry *tunnel.Registry
@@ -192,6 +197,19 @@ func (h *Handler) direction() string {
 		return tunnel.Reverse
 	}
 	return tunnel.Forward
+}
+
+// audit writes a tunnel's audit line (AuditLog).
+func (h *Handler) audit(logger klog.Logger, source, token, result string, up, down int64, start time.Time) {
+	if !h.cfg.AuditLog {
+		return
+	}
+	dest := LoggableToken(token)
+	if h.cfg.Reverse {
+		dest = token // a binding ("bound/1/ID"), no secret
+	}
+	logger.Info("Closed tunnel", "direction", h.direction(), "source", source, "destination", dest, "result", result,
+		"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start).Round(time.Millisecond))
 }
 
 // Config returns the settings in use: the Config given to New, its zero

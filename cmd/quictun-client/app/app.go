@@ -113,6 +113,7 @@ func (o *Options) Run(ctx context.Context) error {
 		cfg.RemoteForwards = o.entries.remote
 		cfg.Reverse.Metrics = metrics.NewReverseServer(reg)
 		cfg.Reverse.UDPIdleTimeout = o.UDPIdleTimeout
+		cfg.Reverse.AuditLog = true // a reverse forward exposes a local service: one line per tunnel
 	}
 	cfg.Backoff = bo
 	cfg.UDPIdleTimeout, cfg.DrainTimeout, cfg.TailProbes = o.UDPIdleTimeout, o.DrainTimeout, o.TailProbes

@@ -112,7 +112,7 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	if len(o.AllowRemoteListen) > 0 {
 		cfg.Reverse.Metrics = metrics.NewReverseClient(reg)
-		cfg.Reverse.UDPIdleTimeout = o.UDPIdleTimeout
+		cfg.Reverse.UDPIdleTimeout, cfg.Reverse.AuditLog = o.UDPIdleTimeout, o.Server.AuditLog
 		logger.Info("Reverse forwards allowed: clients may ask this server to listen", "allowRemoteListen", strings.Join(o.AllowRemoteListen, ","))
 	}
 	srv, err = server.New(cfg, sock.Conn)
