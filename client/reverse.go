@@ -137,6 +137,9 @@ func (c *Client) bind(ctx context.Context, sess *session, id int, f RemoteForwar
 		case bound:
 			delay = bindRetry // it was up: the next refusal starts the pacing afresh
 			logger.V(2).Info("Server ended a reverse forward; asking again", "err", err)
+		case remote && code == proto.CodeShutdown:
+			logger.V(2).Info("Server is shutting down; its reverse forward ends with the connection")
+			return
 		case remote && code == proto.CodeAddrInUse:
 			c.logBind(logger, id, code.String(), "Server refused a reverse forward: its listen address is held by another client (or by this client's previous connection, until the server sees it end); asking again",
 				"code", code.String(), "retryIn", delay)

@@ -113,7 +113,7 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 			errors.New("address bound by another connection"), "holderConnID", holder)
 	case len(b.bound) >= b.s.cfg.MaxRemoteListens:
 		b.mu.Unlock()
-		return nil, b.refuse(req, proto.CodeOverloaded, "Refused a reverse forward: the server holds --max-remote-listens listeners",
+		return nil, b.refuse(req, proto.CodeOverloaded, "Refused a reverse forward: the server holds its limit of reverse forward listeners",
 			errors.New("too many reverse forwards"), "limit", b.s.cfg.MaxRemoteListens)
 	case b.perConn[st.ConnID] >= b.s.cfg.MaxRemoteListensPerConn:
 		b.mu.Unlock()

@@ -336,3 +336,33 @@ func TestReverseForwardAfterServerRestart(t *testing.T) {
 	testutil.StartServer(t, opts)
 	echoCheck(t, dialWhenListening(t, listen), 64<<10)
 }
+
+// TestReverseForwardLimits: past its share of listeners a connection's
+// binds are refused with overloaded; a server that drains closes its
+// listeners at once.
+func TestReverseForwardLimits(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	a, b := testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")
+	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
+		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:"+a, "tcp:"+b)
+		c.Reverse.Metrics = metrics.NewReverseClient(prometheus.NewRegistry())
+		c.MaxRemoteListensPerConn = 1
+		c.DrainTimeout = 0
+	}})
+	reverseClient(t, srv, "tcp:"+a+"=tcp:"+echo, "tcp:"+b+"=tcp:"+echo)
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String())) >= 1
+	}, 10*time.Second, 10*time.Millisecond, "the second bind is over the connection's share")
+	listening := func(addr string) bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	}
+	require.Eventually(t, func() bool { return listening(a) != listening(b) }, 10*time.Second, 20*time.Millisecond,
+		"exactly one of the two addresses is bound")
+	srv.Stop(t)
+	assert.False(t, listening(a) || listening(b), "the drain closed the listener")
+}
