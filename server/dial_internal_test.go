@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/token"
 )
 
@@ -23,7 +22,7 @@ func newTestServer(t *testing.T, mutate func(*Config)) *Server {
 	require.NoError(t, err)
 	cfg := Config{
 		TLS: &tls.Config{}, Parser: parser, Allow: endpoint.DefaultAllowList(),
-		Metrics: metrics.NewServer(prometheus.NewRegistry()),
+		Metrics: NewMetrics(prometheus.NewRegistry()),
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
 )
@@ -54,7 +53,7 @@ func TestConnResult(t *testing.T) {
 func TestConnResultLabelsArePrecreated(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	metrics.NewServer(reg)
+	NewMetrics(reg)
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	labels := map[string]bool{}
@@ -88,7 +87,7 @@ func TestNewDefaultsAndRequiredFields(t *testing.T) {
 	full := func() Config {
 		return Config{
 			TLS: &tls.Config{}, Parser: parser, Allow: endpoint.DefaultAllowList(),
-			Metrics: metrics.NewServer(prometheus.NewRegistry()),
+			Metrics: NewMetrics(prometheus.NewRegistry()),
 		}
 	}
 

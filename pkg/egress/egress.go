@@ -432,10 +432,10 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	var audit func(result string, up, down int64)
 	// failAt ends the stream with code and logs msg at level lvl.
 	failAt := func(lvl int, code proto.Code, msg string, kv ...any) {
-		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
+		m.StreamsTotal.WithLabelValues(code.String()).Inc()
 		Reset(str, code)
 		if audit != nil {
-			audit(metrics.ResultLabel(code), 0, 0)
+			audit(code.String(), 0, 0)
 		}
 		logger.V(lvl).Info(msg, append(kv, "code", code.String())...)
 	}
@@ -659,7 +659,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 	}
 	logger.V(4).Info("Opened stream", "destination", dial.String(), "rule", rule)
 	defer cutOnRemoval(keyLife, pipe, logger, "tunnel")()
-	result, err := e.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
+	result, err := e.cfg.Registry.Run(t, pipe, m.Streams)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"duration", time.Since(start), "result", result, "err", err)

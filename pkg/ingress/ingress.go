@@ -413,7 +413,7 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 			if code == proto.CodeRefused {
 				h.logRefused(klog.LoggerWithValues(slog, "listenAddress", listenAddr), token)
 			}
-			fail(metrics.ResultLabel(code), "Server refused a proxied connection", err)
+			fail(code.String(), "Server refused a proxied connection", err)
 			return
 		}
 		toServer = str
@@ -444,7 +444,7 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		Downstream:  &pipe.FromStream,
 	}
 	slog.V(4).Info("Opened stream", "answeredAtOnce", optimistic)
-	result, err := h.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
+	result, err := h.cfg.Registry.Run(t, pipe, m.Streams)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	var ab *splice.AbortedError
 	if errors.As(err, &ab) {

@@ -99,7 +99,7 @@ func (o *Options) Run(ctx context.Context) error {
 	bo := client.DefaultBackoff()
 	bo.Max = o.ReconnectMax
 	var c *client.Client
-	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
+	qstat := metrics.NewQUICCollector("client", true, cli.QUICConns(func() []transport.ConnStats { return c.ConnStats() }))
 	c, err = client.New(client.Config{
 		ServerAddr:         o.ServerEndpoint,
 		TLS:                tlsConf,
@@ -119,7 +119,7 @@ func (o *Options) Run(ctx context.Context) error {
 		HeartbeatInterval:  o.HeartbeatInterval,
 		RescueAfter:        o.RescueAfter,
 		TailProbes:         o.TailProbes,
-		Metrics:            metrics.NewClient(reg),
+		Metrics:            client.NewMetrics(reg),
 		QUICStat:           qstat,
 		Registry:           registry,
 		WrapConn:           sock.Wrap,

@@ -98,7 +98,7 @@ func (o *Options) Run(ctx context.Context) error {
 	reg := cli.NewRegistry()
 	registry := tunnel.NewRegistry()
 	var srv *server.Server
-	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
+	qstat := metrics.NewQUICCollector("server", false, cli.QUICConns(func() []transport.ConnStats { return srv.ConnStats() }))
 	srv, err = server.New(server.Config{
 		TLS:                    tlsConf,
 		QUIC:                   sock.QUIC,
@@ -134,7 +134,7 @@ func (o *Options) Run(ctx context.Context) error {
 
 		DrainTimeout: o.DrainTimeout,
 		TailProbes:   o.TailProbes,
-		Metrics:      metrics.NewServer(reg),
+		Metrics:      server.NewMetrics(reg),
 		QUICStat:     qstat,
 		Registry:     registry,
 	}, sock.Conn)
