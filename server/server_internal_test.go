@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
@@ -86,8 +87,8 @@ func TestNewDefaultsAndRequiredFields(t *testing.T) {
 	require.NoError(t, err)
 	full := func() Config {
 		return Config{
-			TLS: &tls.Config{}, Parser: parser, Allow: endpoint.DefaultAllowList(),
-			Metrics: NewMetrics(prometheus.NewRegistry()),
+			TLS:    &tls.Config{},
+			Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: NewMetrics(prometheus.NewRegistry())},
 		}
 	}
 
