@@ -17,7 +17,6 @@ import (
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/transport"
 	tunnelpkg "github.com/quictun/quictun/pkg/tunnel"
@@ -30,7 +29,7 @@ func reverseServer(t *testing.T, listen ...string) *testutil.Server {
 	t.Helper()
 	return testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList(listen...)
-		c.Reverse.Metrics = metrics.NewReverseClient(prometheus.NewRegistry())
+		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
 	}})
 }
 
@@ -46,7 +45,7 @@ func reverseClient(t *testing.T, srv *testutil.Server, forwards ...string) *test
 	}
 	return testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", WaitReady: true, Mutate: func(c *client.Config) {
 		c.RemoteForwards = rfs
-		c.Reverse.Metrics = metrics.NewReverseServer(prometheus.NewRegistry())
+		c.Reverse.Metrics = client.NewReverseMetrics(prometheus.NewRegistry())
 	}})
 }
 
@@ -287,7 +286,7 @@ func reverseClientNoWait(t *testing.T, srv *testutil.Server, forwards ...string)
 	}
 	return testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", Mutate: func(c *client.Config) {
 		c.RemoteForwards = rfs
-		c.Reverse.Metrics = metrics.NewReverseServer(prometheus.NewRegistry())
+		c.Reverse.Metrics = client.NewReverseMetrics(prometheus.NewRegistry())
 	}})
 }
 
@@ -325,7 +324,7 @@ func TestReverseForwardAfterServerRestart(t *testing.T) {
 	state := t.TempDir()
 	opts := testutil.ServerOptions{StateDir: state, Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:" + listen)
-		c.Reverse.Metrics = metrics.NewReverseClient(prometheus.NewRegistry())
+		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
 		c.DrainTimeout = 0
 	}}
 	srv := testutil.StartServer(t, opts)
@@ -346,7 +345,7 @@ func TestReverseForwardLimits(t *testing.T) {
 	a, b := testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")
 	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:"+a, "tcp:"+b)
-		c.Reverse.Metrics = metrics.NewReverseClient(prometheus.NewRegistry())
+		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
 		c.MaxRemoteListensPerConn = 1
 		c.DrainTimeout = 0
 	}})
