@@ -365,3 +365,28 @@ func TestReverseForwardLimits(t *testing.T) {
 	srv.Stop(t)
 	assert.False(t, listening(a) || listening(b), "the drain closed the listener")
 }
+
+// TestReverseForwardUnix: a unix: listen address gives the server host a
+// socket file, removed when the binding ends.
+func TestReverseForwardUnix(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	dir := t.TempDir()
+	sock := dir + "/rev.sock"
+	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
+		c.AllowRemoteListen = endpoint.MustParseAllowList("unix:" + dir + "/*")
+		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
+		c.DrainTimeout = 0
+	}})
+	reverseClient(t, srv, "unix:"+sock+"=tcp:"+echo)
+	var c net.Conn
+	require.Eventually(t, func() bool {
+		var err error
+		c, err = net.DialTimeout("unix", sock, time.Second)
+		return err == nil
+	}, 15*time.Second, 20*time.Millisecond)
+	echoCheck(t, c, 64<<10)
+	srv.Stop(t)
+	_, err := net.DialTimeout("unix", sock, time.Second)
+	assert.Error(t, err, "the socket is gone with the binding")
+}
