@@ -118,6 +118,7 @@ func (o *Options) Run(ctx context.Context) error {
 		Backoff:            bo,
 		HeartbeatInterval:  o.HeartbeatInterval,
 		RescueAfter:        o.RescueAfter,
+		RouteWatch:         o.RouteWatch,
 		TailProbes:         o.TailProbes,
 		Metrics:            metrics.NewClient(reg),
 		QUICStat:           qstat,
