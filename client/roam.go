@@ -54,6 +54,7 @@ func (c *Client) logRouteWatch(logger klog.Logger) {
 type routeChange struct {
 	reason string     // metrics.SwitchRouteChanged or SwitchAddressRemoved
 	path   route.Path // the new route
+	at     time.Time  // when the first change of its burst arrived
 }
 
 // watchRoute starts, under wg, a watcher of the route to conn's server when
@@ -90,7 +91,8 @@ func (c *Client) watchRoute(ctx context.Context, wg *sync.WaitGroup, conn *quic.
 			}
 		}()
 		for {
-			if err := w.Wait(routeQuiet, routeSettle); err != nil {
+			at, err := w.Wait(routeQuiet, routeSettle)
+			if err != nil {
 				if ctx.Err() == nil {
 					logger.Error(err, "Route watch stopped; the connection moves to a new path only after a blackout")
 				}
@@ -117,7 +119,7 @@ func (c *Client) watchRoute(ctx context.Context, wg *sync.WaitGroup, conn *quic.
 			case <-out:
 			default:
 			}
-			out <- routeChange{reason: reason, path: p}
+			out <- routeChange{reason: reason, path: p, at: at}
 		}
 	})
 	return out
@@ -194,5 +196,5 @@ func (r *rescuer) migrate(ctx context.Context, change routeChange) {
 	r.lastSwitch = time.Now()
 	m.PathSwitchesTotal.WithLabelValues(reason).Inc()
 	logger.Info("Switched to a new path after a route change", "reason", reason, "localAddress", change.path.Source,
-		"interface", interfaceName(change.path.Interface), "probing", time.Since(start))
+		"interface", interfaceName(change.path.Interface), "probing", time.Since(start), "sinceChange", time.Since(change.at))
 }

@@ -145,14 +145,14 @@ func NewWatcher() (*Watcher, error) {
 // Wait blocks until something changed, then takes in the rest of the burst
 // (deleting an address also deletes its routes; a link going down takes its
 // routes and addresses with it): it returns once quiet passed without another
-// change, and at most limit after the first. It returns an error once the
-// watcher is closed.
-func (w *Watcher) Wait(quiet, limit time.Duration) error {
+// change, and at most limit after the first, and says when the first
+// arrived. It returns an error once the watcher is closed.
+func (w *Watcher) Wait(quiet, limit time.Duration) (time.Time, error) {
 	if err := w.f.SetReadDeadline(time.Time{}); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	if err := w.read(); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	first := time.Now()
 	for {
@@ -161,14 +161,14 @@ func (w *Watcher) Wait(quiet, limit time.Duration) error {
 			deadline = end
 		}
 		if err := w.f.SetReadDeadline(deadline); err != nil {
-			return err
+			return time.Time{}, err
 		}
 		err := w.read()
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil
+			return first, nil
 		}
 		if err != nil {
-			return err
+			return time.Time{}, err
 		}
 	}
 }

@@ -98,7 +98,14 @@ func TestWatcherSeesRouteChange(t *testing.T) {
 	defer func() { _ = w.Close() }()
 	woke := make(chan error, 1)
 	wait := func() {
-		go func() { woke <- w.Wait(10*time.Millisecond, 50*time.Millisecond) }()
+		go func() {
+			before := time.Now()
+			first, err := w.Wait(10*time.Millisecond, 50*time.Millisecond)
+			if err == nil && (first.Before(before) || time.Since(first) < 10*time.Millisecond) {
+				err = fmt.Errorf("first change at %v: before the Wait (%v) or less than the quiet time ago", first, before)
+			}
+			woke <- err
+		}()
 	}
 	waitWoke := func(what string) {
 		t.Helper()

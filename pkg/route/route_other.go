@@ -20,7 +20,9 @@ type Watcher struct{}
 func NewWatcher() (*Watcher, error) { return nil, ErrUnsupported }
 
 // Wait returns ErrUnsupported.
-func (*Watcher) Wait(time.Duration, time.Duration) error { return ErrUnsupported }
+func (*Watcher) Wait(time.Duration, time.Duration) (time.Time, error) {
+	return time.Time{}, ErrUnsupported
+}
 
 // Close does nothing.
 func (*Watcher) Close() error { return nil }
