@@ -34,6 +34,14 @@ func TestLookupLoopback(t *testing.T) {
 
 	_, err = Lookup(netip.Addr{})
 	require.Error(t, err)
+
+	// IPv6, where the host has it.
+	if p6, err := Lookup(netip.IPv6Loopback()); err == nil {
+		assert.Equal(t, netip.IPv6Loopback(), p6.Source)
+		assert.Equal(t, lo.Index, p6.Interface)
+	} else {
+		t.Logf("no IPv6 route to ::1 (%v): IPv6 lookup not checked", err)
+	}
 }
 
 func ip(t *testing.T, args ...string) {
