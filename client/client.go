@@ -334,14 +334,14 @@ func (c *Client) LivenessStats() *liveness.Stats { return &c.liveness }
 func (c *Client) Registry() *tunnel.Registry { return c.cfg.Registry }
 
 // ConnStats returns the statistics of the current QUIC connection, if any.
-func (c *Client) ConnStats() []metrics.ConnStats {
+func (c *Client) ConnStats() []transport.ConnStats {
 	c.mu.Lock()
 	cur := c.cur
 	c.mu.Unlock()
 	if cur == nil {
 		return nil
 	}
-	return []metrics.ConnStats{metrics.ConnStatsOf("0", cur.Conn)}
+	return []transport.ConnStats{transport.ConnStatsOf("0", cur.Conn)}
 }
 
 // Run serves the listeners and keeps a QUIC connection up until ctx is
