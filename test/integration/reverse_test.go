@@ -446,3 +446,42 @@ func TestReverseForwardReloadRules(t *testing.T) {
 	_, err = plain.Server.SetRemoteListen(nil, nil)
 	require.NoError(t, err)
 }
+
+// TestReverseForwardCutOnKeyRemoval (issue 23): a reload that removes a
+// key with CutRemovedKeys closes that key's reverse forward listeners;
+// another key's binding keeps running.
+func TestReverseForwardCutOnKeyRemoval(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	la, lb := testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")
+	secretA, secretB := []byte("the secret of group a, 32 bytes!"), []byte("the secret of group b, 32 bytes!")
+	both, err := proto.NewKeyring(proto.Key{Name: "a", Secret: secretA}, proto.Key{Name: "b", Secret: secretB})
+	require.NoError(t, err)
+	onlyB, err := proto.NewKeyring(proto.Key{Name: "b", Secret: secretB})
+	require.NoError(t, err)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
+		c.Keys = both
+		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:"+la, "tcp:"+lb)
+		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
+	}})
+	for _, k := range []struct {
+		secret []byte
+		listen string
+	}{{secretA, la}, {secretB, lb}} {
+		testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", Secret: k.secret, WaitReady: true, Mutate: func(c *client.Config) {
+			c.RemoteForwards = []client.RemoteForward{{Listen: mustEndpoint(t, "tcp:"+k.listen), Destination: mustEndpoint(t, "tcp:"+echo)}}
+			c.Reverse.Metrics = client.NewReverseMetrics(prometheus.NewRegistry())
+		}})
+	}
+	echoCheck(t, dialWhenListening(t, la), 64<<10)
+	echoCheck(t, dialWhenListening(t, lb), 64<<10)
+
+	require.NoError(t, srv.Server.Reconfigure(server.Policy{Keys: onlyB, Allow: endpoint.MustParseAllowList("tcp:" + echo), CutRemovedKeys: true}))
+	require.Eventually(t, func() bool { return !listening(la) }, 10*time.Second, 20*time.Millisecond,
+		"the removed key's listener at %s is closed", la)
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(proto.CodeAuthFailed.String())) >= 1
+	}, 10*time.Second, 10*time.Millisecond, "its client's new bind is refused (auth_failed)")
+	echoCheck(t, dialWhenListening(t, lb), 64<<10)
+	assert.False(t, listening(la))
+}
