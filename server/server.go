@@ -606,7 +606,7 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 			WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
 		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
 		streams.Go(func() { dgram.Serve(conn.Context(), conn, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, flows) })
-		streams.Go(func() { prober.Run(conn.Context()) })
+		prober.StopWhenDone(conn.Context())
 	}
 	gate := &connGate{
 		slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn),
