@@ -128,6 +128,9 @@ func Run(ctx context.Context, o Options) (dir string, err error) {
 	if err := o.Validate(); err != nil {
 		return "", err
 	}
+	if err := raiseNoFile(o.Clients, o.Tunnels); err != nil {
+		return "", err
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -239,6 +242,9 @@ func (r *run) baseline(ctx context.Context) error {
 	}
 	s, err := r.snapshot(ctx)
 	s.CPUCores = (r.srv.cpu() - cpu0) / time.Since(t0).Seconds()
+	if err == nil {
+		err = r.live(ctx, &s)
+	}
 	r.res.Baseline = s
 	r.loadgenBase = loadgenFigures(1, nil)
 	return err
@@ -310,9 +316,33 @@ func (r *run) idle(ctx context.Context) error {
 		ServerConnections:   s.ActiveConnections,
 		ClientsReady:        r.readyCount(),
 	}
+	if err := r.live(ctx, &r.res.Idle.Snapshot); err != nil {
+		return err
+	}
+	if b.LiveHeapBytes > 0 {
+		r.res.Idle.LiveHeapPerClientBytes = (r.res.Idle.Snapshot.LiveHeapBytes - b.LiveHeapBytes) / n
+		r.res.Idle.StackPerClientBytes = (r.res.Idle.Snapshot.StackInuseBytes - b.StackInuseBytes) / n
+	}
 	if int(s.ActiveConnections) != r.o.Clients {
 		return fmt.Errorf("server counts %v connections, want %d", s.ActiveConnections, r.o.Clients)
 	}
+	return nil
+}
+
+// live has the server collect its garbage and records its live heap and
+// stacks in s (after s's RSS was read: the collection does not lower RSS
+// at once, but the next figures would no longer be the undisturbed ones).
+func (r *run) live(ctx context.Context, s *Snapshot) error {
+	// Twice: sync.Pool's contents survive the first collection (quic-go's
+	// packet buffers, what a burst left), and are not per client.
+	var m metricSet
+	for range 2 {
+		var err error
+		if m, err = r.srv.collect(ctx); err != nil {
+			return err
+		}
+	}
+	s.LiveHeapBytes, s.StackInuseBytes = m["go_memstats_heap_alloc_bytes"], m["go_memstats_stack_inuse_bytes"]
 	return nil
 }
 
@@ -530,7 +560,7 @@ func (r *run) disconnect(ctx context.Context) (*Disconnect, error) {
 	}
 	t0, rcv0 := time.Now(), udpRcvbufErrors()
 	r.fl.stopAll()
-	d := &Disconnect{StopSeconds: time.Since(t0).Seconds()}
+	d := &Disconnect{StopSeconds: time.Since(t0).Seconds(), ClientRescues: r.fl.rescues()}
 	empty, err := r.waitNoConnections(ctx)
 	d.ServerEmptySeconds = empty.Seconds()
 	d.UDPRcvbufErrors = udpRcvbufErrors() - rcv0
