@@ -26,7 +26,7 @@ quic-go:
 # test lives in integrationtests/self too)
 # (GOWORK=off: quic-go is its own module, outside go.work)
 test-quic-go: quic-go
-	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -count=1 . ./congestion ./internal/ackhandler ./internal/congestion
+	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -count=1 . ./congestion ./internal/ackhandler ./internal/congestion ./internal/handshake
 	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -race -count=1 -run '^(Test0RTTOpenStreamsWhileHandshaking|TestStreamWritesOfConcurrentGoroutinesSharePackets)$$' ./integrationtests/self
 
 build: quic-go
