@@ -67,8 +67,9 @@ type Options struct {
 	// Command is the command line, for the report.
 	Command string
 	// GCWait bounds the wait, once every client left, for the server's next
-	// garbage collection (Go forces one every 2 minutes), so the memory
-	// left over is read without garbage (0: read it at once).
+	// garbage collection of its own (Go forces one every 2 minutes), so the
+	// memory left over is read without garbage; 0: the load generator asks
+	// the server for two collections at once (its pprof handler).
 	GCWait time.Duration
 	// Settle is how long the server is left alone before a baseline or
 	// leave snapshot (0: 1 s).
@@ -81,7 +82,7 @@ func DefaultOptions() Options {
 	return Options{BinDir: "bin", ResultsDir: "bench/results", Clients: 1000, Concurrency: 64, Idle: 30 * time.Second,
 		Tunnels: 10, TunnelBytes: 1024, Restarts: []string{SignalTerm, SignalKill}, Resume: true,
 		Quiet:        client.DefaultConfig().IdleAfter + time.Second,
-		PhaseTimeout: 3 * time.Minute, Timeout: 30 * time.Minute, GCWait: 2*time.Minute + 10*time.Second}
+		PhaseTimeout: 3 * time.Minute, Timeout: 30 * time.Minute}
 }
 
 // Validate reports every problem of o at once.
@@ -606,7 +607,21 @@ func (r *run) leave(ctx context.Context) error {
 	// allocates little, so the next one is Go's forced collection, at most
 	// 2 minutes away. Wait for a collection that began after the clients
 	// left, up to GCWait, before reading the memory.
-	if r.o.GCWait > 0 {
+	if r.o.GCWait == 0 {
+		// The server collects at once when asked (twice: sync.Pool's
+		// contents survive the first).
+		for range 2 {
+			if _, err := r.srv.collect(ctx); err != nil {
+				return err
+			}
+		}
+		l.GCAfterLeave = true
+		s, err := r.snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		l.Snapshot = s
+	} else {
 		gcDeadline := left.Add(r.o.GCWait)
 		for time.Now().Before(gcDeadline) {
 			m, err := r.srv.scrape(ctx)
