@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -182,6 +183,9 @@ func Run(ctx context.Context, o Options) (dir string, err error) {
 		return dir, err
 	}
 	r.res.ServerCommand = r.srv.commandLine()
+	if out, verr := exec.CommandContext(ctx, r.srv.bin, "version").Output(); verr == nil {
+		r.res.ServerVersion = strings.TrimSpace(string(out))
+	}
 	r.fl = newFleet(o, r.srv, r.echo.addr())
 	if err := r.srv.start(ctx); err != nil {
 		return dir, err

@@ -17,9 +17,11 @@ import (
 
 // Results is what a run measured; results.json holds it.
 type Results struct {
-	Version       int             `json:"version"`
-	Command       string          `json:"command"`
-	ServerCommand string          `json:"server_command"`
+	Version       int    `json:"version"`
+	Command       string `json:"command"`
+	ServerCommand string `json:"server_command"`
+	// ServerVersion is `quictun-server version` (the build measured).
+	ServerVersion string          `json:"server_version,omitempty"`
 	Started       time.Time       `json:"started"`
 	Finished      time.Time       `json:"finished"`
 	Machine       harness.Machine `json:"machine"`
@@ -243,6 +245,9 @@ func LoadResults(path string) (*Results, error) {
 func (r *Results) WriteReport(w io.Writer) {
 	fmt.Fprintf(w, "# quictun-server under %d clients\n\n", r.Clients)
 	fmt.Fprintf(w, "- command: `%s`\n- server: `%s`\n", r.Command, r.ServerCommand)
+	if r.ServerVersion != "" {
+		fmt.Fprintf(w, "- server version: %s\n", r.ServerVersion)
+	}
 	fmt.Fprintf(w, "- machine: %d CPUs, %s, %s; load average before %s, after %s\n", r.Machine.CPUs, r.Machine.CPUModel,
 		r.Machine.MemTotal, r.LoadBefore, r.LoadAfter)
 	fmt.Fprintf(w, "- %s to %s; concurrency %d, idle %gs (after %gs quiet), %d tunnel clients, client keep-alive %s\n\n",

@@ -164,7 +164,12 @@ func writeScaleMarkdown(w io.Writer, runs []*Results, charts []string, idle []*I
 		fmt.Fprintln(w, "Runs:")
 		fmt.Fprintln(w)
 		for _, r := range runs {
-			fmt.Fprintf(w, "- %d clients: `%s` (%s), `%s`\n", r.Clients, r.source, r.Started.Format("2006-01-02 15:04Z"), r.Command)
+			fmt.Fprintf(w, "- %d clients: `%s` (%s, server %s), `%s`", r.Clients, r.source, r.Started.Format("2006-01-02 15:04Z"),
+				cmp.Or(r.ServerVersion, "version not recorded"), r.Command)
+			for _, e := range r.Errors {
+				fmt.Fprintf(w, "; error: %s", oneLine(e))
+			}
+			fmt.Fprintln(w)
 		}
 	}
 	fmt.Fprintln(w)
@@ -275,4 +280,14 @@ func writeScaleCharts(dir string, runs []*Results) ([]string, error) {
 		out = append(out, c.file)
 	}
 	return out, nil
+}
+
+// oneLine joins the lines of s, cut at 200 bytes (a failed connect lists
+// every client not ready).
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 200 {
+		s = s[:200] + " …"
+	}
+	return s
 }
