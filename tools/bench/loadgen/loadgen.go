@@ -263,6 +263,9 @@ func (r *run) baseline(ctx context.Context) error {
 func (r *run) connect(ctx context.Context) error {
 	c, err := r.connectPhase(ctx)
 	r.res.Connect = c
+	if c != nil {
+		c.ClientRescues = r.fl.rescues()
+	}
 	if err != nil {
 		return err
 	}

@@ -95,6 +95,10 @@ type Connect struct {
 	// quictun_server_preauth_rejections_total by label, since it started.
 	ServerRefused           map[string]float64 `json:"server_refused,omitempty"`
 	ServerPreauthRejections map[string]float64 `json:"server_preauth_rejections,omitempty"`
+	// ClientRescues is the clients' path rescues so far by result (the
+	// first connect only): clients whose echoes came later than
+	// RescueAfter, which keeps them busy instead of idle.
+	ClientRescues map[string]float64 `json:"client_rescues,omitempty"`
 }
 
 // Loadgen is this process with every client connected.
@@ -260,6 +264,7 @@ func (r *Results) WriteReport(w io.Writer) {
 	row("0 baseline", "server CPU, % of one core", fmt.Sprintf("%.2f %%", 100*b.CPUCores))
 	if c := r.Connect; c != nil {
 		connectRows(row, "1 connect", "full", c)
+		row("1 connect", "clients' path rescues", counts(c.ClientRescues))
 	}
 	if l := r.Loadgen; l != nil {
 		row("1 connect", "load generator RSS / goroutines per client", fmt.Sprintf("%s / %.1f", kib(l.RSSPerClientBytes), l.GoroutinesPerClient))
