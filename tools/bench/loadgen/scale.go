@@ -128,8 +128,8 @@ func writeScaleMarkdown(w io.Writer, runs []*Results, charts []string, idle []*I
 		fmt.Fprintln(w, "over the idle phase (% of one core) and per client over its baseline; handshakes per server CPU-second")
 		fmt.Fprintln(w, "are per core (the server runs with GOMAXPROCS=1 unless the run says otherwise).")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| clients | server RSS | RSS / client | live heap / client | stacks / client | goroutines / client | idle CPU, % of a core | CPU / idle client | full handshakes / CPU-s | 0-RTT / CPU-s | SIGKILL: all back | SIGKILL: not back | load average |")
-		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+		fmt.Fprintln(w, "| clients | run (UTC) | server RSS | RSS / client | live heap / client | stacks / client | goroutines / client | idle CPU, % of a core | CPU / idle client | full handshakes / CPU-s | 0-RTT / CPU-s | SIGKILL: all back | SIGKILL: not back | load average |")
+		fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 		for _, r := range runs {
 			cells := []string{fmt.Sprint(r.Clients), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", r.LoadBefore + " → " + r.LoadAfter}
 			if i := r.Idle; i != nil {
@@ -155,6 +155,7 @@ func writeScaleMarkdown(w io.Writer, runs []*Results, charts []string, idle []*I
 					cells[11] = fmt.Sprint(rs.NotBack)
 				}
 			}
+			cells = slices.Insert(cells, 1, r.Started.Format("01-02 15:04"))
 			fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
 		}
 		fmt.Fprintln(w)

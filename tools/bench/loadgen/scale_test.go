@@ -39,7 +39,7 @@ func TestScaleReport(t *testing.T) {
 	md := string(b)
 	assert.Contains(t, md, "## Server scale")
 	assert.Contains(t, md, "## Idle")
-	i1, i5 := strings.Index(md, "| 1000 | "), strings.Index(md, "| 5000 | ")
+	i1, i5 := strings.Index(md, "| 1000 | 11-26 20:00 | "), strings.Index(md, "| 5000 | 11-26 20:00 | ")
 	require.Positive(t, i1)
 	assert.Less(t, i1, i5, "rows ordered by clients")
 	assert.Contains(t, md, "| 90.0 KiB | 39.0 KiB | 16.0 KiB | 4.00 |")
