@@ -27,15 +27,20 @@ type IdleCost struct {
 	Seconds float64 `json:"seconds"`
 	// KeepAliveSeconds is the client's keep-alive period.
 	KeepAliveSeconds     float64 `json:"keepalive_seconds"`
-	ClientWakeupsPerSec  float64 `json:"client_context_switches_per_second"`
-	ServerWakeupsPerSec  float64 `json:"server_context_switches_per_second"`
-	ClientCPUPercent     float64 `json:"client_cpu_percent"`
-	ServerCPUPercent     float64 `json:"server_cpu_percent"`
-	UDPSent              float64 `json:"udp_datagrams_sent"`
-	UDPReceived          float64 `json:"udp_datagrams_received"`
-	Revision             string  `json:"revision,omitempty"`
-	LoadAverageBefore    string  `json:"loadavg_before,omitempty"`
-	LoadAverageAfter     string  `json:"loadavg_after,omitempty"`
+	ClientSwitchesPerSec float64 `json:"client_context_switches_per_second"`
+	ServerSwitchesPerSec float64 `json:"server_context_switches_per_second"`
+	// ClientWakeupsPerSec and ServerWakeupsPerSec: bursts of activity of the
+	// process 10 ms apart (perf sched_switch, when perf is installed): one
+	// wake-up hands off to several Go threads, each a context switch.
+	ClientWakeupsPerSec  *float64 `json:"client_wakeups_per_second,omitempty"`
+	ServerWakeupsPerSec  *float64 `json:"server_wakeups_per_second,omitempty"`
+	ClientCPUPercent     float64  `json:"client_cpu_percent"`
+	ServerCPUPercent     float64  `json:"server_cpu_percent"`
+	UDPSent              float64  `json:"udp_datagrams_sent"`
+	UDPReceived          float64  `json:"udp_datagrams_received"`
+	Revision             string   `json:"revision,omitempty"`
+	LoadAverageBefore    string   `json:"loadavg_before,omitempty"`
+	LoadAverageAfter     string   `json:"loadavg_after,omitempty"`
 	file                 string
 	keepAlivePeriodsSeen float64
 }
@@ -182,20 +187,21 @@ func writeScaleMarkdown(w io.Writer, runs []*Results, charts []string, idle []*I
 	}
 	fmt.Fprintln(w, "One `scripts/idle-cost.sh` run per row (`OUT=file scripts/idle-cost.sh`): a client and a server connected in a")
 	fmt.Fprintln(w, "network namespace of their own and left alone; mode none has no tunnel, ssh one tunnel open but quiet.")
-	fmt.Fprintln(w, "Wake-ups are context switches of all the daemon's threads; datagrams are both daemons' (the namespace's")
-	fmt.Fprintln(w, "UDP counters), also per keep-alive period (both ways: 2 is one packet each way). Targets (issue 22): <= 2 wake-ups")
-	fmt.Fprintln(w, "a second per daemon, <= 1 packet each way per keep-alive period, <= 0.1 % of a core.")
+	fmt.Fprintln(w, "Wake-ups are the daemon's bursts of activity 10 ms apart (perf sched_switch; - without perf), context switches")
+	fmt.Fprintln(w, "those of all its threads (one wake-up hands off to several Go threads); datagrams are both daemons' (the")
+	fmt.Fprintln(w, "namespace's UDP counters), also per keep-alive period (both ways: 2 is one packet each way). Targets (issue 22):")
+	fmt.Fprintln(w, "<= 2 wake-ups a second per daemon, <= 1 packet each way per keep-alive period, <= 0.1 % of a core.")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| mode | seconds | client wake-ups/s | server wake-ups/s | client CPU | server CPU | datagrams sent | per keep-alive period | revision | load average |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+	fmt.Fprintln(w, "| mode | seconds | client wake-ups/s | server wake-ups/s | client / server context switches/s | client CPU | server CPU | datagrams sent | per keep-alive period | revision | load average |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
 	for _, c := range idle {
 		per := "-"
 		if c.keepAlivePeriodsSeen > 0 {
 			per = fmt.Sprintf("%.2f (period %gs)", c.UDPSent/c.keepAlivePeriodsSeen, c.KeepAliveSeconds)
 		}
-		fmt.Fprintf(w, "| %s | %.0f | %.2f | %.2f | %.3f %% | %.3f %% | %.0f | %s | %s | %s → %s |\n", c.Mode, c.Seconds,
-			c.ClientWakeupsPerSec, c.ServerWakeupsPerSec, c.ClientCPUPercent, c.ServerCPUPercent, c.UDPSent, per,
-			cmp.Or(c.Revision, "-"), c.LoadAverageBefore, c.LoadAverageAfter)
+		fmt.Fprintf(w, "| %s | %.0f | %s | %s | %.2f / %.2f | %.3f %% | %.3f %% | %.0f | %s | %s | %s → %s |\n", c.Mode, c.Seconds,
+			optional(c.ClientWakeupsPerSec), optional(c.ServerWakeupsPerSec), c.ClientSwitchesPerSec, c.ServerSwitchesPerSec,
+			c.ClientCPUPercent, c.ServerCPUPercent, c.UDPSent, per, cmp.Or(c.Revision, "-"), c.LoadAverageBefore, c.LoadAverageAfter)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "CPU is read in 10 ms ticks: over 60 s one tick is 0.017 % of a core, the resolution of these columns.")
@@ -291,4 +297,12 @@ func oneLine(s string) string {
 		s = s[:200] + " …"
 	}
 	return s
+}
+
+// optional formats v, or - when absent.
+func optional(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", *v)
 }

@@ -30,7 +30,8 @@ func TestScaleReport(t *testing.T) {
 	}
 	idle := filepath.Join(tmp, "idle.json")
 	require.NoError(t, os.WriteFile(idle, []byte(`{"started": "2026-11-26T20:00:00Z", "mode": "ssh", "seconds": 100, "keepalive_seconds": 25,
-  "client_context_switches_per_second": 0.8, "server_context_switches_per_second": 1.2, "client_cpu_percent": 0, "server_cpu_percent": 0.0167,
+  "client_context_switches_per_second": 2.8, "server_context_switches_per_second": 1.2,
+  "client_wakeups_per_second": 0.15, "server_wakeups_per_second": 0.08, "client_cpu_percent": 0, "server_cpu_percent": 0.0167,
   "udp_datagrams_sent": 8, "udp_datagrams_received": 8, "revision": "quictun-server abc", "loadavg_before": "1", "loadavg_after": "2"}`), 0o644))
 	out := filepath.Join(tmp, "report")
 	require.NoError(t, WriteScaleReport(out, ScaleInputs{Loadgen: dirs, Idle: []string{idle}}))
@@ -44,7 +45,7 @@ func TestScaleReport(t *testing.T) {
 	assert.Less(t, i1, i5, "rows ordered by clients")
 	assert.Contains(t, md, "| 90.0 KiB | 39.0 KiB | 16.0 KiB | 4.00 |")
 	assert.Contains(t, md, "21.5 s")
-	assert.Contains(t, md, "| ssh | 100 | 0.80 | 1.20 |")
+	assert.Contains(t, md, "| ssh | 100 | 0.15 | 0.08 | 2.80 / 1.20 |")
 	assert.Contains(t, md, "2.00 (period 25s)", "8 datagrams over 4 keep-alive periods")
 	for _, c := range []string{"server-scale-memory.png", "server-scale-cpu.png", "server-scale-rss.png"} {
 		assert.FileExists(t, filepath.Join(out, c))
