@@ -7,7 +7,7 @@ LDFLAGS  := -s -w -X github.com/quictun/quictun/pkg/version.Version=$(VERSION) -
 FUZZTIME ?= 30s
 BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./tools/linkem
 
-.PHONY: all quic-go test-quic-go build demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-floor bench-compare bench-scale e2e soak deploy-check clean
+.PHONY: all quic-go test-quic-go build demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-floor bench-compare bench-scale bench-idle bench-scale-report e2e soak deploy-check clean
 
 # golangci-lint, pinned; installed from the module proxy into GOPATH/bin under a versioned name (about
 # 2 minutes the first time), so every clone on the machine (CI's fresh ones too) shares one build
@@ -26,7 +26,7 @@ quic-go:
 # test lives in integrationtests/self too)
 # (GOWORK=off: quic-go is its own module, outside go.work)
 test-quic-go: quic-go
-	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -count=1 . ./congestion ./internal/ackhandler ./internal/congestion
+	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -count=1 . ./congestion ./internal/ackhandler ./internal/congestion ./internal/handshake
 	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -race -count=1 -run '^(Test0RTTOpenStreamsWhileHandshaking|TestStreamWritesOfConcurrentGoroutinesSharePackets)$$' ./integrationtests/self
 
 build: quic-go
@@ -105,6 +105,17 @@ N ?= 1000
 LOADGEN_ARGS ?=
 bench-scale: build
 	$(GO) run ./tools/bench loadgen --bin bin --clients $(N) $(LOADGEN_ARGS)
+
+## bench-idle MODE=none|ssh: idle cost of a connected client and server (scripts/idle-cost.sh, 60 s, root), written to bench/results/idle-<date>-MODE.json
+MODE ?= none
+bench-idle: build
+	OUT=bench/results/idle-$$(date -u +%Y-%m-%dT%H%M%SZ)-$(MODE).json MODE=$(MODE) scripts/idle-cost.sh 60
+
+## bench-scale-report: bench/results/scale/report.md, the "server scale" and "idle" sections, from result files (SCALE_RUNS, IDLE_RUNS: globs)
+SCALE_RUNS ?= bench/results/loadgen-*
+IDLE_RUNS ?= bench/results/idle-*.json
+bench-scale-report: quic-go
+	$(GO) run ./tools/bench scale-report --loadgen '$(SCALE_RUNS)' --idle '$(IDLE_RUNS)' --out bench/results/scale
 
 ## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
 bench-compare: quic-go
