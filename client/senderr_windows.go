@@ -2,7 +2,7 @@ package client
 
 import "golang.org/x/sys/windows"
 
-// transientSendErrors are senderr_unix.go's, as Winsock names them: Go's
+// transientSendErrors are senderr_other.go's, as Winsock names them: Go's
 // syscall.ENETUNREACH and the like are not what a Windows socket returns.
 var transientSendErrors = []error{
 	windows.WSAENETUNREACH, windows.WSAEHOSTUNREACH, windows.WSAEADDRNOTAVAIL,
