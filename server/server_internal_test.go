@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
 )
@@ -54,7 +54,7 @@ func TestConnResult(t *testing.T) {
 func TestConnResultLabelsArePrecreated(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	metrics.NewServer(reg)
+	NewMetrics(reg)
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	labels := map[string]bool{}
@@ -87,8 +87,8 @@ func TestNewDefaultsAndRequiredFields(t *testing.T) {
 	require.NoError(t, err)
 	full := func() Config {
 		return Config{
-			TLS: &tls.Config{}, Parser: parser, Allow: endpoint.DefaultAllowList(),
-			Metrics: metrics.NewServer(prometheus.NewRegistry()),
+			TLS:    &tls.Config{},
+			Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: NewMetrics(prometheus.NewRegistry())},
 		}
 	}
 

@@ -39,11 +39,9 @@ func (waitSessions) Wait(ctx context.Context) (*Session, error) {
 func TestUDPQueuesBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m := metrics.NewClient(reg)
-	h, err := New(Config{
-		Sessions: waitSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil },
-		MaxConnections: 64, Metrics: m, Registry: tunnel.NewRegistry(),
-	})
+	m := metrics.NewClient(reg, metrics.Labels{})
+	h, err := New(Config{MaxConnections: 64, Metrics: m, Registry: tunnel.NewRegistry()},
+		Links{Sessions: waitSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)

@@ -1,11 +1,6 @@
 package metrics
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/proto"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 // Namespace prefixes every quictun metric.
 const Namespace = "quictun"
@@ -53,6 +48,26 @@ const (
 	DirectionDownstream = "downstream"
 )
 
+// Labels are the label values whose series a daemon's metrics create at 0 so
+// that rates and alerts see them before the first event. They are defined by
+// the domain packages (the protocol's codes, the allow list's refusal
+// reasons, the UDP relay's drop reasons and paths): the composition (server,
+// client) fills them in, so that this package imports none of them.
+type Labels struct {
+	// Codes are the protocol's error codes as result labels (streams_total,
+	// udp_flows_total).
+	Codes []string
+	// Networks and RefusalReasons span refused_destinations_total (server).
+	Networks, RefusalReasons []string
+	// UDPDropReasons span udp_drops_total; UDPDropReceiveQueue is the one
+	// of UDP.ReceiveQueueDrops.
+	UDPDropReasons      []string
+	UDPDropReceiveQueue string
+	// UDPPathDatagram and UDPPathStream are the path labels of
+	// udp_packets_total, as the UDP relay reports them to UDP.OnPacket.
+	UDPPathDatagram, UDPPathStream string
+}
+
 // Server holds the server's metrics.
 type Server struct {
 	StreamsTotal      *prometheus.CounterVec
@@ -86,10 +101,12 @@ type Server struct {
 	AuthFailuresTotal *prometheus.CounterVec
 	// UDP holds the UDP flow metrics.
 	UDP *UDP
+	// Streams counts the server's TCP and unix tunnels (tunnel.Metrics).
+	Streams *Tunnels
 }
 
 // NewServer creates and registers the server metrics on reg.
-func NewServer(reg prometheus.Registerer) *Server {
+func NewServer(reg prometheus.Registerer, l Labels) *Server {
 	const sub = "server"
 	m := &Server{
 		StreamsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -171,8 +188,8 @@ func NewServer(reg prometheus.Registerer) *Server {
 	for _, r := range []string{"handshake_rate", "per_source_limit", RefusedMaxConnections} {
 		m.RefusedConnectionsTotal.WithLabelValues(r)
 	}
-	for _, c := range proto.AllCodes() {
-		m.StreamsTotal.WithLabelValues(ResultLabel(c))
+	for _, c := range l.Codes {
+		m.StreamsTotal.WithLabelValues(c)
 	}
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
@@ -180,12 +197,13 @@ func NewServer(reg prometheus.Registerer) *Server {
 	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "auth_timeout", "shutdown", "error"} {
 		m.ConnectionsTotal.WithLabelValues(r)
 	}
-	for _, n := range []string{endpoint.NetworkTCP, endpoint.NetworkUDP, endpoint.NetworkUnix} {
-		for _, r := range endpoint.RefusalReasons() {
+	for _, n := range l.Networks {
+		for _, r := range l.RefusalReasons {
 			m.RefusedTotal.WithLabelValues(n, r)
 		}
 	}
-	m.UDP = newUDP(reg, sub)
+	m.UDP = newUDP(reg, sub, l)
+	m.Streams = newTunnels(m.ActiveStreams, m.StreamsTotal, m.StreamBytesTotal)
 	return m
 }
 
@@ -206,10 +224,12 @@ type Client struct {
 	ProxyAuthFailuresTotal *prometheus.CounterVec
 	// UDP holds the UDP flow metrics.
 	UDP *UDP
+	// Streams counts the client's TCP and unix tunnels (tunnel.Metrics).
+	Streams *Tunnels
 }
 
 // NewClient creates and registers the client metrics on reg.
-func NewClient(reg prometheus.Registerer) *Client {
+func NewClient(reg prometheus.Registerer, l Labels) *Client {
 	const sub = "client"
 	m := &Client{
 		SessionUp: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -267,8 +287,8 @@ func NewClient(reg prometheus.Registerer) *Client {
 	for _, r := range []string{"ok", "ok_0rtt", "0rtt_rejected", "error", "auth_failed"} {
 		m.DialsTotal.WithLabelValues(r)
 	}
-	for _, c := range proto.AllCodes() {
-		m.StreamsTotal.WithLabelValues(ResultLabel(c))
+	for _, c := range l.Codes {
+		m.StreamsTotal.WithLabelValues(c)
 	}
 	m.StreamsTotal.WithLabelValues(ResultNoSession)
 	for _, r := range []string{"switched", "recovered", "error"} {
@@ -277,7 +297,8 @@ func NewClient(reg prometheus.Registerer) *Client {
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
 	}
-	m.UDP = newUDP(reg, sub)
+	m.UDP = newUDP(reg, sub, l)
+	m.Streams = newTunnels(m.ActiveStreams, m.StreamsTotal, m.StreamBytesTotal)
 	return m
 }
 
@@ -290,6 +311,3 @@ const (
 	// ProxyAuthWrong: it offered a pair the credentials file does not hold.
 	ProxyAuthWrong = "wrong"
 )
-
-// ResultLabel returns the streams_total label for code c.
-func ResultLabel(c proto.Code) string { return c.String() }
