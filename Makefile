@@ -44,8 +44,8 @@ build: quic-go
 ## cross: go vet (which type-checks, so compiles) the released packages and their tests for CROSS_TARGETS:
 ## the platforms whose files differ from linux/amd64's (Linux-only features are in *_linux.go files)
 cross: quic-go
-	@pkgs=$$($(GO) list -deps $(PRODUCT) | grep '^github.com/quictun/quictun/'); \
-	for t in $(CROSS_TARGETS); do echo "== go vet $$t"; CGO_ENABLED=0 GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) vet $$pkgs || exit 1; done
+	@for t in $(CROSS_TARGETS); do echo "== go vet $$t"; export CGO_ENABLED=0 GOOS=$${t%/*} GOARCH=$${t#*/}; \
+	  pkgs=$$($(GO) list -deps $(PRODUCT) | grep '^github.com/quictun/quictun/') && $(GO) vet $$pkgs || exit 1; done
 
 ## release: bin/release/quictun_VERSION_OS_ARCH.{tar.gz,zip} for RELEASE_TARGETS (binaries, README.md, LICENSE if
 ## any) and SHA256SUMS, reproducible (-trimpath, every time SOURCE_DATE_EPOCH); tools/release says how
