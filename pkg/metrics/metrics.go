@@ -219,6 +219,11 @@ type Client struct {
 	StreamBytesTotal   *prometheus.CounterVec
 	AcceptedTotal      prometheus.Counter
 	PathRescuesTotal   *prometheus.CounterVec
+	// PathSwitchesTotal counts switches of the connection to a new path, by
+	// reason (SwitchReasons); PathSwitchFailuresTotal the attempts after a
+	// route change that did not validate a path.
+	PathSwitchesTotal       *prometheus.CounterVec
+	PathSwitchFailuresTotal *prometheus.CounterVec
 	// ProxyAuthFailuresTotal counts proxy connections turned away for their
 	// credentials, by proxy kind and reason.
 	ProxyAuthFailuresTotal *prometheus.CounterVec
@@ -272,12 +277,20 @@ func NewClient(reg prometheus.Registerer, l Labels) *Client {
 			Namespace: Namespace, Subsystem: sub, Name: "path_rescues_total",
 			Help: "Blackout rescues: switched (a new path validated), recovered (the old path came back first), error.",
 		}, []string{"result"}),
+		PathSwitchesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "path_switches_total",
+			Help: "Switches of the QUIC connection to a new path (a fresh UDP socket, validated first), by reason: route_changed (the route to the server now leaves from another source address or interface, seen by --route-watch), address_removed (the same, and the old source address is gone from the host), blackout (no heartbeat echo for --rescue-after).",
+		}, []string{"reason"}),
+		PathSwitchFailuresTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "path_switch_failures_total",
+			Help: "Path switches after a route change (reason route_changed or address_removed) that did not validate a new path within 3 s; the blackout rescue stays armed.",
+		}, []string{"reason"}),
 		ProxyAuthFailuresTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "proxy_auth_failures_total",
 			Help: "Connections to a --proxy entry point turned away because --proxy-credentials-file is set and they did not authenticate, by proxy (socks5, http_connect) and reason (missing: no username/password offered, wrong: a pair not in the file).",
 		}, []string{"proxy", "reason"}),
 	}
-	reg.MustRegister(m.PathRescuesTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
+	reg.MustRegister(m.PathRescuesTotal, m.PathSwitchesTotal, m.PathSwitchFailuresTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
 		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal, m.ProxyAuthFailuresTotal)
 	for _, p := range []string{ProxySOCKS5, ProxyHTTPConnect} {
 		for _, r := range []string{ProxyAuthMissing, ProxyAuthWrong} {
@@ -297,10 +310,26 @@ func NewClient(reg prometheus.Registerer, l Labels) *Client {
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
 	}
+	for _, r := range SwitchReasons {
+		m.PathSwitchesTotal.WithLabelValues(r)
+		if r != SwitchBlackout {
+			m.PathSwitchFailuresTotal.WithLabelValues(r)
+		}
+	}
 	m.UDP = newUDP(reg, sub, l)
 	m.Streams = newTunnels(m.ActiveStreams, m.StreamsTotal, m.StreamBytesTotal)
 	return m
 }
+
+// Label values (reason) of path_switches_total and path_switch_failures_total.
+const (
+	SwitchRouteChanged   = "route_changed"
+	SwitchAddressRemoved = "address_removed"
+	SwitchBlackout       = "blackout"
+)
+
+// SwitchReasons lists the reasons of path_switches_total.
+var SwitchReasons = []string{SwitchRouteChanged, SwitchAddressRemoved, SwitchBlackout}
 
 // Label values of proxy_auth_failures_total.
 const (
