@@ -123,7 +123,8 @@ func (c *conn) startDatagrams() {
 			WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
 		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
 		c.streams.Go(func() { dgram.Serve(conn.Context(), conn, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, c.flows) })
-		c.streams.Go(func() { c.prober.Run(conn.Context()) })
+		// No goroutine to wait for the end: a server holds thousands of idle connections.
+		c.prober.StopWhenDone(conn.Context())
 	}
 }
 
