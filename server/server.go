@@ -20,6 +20,7 @@ import (
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
@@ -150,6 +151,15 @@ type Config struct {
 	// kernel books them (0: udpflow.MaxSocketMemory).
 	UDPSocketMemory int64
 
+	// TCP, if set, also accepts connections on it: streams over TLS 1.3
+	// on TCP (pkg/tcpmux) for clients whose UDP is blocked, with the same
+	// authentication, limits, rules and audit as QUIC. The server closes it
+	// when it stops accepting.
+	TCP net.Listener
+	// TCPMux bounds TCP connections; zero fields: tcpmux's defaults, the
+	// stream limits those of QUIC, the idle timeout QUIC's.
+	TCPMux tcpmux.Config
+
 	Metrics  *metrics.Server
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
 	Registry *tunnel.Registry
@@ -210,6 +220,9 @@ type Server struct {
 	// more state for an unverified peer).
 	raiseStreamsTo int64
 
+	// tcpHandshakes holds a token per TCP connection in its handshake.
+	tcpHandshakes chan struct{}
+
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
 	draining   atomic.Bool
@@ -260,7 +273,11 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	}
 	// The server's own listeners are refused whatever the rules say.
 	self := make([]netip.AddrPort, 0, len(cfg.SelfAddrs)+1)
-	for _, a := range append([]net.Addr{pc.LocalAddr()}, cfg.SelfAddrs...) {
+	selfAddrs := append([]net.Addr{pc.LocalAddr()}, cfg.SelfAddrs...)
+	if cfg.TCP != nil {
+		selfAddrs = append(selfAddrs, cfg.TCP.Addr())
+	}
+	for _, a := range selfAddrs {
 		if a == nil {
 			continue
 		}
@@ -298,6 +315,15 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		}
 		cfg.QUIC = q
 	}
+	// TCP connections get QUIC's stream limits (the pre-authentication
+	// budget, then the full limit) and idle timeout.
+	cfg.TCPMux.MaxIncomingStreams = quicDefaultMaxIncomingStreams
+	if cfg.QUIC != nil && cfg.QUIC.MaxIncomingStreams > 0 {
+		cfg.TCPMux.MaxIncomingStreams = cfg.QUIC.MaxIncomingStreams
+	}
+	if cfg.TCPMux.IdleTimeout <= 0 && cfg.QUIC != nil {
+		cfg.TCPMux.IdleTimeout = cfg.QUIC.MaxIdleTimeout
+	}
 	eg, err := egress.New(egress.Config{
 		Parser: cfg.Parser, Allow: cfg.Allow, AllowFor: cfg.AllowFor, Self: self, Keys: cfg.Keys,
 		Resolver: cfg.Resolver, Dialer: cfg.Dialer,
@@ -319,6 +345,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource, cfg.MaxUnverifiedStreamsPerSource),
 		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
 		raiseStreamsTo: raiseStreamsTo,
+		tcpHandshakes:  make(chan struct{}, maxTCPHandshakes),
 		conns:          map[uint64]liveConn{},
 	}, nil
 }
@@ -384,7 +411,11 @@ func (s *Server) ConnStats() []metrics.ConnStats {
 	defer s.mu.Unlock()
 	out := make([]metrics.ConnStats, 0, len(s.conns))
 	for id, lc := range s.conns {
-		cs := metrics.ConnStatsOf(fmt.Sprint(id), lc.conn)
+		q := lc.conn.asQUIC()
+		if q == nil {
+			continue // TCP: no QUIC statistics
+		}
+		cs := metrics.ConnStatsOf(fmt.Sprint(id), q)
 		cs.ClientSubject = egress.ClientSubject(lc.conn)
 		cs.ClientIdentity = lc.state.Identity(lc.conn)
 		out = append(out, cs)
@@ -425,6 +456,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.ready.Store(true)
 	logger.Info("Server listening", "address", s.pc.LocalAddr().String())
+	if s.cfg.TCP != nil {
+		logger.Info("Server listening on TCP for clients whose UDP is blocked", "address", s.cfg.TCP.Addr().String())
+	}
 
 	// Connections outlive ctx until the drain is over.
 	connCtx, cancelConns := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
@@ -450,9 +484,18 @@ func (s *Server) Run(ctx context.Context) error {
 				acceptErr <- err
 				return
 			}
-			wg.Go(func() { s.serveConn(connCtx, c) })
+			wg.Go(func() { s.serveConn(connCtx, overQUIC{c}) })
 		}
 	})
+	tcpDone := make(chan struct{})
+	if s.cfg.TCP != nil {
+		wg.Go(func() {
+			defer close(tcpDone)
+			s.acceptTCP(ctx, connCtx, &wg)
+		})
+	} else {
+		close(tcpDone)
+	}
 
 	var runErr error
 	select {
@@ -467,7 +510,11 @@ func (s *Server) Run(ctx context.Context) error {
 	s.draining.Store(true)
 	s.cfg.Metrics.Draining.Set(1)
 	_ = ln.Close()
+	if s.cfg.TCP != nil {
+		_ = s.cfg.TCP.Close()
+	}
 	<-acceptErr //nolint:errcheck // waits for the accept loop to end; its error was handled above
+	<-tcpDone
 	// UDP flows have no end to wait for: they end now (the client sees shutdown).
 	s.cfg.Registry.AbortFlows(proto.CodeShutdown)
 	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
@@ -481,7 +528,10 @@ func (s *Server) Run(ctx context.Context) error {
 			s.mu.Lock()
 			conns := make([]*quic.Conn, 0, len(s.conns))
 			for _, lc := range s.conns {
-				conns = append(conns, lc.conn)
+				// A TCP connection's close sends its data first anyway.
+				if q := lc.conn.asQUIC(); q != nil {
+					conns = append(conns, q)
+				}
 			}
 			s.mu.Unlock()
 			transport.Linger(dctx, conns)
@@ -504,7 +554,7 @@ var (
 )
 
 // refuseConn closes a connection that is over a limit with overloaded.
-func refuseConn(ctx context.Context, conn *quic.Conn, reason string) {
+func refuseConn(ctx context.Context, conn egress.Conn, reason string) {
 	egress.CloseConn(ctx, conn, proto.CodeOverloaded, reason)
 }
 
@@ -514,7 +564,7 @@ const quicDefaultMaxIncomingStreams = 100
 
 // liveConn is an open connection and its egress state (for ConnStats).
 type liveConn struct {
-	conn  *quic.Conn
+	conn  tunnelConn
 	state *egress.ConnState
 }
 
@@ -555,7 +605,7 @@ func (g *connGate) markVerified() {
 	}
 }
 
-func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
+func (s *Server) serveConn(ctx context.Context, conn tunnelConn) {
 	id := s.nextConnID.Add(1)
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "connID", id, "remoteAddress", conn.RemoteAddr().String())
 	if n := s.active.Add(1); n > int64(s.cfg.MaxConnections) {
@@ -581,7 +631,12 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	s.mu.Unlock()
 	m := s.cfg.Metrics
 	m.ActiveConnections.Inc()
-	logger.V(2).Info("Accepted connection", "used0RTT", conn.ConnectionState().Used0RTT)
+	qc := conn.asQUIC() // nil on TCP: no datagrams, no QUIC statistics
+	if qc == nil {
+		m.ActiveTCPConnections.Inc()
+		defer m.ActiveTCPConnections.Dec()
+	}
+	logger.V(2).Info("Accepted connection", "transport", transportOf(qc), "used0RTT", conn.ConnectionState().Used0RTT)
 
 	stop := context.AfterFunc(ctx, func() {
 		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "server shutting down")
@@ -601,12 +656,12 @@ func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
 	// UDP flows' datagrams; a client without datagram support has its
 	// flows carried on their streams.
 	flows := udpflow.NewTable(m.UDP.Drop)
-	if conn.ConnectionState().SupportsDatagrams.Remote {
-		prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
-			WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
-		streams.Go(func() { dgram.Serve(conn.Context(), conn, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, flows) })
-		streams.Go(func() { prober.Run(conn.Context()) })
+	if qc != nil && qc.ConnectionState().SupportsDatagrams.Remote {
+		prober = liveness.NewTailProber(qc, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
+			WithRTT(func() time.Duration { return qc.ConnectionStats().SmoothedRTT })
+		recv := liveness.NewReceiver(qc, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
+		streams.Go(func() { dgram.Serve(qc.Context(), qc, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, flows) })
+		streams.Go(func() { prober.Run(qc.Context()) })
 	}
 	gate := &connGate{
 		slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn),
@@ -753,15 +808,15 @@ accept:
 	s.mu.Lock()
 	delete(s.conns, id)
 	s.mu.Unlock()
-	if s.cfg.QUICStat != nil {
-		s.cfg.QUICStat.Closed(conn.ConnectionStats())
+	if s.cfg.QUICStat != nil && qc != nil {
+		s.cfg.QUICStat.Closed(qc.ConnectionStats())
 	}
 	logger.V(2).Info("Closed connection", "result", result, "err", cause)
 }
 
 // refuseUnverified resets a stream of a connection not yet verified that is
 // over a pre-authentication budget (reason), and counts it.
-func (s *Server) refuseUnverified(logger klog.Logger, str *quic.Stream, reason, msg string, limit int) {
+func (s *Server) refuseUnverified(logger klog.Logger, str egress.TunnelStream, reason, msg string, limit int) {
 	egress.Reset(str, proto.CodeOverloaded)
 	m := s.cfg.Metrics
 	m.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()

@@ -115,7 +115,12 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		Drop:        m.UDP.Drop,
 	}
 	// The server's Up is the tunnel's downstream: toward the client.
-	r.Sender = udpflow.NewSender(id, st.Conn, str, r.Up)
+	// Without datagrams (a TCP connection) the flow stays on its stream.
+	var dc udpflow.DatagramConn
+	if d, ok := st.Conn.(udpflow.DatagramConn); ok {
+		dc = d
+	}
+	r.Sender = udpflow.NewSender(id, dc, str, r.Up)
 	remove, ok := st.Flows.Add(id, e.cfg.MaxUDPFlowsPerConn, r.FromDatagram)
 	if !ok {
 		_ = nc.Close()

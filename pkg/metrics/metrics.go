@@ -61,6 +61,12 @@ type Server struct {
 	StreamBytesTotal  *prometheus.CounterVec
 	ConnectionsTotal  *prometheus.CounterVec
 	ActiveConnections prometheus.Gauge
+	// ActiveTCPConnections counts the connections of ActiveConnections
+	// carried over TCP (the fallback for clients whose UDP is blocked).
+	ActiveTCPConnections prometheus.Gauge
+	// TCPHandshakeFailuresTotal counts TCP connections that did not complete
+	// the TLS handshake and HTTP/2 preface.
+	TCPHandshakeFailuresTotal prometheus.Counter
 	// RefusedTotal counts refused destinations by network and reason
 	// (endpoint.RefusalReasons).
 	RefusedTotal *prometheus.CounterVec
@@ -110,11 +116,11 @@ func NewServer(reg prometheus.Registerer) *Server {
 		}, []string{"direction"}),
 		ConnectionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "connections_total",
-			Help: "QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).",
+			Help: "Connections accepted (QUIC, and TCP: active_tcp_connections), by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).",
 		}, []string{"result"}),
 		ActiveConnections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "active_connections",
-			Help: "QUIC connections currently open.",
+			Help: "Connections currently open (QUIC and TCP).",
 		}),
 		RefusedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "refused_destinations_total",
@@ -125,9 +131,17 @@ func NewServer(reg prometheus.Registerer) *Server {
 			Help: "1 while the server drains before shutdown.",
 		}),
 	}
+	m.ActiveTCPConnections = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "active_tcp_connections",
+		Help: "Of active_connections, those carried over TCP (--tcp-listen-on: clients whose UDP is blocked).",
+	})
+	m.TCPHandshakeFailuresTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "tcp_handshake_failures_total",
+		Help: "TCP connections that did not complete the TLS handshake and HTTP/2 preface (wrong client, scanner, timeout).",
+	})
 	m.RefusedConnectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "refused_connections_total",
-		Help: "QUIC connections refused by connection limits, by reason (handshake_rate, per_source_limit, max_connections).",
+		Help: "Connections (QUIC and TCP) refused by connection limits, by reason (handshake_rate, per_source_limit, max_connections).",
 	}, []string{"reason"})
 	m.DroppedDatagramsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "dropped_datagrams_total",
@@ -155,6 +169,7 @@ func NewServer(reg prometheus.Registerer) *Server {
 	}, []string{"reason"})
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.DialDuration, m.StreamBytesTotal,
 		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal, m.DroppedDatagramsTotal,
+		m.ActiveTCPConnections, m.TCPHandshakeFailuresTotal,
 		m.PreauthRejectionsTotal, m.UnverifiedStreams, m.ReplayCacheEntries, m.ReplayUnrecordedTotal, m.AuthFailuresTotal)
 	for _, r := range []string{AuthNoMAC, AuthUnknownKey, AuthBadMAC} {
 		m.AuthFailuresTotal.WithLabelValues(r)

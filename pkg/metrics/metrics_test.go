@@ -71,7 +71,7 @@ func TestServerPrecreatedSeries(t *testing.T) {
 # TYPE quictun_server_stream_bytes_total counter
 quictun_server_stream_bytes_total{direction="downstream"} 0
 quictun_server_stream_bytes_total{direction="upstream"} 0
-# HELP quictun_server_connections_total QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).
+# HELP quictun_server_connections_total Connections accepted (QUIC, and TCP: active_tcp_connections), by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).
 # TYPE quictun_server_connections_total counter
 quictun_server_connections_total{result="auth_failed"} 0
 quictun_server_connections_total{result="auth_timeout"} 0

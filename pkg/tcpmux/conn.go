@@ -402,6 +402,12 @@ func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
 // for identity and pinning).
 func (c *Conn) TLS() tls.ConnectionState { return c.tls }
 
+// ConnectionState is the TLS state in quic-go's form, so code written for
+// *quic.Conn reads it the same way: no datagrams, no 0-RTT.
+func (c *Conn) ConnectionState() quic.ConnectionState {
+	return quic.ConnectionState{TLS: c.tls}
+}
+
 // HandshakeComplete is closed: a Conn exists only once its handshake is
 // complete (there is no 0-RTT on TCP).
 func (c *Conn) HandshakeComplete() <-chan struct{} { return closedChan }

@@ -94,6 +94,13 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	tcpLn, err := o.listenTCP(sock.Conn.LocalAddr(), logger)
+	if err != nil {
+		return err
+	}
+	if tcpLn != nil {
+		cleanup.Push(func() { _ = tcpLn.Close() })
+	}
 
 	reg := cli.NewRegistry()
 	registry := tunnel.NewRegistry()
@@ -102,6 +109,7 @@ func (o *Options) Run(ctx context.Context) error {
 	srv, err = server.New(server.Config{
 		TLS:                    tlsConf,
 		QUIC:                   sock.QUIC,
+		TCP:                    tcpLn,
 		ResetKey:               &st.ResetKey,
 		TokenKey:               &st.TokenKey,
 		Keys:                   keys,
@@ -146,6 +154,29 @@ func (o *Options) Run(ctx context.Context) error {
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
 		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id),
 	})
+}
+
+// listenTCP opens the TCP listener for clients whose UDP is blocked
+// (--tcp-listen-on): by default on the QUIC socket's address, udp; nil for
+// "off", or when the default's port is taken (said at -v 0).
+func (o *Options) listenTCP(udp net.Addr, logger klog.Logger) (net.Listener, error) {
+	switch o.TCPListenOn {
+	case TCPListenOff:
+		return nil, nil
+	case "":
+		ln, err := net.Listen("tcp", udp.String())
+		if err != nil {
+			logger.Info("WARNING: no TCP listener for clients whose UDP is blocked: the QUIC port is taken on TCP; set --tcp-listen-on to another address, or off",
+				"address", udp.String(), "err", err)
+			return nil, nil
+		}
+		return ln, nil
+	}
+	ln, err := net.Listen("tcp", o.TCPListenOn)
+	if err != nil {
+		return nil, fmt.Errorf("--tcp-listen-on: %w", err)
+	}
+	return ln, nil
 }
 
 // served is what a reload replaces of the server's identity.
