@@ -35,8 +35,17 @@ var ErrNoSession = errors.New("no connection to the server")
 type Config struct {
 	// ServerAddr is the server's UDP host:port.
 	ServerAddr string
-	TLS        *tls.Config
-	QUIC       *quic.Config
+	// Transport is what carries tunnels: TransportAuto (default: QUIC, TCP
+	// while QUIC cannot get through), TransportQUIC or TransportTCP.
+	Transport string
+	// TCPServerAddr is the server's TCP host:port (its --tcp-listen-on);
+	// "": ServerAddr.
+	TCPServerAddr string
+	// FallbackDelay is how long QUIC may fail to connect before new tunnels
+	// go over TCP (0: DefaultFallbackDelay).
+	FallbackDelay time.Duration
+	TLS           *tls.Config
+	QUIC          *quic.Config
 	// Secret authenticates stream headers when non-empty.
 	Secret []byte
 	Tokens TokenSource
@@ -186,6 +195,8 @@ type Client struct {
 	// nil once the server accepted them again (confirm), so each distinct
 	// refusal, and the recovery, is logged once.
 	lastRefusal atomic.Pointer[string]
+	// fb carries tunnels over TCP while QUIC cannot (fallback.go).
+	fb *fallback
 	// logger is Run's logger, for what is logged outside its goroutines'
 	// contexts (confirm from ingress); set before Run starts any.
 	logger klog.Logger
@@ -266,7 +277,18 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
+	switch cfg.Transport {
+	case "":
+		cfg.Transport = TransportAuto
+	case TransportAuto, TransportQUIC, TransportTCP:
+	default:
+		return nil, errNoTransport
+	}
+	if cfg.TCPServerAddr == "" {
+		cfg.TCPServerAddr = cfg.ServerAddr
+	}
 	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), redial: make(chan struct{}, 1), logger: klog.Background()}
+	c.fb = newFallback(c, cfg.Transport, cfg.TCPServerAddr, cfg.FallbackDelay)
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
 	c.SetTLS(cfg.TLS)
@@ -305,7 +327,10 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 // a stream header).
 func (c *Client) Ready() bool {
 	cur := c.current()
-	if c.draining.Load() || c.authRefused.Load() || cur == nil || !isClosed(cur.Conn.HandshakeComplete()) {
+	if cur == nil {
+		cur = c.fb.session() // over TCP
+	}
+	if c.draining.Load() || c.authRefused.Load() || cur == nil || (cur.Conn != nil && !isClosed(cur.Conn.HandshakeComplete())) {
 		return false
 	}
 	return len(*c.secret.Load()) == 0 || c.confirmed.Load() == cur
@@ -367,7 +392,10 @@ func (c *Client) Run(ctx context.Context) error {
 	sessCtx, stopSession := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
 	defer stopSession()
 	var wg sync.WaitGroup
-	wg.Go(func() { c.supervise(sessCtx, tr) })
+	if c.cfg.Transport != TransportTCP {
+		wg.Go(func() { c.supervise(sessCtx, tr) })
+	}
+	wg.Go(func() { c.fb.run(sessCtx) })
 
 	var handlers sync.WaitGroup
 	for _, ln := range c.cfg.Listeners {
@@ -460,6 +488,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 	}
 	for ctx.Err() == nil {
 		start := time.Now()
+		c.fb.quicDialing()
 		conn, err := c.dial(ctx, tr)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -508,6 +537,9 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			m.DialsTotal.WithLabelValues("ok").Inc()
 		}
 		m.HandshakeDuration.Observe(time.Since(start).Seconds())
+		if conn.Context().Err() == nil {
+			c.fb.quicUsable(true)
+		}
 		level, msg := 2, "Connected to server"
 		if !connectedBefore || loggedFailure {
 			level = 0
@@ -524,6 +556,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 
 		c.monitor(ctx, tr, sess) // returns when the connection or ctx ends
 		c.setSession(nil)
+		c.fb.quicUsable(false)
 		if ctx.Err() != nil {
 			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
 		}
@@ -604,6 +637,12 @@ func (c *Client) waitBackoff(ctx context.Context, bo *backoff.Backoff) {
 	default:
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
+	if c.fb.active() {
+		// Tunnels go over TCP meanwhile: try UDP again soon.
+		var stop context.CancelFunc
+		wctx, stop = context.WithTimeout(wctx, fallbackProbeMax)
+		defer stop()
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		select {
@@ -657,8 +696,8 @@ func (c *Client) waitSession(ctx context.Context) (*session, error) {
 		c.mu.Lock()
 		cur, ch := c.cur, c.changed
 		c.mu.Unlock()
-		if cur != nil && cur.Conn.Context().Err() == nil {
-			return cur, nil
+		if s := c.fb.choose(cur); s != nil {
+			return s, nil
 		}
 		select {
 		case <-ch:

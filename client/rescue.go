@@ -107,6 +107,8 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 	mark := c.cfg.Registry.Activity()
 	lastWork, watching := time.Now(), time.Now()
 	active := true
+	// suspectSince: a rescue began and no echo came since (zero: none).
+	var suspectSince time.Time
 	var tickC <-chan time.Time = tick.C
 	for {
 		select {
@@ -181,10 +183,19 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 			}
 			heartbeat()
 			echo := recv.LastEcho()
+			if !suspectSince.IsZero() && echo.After(suspectSince) {
+				suspectSince = time.Time{}
+				c.fb.quicSuspect(false) // the path answers again
+			}
 			if echo.Before(watching) {
 				echo = watching
 			}
 			if !busy && now.Sub(echo) > c.cfg.RescueAfter && now.Sub(r.lastSwitch) > c.cfg.RescueAfter {
+				if suspectSince.IsZero() {
+					// New tunnels go over TCP meanwhile (fallback.go).
+					suspectSince = now
+					c.fb.quicSuspect(true)
+				}
 				busy = true
 				lastWork = now
 				rescuing.Go(func() {

@@ -672,6 +672,7 @@ func (e *Handler) Serve(ctx context.Context, st Stream) {
 		Endpoint:    e.cfg.Endpoint,
 		Source:      conn.RemoteAddr().String(),
 		Destination: dial.String(),
+		Transport:   transportOf(conn),
 		CreatedAt:   start,
 		Upstream:    &pipe.FromStream,
 		Downstream:  &pipe.ToStream,
@@ -933,6 +934,15 @@ func checkedDialer(d Dialer, allow func() *endpoint.AllowList) Dialer {
 		return nil
 	}
 	return &c
+}
+
+// transportOf names what carries c's streams for /tunnels: "quic", or
+// "tcp" for a connection without datagrams (pkg/tcpmux).
+func transportOf(c Conn) string {
+	if _, ok := c.(udpflow.DatagramConn); ok {
+		return "quic"
+	}
+	return "tcp"
 }
 
 // ClientSubject is the subject of c's client certificate (mutual TLS), or "".

@@ -146,6 +146,7 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		Source:      st.Conn.RemoteAddr().String(),
 		Destination: f.dial.String(),
 		Datagram:    true,
+		Transport:   transportOf(st.Conn),
 		CreatedAt:   f.start,
 		Upstream:    &r.Down.Bytes,
 		Downstream:  &r.Up.Bytes,

@@ -219,6 +219,9 @@ type Client struct {
 	// ProxyAuthFailuresTotal counts proxy connections turned away for their
 	// credentials, by proxy kind and reason.
 	ProxyAuthFailuresTotal *prometheus.CounterVec
+	// Transport is 1 for the transport new tunnels go on (quic, tcp), 0
+	// for the other.
+	Transport *prometheus.GaugeVec
 	// UDP holds the UDP flow metrics.
 	UDP *UDP
 }
@@ -229,7 +232,7 @@ func NewClient(reg prometheus.Registerer) *Client {
 	m := &Client{
 		SessionUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "session_up",
-			Help: "1 while a QUIC connection to the server is up.",
+			Help: "1 while a connection to the server is up (QUIC, or TCP: quictun_client_transport).",
 		}),
 		ReconnectsTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "reconnects_total",
@@ -271,7 +274,14 @@ func NewClient(reg prometheus.Registerer) *Client {
 			Namespace: Namespace, Subsystem: sub, Name: "proxy_auth_failures_total",
 			Help: "Connections to a --proxy entry point turned away because --proxy-credentials-file is set and they did not authenticate, by proxy (socks5, http_connect) and reason (missing: no username/password offered, wrong: a pair not in the file).",
 		}, []string{"proxy", "reason"}),
+		Transport: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "transport",
+			Help: "1 for the transport new tunnels go on: quic, or tcp while QUIC does not get through (--transport auto) or with --transport tcp; 0 for the other. Tunnels stay on the one they started on.",
+		}, []string{"transport"}),
 	}
+	m.Transport.WithLabelValues("quic")
+	m.Transport.WithLabelValues("tcp")
+	reg.MustRegister(m.Transport)
 	reg.MustRegister(m.PathRescuesTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
 		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal, m.ProxyAuthFailuresTotal)
 	for _, p := range []string{ProxySOCKS5, ProxyHTTPConnect} {

@@ -135,7 +135,7 @@ quictun_client_dials_total{result="ok_0rtt"} 0
 quictun_client_path_rescues_total{result="error"} 0
 quictun_client_path_rescues_total{result="recovered"} 0
 quictun_client_path_rescues_total{result="switched"} 0
-# HELP quictun_client_session_up 1 while a QUIC connection to the server is up.
+# HELP quictun_client_session_up 1 while a connection to the server is up (QUIC, or TCP: quictun_client_transport).
 # TYPE quictun_client_session_up gauge
 quictun_client_session_up 0
 # HELP quictun_client_reconnects_total QUIC connections lost after having been up (each starts a reconnect).

@@ -414,6 +414,14 @@ func (c *Conn) HandshakeComplete() <-chan struct{} { return closedChan }
 
 var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
+// NumStreams is the number of streams open on the connection (either side
+// opened, not yet ended both ways).
+func (c *Conn) NumStreams() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.streams)
+}
+
 // RaiseMaxIncomingStreams raises the number of streams the peer may have
 // open to n (never lowers it).
 func (c *Conn) RaiseMaxIncomingStreams(n int64) {

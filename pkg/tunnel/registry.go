@@ -29,7 +29,10 @@ type Tunnel struct {
 	Destination string
 	// Identity is who the client is, when known (server: "CN=NAME" of its
 	// certificate, "key=NAME" of its shared secret).
-	Identity  string
+	Identity string
+	// Transport is what carries the tunnel: "quic", "tcp" (the fallback
+	// when UDP is blocked), or "" when not known.
+	Transport string
 	CreatedAt time.Time
 
 	// Datagram marks a UDP flow: it has nothing to finish, so a drain ends
@@ -52,6 +55,7 @@ type Info struct {
 	ClientAppAddr         string    `json:"clientAppAddr"`
 	ServerAppAddr         string    `json:"serverAppAddr"`
 	ClientIdentity        string    `json:"clientIdentity,omitempty"`
+	Transport             string    `json:"transport,omitempty"`
 	CreatedAt             time.Time `json:"createdAt"`
 	UpstreamBytes         int64     `json:"upstreamBytes"`
 	DownstreamBytes       int64     `json:"downstreamBytes"`
@@ -253,6 +257,7 @@ func (r *Registry) List(now time.Time) []Info {
 			ClientAppAddr:         t.Source,
 			ServerAppAddr:         t.Destination,
 			ClientIdentity:        t.Identity,
+			Transport:             t.Transport,
 			CreatedAt:             t.CreatedAt,
 			UpstreamBytes:         up,
 			DownstreamBytes:       down,

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/tcpmux"
@@ -195,4 +197,133 @@ func TestTCPTransportLimits(t *testing.T) {
 		require.True(t, errors.As(err, &ne) || errors.Is(err, io.EOF), "refused: %v", err)
 	}
 	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit")))
+}
+
+// udpGate drops every datagram both ways while closed: a network that
+// blocks UDP, on the client's sockets (its first and its rescue sockets).
+type udpGate struct{ blocked atomic.Bool }
+
+func (g *udpGate) wrap(pc net.PacketConn) net.PacketConn { return &gatedConn{PacketConn: pc, g: g} }
+
+type gatedConn struct {
+	net.PacketConn
+	g *udpGate
+}
+
+func (c *gatedConn) WriteTo(p []byte, addr net.Addr) (int, error) {
+	if c.g.blocked.Load() {
+		return len(p), nil
+	}
+	return c.PacketConn.WriteTo(p, addr)
+}
+
+func (c *gatedConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	for {
+		n, addr, err := c.PacketConn.ReadFrom(p)
+		if err != nil || !c.g.blocked.Load() {
+			return n, addr, err
+		}
+	}
+}
+
+// tcpEcho sends msg through the client's listener and reads it back.
+func tcpEcho(addr, msg string, timeout time.Duration) error {
+	nc, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = nc.Close() }()
+	_ = nc.SetDeadline(time.Now().Add(timeout))
+	if _, err := nc.Write([]byte(msg)); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(nc, got); err != nil {
+		return err
+	}
+	if string(got) != msg {
+		return errors.New("echo differs")
+	}
+	return nil
+}
+
+// TestTCPFallbackAndReturn (issue 24 item 1): with UDP blocked from the
+// start the first tunnel goes over TCP; when UDP works again new tunnels go
+// over QUIC while the TCP-carried one finishes intact; when UDP is blocked
+// mid-session new tunnels go over TCP again.
+func TestTCPFallbackAndReturn(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo}})
+	gate := &udpGate{}
+	gate.blocked.Store(true)
+	start := time.Now()
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WrapConn: gate.wrap,
+		Mutate: func(c *client.Config) {
+			c.TCPServerAddr = srv.TCPAddr
+			c.DrainTimeout = 500 * time.Millisecond // the tunnel opened as UDP was cut waits on QUIC
+		}})
+	transport := func(name string) float64 { return promtest.ToFloat64(cl.Metrics.Transport.WithLabelValues(name)) }
+
+	require.NoError(t, tcpEcho(cl.Addr, "first", 20*time.Second), "the first tunnel, over TCP")
+	t.Logf("first tunnel over TCP %v after the client's start (loaded machine)", time.Since(start).Round(time.Millisecond))
+	assert.Equal(t, 1.0, transport("tcp"))
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.ActiveTCPConnections))
+
+	// A long tunnel opened over TCP...
+	long, err := net.Dial("tcp", cl.Addr)
+	require.NoError(t, err)
+	defer func() { _ = long.Close() }()
+	_, err = long.Write([]byte("before"))
+	require.NoError(t, err)
+	buf := make([]byte, 6)
+	_, err = io.ReadFull(long, buf)
+	require.NoError(t, err)
+	tunnels := cl.Client.Registry().List(time.Now())
+	require.Len(t, tunnels, 1)
+	assert.Equal(t, "tcp", tunnels[0].Transport, "/tunnels says which transport carries it")
+
+	// ...UDP comes back: new tunnels go over QUIC.
+	gate.blocked.Store(false)
+	back := time.Now()
+	require.Eventually(t, func() bool { return tcpEcho(cl.Addr, "quic", 5*time.Second) == nil && transport("quic") == 1 },
+		30*time.Second, 50*time.Millisecond, "new tunnels back on QUIC")
+	t.Logf("new tunnels on QUIC %v after UDP came back", time.Since(back).Round(time.Millisecond))
+	// The TCP-carried tunnel is intact, and the TCP connection stays for it.
+	_, err = long.Write([]byte("after!"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(long, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "after!", string(buf))
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.ActiveTCPConnections), "held by its tunnel")
+	require.NoError(t, long.(*net.TCPConn).CloseWrite())
+	_, err = io.ReadAll(long)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.ActiveTCPConnections) == 0 },
+		20*time.Second, 50*time.Millisecond, "the TCP connection closes after its last tunnel")
+
+	// UDP blocked mid-session: new tunnels go over TCP.
+	gate.blocked.Store(true)
+	cut := time.Now()
+	require.Eventually(t, func() bool { return tcpEcho(cl.Addr, "mid", 2*time.Second) == nil && transport("tcp") == 1 },
+		30*time.Second, 10*time.Millisecond, "new tunnels over TCP after UDP is cut")
+	t.Logf("new tunnels over TCP %v after UDP was cut mid-session", time.Since(cut).Round(time.Millisecond))
+}
+
+// TestNoTCPWhileQUICWorks: with UDP working the client opens no TCP
+// connection (issue 24's no-regression target).
+func TestNoTCPWhileQUICWorks(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo}})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true,
+		Mutate: func(c *client.Config) { c.TCPServerAddr = srv.TCPAddr }})
+	for range 5 {
+		require.NoError(t, tcpEcho(cl.Addr, "hello", 10*time.Second))
+	}
+	time.Sleep(2 * client.DefaultFallbackDelay) // past the fallback delay
+	assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.Transport.WithLabelValues("quic")))
+	assert.Equal(t, 0.0, promtest.ToFloat64(srv.Metrics.ActiveTCPConnections))
+	assert.Equal(t, 0.0, promtest.ToFloat64(srv.Metrics.TCPHandshakeFailuresTotal))
+	assert.Equal(t, 0.0, promtest.ToFloat64(srv.Metrics.RefusedConnectionsTotal.WithLabelValues("handshake_rate")))
 }

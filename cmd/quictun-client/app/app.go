@@ -102,6 +102,8 @@ func (o *Options) Run(ctx context.Context) error {
 	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
 	c, err = client.New(client.Config{
 		ServerAddr:         o.ServerEndpoint,
+		Transport:          o.Transport,
+		TCPServerAddr:      o.TCPServerEndpoint,
 		TLS:                tlsConf,
 		QUIC:               sock.QUIC,
 		Secret:             secret,

@@ -26,6 +26,10 @@ type Options struct {
 	ListenOn          []string
 	ListenNonLoopback bool
 	ServerEndpoint    string
+	// Transport is --transport: auto, quic or tcp.
+	Transport string
+	// TCPServerEndpoint is the server's TCP address ("": ServerEndpoint).
+	TCPServerEndpoint string
 	TokenSourcePlugin string
 	TokenSource       string
 	Forward           []string
@@ -67,6 +71,7 @@ func NewOptions() *Options {
 			DrainTimeout: def.DrainTimeout, TailProbes: def.TailProbes, UDPIdleTimeout: def.UDPIdleTimeout}),
 		ListenOn:           []string{"tcp:127.0.0.1:6500"},
 		TokenSourcePlugin:  token.PluginFixed,
+		Transport:          client.TransportAuto,
 		SessionWait:        def.SessionWait,
 		StreamOpenTimeout:  def.StreamOpenTimeout,
 		MaxConnections:     def.MaxConnections,
@@ -80,7 +85,7 @@ func NewOptions() *Options {
 // Flag groups, shown as sections in --help (cli.NewRootCommand adds
 // congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
-	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source", "forward", "proxy", "proxy-credentials-file"}},
+	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "transport", "tcp-server-endpoint", "token-source-plugin", "token-source", "forward", "proxy", "proxy-credentials-file"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: cli.AdminFlagNames},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"session-wait-timeout", "stream-open-timeout", "max-connections", "max-proxy-handshakes", "udp-idle-timeout", "reconnect-max-delay"})},
@@ -99,6 +104,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.ListenOn, "listen-on", o.ListenOn, "local listeners for applications, e.g. tcp:127.0.0.1:6500,unix:/run/quictun/app.sock")
 	fs.BoolVar(&o.ListenNonLoopback, "listen-non-loopback", o.ListenNonLoopback, "allow --listen-on TCP addresses beyond loopback: anyone who can reach them uses this client's credentials and reaches what the server allows")
 	fs.StringVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500")
+	fs.StringVar(&o.Transport, "transport", o.Transport, "what carries tunnels: auto (QUIC; while QUIC does not get through, UDP blocked, new tunnels go over TCP, TLS 1.3 to the server's --tcp-listen-on, and back to QUIC as soon as it works), quic, or tcp")
+	fs.StringVar(&o.TCPServerEndpoint, "tcp-server-endpoint", o.TCPServerEndpoint, "quictun-server TCP address for --transport auto or tcp (its --tcp-listen-on); empty = --server-endpoint")
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
 	fs.StringSliceVar(&o.Proxy, "proxy", o.Proxy, "a local entry point where each application names its destination, repeatable: socks5:127.0.0.1:1080 (SOCKS5 CONNECT and UDP ASSOCIATE; curl --socks5-hostname, ssh -o ProxyCommand='nc -X 5 -x ...') or http-connect:127.0.0.1:8080 (HTTP CONNECT; curl -x, git, https_proxy); each destination is checked by the server's --allow rules, and a refusal is answered as SOCKS 'not allowed by ruleset' or HTTP 403")
 	fs.StringVar(&o.ProxyCredentials, "proxy-credentials-file", o.ProxyCredentials, "file (mode 0600) of USER:PASSWORD lines that every --proxy client must present: SOCKS5 username/password (RFC 1929), HTTP CONNECT Proxy-Authorization: Basic (407 otherwise); re-read on SIGHUP; empty: none, any local process may use the proxies")
@@ -170,6 +177,16 @@ func (o *Options) Validate() error {
 			add("--forward %s: %w", f, err)
 		} else if l, d := networkOf(listen), networkOf(dest); (l == endpoint.NetworkUDP) != (d == endpoint.NetworkUDP) {
 			add("--forward %s: a udp: listener forwards to a udp: destination, and a stream listener to a tcp: or unix: one", f)
+		}
+	}
+	switch o.Transport {
+	case "", "auto", "quic", "tcp":
+	default:
+		add("--transport must be auto, quic or tcp, not %q", o.Transport)
+	}
+	if o.TCPServerEndpoint != "" {
+		if err := cli.ValidateHostPort("tcp-server-endpoint", o.TCPServerEndpoint, true, false); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if o.ServerEndpoint == "" {
