@@ -55,6 +55,11 @@ long-lived QUIC connection to quictun-server, which connects it to the destinati
 func (o *Options) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	cli.LogHostCheck(o.ServerEndpoint)
+	if o.entries == nil { // Run without Validate (a test): parse them here
+		if err := o.Validate(); err != nil {
+			return err
+		}
+	}
 	var cleanup cli.Cleanup
 	defer cleanup.Run()
 
@@ -100,32 +105,14 @@ func (o *Options) Run(ctx context.Context) error {
 	bo.Max = o.ReconnectMax
 	var c *client.Client
 	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
-	c, err = client.New(client.Config{
-		ServerAddr:         o.ServerEndpoint,
-		Transport:          o.Transport,
-		TCPServerAddr:      o.TCPServerEndpoint,
-		TLS:                tlsConf,
-		QUIC:               sock.QUIC,
-		Secret:             secret,
-		Tokens:             tokens,
-		Listeners:          listeners,
-		Forwards:           forwards,
-		Check:              o.checkDestinations(),
-		SessionWait:        o.SessionWait,
-		StreamOpenTimeout:  o.StreamOpenTimeout,
-		MaxConnections:     o.MaxConnections,
-		MaxProxyHandshakes: o.MaxProxyHandshakes,
-		UDPIdleTimeout:     o.UDPIdleTimeout,
-		DrainTimeout:       o.DrainTimeout,
-		Backoff:            bo,
-		HeartbeatInterval:  o.HeartbeatInterval,
-		RescueAfter:        o.RescueAfter,
-		TailProbes:         o.TailProbes,
-		Metrics:            metrics.NewClient(reg),
-		QUICStat:           qstat,
-		Registry:           registry,
-		WrapConn:           sock.Wrap,
-	}, sock.Conn)
+	cfg := o.Client
+	cfg.ServerAddr, cfg.TLS, cfg.QUIC, cfg.WrapConn = o.ServerEndpoint, tlsConf, sock.QUIC, sock.Wrap
+	cfg.Secret, cfg.Tokens, cfg.Listeners, cfg.Forwards = secret, tokens, listeners, forwards
+	cfg.Check = o.checkDestinations()
+	cfg.Backoff = bo
+	cfg.UDPIdleTimeout, cfg.DrainTimeout, cfg.TailProbes = o.UDPIdleTimeout, o.DrainTimeout, o.TailProbes
+	cfg.Metrics, cfg.QUICStat, cfg.Registry = metrics.NewClient(reg), qstat, registry
+	c, err = client.New(cfg, sock.Conn)
 	if err != nil {
 		return err
 	}
@@ -136,11 +123,15 @@ func (o *Options) Run(ctx context.Context) error {
 	})
 }
 
-// tokens builds the token source of the --listen-on listeners (nil without
-// --token-source: --forward alone).
+// tokens is the token source of the --listen-on listeners (nil without
+// --token-source: --forward alone): the one Validate built, or a File
+// source, whose file is read now.
 func (o *Options) tokens() (client.TokenSource, error) {
 	if o.TokenSource == "" {
 		return nil, nil
+	}
+	if o.entries.tokens != nil {
+		return o.entries.tokens, nil
 	}
 	ts, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil)
 	if err != nil {
@@ -171,10 +162,8 @@ func (o *Options) checkDestinations() []string {
 	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFixed) && len(o.listenOn()) > 0 {
 		add(o.TokenSource)
 	}
-	for _, f := range o.Forward {
-		if _, dest, err := splitForward(f); err == nil {
-			add(dest)
-		}
+	for _, f := range o.entries.forwards {
+		add(f.dest)
 	}
 	return out
 }
@@ -223,7 +212,7 @@ func (o *Options) localEntries(cleanup *cli.Cleanup, creds *ingress.ProxyCredent
 		listeners = append(listeners, ln)
 	}
 	forwards := make([]client.Forward, 0, len(o.Forward)+len(o.Proxy))
-	for _, f := range o.Forward {
+	for _, f := range o.entries.forwards {
 		fw, err := openForward(f, cleanup)
 		if err != nil {
 			return nil, nil, err
@@ -248,29 +237,21 @@ func (o *Options) localEntries(cleanup *cli.Cleanup, creds *ingress.ProxyCredent
 
 // openForward opens the listener (or UDP socket) of one --forward
 // LISTEN=DESTINATION, pushing its Close on cleanup.
-func openForward(f string, cleanup *cli.Cleanup) (client.Forward, error) {
-	spec, dest, err := splitForward(f)
-	if err != nil {
-		return client.Forward{}, err
-	}
-	ts, err := token.NewSource(token.PluginFixed, dest, nil)
-	if err != nil {
-		return client.Forward{}, fmt.Errorf("--forward %s: %w", f, err)
-	}
-	if ep, _ := endpoint.Parse(spec); ep.Network == endpoint.NetworkUDP {
-		uc, err := transport.ListenUDP(ep.Address)
+func openForward(f forwardSpec, cleanup *cli.Cleanup) (client.Forward, error) {
+	if f.listen.Network == endpoint.NetworkUDP {
+		uc, err := transport.ListenUDP(f.listen.Address)
 		if err != nil {
-			return client.Forward{}, fmt.Errorf("--forward %s: %w", spec, err)
+			return client.Forward{}, fmt.Errorf("--forward %s: %w", f.listen, err)
 		}
 		cleanup.Push(func() { _ = uc.Close() })
-		return client.Forward{Packet: uc, Tokens: ts, Name: dest}, nil
+		return client.Forward{Packet: uc, Tokens: f.tokens, Name: f.dest}, nil
 	}
-	ln, err := listen("forward", spec)
+	ln, err := listenEndpoint("forward", f.listen)
 	if err != nil {
 		return client.Forward{}, err
 	}
 	cleanup.Push(func() { _ = ln.Close() })
-	return client.Forward{Listener: ln, Tokens: ts, Name: dest}, nil
+	return client.Forward{Listener: ln, Tokens: f.tokens, Name: f.dest}, nil
 }
 
 // sessionCache returns the client's session ticket cache: in --session-file
@@ -363,6 +344,12 @@ func listen(flag, spec string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--%s %q: %w", flag, spec, err)
 	}
+	return listenEndpoint(flag, ep)
+}
+
+// listenEndpoint opens a local listener on ep (tcp: or unix:).
+func listenEndpoint(flag string, ep endpoint.Endpoint) (net.Listener, error) {
+	spec := ep.String()
 	if ep.Network == endpoint.NetworkUnix {
 		if fi, err := os.Lstat(ep.Address); err == nil && fi.Mode().Type() == fs.ModeSocket {
 			if c, err := net.Dial("unix", ep.Address); err == nil {
