@@ -89,6 +89,11 @@ type Config struct {
 	TailProbes     int
 	TailProbeDelay time.Duration
 
+	// RouteWatch moves the connection to a new path as soon as the route to
+	// the server changes (roam.go; Linux only, and only with heartbeats on),
+	// not only after a blackout. DefaultConfig turns it on.
+	RouteWatch bool
+
 	// WrapConn, when set, wraps the extra UDP sockets of path rescue the
 	// way the main socket was wrapped (forward error correction).
 	WrapConn func(net.PacketConn) net.PacketConn
@@ -136,6 +141,7 @@ func DefaultConfig() Config {
 		SessionWait:       10 * time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,
 		RescueAfter:       time.Second,
+		RouteWatch:        true,
 		IdleAfter:         5 * time.Second,
 		DrainTimeout:      30 * time.Second,
 		TailProbes:        1,
@@ -354,14 +360,14 @@ func (c *Client) LivenessStats() *liveness.Stats { return &c.liveness }
 func (c *Client) Registry() *tunnel.Registry { return c.cfg.Registry }
 
 // ConnStats returns the statistics of the current QUIC connection, if any.
-func (c *Client) ConnStats() []metrics.ConnStats {
+func (c *Client) ConnStats() []transport.ConnStats {
 	c.mu.Lock()
 	cur := c.cur
 	c.mu.Unlock()
 	if cur == nil {
 		return nil
 	}
-	return []metrics.ConnStats{metrics.ConnStatsOf("0", cur.Conn)}
+	return []transport.ConnStats{transport.ConnStatsOf("0", cur.Conn)}
 }
 
 // Run serves the listeners and keeps a QUIC connection up until ctx is
@@ -374,6 +380,7 @@ func (c *Client) Run(ctx context.Context) error {
 	// A send error must not end the connection while the host's address changes (senderr.go).
 	tr := &quic.Transport{Conn: sendErrorsAsLoss(c.pc, logger)}
 	defer func() { _ = tr.Close() }()
+	c.logRouteWatch(logger)
 
 	// The session outlives ctx until the drain is over.
 	sessCtx, stopSession := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/quictun/quictun/pkg/dgram"
 	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 )
 
@@ -55,6 +56,8 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 	}
 	r := &rescuer{c: c, conn: conn, transports: []*quic.Transport{tr}}
 	defer r.close()
+	roam := c.watchRoute(mctx, &wg, conn) // route changes (roam.go); nil when off
+	var moveTo *routeChange               // a route change waiting for the rescue or move in progress
 	interval := c.cfg.HeartbeatInterval
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -110,12 +113,28 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 	// suspectSince: a rescue began and no echo came since (zero: none).
 	var suspectSince time.Time
 	var tickC <-chan time.Time = tick.C
+	move := func() {
+		if moveTo != nil && !busy {
+			// The route changed: validate a path the new way and switch to it now.
+			busy, lastWork = true, time.Now()
+			ch := *moveTo
+			moveTo = nil
+			rescuing.Go(func() {
+				r.migrate(mctx, ch)
+				done <- struct{}{}
+			})
+		}
+	}
 	for {
 		select {
 		case <-mctx.Done():
 			return
+		case ch := <-roam:
+			moveTo = &ch
+			move()
 		case <-done:
 			busy = false
+			move()
 		case <-sess.Waker.C():
 			now := time.Now()
 			lastWork, mark = now, c.cfg.Registry.Activity()
@@ -301,6 +320,7 @@ func (r *rescuer) rescue(ctx context.Context, recv *liveness.Receiver) {
 	r.active = idx
 	r.lastSwitch = time.Now()
 	m.PathRescuesTotal.WithLabelValues("switched").Inc()
+	m.PathSwitchesTotal.WithLabelValues(metrics.SwitchBlackout).Inc()
 	logger.V(2).Info("Switched to a new path after a blackout", "localAddress", r.transports[idx].Conn.LocalAddr().String(),
 		"probing", time.Since(start))
 }

@@ -104,14 +104,14 @@ func (o *Options) Run(ctx context.Context) error {
 	bo := client.DefaultBackoff()
 	bo.Max = o.ReconnectMax
 	var c *client.Client
-	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
+	qstat := metrics.NewQUICCollector("client", true, cli.QUICConns(func() []transport.ConnStats { return c.ConnStats() }))
 	cfg := o.Client
 	cfg.ServerAddr, cfg.TLS, cfg.QUIC, cfg.WrapConn = o.ServerEndpoint, tlsConf, sock.QUIC, sock.Wrap
 	cfg.Secret, cfg.Tokens, cfg.Listeners, cfg.Forwards = secret, tokens, listeners, forwards
 	cfg.Check = o.checkDestinations()
 	cfg.Backoff = bo
 	cfg.UDPIdleTimeout, cfg.DrainTimeout, cfg.TailProbes = o.UDPIdleTimeout, o.DrainTimeout, o.TailProbes
-	cfg.Metrics, cfg.QUICStat, cfg.Registry = metrics.NewClient(reg), qstat, registry
+	cfg.Metrics, cfg.QUICStat, cfg.Registry = client.NewMetrics(reg), qstat, registry
 	c, err = client.New(cfg, sock.Conn)
 	if err != nil {
 		return err
