@@ -234,6 +234,10 @@ func (f *fallback) run(ctx context.Context) {
 	var hellos sync.WaitGroup
 	defer hellos.Wait()
 	var conn *tcpmux.Conn
+	// unwanted is when the TCP connection stopped being wanted (zero:
+	// wanted): it is closed once no tunnel uses it, a second later at the
+	// earliest, so a tunnel that chose it just before is not cut.
+	var unwanted time.Time
 	defer func() {
 		if conn != nil {
 			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
@@ -250,6 +254,11 @@ func (f *fallback) run(ctx context.Context) {
 			conn = nil
 			f.setSession(nil)
 			continue
+		}
+		if wanted || conn == nil {
+			unwanted = time.Time{}
+		} else if unwanted.IsZero() {
+			unwanted = time.Now()
 		}
 		var timer *time.Timer
 		switch {
@@ -271,7 +280,7 @@ func (f *fallback) run(ctx context.Context) {
 			f.setSession(s)
 			continue
 		case !wanted && conn != nil:
-			if conn.NumStreams() == 0 {
+			if conn.NumStreams() == 0 && time.Since(unwanted) >= time.Second {
 				logger.V(2).Info("Closed TCP connection to server: QUIC carries new tunnels", "address", f.addr)
 				_ = conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "back on QUIC")
 				conn = nil
