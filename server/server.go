@@ -16,6 +16,7 @@ import (
 
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
@@ -112,6 +113,25 @@ type Config struct {
 	// TCPMux bounds TCP connections; zero fields: tcpmux's defaults, the
 	// stream limits those of QUIC, the idle timeout QUIC's.
 	TCPMux tcpmux.Config
+	// AllowRemoteListen are the addresses any verified client may ask the
+	// server to listen on for a reverse forward
+	// (endpoint.AllowList.AuthorizeListen), AllowRemoteListenFor further
+	// ones by client identity (as AllowFor). Both empty: reverse forwards
+	// are refused (unsupported), the default.
+	AllowRemoteListen    *endpoint.AllowList
+	AllowRemoteListenFor map[string]*endpoint.AllowList
+	// Reverse is what the connections (and UDP flows) accepted on those
+	// listeners are carried toward their client with (pkg/ingress, one
+	// Handler per listener); its Metrics are required when reverse
+	// forwards are allowed (metrics.NewReverseClient). Zero fields:
+	// DefaultReverseConnections, DefaultReverseUDPQueueMemory, ingress's
+	// defaults.
+	Reverse ingress.Config
+	// MaxRemoteListens bounds the reverse forward listeners open on the
+	// server, MaxRemoteListensPerConn those of one connection (0: the
+	// defaults).
+	MaxRemoteListens        int
+	MaxRemoteListensPerConn int
 
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
 }
@@ -149,6 +169,8 @@ type Server struct {
 	limits *sourceLimiter
 	// egress serves each stream once accepted: authentication, rules, dial, splice.
 	egress *egress.Handler
+	// binder opens the listeners of reverse forwards (nil: none allowed).
+	binder *binder
 
 	liveness liveness.Stats
 
@@ -253,12 +275,27 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.TCPMux.IdleTimeout <= 0 && cfg.QUIC != nil {
 		cfg.TCPMux.IdleTimeout = cfg.QUIC.MaxIdleTimeout
 	}
+	var bind *binder
+	if cfg.AllowRemoteListen != nil || len(cfg.AllowRemoteListenFor) > 0 {
+		if cfg.Reverse.Metrics == nil {
+			return nil, errors.New("server: Reverse.Metrics are required with AllowRemoteListen")
+		}
+		orDefault(&cfg.MaxRemoteListens, DefaultMaxRemoteListens)
+		orDefault(&cfg.MaxRemoteListensPerConn, DefaultMaxRemoteListensPerConn)
+		orDefault(&cfg.Reverse.MaxConnections, DefaultReverseConnections)
+		if cfg.Reverse.UDPQueueMemory <= 0 {
+			cfg.Reverse.UDPQueueMemory = DefaultReverseUDPQueueMemory
+		}
+		cfg.Reverse.Reverse, cfg.Reverse.Registry = true, cfg.Registry
+		bind = &binder{}
+		cfg.Binder = bind
+	}
 	eg, err := egress.New(cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	cfg.Config = eg.Config() // with the defaults filled
-	return &Server{
+	srv := &Server{
 		cfg:            cfg,
 		pc:             pc,
 		egress:         eg,
@@ -267,7 +304,12 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		raiseStreamsTo: raiseStreamsTo,
 		tcpHandshakes:  make(chan struct{}, maxTCPHandshakes),
 		conns:          map[uint64]liveConn{},
-	}, nil
+	}
+	if bind != nil {
+		bind.init(srv)
+		srv.binder = bind
+	}
+	return srv, nil
 }
 
 // SetAllowList replaces the destination rules (all: for every client;
@@ -432,6 +474,9 @@ func (s *Server) Run(ctx context.Context) error {
 	_ = ln.Close()
 	if s.cfg.TCP != nil {
 		_ = s.cfg.TCP.Close()
+	}
+	if s.binder != nil {
+		s.binder.close() // reverse forwards' listeners: their clients are told (shutdown)
 	}
 	<-acceptErr //nolint:errcheck // waits for the accept loop to end; its error was handled above
 	<-tcpDone

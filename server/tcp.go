@@ -56,6 +56,18 @@ func (c overTCP) AcceptStream(ctx context.Context) (egress.TunnelStream, error) 
 
 func (c overTCP) asQUIC() *quic.Conn { return nil }
 
+// quicOf is the QUIC connection behind c (a tunnelConn or a bare
+// *quic.Conn), nil for a TCP one.
+func quicOf(c egress.Conn) *quic.Conn {
+	switch c := c.(type) {
+	case tunnelConn:
+		return c.asQUIC()
+	case *quic.Conn:
+		return c
+	}
+	return nil
+}
+
 // transportOf names the transport for logs: "quic", or "tcp" for nil.
 func transportOf(q *quic.Conn) string {
 	if q == nil {

@@ -122,6 +122,7 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 		Destination: f.target.String(),
 		Datagram:    true,
 		Transport:   transportOf(st.Conn),
+		Direction:   e.direction(),
 		CreatedAt:   f.start,
 		Upstream:    &r.Down.Bytes,
 		Downstream:  &r.Up.Bytes,

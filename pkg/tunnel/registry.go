@@ -33,6 +33,11 @@ type Tunnel struct {
 	// Transport is what carries the tunnel: "quic", "tcp" (the fallback
 	// when UDP is blocked), or "" when not known.
 	Transport string
+	// Direction is Forward (the client's application reaches a destination
+	// beyond the server; "" counts as Forward) or Reverse (a connection to
+	// a listener the server opened for a client's --remote-forward reaches
+	// a destination beside the client).
+	Direction string
 	CreatedAt time.Time
 
 	// Datagram marks a UDP flow: it has nothing to finish, so a drain ends
@@ -56,6 +61,7 @@ type Info struct {
 	ServerAppAddr         string    `json:"serverAppAddr"`
 	ClientIdentity        string    `json:"clientIdentity,omitempty"`
 	Transport             string    `json:"transport,omitempty"`
+	Direction             string    `json:"direction"`
 	CreatedAt             time.Time `json:"createdAt"`
 	UpstreamBytes         int64     `json:"upstreamBytes"`
 	DownstreamBytes       int64     `json:"downstreamBytes"`
@@ -63,6 +69,20 @@ type Info struct {
 	DownstreamBytesPerSec float64   `json:"downstreamBytesPerSec"`
 
 	id uint64
+}
+
+// Directions of a tunnel (Tunnel.Direction).
+const (
+	Forward = "forward"
+	Reverse = "reverse"
+)
+
+// direction is d, Forward for "".
+func direction(d string) string {
+	if d == "" {
+		return Forward
+	}
+	return d
 }
 
 // Registry is safe for concurrent use.
@@ -258,6 +278,7 @@ func (r *Registry) List(now time.Time) []Info {
 			ServerAppAddr:         t.Destination,
 			ClientIdentity:        t.Identity,
 			Transport:             t.Transport,
+			Direction:             direction(t.Direction),
 			CreatedAt:             t.CreatedAt,
 			UpstreamBytes:         up,
 			DownstreamBytes:       down,

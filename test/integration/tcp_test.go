@@ -90,7 +90,8 @@ func TestTCPTransportCarriesTunnels(t *testing.T) {
 	uecho := testutil.UDPEchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo, "udp:" + uecho}})
 	c := tcpConn(t, srv)
-	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.ActiveTCPConnections))
+	require.Eventually(t, func() bool { return promtest.ToFloat64(srv.Metrics.ActiveTCPConnections) == 1 },
+		10*time.Second, 5*time.Millisecond, "the server counts the TCP connection")
 
 	// A TCP tunnel: 4 MiB echoed, then half-close both ways.
 	data := make([]byte, 4<<20)
@@ -280,8 +281,10 @@ func TestTCPFallbackAndReturn(t *testing.T) {
 	_, err = io.ReadFull(long, buf)
 	require.NoError(t, err)
 	tunnels := cl.Client.Registry().List(time.Now())
-	require.Len(t, tunnels, 1)
-	assert.Equal(t, "tcp", tunnels[0].Transport, "/tunnels says which transport carries it")
+	require.NotEmpty(t, tunnels)
+	for _, tn := range tunnels { // the long one, and maybe the first one's end
+		assert.Equal(t, "tcp", tn.Transport, "/tunnels says which transport carries it")
+	}
 
 	// ...UDP comes back: new tunnels go over QUIC.
 	gate.blocked.Store(false)
