@@ -470,11 +470,17 @@ func (c *Client) setSession(sess *session) {
 	close(c.changed)
 	c.changed = make(chan struct{})
 	c.mu.Unlock()
-	if sess != nil {
-		c.cfg.Metrics.SessionUp.Set(1)
-	} else {
-		c.cfg.Metrics.SessionUp.Set(0)
-	}
+	c.updateSessionUp()
+}
+
+// updateSessionUp sets session_up: 1 while a QUIC or a TCP (fallback.go)
+// session is up. Under c.mu, so that concurrent updates do not leave a
+// stale value.
+func (c *Client) updateSessionUp() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	up := c.cur != nil || c.fb.session() != nil
+	c.cfg.Metrics.SessionUp.Set(boolGauge(up))
 }
 
 // supervise owns the QUIC connection: dial, wait for its end, redial.

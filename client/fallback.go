@@ -217,11 +217,8 @@ func (f *fallback) setSession(s *session) {
 	c.mu.Lock()
 	close(c.changed)
 	c.changed = make(chan struct{})
-	cur := c.cur
 	c.mu.Unlock()
-	if s != nil || cur == nil {
-		c.cfg.Metrics.SessionUp.Set(boolGauge(s != nil))
-	}
+	c.updateSessionUp()
 }
 
 // run keeps the TCP connection while it is wanted, until ctx ends.
