@@ -6,8 +6,17 @@ REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS  := -s -w -X github.com/quictun/quictun/pkg/version.Version=$(VERSION) -X github.com/quictun/quictun/pkg/version.Revision=$(REVISION) -X main.version=$(VERSION)
 FUZZTIME ?= 30s
 BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./tools/linkem
+# what a release holds (tools/release/main.go's Binaries); they build for every RELEASE_TARGETS platform
+PRODUCT  := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client
+RELEASE_TARGETS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
+# make test vets these besides linux/amd64 (lint's): CROSS_TARGETS="$(RELEASE_TARGETS)" for all of them
+CROSS_TARGETS ?= windows/amd64 darwin/arm64
+# every file time in the archives and the image: the commit's, so a release is reproducible
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+# make image's tag is IMAGE_REPO:VERSION (no leading v: the Helm chart's appVersion); deploy/helm's image.repository
+IMAGE_REPO ?= quictun
 
-.PHONY: all quic-go test-quic-go build demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-floor bench-compare bench-scale e2e soak deploy-check clean
+.PHONY: all quic-go test-quic-go build cross release image test-release demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-floor bench-compare bench-scale bench-idle bench-scale-report e2e soak deploy-check clean
 
 # golangci-lint, pinned; installed from the module proxy into GOPATH/bin under a versioned name (about
 # 2 minutes the first time), so every clone on the machine (CI's fresh ones too) shares one build
@@ -26,19 +35,45 @@ quic-go:
 # test lives in integrationtests/self too)
 # (GOWORK=off: quic-go is its own module, outside go.work)
 test-quic-go: quic-go
-	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -count=1 . ./congestion ./internal/ackhandler ./internal/congestion
+	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -count=1 . ./congestion ./internal/ackhandler ./internal/congestion ./internal/handshake
 	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -race -count=1 -run '^(Test0RTTOpenStreamsWhileHandshaking|TestStreamWritesOfConcurrentGoroutinesSharePackets)$$' ./integrationtests/self
 
 build: quic-go
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/ $(BINARIES)
+
+## cross: go vet (which type-checks, so compiles) the released packages and their tests for CROSS_TARGETS:
+## the platforms whose files differ from linux/amd64's (Linux-only features are in *_linux.go files)
+cross: quic-go
+	@for t in $(CROSS_TARGETS); do echo "== go vet $$t"; export CGO_ENABLED=0 GOOS=$${t%/*} GOARCH=$${t#*/}; \
+	  pkgs=$$($(GO) list -deps $(PRODUCT) | grep '^github.com/quictun/quictun/') && $(GO) vet $$pkgs || exit 1; done
+
+## release: bin/release/quictun_VERSION_OS_ARCH.{tar.gz,zip} for RELEASE_TARGETS (binaries, README.md, LICENSE if
+## any) and SHA256SUMS, reproducible (-trimpath, every time SOURCE_DATE_EPOCH); tools/release says how
+release: quic-go
+	rm -rf bin/release
+	cd tools/release && GOWORK=off $(GO) run . archives --root ../.. --out ../../bin/release --version $(VERSION) \
+	  --mtime $(SOURCE_DATE_EPOCH) --ldflags "$(LDFLAGS)" --targets "$(RELEASE_TARGETS)"
+	cd bin/release && sha256sum -c SHA256SUMS
+
+## image: OCI image without a Docker daemon: bin/image/quictun_VERSION_linux_{amd64,arm64}.image.tar (docker load,
+## crane push) and bin/image/oci, both architectures in one index (crane push --index); tagged IMAGE_REPO:VERSION
+image: quic-go
+	rm -rf bin/image
+	cd tools/release && GOWORK=off $(GO) run . image --root ../.. --out ../../bin/image --version $(VERSION) \
+	  --mtime $(SOURCE_DATE_EPOCH) --ldflags "$(LDFLAGS)" --repo $(IMAGE_REPO)
+
+## test-release: tools/release's tests: archives reproducible and complete, the image tarball valid (crane validate's check), non-root
+test-release:
+	cd tools/release && GOWORK=off $(GO) test -count=1 .
 
 ## demo: local demo on loopback: echo server, quictun-server, quictun-client, latency direct and through the tunnel
 demo: build
 	bash scripts/demo.sh
 
 ## test: what CI runs: format and lint checks (golangci-lint runs go vet's analyzers, so no separate
-## vet pass: it cost CI about 4 minutes on a loaded machine), then every test with the race detector
-test: quic-go fmt-check lint test-quic-go
+## vet pass: it cost CI about 4 minutes on a loaded machine), go vet for the other platforms (cross),
+## tools/release's tests, then every test with the race detector
+test: quic-go fmt-check lint cross test-release test-quic-go
 	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./... ./tools/bench/...
 
 ## e2e: black-box tests of the built binaries (also part of make test)
@@ -105,6 +140,17 @@ N ?= 1000
 LOADGEN_ARGS ?=
 bench-scale: build
 	$(GO) run ./tools/bench loadgen --bin bin --clients $(N) $(LOADGEN_ARGS)
+
+## bench-idle MODE=none|ssh: idle cost of a connected client and server (scripts/idle-cost.sh, 60 s, root), written to bench/results/idle-<date>-MODE.json
+MODE ?= none
+bench-idle: build
+	OUT=bench/results/idle-$$(date -u +%Y-%m-%dT%H%M%SZ)-$(MODE).json MODE=$(MODE) scripts/idle-cost.sh 60
+
+## bench-scale-report: bench/results/scale/report.md, the "server scale" and "idle" sections, from result files (SCALE_RUNS, IDLE_RUNS: globs)
+SCALE_RUNS ?= bench/results/loadgen-*
+IDLE_RUNS ?= bench/results/idle-*.json
+bench-scale-report: quic-go
+	$(GO) run ./tools/bench scale-report --loadgen '$(SCALE_RUNS)' --idle '$(IDLE_RUNS)' --out bench/results/scale
 
 ## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
 bench-compare: quic-go

@@ -55,7 +55,15 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 		return
 	}
 	r := &rescuer{c: c, conn: conn, transports: []*quic.Transport{tr}}
-	defer r.close()
+	defer func() {
+		// On shutdown the CONNECTION_CLOSE goes out first: closing a
+		// transport the connection ever used (a rescue's) destroys it
+		// without one, and the server then holds it until its idle timeout.
+		if ctx.Err() != nil {
+			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+		}
+		r.close()
+	}()
 	roam := c.watchRoute(mctx, &wg, conn) // route changes (roam.go); nil when off
 	var moveTo *routeChange               // a route change waiting for the rescue or move in progress
 	interval := c.cfg.HeartbeatInterval

@@ -7,11 +7,13 @@
 # 10 ms or more apart (one timer or packet wakes several Go threads in turn: each is a context
 # switch, the burst is one wake-up of the process, as powertop counts them).
 # MODE=ssh keeps one tunnel open but quiet (an echo, then nothing), as an idle ssh session.
+# OUT=file also writes the figures as JSON, for `bench scale-report --idle` (the bench report's Idle section).
 # Needs root and `make build`.
-#   scripts/idle-cost.sh [BIN=bin] [SECONDS=60] [MODE=none|ssh]
+#   scripts/idle-cost.sh [BIN=bin] [SECONDS=60] [MODE=none|ssh] [OUT=bench/results/idle-DATE-MODE.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${BIN:-bin} SECS=${SECONDS_IDLE:-${1:-60}} MODE=${MODE:-none}
+BIN=${BIN:-bin} SECS=${SECONDS_IDLE:-${1:-60}} MODE=${MODE:-none} OUT=${OUT:-}
+started=$(date -u +%Y-%m-%dT%H:%M:%SZ) load0=$(cut -d' ' -f1-3 /proc/loadavg)
 ns=qtidle$$
 work=$(mktemp -d)
 ip netns add "$ns"
@@ -52,7 +54,8 @@ if command -v perf >/dev/null && perf record -q -e sched:sched_switch -p "$cpid,
     { t = $2 + 0; p = $1 }
     last[p] == "" || t - last[p] >= 0.010 { n[p]++ }
     { last[p] = t }
-    END { printf "wake-ups (perf, bursts 10 ms apart): client %.2f/s, server %.2f/s\n", n[c] / s, n[p2] / s }' p2="$spid"
+    END { printf "wake-ups (perf, bursts 10 ms apart): client %.2f/s, server %.2f/s\n", n[c] / s, n[p2] / s
+          printf "%.3f %.3f\n", n[c] / s, n[p2] / s >w }' p2="$spid" w="$work/wakeups"
 else
   sleep "$SECS"
 fi
@@ -61,3 +64,17 @@ read -r in1 out1 < <(udp)
 awk -v s="$SECS" -v c=$((c1 - c0)) -v sv=$((s1 - s0)) -v ct=$((ct1 - ct0)) -v st=$((st1 - st0)) -v i=$((in1 - in0)) -v o=$((out1 - out0)) -v m="$MODE" 'BEGIN {
   printf "idle %d s (mode %s): client %.2f context switches/s, %.3f %% of a core; server %.2f/s, %.3f %%; UDP datagrams sent %d, received %d (both daemons)\n",
     s, m, c/s, ct/s, sv/s, st/s, o, i }'
+if [ -n "$OUT" ]; then
+  # the client's keep-alive period: its --keepalive-period default, as this script runs it
+  ka=$("$BIN/quictun-client" --help 2>&1 | awk '/--keepalive-period/{f=1} f && match($0, /\(default [0-9.]+s\)/) {print substr($0, RSTART + 9, RLENGTH - 11); exit}')
+  rev=$("$BIN/quictun-server" version 2>/dev/null | head -1 || true)
+  awk -v s="$SECS" -v c=$((c1 - c0)) -v sv=$((s1 - s0)) -v ct=$((ct1 - ct0)) -v st=$((st1 - st0)) -v i=$((in1 - in0)) -v o=$((out1 - out0)) \
+    -v m="$MODE" -v ka="${ka:-0}" -v t="$started" -v rev="$rev" -v l0="$load0" -v l1="$(cut -d' ' -f1-3 /proc/loadavg)" -v wk="$(cat "$work/wakeups" 2>/dev/null)" 'BEGIN {
+    printf "{\n  \"started\": \"%s\",\n  \"mode\": \"%s\",\n  \"seconds\": %d,\n  \"keepalive_seconds\": %s,\n", t, m, s, ka + 0
+    printf "  \"client_context_switches_per_second\": %.3f,\n  \"server_context_switches_per_second\": %.3f,\n", c/s, sv/s
+    if (wk != "") { split(wk, w, " "); printf "  \"client_wakeups_per_second\": %s,\n  \"server_wakeups_per_second\": %s,\n", w[1], w[2] }
+    printf "  \"client_cpu_percent\": %.4f,\n  \"server_cpu_percent\": %.4f,\n", ct/s, st/s
+    printf "  \"udp_datagrams_sent\": %d,\n  \"udp_datagrams_received\": %d,\n", o, i
+    printf "  \"revision\": \"%s\",\n  \"loadavg_before\": \"%s\",\n  \"loadavg_after\": \"%s\"\n}\n", rev, l0, l1 }' >"$OUT"
+  echo "wrote $OUT"
+fi

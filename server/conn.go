@@ -126,7 +126,8 @@ func (c *conn) startDatagrams() {
 			WithRTT(func() time.Duration { return qc.ConnectionStats().SmoothedRTT })
 		recv := liveness.NewReceiver(qc, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
 		c.streams.Go(func() { dgram.Serve(qc.Context(), qc, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, c.flows) })
-		c.streams.Go(func() { c.prober.Run(qc.Context()) })
+		// No goroutine to wait for the end: a server holds thousands of idle connections.
+		c.prober.StopWhenDone(qc.Context())
 	}
 }
 

@@ -19,6 +19,10 @@ type sentState struct {
 // promises that it is, but a bound costs nothing).
 const maxTracked = 1 << 17
 
+// minRing is the ring's first size: an idle connection has a few packets
+// in flight at most, and keeps no more than that (see remove).
+const minRing = 16
+
 // ring holds sentState for consecutive packet numbers base..base+n-1.
 // Packet numbers the controller does not track (ACK-only packets, numbers
 // quic-go skips) are holes. Entries are removed when acknowledged or lost;
@@ -32,7 +36,7 @@ type ring struct {
 
 func (r *ring) push(s sentState) {
 	if r.n == len(r.buf) {
-		nb := make([]sentState, max(64, 2*len(r.buf)))
+		nb := make([]sentState, max(minRing, 2*len(r.buf)))
 		for i := 0; i < r.n; i++ {
 			nb[i] = r.buf[(r.head+i)%len(r.buf)]
 		}
@@ -90,6 +94,11 @@ func (r *ring) remove(e *sentState) {
 	e.present = false
 	for r.n > 0 && !r.buf[r.head].present {
 		r.popHead()
+	}
+	if r.n == 0 && len(r.buf) > minRing {
+		// Nothing in flight: give back what a burst grew (56 B a packet;
+		// a connection that goes idle would keep it for its lifetime).
+		r.buf, r.head = nil, 0
 	}
 }
 

@@ -19,8 +19,25 @@ type Conn interface {
 
 // Mux dispatches datagrams by type. Register handlers before Run.
 type Mux struct {
-	handlers [256]func(b []byte)
+	// handlers is searched in order: a connection registers a handful of
+	// types, and a table of all 256 would cost 2 KiB per idle connection.
+	handlers []handler
 	unknown  func(b []byte)
+}
+
+type handler struct {
+	t byte
+	f func(b []byte)
+}
+
+// lookup returns the handler of type t, or nil.
+func (m *Mux) lookup(t byte) func(b []byte) {
+	for _, h := range m.handlers {
+		if h.t == t {
+			return h.f
+		}
+	}
+	return nil
 }
 
 // NewMux returns a Mux without handlers; unknown types (and empty
@@ -30,10 +47,10 @@ func NewMux(unknown func(b []byte)) *Mux { return &Mux{unknown: unknown} }
 // Handle registers f for datagrams whose first byte is t. Registering a type
 // twice is a programmer error and panics.
 func (m *Mux) Handle(t byte, f func(b []byte)) {
-	if m.handlers[t] != nil {
+	if m.lookup(t) != nil {
 		panic(fmt.Sprintf("dgram: type %q registered twice", t))
 	}
-	m.handlers[t] = f
+	m.handlers = append(m.handlers, handler{t, f})
 }
 
 // Run receives until ctx is done or the connection ends, and returns then.
@@ -45,7 +62,7 @@ func (m *Mux) Run(ctx context.Context, c Conn) {
 		}
 		var f func([]byte)
 		if len(b) > 0 {
-			f = m.handlers[b[0]]
+			f = m.lookup(b[0])
 		}
 		if f == nil {
 			f = m.unknown

@@ -1,15 +1,13 @@
 // Package hostcheck inspects the host for what QUIC needs: UDP socket buffer
-// limits, UDP GSO, and the path MTU, and says how to fix what is off.
+// limits, UDP GSO, and the path MTU, and says how to fix what is off. The
+// checks are Linux's (hostcheck_linux.go); elsewhere (hostcheck_other.go) one
+// "platform" finding names the Linux-only features this build runs without.
 package hostcheck
 
 import (
+	"errors"
 	"fmt"
 	"net"
-	"os"
-	"strconv"
-	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // DesiredBufferBytes is the UDP socket buffer quic-go asks for.
@@ -18,15 +16,18 @@ const DesiredBufferBytes = 7 << 20
 // Severity of a finding.
 type Severity int
 
-// Severities: OK needs nothing, Warn costs performance, Error breaks something.
+// Severities: OK needs nothing, Info is worth knowing but has nothing to fix
+// (a feature this platform lacks), Warn costs performance, Error breaks
+// something.
 const (
 	OK Severity = iota
+	Info
 	Warn
 	Error
 )
 
 func (s Severity) String() string {
-	return [...]string{"ok", "warn", "error"}[s]
+	return [...]string{"ok", "info", "warn", "error"}[s]
 }
 
 // Finding is one checked item.
@@ -45,17 +46,21 @@ type Options struct {
 	Remote string
 }
 
-// Run performs every check.
+// Run performs every check: the platform's (socket buffers and GSO on Linux,
+// the Linux-only features missing elsewhere), then the path MTU to o.Remote.
 func Run(o Options) []Finding {
 	if o.ProcSys == "" {
 		o.ProcSys = "/proc/sys"
 	}
-	out := []Finding{buffers(o.ProcSys), gso()}
+	out := platformChecks(o)
 	if o.Remote != "" {
 		out = append(out, pathMTU(o.Remote))
 	}
 	return out
 }
+
+// errNoRouteMTU is routeMTU's error where the OS does not report a route's MTU.
+var errNoRouteMTU = errors.New("this OS does not report a route's MTU (IP_MTU is Linux's)")
 
 // Worst returns the highest severity in fs.
 func Worst(fs []Finding) Severity {
@@ -64,81 +69,6 @@ func Worst(fs []Finding) Severity {
 		w = max(w, f.Severity)
 	}
 	return w
-}
-
-func readInt(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(strings.TrimSpace(string(b)))
-}
-
-func buffers(procSys string) Finding {
-	f := Finding{Check: "udp-buffers"}
-	rmem, err1 := readInt(procSys + "/net/core/rmem_max")
-	wmem, err2 := readInt(procSys + "/net/core/wmem_max")
-	if err1 != nil || err2 != nil {
-		f.Severity, f.Detail = Warn, "cannot read net.core.rmem_max/wmem_max"
-		return f
-	}
-	f.Detail = fmt.Sprintf("net.core.rmem_max=%d net.core.wmem_max=%d (QUIC wants %d)", rmem, wmem, DesiredBufferBytes)
-	if rmem >= DesiredBufferBytes && wmem >= DesiredBufferBytes {
-		return f
-	}
-	if hasNetAdmin() {
-		f.Detail += "; running with CAP_NET_ADMIN, so quic-go raises its own buffers (SO_RCVBUFFORCE)"
-		return f
-	}
-	f.Severity = Warn
-	f.Fix = "sysctl -w net.core.rmem_max=7500000 net.core.wmem_max=7500000 (persist in /etc/sysctl.d/60-quictun.conf)"
-	return f
-}
-
-// hasNetAdmin reports whether the process has CAP_NET_ADMIN in its effective set.
-func hasNetAdmin() bool {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && caps&(1<<unix.CAP_NET_ADMIN) != 0
-		}
-	}
-	return false
-}
-
-func gso() Finding {
-	f := Finding{Check: "udp-gso"}
-	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		f.Severity, f.Detail = Warn, "cannot open a UDP socket: "+err.Error()
-		return f
-	}
-	defer func() { _ = c.Close() }()
-	rc, err := c.SyscallConn()
-	if err != nil {
-		f.Severity, f.Detail = Warn, err.Error()
-		return f
-	}
-	var serr error
-	_ = rc.Control(func(fd uintptr) {
-		_, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT)
-	})
-	if serr != nil {
-		f.Severity = Warn
-		f.Detail = "UDP GSO not available: " + serr.Error()
-		f.Fix = "use a Linux kernel >= 5.0; without GSO, bulk throughput is about half"
-		return f
-	}
-	if os.Getenv("QUIC_GO_DISABLE_GSO") == "true" {
-		f.Severity, f.Detail = Warn, "GSO available but disabled by QUIC_GO_DISABLE_GSO=true"
-		return f
-	}
-	f.Detail = "UDP GSO available"
-	return f
 }
 
 func pathMTU(remote string) Finding {
@@ -158,12 +88,13 @@ func pathMTU(remote string) Finding {
 	var mtu int
 	var serr error
 	_ = rc.Control(func(fd uintptr) {
-		if ua, ok := c.RemoteAddr().(*net.UDPAddr); ok && ua.IP.To4() == nil {
-			mtu, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU)
-		} else {
-			mtu, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU)
-		}
+		ua, ok := c.RemoteAddr().(*net.UDPAddr)
+		mtu, serr = routeMTU(fd, ok && ua.IP.To4() == nil)
 	})
+	if errors.Is(serr, errNoRouteMTU) {
+		f.Detail = fmt.Sprintf("route to %s exists; its MTU is not checked: %v", remote, serr)
+		return f
+	}
 	if serr != nil {
 		f.Severity, f.Detail = Warn, "cannot read the path MTU: "+serr.Error()
 		return f

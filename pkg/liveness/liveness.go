@@ -330,6 +330,24 @@ func (p *TailProber) Run(ctx context.Context) {
 		return
 	}
 	<-ctx.Done()
+	p.Stop()
+}
+
+// StopWhenDone stops the prober once ctx is done, as Run does, without a
+// goroutine waiting for it (a server holds thousands of idle connections).
+func (p *TailProber) StopWhenDone(ctx context.Context) {
+	if p.count == 0 {
+		return
+	}
+	context.AfterFunc(ctx, p.Stop)
+}
+
+// Stop stops the prober: no probe starts after it returns (one already
+// handed to SendDatagram may still complete).
+func (p *TailProber) Stop() {
+	if p.count == 0 {
+		return
+	}
 	p.mu.Lock()
 	p.closed = true
 	p.timer.Stop()

@@ -366,6 +366,23 @@ func TestTailProberDisabledAndStop(t *testing.T) {
 			assert.Empty(t, c.sentCopy())
 		})
 	})
+	t.Run("stop when done, no goroutine", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			c := newFakeConn()
+			p := liveness.NewTailProber(c, 4, 10*time.Millisecond, &liveness.Stats{})
+			ctx, cancel := context.WithCancel(context.Background())
+			p.StopWhenDone(ctx)
+			p.Kick()
+			time.Sleep(15 * time.Millisecond)
+			synctest.Wait()
+			require.Len(t, c.sentCopy(), 1, "probing while ctx lives")
+			cancel()
+			synctest.Wait()
+			time.Sleep(time.Second)
+			assert.Len(t, c.sentCopy(), 1, "no probe after ctx is done")
+		})
+	})
 }
 
 func TestTailProberSkipsWhenThePeerAnswered(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"syscall"
 )
 
 // ErrLoosePermissions is wrapped by CheckPrivate's error for a secret file
@@ -39,7 +38,8 @@ func (e *PermissionError) Unwrap() error { return ErrLoosePermissions }
 // credentials, Docker and Kubernetes secrets reach a service user (read
 // through group or other bits that this user cannot change). A path that
 // does not exist is not an error here (its reader reports it); symlinks are
-// followed. what names the path in the message.
+// followed. what names the path in the message. On Windows nothing is
+// checked (perm_windows.go): its mode bits do not show the file's ACL.
 func CheckPrivate(what, path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -52,8 +52,7 @@ func CheckPrivate(what, path string) error {
 	if fi.IsDir() {
 		loose, fix = 0o022, "chmod 700 "+path
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&loose == 0 {
+	if !ownedByMe(fi) || fi.Mode().Perm()&loose == 0 {
 		return nil
 	}
 	return &PermissionError{What: what, Path: path, Mode: fi.Mode(), Fix: fix}

@@ -8,8 +8,6 @@ import (
 
 	"github.com/quic-go/quic-go"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/quictun/quictun/pkg/congestion"
 )
 
@@ -82,23 +80,6 @@ func ListenUDP(address string) (*net.UDPConn, error) {
 		return nil, fmt.Errorf("resolve %s: %w", address, err)
 	}
 	return net.ListenUDP("udp", ua) // its *net.OpError reads "listen udp ADDRESS: ..."
-}
-
-// ForceSocketBuffers sets c's receive and send buffers to size, past
-// net.core.rmem_max/wmem_max when the process has CAP_NET_ADMIN (as quic-go
-// does for sockets it manages directly; it cannot for a wrapped socket).
-func ForceSocketBuffers(c *net.UDPConn, size int) {
-	rc, err := c.SyscallConn()
-	if err == nil {
-		_ = rc.Control(func(fd uintptr) {
-			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, size) != nil {
-				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, size)
-			}
-			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, size) != nil {
-				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, size)
-			}
-		})
-	}
 }
 
 // Linger gives the peers of conns time to acknowledge what was sent last

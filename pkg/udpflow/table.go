@@ -62,7 +62,7 @@ func NewTable(drop func(reason string)) *Table {
 	if drop == nil {
 		drop = func(string) {}
 	}
-	return &Table{drop: drop, flows: map[uint64]func([]byte){}}
+	return &Table{drop: drop} // flows: made at the first Add (most connections carry no UDP)
 }
 
 // Add routes the datagrams of flow id to deliver, which runs on the
@@ -74,6 +74,9 @@ func (t *Table) Add(id uint64, max int, deliver func(p []byte)) (remove func(), 
 	defer t.mu.Unlock()
 	if _, taken := t.flows[id]; taken || (max > 0 && len(t.flows) >= max) {
 		return nil, false
+	}
+	if t.flows == nil {
+		t.flows = map[uint64]func([]byte){}
 	}
 	t.flows[id] = deliver
 	return sync.OnceFunc(func() {

@@ -389,6 +389,13 @@ func TestClientSocketRebind(t *testing.T) {
 			assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.PathRescuesTotal.WithLabelValues("switched")), "path rescues switched")
 			assert.Less(t, stall, 5*time.Second, "stall after losing the socket")
 			checkSameConnection(t, srv, cl)
+			// A client that moved to its rescue socket still closes its
+			// connection as it stops (the server counted idle_timeout after
+			// its idle timeout before: the rescue socket was closed first).
+			cl.Stop(t)
+			require.Eventually(t, func() bool {
+				return promtest.ToFloat64(srv.Metrics.ConnectionsTotal.WithLabelValues("shutdown")) == 1
+			}, 10*time.Second, 20*time.Millisecond, "the server saw the client's close (shutdown)")
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -39,7 +40,7 @@ func newRootCommand() *cobra.Command {
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	root.PersistentFlags().AddGoFlag(gfs.Lookup("v"))
-	root.AddCommand(newRunCommand(), newLoopbackCommand(), newCompareCommand(), newReportCommand(), newFlameCommand(), newLoadgenCommand())
+	root.AddCommand(newRunCommand(), newLoopbackCommand(), newCompareCommand(), newReportCommand(), newFlameCommand(), newLoadgenCommand(), newScaleReportCommand())
 	return root
 }
 
@@ -194,7 +195,7 @@ func newLoadgenCommand() *cobra.Command {
 	fs.DurationVar(&o.KeepAlive, "keepalive", o.KeepAlive, "the clients' QUIC keep-alive period (0: the client's default, 25s): all an idle client sends")
 	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", o.PhaseTimeout, "bound on each phase that waits for the clients (connect, each restart, leave)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "bound on the whole run")
-	fs.DurationVar(&o.GCWait, "gc-wait", o.GCWait, "after every client left, wait up to this long for the server's next garbage collection (Go forces one every 2m) before reading its memory; 0 reads it at once")
+	fs.DurationVar(&o.GCWait, "gc-wait", o.GCWait, "after every client left, wait up to this long for the server's own next garbage collection (Go forces one every 2m) before reading its memory; 0 (default): ask the server for two collections at once (/debug/pprof/heap?gc=1)")
 	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable), e.g. --quictun-server-arg=--handshake-rate=5")
 	fs.StringSliceVar(&o.ServerEnv, "quictun-env", nil, "extra environment of the server, e.g. GOMAXPROCS=2 (repeatable); without GOMAXPROCS and GODEBUG the server gets GOMAXPROCS at half the CPUs and GODEBUG="+harness.SysmonPolling+", as in every harness run")
 	return cmd
@@ -250,6 +251,55 @@ func newCompareCommand() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "compare every recorded metric, not only those in the report's tables")
 	return cmd
+}
+
+func newScaleReportCommand() *cobra.Command {
+	var in loadgen.ScaleInputs
+	var out string
+	cmd := &cobra.Command{
+		Use:   "scale-report --loadgen DIR... --idle FILE... --out DIR",
+		Short: "Write the server scale and idle sections (report.md and charts) from loadgen runs and idle-cost.sh results",
+		Long: "Reads each --loadgen directory's results.json (bench loadgen) and each --idle file (OUT= of " +
+			"scripts/idle-cost.sh) and writes --out/report.md: a \"Server scale\" table and charts (clients against the " +
+			"server's RSS, live heap, stacks and idle CPU, handshakes per CPU-second, SIGKILL return) and an \"Idle\" table " +
+			"(wake-ups a second per daemon, CPU, datagrams per keep-alive period). Globs are expanded.",
+		Args: cobra.NoArgs,
+		RunE: func(_ *cobra.Command, _ []string) error {
+			var err error
+			if in.Loadgen, err = expandGlobs(in.Loadgen); err != nil {
+				return err
+			}
+			if in.Idle, err = expandGlobs(in.Idle); err != nil {
+				return err
+			}
+			if err := loadgen.WriteScaleReport(out, in); err != nil {
+				return err
+			}
+			fmt.Printf("Report: %s/report.md\n", out)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringSliceVar(&in.Loadgen, "loadgen", nil, "bench loadgen result directories (repeatable, comma-separated, globs)")
+	fs.StringSliceVar(&in.Idle, "idle", nil, "scripts/idle-cost.sh result files (repeatable, comma-separated, globs)")
+	fs.StringVar(&out, "out", "bench/results/scale", "directory of report.md and the charts")
+	return cmd
+}
+
+// expandGlobs expands each pattern (a name without a match is an error).
+func expandGlobs(in []string) ([]string, error) {
+	var out []string
+	for _, p := range in {
+		m, err := filepath.Glob(p)
+		if err != nil {
+			return nil, err
+		}
+		if len(m) == 0 {
+			return nil, fmt.Errorf("%s: no such file", p)
+		}
+		out = append(out, m...)
+	}
+	return out, nil
 }
 
 func newReportCommand() *cobra.Command {

@@ -55,9 +55,13 @@ func AddDaemonFlags(cmd *cobra.Command, d Daemon) {
 }
 
 // LogHostCheck logs one line per finding that needs attention, with its fix,
-// and silences quic-go's own buffer warning, which this replaces.
+// and silences quic-go's own buffer warning where the check replaces it
+// (Linux). Elsewhere its one "platform" line at -v 0 names the Linux-only
+// features the daemon runs without.
 func LogHostCheck(remote string) {
-	_ = os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+	if hostcheck.BufferCheck {
+		_ = os.Setenv("QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING", "true")
+	}
 	for _, f := range hostcheck.Run(hostcheck.Options{Remote: remote}) {
 		if f.Severity == hostcheck.OK {
 			klog.V(1).InfoS("Host check passed", "check", f.Check, "detail", f.Detail)

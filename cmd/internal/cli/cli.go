@@ -137,7 +137,7 @@ func ListenAdmin(address, token string) (net.Listener, error) {
 		return nil, fmt.Errorf("--httpd-listen-on %s is not loopback: set --httpd-token-file so the admin API is not open to the network", address)
 	}
 	ln, err := net.Listen("tcp", address)
-	if errors.Is(err, syscall.EADDRINUSE) {
+	if errors.Is(err, errAddrInUse) {
 		// Most often a second daemon on the host, on the same default port.
 		return nil, fmt.Errorf("admin listener: %w: another process (another quictun daemon?) uses %s; "+
 			"set --httpd-listen-on to a free address for this one (127.0.0.1:0 picks a free port and logs it), or --httpd-listen-on \"\" to turn the admin API off", err, address)

@@ -362,7 +362,9 @@ func TestSignalContext(t *testing.T) {
 	t.Run("first SIGTERM cancels", func(t *testing.T) {
 		ctx, stop := cli.SignalContext(context.Background())
 		defer stop()
-		require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGTERM))
+		self, err := os.FindProcess(os.Getpid())
+		require.NoError(t, err)
+		require.NoError(t, self.Signal(syscall.SIGTERM))
 		select {
 		case <-ctx.Done():
 		case <-time.After(10 * time.Second):

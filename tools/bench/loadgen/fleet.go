@@ -153,6 +153,19 @@ func (e *emu) dials() (full, zeroRTT float64) {
 	return counter(e.m.DialsTotal.WithLabelValues("ok")), counter(e.m.DialsTotal.WithLabelValues("ok_0rtt"))
 }
 
+// rescues sums the clients' path rescues by result, leaving out zeros.
+func (f *fleet) rescues() map[string]float64 {
+	out := map[string]float64{}
+	for _, e := range f.clients {
+		for _, res := range []string{"switched", "recovered", "error"} {
+			if n := counter(e.m.PathRescuesTotal.WithLabelValues(res)); n > 0 {
+				out[res] += n
+			}
+		}
+	}
+	return out
+}
+
 // counter reads a counter's value.
 func counter(c prometheus.Counter) float64 {
 	var d dto.Metric

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -67,8 +68,9 @@ type Options struct {
 	// Command is the command line, for the report.
 	Command string
 	// GCWait bounds the wait, once every client left, for the server's next
-	// garbage collection (Go forces one every 2 minutes), so the memory
-	// left over is read without garbage (0: read it at once).
+	// garbage collection of its own (Go forces one every 2 minutes), so the
+	// memory left over is read without garbage; 0: the load generator asks
+	// the server for two collections at once (its pprof handler).
 	GCWait time.Duration
 	// Settle is how long the server is left alone before a baseline or
 	// leave snapshot (0: 1 s).
@@ -81,7 +83,7 @@ func DefaultOptions() Options {
 	return Options{BinDir: "bin", ResultsDir: "bench/results", Clients: 1000, Concurrency: 64, Idle: 30 * time.Second,
 		Tunnels: 10, TunnelBytes: 1024, Restarts: []string{SignalTerm, SignalKill}, Resume: true,
 		Quiet:        client.DefaultConfig().IdleAfter + time.Second,
-		PhaseTimeout: 3 * time.Minute, Timeout: 30 * time.Minute, GCWait: 2*time.Minute + 10*time.Second}
+		PhaseTimeout: 3 * time.Minute, Timeout: 30 * time.Minute}
 }
 
 // Validate reports every problem of o at once.
@@ -128,6 +130,10 @@ func Run(ctx context.Context, o Options) (dir string, err error) {
 	if err := o.Validate(); err != nil {
 		return "", err
 	}
+	fdNote, err := raiseNoFile(o.Clients, o.Tunnels)
+	if err != nil {
+		return "", err
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -150,6 +156,9 @@ func Run(ctx context.Context, o Options) (dir string, err error) {
 	r := &run{o: o, res: &Results{Version: 1, Command: o.Command, Started: started.UTC(), Machine: harness.MachineInfo(),
 		LoadBefore: loadavg(), Clients: o.Clients, Concurrency: o.Concurrency, TunnelClients: o.Tunnels,
 		IdleSeconds: o.Idle.Seconds(), QuietSeconds: o.Quiet.Seconds(), ClientKeepAlive: cmp.Or(o.KeepAlive, transport.DefaultQUICOptions().KeepAlivePeriod).String()}}
+	if fdNote != "" {
+		r.res.Notes = append(r.res.Notes, fdNote)
+	}
 	defer func() {
 		if r.fl != nil {
 			r.fl.stopAll()
@@ -174,6 +183,9 @@ func Run(ctx context.Context, o Options) (dir string, err error) {
 		return dir, err
 	}
 	r.res.ServerCommand = r.srv.commandLine()
+	if out, verr := exec.CommandContext(ctx, r.srv.bin, "version").Output(); verr == nil {
+		r.res.ServerVersion = strings.TrimSpace(string(out))
+	}
 	r.fl = newFleet(o, r.srv, r.echo.addr())
 	if err := r.srv.start(ctx); err != nil {
 		return dir, err
@@ -239,6 +251,9 @@ func (r *run) baseline(ctx context.Context) error {
 	}
 	s, err := r.snapshot(ctx)
 	s.CPUCores = (r.srv.cpu() - cpu0) / time.Since(t0).Seconds()
+	if err == nil {
+		err = r.live(ctx, &s)
+	}
 	r.res.Baseline = s
 	r.loadgenBase = loadgenFigures(1, nil)
 	return err
@@ -248,11 +263,17 @@ func (r *run) baseline(ctx context.Context) error {
 func (r *run) connect(ctx context.Context) error {
 	c, err := r.connectPhase(ctx)
 	r.res.Connect = c
+	if c != nil {
+		c.ClientRescues = r.fl.rescues()
+	}
 	if err != nil {
 		return err
 	}
 	if c.ZeroRTT > 0 {
-		return fmt.Errorf("%d first connections used 0-RTT (no tickets yet: expected none)", c.ZeroRTT)
+		// A client whose first connection was lost while the others
+		// connected (a busy machine: its hello or echoes too late)
+		// reconnected with the ticket that connection gave it.
+		r.res.Notes = append(r.res.Notes, fmt.Sprintf("connect: %d clients lost their first connection and reconnected with 0-RTT during the phase", c.ZeroRTT))
 	}
 	r.res.Loadgen = loadgenFigures(r.o.Clients, r.loadgenBase)
 	return nil
@@ -310,9 +331,33 @@ func (r *run) idle(ctx context.Context) error {
 		ServerConnections:   s.ActiveConnections,
 		ClientsReady:        r.readyCount(),
 	}
+	if err := r.live(ctx, &r.res.Idle.Snapshot); err != nil {
+		return err
+	}
+	if b.LiveHeapBytes > 0 {
+		r.res.Idle.LiveHeapPerClientBytes = (r.res.Idle.Snapshot.LiveHeapBytes - b.LiveHeapBytes) / n
+		r.res.Idle.StackPerClientBytes = (r.res.Idle.Snapshot.StackInuseBytes - b.StackInuseBytes) / n
+	}
 	if int(s.ActiveConnections) != r.o.Clients {
 		return fmt.Errorf("server counts %v connections, want %d", s.ActiveConnections, r.o.Clients)
 	}
+	return nil
+}
+
+// live has the server collect its garbage and records its live heap and
+// stacks in s (after s's RSS was read: the collection does not lower RSS
+// at once, but the next figures would no longer be the undisturbed ones).
+func (r *run) live(ctx context.Context, s *Snapshot) error {
+	// Twice: sync.Pool's contents survive the first collection (quic-go's
+	// packet buffers, what a burst left), and are not per client.
+	var m metricSet
+	for range 2 {
+		var err error
+		if m, err = r.srv.collect(ctx); err != nil {
+			return err
+		}
+	}
+	s.LiveHeapBytes, s.StackInuseBytes = m["go_memstats_heap_alloc_bytes"], m["go_memstats_stack_inuse_bytes"]
 	return nil
 }
 
@@ -530,7 +575,7 @@ func (r *run) disconnect(ctx context.Context) (*Disconnect, error) {
 	}
 	t0, rcv0 := time.Now(), udpRcvbufErrors()
 	r.fl.stopAll()
-	d := &Disconnect{StopSeconds: time.Since(t0).Seconds()}
+	d := &Disconnect{StopSeconds: time.Since(t0).Seconds(), ClientRescues: r.fl.rescues()}
 	empty, err := r.waitNoConnections(ctx)
 	d.ServerEmptySeconds = empty.Seconds()
 	d.UDPRcvbufErrors = udpRcvbufErrors() - rcv0
@@ -576,7 +621,21 @@ func (r *run) leave(ctx context.Context) error {
 	// allocates little, so the next one is Go's forced collection, at most
 	// 2 minutes away. Wait for a collection that began after the clients
 	// left, up to GCWait, before reading the memory.
-	if r.o.GCWait > 0 {
+	if r.o.GCWait == 0 {
+		// The server collects at once when asked (twice: sync.Pool's
+		// contents survive the first).
+		for range 2 {
+			if _, err := r.srv.collect(ctx); err != nil {
+				return err
+			}
+		}
+		l.GCAfterLeave = true
+		s, err := r.snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		l.Snapshot = s
+	} else {
 		gcDeadline := left.Add(r.o.GCWait)
 		for time.Now().Before(gcDeadline) {
 			m, err := r.srv.scrape(ctx)

@@ -17,9 +17,11 @@ import (
 
 // Results is what a run measured; results.json holds it.
 type Results struct {
-	Version       int             `json:"version"`
-	Command       string          `json:"command"`
-	ServerCommand string          `json:"server_command"`
+	Version       int    `json:"version"`
+	Command       string `json:"command"`
+	ServerCommand string `json:"server_command"`
+	// ServerVersion is `quictun-server version` (the build measured).
+	ServerVersion string          `json:"server_version,omitempty"`
 	Started       time.Time       `json:"started"`
 	Finished      time.Time       `json:"finished"`
 	Machine       harness.Machine `json:"machine"`
@@ -47,6 +49,9 @@ type Results struct {
 	Leave      *Leave      `json:"leave,omitempty"`
 	Errors     []string    `json:"errors,omitempty"`
 	Notes      []string    `json:"notes,omitempty"`
+
+	// source is where LoadResults read it (for the scale report).
+	source string
 }
 
 // Snapshot is the server at one moment: /proc and its /metrics.
@@ -61,6 +66,11 @@ type Snapshot struct {
 	// CPUCores is the server's CPU as a fraction of one core over a few
 	// seconds before the snapshot (the baseline only).
 	CPUCores float64 `json:"cpu_cores,omitempty"`
+	// LiveHeapBytes (heap allocated right after a collection the load
+	// generator asked for, after RSSBytes was read) and StackInuseBytes
+	// (goroutine stacks, then): baseline and idle only.
+	LiveHeapBytes   float64 `json:"live_heap_bytes,omitempty"`
+	StackInuseBytes float64 `json:"stack_inuse_bytes,omitempty"`
 }
 
 // Connect is a phase that brings every client up at a bounded concurrency.
@@ -85,6 +95,10 @@ type Connect struct {
 	// quictun_server_preauth_rejections_total by label, since it started.
 	ServerRefused           map[string]float64 `json:"server_refused,omitempty"`
 	ServerPreauthRejections map[string]float64 `json:"server_preauth_rejections,omitempty"`
+	// ClientRescues is the clients' path rescues so far by result (the
+	// first connect only): clients whose echoes came later than
+	// RescueAfter, which keeps them busy instead of idle.
+	ClientRescues map[string]float64 `json:"client_rescues,omitempty"`
 }
 
 // Loadgen is this process with every client connected.
@@ -107,12 +121,16 @@ type Idle struct {
 	ServerCPUPerClientMicrosPerSecond float64 `json:"server_cpu_per_client_us_per_second"`
 	LoadgenCores                      float64 `json:"loadgen_cores"`
 	// OtherCores is the rest of the machine's busy CPU (/proc/stat) meanwhile.
-	OtherCores          float64 `json:"other_cores"`
-	RSSPerClientBytes   float64 `json:"rss_per_client_bytes"`
-	HeapPerClientBytes  float64 `json:"heap_inuse_per_client_bytes"`
-	GoroutinesPerClient float64 `json:"goroutines_per_client"`
-	ServerConnections   float64 `json:"server_connections"`
-	ClientsReady        int     `json:"clients_ready"`
+	OtherCores         float64 `json:"other_cores"`
+	RSSPerClientBytes  float64 `json:"rss_per_client_bytes"`
+	HeapPerClientBytes float64 `json:"heap_inuse_per_client_bytes"`
+	// LiveHeapPerClientBytes and StackPerClientBytes: what RSS is made of
+	// without the garbage a collection would free (Snapshot.LiveHeapBytes).
+	LiveHeapPerClientBytes float64 `json:"live_heap_per_client_bytes,omitempty"`
+	StackPerClientBytes    float64 `json:"stack_per_client_bytes,omitempty"`
+	GoroutinesPerClient    float64 `json:"goroutines_per_client"`
+	ServerConnections      float64 `json:"server_connections"`
+	ClientsReady           int     `json:"clients_ready"`
 }
 
 // Tunnels is the tunnel phase: one echo exchange per tunnel client.
@@ -176,6 +194,10 @@ type Disconnect struct {
 	// meanwhile: datagrams the kernel dropped for a full socket receive
 	// buffer, any socket of this network namespace.
 	UDPRcvbufErrors float64 `json:"udp_rcvbuf_errors"`
+	// ClientRescues is the clients' path rescues (a new socket probed after
+	// RescueAfter without an echo) since the run began, by result, counted
+	// as they stopped: a busy machine delays echoes into rescues.
+	ClientRescues map[string]float64 `json:"client_rescues,omitempty"`
 }
 
 // Leave is the server after every client disconnected.
@@ -227,6 +249,9 @@ func LoadResults(path string) (*Results, error) {
 func (r *Results) WriteReport(w io.Writer) {
 	fmt.Fprintf(w, "# quictun-server under %d clients\n\n", r.Clients)
 	fmt.Fprintf(w, "- command: `%s`\n- server: `%s`\n", r.Command, r.ServerCommand)
+	if r.ServerVersion != "" {
+		fmt.Fprintf(w, "- server version: %s\n", r.ServerVersion)
+	}
 	fmt.Fprintf(w, "- machine: %d CPUs, %s, %s; load average before %s, after %s\n", r.Machine.CPUs, r.Machine.CPUModel,
 		r.Machine.MemTotal, r.LoadBefore, r.LoadAfter)
 	fmt.Fprintf(w, "- %s to %s; concurrency %d, idle %gs (after %gs quiet), %d tunnel clients, client keep-alive %s\n\n",
@@ -239,6 +264,7 @@ func (r *Results) WriteReport(w io.Writer) {
 	row("0 baseline", "server CPU, % of one core", fmt.Sprintf("%.2f %%", 100*b.CPUCores))
 	if c := r.Connect; c != nil {
 		connectRows(row, "1 connect", "full", c)
+		row("1 connect", "clients' path rescues", counts(c.ClientRescues))
 	}
 	if l := r.Loadgen; l != nil {
 		row("1 connect", "load generator RSS / goroutines per client", fmt.Sprintf("%s / %.1f", kib(l.RSSPerClientBytes), l.GoroutinesPerClient))
@@ -247,6 +273,9 @@ func (r *Results) WriteReport(w io.Writer) {
 		row("2 idle", "server connections / clients ready", fmt.Sprintf("%.0f / %d", i.ServerConnections, i.ClientsReady))
 		row("2 idle", "server RSS per client", fmt.Sprintf("%s (RSS %s)", kib(i.RSSPerClientBytes), mib(float64(i.Snapshot.RSSBytes))))
 		row("2 idle", "server heap in use per client", kib(i.HeapPerClientBytes))
+		if i.LiveHeapPerClientBytes > 0 {
+			row("2 idle", "server live heap / goroutine stacks per client (after a collection)", kib(i.LiveHeapPerClientBytes)+" / "+kib(i.StackPerClientBytes))
+		}
 		row("2 idle", "server goroutines per client", fmt.Sprintf("%.2f (%.0f)", i.GoroutinesPerClient, i.Snapshot.Goroutines))
 		row("2 idle", "server CPU, % of one core", fmt.Sprintf("%.2f %% over %.0f s", 100*i.ServerCores, i.Seconds))
 		row("2 idle", "server CPU per idle client (over the baseline's)", fmt.Sprintf("%.2f µs/s", i.ServerCPUPerClientMicrosPerSecond))
@@ -302,6 +331,7 @@ func disconnectRows(row func(string, string, string), phase string, d *Disconnec
 	row(phase, "clients stopped / server empty after", fmt.Sprintf("%.2f s / %.2f s", d.StopSeconds, d.ServerEmptySeconds))
 	row(phase, "how the server saw them end", counts(d.ServerEnded))
 	row(phase, "server's dropped datagrams meanwhile; kernel UDP receive-buffer drops", fmt.Sprintf("%s; %.0f", counts(d.ServerDropped), d.UDPRcvbufErrors))
+	row(phase, "clients' path rescues since the run began", counts(d.ClientRescues))
 }
 
 // refusals lists the non-zero refusal counters, or "none".

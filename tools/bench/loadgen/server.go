@@ -66,7 +66,9 @@ func newServer(ctx context.Context, o Options, work, logDir, echoAddr string) (*
 		return nil, err
 	}
 	s.args = []string{"--listen-on", s.udp, "--state-dir", s.stateDir, "--secret-file", secretFile,
-		"--allow", "tcp:" + echoAddr, "--httpd-listen-on", s.admin, "--audit-log=false"}
+		"--allow", "tcp:" + echoAddr, "--httpd-listen-on", s.admin, "--audit-log=false",
+		// /debug/pprof/heap?gc=1 runs a collection: the live heap (collect).
+		"--enable-pprof"}
 	if o.Clients > defaultMaxConnections && !hasFlag(o.ServerArgs, "max-connections") {
 		// The default limit would refuse the clients past it; an operator
 		// expecting this many clients raises it.
@@ -159,6 +161,28 @@ func (s *server) scrape(ctx context.Context) (metricSet, error) {
 		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
 	}
 	return parseMetrics(resp.Body)
+}
+
+// collect makes the server run a garbage collection (the heap profile
+// handler's gc=1) and returns its metrics right after: heap_alloc is then
+// the live heap.
+func (s *server) collect(ctx context.Context) (metricSet, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.admin+"/debug/pprof/heap?gc=1", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := scrapeClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /debug/pprof/heap?gc=1: %s", resp.Status)
+	}
+	return s.scrape(ctx)
 }
 
 // scrapeClient reads /metrics without keeping connections open: the
