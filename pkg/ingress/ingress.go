@@ -55,10 +55,13 @@ type Session struct {
 	verdicts verdicts
 }
 
-// Sessions gives ingress the client's current QUIC connection.
+// Sessions gives ingress the QUIC connection a new stream goes on: the
+// client chooses among its connections (servers, --connections).
 type Sessions interface {
-	// Wait returns the current session, waiting (bounded) for one.
-	Wait(ctx context.Context) (*Session, error)
+	// Wait returns the session a new stream (or UDP flow) goes on, waiting
+	// (bounded) for one, and counts it there until release is called
+	// (once, when the stream ends; release is never nil).
+	Wait(ctx context.Context) (sess *Session, release func(), err error)
 }
 
 // Config holds what a Handler needs; every field but Accepted is required.
@@ -81,8 +84,9 @@ type Config struct {
 	MaxProxyHandshakes int
 	// UDPIdleTimeout ends a UDP flow without packets either way (0: DefaultUDPIdleTimeout).
 	UDPIdleTimeout time.Duration
-	// Accepted, if set, is called when the server accepted a stream header.
-	Accepted func()
+	// Accepted, if set, is called when the server accepted a stream header
+	// on sess.
+	Accepted func(sess *Session)
 	Metrics  *metrics.Client
 	Registry *tunnel.Registry
 }
@@ -344,7 +348,8 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 			return
 		}
 	}
-	sess, err := h.cfg.Sessions.Wait(ctx)
+	sess, release, err := h.cfg.Sessions.Wait(ctx)
+	defer release()
 	if err != nil {
 		fail(metrics.ResultNoSession, "No connection to the server for a local connection", fmt.Errorf("%w: %w", errNoSession, err))
 		return
@@ -388,7 +393,7 @@ func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tok
 		if err == nil {
 			m.StreamOpenDuration.Observe(time.Since(start).Seconds())
 			if h.cfg.Accepted != nil {
-				h.cfg.Accepted() // the server accepted our header
+				h.cfg.Accepted(sess) // the server accepted our header
 			}
 		}
 		if proxy != nil {
@@ -556,7 +561,8 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		// The server never answered (it may still be down): wait for the
 		// supervisor's next connection, with its handshake done.
 		for next == nil {
-			sess, err := h.cfg.Sessions.Wait(ctx)
+			sess, release, err := h.cfg.Sessions.Wait(ctx)
+			release() // counted where it was first placed
 			if err != nil {
 				return nil, "", fmt.Errorf("connection died before its handshake: %w", err)
 			}

@@ -24,7 +24,9 @@ import (
 
 type noSessions struct{}
 
-func (noSessions) Wait(context.Context) (*Session, error) { return nil, errors.New("no session") }
+func (noSessions) Wait(context.Context) (*Session, func(), error) {
+	return nil, func() {}, errors.New("no session")
+}
 
 // rcvbuf is c's receive buffer as the kernel reports it (twice what was
 // granted), or -1 if it cannot be read.
@@ -77,9 +79,9 @@ func TestServeUDPRaisesTheSocketBuffer(t *testing.T) {
 // unreachable.
 type waitSessions struct{}
 
-func (waitSessions) Wait(ctx context.Context) (*Session, error) {
+func (waitSessions) Wait(ctx context.Context) (*Session, func(), error) {
 	<-ctx.Done()
-	return nil, ctx.Err()
+	return nil, func() {}, ctx.Err()
 }
 
 // TestUDPQueuesBoundedInBytes (issue 21 item 2): while the server is
