@@ -712,7 +712,7 @@ func (c *Client) waitBackoff(ctx context.Context, m *member) {
 }
 
 func (c *Client) dial(ctx context.Context, tr *quic.Transport, srv *server) (*quic.Conn, error) {
-	ua, err := net.ResolveUDPAddr("udp", srv.addr)
+	ua, err := srv.resolve(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", srv.addr, err)
 	}

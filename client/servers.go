@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -50,8 +51,15 @@ type server struct {
 	// certificate is verified against when the TLS configuration names none.
 	addr, host string
 	// label names it in logs, metrics and /connections: the configured
-	// endpoint, or the address when a name resolved to several.
-	label   string
+	// endpoint, or "ENDPOINT/i" for the i-th address of a name that
+	// resolved to several.
+	label string
+	// nth, for the i-th address of such a name, is i: each dial resolves
+	// the name again and takes the i-th address in sorted order, so the
+	// server follows the replicas when their addresses change.
+	nth     int
+	lookup  func(ctx context.Context, host string) ([]string, error)
+	port    string
 	members []*member
 	// authRefused is set when this server refused our credentials (an
 	// auth_failed close or dial), cleared when it accepts a stream header.
@@ -110,12 +118,14 @@ func (l *link) healthy() bool {
 func expandServers(ctx context.Context, endpoints []string, lookup func(ctx context.Context, host string) ([]string, error)) []*server {
 	var out []*server
 	seen := map[string]bool{}
-	add := func(addr, host, label string) {
-		if seen[addr] {
-			return
+	add := func(addr, host, label string) *server {
+		if seen[label] {
+			return nil
 		}
-		seen[addr] = true
-		out = append(out, &server{idx: len(out), addr: addr, host: host, label: label})
+		seen[label] = true
+		s := &server{idx: len(out), addr: addr, host: host, label: label}
+		out = append(out, s)
+		return s
 	}
 	for _, ep := range endpoints {
 		host, port, err := net.SplitHostPort(ep)
@@ -127,33 +137,66 @@ func expandServers(ctx context.Context, endpoints []string, lookup func(ctx cont
 			add(ep, host, ep)
 			continue
 		}
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		addrs, err := lookup(lctx, host)
-		cancel()
-		var v4, v6 []string
-		for _, a := range addrs {
-			if ip, err := netip.ParseAddr(a); err == nil {
-				if ip.Unmap().Is4() {
-					v4 = append(v4, ip.Unmap().String())
-				} else {
-					v6 = append(v6, ip.String())
-				}
-			}
-		}
-		ips := v4
-		if len(ips) == 0 {
-			ips = v6
-		}
+		ips, err := resolveFamily(ctx, lookup, host)
 		if err != nil || len(ips) < 2 {
 			add(ep, host, ep)
 			continue
 		}
-		for _, ip := range ips {
-			a := net.JoinHostPort(ip, port)
-			add(a, host, a)
+		for i := range ips {
+			if s := add(ep, host, ep+"/"+strconv.Itoa(i)); s != nil {
+				s.nth, s.lookup, s.port = i, lookup, port
+			}
 		}
 	}
 	return out
+}
+
+// resolveFamily returns host's addresses of one family, sorted: its IPv4
+// addresses, or its IPv6 ones when it has none.
+func resolveFamily(ctx context.Context, lookup func(ctx context.Context, host string) ([]string, error), host string) ([]string, error) {
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	addrs, err := lookup(lctx, host)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	var v4, v6 []netip.Addr
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil {
+			if ip.Unmap().Is4() {
+				v4 = append(v4, ip.Unmap())
+			} else {
+				v6 = append(v6, ip)
+			}
+		}
+	}
+	ips := v4
+	if len(ips) == 0 {
+		ips = v6
+	}
+	slices.SortFunc(ips, netip.Addr.Compare)
+	out := make([]string, 0, len(ips))
+	for _, ip := range slices.Compact(ips) {
+		out = append(out, ip.String())
+	}
+	return out, nil
+}
+
+// resolve returns the UDP address a dial to s goes to: for the i-th address
+// of a name, the name's i-th address now (modulo their number: fewer
+// replicas than at start share them).
+func (s *server) resolve(ctx context.Context) (*net.UDPAddr, error) {
+	if s.lookup == nil {
+		return net.ResolveUDPAddr("udp", s.addr)
+	}
+	ips, err := resolveFamily(ctx, s.lookup, s.host)
+	if err != nil {
+		return nil, err
+	}
+	if len(ips) == 0 {
+		return nil, fmt.Errorf("%s has no address", s.host)
+	}
+	return net.ResolveUDPAddr("udp", net.JoinHostPort(ips[s.nth%len(ips)], s.port))
 }
 
 // newMembers gives each server n connection slots. Labels stay "0", "1", ...
