@@ -190,3 +190,25 @@ func TestFailoverAndFailback(t *testing.T) {
 	assert.Equal(t, uint64(2), cl.Switches(), "failed over once and back once: no flapping")
 	o.close()
 }
+
+// TestStandbyIdle (issues 22 and 23): the warm standby costs what an idle
+// client costs: with tunnels on the active server, the standby's connection
+// sends no heartbeats (keep-alives only), and once the tunnels are done
+// neither connection does.
+func TestStandbyIdle(t *testing.T) {
+	t.Parallel()
+	const interval, idle = 50 * time.Millisecond, 500 * time.Millisecond
+	srv, _, cl, _ := twoServers(t, client.ModeFailover, func(c *client.Config) { c.HeartbeatInterval, c.IdleAfter = interval, idle })
+	require.Eventually(t, func() bool { return heartbeatsStopped(cl, interval) }, 20*time.Second, time.Millisecond,
+		"two connected servers, no tunnels: no heartbeats")
+	standbyEchoes := srv[1].LivenessStats().EchoesSent.Load()
+	c, err := net.Dial("tcp", cl.Addr)
+	require.NoError(t, err)
+	defer c.Close()
+	echoOnce(t, c, "active")
+	assert.Equal(t, 1, active(srv[0]), "the tunnel went to the active server")
+	require.Eventually(t, func() bool { return heartbeatsStopped(cl, interval) }, 20*time.Second, time.Millisecond,
+		"both quiet again once the tunnel is idle")
+	assert.Equal(t, standbyEchoes, srv[1].LivenessStats().EchoesSent.Load(), "the standby got no heartbeat while the active server had work")
+	assert.Zero(t, active(srv[1]), "the standby carried nothing")
+}
