@@ -31,12 +31,15 @@ const (
 	ScSTNShort    = "stn-short"
 	ScSTNSizes    = "stn-sizes"
 	ScSTNBlackout = "stn-blackout"
+	// ScFailover: a quictun client of two servers (failover mode) while an
+	// application opens tunnels; the active server is killed or stopped.
+	ScFailover = "failover"
 )
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
 	return []string{ScLatency, ScCold, ScBulk, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
-		ScSTNShort, ScSTNSizes, ScSTNBlackout}
+		ScSTNShort, ScSTNSizes, ScSTNBlackout, ScFailover}
 }
 
 // Profile sizes a benchmark run.
@@ -78,6 +81,11 @@ type Profile struct {
 	// 1000 B echo; ColdSamples per variant and repetition.
 	ColdLink    LinkSpec
 	ColdSamples int
+
+	// Failover: FailoverSamples per case (kill, stop) and repetition of
+	// the quictun variants on FailoverLink.
+	FailoverLink    LinkSpec
+	FailoverSamples int
 
 	// Flood: ping-pong through the tunnel, quiet and while garbage UDP
 	// datagrams of FloodDatagram bytes hit the tunnel server's port.
@@ -243,8 +251,9 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   1,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     200, ScaleNumber: 20,
-			ColdLink:    LinkOf("WAN", WANDelay, 0, ""),
-			ColdSamples: 5,
+			ColdLink:     LinkOf("WAN", WANDelay, 0, ""),
+			ColdSamples:  5,
+			FailoverLink: LinkOf("WAN", WANDelay, 0, ""), FailoverSamples: 5,
 			MaxDuration: 25 * time.Minute,
 		}, nil
 	case "full":
@@ -273,10 +282,11 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   2,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     1000, ScaleNumber: 50,
-			ColdLink:    LinkOf("WAN", WANDelay, 0, ""),
-			ColdSamples: 10,
-			FloodLink:   LinkOf("LAN", LANDelay, 0, ""),
-			FloodKinds:  floodKinds(), FloodControl: true,
+			ColdLink:     LinkOf("WAN", WANDelay, 0, ""),
+			ColdSamples:  10,
+			FailoverLink: LinkOf("WAN", WANDelay, 0, ""), FailoverSamples: 10,
+			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
+			FloodKinds: floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: time.Second,
 			FloodProbeNumber: 1000, FloodProbeSize: 1000,
 			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.01, "100mbit")},
@@ -307,10 +317,11 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   1,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     20, ScaleNumber: 5,
-			ColdLink:    LinkOf("LAN", LANDelay, 0, ""),
-			ColdSamples: 2,
-			FloodLink:   LinkOf("LAN", LANDelay, 0, ""),
-			FloodKinds:  floodKinds(), FloodControl: true,
+			ColdLink:     LinkOf("LAN", LANDelay, 0, ""),
+			ColdSamples:  2,
+			FailoverLink: LinkOf("LAN", LANDelay, 0, ""), FailoverSamples: 1,
+			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
+			FloodKinds: floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: 200 * time.Millisecond,
 			FloodProbeNumber: 50, FloodProbeSize: 1000,
 			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit")},
