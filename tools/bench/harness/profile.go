@@ -31,6 +31,9 @@ const (
 	ScSTNShort    = "stn-short"
 	ScSTNSizes    = "stn-sizes"
 	ScSTNBlackout = "stn-blackout"
+	// ScAfterIdle: the first new connection after an idle spell, on a
+	// healthy link and with the link cut just before it.
+	ScAfterIdle = "after-idle"
 	// ScFailover: a quictun client of two servers (failover mode) while an
 	// application opens tunnels; the active server is killed or stopped.
 	ScFailover = "failover"
@@ -38,7 +41,7 @@ const (
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
-	return []string{ScLatency, ScCold, ScBulk, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
+	return []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
 		ScSTNShort, ScSTNSizes, ScSTNBlackout, ScFailover}
 }
 
@@ -81,6 +84,16 @@ type Profile struct {
 	// 1000 B echo; ColdSamples per variant and repetition.
 	ColdLink    LinkSpec
 	ColdSamples int
+
+	// After idle: every variant idle for AfterIdleSpell (quictun: longer than
+	// the client's idle switch, so its heartbeats are off), then one new
+	// connection and a 1000 B echo; AfterIdleSamples per repetition, each
+	// once on the healthy link and once with the link cut for AfterIdleCut
+	// from 0.5 s before the connection.
+	AfterIdleLink    LinkSpec
+	AfterIdleSpell   time.Duration
+	AfterIdleCut     time.Duration
+	AfterIdleSamples int
 
 	// Failover: FailoverSamples per case (kill, stop) and repetition of
 	// the quictun variants on FailoverLink.
@@ -231,7 +244,7 @@ func Profiles(name string) (Profile, error) {
 	case "quick":
 		return Profile{
 			Name: "quick", Reps: 1,
-			Scenarios:     []string{ScLatency, ScCold, ScBulk, ScBlackout},
+			Scenarios:     []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScBlackout},
 			LatencyLinks:  latencyLinks(),
 			LatencyNumber: 1000, LatencySize: 1000,
 			BulkLinks: []LinkSpec{
@@ -251,10 +264,12 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   1,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     200, ScaleNumber: 20,
-			ColdLink:     LinkOf("WAN", WANDelay, 0, ""),
-			ColdSamples:  5,
+			ColdLink:      LinkOf("WAN", WANDelay, 0, ""),
+			ColdSamples:   5,
+			MaxDuration:   25 * time.Minute,
+			AfterIdleLink: LinkOf("WAN", WANDelay, 0, ""), AfterIdleSpell: 12 * time.Second,
+			AfterIdleCut: 3 * time.Second, AfterIdleSamples: 2,
 			FailoverLink: LinkOf("WAN", WANDelay, 0, ""), FailoverSamples: 5,
-			MaxDuration: 25 * time.Minute,
 		}, nil
 	case "full":
 		var bulk []LinkSpec
@@ -282,8 +297,10 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   2,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     1000, ScaleNumber: 50,
-			ColdLink:     LinkOf("WAN", WANDelay, 0, ""),
-			ColdSamples:  10,
+			ColdLink:      LinkOf("WAN", WANDelay, 0, ""),
+			ColdSamples:   10,
+			AfterIdleLink: LinkOf("WAN", WANDelay, 0, ""), AfterIdleSpell: 12 * time.Second,
+			AfterIdleCut: 3 * time.Second, AfterIdleSamples: 3,
 			FailoverLink: LinkOf("WAN", WANDelay, 0, ""), FailoverSamples: 10,
 			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
 			FloodKinds: floodKinds(), FloodControl: true,
@@ -317,8 +334,10 @@ func Profiles(name string) (Profile, error) {
 			BlackoutReps:   1,
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     20, ScaleNumber: 5,
-			ColdLink:     LinkOf("LAN", LANDelay, 0, ""),
-			ColdSamples:  2,
+			ColdLink:      LinkOf("LAN", LANDelay, 0, ""),
+			ColdSamples:   2,
+			AfterIdleLink: LinkOf("LAN", LANDelay, 0, ""), AfterIdleSpell: time.Second,
+			AfterIdleCut: 500 * time.Millisecond, AfterIdleSamples: 1,
 			FailoverLink: LinkOf("LAN", LANDelay, 0, ""), FailoverSamples: 1,
 			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
 			FloodKinds: floodKinds(), FloodControl: true,

@@ -89,6 +89,8 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.flood(ctx)
 	case ScCold:
 		return r.coldstart(ctx)
+	case ScAfterIdle:
+		return r.afterIdle(ctx)
 	case ScFair:
 		return r.fairness(ctx)
 	case ScBlackoutBulk:
