@@ -31,8 +31,15 @@ type TokenSource = ingress.TokenSource
 // ErrNoSession is returned when no QUIC connection came up within SessionWait.
 var ErrNoSession = errors.New("no connection to the server")
 
-// Config holds everything a Client needs.
+// Config holds everything a Client needs: the settings of its local
+// connections (ingress.Config, embedded: the app fills it directly) and
+// those of its connection to the server.
 type Config struct {
+	// Config is what each local connection and UDP flow is carried with:
+	// stream-open timeout, connection limits, UDP idle timeout, metrics and
+	// the tunnel registry (nil: a new one).
+	ingress.Config
+
 	// ServerAddr is the server's UDP host:port (one server; see Servers).
 	ServerAddr string
 	// Servers are several servers' UDP host:port, in order of preference;
@@ -67,17 +74,8 @@ type Config struct {
 	Check []string
 
 	// SessionWait bounds how long a local connection waits for a QUIC connection.
-	SessionWait time.Duration
-	// StreamOpenTimeout bounds waiting for stream credit from the server.
-	StreamOpenTimeout time.Duration
-	// MaxConnections bounds concurrently handled local connections and UDP flows.
-	MaxConnections int
-	// MaxProxyHandshakes bounds the connections to proxy entry points still
-	// sending their request, apart from MaxConnections (0: the default).
-	MaxProxyHandshakes int
-	// UDPIdleTimeout ends a UDP flow without packets either way (0: the default).
-	UDPIdleTimeout time.Duration
-	DrainTimeout   time.Duration
+	SessionWait  time.Duration
+	DrainTimeout time.Duration
 	// Backoff paces reconnects; nil uses DefaultBackoff.
 	Backoff *backoff.Backoff
 
@@ -100,9 +98,7 @@ type Config struct {
 	// way the main socket was wrapped (forward error correction).
 	WrapConn func(net.PacketConn) net.PacketConn
 
-	Metrics  *metrics.Client
 	QUICStat *metrics.QUICCollector
-	Registry *tunnel.Registry
 }
 
 // Forward is a local listener whose connections go to its own destinations
@@ -140,19 +136,17 @@ func (f Forward) close() {
 // in those left zero (HeartbeatInterval excepted: zero disables heartbeats).
 func DefaultConfig() Config {
 	return Config{
-		SessionWait:        10 * time.Second,
-		StreamOpenTimeout:  10 * time.Second,
-		MaxConnections:     16384,
-		MaxProxyHandshakes: ingress.DefaultMaxProxyHandshakes,
-		UDPIdleTimeout:     ingress.DefaultUDPIdleTimeout,
-		HeartbeatInterval:  200 * time.Millisecond,
-		RescueAfter:        time.Second,
-		IdleAfter:          5 * time.Second,
-		DrainTimeout:       30 * time.Second,
-		TailProbes:         1,
-		Mode:               ModeFailover,
-		FailbackAfter:      10 * time.Second,
-		TailProbeDelay:     time.Millisecond,
+		Config:               ingress.DefaultConfig(),
+		SessionWait:          10 * time.Second,
+		HeartbeatInterval:    200 * time.Millisecond,
+		RescueAfter:          time.Second,
+		IdleAfter:            5 * time.Second,
+		DrainTimeout:         30 * time.Second,
+		TailProbes:           1,
+		TailProbeDelay:       time.Millisecond,
+		Mode:                 ModeFailover,
+		ConnectionsPerServer: 1,
+		FailbackAfter:        10 * time.Second,
 	}
 }
 
@@ -272,8 +266,6 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	}
 	def := DefaultConfig()
 	orDefault(&cfg.SessionWait, def.SessionWait)
-	orDefault(&cfg.StreamOpenTimeout, def.StreamOpenTimeout)
-	orDefault(&cfg.MaxConnections, def.MaxConnections)
 	orDefault(&cfg.RescueAfter, def.RescueAfter)
 	orDefault(&cfg.IdleAfter, def.IdleAfter)
 	orDefault(&cfg.TailProbeDelay, def.TailProbeDelay)
@@ -304,26 +296,21 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
 	c.SetTLS(cfg.TLS)
-	in, err := ingress.New(ingress.Config{
-		Sessions:           sessions{c},
-		Tokens:             func() TokenSource { return *c.tokens.Load() },
-		Secret:             func() []byte { return *c.secret.Load() },
-		StreamOpenTimeout:  cfg.StreamOpenTimeout,
-		MaxConnections:     cfg.MaxConnections,
-		MaxProxyHandshakes: cfg.MaxProxyHandshakes,
-		UDPIdleTimeout:     cfg.UDPIdleTimeout,
+	in, err := ingress.New(cfg.Config, ingress.Links{
+		Sessions: sessions{c},
+		Tokens:   func() TokenSource { return *c.tokens.Load() },
+		Secret:   func() []byte { return *c.secret.Load() },
 		Accepted: func(sess *session) {
 			if l, ok := c.links.Load(sess); ok {
 				c.confirm(l.(*link))
 			}
 		},
-		Metrics:  cfg.Metrics,
-		Registry: cfg.Registry,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	c.ingress = in
+	c.cfg.Config = in.Config() // with the defaults filled
 	return c, nil
 }
 

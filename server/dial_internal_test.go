@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/token"
@@ -22,8 +23,8 @@ func newTestServer(t *testing.T, mutate func(*Config)) *Server {
 	parser, err := token.NewParser(token.PluginCleartext, "")
 	require.NoError(t, err)
 	cfg := Config{
-		TLS: &tls.Config{}, Parser: parser, Allow: endpoint.DefaultAllowList(),
-		Metrics: metrics.NewServer(prometheus.NewRegistry()),
+		TLS:    &tls.Config{},
+		Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: metrics.NewServer(prometheus.NewRegistry())},
 	}
 	if mutate != nil {
 		mutate(&cfg)

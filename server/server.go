@@ -14,7 +14,6 @@ import (
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
-	"github.com/quictun/quictun/pkg/dgram"
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/liveness"
@@ -22,7 +21,6 @@ import (
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
-	"github.com/quictun/quictun/pkg/udpflow"
 )
 
 // TokenParser turns a destination token into an endpoint (pkg/token implements it).
@@ -31,51 +29,28 @@ type TokenParser = egress.TokenParser
 // Dialer connects to destinations; *net.Dialer implements it.
 type Dialer = egress.Dialer
 
-// Config holds everything a Server needs. Zero durations and limits take the
-// defaults of DefaultConfig.
+// Config holds everything a Server needs: the settings of each stream
+// (egress.Config, embedded: the app fills it directly) and those of the
+// listener and its connections. Zero durations and limits take the defaults
+// of DefaultConfig.
 type Config struct {
+	// Config is what each accepted stream is served with: the destination
+	// rules and keys, dial and replay limits, UDP flows, the audit line,
+	// metrics and the tunnel registry (nil: a new one).
+	egress.Config
+
 	TLS      *tls.Config
 	QUIC     *quic.Config
 	ResetKey *quic.StatelessResetKey
 	TokenKey *quic.TokenGeneratorKey
 
-	// Keys, when not empty, are the shared secrets a stream header may be
-	// authenticated with (several during a rotation). When empty, the TLS
-	// layer must authenticate clients (mutual TLS) or the operator
-	// explicitly chose no authentication.
-	Keys *proto.Keyring
-	// Secret, when Keys is nil, is shorthand for a keyring of this one secret.
-	Secret []byte
-	Parser TokenParser
-	Allow  *endpoint.AllowList
-	// AllowFor holds further rules by client identity: "CN=NAME" for a
-	// client certificate's subject common name (mutual TLS), "key=NAME" for
-	// a shared-secret key's name (Key.Label). A stream may reach what Allow
-	// or the lists of its identities allow; each list must carry the deny
-	// rules too (endpoint.ParseRules), so deny still wins.
-	AllowFor map[string]*endpoint.AllowList
-	// AuditLog logs one line per tunnel at -v 0 once its header is verified:
-	// who (identity), from where, to what, result, bytes and duration.
-	AuditLog bool
 	// SelfAddrs are the addresses of the server's other listeners (the admin
 	// API). Streams to them, and to the QUIC listener's own address and
 	// port, are refused whatever Allow says (a wildcard address stands for
 	// every local address at that port; see endpoint.AllowList.WithSelf).
 	SelfAddrs []net.Addr
-	// Resolver resolves destination host names (nil: net.DefaultResolver).
-	Resolver endpoint.Resolver
-	Dialer   Dialer
 
-	HeaderTimeout      time.Duration
-	DialTimeout        time.Duration
-	MaxConcurrentDials int
-	// MaxDialsPerDestination bounds concurrent dials to one address, so a
-	// slow or blackholed destination cannot take every dial slot; more wait
-	// (within DialTimeout) without holding one. 0: a quarter of MaxConcurrentDials.
-	MaxDialsPerDestination int
-	DrainTimeout           time.Duration
-	ReplayWindow           time.Duration
-	MaxReplayEntries       int
+	DrainTimeout time.Duration
 
 	// TailProbes is how many tail-loss probe datagrams follow a burst of
 	// downstream writes (0 disables); TailProbeDelay spaces them.
@@ -99,10 +74,10 @@ type Config struct {
 	// MaxUnverifiedStreamsPerConn bounds the streams of one connection that
 	// are being served before their header was verified: past it, the
 	// connection's accept loop waits (no goroutine, no read) until one of
-	// them is verified or fails. With a Secret it is also a connection's
-	// QUIC stream credit until its first verified header (then QUIC's
-	// MaxIncomingStreams): the whole budget of a peer that has not proven
-	// the secret yet.
+	// them is verified or fails. With shared secrets (Keys) it is also a
+	// connection's QUIC stream credit until its first verified header (then
+	// QUIC's MaxIncomingStreams): the whole budget of a peer that has not
+	// proven the secret yet.
 	MaxUnverifiedStreamsPerConn int
 	// MaxUnverifiedStreams bounds, across the server, the streams of
 	// connections that have not yet presented a verified header; past it,
@@ -127,43 +102,15 @@ type Config struct {
 	// did with auth_failed. The longer default spares such old clients a
 	// reconnect every few seconds.
 	IdleAuthTimeout time.Duration
-	// MaxReplayEntriesPerConn bounds the nonces one connection records in
-	// the replay cache per ReplayWindow, so one client cannot fill it.
-	// 0: MaxReplayEntries/64.
-	MaxReplayEntriesPerConn int
-	// MaxUDPFlows and MaxUDPFlowsPerConn bound the UDP flows open on the
-	// server and on one connection; UDPIdleTimeout ends a flow without
-	// packets either way (0: egress's defaults).
-	MaxUDPFlows        int
-	MaxUDPFlowsPerConn int
-	// MaxUDPFlowsPerIdentity is one client identity's share of MaxUDPFlows:
-	// the flows of all connections of one client certificate's common name
-	// or named key (Key.Name), or, for a client with neither (the unnamed
-	// key of Secret, no authentication), of one source (an IPv4 address or
-	// an IPv6 /64, as for MaxConnsPerSource), so that one client cannot take
-	// every flow; past it, its flows are refused with overloaded.
-	// 0: egress.DefaultUDPFlowsPerIdentity, a quarter of MaxUDPFlows, at
-	// least MaxUDPFlowsPerConn.
-	MaxUDPFlowsPerIdentity int
-	UDPIdleTimeout         time.Duration
-	// UDPSocketMemory bounds the flow sockets' receive buffers, as the
-	// kernel books them (0: udpflow.MaxSocketMemory).
-	UDPSocketMemory int64
 
-	Metrics  *metrics.Server
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
-	Registry *tunnel.Registry
 }
 
 // DefaultConfig returns the defaults for the limits and timeouts.
 func DefaultConfig() Config {
 	return Config{
-		HeaderTimeout:       10 * time.Second,
-		DialTimeout:         10 * time.Second,
-		MaxConcurrentDials:  256,
+		Config:              egress.DefaultConfig(),
 		DrainTimeout:        30 * time.Second,
-		ReplayWindow:        2 * time.Minute,
-		MaxReplayEntries:    1 << 20,
 		TailProbes:          1,
 		TailProbeDelay:      time.Millisecond,
 		MaxEchoesPerSecond:  50,
@@ -175,10 +122,6 @@ func DefaultConfig() Config {
 		MaxUnverifiedStreams:        1024,
 		AuthTimeout:                 10 * time.Second,
 		IdleAuthTimeout:             time.Minute,
-
-		MaxUDPFlows:        egress.DefaultMaxUDPFlows,
-		MaxUDPFlowsPerConn: egress.DefaultMaxUDPFlowsPerConn,
-		UDPIdleTimeout:     egress.DefaultUDPIdleTimeout,
 	}
 }
 
@@ -229,13 +172,7 @@ func orDefault[T int | time.Duration](v *T, def T) {
 // ownership of pc and closes it after Run returns.
 func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	def := DefaultConfig()
-	orDefault(&cfg.HeaderTimeout, def.HeaderTimeout)
-	orDefault(&cfg.DialTimeout, def.DialTimeout)
-	orDefault(&cfg.MaxConcurrentDials, def.MaxConcurrentDials)
-	orDefault(&cfg.MaxDialsPerDestination, max(1, cfg.MaxConcurrentDials/4))
 	cfg.DrainTimeout = max(cfg.DrainTimeout, 0)
-	orDefault(&cfg.ReplayWindow, def.ReplayWindow)
-	orDefault(&cfg.MaxReplayEntries, def.MaxReplayEntries)
 	cfg.TailProbes = max(cfg.TailProbes, 0)
 	orDefault(&cfg.TailProbeDelay, def.TailProbeDelay)
 	orDefault(&cfg.MaxEchoesPerSecond, def.MaxEchoesPerSecond)
@@ -245,7 +182,6 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	orDefault(&cfg.MaxUnverifiedStreamsPerSource, DefaultUnverifiedStreamsPerSource(cfg.MaxUnverifiedStreams, cfg.MaxUnverifiedStreamsPerConn))
 	orDefault(&cfg.AuthTimeout, def.AuthTimeout)
 	orDefault(&cfg.IdleAuthTimeout, def.IdleAuthTimeout)
-	orDefault(&cfg.MaxReplayEntriesPerConn, max(1, cfg.MaxReplayEntries/64))
 	switch {
 	case cfg.TLS == nil:
 		return nil, errors.New("server: TLS config is required")
@@ -259,30 +195,23 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		return nil, errors.New("server: packet conn is required")
 	}
 	// The server's own listeners are refused whatever the rules say.
-	self := make([]netip.AddrPort, 0, len(cfg.SelfAddrs)+1)
 	for _, a := range append([]net.Addr{pc.LocalAddr()}, cfg.SelfAddrs...) {
 		if a == nil {
 			continue
 		}
 		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
-			self = append(self, ap)
+			cfg.Self = append(cfg.Self, ap)
 		}
 	}
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
+	cfg.Endpoint = pc.LocalAddr().String()
 	// With a shared secret the handshake proves nothing about the peer: give
 	// it the unverified budget as its stream credit, and the configured limit
 	// once it has presented a verified header (Conn.RaiseMaxIncomingStreams,
 	// our quic-go patch 0005). The limit is the same for every connection, so
 	// the credit a session ticket remembers for 0-RTT never shrinks.
-	if cfg.Keys == nil && len(cfg.Secret) > 0 {
-		kr, err := proto.NewKeyring(proto.Key{Secret: cfg.Secret})
-		if err != nil {
-			return nil, fmt.Errorf("server: %w", err)
-		}
-		cfg.Keys = kr
-	}
 	var raiseStreamsTo int64
 	if cfg.Keys.Len() > 0 {
 		q := &quic.Config{}
@@ -298,20 +227,11 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		}
 		cfg.QUIC = q
 	}
-	eg, err := egress.New(egress.Config{
-		Parser: cfg.Parser, Allow: cfg.Allow, AllowFor: cfg.AllowFor, Self: self, Keys: cfg.Keys,
-		Resolver: cfg.Resolver, Dialer: cfg.Dialer,
-		HeaderTimeout: cfg.HeaderTimeout, DialTimeout: cfg.DialTimeout,
-		MaxConcurrentDials: cfg.MaxConcurrentDials, MaxDialsPerDestination: cfg.MaxDialsPerDestination,
-		ReplayWindow: cfg.ReplayWindow, MaxReplayEntries: cfg.MaxReplayEntries, MaxReplayEntriesPerConn: cfg.MaxReplayEntriesPerConn,
-		AuditLog: cfg.AuditLog, Endpoint: pc.LocalAddr().String(), Metrics: cfg.Metrics, Registry: cfg.Registry,
-		MaxUDPFlows: cfg.MaxUDPFlows, MaxUDPFlowsPerConn: cfg.MaxUDPFlowsPerConn, MaxUDPFlowsPerIdentity: cfg.MaxUDPFlowsPerIdentity,
-		UDPIdleTimeout:  cfg.UDPIdleTimeout,
-		UDPSocketMemory: cfg.UDPSocketMemory,
-	})
+	eg, err := egress.New(cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	cfg.Config = eg.Config() // with the defaults filled
 	return &Server{
 		cfg:            cfg,
 		pc:             pc,
@@ -540,6 +460,13 @@ type connGate struct {
 	onVerified func()
 }
 
+// stopDeadline stops the authentication deadline, if any.
+func (g *connGate) stopDeadline() {
+	if g.deadline != nil {
+		g.deadline.Stop()
+	}
+}
+
 // markVerified records that the connection presented a verified header: one
 // with a valid MAC that was also fresh and not a replay (a leaked header
 // proves nothing, however valid its MAC).
@@ -553,210 +480,6 @@ func (g *connGate) markVerified() {
 	if g.onVerified != nil {
 		g.onVerified()
 	}
-}
-
-func (s *Server) serveConn(ctx context.Context, conn *quic.Conn) {
-	id := s.nextConnID.Add(1)
-	logger := klog.LoggerWithValues(klog.FromContext(ctx), "connID", id, "remoteAddress", conn.RemoteAddr().String())
-	if n := s.active.Add(1); n > int64(s.cfg.MaxConnections) {
-		s.active.Add(-1)
-		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues(metrics.RefusedMaxConnections).Inc()
-		logger.V(2).Info("Refused connection: the server is at its connection limit; raise --max-connections if clients need more", "limit", s.cfg.MaxConnections)
-		refuseConn(ctx, conn, "server at its connection limit")
-		return
-	}
-	defer s.active.Add(-1)
-	src := sourceIP(conn.RemoteAddr())
-	if !s.limits.open(src, time.Now()) {
-		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit").Inc()
-		logger.V(2).Info("Refused connection: too many from this address", "limit", s.cfg.MaxConnsPerSource)
-		refuseConn(ctx, conn, "too many connections from this address")
-		return
-	}
-	defer s.limits.closed(src)
-	ctx = klog.NewContext(ctx, logger)
-	state := s.egress.NewConn()
-	s.mu.Lock()
-	s.conns[id] = liveConn{conn: conn, state: state}
-	s.mu.Unlock()
-	m := s.cfg.Metrics
-	m.ActiveConnections.Inc()
-	logger.V(2).Info("Accepted connection", "used0RTT", conn.ConnectionState().Used0RTT)
-
-	stop := context.AfterFunc(ctx, func() {
-		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "server shutting down")
-	})
-	var streams sync.WaitGroup
-	if s.cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert {
-		// With mutual TLS, say who connected once the handshake has shown it.
-		streams.Go(func() {
-			select {
-			case <-conn.HandshakeComplete():
-				logger.V(2).Info("Authenticated client certificate", "clientSubject", egress.ClientSubject(conn))
-			case <-conn.Context().Done():
-			}
-		})
-	}
-	var prober *liveness.TailProber
-	// UDP flows' datagrams; a client without datagram support has its
-	// flows carried on their streams.
-	flows := udpflow.NewTable(m.UDP.Drop)
-	if conn.ConnectionState().SupportsDatagrams.Remote {
-		prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
-			WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
-		streams.Go(func() { dgram.Serve(conn.Context(), conn, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, flows) })
-		streams.Go(func() { prober.Run(conn.Context()) })
-	}
-	gate := &connGate{
-		slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn),
-		state: state,
-	}
-	if s.raiseStreamsTo > 0 {
-		gate.onVerified = func() { conn.RaiseMaxIncomingStreams(s.raiseStreamsTo) }
-	}
-	// With mutual TLS or without authentication the handshake is all the
-	// proof there is: the connection starts verified.
-	gate.verified.Store(s.egress.Keys().Len() == 0)
-	if !gate.verified.Load() {
-		// Clients prove the secret at once (a hello): a connection that
-		// does not is closed, streams or not.
-		fired := atomic.Bool{}
-		gate.deadlineAt = time.Now().Add(s.cfg.IdleAuthTimeout)
-		gate.deadline = time.AfterFunc(s.cfg.IdleAuthTimeout, func() {
-			if gate.verified.Load() || !fired.CompareAndSwap(false, true) {
-				return
-			}
-			m.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout).Inc()
-			if gate.sawMAC.Load() {
-				// Headers made with the secret, none of them fresh, new and
-				// allowed (a client whose clock is off, or a leaked header):
-				// timeout, not auth_failed, so a client with the secret does
-				// not report its credentials as refused.
-				logger.V(2).Info("Closed connection: its stream headers had a valid MAC but none was fresh, new and allowed in time",
-					"authTimeout", s.cfg.AuthTimeout)
-				_ = conn.CloseWithError(proto.CodeTimeout.ApplicationErrorCode(), "no fresh authenticated stream header in time")
-				return
-			}
-			if gate.sawStream.Load() {
-				logger.V(2).Info("Closed connection: no authenticated stream header in time", "authTimeout", s.cfg.AuthTimeout)
-				_ = conn.CloseWithError(proto.CodeAuthFailed.ApplicationErrorCode(), "no authenticated stream header in time")
-				return
-			}
-			// Most likely a client from before the hello that has had no
-			// tunnel yet: timeout, not auth_failed, so it reconnects
-			// without reporting its credentials as refused.
-			logger.V(2).Info("Closed connection: it presented no authenticated stream header since its handshake; clients from before the hello reconnect",
-				"idleAuthTimeout", s.cfg.IdleAuthTimeout)
-			_ = conn.CloseWithError(proto.CodeTimeout.ApplicationErrorCode(), "no authenticated stream header since the handshake")
-		})
-	}
-	defer func() {
-		if gate.deadline != nil {
-			gate.deadline.Stop()
-		}
-	}()
-	var acceptErr error
-accept:
-	for {
-		str, err := conn.AcceptStream(conn.Context())
-		if err != nil {
-			acceptErr = err
-			break
-		}
-		early := false
-		select {
-		case <-conn.HandshakeComplete():
-		default:
-			early = true
-		}
-		if s.draining.Load() {
-			egress.Reset(str, proto.CodeShutdown)
-			m.StreamsTotal.WithLabelValues(proto.CodeShutdown.String()).Inc()
-			continue
-		}
-		// The connection's budget of streams awaiting a verified header:
-		// wait for a slot rather than start a goroutine per stream. A peer
-		// with the secret frees slots in microseconds; one without holds
-		// them until its headers time out or AuthTimeout closes it.
-		select {
-		case gate.slots <- struct{}{}:
-		case <-conn.Context().Done():
-			egress.Reset(str, proto.CodeShutdown)
-			break accept
-		}
-		global := false
-		releaseSource := func() {}
-		if !gate.verified.Load() {
-			// The source's share first, so that a source over it does not
-			// touch the server-wide budget.
-			var ok bool
-			if releaseSource, ok = s.limits.holdUnverified(src); !ok {
-				<-gate.slots
-				s.refuseUnverified(logger, str, metrics.PreauthSourceUnverifiedStreamsLimit,
-					"Refused stream: too many streams from this address awaiting authentication; raise --max-unverified-streams-per-source if legitimate clients behind one address hit this",
-					s.cfg.MaxUnverifiedStreamsPerSource)
-				continue
-			}
-			select {
-			case s.unverified <- struct{}{}:
-				global = true
-			default:
-				<-gate.slots
-				releaseSource()
-				s.refuseUnverified(logger, str, metrics.PreauthUnverifiedStreamsLimit,
-					"Refused stream: too many streams awaiting authentication on the server; raise --max-unverified-streams if legitimate clients hit this",
-					s.cfg.MaxUnverifiedStreams)
-				continue
-			}
-			if gate.sawStream.CompareAndSwap(false, true) && time.Until(gate.deadlineAt) > s.cfg.AuthTimeout {
-				gate.deadline.Reset(s.cfg.AuthTimeout) // from the first stream
-			}
-		}
-		m.UnverifiedStreams.Inc()
-		release := sync.OnceFunc(func() {
-			<-gate.slots
-			if global {
-				<-s.unverified
-				releaseSource()
-			}
-			m.UnverifiedStreams.Dec()
-		})
-		streams.Go(func() {
-			defer release() // a stream that fails before its header is verified
-			s.egress.Serve(ctx, egress.Stream{Conn: conn, ConnID: id, Stream: str, Early: early, Prober: prober, Conn0: gate.state,
-				Flows: flows, Source: src,
-				// On a connection that has proven the secret a valid MAC is
-				// enough to free the slot (the rules may take a DNS lookup);
-				// otherwise the header must also be fresh and not a replay.
-				MACVerified: func() {
-					gate.sawMAC.Store(true)
-					if gate.verified.Load() {
-						release()
-					}
-				},
-				Verified: func() { gate.markVerified(); release() }})
-		})
-	}
-	streams.Wait()
-	stop()
-
-	// AcceptStream can return the close error before quic-go cancels the
-	// connection's context: then that error is the cause.
-	cause := context.Cause(conn.Context())
-	if cause == nil {
-		cause = acceptErr
-	}
-	result := connResult(cause)
-	m.ConnectionsTotal.WithLabelValues(result).Inc()
-	m.ActiveConnections.Dec()
-	s.mu.Lock()
-	delete(s.conns, id)
-	s.mu.Unlock()
-	if s.cfg.QUICStat != nil {
-		s.cfg.QUICStat.Closed(conn.ConnectionStats())
-	}
-	logger.V(2).Info("Closed connection", "result", result, "err", cause)
 }
 
 // refuseUnverified resets a stream of a connection not yet verified that is

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
@@ -87,8 +88,8 @@ func TestNewDefaultsAndRequiredFields(t *testing.T) {
 	require.NoError(t, err)
 	full := func() Config {
 		return Config{
-			TLS: &tls.Config{}, Parser: parser, Allow: endpoint.DefaultAllowList(),
-			Metrics: metrics.NewServer(prometheus.NewRegistry()),
+			TLS:    &tls.Config{},
+			Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: metrics.NewServer(prometheus.NewRegistry())},
 		}
 	}
 

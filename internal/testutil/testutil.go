@@ -15,8 +15,11 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/server"
@@ -105,10 +108,15 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 		pc, err = transport.ListenUDP(o.Addr)
 		return err == nil
 	}, 5*time.Second, 50*time.Millisecond, "listen %s", o.Addr)
+	var keys *proto.Keyring
+	if len(secret) > 0 {
+		keys, err = proto.NewKeyring(proto.Key{Secret: secret})
+		require.NoError(t, err)
+	}
 	cfg := server.Config{
-		TLS: transport.ServerTLSConfig(st, nil), QUIC: transport.QUICConfig(qo),
+		Config: egress.Config{Keys: keys, Parser: parser, Allow: allow, Metrics: m},
+		TLS:    transport.ServerTLSConfig(st, nil), QUIC: transport.QUICConfig(qo),
 		ResetKey: &st.ResetKey, TokenKey: &st.TokenKey,
-		Secret: secret, Parser: parser, Allow: allow, Metrics: m,
 		DrainTimeout: 5 * time.Second,
 	}
 	if o.Mutate != nil {
@@ -216,8 +224,9 @@ func StartClient(t testing.TB, srv *Server, o ClientOptions) *Client {
 		serverAddr = o.ServerAddr
 	}
 	cfg := client.Config{
+		Config:     ingress.Config{Metrics: m},
 		ServerAddr: serverAddr, TLS: tlsConf, QUIC: transport.QUICConfig(qo), Secret: secret, Tokens: tokens,
-		Listeners: o.Listeners, Metrics: m, SessionWait: 5 * time.Second, DrainTimeout: 5 * time.Second, Backoff: bo,
+		Listeners: o.Listeners, SessionWait: 5 * time.Second, DrainTimeout: 5 * time.Second, Backoff: bo,
 		HeartbeatInterval: 200 * time.Millisecond, TailProbes: 1,
 	}
 	if o.Mutate != nil {

@@ -3,10 +3,8 @@ package egress
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,7 +19,6 @@ import (
 	"github.com/quictun/quictun/pkg/lograte"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
-	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
@@ -36,42 +33,69 @@ type Dialer interface {
 	DialContext(ctx context.Context, network, address string) (net.Conn, error)
 }
 
-// Config holds what a Handler needs; every field but Resolver and Dialer is
-// required (server.New fills the defaults).
+// Config are the settings of a Handler, filled once by whoever runs it (the
+// server's app fills the egress.Config its server.Config embeds).
+// DefaultConfig holds the defaults of the limits and timeouts; New fills a
+// field left zero (or negative) with its default. Parser, Allow, Metrics and
+// Registry are required.
 type Config struct {
 	Parser TokenParser
-	Allow  *endpoint.AllowList
-	// AllowFor holds further rules by client identity (server.Config.AllowFor).
+	// Allow holds the destination rules for every client.
+	Allow *endpoint.AllowList
+	// AllowFor holds further rules by client identity: "CN=NAME" for a
+	// client certificate's subject common name (mutual TLS), "key=NAME" for
+	// a shared-secret key's name (Key.Label). A stream may reach what Allow
+	// or the lists of its identities allow; each list must carry the deny
+	// rules too (endpoint.ParseRules), so deny still wins.
 	AllowFor map[string]*endpoint.AllowList
 	// Self are the addresses refused whatever the rules say (the server's
 	// own listeners; a wildcard address stands for that port everywhere).
 	Self []netip.AddrPort
-	// Keys are the shared secrets headers are authenticated with (nil or
-	// empty: none; the TLS layer authenticates).
+	// Keys, when not empty, are the shared secrets a stream header must be
+	// authenticated with (several during a rotation). When empty, the TLS
+	// layer authenticates the peer (mutual TLS), or the operator explicitly
+	// chose no authentication.
 	Keys *proto.Keyring
 	// Resolver resolves destination host names (nil: net.DefaultResolver).
 	Resolver endpoint.Resolver
-	Dialer   Dialer
+	// Dialer connects to destinations (nil: a *net.Dialer); a *net.Dialer
+	// is wrapped to check each address it connects to (checkedDialer).
+	Dialer Dialer
 
-	HeaderTimeout          time.Duration
-	DialTimeout            time.Duration
-	MaxConcurrentDials     int
+	// HeaderTimeout bounds reading a stream header.
+	HeaderTimeout time.Duration
+	// DialTimeout bounds a dial, waiting for a dial slot included.
+	DialTimeout        time.Duration
+	MaxConcurrentDials int
+	// MaxDialsPerDestination bounds concurrent dials to one address, so a
+	// slow or blackholed destination cannot take every dial slot; more wait
+	// (within DialTimeout) without holding one. 0: a quarter of
+	// MaxConcurrentDials, at least 1.
 	MaxDialsPerDestination int
-	ReplayWindow           time.Duration
-	MaxReplayEntries       int
+	// ReplayWindow is how far a header's time may be from ours; headers
+	// within it are recorded (MaxReplayEntries) to refuse a second use.
+	ReplayWindow     time.Duration
+	MaxReplayEntries int
 	// MaxReplayEntriesPerConn bounds the nonces one connection records per
-	// ReplayWindow (ConnState).
+	// ReplayWindow (ConnState), so one client cannot fill the cache.
+	// 0: MaxReplayEntries/64, at least 1.
 	MaxReplayEntriesPerConn int
-	AuditLog                bool
+	// AuditLog logs one line per tunnel at -v 0 once its header is verified:
+	// who (identity), from where, to what, result, bytes and duration.
+	AuditLog bool
 
 	// MaxUDPFlows bounds the UDP flows open on the server, and
 	// MaxUDPFlowsPerConn those of one connection; UDPIdleTimeout ends a
-	// flow without packets either way (0: the defaults of New).
+	// flow without packets either way.
 	MaxUDPFlows        int
 	MaxUDPFlowsPerConn int
-	// MaxUDPFlowsPerIdentity is one client identity's share of MaxUDPFlows
-	// (see flowAccount), so that the connections of one key or certificate
-	// cannot take every flow (0: DefaultUDPFlowsPerIdentity).
+	// MaxUDPFlowsPerIdentity is one client identity's share of MaxUDPFlows:
+	// the flows of all connections of one client certificate's common name
+	// or named key (Key.Name), or, for a client with neither, of one source
+	// (see flowAccount), so that one client cannot take every flow; past
+	// it, its flows are refused with overloaded. 0:
+	// DefaultUDPFlowsPerIdentity, a quarter of MaxUDPFlows, at least
+	// MaxUDPFlowsPerConn.
 	MaxUDPFlowsPerIdentity int
 	UDPIdleTimeout         time.Duration
 	// UDPSocketMemory bounds the receive buffers of all flow sockets, as the
@@ -83,6 +107,50 @@ type Config struct {
 	Endpoint string
 	Metrics  *metrics.Server
 	Registry *tunnel.Registry
+}
+
+// DefaultConfig returns the defaults of the limits and timeouts (the rules,
+// the parser and the dependencies are left empty).
+func DefaultConfig() Config {
+	return Config{
+		HeaderTimeout:      10 * time.Second,
+		DialTimeout:        10 * time.Second,
+		MaxConcurrentDials: 256,
+		ReplayWindow:       2 * time.Minute,
+		MaxReplayEntries:   1 << 20,
+		MaxUDPFlows:        DefaultMaxUDPFlows,
+		MaxUDPFlowsPerConn: DefaultMaxUDPFlowsPerConn,
+		UDPIdleTimeout:     DefaultUDPIdleTimeout,
+	}
+}
+
+// orDefault sets *v to def when it is zero or negative (unset).
+func orDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
+// complete fills the fields of c left zero with their defaults.
+func (c *Config) complete() {
+	def := DefaultConfig()
+	orDefault(&c.HeaderTimeout, def.HeaderTimeout)
+	orDefault(&c.DialTimeout, def.DialTimeout)
+	orDefault(&c.MaxConcurrentDials, def.MaxConcurrentDials)
+	orDefault(&c.MaxDialsPerDestination, max(1, c.MaxConcurrentDials/4))
+	orDefault(&c.ReplayWindow, def.ReplayWindow)
+	orDefault(&c.MaxReplayEntries, def.MaxReplayEntries)
+	orDefault(&c.MaxReplayEntriesPerConn, max(1, c.MaxReplayEntries/64))
+	orDefault(&c.MaxUDPFlows, def.MaxUDPFlows)
+	orDefault(&c.MaxUDPFlowsPerConn, def.MaxUDPFlowsPerConn)
+	orDefault(&c.MaxUDPFlowsPerIdentity, DefaultUDPFlowsPerIdentity(c.MaxUDPFlows, c.MaxUDPFlowsPerConn))
+	orDefault(&c.UDPIdleTimeout, def.UDPIdleTimeout)
+	if c.UDPSocketMemory <= 0 {
+		c.UDPSocketMemory = udpflow.MaxSocketMemory()
+	}
+	if c.Dialer == nil {
+		c.Dialer = &net.Dialer{}
+	}
 }
 
 // Handler serves tunnel streams of every connection of a server: the part of
@@ -149,7 +217,8 @@ type destSlots struct {
 	refs  int
 }
 
-// New returns a Handler for cfg.
+// New returns a Handler for cfg, its zero fields filled with their
+// defaults (Config returns the result).
 func New(cfg Config) (*Handler, error) {
 	switch {
 	case cfg.Parser == nil:
@@ -158,27 +227,8 @@ func New(cfg Config) (*Handler, error) {
 		return nil, errors.New("egress: allow-list is required")
 	case cfg.Metrics == nil || cfg.Registry == nil:
 		return nil, errors.New("egress: metrics and registry are required")
-	case cfg.MaxConcurrentDials < 1 || cfg.MaxDialsPerDestination < 1 || cfg.MaxReplayEntries < 1:
-		return nil, fmt.Errorf("egress: dial and replay limits must be positive")
 	}
-	if cfg.Dialer == nil {
-		cfg.Dialer = &net.Dialer{}
-	}
-	if cfg.MaxUDPFlows <= 0 {
-		cfg.MaxUDPFlows = DefaultMaxUDPFlows
-	}
-	if cfg.MaxUDPFlowsPerConn <= 0 {
-		cfg.MaxUDPFlowsPerConn = DefaultMaxUDPFlowsPerConn
-	}
-	if cfg.MaxUDPFlowsPerIdentity <= 0 {
-		cfg.MaxUDPFlowsPerIdentity = DefaultUDPFlowsPerIdentity(cfg.MaxUDPFlows, cfg.MaxUDPFlowsPerConn)
-	}
-	if cfg.UDPIdleTimeout <= 0 {
-		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
-	}
-	if cfg.UDPSocketMemory <= 0 {
-		cfg.UDPSocketMemory = udpflow.MaxSocketMemory()
-	}
+	cfg.complete()
 	e := &Handler{
 		cfg:         cfg,
 		dials:       make(chan struct{}, cfg.MaxConcurrentDials),
@@ -197,6 +247,10 @@ func New(cfg Config) (*Handler, error) {
 	e.Reconfigure(Policy{Keys: cfg.Keys, Allow: cfg.Allow, AllowFor: cfg.AllowFor})
 	return e, nil
 }
+
+// Config returns the settings in use: the Config given to New, its zero
+// fields filled with their defaults.
+func (e *Handler) Config() Config { return e.cfg }
 
 // Keys are the shared secrets in force.
 func (e *Handler) Keys() *proto.Keyring { return e.policy.Load().keys }
@@ -415,257 +469,6 @@ func (p *policy) authorize(ctx context.Context, r endpoint.Resolver, dest endpoi
 		}
 	}
 	return dial, rule, err
-}
-
-// Serve serves one tunnel stream from header to close: it authenticates the
-// header, checks freshness and replay, the destination against the rules,
-// dials it within the dial limits and splices until both directions end.
-// It calls st.MACVerified once the header's MAC is verified, and
-// st.Verified once the header has also passed the freshness and replay
-// checks.
-func (e *Handler) Serve(ctx context.Context, st Stream) {
-	conn, connID, str, early, prober := st.Conn, st.ConnID, st.Stream, st.Early, st.Prober
-	m := e.cfg.Metrics
-	logger := klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(str.StreamID()))
-	start := time.Now()
-	// audit, set once the header is verified, writes the tunnel's audit line.
-	var audit func(result string, up, down int64)
-	// failAt ends the stream with code and logs msg at level lvl.
-	failAt := func(lvl int, code proto.Code, msg string, kv ...any) {
-		m.StreamsTotal.WithLabelValues(metrics.ResultLabel(code)).Inc()
-		Reset(str, code)
-		if audit != nil {
-			audit(metrics.ResultLabel(code), 0, 0)
-		}
-		logger.V(lvl).Info(msg, append(kv, "code", code.String())...)
-	}
-	fail := func(code proto.Code, msg string, kv ...any) {
-		lvl := 4
-		if code == proto.CodeRefused || code == proto.CodeAuthFailed || code == proto.CodeReplay {
-			lvl = 2 // an operator wants to see these
-		}
-		failAt(lvl, code, msg, kv...)
-	}
-
-	_ = str.SetReadDeadline(start.Add(e.cfg.HeaderTimeout))
-	h, err := proto.Decode(str)
-	if err != nil {
-		code := proto.CodeBadHeader
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			code = proto.CodeTimeout
-		} else if _, ok := proto.FromError(err); ok {
-			code = proto.CodeConnReset
-		}
-		fail(code, "Rejected stream header", "err", err)
-		return
-	}
-	_ = str.SetReadDeadline(time.Time{})
-
-	// keyName names the shared secret the header was made with ("" without
-	// shared-secret authentication), for logs and identity rules.
-	var keyName string
-	var key proto.Key
-	// One configuration for the whole stream: keys and rules of one reload.
-	pol := e.policy.Load()
-	if kr := pol.keys; kr.Len() > 0 {
-		key, err = kr.Verify(h)
-		keyName = key.Label()
-		if err != nil {
-			reason := metrics.AuthBadMAC
-			switch {
-			case errors.Is(err, proto.ErrNoMAC):
-				reason = metrics.AuthNoMAC
-			case errors.Is(err, proto.ErrUnknownKey):
-				reason = metrics.AuthUnknownKey
-			}
-			m.AuthFailuresTotal.WithLabelValues(reason).Inc()
-			// The operator must see a client that cannot authenticate
-			// (most often a wrong secret), once a minute per address.
-			lvl, kv := 2, []any{"reason", reason, "keyID", keyIDOf(h)}
-			if ok, n := e.authFailures.Allow(sourceOf(conn)); ok {
-				lvl, kv = 0, append(kv, "suppressed", n)
-			}
-			failAt(lvl, proto.CodeAuthFailed, "Refused client: authentication failed; "+authFailureFix(reason), kv...)
-			CloseConn(ctx, conn, proto.CodeAuthFailed, "authentication failed")
-			return
-		}
-	}
-	if keyName != "" {
-		logger = klog.LoggerWithValues(logger, "key", keyName)
-	}
-	if st.MACVerified != nil {
-		st.MACVerified()
-	}
-	if h.Kind == proto.KindHello {
-		e.hello(st, h, keyName, logger)
-		return
-	}
-	// The client certificate is known once the handshake is (a stream of a
-	// new connection arrives after it; a 0-RTT stream's session ticket
-	// carries the certificate it was issued to).
-	peer := peerOf(conn)
-	if peer.subject != "" {
-		logger = klog.LoggerWithValues(logger, "clientSubject", peer.subject)
-	}
-	identities := peer.identities(keyName)
-	if e.cfg.AuditLog {
-		destination := h.Token
-		audit = func(result string, up, down int64) {
-			logger.Info("Closed tunnel", "identity", strings.Join(identities, ","), "destination", destination, "result", result,
-				"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start).Round(time.Millisecond))
-		}
-	}
-	// Every header must be fresh, not only 0-RTT ones: a header with a valid
-	// MAC found later (in a log, a core dump) must not open tunnels forever.
-	if now := time.Now(); !e.replay.fresh(h.Time, now) {
-		fail(proto.CodeReplay, "Rejected stream: header timestamp outside the replay window; check the client's clock (NTP)",
-			"headerTime", h.Time, "skew", now.Sub(h.Time).Round(time.Second), "window", e.cfg.ReplayWindow)
-		return
-	}
-	if early && h.Time.Before(e.started.Truncate(time.Second)) {
-		fail(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", h.Time)
-		return // recorded before a restart: the cache cannot know it
-	}
-	if h.Kind == proto.KindCheck {
-		e.check(ctx, st, h, pol, key, identities, logger)
-		return
-	}
-	if h.Kind != proto.KindTCP && (h.Kind != proto.KindUDP || st.Flows == nil) {
-		// Reverse binds are carried by later versions; refuse clearly
-		// rather than treat the stream as TCP.
-		fail(proto.CodeUnsupported, "Refused stream: this server does not serve its kind", "kind", h.Kind.String())
-		return
-	}
-	dest, err := e.cfg.Parser.Parse(h.Token)
-	if err != nil {
-		fail(proto.CodeBadToken, "Rejected stream: bad destination token", "err", err)
-		return
-	}
-	if (h.Kind == proto.KindUDP) != (dest.Network == endpoint.NetworkUDP) {
-		fail(proto.CodeBadToken, "Rejected stream: the destination's network does not match the stream's kind",
-			"kind", h.Kind.String(), "destination", dest.String())
-		return
-	}
-	refuse := func(err error) {
-		m.RefusedTotal.WithLabelValues(dest.Network, endpoint.RefusalReason(err)).Inc()
-		lvl, msg, kv := e.refusal(dest, identities, err)
-		failAt(lvl, proto.CodeRefused, msg, kv...)
-	}
-	dial, rule, err := pol.authorize(ctx, e.cfg.Resolver, dest, identities)
-	if err != nil {
-		// Every Authorize error refuses, a name that does not resolve too:
-		// the client learns nothing about which internal names exist.
-		refuse(err)
-		return
-	}
-	// Only headers that passed the MAC and allow-list checks take a place in
-	// the shared replay cache, within the connection's quota.
-	code, unrecorded := e.replay.admit(h, time.Now(), early, st.Conn0.quota)
-	if unrecorded != "" {
-		m.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
-	}
-	if code != proto.CodeOK {
-		fail(code, "Rejected stream: header seen before, or no room to record a 0-RTT header", "early", early, "unrecorded", unrecorded)
-		return
-	}
-	// Only now does the header prove the secret: a valid MAC on a stale or
-	// replayed header is what anyone holding a leaked header has.
-	st.Conn0.verified(identities)
-	if st.Verified != nil {
-		st.Verified()
-	}
-	// The key's lifetime: a reload that removes it with
-	// Policy.CutRemovedKeys ends its tunnels, and refuses this stream if it
-	// has removed it since the header was checked.
-	keyLife := context.Background()
-	if l, ok := pol.life(key.ID); ok && pol.keys.Len() > 0 {
-		keyLife = l.ctx
-	}
-	if context.Cause(keyLife) != nil {
-		fail(proto.CodeAuthFailed, "Refused stream: a reload removed its key; the client needs a key the server holds", "cause", context.Cause(keyLife))
-		return
-	}
-
-	if h.Kind == proto.KindUDP {
-		e.serveUDP(ctx, st, flowStart{logger: logger, start: start, tunnelID: h.TunnelID(), dest: dest, dial: dial, rule: rule,
-			identities: identities, account: flowAccount(peer, key, st), keyLife: keyLife, fail: fail, refuse: refuse, audit: audit})
-		return
-	}
-
-	dctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
-	slots := e.destination(dial.String())
-	select {
-	case slots.slots <- struct{}{}:
-	case <-dctx.Done():
-		cancel()
-		e.releaseDestination(dial.String(), false)
-		fail(proto.CodeOverloaded, "Too many concurrent dials to one destination", "destination", dest.String(),
-			"limit", e.cfg.MaxDialsPerDestination)
-		return
-	}
-	select {
-	case e.dials <- struct{}{}:
-	case <-dctx.Done():
-		cancel()
-		e.releaseDestination(dial.String(), true)
-		fail(proto.CodeOverloaded, "Too many concurrent dials", "destination", dest.String())
-		return
-	}
-	dialStart := time.Now()
-	nc, err := e.cfg.Dialer.DialContext(dctx, dial.Network, dial.Address)
-	<-e.dials
-	e.releaseDestination(dial.String(), true)
-	cancel()
-	m.DialDuration.Observe(time.Since(dialStart).Seconds())
-	if errors.Is(err, endpoint.ErrForbidden) { // CheckDial refused the address the dialer chose
-		refuse(err)
-		return
-	}
-	if err != nil {
-		code := proto.CodeDialFailed
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
-			code = proto.CodeTimeout
-		}
-		fail(code, "Dial failed", "destination", dest.String(), "err", err)
-		return
-	}
-	sc, ok := nc.(splice.Conn)
-	if !ok {
-		_ = nc.Close()
-		fail(proto.CodeInternal, "Dialed connection does not support half-close", "destination", dest.String())
-		return
-	}
-	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
-		_ = nc.Close()
-		fail(proto.CodeConnReset, "Could not write reply", "err", err)
-		return
-	}
-
-	pipe := splice.New(sc, str)
-	if prober != nil {
-		pipe.AfterWrite, pipe.AfterRead = prober.Kick, prober.Heard
-	}
-	t := &tunnel.Tunnel{
-		UUID:        h.TunnelID(),
-		StreamID:    int64(str.StreamID()),
-		ConnID:      connID,
-		Identity:    strings.Join(identities, ","),
-		Endpoint:    e.cfg.Endpoint,
-		Source:      conn.RemoteAddr().String(),
-		Destination: dial.String(),
-		CreatedAt:   start,
-		Upstream:    &pipe.FromStream,
-		Downstream:  &pipe.ToStream,
-	}
-	logger.V(4).Info("Opened stream", "destination", dial.String(), "rule", rule)
-	defer cutOnRemoval(keyLife, pipe, logger, "tunnel")()
-	result, err := e.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
-	up, down := t.Upstream.Load(), t.Downstream.Load()
-	logger.V(4).Info("Closed stream", "destination", dial.String(), "bytesUpstream", up, "bytesDownstream", down,
-		"duration", time.Since(start), "result", result, "err", err)
-	if audit != nil {
-		audit(result, up, down)
-	}
 }
 
 // hello answers a hello (proto.KindHello) whose MAC was verified: the same

@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/klog/v2"
-
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
@@ -18,60 +16,40 @@ import (
 	"github.com/quictun/quictun/pkg/udpflow"
 )
 
-// flowStart is what Serve knows of a UDP flow once its header passed every
-// check.
-type flowStart struct {
-	logger     klog.Logger
-	start      time.Time
-	tunnelID   string
-	dest, dial endpoint.Endpoint
-	rule       string
-	identities []string
-	// account is whom the flow counts against for MaxUDPFlowsPerIdentity.
-	account string
-	// keyLife ends when a reload removes the flow's key (cutOnRemoval).
-	keyLife context.Context
-	fail    func(code proto.Code, msg string, kv ...any)
-	refuse  func(err error)
-	audit   func(result string, up, down int64)
-}
-
 // serveUDP serves a UDP flow (a stream of kind UDP): a connected UDP socket
 // to the destination, relayed to the flow's datagrams and stream until the
 // flow ends (see package udpflow).
-func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
+func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 	m := e.cfg.Metrics
-	str := st.Stream
+	st, str := f.st, f.str
+	// account is whom the flow counts against for MaxUDPFlowsPerIdentity.
+	account := flowAccount(f.peer, f.key, st)
 	// The identity's share first, so that an identity over it does not
 	// touch the server-wide count.
-	if open, ok := e.flowShares.take(f.account, e.cfg.MaxUDPFlowsPerIdentity); !ok {
+	if open, ok := e.flowShares.take(account, e.cfg.MaxUDPFlowsPerIdentity); !ok {
 		m.UDP.Drop(udpflow.DropIdentityFlowLimit)
-		f.fail(proto.CodeOverloaded, "Refused UDP flow: this client identity holds its share of the server's flows; raise --max-udp-flows-per-identity if it needs more",
-			"account", f.account, "open", open, "limit", e.cfg.MaxUDPFlowsPerIdentity)
-		return
+		return failed(proto.CodeOverloaded, "Refused UDP flow: this client identity holds its share of the server's flows; raise --max-udp-flows-per-identity if it needs more",
+			"account", account, "open", open, "limit", e.cfg.MaxUDPFlowsPerIdentity)
 	}
-	defer e.flowShares.release(f.account)
+	defer e.flowShares.release(account)
 	if n := e.udpFlows.Add(1); n > int64(e.cfg.MaxUDPFlows) {
 		e.udpFlows.Add(-1)
 		m.UDP.Drop(udpflow.DropFlowLimit)
-		f.fail(proto.CodeOverloaded, "Refused UDP flow: the server is at its flow limit; raise --max-udp-flows if clients need more",
+		return failed(proto.CodeOverloaded, "Refused UDP flow: the server is at its flow limit; raise --max-udp-flows if clients need more",
 			"limit", e.cfg.MaxUDPFlows)
-		return
 	}
 	defer e.udpFlows.Add(-1)
 
 	// Connecting a UDP socket sends nothing; the checked dialer refuses an
 	// address the rules do not allow, as for TCP.
 	dctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
-	nc, err := e.cfg.Dialer.DialContext(dctx, f.dial.Network, f.dial.Address)
+	nc, err := e.cfg.Dialer.DialContext(dctx, f.target.Network, f.target.Address)
 	cancel()
 	if errors.Is(err, endpoint.ErrForbidden) {
-		f.refuse(err)
-		return
+		return f.refused(err)
 	}
 	if err != nil {
-		f.fail(proto.CodeDialFailed, "UDP socket for the destination failed", "destination", f.dest.String(), "err", err)
-		return
+		return failed(proto.CodeDialFailed, "UDP socket for the destination failed", "destination", f.dest.String(), "err", err)
 	}
 	// The socket's receive buffer starts small and grows with the flow's
 	// rate, within the server's budget (udpflow.Sizer); the Relay reads it
@@ -83,9 +61,8 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 		if err != nil {
 			_ = nc.Close()
 			m.UDP.Drop(udpflow.DropFlowLimit)
-			f.fail(proto.CodeOverloaded, "Refused UDP flow: its socket buffer would exceed the server's UDP socket memory; raise --udp-socket-memory-mib (and net.ipv4.udp_mem) if clients need more flows",
+			return failed(proto.CodeOverloaded, "Refused UDP flow: its socket buffer would exceed the server's UDP socket memory; raise --udp-socket-memory-mib (and net.ipv4.udp_mem) if clients need more flows",
 				"limit", e.udpSockets.Limit(), "err", err)
-			return
 		}
 		defer sizer.Close()
 		observe = sizer.Observe
@@ -120,42 +97,41 @@ func (e *Handler) serveUDP(ctx context.Context, st Stream, f flowStart) {
 	if !ok {
 		_ = nc.Close()
 		m.UDP.Drop(udpflow.DropFlowLimit)
-		f.fail(proto.CodeOverloaded, "Refused UDP flow: too many flows on this connection; raise --max-udp-flows-per-conn if clients need more",
+		return failed(proto.CodeOverloaded, "Refused UDP flow: too many flows on this connection; raise --max-udp-flows-per-conn if clients need more",
 			"limit", e.cfg.MaxUDPFlowsPerConn)
-		return
 	}
 	defer remove()
 	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
 		_ = nc.Close()
-		f.fail(proto.CodeConnReset, "Could not write reply", "err", err)
-		return
+		return failed(proto.CodeConnReset, "Could not write reply", "err", err)
 	}
 	// The client has the flow from its first byte on: datagrams from now.
 	r.Sender.Establish()
 	t := &tunnel.Tunnel{
-		UUID:        f.tunnelID,
+		UUID:        f.h.TunnelID(),
 		StreamID:    int64(str.StreamID()),
 		ConnID:      st.ConnID,
 		Identity:    strings.Join(f.identities, ","),
 		Endpoint:    e.cfg.Endpoint,
 		Source:      st.Conn.RemoteAddr().String(),
-		Destination: f.dial.String(),
+		Destination: f.target.String(),
 		Datagram:    true,
 		CreatedAt:   f.start,
 		Upstream:    &r.Down.Bytes,
 		Downstream:  &r.Up.Bytes,
 	}
-	f.logger.V(4).Info("Opened UDP flow", "destination", f.dial.String(), "rule", f.rule, "local", nc.LocalAddr().String())
+	f.logger.V(4).Info("Opened UDP flow", "destination", f.target.String(), "rule", f.rule, "local", nc.LocalAddr().String())
 	defer cutOnRemoval(f.keyLife, r, f.logger, "UDP flow")()
 	result, err := e.cfg.Registry.Run(t, r, tunnel.StreamMetrics{Active: m.UDP.FlowsActive, Results: m.UDP.FlowsTotal})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
-	f.logger.V(4).Info("Closed UDP flow", "destination", f.dial.String(), "bytesUpstream", up, "bytesDownstream", down,
+	f.logger.V(4).Info("Closed UDP flow", "destination", f.target.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"packetsUpstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),
 		"packetsDownstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
 		"duration", time.Since(f.start), "result", result, "err", err)
-	if f.audit != nil {
+	if f.audited {
 		f.audit(result, up, down)
 	}
+	return nil
 }
 
 // flowAccount is whom a UDP flow counts against for MaxUDPFlowsPerIdentity:

@@ -64,14 +64,12 @@ type Sessions interface {
 	Wait(ctx context.Context) (sess *Session, release func(), err error)
 }
 
-// Config holds what a Handler needs; every field but Accepted is required.
+// Config are the settings of a Handler, filled once by whoever runs it (the
+// client's app fills the ingress.Config its client.Config embeds).
+// DefaultConfig holds the defaults; New fills a field left zero with its
+// default. Metrics and Registry are required.
 type Config struct {
-	Sessions Sessions
-	// Tokens and Secret return the token source and shared secret in force
-	// (a reload may change them).
-	Tokens func() TokenSource
-	Secret func() []byte
-	// StreamOpenTimeout bounds waiting for stream credit from the server.
+	// StreamOpenTimeout bounds waiting for stream credit from the peer.
 	StreamOpenTimeout time.Duration
 	// MaxConnections bounds concurrently handled local connections and UDP
 	// flows. A proxied connection counts once its request is read (and
@@ -80,20 +78,42 @@ type Config struct {
 	// MaxProxyHandshakes bounds the proxied connections whose request is
 	// still being read (not yet authenticated), apart from MaxConnections,
 	// so that idle connections to a proxy entry point cannot take the
-	// forwards' slots (0: DefaultMaxProxyHandshakes).
+	// forwards' slots.
 	MaxProxyHandshakes int
-	// UDPIdleTimeout ends a UDP flow without packets either way (0: DefaultUDPIdleTimeout).
+	// UDPIdleTimeout ends a UDP flow without packets either way.
 	UDPIdleTimeout time.Duration
-	// Accepted, if set, is called when the server accepted a stream header
-	// on sess.
-	Accepted func(sess *Session)
+
 	Metrics  *metrics.Client
 	Registry *tunnel.Registry
+}
+
+// DefaultConfig returns the defaults of the limits and timeouts.
+func DefaultConfig() Config {
+	return Config{
+		StreamOpenTimeout:  10 * time.Second,
+		MaxConnections:     16384,
+		MaxProxyHandshakes: DefaultMaxProxyHandshakes,
+		UDPIdleTimeout:     DefaultUDPIdleTimeout,
+	}
+}
+
+// Links are what a Handler asks its owner while it runs: the connection to
+// carry streams on and the credentials in force (a reload may change them).
+type Links struct {
+	Sessions Sessions
+	// Tokens and Secret return the token source and the shared secret in
+	// force; Secret may return nil (no MAC).
+	Tokens func() TokenSource
+	Secret func() []byte
+	// Accepted, if set, is called when the peer accepted a stream header
+	// on sess.
+	Accepted func(sess *Session)
 }
 
 // Handler carries local connections; safe for concurrent use.
 type Handler struct {
 	cfg   Config
+	links Links
 	slots chan struct{}
 	// handshakes: the proxied connections whose request is being read.
 	handshakes chan struct{}
@@ -133,23 +153,35 @@ func LoggableToken(token string) string {
 	return "(opaque token)"
 }
 
-// New returns a Handler for cfg.
-func New(cfg Config) (*Handler, error) {
-	if cfg.Sessions == nil || cfg.Tokens == nil || cfg.Secret == nil || cfg.Metrics == nil || cfg.Registry == nil || cfg.MaxConnections < 1 {
-		return nil, errors.New("ingress: sessions, tokens, secret, metrics, registry and a connection limit are required")
+// New returns a Handler for cfg, its zero fields filled with their
+// defaults, that runs with links.
+func New(cfg Config, links Links) (*Handler, error) {
+	if links.Sessions == nil || links.Tokens == nil || links.Secret == nil || cfg.Metrics == nil || cfg.Registry == nil {
+		return nil, errors.New("ingress: sessions, tokens, secret, metrics and registry are required")
+	}
+	def := DefaultConfig()
+	if cfg.StreamOpenTimeout <= 0 {
+		cfg.StreamOpenTimeout = def.StreamOpenTimeout
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = def.MaxConnections
 	}
 	if cfg.UDPIdleTimeout <= 0 {
-		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
+		cfg.UDPIdleTimeout = def.UDPIdleTimeout
 	}
 	if cfg.MaxProxyHandshakes <= 0 {
-		cfg.MaxProxyHandshakes = DefaultMaxProxyHandshakes
+		cfg.MaxProxyHandshakes = def.MaxProxyHandshakes
 	}
 	return &Handler{
-		cfg: cfg, slots: make(chan struct{}, cfg.MaxConnections), handshakes: make(chan struct{}, cfg.MaxProxyHandshakes),
+		cfg: cfg, links: links, slots: make(chan struct{}, cfg.MaxConnections), handshakes: make(chan struct{}, cfg.MaxProxyHandshakes),
 		udpQueues: udpflow.NewBudget(UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
 		refusals:  lograte.New(RefusalLogInterval, 64),
 	}, nil
 }
+
+// Config returns the settings in use: the Config given to New, its zero
+// fields filled with their defaults.
+func (h *Handler) Config() Config { return h.cfg }
 
 func isClosed(ch <-chan struct{}) bool {
 	select {
@@ -207,9 +239,10 @@ func (h *Handler) accept(ctx context.Context, ln net.Listener, handlers *sync.Wa
 		select {
 		case slots <- struct{}{}:
 		default:
+			// Counted before the reset, so whoever sees the reset sees the count.
+			h.cfg.Metrics.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
 			logger.V(2).Info(refusal, "limit", limit, "address", ln.Addr().String())
 			resetConn(nc)
-			h.cfg.Metrics.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
 			continue
 		}
 		handlers.Go(func() {
@@ -254,7 +287,7 @@ func (h *Handler) header(token string) (b []byte, id string, err error) {
 	if err != nil {
 		return nil, "", err
 	}
-	b, err = hdr.Append(nil, h.cfg.Secret())
+	b, err = hdr.Append(nil, h.links.Secret())
 	return b, hdr.TunnelID(), err
 }
 
@@ -275,201 +308,6 @@ var errTooManyConnections = errors.New("too many local connections (--max-connec
 // destination tokens chooses (nil: Config.Tokens).
 func (h *Handler) Serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource) {
 	h.serve(ctx, listenAddr, nc, tokens, nil, nil)
-}
-
-// serve is Serve; with proxy set, the destination comes from the
-// application's request and the application is answered with the server's
-// reply before any byte flows: once the request is read, serve calls
-// release (its handshake slot) and takes one of MaxConnections.
-func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource, proxy Proxy, release func()) {
-	m := h.cfg.Metrics
-	start := time.Now()
-	logger := klog.FromContext(ctx)
-	replied := false // proxy: the application has its answer
-	fail := func(result, msg string, err error) {
-		m.StreamsTotal.WithLabelValues(result).Inc()
-		switch {
-		case proxy == nil:
-			resetConn(nc)
-		case !replied:
-			replied = true
-			_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
-			if proxy.Reply(nc, err) == nil {
-				_ = nc.Close() // FIN after the answer (a reset could discard it)
-			} else {
-				resetConn(nc)
-			}
-		default:
-			_ = nc.Close() // answered already (a bad request)
-		}
-		logger.V(2).Info(msg, "remoteAddress", nc.RemoteAddr().String(), "err", err)
-	}
-	sc, ok := nc.(splice.Conn)
-	if !ok {
-		fail(proto.CodeInternal.String(), "Local connection does not support half-close", nil)
-		return
-	}
-	var token string
-	var early []byte
-	var err error
-	if proxy != nil {
-		_ = nc.SetDeadline(time.Now().Add(proxyHandshakeTimeout))
-		token, early, err = proxy.Request(nc)
-		_ = nc.SetDeadline(time.Time{})
-		release()
-		ua := (*UDPAssociateError)(nil)
-		if err == nil || errors.As(err, &ua) {
-			select {
-			case h.slots <- struct{}{}:
-				defer func() { <-h.slots }()
-			default:
-				fail(proto.CodeOverloaded.String(), "Too many local connections; refusing a proxied connection", errTooManyConnections)
-				return
-			}
-		}
-		if ua != nil {
-			h.serveAssociate(ctx, nc, ua.Client)
-			return
-		}
-		if err != nil {
-			replied = true // Request answered what it could not serve
-			if ae := (*ProxyAuthError)(nil); errors.As(err, &ae) {
-				m.ProxyAuthFailuresTotal.WithLabelValues(ae.Proxy, ae.Reason).Inc()
-			}
-			fail(proto.CodeBadToken.String(), "Bad proxy request", err)
-			return
-		}
-	} else {
-		if tokens == nil {
-			tokens = h.cfg.Tokens()
-		}
-		if token, err = tokens.Token(ctx, nc.RemoteAddr()); err != nil {
-			fail(proto.CodeBadToken.String(), "Could not get a destination token", err)
-			return
-		}
-	}
-	sess, release, err := h.cfg.Sessions.Wait(ctx)
-	defer release()
-	if err != nil {
-		fail(metrics.ResultNoSession, "No connection to the server for a local connection", fmt.Errorf("%w: %w", errNoSession, err))
-		return
-	}
-	conn := sess.Conn
-	// A proxied connection to a destination the server accepted on this
-	// connection recently is answered at once (verdicts.go).
-	optimistic := proxy != nil && sess.verdicts.accepted(token, time.Now())
-	str, err := h.openStream(ctx, sess)
-	if err != nil {
-		code := proto.CodeConnReset
-		if errors.Is(err, errStreamCredit) {
-			code = proto.CodeOverloaded
-		}
-		fail(code.String(), "Could not open stream", err)
-		return
-	}
-	// The header goes out now; the application's bytes follow without waiting
-	// for the reply. It is made now, not at accept: its timestamp must be fresh.
-	hb, tunnelID, err := h.header(token)
-	if err != nil {
-		str.CancelRead(proto.CodeInternal.StreamErrorCode())
-		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
-		fail(proto.CodeBadToken.String(), "Could not encode stream header", err)
-		return
-	}
-	if _, err := str.Write(append(hb, early...)); err != nil {
-		str.CancelRead(proto.CodeInternal.StreamErrorCode())
-		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
-		fail(proto.CodeConnReset.String(), "Could not write stream header", err)
-		return
-	}
-	if !isClosed(conn.HandshakeComplete()) {
-		if str, tunnelID, err = h.earlyPhase(ctx, conn, sc, str, token, early, tunnelID); err != nil {
-			fail(proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err)
-			return
-		}
-	}
-	slog := klog.LoggerWithValues(logger, "streamID", int64(str.StreamID()), "remoteAddress", nc.RemoteAddr().String())
-	accepted := func(err error) {
-		if err == nil {
-			m.StreamOpenDuration.Observe(time.Since(start).Seconds())
-			if h.cfg.Accepted != nil {
-				h.cfg.Accepted(sess) // the server accepted our header
-			}
-		}
-		if proxy != nil {
-			sess.verdicts.record(token, err == nil, time.Now())
-		}
-	}
-	var toServer splice.Stream = &replyStream{Stream: str, onReply: accepted}
-	if proxy != nil && !optimistic {
-		// The application waits for its answer: the server's reply first.
-		// (Answered at once instead, the server's reply comes with the
-		// first downstream read, as for a forward; a refusal then resets
-		// the application's connection and forgets the destination.)
-		err := proto.ReadReply(str)
-		accepted(err)
-		if err != nil {
-			str.CancelRead(proto.CodeOK.StreamErrorCode())
-			str.CancelWrite(proto.CodeOK.StreamErrorCode())
-			code := codeOf(err)
-			if _, ok := proto.FromError(err); !ok {
-				code = proto.CodeConnReset
-			}
-			if code == proto.CodeRefused {
-				h.logRefused(klog.LoggerWithValues(slog, "listenAddress", listenAddr), token)
-			}
-			fail(metrics.ResultLabel(code), "Server refused a proxied connection", err)
-			return
-		}
-		toServer = str
-	}
-	if proxy != nil {
-		replied = true
-		if err := proxy.Reply(nc, nil); err != nil {
-			str.CancelRead(proto.CodeConnReset.StreamErrorCode())
-			str.CancelWrite(proto.CodeConnReset.StreamErrorCode())
-			fail(proto.CodeConnReset.String(), "Could not answer a proxied connection", err)
-			return
-		}
-	}
-	pipe := splice.New(sc, toServer)
-	if sess.Prober != nil || sess.Waker != nil {
-		// Bytes either way wake the liveness checks of an idle connection.
-		pipe.AfterWrite = func() { sess.Prober.Kick(); sess.Waker.Wake() }
-		pipe.AfterRead = func() { sess.Prober.Heard(); sess.Waker.Wake() }
-	}
-	t := &tunnel.Tunnel{
-		UUID:        tunnelID,
-		StreamID:    int64(str.StreamID()),
-		Endpoint:    listenAddr,
-		Source:      nc.RemoteAddr().String(),
-		Destination: token, // what the server is asked to reach (/tunnels)
-		CreatedAt:   start,
-		Upstream:    &pipe.ToStream,
-		Downstream:  &pipe.FromStream,
-	}
-	slog.V(4).Info("Opened stream", "answeredAtOnce", optimistic)
-	result, err := h.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
-	up, down := t.Upstream.Load(), t.Downstream.Load()
-	var ab *splice.AbortedError
-	if errors.As(err, &ab) {
-		if code, ok := proto.FromError(ab.Cause); ok && code != proto.CodeConnReset && code != proto.CodeShutdown {
-			if code == proto.CodeRefused {
-				h.logRefused(klog.LoggerWithValues(slog, "listenAddress", listenAddr), token)
-			}
-			if optimistic {
-				slog.V(2).Info("Server refused a destination it had accepted on this connection; reset the proxied connection, the next one waits for the server's answer",
-					"code", code.String(), "destination", token)
-			} else {
-				slog.V(2).Info("Server refused tunnel", "code", code.String())
-			}
-			if code == proto.CodeBadHeader && h.badHeaderLogged.CompareAndSwap(false, true) {
-				slog.Info("The server could not read our stream header; if it runs an older quictun (before key IDs), upgrade it: servers before clients",
-					"code", code.String())
-			}
-		}
-	}
-	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start), "result", result, "err", err)
 }
 
 // errStreamCredit: no stream credit from the server within StreamOpenTimeout.
@@ -561,7 +399,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		// The server never answered (it may still be down): wait for the
 		// supervisor's next connection, with its handshake done.
 		for next == nil {
-			sess, release, err := h.cfg.Sessions.Wait(ctx)
+			sess, release, err := h.links.Sessions.Wait(ctx)
 			release() // counted where it was first placed
 			if err != nil {
 				return nil, "", fmt.Errorf("connection died before its handshake: %w", err)

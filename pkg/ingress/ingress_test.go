@@ -10,6 +10,6 @@ import (
 // test/e2e (every tunnel goes through Serve); here only its construction.
 func TestNewRequiresItsDependencies(t *testing.T) {
 	t.Parallel()
-	_, err := New(Config{})
+	_, err := New(Config{}, Links{})
 	require.ErrorContains(t, err, "required")
 }

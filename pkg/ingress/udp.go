@@ -170,7 +170,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	token := "udp:" + f.dest
 	if f.dest == "" {
 		if tokens == nil {
-			tokens = h.cfg.Tokens()
+			tokens = h.links.Tokens()
 		}
 		var err error
 		if token, err = tokens.Token(ctx, net.UDPAddrFromAddrPort(f.src)); err != nil {
@@ -178,7 +178,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 			return
 		}
 	}
-	sess, release, err := h.cfg.Sessions.Wait(ctx)
+	sess, release, err := h.links.Sessions.Wait(ctx)
 	defer release()
 	if err != nil {
 		fail(metrics.ResultNoSession, "No connection to the server for a UDP flow", err)
@@ -197,7 +197,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	var hb []byte
 	if err == nil {
 		hdr.Kind = proto.KindUDP
-		hb, err = hdr.Append(nil, h.cfg.Secret())
+		hb, err = hdr.Append(nil, h.links.Secret())
 	}
 	if err == nil {
 		_, err = str.Write(hb)
@@ -226,8 +226,8 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		Replied: func(err error) {
 			if err == nil {
 				m.StreamOpenDuration.Observe(time.Since(start).Seconds())
-				if h.cfg.Accepted != nil {
-					h.cfg.Accepted(sess)
+				if h.links.Accepted != nil {
+					h.links.Accepted(sess)
 				}
 			} else if code, ok := proto.FromError(err); ok {
 				if code != proto.CodeRefused || !h.logRefused(klog.LoggerWithValues(logger, "listenAddress", pc.LocalAddr().String()), token) {

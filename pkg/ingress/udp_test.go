@@ -58,10 +58,8 @@ func TestServeUDPRaisesTheSocketBuffer(t *testing.T) {
 	}
 	rmemMax, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	require.NoError(t, err)
-	h, err := New(Config{
-		Sessions: noSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil },
-		MaxConnections: 1, Metrics: metrics.NewClient(prometheus.NewRegistry()), Registry: tunnel.NewRegistry(),
-	})
+	h, err := New(Config{MaxConnections: 1, Metrics: metrics.NewClient(prometheus.NewRegistry()), Registry: tunnel.NewRegistry()},
+		Links{Sessions: noSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)
@@ -93,10 +91,8 @@ func TestUDPQueuesBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	m := metrics.NewClient(reg)
-	h, err := New(Config{
-		Sessions: waitSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil },
-		MaxConnections: 64, Metrics: m, Registry: tunnel.NewRegistry(),
-	})
+	h, err := New(Config{MaxConnections: 64, Metrics: m, Registry: tunnel.NewRegistry()},
+		Links{Sessions: waitSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)

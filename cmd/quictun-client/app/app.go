@@ -62,6 +62,11 @@ func (o *Options) Run(ctx context.Context) error {
 	for _, ep := range o.ServerEndpoint {
 		cli.LogHostCheck(ep)
 	}
+	if o.entries == nil { // Run without Validate (a test): parse them here
+		if err := o.Validate(); err != nil {
+			return err
+		}
+	}
 	var cleanup cli.Cleanup
 	defer cleanup.Run()
 
@@ -111,37 +116,18 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, err = client.New(client.Config{
-		Servers:              o.ServerEndpoint,
-		Mode:                 mode,
-		ConnectionsPerServer: o.Connections,
-		FailbackAfter:        o.FailbackAfter,
-		TLS:                  tlsConf,
-		QUIC:                 sock.QUIC,
-		Secret:               secret,
-		Tokens:               tokens,
-		Listeners:            listeners,
-		Forwards:             forwards,
-		Check:                o.checkDestinations(),
-		SessionWait:          o.SessionWait,
-		StreamOpenTimeout:    o.StreamOpenTimeout,
-		MaxConnections:       o.MaxConnections,
-		MaxProxyHandshakes:   o.MaxProxyHandshakes,
-		UDPIdleTimeout:       o.UDPIdleTimeout,
-		DrainTimeout:         o.DrainTimeout,
-		Backoff:              bo,
-		HeartbeatInterval:    o.HeartbeatInterval,
-		RescueAfter:          o.RescueAfter,
-		TailProbes:           o.TailProbes,
-		Metrics:              metrics.NewClient(reg),
-		QUICStat:             qstat,
-		Registry:             registry,
-		WrapConn:             sock.Wrap,
-	}, sock.Conn)
+	cfg := o.Client
+	cfg.Servers, cfg.Mode, cfg.TLS, cfg.QUIC, cfg.WrapConn = o.ServerEndpoint, mode, tlsConf, sock.QUIC, sock.Wrap
+	cfg.Secret, cfg.Tokens, cfg.Listeners, cfg.Forwards = secret, tokens, listeners, forwards
+	cfg.Check = o.checkDestinations()
+	cfg.Backoff = bo
+	cfg.UDPIdleTimeout, cfg.DrainTimeout, cfg.TailProbes = o.UDPIdleTimeout, o.DrainTimeout, o.TailProbes
+	cfg.Metrics, cfg.QUICStat, cfg.Registry = metrics.NewClient(reg), qstat, registry
+	c, err = client.New(cfg, sock.Conn)
 	if err != nil {
 		return err
 	}
-	if len(o.ServerEndpoint) > 1 || o.Connections > 1 {
+	if len(o.ServerEndpoint) > 1 || o.Client.ConnectionsPerServer > 1 {
 		reg.MustRegister(metrics.NewServerCollector(c.ServerStats, c.Switches))
 	}
 	logger.Info("Tunnel configured", o.entriesLog()...)
@@ -151,11 +137,15 @@ func (o *Options) Run(ctx context.Context) error {
 	})
 }
 
-// tokens builds the token source of the --listen-on listeners (nil without
-// --token-source: --forward alone).
+// tokens is the token source of the --listen-on listeners (nil without
+// --token-source: --forward alone): the one Validate built, or a File
+// source, whose file is read now.
 func (o *Options) tokens() (client.TokenSource, error) {
 	if o.TokenSource == "" {
 		return nil, nil
+	}
+	if o.entries.tokens != nil {
+		return o.entries.tokens, nil
 	}
 	ts, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil)
 	if err != nil {
@@ -186,10 +176,8 @@ func (o *Options) checkDestinations() []string {
 	if strings.EqualFold(o.TokenSourcePlugin, token.PluginFixed) && len(o.listenOn()) > 0 {
 		add(o.TokenSource)
 	}
-	for _, f := range o.Forward {
-		if _, dest, err := splitForward(f); err == nil {
-			add(dest)
-		}
+	for _, f := range o.entries.forwards {
+		add(f.dest)
 	}
 	return out
 }
@@ -201,8 +189,8 @@ func (o *Options) entriesLog() []any {
 	if len(o.ServerEndpoint) > 1 {
 		kv = append(kv, "serverMode", o.ServerMode)
 	}
-	if o.Connections > 1 {
-		kv = append(kv, "connections", o.Connections)
+	if o.Client.ConnectionsPerServer > 1 {
+		kv = append(kv, "connections", o.Client.ConnectionsPerServer)
 	}
 	for _, e := range []struct {
 		key   string
@@ -244,7 +232,7 @@ func (o *Options) localEntries(cleanup *cli.Cleanup, creds *ingress.ProxyCredent
 		listeners = append(listeners, ln)
 	}
 	forwards := make([]client.Forward, 0, len(o.Forward)+len(o.Proxy))
-	for _, f := range o.Forward {
+	for _, f := range o.entries.forwards {
 		fw, err := openForward(f, cleanup)
 		if err != nil {
 			return nil, nil, err
@@ -269,29 +257,21 @@ func (o *Options) localEntries(cleanup *cli.Cleanup, creds *ingress.ProxyCredent
 
 // openForward opens the listener (or UDP socket) of one --forward
 // LISTEN=DESTINATION, pushing its Close on cleanup.
-func openForward(f string, cleanup *cli.Cleanup) (client.Forward, error) {
-	spec, dest, err := splitForward(f)
-	if err != nil {
-		return client.Forward{}, err
-	}
-	ts, err := token.NewSource(token.PluginFixed, dest, nil)
-	if err != nil {
-		return client.Forward{}, fmt.Errorf("--forward %s: %w", f, err)
-	}
-	if ep, _ := endpoint.Parse(spec); ep.Network == endpoint.NetworkUDP {
-		uc, err := transport.ListenUDP(ep.Address)
+func openForward(f forwardSpec, cleanup *cli.Cleanup) (client.Forward, error) {
+	if f.listen.Network == endpoint.NetworkUDP {
+		uc, err := transport.ListenUDP(f.listen.Address)
 		if err != nil {
-			return client.Forward{}, fmt.Errorf("--forward %s: %w", spec, err)
+			return client.Forward{}, fmt.Errorf("--forward %s: %w", f.listen, err)
 		}
 		cleanup.Push(func() { _ = uc.Close() })
-		return client.Forward{Packet: uc, Tokens: ts, Name: dest}, nil
+		return client.Forward{Packet: uc, Tokens: f.tokens, Name: f.dest}, nil
 	}
-	ln, err := listen("forward", spec)
+	ln, err := listenEndpoint("forward", f.listen)
 	if err != nil {
 		return client.Forward{}, err
 	}
 	cleanup.Push(func() { _ = ln.Close() })
-	return client.Forward{Listener: ln, Tokens: ts, Name: dest}, nil
+	return client.Forward{Listener: ln, Tokens: f.tokens, Name: f.dest}, nil
 }
 
 // sessionCache returns the client's session ticket cache: in --session-file
@@ -385,6 +365,12 @@ func listen(flag, spec string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--%s %q: %w", flag, spec, err)
 	}
+	return listenEndpoint(flag, ep)
+}
+
+// listenEndpoint opens a local listener on ep (tcp: or unix:).
+func listenEndpoint(flag string, ep endpoint.Endpoint) (net.Listener, error) {
+	spec := ep.String()
 	if ep.Network == endpoint.NetworkUnix {
 		if fi, err := os.Lstat(ep.Address); err == nil && fi.Mode().Type() == fs.ModeSocket {
 			if c, err := net.Dial("unix", ep.Address); err == nil {

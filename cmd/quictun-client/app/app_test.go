@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/config"
 	"github.com/quictun/quictun/pkg/version"
@@ -46,8 +47,8 @@ func TestValidate(t *testing.T) {
 		{"explicit no auth", func(o *Options) { o.SecretFile, o.InsecureNoAuth = "", true }, nil},
 		{"IPv6 endpoint", func(o *Options) { o.ServerEndpoint = []string{"[2001:db8::1]:7500"} }, nil},
 		{"several listeners", func(o *Options) { o.ListenOn = []string{"tcp:127.0.0.1:1", "unix:/tmp/a.sock"} }, nil},
-		{"heartbeats off, rescue anything", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = 0, 0 }, nil},
-		{"rescue exactly twice heartbeat", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 2*time.Second }, nil},
+		{"heartbeats off, rescue anything", func(o *Options) { o.Client.HeartbeatInterval, o.Client.RescueAfter = 0, 0 }, nil},
+		{"rescue exactly twice heartbeat", func(o *Options) { o.Client.HeartbeatInterval, o.Client.RescueAfter = time.Second, 2*time.Second }, nil},
 		{"keepalive off", func(o *Options) { o.KeepAlivePeriod = 0 }, nil},
 		{"localhost and ::1 listeners", func(o *Options) { o.ListenOn = []string{"tcp:localhost:1", "tcp:[::1]:2"} }, nil},
 		{"non-loopback with opt-in", func(o *Options) { o.ListenOn, o.ListenNonLoopback = []string{"tcp:0.0.0.0:6500"}, true }, nil},
@@ -99,18 +100,20 @@ func TestValidate(t *testing.T) {
 		{"no auth contradiction", func(o *Options) { o.InsecureNoAuth = true }, []string{"--insecure-no-auth contradicts"}},
 		{"idle 0", func(o *Options) { o.IdleTimeout = 0 }, []string{"--idle-timeout must be positive"}},
 		{"handshake 0", func(o *Options) { o.HandshakeTimeout = 0 }, []string{"--handshake-timeout must be positive"}},
-		{"session wait 0", func(o *Options) { o.SessionWait = 0 }, []string{"--session-wait-timeout must be positive"}},
-		{"stream open 0", func(o *Options) { o.StreamOpenTimeout = 0 }, []string{"--stream-open-timeout must be positive"}},
+		{"session wait 0", func(o *Options) { o.Client.SessionWait = 0 }, []string{"--session-wait-timeout must be positive"}},
+		{"stream open 0", func(o *Options) { o.Client.StreamOpenTimeout = 0 }, []string{"--stream-open-timeout must be positive"}},
 		{"reconnect max 0", func(o *Options) { o.ReconnectMax = 0 }, []string{"--reconnect-max-delay must be positive"}},
 		{"negative drain", func(o *Options) { o.DrainTimeout = -time.Second }, []string{"must not be negative"}},
 		{"keepalive above idle", func(o *Options) { o.KeepAlivePeriod = 2 * o.IdleTimeout }, []string{"--keepalive-period (3m0s) must be shorter"}},
-		{"negative heartbeat", func(o *Options) { o.HeartbeatInterval = -1 }, []string{"--heartbeat-interval must not be negative"}},
+		{"negative heartbeat", func(o *Options) { o.Client.HeartbeatInterval = -1 }, []string{"--heartbeat-interval must not be negative"}},
 		{"tail probes 5", func(o *Options) { o.TailProbes = 5 }, []string{"--tail-probes must be 0..4"}},
-		{"rescue too soon", func(o *Options) { o.HeartbeatInterval, o.RescueAfter = time.Second, 1999*time.Millisecond }, []string{"--rescue-after (1.999s) must be at least twice --heartbeat-interval (1s)"}},
-		{"no connections", func(o *Options) { o.MaxConnections = 0 }, []string{"--max-connections must be at least 1"}},
+		{"rescue too soon", func(o *Options) {
+			o.Client.HeartbeatInterval, o.Client.RescueAfter = time.Second, 1999*time.Millisecond
+		}, []string{"--rescue-after (1.999s) must be at least twice --heartbeat-interval (1s)"}},
+		{"no connections", func(o *Options) { o.Client.MaxConnections = 0 }, []string{"--max-connections must be at least 1"}},
 		{"admin listener beyond loopback needs a token", func(o *Options) { o.HTTPDListenOn = "0.0.0.0:8087" }, []string{"--httpd-token-file"}},
 		{"every error at once", func(o *Options) {
-			*o = Options{ServerFingerprint: []string{"xx"}, CAFile: "/ca", KeyFile: "/k", HeartbeatInterval: time.Second}
+			*o = Options{ServerFingerprint: []string{"xx"}, CAFile: "/ca", KeyFile: "/k", Client: client.Config{HeartbeatInterval: time.Second}}
 		}, []string{
 			"--listen-on", "--server-endpoint is required", "--token-source is required", "choose one of",
 			"--server-fingerprint:", "--cert-file and --key-file", "client authentication is required",

@@ -23,12 +23,15 @@ type Options struct {
 	cli.ConfigFlags
 	cli.DaemonFlags
 
+	// Client is the client's Config, filled once: the flags bind into its
+	// limits and timeouts (NewOptions holds client.DefaultConfig), Run adds
+	// the sockets, credentials and entry points.
+	Client client.Config
+
 	ListenOn          []string
 	ListenNonLoopback bool
 	ServerEndpoint    []string
 	ServerMode        string
-	Connections       int
-	FailbackAfter     time.Duration
 	TokenSourcePlugin string
 	TokenSource       string
 	Forward           []string
@@ -45,15 +48,30 @@ type Options struct {
 	InsecureNoAuth     bool
 	SessionFile        string
 
-	SessionWait        time.Duration
-	StreamOpenTimeout  time.Duration
-	MaxConnections     int
-	MaxProxyHandshakes int
-	ReconnectMax       time.Duration
-	HeartbeatInterval  time.Duration
-	RescueAfter        time.Duration
+	// ReconnectMax is Client.Backoff's Max.
+	ReconnectMax time.Duration
+
+	// entries are the local entry points and token source as Validate
+	// parsed them, for Run: each value is parsed once.
+	entries *entries
 
 	reloader *cli.Reloader
+}
+
+// entries are the parsed --forward and --token-source.
+type entries struct {
+	// tokens is the --token-source of the --listen-on listeners (nil
+	// without one, and for the File plugin, whose file Run reads).
+	tokens   token.Source
+	forwards []forwardSpec
+}
+
+// forwardSpec is one parsed --forward LISTEN=DESTINATION.
+type forwardSpec struct {
+	spec   string // as given
+	listen endpoint.Endpoint
+	dest   string
+	tokens token.Source // Fixed, dest
 }
 
 // Fresh returns Options with the defaults, for a reload to load into.
@@ -68,18 +86,11 @@ func NewOptions() *Options {
 	return &Options{
 		DaemonFlags: cli.NewDaemonFlags(cli.DaemonDefaults{HTTPDListenOn: "127.0.0.1:8087",
 			DrainTimeout: def.DrainTimeout, TailProbes: def.TailProbes, UDPIdleTimeout: def.UDPIdleTimeout}),
-		ListenOn:           []string{"tcp:127.0.0.1:6500"},
-		TokenSourcePlugin:  token.PluginFixed,
-		SessionWait:        def.SessionWait,
-		StreamOpenTimeout:  def.StreamOpenTimeout,
-		MaxConnections:     def.MaxConnections,
-		MaxProxyHandshakes: def.MaxProxyHandshakes,
-		ReconnectMax:       client.DefaultBackoff().Max,
-		HeartbeatInterval:  def.HeartbeatInterval,
-		RescueAfter:        def.RescueAfter,
-		ServerMode:         string(def.Mode),
-		Connections:        1,
-		FailbackAfter:      def.FailbackAfter,
+		Client:            def,
+		ListenOn:          []string{"tcp:127.0.0.1:6500"},
+		TokenSourcePlugin: token.PluginFixed,
+		ReconnectMax:      client.DefaultBackoff().Max,
+		ServerMode:        string(def.Mode),
 	}
 }
 
@@ -106,8 +117,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.ListenNonLoopback, "listen-non-loopback", o.ListenNonLoopback, "allow --listen-on TCP addresses beyond loopback: anyone who can reach them uses this client's credentials and reaches what the server allows")
 	fs.StringSliceVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500; several (comma-separated, repeated, or a YAML list) in order of preference, each kept connected (a warm standby); a name resolving to several addresses of one family counts as one server per address")
 	fs.StringVar(&o.ServerMode, "server-mode", o.ServerMode, "with several servers, where new tunnels go: failover (the first healthy server in --server-endpoint order; when it stops answering heartbeats, the next one at once) or spread (the healthy connection with the fewest active streams, over all servers)")
-	fs.IntVar(&o.Connections, "connections", o.Connections, "QUIC connections to each server, each reconnecting on its own; new tunnels go to the one with the fewest active streams")
-	fs.DurationVar(&o.FailbackAfter, "server-failback-after", o.FailbackAfter, "failover mode: how long a server earlier in --server-endpoint must have answered again before new tunnels move back to it (hysteresis against flapping)")
+	fs.IntVar(&o.Client.ConnectionsPerServer, "connections", o.Client.ConnectionsPerServer, "QUIC connections to each server, each reconnecting on its own; new tunnels go to the one with the fewest active streams")
+	fs.DurationVar(&o.Client.FailbackAfter, "server-failback-after", o.Client.FailbackAfter, "failover mode: how long a server earlier in --server-endpoint must have answered again before new tunnels move back to it (hysteresis against flapping)")
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
 	fs.StringSliceVar(&o.Proxy, "proxy", o.Proxy, "a local entry point where each application names its destination, repeatable: socks5:127.0.0.1:1080 (SOCKS5 CONNECT and UDP ASSOCIATE; curl --socks5-hostname, ssh -o ProxyCommand='nc -X 5 -x ...') or http-connect:127.0.0.1:8080 (HTTP CONNECT; curl -x, git, https_proxy); each destination is checked by the server's --allow rules, and a refusal is answered as SOCKS 'not allowed by ruleset' or HTTP 403")
 	fs.StringVar(&o.ProxyCredentials, "proxy-credentials-file", o.ProxyCredentials, "file (mode 0600) of USER:PASSWORD lines that every --proxy client must present: SOCKS5 username/password (RFC 1929), HTTP CONNECT Proxy-Authorization: Basic (407 otherwise); re-read on SIGHUP; empty: none, any local process may use the proxies")
@@ -124,12 +135,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "send no credentials (the server must run with --insecure-no-auth)")
 	fs.StringVar(&o.SessionFile, "session-file", o.SessionFile, "keep TLS session tickets in this file (mode 0600, holds resumption secrets: protect it like --secret-file) so a restarted client resumes with 0-RTT, its first bytes after one RTT; empty = in memory only")
 
-	fs.DurationVar(&o.SessionWait, "session-wait-timeout", o.SessionWait, "how long a local connection waits for a connection to the server before it is reset")
-	fs.DurationVar(&o.StreamOpenTimeout, "stream-open-timeout", o.StreamOpenTimeout, "how long to wait for stream credit when the server's stream limit is reached")
-	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "concurrent local connections and UDP flows; more are reset (UDP: the packets of a new flow are dropped); a --proxy connection counts once its request is read and authenticated")
-	fs.IntVar(&o.MaxProxyHandshakes, "max-proxy-handshakes", o.MaxProxyHandshakes, "concurrent --proxy connections still sending their request (each for at most 5s), apart from --max-connections so that idle ones cannot stop the forwards; more are reset")
-	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way) while the connection has work (a tunnel opening, bytes in the last 5 s, a rescue); idle, only --keepalive-period's keep-alives go out; after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
-	fs.DurationVar(&o.RescueAfter, "rescue-after", o.RescueAfter, "without a heartbeat echo for this long, probe a new path (fresh UDP socket) and switch to it as soon as the server answers")
+	fs.DurationVar(&o.Client.SessionWait, "session-wait-timeout", o.Client.SessionWait, "how long a local connection waits for a connection to the server before it is reset")
+	fs.DurationVar(&o.Client.StreamOpenTimeout, "stream-open-timeout", o.Client.StreamOpenTimeout, "how long to wait for stream credit when the server's stream limit is reached")
+	fs.IntVar(&o.Client.MaxConnections, "max-connections", o.Client.MaxConnections, "concurrent local connections and UDP flows; more are reset (UDP: the packets of a new flow are dropped); a --proxy connection counts once its request is read and authenticated")
+	fs.IntVar(&o.Client.MaxProxyHandshakes, "max-proxy-handshakes", o.Client.MaxProxyHandshakes, "concurrent --proxy connections still sending their request (each for at most 5s), apart from --max-connections so that idle ones cannot stop the forwards; more are reset")
+	fs.DurationVar(&o.Client.HeartbeatInterval, "heartbeat-interval", o.Client.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way) while the connection has work (a tunnel opening, bytes in the last 5 s, a rescue); idle, only --keepalive-period's keep-alives go out; after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
+	fs.DurationVar(&o.Client.RescueAfter, "rescue-after", o.Client.RescueAfter, "without a heartbeat echo for this long, probe a new path (fresh UDP socket) and switch to it as soon as the server answers")
 	fs.DurationVar(&o.ReconnectMax, "reconnect-max-delay", o.ReconnectMax, "longest pause between reconnect attempts (exponential backoff with jitter from 100ms)")
 }
 
@@ -168,6 +179,7 @@ func (o *Options) Validate() error {
 		}
 		checkListen("proxy", "tcp:"+addr)
 	}
+	parsed := &entries{}
 	for _, f := range o.Forward {
 		listen, dest, err := splitForward(f)
 		if err != nil {
@@ -175,10 +187,13 @@ func (o *Options) Validate() error {
 			continue
 		}
 		checkListen("forward", listen)
-		if _, err := token.NewSource(token.PluginFixed, dest, nil); err != nil {
+		ts, err := token.NewSource(token.PluginFixed, dest, nil)
+		if err != nil {
 			add("--forward %s: %w", f, err)
 		} else if l, d := networkOf(listen), networkOf(dest); (l == endpoint.NetworkUDP) != (d == endpoint.NetworkUDP) {
 			add("--forward %s: a udp: listener forwards to a udp: destination, and a stream listener to a tcp: or unix: one", f)
+		} else if ep, err := endpoint.Parse(listen); err == nil {
+			parsed.forwards = append(parsed.forwards, forwardSpec{spec: f, listen: ep, dest: dest, tokens: ts})
 		}
 	}
 	if len(o.ServerEndpoint) == 0 {
@@ -194,20 +209,22 @@ func (o *Options) Validate() error {
 	if _, err := client.ParseMode(o.ServerMode); err != nil {
 		add("--server-mode: %w", err)
 	}
-	if o.Connections < 1 || o.Connections > maxConnectionsPerServer {
+	if o.Client.ConnectionsPerServer < 1 || o.Client.ConnectionsPerServer > maxConnectionsPerServer {
 		add("--connections must be between 1 and %d", maxConnectionsPerServer)
 	}
-	if o.FailbackAfter <= 0 {
+	if o.Client.FailbackAfter <= 0 {
 		add("--server-failback-after must be positive")
 	}
 	if o.TokenSource == "" {
 		if len(o.Forward)+len(o.Proxy) == 0 {
 			add("--token-source is required (e.g. tcp:127.0.0.1:22), or give --forward LISTEN=DESTINATION or --proxy")
 		}
-	} else if strings.EqualFold(o.TokenSourcePlugin, token.PluginFixed) {
-		if _, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil); err != nil {
+	} else if !strings.EqualFold(o.TokenSourcePlugin, token.PluginFile) { // a File source's file is read by Run (and CheckFiles)
+		ts, err := token.NewSource(o.TokenSourcePlugin, o.TokenSource, nil)
+		if err != nil {
 			add("--token-source: %w", err)
 		}
+		parsed.tokens = ts
 	}
 	verifiers := 0
 	for _, set := range []bool{len(o.ServerFingerprint) > 0, o.CAFile != "", o.InsecureSkipVerify} {
@@ -240,25 +257,29 @@ func (o *Options) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"session-wait-timeout", o.SessionWait}, {"stream-open-timeout", o.StreamOpenTimeout}, {"reconnect-max-delay", o.ReconnectMax}} {
+	}{{"session-wait-timeout", o.Client.SessionWait}, {"stream-open-timeout", o.Client.StreamOpenTimeout}, {"reconnect-max-delay", o.ReconnectMax}} {
 		if d.v <= 0 {
 			add("--%s must be positive", d.name)
 		}
 	}
-	if o.HeartbeatInterval < 0 {
+	if o.Client.HeartbeatInterval < 0 {
 		add("--heartbeat-interval must not be negative")
 	}
-	if o.HeartbeatInterval > 0 && o.RescueAfter < 2*o.HeartbeatInterval {
-		add("--rescue-after (%s) must be at least twice --heartbeat-interval (%s)", o.RescueAfter, o.HeartbeatInterval)
+	if o.Client.HeartbeatInterval > 0 && o.Client.RescueAfter < 2*o.Client.HeartbeatInterval {
+		add("--rescue-after (%s) must be at least twice --heartbeat-interval (%s)", o.Client.RescueAfter, o.Client.HeartbeatInterval)
 	}
-	if o.MaxConnections < 1 {
+	if o.Client.MaxConnections < 1 {
 		add("--max-connections must be at least 1")
 	}
-	if o.MaxProxyHandshakes < 1 {
+	if o.Client.MaxProxyHandshakes < 1 {
 		add("--max-proxy-handshakes must be at least 1")
 	}
 	errs = append(errs, o.DaemonFlags.Validate()...)
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	o.entries = parsed
+	return nil
 }
 
 // CheckFiles reads the files the client reads at start (for --check-config);

@@ -99,45 +99,15 @@ func (o *Options) Run(ctx context.Context) error {
 	registry := tunnel.NewRegistry()
 	var srv *server.Server
 	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
-	srv, err = server.New(server.Config{
-		TLS:                    tlsConf,
-		QUIC:                   sock.QUIC,
-		ResetKey:               &st.ResetKey,
-		TokenKey:               &st.TokenKey,
-		Keys:                   keys,
-		Parser:                 parser,
-		Allow:                  allow,
-		AllowFor:               allowFor,
-		AuditLog:               o.AuditLog,
-		SelfAddrs:              adm.Addrs(),
-		Dialer:                 &net.Dialer{KeepAlive: 30 * time.Second},
-		HeaderTimeout:          o.HeaderTimeout,
-		DialTimeout:            o.DialTimeout,
-		MaxConcurrentDials:     o.MaxConcurrentDials,
-		MaxDialsPerDestination: o.MaxDialsPerDest,
-		HandshakesPerSecond:    o.HandshakeRate,
-		MaxConnsPerSource:      o.MaxConnsPerSource,
-		MaxConnections:         o.MaxConnections,
-
-		AuthTimeout:                 o.AuthTimeout,
-		IdleAuthTimeout:             o.IdleAuthTimeout,
-		MaxUnverifiedStreamsPerConn: o.MaxUnverifiedStreamsPerConn,
-		MaxUnverifiedStreams:        o.MaxUnverifiedStreams,
-		MaxReplayEntriesPerConn:     o.MaxReplayEntriesPerConn,
-
-		MaxUnverifiedStreamsPerSource: o.MaxUnverifiedStreamsPerSource,
-		MaxUDPFlows:                   o.MaxUDPFlows,
-		MaxUDPFlowsPerConn:            o.MaxUDPFlowsPerConn,
-		MaxUDPFlowsPerIdentity:        o.MaxUDPFlowsPerIdentity,
-		UDPSocketMemory:               o.UDPSocketMemoryMiB << 20,
-		UDPIdleTimeout:                o.UDPIdleTimeout,
-
-		DrainTimeout: o.DrainTimeout,
-		TailProbes:   o.TailProbes,
-		Metrics:      metrics.NewServer(reg),
-		QUICStat:     qstat,
-		Registry:     registry,
-	}, sock.Conn)
+	cfg := o.Server
+	cfg.TLS, cfg.QUIC, cfg.ResetKey, cfg.TokenKey = tlsConf, sock.QUIC, &st.ResetKey, &st.TokenKey
+	cfg.Keys, cfg.Parser, cfg.Allow, cfg.AllowFor = keys, parser, allow, allowFor
+	cfg.SelfAddrs = adm.Addrs()
+	cfg.Dialer = &net.Dialer{KeepAlive: 30 * time.Second}
+	cfg.UDPSocketMemory = o.UDPSocketMemoryMiB << 20
+	cfg.DrainTimeout, cfg.TailProbes, cfg.UDPIdleTimeout = o.DrainTimeout, o.TailProbes, o.UDPIdleTimeout
+	cfg.Metrics, cfg.QUICStat, cfg.Registry = metrics.NewServer(reg), qstat, registry
+	srv, err = server.New(cfg, sock.Conn)
 	if err != nil {
 		return err
 	}

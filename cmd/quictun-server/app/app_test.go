@@ -54,42 +54,42 @@ func TestValidate(t *testing.T) {
 		{"no auth contradiction CA", func(o *Options) { o.SecretFile, o.ClientCAFile, o.InsecureNoAuth = "", "/ca", true }, []string{"--insecure-no-auth contradicts"}},
 		{"idle timeout 0", func(o *Options) { o.IdleTimeout = 0 }, []string{"--idle-timeout must be positive"}},
 		{"handshake timeout negative", func(o *Options) { o.HandshakeTimeout = -time.Second }, []string{"--handshake-timeout must be positive"}},
-		{"header timeout 0", func(o *Options) { o.HeaderTimeout = 0 }, []string{"--header-timeout must be positive"}},
-		{"dial timeout 0", func(o *Options) { o.DialTimeout = 0 }, []string{"--dial-timeout must be positive"}},
+		{"header timeout 0", func(o *Options) { o.Server.HeaderTimeout = 0 }, []string{"--header-timeout must be positive"}},
+		{"dial timeout 0", func(o *Options) { o.Server.DialTimeout = 0 }, []string{"--dial-timeout must be positive"}},
 		{"negative keepalive", func(o *Options) { o.KeepAlivePeriod = -1 }, []string{"--keepalive-period and --drain-timeout must not be negative"}},
 		{"negative drain", func(o *Options) { o.DrainTimeout = -1 }, []string{"must not be negative"}},
 		{"keepalive not below idle", func(o *Options) { o.KeepAlivePeriod = o.IdleTimeout }, []string{"--keepalive-period (1m30s) must be shorter than --idle-timeout (1m30s)"}},
 		{"no streams", func(o *Options) { o.MaxStreamsPerConn = 0 }, []string{"--max-streams-per-conn"}},
 		{"tail probes 5", func(o *Options) { o.TailProbes = 5 }, []string{"--tail-probes must be 0..4"}},
 		{"tail probes negative", func(o *Options) { o.TailProbes = -1 }, []string{"--tail-probes must be 0..4"}},
-		{"no dials", func(o *Options) { o.MaxConcurrentDials = 0 }, []string{"--max-concurrent-dials"}},
-		{"per-destination dials default", func(o *Options) { o.MaxDialsPerDest = 0 }, nil},
-		{"per-destination dials set", func(o *Options) { o.MaxDialsPerDest = 4 }, nil},
-		{"per-destination dials negative", func(o *Options) { o.MaxDialsPerDest = -1 }, []string{"--max-dials-per-destination must not be negative"}},
-		{"per-source limits off", func(o *Options) { o.HandshakeRate, o.MaxConnsPerSource = 0, 0 }, nil},
-		{"negative handshake rate", func(o *Options) { o.HandshakeRate = -0.5 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
-		{"negative conns per source", func(o *Options) { o.MaxConnsPerSource = -1 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
-		{"no connections", func(o *Options) { o.MaxConnections = 0 }, []string{"--max-connections"}},
-		{"no unverified streams per conn", func(o *Options) { o.MaxUnverifiedStreamsPerConn = 0 }, []string{"--max-unverified-streams-per-conn"}},
-		{"no unverified streams", func(o *Options) { o.MaxUnverifiedStreams = -1 }, []string{"--max-unverified-streams and"}},
-		{"unverified streams per source set", func(o *Options) { o.MaxUnverifiedStreamsPerSource = 64 }, nil},
-		{"unverified streams per source negative", func(o *Options) { o.MaxUnverifiedStreamsPerSource = -1 },
+		{"no dials", func(o *Options) { o.Server.MaxConcurrentDials = 0 }, []string{"--max-concurrent-dials"}},
+		{"per-destination dials default", func(o *Options) { o.Server.MaxDialsPerDestination = 0 }, nil},
+		{"per-destination dials set", func(o *Options) { o.Server.MaxDialsPerDestination = 4 }, nil},
+		{"per-destination dials negative", func(o *Options) { o.Server.MaxDialsPerDestination = -1 }, []string{"--max-dials-per-destination must not be negative"}},
+		{"per-source limits off", func(o *Options) { o.Server.HandshakesPerSecond, o.Server.MaxConnsPerSource = 0, 0 }, nil},
+		{"negative handshake rate", func(o *Options) { o.Server.HandshakesPerSecond = -0.5 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
+		{"negative conns per source", func(o *Options) { o.Server.MaxConnsPerSource = -1 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
+		{"no connections", func(o *Options) { o.Server.MaxConnections = 0 }, []string{"--max-connections"}},
+		{"no unverified streams per conn", func(o *Options) { o.Server.MaxUnverifiedStreamsPerConn = 0 }, []string{"--max-unverified-streams-per-conn"}},
+		{"no unverified streams", func(o *Options) { o.Server.MaxUnverifiedStreams = -1 }, []string{"--max-unverified-streams and"}},
+		{"unverified streams per source set", func(o *Options) { o.Server.MaxUnverifiedStreamsPerSource = 64 }, nil},
+		{"unverified streams per source negative", func(o *Options) { o.Server.MaxUnverifiedStreamsPerSource = -1 },
 			[]string{"--max-unverified-streams-per-source must not be negative"}},
-		{"unverified streams per source over the budget", func(o *Options) { o.MaxUnverifiedStreamsPerSource = 2000 },
+		{"unverified streams per source over the budget", func(o *Options) { o.Server.MaxUnverifiedStreamsPerSource = 2000 },
 			[]string{"--max-unverified-streams-per-source (2000) must be between --max-unverified-streams-per-conn (16) and --max-unverified-streams (1024)"}},
-		{"unverified streams per source under one connection's", func(o *Options) { o.MaxUnverifiedStreamsPerSource = 8 },
+		{"unverified streams per source under one connection's", func(o *Options) { o.Server.MaxUnverifiedStreamsPerSource = 8 },
 			[]string{"--max-unverified-streams-per-source (8) must be between"}},
-		{"no replay entries per conn", func(o *Options) { o.MaxReplayEntriesPerConn = 0 }, []string{"--max-replay-entries-per-conn must be at least 1"}},
-		{"auth timeout 0", func(o *Options) { o.AuthTimeout = 0 }, []string{"--auth-timeout and --idle-auth-timeout must be positive"}},
-		{"idle auth timeout 0", func(o *Options) { o.IdleAuthTimeout = 0 }, []string{"--auth-timeout and --idle-auth-timeout must be positive"}},
-		{"udp flow limits", func(o *Options) { o.MaxUDPFlowsPerConn = 0; o.UDPIdleTimeout = -1 },
+		{"no replay entries per conn", func(o *Options) { o.Server.MaxReplayEntriesPerConn = 0 }, []string{"--max-replay-entries-per-conn must be at least 1"}},
+		{"auth timeout 0", func(o *Options) { o.Server.AuthTimeout = 0 }, []string{"--auth-timeout and --idle-auth-timeout must be positive"}},
+		{"idle auth timeout 0", func(o *Options) { o.Server.IdleAuthTimeout = 0 }, []string{"--auth-timeout and --idle-auth-timeout must be positive"}},
+		{"udp flow limits", func(o *Options) { o.Server.MaxUDPFlowsPerConn = 0; o.UDPIdleTimeout = -1 },
 			[]string{"--max-udp-flows and --max-udp-flows-per-conn must be at least 1", "--udp-idle-timeout must be positive"}},
-		{"udp flows per identity set", func(o *Options) { o.MaxUDPFlowsPerIdentity = 512 }, nil},
-		{"udp flows per identity negative", func(o *Options) { o.MaxUDPFlowsPerIdentity = -1 },
+		{"udp flows per identity set", func(o *Options) { o.Server.MaxUDPFlowsPerIdentity = 512 }, nil},
+		{"udp flows per identity negative", func(o *Options) { o.Server.MaxUDPFlowsPerIdentity = -1 },
 			[]string{"--max-udp-flows-per-identity must not be negative"}},
-		{"udp flows per identity over the server's", func(o *Options) { o.MaxUDPFlowsPerIdentity = 2000 },
+		{"udp flows per identity over the server's", func(o *Options) { o.Server.MaxUDPFlowsPerIdentity = 2000 },
 			[]string{"--max-udp-flows-per-identity (2000) must be between --max-udp-flows-per-conn (256) and --max-udp-flows (1024)"}},
-		{"udp flows per identity under one connection's", func(o *Options) { o.MaxUDPFlowsPerIdentity = 100 },
+		{"udp flows per identity under one connection's", func(o *Options) { o.Server.MaxUDPFlowsPerIdentity = 100 },
 			[]string{"--max-udp-flows-per-identity (100) must be between"}},
 		{"udp rules", func(o *Options) { o.Allow = []string{"dns=udp:10.0.0.53:53"}; o.Deny = []string{"udp:10.9.0.0/16:*"} }, nil},
 		{"admin listener beyond loopback needs a token", func(o *Options) { o.HTTPDListenOn = "0.0.0.0:8086" }, []string{"--httpd-token-file"}},
@@ -125,12 +125,12 @@ func TestNewOptionsDefaults(t *testing.T) {
 	assert.False(t, o.InsecureNoAuth)
 	assert.False(t, o.EnablePprof)
 	def := server.DefaultConfig()
-	assert.Equal(t, def.MaxConnections, o.MaxConnections)
-	assert.Equal(t, def.AuthTimeout, o.AuthTimeout)
-	assert.Equal(t, def.IdleAuthTimeout, o.IdleAuthTimeout)
-	assert.Equal(t, def.MaxUnverifiedStreamsPerConn, o.MaxUnverifiedStreamsPerConn)
-	assert.Equal(t, def.MaxUnverifiedStreams, o.MaxUnverifiedStreams)
-	assert.Equal(t, 16384, o.MaxReplayEntriesPerConn)
+	assert.Equal(t, def.MaxConnections, o.Server.MaxConnections)
+	assert.Equal(t, def.AuthTimeout, o.Server.AuthTimeout)
+	assert.Equal(t, def.IdleAuthTimeout, o.Server.IdleAuthTimeout)
+	assert.Equal(t, def.MaxUnverifiedStreamsPerConn, o.Server.MaxUnverifiedStreamsPerConn)
+	assert.Equal(t, def.MaxUnverifiedStreams, o.Server.MaxUnverifiedStreams)
+	assert.Equal(t, 16384, o.Server.MaxReplayEntriesPerConn)
 	err := o.Validate()
 	require.Error(t, err, "defaults alone need an auth choice")
 	assert.Contains(t, err.Error(), "client authentication is required")

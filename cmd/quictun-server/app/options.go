@@ -22,11 +22,15 @@ type Options struct {
 	cli.ConfigFlags
 	cli.DaemonFlags
 
+	// Server is the server's Config, filled once: the flags bind into its
+	// limits and timeouts (NewOptions holds server.DefaultConfig), Run adds
+	// what is read from files (rules, keys, TLS).
+	Server server.Config
+
 	ListenOn string
 	Allow    []string
 	Deny     []string
 	AllowFor []string
-	AuditLog bool
 
 	StateDir       string
 	CertFile       string
@@ -41,30 +45,11 @@ type Options struct {
 	TokenParserPlugin string
 	TokenParserKey    string
 
-	HeaderTimeout      time.Duration
-	DialTimeout        time.Duration
-	MaxStreamsPerConn  int64
-	MaxConcurrentDials int
-	MaxDialsPerDest    int
-	HandshakeRate      float64
-	MaxConnsPerSource  int
-	MaxConnections     int
-	Disable0RTT        bool
+	MaxStreamsPerConn int64
+	Disable0RTT       bool
 
-	AuthTimeout                 time.Duration
-	IdleAuthTimeout             time.Duration
-	MaxUnverifiedStreamsPerConn int
-	MaxUnverifiedStreams        int
-	// MaxUnverifiedStreamsPerSource: 0 means
-	// server.DefaultUnverifiedStreamsPerSource.
-	MaxUnverifiedStreamsPerSource int
-	MaxReplayEntriesPerConn       int
-
-	MaxUDPFlows        int
-	MaxUDPFlowsPerConn int
-	// MaxUDPFlowsPerIdentity: 0 means egress.DefaultUDPFlowsPerIdentity.
-	MaxUDPFlowsPerIdentity int
-	// UDPSocketMemoryMiB: 0 means udpflow.MaxSocketMemory.
+	// UDPSocketMemoryMiB: 0 means udpflow.MaxSocketMemory
+	// (Server.UDPSocketMemory in bytes).
 	UDPSocketMemoryMiB int64
 
 	reloader *cli.Reloader
@@ -80,31 +65,18 @@ func (o *Options) SetReloader(r *cli.Reloader) { o.reloader = r }
 func NewOptions() *Options {
 	q := transport.DefaultQUICOptions()
 	def := server.DefaultConfig()
+	def.AuditLog = true
+	def.MaxReplayEntriesPerConn = def.MaxReplayEntries / 64
 	return &Options{
 		DaemonFlags: cli.NewDaemonFlags(cli.DaemonDefaults{HTTPDListenOn: "127.0.0.1:8086",
 			DrainTimeout: def.DrainTimeout, TailProbes: def.TailProbes, UDPIdleTimeout: def.UDPIdleTimeout}),
-		ListenOn:           "0.0.0.0:7500",
-		Allow:              endpoint.DefaultAllowList().Rules(),
-		AuditLog:           true,
-		CutRemovedKeys:     true,
-		StateDir:           "/var/lib/quictun-server",
-		TokenParserPlugin:  token.PluginCleartext,
-		HeaderTimeout:      def.HeaderTimeout,
-		DialTimeout:        def.DialTimeout,
-		MaxStreamsPerConn:  q.MaxIncomingStreams,
-		MaxConcurrentDials: def.MaxConcurrentDials,
-		HandshakeRate:      def.HandshakesPerSecond,
-		MaxConnsPerSource:  def.MaxConnsPerSource,
-		MaxConnections:     def.MaxConnections,
-
-		AuthTimeout:                 def.AuthTimeout,
-		IdleAuthTimeout:             def.IdleAuthTimeout,
-		MaxUnverifiedStreamsPerConn: def.MaxUnverifiedStreamsPerConn,
-		MaxUnverifiedStreams:        def.MaxUnverifiedStreams,
-		MaxReplayEntriesPerConn:     def.MaxReplayEntries / 64,
-
-		MaxUDPFlows:        def.MaxUDPFlows,
-		MaxUDPFlowsPerConn: def.MaxUDPFlowsPerConn,
+		Server:            def,
+		ListenOn:          "0.0.0.0:7500",
+		Allow:             endpoint.DefaultAllowList().Rules(),
+		CutRemovedKeys:    true,
+		StateDir:          "/var/lib/quictun-server",
+		TokenParserPlugin: token.PluginCleartext,
+		MaxStreamsPerConn: q.MaxIncomingStreams,
 	}
 }
 
@@ -132,7 +104,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ListenOn, "listen-on", o.ListenOn, "UDP address to accept QUIC connections on, e.g. 0.0.0.0:7500 or [::]:7500")
 	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only. Never reachable whatever the rules: the server's own QUIC and admin listeners, 0.0.0.0 and ::, and cloud metadata (169.254.169.254, fd00:ec2::254, ...), multicast (224.0.0.0/4, ff00::/8) and broadcast (255.255.255.255) addresses unless a rule names them exactly")
 	fs.StringSliceVar(&o.AllowFor, "allow-for", o.AllowFor, "destinations only some clients may reach, IDENTITY=RULE (repeatable): CN=NAME for a client certificate's common name (needs --client-ca-file), key=NAME for a --keys-file key; e.g. CN=ci-runner=tcp:10.0.0.5:5432. Added to --allow for that client; --deny still wins")
-	fs.BoolVar(&o.AuditLog, "audit-log", o.AuditLog, "log one line per tunnel at -v 0 once its client is authenticated: identity, remote address, destination, result, bytes, duration (--audit-log=false turns it off)")
+	fs.BoolVar(&o.Server.AuditLog, "audit-log", o.Server.AuditLog, "log one line per tunnel at -v 0 once its client is authenticated: identity, remote address, destination, result, bytes, duration (--audit-log=false turns it off)")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
@@ -146,24 +118,24 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.CutRemovedKeys, "cut-removed-keys", o.CutRemovedKeys, "when a reload (SIGHUP) removes a key from --secret-file/--keys-file (or replaces its secret), reset the open tunnels and UDP flows made with it (auth_failed), so a revoked key keeps no access; --cut-removed-keys=false lets them run until they end (new streams need a key the server holds either way)")
 	fs.BoolVar(&o.InsecureNoAuth, "insecure-no-auth", o.InsecureNoAuth, "accept clients without authentication (only with a restrictive --allow on a trusted network)")
 
-	fs.DurationVar(&o.HeaderTimeout, "header-timeout", o.HeaderTimeout, "time a client has to send a stream header")
-	fs.DurationVar(&o.DialTimeout, "dial-timeout", o.DialTimeout, "time to connect to a destination")
+	fs.DurationVar(&o.Server.HeaderTimeout, "header-timeout", o.Server.HeaderTimeout, "time a client has to send a stream header")
+	fs.DurationVar(&o.Server.DialTimeout, "dial-timeout", o.Server.DialTimeout, "time to connect to a destination")
 	fs.Int64Var(&o.MaxStreamsPerConn, "max-streams-per-conn", o.MaxStreamsPerConn, "concurrent tunnels per client connection")
-	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "concurrent destination dials; more wait up to --dial-timeout")
-	fs.IntVar(&o.MaxDialsPerDest, "max-dials-per-destination", o.MaxDialsPerDest, "concurrent dials to one destination address, so a slow or unreachable one cannot take every dial slot (more wait without holding a slot); 0 = a quarter of --max-concurrent-dials")
-	fs.Float64Var(&o.HandshakeRate, "handshake-rate", o.HandshakeRate, "new QUIC connections per second per source IP (burst twice that); a source past half its burst must first prove its address (one Retry round trip); 0 = unlimited")
-	fs.IntVar(&o.MaxConnsPerSource, "max-conns-per-source", o.MaxConnsPerSource, "open QUIC connections per source IP (an IPv6 source counts by its /64); more are closed with overloaded; 0 = unlimited")
-	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "open QUIC connections in total; more are refused (quictun_server_refused_connections_total{reason=\"max_connections\"})")
-	fs.DurationVar(&o.AuthTimeout, "auth-timeout", o.AuthTimeout, "with --secret-file: a connection must present a verified stream header (a valid MAC, fresh, not a replay) within this long of its first stream, or it is closed with auth_failed (timeout if a header had a valid MAC but was stale, replayed or refused)")
-	fs.DurationVar(&o.IdleAuthTimeout, "idle-auth-timeout", o.IdleAuthTimeout, "with --secret-file: a connection must present a verified stream header within this long of its handshake, streams or not, or it is closed (clients send one at once, a hello; a client from before the hello that sits idle is closed with timeout and reconnects); kept above the 30 s after which clients reset their reconnect backoff")
-	fs.IntVar(&o.MaxUnverifiedStreamsPerConn, "max-unverified-streams-per-conn", o.MaxUnverifiedStreamsPerConn, "with --secret-file, a connection's stream credit until it presents a verified header (then --max-streams-per-conn); and the streams per connection served before their header is verified")
-	fs.IntVar(&o.MaxUnverifiedStreams, "max-unverified-streams", o.MaxUnverifiedStreams, "streams, server-wide, of connections that have not yet presented a verified header; more are reset with overloaded")
-	fs.IntVar(&o.MaxUnverifiedStreamsPerSource, "max-unverified-streams-per-source", o.MaxUnverifiedStreamsPerSource, "one source's share of --max-unverified-streams (a source is an IPv4 address or an IPv6 /64), so one source cannot take the whole budget and have new clients' first tunnels reset; more are reset with overloaded; 0 = an eighth of --max-unverified-streams (128), at least --max-unverified-streams-per-conn")
-	fs.IntVar(&o.MaxReplayEntriesPerConn, "max-replay-entries-per-conn", o.MaxReplayEntriesPerConn, "stream-header nonces one connection may record in the replay cache (1,048,576 entries) per 2-minute window; beyond it 1-RTT streams go unrecorded and 0-RTT streams are reset with overloaded")
-	fs.IntVar(&o.MaxUDPFlows, "max-udp-flows", o.MaxUDPFlows, "UDP flows open on the server (each holds a UDP socket to its destination, whose receive buffer counts against --udp-socket-memory-mib, and queues at most 1 MiB of packets for the client, 64 MiB for all flows); more are refused with overloaded")
+	fs.IntVar(&o.Server.MaxConcurrentDials, "max-concurrent-dials", o.Server.MaxConcurrentDials, "concurrent destination dials; more wait up to --dial-timeout")
+	fs.IntVar(&o.Server.MaxDialsPerDestination, "max-dials-per-destination", o.Server.MaxDialsPerDestination, "concurrent dials to one destination address, so a slow or unreachable one cannot take every dial slot (more wait without holding a slot); 0 = a quarter of --max-concurrent-dials")
+	fs.Float64Var(&o.Server.HandshakesPerSecond, "handshake-rate", o.Server.HandshakesPerSecond, "new QUIC connections per second per source IP (burst twice that); a source past half its burst must first prove its address (one Retry round trip); 0 = unlimited")
+	fs.IntVar(&o.Server.MaxConnsPerSource, "max-conns-per-source", o.Server.MaxConnsPerSource, "open QUIC connections per source IP (an IPv6 source counts by its /64); more are closed with overloaded; 0 = unlimited")
+	fs.IntVar(&o.Server.MaxConnections, "max-connections", o.Server.MaxConnections, "open QUIC connections in total; more are refused (quictun_server_refused_connections_total{reason=\"max_connections\"})")
+	fs.DurationVar(&o.Server.AuthTimeout, "auth-timeout", o.Server.AuthTimeout, "with --secret-file: a connection must present a verified stream header (a valid MAC, fresh, not a replay) within this long of its first stream, or it is closed with auth_failed (timeout if a header had a valid MAC but was stale, replayed or refused)")
+	fs.DurationVar(&o.Server.IdleAuthTimeout, "idle-auth-timeout", o.Server.IdleAuthTimeout, "with --secret-file: a connection must present a verified stream header within this long of its handshake, streams or not, or it is closed (clients send one at once, a hello; a client from before the hello that sits idle is closed with timeout and reconnects); kept above the 30 s after which clients reset their reconnect backoff")
+	fs.IntVar(&o.Server.MaxUnverifiedStreamsPerConn, "max-unverified-streams-per-conn", o.Server.MaxUnverifiedStreamsPerConn, "with --secret-file, a connection's stream credit until it presents a verified header (then --max-streams-per-conn); and the streams per connection served before their header is verified")
+	fs.IntVar(&o.Server.MaxUnverifiedStreams, "max-unverified-streams", o.Server.MaxUnverifiedStreams, "streams, server-wide, of connections that have not yet presented a verified header; more are reset with overloaded")
+	fs.IntVar(&o.Server.MaxUnverifiedStreamsPerSource, "max-unverified-streams-per-source", o.Server.MaxUnverifiedStreamsPerSource, "one source's share of --max-unverified-streams (a source is an IPv4 address or an IPv6 /64), so one source cannot take the whole budget and have new clients' first tunnels reset; more are reset with overloaded; 0 = an eighth of --max-unverified-streams (128), at least --max-unverified-streams-per-conn")
+	fs.IntVar(&o.Server.MaxReplayEntriesPerConn, "max-replay-entries-per-conn", o.Server.MaxReplayEntriesPerConn, "stream-header nonces one connection may record in the replay cache (1,048,576 entries) per 2-minute window; beyond it 1-RTT streams go unrecorded and 0-RTT streams are reset with overloaded")
+	fs.IntVar(&o.Server.MaxUDPFlows, "max-udp-flows", o.Server.MaxUDPFlows, "UDP flows open on the server (each holds a UDP socket to its destination, whose receive buffer counts against --udp-socket-memory-mib, and queues at most 1 MiB of packets for the client, 64 MiB for all flows); more are refused with overloaded")
 	fs.Int64Var(&o.UDPSocketMemoryMiB, "udp-socket-memory-mib", o.UDPSocketMemoryMiB, "MiB of kernel memory the UDP flows' sockets may hold, as the kernel books it: each flow's receive buffer starts at 128 KiB and grows with its rate to at most 8 MiB while this lasts; a flow that would pass it is refused with overloaded. Keep it well under net.ipv4.udp_mem's hard limit, past which the kernel drops UDP on every socket, QUIC included; 0 = a quarter of that limit, at most 256")
-	fs.IntVar(&o.MaxUDPFlowsPerConn, "max-udp-flows-per-conn", o.MaxUDPFlowsPerConn, "UDP flows open on one client connection; more are refused with overloaded")
-	fs.IntVar(&o.MaxUDPFlowsPerIdentity, "max-udp-flows-per-identity", o.MaxUDPFlowsPerIdentity, "one client's share of --max-udp-flows, so that one client cannot take every flow: the flows of all connections of one client certificate CN or --keys-file key name, or, for clients with neither (the --secret-file key, which they all hold), of one source (an IPv4 address or an IPv6 /64); more are refused with overloaded (quictun_server_udp_drops_total{reason=\"identity_flow_limit\"}); 0 = a quarter of --max-udp-flows (256), at least --max-udp-flows-per-conn")
+	fs.IntVar(&o.Server.MaxUDPFlowsPerConn, "max-udp-flows-per-conn", o.Server.MaxUDPFlowsPerConn, "UDP flows open on one client connection; more are refused with overloaded")
+	fs.IntVar(&o.Server.MaxUDPFlowsPerIdentity, "max-udp-flows-per-identity", o.Server.MaxUDPFlowsPerIdentity, "one client's share of --max-udp-flows, so that one client cannot take every flow: the flows of all connections of one client certificate CN or --keys-file key name, or, for clients with neither (the --secret-file key, which they all hold), of one source (an IPv4 address or an IPv6 /64); more are refused with overloaded (quictun_server_udp_drops_total{reason=\"identity_flow_limit\"}); 0 = a quarter of --max-udp-flows (256), at least --max-udp-flows-per-conn")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
@@ -200,7 +172,7 @@ func (o *Options) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"header-timeout", o.HeaderTimeout}, {"dial-timeout", o.DialTimeout}} {
+	}{{"header-timeout", o.Server.HeaderTimeout}, {"dial-timeout", o.Server.DialTimeout}} {
 		if d.v <= 0 {
 			add("--%s must be positive", d.name)
 		}
@@ -208,37 +180,37 @@ func (o *Options) Validate() error {
 	if o.MaxStreamsPerConn < 1 {
 		add("--max-streams-per-conn must be at least 1")
 	}
-	if o.HandshakeRate < 0 || o.MaxConnsPerSource < 0 {
+	if o.Server.HandshakesPerSecond < 0 || o.Server.MaxConnsPerSource < 0 {
 		add("--handshake-rate and --max-conns-per-source must not be negative")
 	}
-	if o.MaxConnections < 1 || o.MaxUnverifiedStreamsPerConn < 1 || o.MaxUnverifiedStreams < 1 || o.MaxReplayEntriesPerConn < 1 {
+	if o.Server.MaxConnections < 1 || o.Server.MaxUnverifiedStreamsPerConn < 1 || o.Server.MaxUnverifiedStreams < 1 || o.Server.MaxReplayEntriesPerConn < 1 {
 		add("--max-connections, --max-unverified-streams-per-conn, --max-unverified-streams and --max-replay-entries-per-conn must be at least 1")
 	}
-	if n := o.MaxUnverifiedStreamsPerSource; n < 0 {
+	if n := o.Server.MaxUnverifiedStreamsPerSource; n < 0 {
 		add("--max-unverified-streams-per-source must not be negative")
-	} else if n > 0 && (n < o.MaxUnverifiedStreamsPerConn || n > o.MaxUnverifiedStreams) {
+	} else if n > 0 && (n < o.Server.MaxUnverifiedStreamsPerConn || n > o.Server.MaxUnverifiedStreams) {
 		add("--max-unverified-streams-per-source (%d) must be between --max-unverified-streams-per-conn (%d) and --max-unverified-streams (%d): it is one source's share of the server-wide budget, and one connection's budget must fit in it",
-			n, o.MaxUnverifiedStreamsPerConn, o.MaxUnverifiedStreams)
+			n, o.Server.MaxUnverifiedStreamsPerConn, o.Server.MaxUnverifiedStreams)
 	}
-	if o.AuthTimeout <= 0 || o.IdleAuthTimeout <= 0 {
+	if o.Server.AuthTimeout <= 0 || o.Server.IdleAuthTimeout <= 0 {
 		add("--auth-timeout and --idle-auth-timeout must be positive")
 	}
-	if o.MaxUDPFlows < 1 || o.MaxUDPFlowsPerConn < 1 {
+	if o.Server.MaxUDPFlows < 1 || o.Server.MaxUDPFlowsPerConn < 1 {
 		add("--max-udp-flows and --max-udp-flows-per-conn must be at least 1")
 	}
-	if n := o.MaxUDPFlowsPerIdentity; n < 0 {
+	if n := o.Server.MaxUDPFlowsPerIdentity; n < 0 {
 		add("--max-udp-flows-per-identity must not be negative (0 = a quarter of --max-udp-flows)")
-	} else if n > 0 && (n < o.MaxUDPFlowsPerConn || n > o.MaxUDPFlows) {
+	} else if n > 0 && (n < o.Server.MaxUDPFlowsPerConn || n > o.Server.MaxUDPFlows) {
 		add("--max-udp-flows-per-identity (%d) must be between --max-udp-flows-per-conn (%d) and --max-udp-flows (%d): it is one client's share of the server's flows, and one connection's flows must fit in it",
-			n, o.MaxUDPFlowsPerConn, o.MaxUDPFlows)
+			n, o.Server.MaxUDPFlowsPerConn, o.Server.MaxUDPFlows)
 	}
 	if o.UDPSocketMemoryMiB < 0 {
 		add("--udp-socket-memory-mib must not be negative (0 = from net.ipv4.udp_mem)")
 	}
-	if o.MaxDialsPerDest < 0 {
+	if o.Server.MaxDialsPerDestination < 0 {
 		add("--max-dials-per-destination must not be negative")
 	}
-	if o.MaxConcurrentDials < 1 {
+	if o.Server.MaxConcurrentDials < 1 {
 		add("--max-concurrent-dials must be at least 1")
 	}
 	errs = append(errs, o.DaemonFlags.Validate()...)

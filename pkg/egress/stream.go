@@ -1,0 +1,380 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/tunnel"
+)
+
+// Serve serves one tunnel stream from header to close: it authenticates the
+// header, checks freshness and replay, the destination against the rules,
+// dials it within the dial limits and splices until both directions end.
+// It calls st.MACVerified once the header's MAC is verified, and
+// st.Verified once the header has also passed the freshness and replay
+// checks. Each step is a method of stream; the first that fails returns a
+// *failure, and fail ends the stream with its code.
+func (e *Handler) Serve(ctx context.Context, st Stream) {
+	s := &stream{e: e, st: st, str: st.Stream, start: time.Now(),
+		logger: klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(st.Stream.StreamID()))}
+	if f := s.serve(ctx); f != nil {
+		s.fail(ctx, f)
+	}
+}
+
+// serve runs the steps of a stream in order.
+func (s *stream) serve(ctx context.Context) *failure {
+	if f := s.readHeader(); f != nil {
+		return f
+	}
+	if f := s.authenticate(); f != nil {
+		return f
+	}
+	if s.h.Kind == proto.KindHello {
+		s.e.hello(s.st, s.h, s.keyName, s.logger)
+		return nil
+	}
+	s.identify()
+	if f := s.fresh(); f != nil {
+		return f
+	}
+	if s.h.Kind == proto.KindCheck {
+		s.e.check(ctx, s.st, s.h, s.pol, s.key, s.identities, s.logger)
+		return nil
+	}
+	if f := s.destination(); f != nil {
+		return f
+	}
+	if f := s.authorize(ctx); f != nil {
+		return f
+	}
+	if f := s.admit(); f != nil {
+		return f
+	}
+	if s.h.Kind == proto.KindUDP {
+		return s.e.serveUDP(ctx, s)
+	}
+	nc, f := s.dial(ctx)
+	if f != nil {
+		return f
+	}
+	return s.splice(nc)
+}
+
+// stream is one tunnel stream being served, and what its steps have
+// learned so far: the header, the policy it is checked against (one
+// configuration for the whole stream: keys and rules of one reload), who
+// the client is, where it goes.
+type stream struct {
+	e      *Handler
+	st     Stream
+	str    *quic.Stream
+	logger klog.Logger
+	start  time.Time
+
+	h   *proto.Header
+	pol *policy
+	// key is the shared secret the header was made with, keyName its label
+	// ("" without shared-secret authentication), for logs and identity rules.
+	key     proto.Key
+	keyName string
+	peer    peer
+	// identities are who the client proved to be (peer.identities).
+	identities []string
+	// audited: the tunnel's audit line is due (AuditLog, header verified).
+	audited bool
+	// dest is the destination the token names, target the address the rules
+	// resolved it to, rule the rule that allowed it.
+	dest, target endpoint.Endpoint
+	rule         string
+	// keyLife ends when a reload removes the key (cutOnRemoval).
+	keyLife context.Context
+}
+
+// failure is why a step ended a stream: the code it is reset with, and the
+// line logged at level lvl (-1: by the code, see fail).
+type failure struct {
+	code proto.Code
+	lvl  int
+	msg  string
+	kv   []any
+	// closeConn: the connection is closed with the code too (a failed
+	// authentication).
+	closeConn bool
+}
+
+// failed returns the failure of code, logged with msg at the level of its
+// code (see fail).
+func failed(code proto.Code, msg string, kv ...any) *failure {
+	return &failure{code: code, lvl: -1, msg: msg, kv: kv}
+}
+
+// fail resets the stream with f's code, counts it, writes the audit line
+// if due, logs f (at -v 2 for refused, auth_failed and replay, which an
+// operator wants to see, else -v 4, unless f says) and closes the
+// connection if f says.
+func (s *stream) fail(ctx context.Context, f *failure) {
+	s.e.cfg.Metrics.StreamsTotal.WithLabelValues(metrics.ResultLabel(f.code)).Inc()
+	Reset(s.str, f.code)
+	if s.audited {
+		s.audit(metrics.ResultLabel(f.code), 0, 0)
+	}
+	lvl := f.lvl
+	if lvl < 0 {
+		lvl = 4
+		if f.code == proto.CodeRefused || f.code == proto.CodeAuthFailed || f.code == proto.CodeReplay {
+			lvl = 2
+		}
+	}
+	s.logger.V(lvl).Info(f.msg, append(f.kv, "code", f.code.String())...)
+	if f.closeConn {
+		CloseConn(ctx, s.st.Conn, f.code, "authentication failed")
+	}
+}
+
+// audit writes the tunnel's audit line.
+func (s *stream) audit(result string, up, down int64) {
+	s.logger.Info("Closed tunnel", "identity", strings.Join(s.identities, ","), "destination", s.h.Token, "result", result,
+		"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(s.start).Round(time.Millisecond))
+}
+
+// readHeader reads the stream header within HeaderTimeout.
+func (s *stream) readHeader() *failure {
+	_ = s.str.SetReadDeadline(s.start.Add(s.e.cfg.HeaderTimeout))
+	h, err := proto.Decode(s.str)
+	if err != nil {
+		code := proto.CodeBadHeader
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			code = proto.CodeTimeout
+		} else if _, ok := proto.FromError(err); ok {
+			code = proto.CodeConnReset
+		}
+		return failed(code, "Rejected stream header", "err", err)
+	}
+	_ = s.str.SetReadDeadline(time.Time{})
+	s.h = h
+	return nil
+}
+
+// authenticate verifies the header's MAC with the keys of the policy in
+// force (none: the TLS layer authenticated the peer), then calls
+// st.MACVerified. A failure closes the connection.
+func (s *stream) authenticate() *failure {
+	s.pol = s.e.policy.Load()
+	if kr := s.pol.keys; kr.Len() > 0 {
+		key, err := kr.Verify(s.h)
+		s.key, s.keyName = key, key.Label()
+		if err != nil {
+			reason := metrics.AuthBadMAC
+			switch {
+			case errors.Is(err, proto.ErrNoMAC):
+				reason = metrics.AuthNoMAC
+			case errors.Is(err, proto.ErrUnknownKey):
+				reason = metrics.AuthUnknownKey
+			}
+			s.e.cfg.Metrics.AuthFailuresTotal.WithLabelValues(reason).Inc()
+			// The operator must see a client that cannot authenticate
+			// (most often a wrong secret), once a minute per address.
+			lvl, kv := 2, []any{"reason", reason, "keyID", keyIDOf(s.h)}
+			if ok, n := s.e.authFailures.Allow(sourceOf(s.st.Conn)); ok {
+				lvl, kv = 0, append(kv, "suppressed", n)
+			}
+			return &failure{code: proto.CodeAuthFailed, lvl: lvl, msg: "Refused client: authentication failed; " + authFailureFix(reason), kv: kv, closeConn: true}
+		}
+	}
+	if s.keyName != "" {
+		s.logger = klog.LoggerWithValues(s.logger, "key", s.keyName)
+	}
+	if s.st.MACVerified != nil {
+		s.st.MACVerified()
+	}
+	return nil
+}
+
+// identify learns who the client is: its certificate (known once the
+// handshake is: a stream of a new connection arrives after it; a 0-RTT
+// stream's session ticket carries the certificate it was issued to) and the
+// key of its header. From here on a failure is audited.
+func (s *stream) identify() {
+	s.peer = peerOf(s.st.Conn)
+	if s.peer.subject != "" {
+		s.logger = klog.LoggerWithValues(s.logger, "clientSubject", s.peer.subject)
+	}
+	s.identities = s.peer.identities(s.keyName)
+	s.audited = s.e.cfg.AuditLog
+}
+
+// fresh checks the header's time: every header must be fresh, not only
+// 0-RTT ones, so that a header with a valid MAC found later (in a log, a
+// core dump) cannot open tunnels forever; and a 0-RTT header made before
+// this process started cannot be checked against the in-memory replay cache.
+func (s *stream) fresh() *failure {
+	if now := time.Now(); !s.e.replay.fresh(s.h.Time, now) {
+		return failed(proto.CodeReplay, "Rejected stream: header timestamp outside the replay window; check the client's clock (NTP)",
+			"headerTime", s.h.Time, "skew", now.Sub(s.h.Time).Round(time.Second), "window", s.e.cfg.ReplayWindow)
+	}
+	if s.st.Early && s.h.Time.Before(s.e.started.Truncate(time.Second)) {
+		return failed(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", s.h.Time)
+	}
+	return nil
+}
+
+// destination reads the endpoint the token names, for a kind this Handler
+// serves.
+func (s *stream) destination() *failure {
+	if s.h.Kind != proto.KindTCP && (s.h.Kind != proto.KindUDP || s.st.Flows == nil) {
+		// Reverse binds are carried by later versions; refuse clearly
+		// rather than treat the stream as TCP.
+		return failed(proto.CodeUnsupported, "Refused stream: this server does not serve its kind", "kind", s.h.Kind.String())
+	}
+	dest, err := s.e.cfg.Parser.Parse(s.h.Token)
+	if err != nil {
+		return failed(proto.CodeBadToken, "Rejected stream: bad destination token", "err", err)
+	}
+	if (s.h.Kind == proto.KindUDP) != (dest.Network == endpoint.NetworkUDP) {
+		return failed(proto.CodeBadToken, "Rejected stream: the destination's network does not match the stream's kind",
+			"kind", s.h.Kind.String(), "destination", dest.String())
+	}
+	s.dest = dest
+	return nil
+}
+
+// authorize checks the destination against the policy's rules for the
+// client's identities. Every refusal refuses, a name that does not resolve
+// too: the client learns nothing about which internal names exist.
+func (s *stream) authorize(ctx context.Context) *failure {
+	dial, rule, err := s.pol.authorize(ctx, s.e.cfg.Resolver, s.dest, s.identities)
+	if err != nil {
+		return s.refused(err)
+	}
+	s.target, s.rule = dial, rule
+	return nil
+}
+
+// refused is the failure of a destination the rules (or the checked
+// dialer) refused with err, counted by reason.
+func (s *stream) refused(err error) *failure {
+	s.e.cfg.Metrics.RefusedTotal.WithLabelValues(s.dest.Network, endpoint.RefusalReason(err)).Inc()
+	lvl, msg, kv := s.e.refusal(s.dest, s.identities, err)
+	return &failure{code: proto.CodeRefused, lvl: lvl, msg: msg, kv: kv}
+}
+
+// admit records the header in the replay cache (only headers that passed
+// the MAC and the rules take a place there, within the connection's quota);
+// only then does it prove the secret (a valid MAC on a stale or replayed
+// header is what anyone holding a leaked header has): the connection is
+// verified and st.Verified called. Then the key's lifetime: a reload that
+// removed it since the header was checked (Policy.CutRemovedKeys) refuses
+// the stream.
+func (s *stream) admit() *failure {
+	code, unrecorded := s.e.replay.admit(s.h, time.Now(), s.st.Early, s.st.Conn0.quota)
+	if unrecorded != "" {
+		s.e.cfg.Metrics.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
+	}
+	if code != proto.CodeOK {
+		return failed(code, "Rejected stream: header seen before, or no room to record a 0-RTT header", "early", s.st.Early, "unrecorded", unrecorded)
+	}
+	s.st.Conn0.verified(s.identities)
+	if s.st.Verified != nil {
+		s.st.Verified()
+	}
+	s.keyLife = context.Background()
+	if l, ok := s.pol.life(s.key.ID); ok && s.pol.keys.Len() > 0 {
+		s.keyLife = l.ctx
+	}
+	if cause := context.Cause(s.keyLife); cause != nil {
+		return failed(proto.CodeAuthFailed, "Refused stream: a reload removed its key; the client needs a key the server holds", "cause", cause)
+	}
+	return nil
+}
+
+// dial connects to the destination within the dial limits: a slot of its
+// destination (MaxDialsPerDestination) and one of the Handler's
+// (MaxConcurrentDials), both within DialTimeout.
+func (s *stream) dial(ctx context.Context) (splice.Conn, *failure) {
+	e, dest := s.e, s.target.String()
+	dctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
+	defer cancel()
+	slots := e.destination(dest)
+	select {
+	case slots.slots <- struct{}{}:
+	case <-dctx.Done():
+		e.releaseDestination(dest, false)
+		return nil, failed(proto.CodeOverloaded, "Too many concurrent dials to one destination", "destination", s.dest.String(),
+			"limit", e.cfg.MaxDialsPerDestination)
+	}
+	select {
+	case e.dials <- struct{}{}:
+	case <-dctx.Done():
+		e.releaseDestination(dest, true)
+		return nil, failed(proto.CodeOverloaded, "Too many concurrent dials", "destination", s.dest.String())
+	}
+	dialStart := time.Now()
+	nc, err := e.cfg.Dialer.DialContext(dctx, s.target.Network, s.target.Address)
+	<-e.dials
+	e.releaseDestination(dest, true)
+	e.cfg.Metrics.DialDuration.Observe(time.Since(dialStart).Seconds())
+	if errors.Is(err, endpoint.ErrForbidden) { // CheckDial refused the address the dialer chose
+		return nil, s.refused(err)
+	}
+	if err != nil {
+		code := proto.CodeDialFailed
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+			code = proto.CodeTimeout
+		}
+		return nil, failed(code, "Dial failed", "destination", s.dest.String(), "err", err)
+	}
+	sc, ok := nc.(splice.Conn)
+	if !ok {
+		_ = nc.Close()
+		return nil, failed(proto.CodeInternal, "Dialed connection does not support half-close", "destination", s.dest.String())
+	}
+	return sc, nil
+}
+
+// splice answers the client with CodeOK and carries the tunnel until both
+// directions end (or its key is cut), registered for /tunnels and the
+// drain; then the audit line.
+func (s *stream) splice(sc splice.Conn) *failure {
+	e, str, m := s.e, s.str, s.e.cfg.Metrics
+	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
+		_ = sc.Close()
+		return failed(proto.CodeConnReset, "Could not write reply", "err", err)
+	}
+	pipe := splice.New(sc, str)
+	if p := s.st.Prober; p != nil {
+		pipe.AfterWrite, pipe.AfterRead = p.Kick, p.Heard
+	}
+	t := &tunnel.Tunnel{
+		UUID:        s.h.TunnelID(),
+		StreamID:    int64(str.StreamID()),
+		ConnID:      s.st.ConnID,
+		Identity:    strings.Join(s.identities, ","),
+		Endpoint:    e.cfg.Endpoint,
+		Source:      s.st.Conn.RemoteAddr().String(),
+		Destination: s.target.String(),
+		CreatedAt:   s.start,
+		Upstream:    &pipe.FromStream,
+		Downstream:  &pipe.ToStream,
+	}
+	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule)
+	defer cutOnRemoval(s.keyLife, pipe, s.logger, "tunnel")()
+	result, err := e.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
+	up, down := t.Upstream.Load(), t.Downstream.Load()
+	s.logger.V(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,
+		"duration", time.Since(s.start), "result", result, "err", err)
+	if s.audited {
+		s.audit(result, up, down)
+	}
+	return nil
+}
