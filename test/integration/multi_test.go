@@ -212,3 +212,23 @@ func TestStandbyIdle(t *testing.T) {
 	assert.Equal(t, standbyEchoes, srv[1].LivenessStats().EchoesSent.Load(), "the standby got no heartbeat while the active server had work")
 	assert.Zero(t, active(srv[1]), "the standby carried nothing")
 }
+
+// TestSpreadUsesServerAgain (issue 23): in spread mode a server that went
+// dark and came back takes new tunnels again within 10 s of its return.
+func TestSpreadUsesServerAgain(t *testing.T) {
+	t.Parallel()
+	srv, dark, cl, _ := twoServers(t, client.ModeSpread, nil)
+	dark[0].Store(true)
+	o := startOpener(t, cl.Addr, 50*time.Millisecond) // work, so the dark server's silence shows
+	require.Eventually(t, func() bool { return cl.ServerStats()[0].Connections == 0 }, 20*time.Second, 10*time.Millisecond,
+		"the dark server's connection was given up")
+	okB := promtest.ToFloat64(srv[1].Metrics.StreamsTotal.WithLabelValues("ok"))
+	okA := promtest.ToFloat64(srv[0].Metrics.StreamsTotal.WithLabelValues("ok"))
+	back := time.Now()
+	dark[0].Store(false)
+	require.Eventually(t, func() bool { return promtest.ToFloat64(srv[0].Metrics.StreamsTotal.WithLabelValues("ok")) > okA+3 },
+		10*time.Second, 10*time.Millisecond, "new tunnels on the returned server within 10 s")
+	t.Logf("returned server used again %v after it came back", time.Since(back))
+	assert.Greater(t, promtest.ToFloat64(srv[1].Metrics.StreamsTotal.WithLabelValues("ok")), okB, "the other server kept taking tunnels")
+	o.close()
+}
