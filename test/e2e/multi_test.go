@@ -1,8 +1,13 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
 // twoServerDaemons starts two servers sharing one --state-dir and secret (one
@@ -128,4 +134,121 @@ func TestSpreadServers(t *testing.T) {
 	t.Logf("tunnels per server: %v, %v", na, nb)
 	assert.True(t, na >= 40 && na <= 60 && nb >= 40 && nb <= 60, "each server 40-60 of 100: %v, %v", na, nb)
 	assert.Equal(t, 2.0, scrape(t, cl).val("quictun_client_server_connections", "server", a.Addr), "--connections 2")
+}
+
+// TestFailoverBlackholedPath (issue 23): two servers in a namespace of their
+// own on two addresses; the path to the active one is blackholed (a
+// blackhole route in the client's namespace: its packets go nowhere, nothing
+// answers) while tunnels open every 50 ms -> new tunnels succeed on the
+// other server; the path comes back -> they fail back after
+// --server-failback-after, two switches in all. Root only.
+//
+// The blackhole: the active server's address is removed from its
+// namespace, so the client's packets to it are dropped there without an
+// answer, as for a dead host or a cut path (the server's own sends fail
+// meanwhile). A blackhole route in the client's namespace would not do:
+// sendmsg fails with EINVAL at once and quic-go closes the connection, a
+// failure the client sees without waiting; tc's drop actions and netem are
+// not in this machine's kernel.
+func TestFailoverBlackholedPath(t *testing.T) {
+	requireNetns(t)
+	checkLeaks(t)
+	ns := newNSPair(t)
+	// B on a subnet of its own (a secondary address of A's would go with
+	// it), and a host route back to the client that does not depend on A's.
+	const serverB = "10.77.1.3"
+	ipCmd(t, "-n", ns.server, "addr", "add", serverB+"/24", "dev", "eth0")
+	ipCmd(t, "-n", ns.server, "route", "add", clientOldIP+"/32", "dev", "eth0")
+	ipCmd(t, "-n", ns.client, "route", "add", serverB+"/32", "dev", "eth0", "src", clientOldIP)
+
+	var ln net.Listener
+	require.NoError(t, netns.Do(ns.server, func() error {
+		var err error
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}))
+	testutil.ServeListener(t, ln, func(c net.Conn) {
+		_, _ = io.Copy(c, c)
+		_ = c.(*net.TCPConn).CloseWrite()
+	})
+	echo := ln.Addr().String()
+	state, secret := filepath.Join(t.TempDir(), "state"), newSecretFile(t)
+	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)
+	var admins [2]string
+	for i, ip := range []string{serverNSIP, serverB} {
+		admins[i] = "http://127.0.0.1:" + strconv.Itoa(8086+2*i)
+		p := startInNS(t, ns.server, fmt.Sprintf("quictun-server-%d", i), bins.server, "--listen-on", ip+":7500",
+			"--state-dir", state, "--secret-file", secret, "--httpd-listen-on", strings.TrimPrefix(admins[i], "http://"),
+			"--allow", "tcp:"+echo, "-v", "2")
+		waitNSReady(t, p, ns.server, admins[i])
+	}
+	const clientURL, listen = "http://127.0.0.1:8087", "127.0.0.1:6500"
+	cl := startInNS(t, ns.client, "quictun-client", bins.client, "--listen-on", "tcp:"+listen,
+		"--server-endpoint", serverNSIP+":7500,"+serverB+":7500", "--server-failback-after", "2s", "--reconnect-max-delay", "500ms",
+		"--server-fingerprint", fp, "--token-source", "tcp:"+echo, "--secret-file", secret, "--httpd-listen-on", "127.0.0.1:8087", "-v", "2")
+	waitNSReady(t, cl, ns.client, clientURL)
+	waitFor(t, 20*time.Second, "both servers connected", func() bool {
+		m := nsScrape(t, ns.client, clientURL)
+		return m.val("quictun_client_server_connections", "server", serverNSIP+":7500") == 1 &&
+			m.val("quictun_client_server_connections", "server", serverB+":7500") == 1
+	})
+	okOn := func(i int) float64 {
+		return nsScrape(t, ns.server, admins[i]).val("quictun_server_streams_total", "result", "ok")
+	}
+
+	var mu sync.Mutex
+	var oks []time.Time // when each tunnel opened that got its echo
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			wg.Go(func() {
+				opened := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				c, err := dialIn(ctx, ns.client, "tcp", listen)
+				if err != nil {
+					return
+				}
+				defer func() { _ = c.Close() }()
+				if echoOnce(c.(*net.TCPConn), "ping") == nil {
+					mu.Lock()
+					oks = append(oks, opened)
+					mu.Unlock()
+				}
+			})
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	okAfter := func(at time.Time) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, o := range oks {
+			if o.After(at) {
+				return true
+			}
+		}
+		return false
+	}
+	waitFor(t, 10*time.Second, "tunnels on the first server", func() bool { return okOn(0) >= 5 })
+
+	ipCmd(t, "-n", ns.server, "addr", "del", serverNSIP+"/24", "dev", "eth0")
+	cut := time.Now()
+	waitFor(t, 15*time.Second, "a new tunnel after the blackhole", func() bool { return okAfter(cut) })
+	t.Logf("first tunnel opened after the blackhole that got its echo seen %v after it", time.Since(cut))
+	assert.Positive(t, okOn(1), "on the other server")
+
+	ipCmd(t, "-n", ns.server, "addr", "add", serverNSIP+"/24", "dev", "eth0")
+	back, before := time.Now(), okOn(0)
+	waitFor(t, 30*time.Second, "tunnels back on the first server", func() bool { return okOn(0) >= before+3 })
+	t.Logf("failback %v after the path came back", time.Since(back))
+	time.Sleep(2 * time.Second)
+	assert.Equal(t, 2.0, nsScrape(t, ns.client, clientURL).val("quictun_client_server_switches_total"), "over and back once: no flapping")
 }
