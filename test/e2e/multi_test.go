@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -134,6 +135,11 @@ func TestSpreadServers(t *testing.T) {
 	t.Logf("tunnels per server: %v, %v", na, nb)
 	assert.True(t, na >= 40 && na <= 60 && nb >= 40 && nb <= 60, "each server 40-60 of 100: %v, %v", na, nb)
 	assert.Equal(t, 2.0, scrape(t, cl).val("quictun_client_server_connections", "server", a.Addr), "--connections 2")
+	code, body := httpDo(http.MethodGet, cl.AdminURL+"/connections")
+	require.Equal(t, http.StatusOK, code)
+	for _, id := range []string{a.Addr + "#0", a.Addr + "#1", b.Addr + "#0", b.Addr + "#1"} {
+		assert.Contains(t, body, `"id": "`+id+`"`, "/connections labels each connection by server endpoint")
+	}
 }
 
 // TestFailoverBlackholedPath (issue 23): two servers in a namespace of their
