@@ -45,7 +45,8 @@ func twoServerDaemons(t *testing.T, echo string, args ...string) (a, b, cl *daem
 func TestFailoverServerKill(t *testing.T) {
 	checkLeaks(t)
 	echo := testutil.EchoServer(t)
-	a, b, cl := twoServerDaemons(t, echo, "--server-failback-after", "2s")
+	a, b, cl := twoServerDaemons(t, echo, "--server-failback-after", "2s",
+		"--session-file", filepath.Join(t.TempDir(), "sessions.json"))
 
 	var mu sync.Mutex
 	type try struct {
@@ -108,7 +109,10 @@ func TestFailoverServerKill(t *testing.T) {
 	t.Logf("failback %v after the restart", time.Since(back))
 	assert.GreaterOrEqual(t, time.Since(back), 2*time.Second, "not before --server-failback-after")
 	time.Sleep(2 * time.Second)
-	assert.Equal(t, 2.0, scrape(t, cl).val("quictun_client_server_switches_total"), "over and back once: no flapping")
+	m := scrape(t, cl)
+	assert.Equal(t, 2.0, m.val("quictun_client_server_switches_total"), "over and back once: no flapping")
+	assert.GreaterOrEqual(t, m.val("quictun_client_dials_total", "result", "ok_0rtt"), 1.0,
+		"the restarted server (same state dir) was resumed with 0-RTT from its own ticket")
 }
 
 // TestSpreadServers (issue 23): spread mode, 100 tunnels held open over two
