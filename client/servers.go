@@ -303,8 +303,9 @@ func serverHealthy(s *server) bool {
 }
 
 // stableSince is when s became healthy for the last time: zero for a server
-// never seen unusable, else the later of its last bad moment and the start
-// of its oldest healthy link.
+// never seen unusable, else the later of its last bad moment (a connection
+// lost or stalled, a dial failed) and the handshake of any healthy link that
+// came up after it.
 func stableSince(s *server) time.Time {
 	bad := s.lastBad.Load()
 	if bad == 0 {
