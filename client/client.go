@@ -94,6 +94,11 @@ type Config struct {
 	TailProbes     int
 	TailProbeDelay time.Duration
 
+	// RouteWatch moves the connection to a new path as soon as the route to
+	// the server changes (roam.go; Linux only, and only with heartbeats on),
+	// not only after a blackout. DefaultConfig turns it on.
+	RouteWatch bool
+
 	// WrapConn, when set, wraps the extra UDP sockets of path rescue the
 	// way the main socket was wrapped (forward error correction).
 	WrapConn func(net.PacketConn) net.PacketConn
@@ -140,6 +145,7 @@ func DefaultConfig() Config {
 		SessionWait:          10 * time.Second,
 		HeartbeatInterval:    200 * time.Millisecond,
 		RescueAfter:          time.Second,
+		RouteWatch:           true,
 		IdleAfter:            5 * time.Second,
 		DrainTimeout:         30 * time.Second,
 		TailProbes:           1,
@@ -371,7 +377,7 @@ func (c *Client) Registry() *tunnel.Registry { return c.cfg.Registry }
 
 // ConnStats returns the statistics of the live QUIC connections, labelled
 // by connection index ("0"; with several servers "ENDPOINT#0").
-func (c *Client) ConnStats() []metrics.ConnStats {
+func (c *Client) ConnStats() []transport.ConnStats {
 	c.mu.Lock()
 	type lc struct {
 		label string
@@ -384,9 +390,9 @@ func (c *Client) ConnStats() []metrics.ConnStats {
 		}
 	}
 	c.mu.Unlock()
-	out := make([]metrics.ConnStats, 0, len(live))
+	out := make([]transport.ConnStats, 0, len(live))
 	for _, l := range live {
-		out = append(out, metrics.ConnStatsOf(l.label, l.conn))
+		out = append(out, transport.ConnStatsOf(l.label, l.conn))
 	}
 	return out
 }
@@ -414,6 +420,7 @@ func (c *Client) Run(ctx context.Context) error {
 	// A send error must not end the connection while the host's address changes (senderr.go).
 	tr := &quic.Transport{Conn: sendErrorsAsLoss(c.pc, logger)}
 	defer func() { _ = tr.Close() }()
+	c.logRouteWatch(logger)
 
 	// The session outlives ctx until the drain is over.
 	sessCtx, stopSession := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))

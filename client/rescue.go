@@ -13,6 +13,7 @@ import (
 
 	"github.com/quictun/quictun/pkg/dgram"
 	"github.com/quictun/quictun/pkg/liveness"
+	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 )
 
@@ -63,6 +64,8 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 	}
 	r := &rescuer{c: c, conn: conn, transports: []*quic.Transport{tr}}
 	defer r.close()
+	roam := c.watchRoute(mctx, &wg, conn) // route changes (roam.go); nil when off
+	var moveTo *routeChange               // a route change waiting for the rescue or move in progress
 	interval := c.cfg.HeartbeatInterval
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -116,12 +119,28 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 	lastWork, watching := time.Now(), time.Now()
 	active := true
 	var tickC <-chan time.Time = tick.C
+	move := func() {
+		if moveTo != nil && !busy {
+			// The route changed: validate a path the new way and switch to it now.
+			busy, lastWork = true, time.Now()
+			ch := *moveTo
+			moveTo = nil
+			rescuing.Go(func() {
+				r.migrate(mctx, ch)
+				done <- struct{}{}
+			})
+		}
+	}
 	for {
 		select {
 		case <-mctx.Done():
 			return
+		case ch := <-roam:
+			moveTo = &ch
+			move()
 		case <-done:
 			busy = false
+			move()
 		case <-sess.Waker.C():
 			now := time.Now()
 			lastWork, mark = now, c.cfg.Registry.Activity()
@@ -299,6 +318,7 @@ func (r *rescuer) rescue(ctx context.Context, recv *liveness.Receiver) {
 	r.active = idx
 	r.lastSwitch = time.Now()
 	m.PathRescuesTotal.WithLabelValues("switched").Inc()
+	m.PathSwitchesTotal.WithLabelValues(metrics.SwitchBlackout).Inc()
 	logger.V(2).Info("Switched to a new path after a blackout", "localAddress", r.transports[idx].Conn.LocalAddr().String(),
 		"probing", time.Since(start))
 }

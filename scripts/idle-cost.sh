@@ -2,7 +2,10 @@
 # Idle cost of a connected quictun-client and quictun-server (issue 22): both on loopback inside a
 # network namespace of their own (so its /proc/net/snmp counts only their UDP datagrams), connected,
 # then left alone; prints each daemon's context switches a second (all threads, from
-# /proc/PID/task/*/status), CPU (10 ms ticks) and the UDP datagrams both sent in SECONDS.
+# /proc/PID/task/*/status), CPU (10 ms ticks) and the UDP datagrams both sent in SECONDS. With perf
+# (linux-perf), also its wake-ups a second: bursts of activity of the process, any of its threads,
+# 10 ms or more apart (one timer or packet wakes several Go threads in turn: each is a context
+# switch, the burst is one wake-up of the process, as powertop counts them).
 # MODE=ssh keeps one tunnel open but quiet (an echo, then nothing), as an idle ssh session.
 # Needs root and `make build`.
 #   scripts/idle-cost.sh [BIN=bin] [SECONDS=60] [MODE=none|ssh]
@@ -42,7 +45,17 @@ ticks() { awk '{print $14+$15}' /proc/"$1"/stat; }
 udp() { "${X[@]}" awk '/^Udp:/{n++; if (n==2) print $2, $5}' /proc/net/snmp; }
 c0=$(csw $cpid) s0=$(csw $spid) ct0=$(ticks $cpid) st0=$(ticks $spid)
 read -r in0 out0 < <(udp)
-sleep "$SECS"
+if command -v perf >/dev/null && perf record -q -e sched:sched_switch -p "$cpid,$spid" -o "$work/perf.data" -- sleep "$SECS" 2>/dev/null; then
+  # a switch-out of one of the daemon's threads ends a run; a run 10 ms or more after the
+  # process's previous one starts a new burst
+  perf script -i "$work/perf.data" -F pid,time 2>/dev/null | awk -v c="$cpid" -v s="$SECS" '
+    { t = $2 + 0; p = $1 }
+    last[p] == "" || t - last[p] >= 0.010 { n[p]++ }
+    { last[p] = t }
+    END { printf "wake-ups (perf, bursts 10 ms apart): client %.2f/s, server %.2f/s\n", n[c] / s, n[p2] / s }' p2="$spid"
+else
+  sleep "$SECS"
+fi
 c1=$(csw $cpid) s1=$(csw $spid) ct1=$(ticks $cpid) st1=$(ticks $spid)
 read -r in1 out1 < <(udp)
 awk -v s="$SECS" -v c=$((c1 - c0)) -v sv=$((s1 - s0)) -v ct=$((ct1 - ct0)) -v st=$((st1 - st0)) -v i=$((in1 - in0)) -v o=$((out1 - out0)) -v m="$MODE" 'BEGIN {

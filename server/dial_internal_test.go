@@ -11,7 +11,6 @@ import (
 
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/token"
 )
 
@@ -24,7 +23,7 @@ func newTestServer(t *testing.T, mutate func(*Config)) *Server {
 	require.NoError(t, err)
 	cfg := Config{
 		TLS:    &tls.Config{},
-		Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: metrics.NewServer(prometheus.NewRegistry())},
+		Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: NewMetrics(prometheus.NewRegistry())},
 	}
 	if mutate != nil {
 		mutate(&cfg)

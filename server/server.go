@@ -299,12 +299,12 @@ func (s *Server) LivenessStats() *liveness.Stats { return &s.liveness }
 func (s *Server) Registry() *tunnel.Registry { return s.cfg.Registry }
 
 // ConnStats returns statistics of the live QUIC connections (for metrics and the admin API).
-func (s *Server) ConnStats() []metrics.ConnStats {
+func (s *Server) ConnStats() []transport.ConnStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]metrics.ConnStats, 0, len(s.conns))
+	out := make([]transport.ConnStats, 0, len(s.conns))
 	for id, lc := range s.conns {
-		cs := metrics.ConnStatsOf(fmt.Sprint(id), lc.conn)
+		cs := transport.ConnStatsOf(fmt.Sprint(id), lc.conn)
 		cs.ClientSubject = egress.ClientSubject(lc.conn)
 		cs.ClientIdentity = lc.state.Identity(lc.conn)
 		out = append(out, cs)

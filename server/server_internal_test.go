@@ -15,7 +15,6 @@ import (
 
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
 )
@@ -55,7 +54,7 @@ func TestConnResult(t *testing.T) {
 func TestConnResultLabelsArePrecreated(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	metrics.NewServer(reg)
+	NewMetrics(reg)
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	labels := map[string]bool{}
@@ -89,7 +88,7 @@ func TestNewDefaultsAndRequiredFields(t *testing.T) {
 	full := func() Config {
 		return Config{
 			TLS:    &tls.Config{},
-			Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: metrics.NewServer(prometheus.NewRegistry())},
+			Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: NewMetrics(prometheus.NewRegistry())},
 		}
 	}
 

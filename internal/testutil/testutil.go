@@ -102,7 +102,7 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 		o.QUIC(&qo)
 	}
 	reg := prometheus.NewRegistry()
-	m := metrics.NewServer(reg)
+	m := server.NewMetrics(reg)
 	var pc *net.UDPConn
 	require.Eventually(t, func() bool { // a restarted server may wait for its port
 		pc, err = transport.ListenUDP(o.Addr)
@@ -214,7 +214,7 @@ func StartClient(t testing.TB, srv *Server, o ClientOptions) *Client {
 		o.QUIC(&qo)
 	}
 	reg := prometheus.NewRegistry()
-	m := metrics.NewClient(reg)
+	m := client.NewMetrics(reg)
 	pc, err := transport.ListenUDP("127.0.0.1:0")
 	require.NoError(t, err)
 	bo := client.DefaultBackoff()

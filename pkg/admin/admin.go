@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/quictun/quictun/pkg/congestion"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
 
@@ -33,7 +33,7 @@ type Options struct {
 	// Registry lists and closes tunnels (GET/DELETE /tunnels).
 	Registry *tunnel.Registry
 	// Conns lists QUIC connection statistics (GET /connections).
-	Conns func() []metrics.ConnStats
+	Conns func() []transport.ConnStats
 	// EnablePprof mounts /debug/pprof.
 	EnablePprof bool
 	// BearerToken, when set, is required on every request except /healthz and /readyz.

@@ -24,8 +24,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/quictun/quictun/pkg/admin"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
 
@@ -79,8 +79,8 @@ func newEnv(t *testing.T, token string, pprof bool, opts ...func(*admin.Options)
 	}
 	o := admin.Options{
 		Gatherer: preg, Ready: e.ready.Load, Registry: e.reg,
-		Conns: func() []metrics.ConnStats {
-			return []metrics.ConnStats{{Label: "0", RemoteAddress: "198.51.100.7:52100", LocalAddress: "0.0.0.0:7500", ClientIdentity: "key=ops", Stats: quic.ConnectionStats{
+		Conns: func() []transport.ConnStats {
+			return []transport.ConnStats{{Label: "0", RemoteAddress: "198.51.100.7:52100", LocalAddress: "0.0.0.0:7500", ClientIdentity: "key=ops", Stats: quic.ConnectionStats{
 				SmoothedRTT: 20 * time.Millisecond, BytesSent: 1234, PacketsLost: 3, CongestionWindow: 9000,
 			}}}
 		},

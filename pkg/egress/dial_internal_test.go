@@ -27,7 +27,7 @@ func newTestHandler(t *testing.T, mutate func(*Config)) *Handler {
 	cfg := Config{
 		Parser: parser, Allow: endpoint.DefaultAllowList(),
 		MaxConcurrentDials: 8, MaxDialsPerDestination: 2, MaxReplayEntries: 64, MaxReplayEntriesPerConn: 8,
-		Metrics: metrics.NewServer(prometheus.NewRegistry()), Registry: tunnel.NewRegistry(),
+		Metrics: metrics.NewServer(prometheus.NewRegistry(), metrics.Labels{}), Registry: tunnel.NewRegistry(),
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -124,10 +124,10 @@ func failed(code proto.Code, msg string, kv ...any) *failure {
 // operator wants to see, else -v 4, unless f says) and closes the
 // connection if f says.
 func (s *stream) fail(ctx context.Context, f *failure) {
-	s.e.cfg.Metrics.StreamsTotal.WithLabelValues(metrics.ResultLabel(f.code)).Inc()
+	s.e.cfg.Metrics.StreamsTotal.WithLabelValues(f.code.String()).Inc()
 	Reset(s.str, f.code)
 	if s.audited {
-		s.audit(metrics.ResultLabel(f.code), 0, 0)
+		s.audit(f.code.String(), 0, 0)
 	}
 	lvl := f.lvl
 	if lvl < 0 {
@@ -369,7 +369,7 @@ func (s *stream) splice(sc splice.Conn) *failure {
 	}
 	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule)
 	defer cutOnRemoval(s.keyLife, pipe, s.logger, "tunnel")()
-	result, err := e.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
+	result, err := e.cfg.Registry.Run(t, pipe, m.Streams)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	s.logger.V(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"duration", time.Since(s.start), "result", result, "err", err)

@@ -122,7 +122,7 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 	}
 	f.logger.V(4).Info("Opened UDP flow", "destination", f.target.String(), "rule", f.rule, "local", nc.LocalAddr().String())
 	defer cutOnRemoval(f.keyLife, r, f.logger, "UDP flow")()
-	result, err := e.cfg.Registry.Run(t, r, tunnel.StreamMetrics{Active: m.UDP.FlowsActive, Results: m.UDP.FlowsTotal})
+	result, err := e.cfg.Registry.Run(t, r, m.UDP.Flows)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	f.logger.V(4).Info("Closed UDP flow", "destination", f.target.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"packetsUpstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),

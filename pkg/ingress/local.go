@@ -265,7 +265,7 @@ func (l *local) awaitReply() (splice.Stream, *localFailure) {
 		if code == proto.CodeRefused {
 			l.h.logRefused(klog.LoggerWithValues(l.slog, "listenAddress", l.listenAddr), l.token)
 		}
-		return nil, &localFailure{metrics.ResultLabel(code), "Server refused a proxied connection", err}
+		return nil, &localFailure{code.String(), "Server refused a proxied connection", err}
 	}
 	return l.str, nil
 }
@@ -305,7 +305,7 @@ func (l *local) splice(toServer splice.Stream) {
 		Downstream:  &pipe.FromStream,
 	}
 	slog.V(4).Info("Opened stream", "answeredAtOnce", l.optimistic)
-	result, err := h.cfg.Registry.Run(t, pipe, tunnel.StreamMetrics{Active: m.ActiveStreams, Bytes: m.StreamBytesTotal, Results: m.StreamsTotal})
+	result, err := h.cfg.Registry.Run(t, pipe, m.Streams)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	l.logRefusal(err)
 	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(l.start), "result", result, "err", err)

@@ -261,7 +261,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	}
 	logger = klog.LoggerWithValues(logger, "streamID", int64(id))
 	logger.V(4).Info("Opened UDP flow", "destination", token)
-	result, err := h.cfg.Registry.Run(t, r, tunnel.StreamMetrics{Active: m.UDP.FlowsActive, Results: m.UDP.FlowsTotal})
+	result, err := h.cfg.Registry.Run(t, r, m.UDP.Flows)
 	logger.V(4).Info("Closed UDP flow", "bytesUpstream", t.Upstream.Load(), "bytesDownstream", t.Downstream.Load(),
 		"packetsUpstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
 		"packetsDownstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),

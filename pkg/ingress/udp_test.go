@@ -58,7 +58,7 @@ func TestServeUDPRaisesTheSocketBuffer(t *testing.T) {
 	}
 	rmemMax, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	require.NoError(t, err)
-	h, err := New(Config{MaxConnections: 1, Metrics: metrics.NewClient(prometheus.NewRegistry()), Registry: tunnel.NewRegistry()},
+	h, err := New(Config{MaxConnections: 1, Metrics: metrics.NewClient(prometheus.NewRegistry(), metrics.Labels{}), Registry: tunnel.NewRegistry()},
 		Links{Sessions: noSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -90,7 +90,7 @@ func (waitSessions) Wait(ctx context.Context) (*Session, func(), error) {
 func TestUDPQueuesBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m := metrics.NewClient(reg)
+	m := metrics.NewClient(reg, metrics.Labels{})
 	h, err := New(Config{MaxConnections: 64, Metrics: m, Registry: tunnel.NewRegistry()},
 		Links{Sessions: waitSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
 	require.NoError(t, err)

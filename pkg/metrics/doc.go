@@ -2,4 +2,12 @@
 // constructor that takes the prometheus.Registerer to register on: there are no
 // package-level metrics. QUIC transport health is read at scrape time from
 // quic.Conn.ConnectionStats by QUICCollector, not by a per-packet tracer.
+//
+// The package is a leaf: it imports no other quictun package. The domain
+// packages declare the events they report as small interfaces and hooks
+// (tunnel.Metrics, udpflow.Counters.OnPacket, udpflow.NewTable's drop, ...)
+// that the types here implement; label values they define (protocol codes,
+// refusal and drop reasons) reach it as Labels, filled in by the composition
+// (server.NewMetrics, client.NewMetrics), and their counters through plain
+// structs (Conn, LivenessCounts, FECCounts) read at scrape time.
 package metrics

@@ -1,11 +1,6 @@
 package metrics
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/proto"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 // Namespace prefixes every quictun metric.
 const Namespace = "quictun"
@@ -53,6 +48,26 @@ const (
 	DirectionDownstream = "downstream"
 )
 
+// Labels are the label values whose series a daemon's metrics create at 0 so
+// that rates and alerts see them before the first event. They are defined by
+// the domain packages (the protocol's codes, the allow list's refusal
+// reasons, the UDP relay's drop reasons and paths): the composition (server,
+// client) fills them in, so that this package imports none of them.
+type Labels struct {
+	// Codes are the protocol's error codes as result labels (streams_total,
+	// udp_flows_total).
+	Codes []string
+	// Networks and RefusalReasons span refused_destinations_total (server).
+	Networks, RefusalReasons []string
+	// UDPDropReasons span udp_drops_total; UDPDropReceiveQueue is the one
+	// of UDP.ReceiveQueueDrops.
+	UDPDropReasons      []string
+	UDPDropReceiveQueue string
+	// UDPPathDatagram and UDPPathStream are the path labels of
+	// udp_packets_total, as the UDP relay reports them to UDP.OnPacket.
+	UDPPathDatagram, UDPPathStream string
+}
+
 // Server holds the server's metrics.
 type Server struct {
 	StreamsTotal      *prometheus.CounterVec
@@ -86,10 +101,12 @@ type Server struct {
 	AuthFailuresTotal *prometheus.CounterVec
 	// UDP holds the UDP flow metrics.
 	UDP *UDP
+	// Streams counts the server's TCP and unix tunnels (tunnel.Metrics).
+	Streams *Tunnels
 }
 
 // NewServer creates and registers the server metrics on reg.
-func NewServer(reg prometheus.Registerer) *Server {
+func NewServer(reg prometheus.Registerer, l Labels) *Server {
 	const sub = "server"
 	m := &Server{
 		StreamsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -171,8 +188,8 @@ func NewServer(reg prometheus.Registerer) *Server {
 	for _, r := range []string{"handshake_rate", "per_source_limit", RefusedMaxConnections} {
 		m.RefusedConnectionsTotal.WithLabelValues(r)
 	}
-	for _, c := range proto.AllCodes() {
-		m.StreamsTotal.WithLabelValues(ResultLabel(c))
+	for _, c := range l.Codes {
+		m.StreamsTotal.WithLabelValues(c)
 	}
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
@@ -180,12 +197,13 @@ func NewServer(reg prometheus.Registerer) *Server {
 	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "auth_timeout", "shutdown", "error"} {
 		m.ConnectionsTotal.WithLabelValues(r)
 	}
-	for _, n := range []string{endpoint.NetworkTCP, endpoint.NetworkUDP, endpoint.NetworkUnix} {
-		for _, r := range endpoint.RefusalReasons() {
+	for _, n := range l.Networks {
+		for _, r := range l.RefusalReasons {
 			m.RefusedTotal.WithLabelValues(n, r)
 		}
 	}
-	m.UDP = newUDP(reg, sub)
+	m.UDP = newUDP(reg, sub, l)
+	m.Streams = newTunnels(m.ActiveStreams, m.StreamsTotal, m.StreamBytesTotal)
 	return m
 }
 
@@ -201,15 +219,22 @@ type Client struct {
 	StreamBytesTotal   *prometheus.CounterVec
 	AcceptedTotal      prometheus.Counter
 	PathRescuesTotal   *prometheus.CounterVec
+	// PathSwitchesTotal counts switches of the connection to a new path, by
+	// reason (SwitchReasons); PathSwitchFailuresTotal the attempts after a
+	// route change that did not validate a path.
+	PathSwitchesTotal       *prometheus.CounterVec
+	PathSwitchFailuresTotal *prometheus.CounterVec
 	// ProxyAuthFailuresTotal counts proxy connections turned away for their
 	// credentials, by proxy kind and reason.
 	ProxyAuthFailuresTotal *prometheus.CounterVec
 	// UDP holds the UDP flow metrics.
 	UDP *UDP
+	// Streams counts the client's TCP and unix tunnels (tunnel.Metrics).
+	Streams *Tunnels
 }
 
 // NewClient creates and registers the client metrics on reg.
-func NewClient(reg prometheus.Registerer) *Client {
+func NewClient(reg prometheus.Registerer, l Labels) *Client {
 	const sub = "client"
 	m := &Client{
 		SessionUp: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -252,12 +277,20 @@ func NewClient(reg prometheus.Registerer) *Client {
 			Namespace: Namespace, Subsystem: sub, Name: "path_rescues_total",
 			Help: "Blackout rescues: switched (a new path validated), recovered (the old path came back first), error.",
 		}, []string{"result"}),
+		PathSwitchesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "path_switches_total",
+			Help: "Switches of the QUIC connection to a new path (a fresh UDP socket, validated first), by reason: route_changed (the route to the server now leaves from another source address or interface, seen by --route-watch), address_removed (the same, and the old source address is gone from the host), blackout (no heartbeat echo for --rescue-after).",
+		}, []string{"reason"}),
+		PathSwitchFailuresTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "path_switch_failures_total",
+			Help: "Path switches after a route change (reason route_changed or address_removed) that did not validate a new path within 3 s; the blackout rescue stays armed.",
+		}, []string{"reason"}),
 		ProxyAuthFailuresTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "proxy_auth_failures_total",
 			Help: "Connections to a --proxy entry point turned away because --proxy-credentials-file is set and they did not authenticate, by proxy (socks5, http_connect) and reason (missing: no username/password offered, wrong: a pair not in the file).",
 		}, []string{"proxy", "reason"}),
 	}
-	reg.MustRegister(m.PathRescuesTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
+	reg.MustRegister(m.PathRescuesTotal, m.PathSwitchesTotal, m.PathSwitchFailuresTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
 		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal, m.ProxyAuthFailuresTotal)
 	for _, p := range []string{ProxySOCKS5, ProxyHTTPConnect} {
 		for _, r := range []string{ProxyAuthMissing, ProxyAuthWrong} {
@@ -267,8 +300,8 @@ func NewClient(reg prometheus.Registerer) *Client {
 	for _, r := range []string{"ok", "ok_0rtt", "0rtt_rejected", "error", "auth_failed"} {
 		m.DialsTotal.WithLabelValues(r)
 	}
-	for _, c := range proto.AllCodes() {
-		m.StreamsTotal.WithLabelValues(ResultLabel(c))
+	for _, c := range l.Codes {
+		m.StreamsTotal.WithLabelValues(c)
 	}
 	m.StreamsTotal.WithLabelValues(ResultNoSession)
 	for _, r := range []string{"switched", "recovered", "error"} {
@@ -277,9 +310,26 @@ func NewClient(reg prometheus.Registerer) *Client {
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
 	}
-	m.UDP = newUDP(reg, sub)
+	for _, r := range SwitchReasons {
+		m.PathSwitchesTotal.WithLabelValues(r)
+		if r != SwitchBlackout {
+			m.PathSwitchFailuresTotal.WithLabelValues(r)
+		}
+	}
+	m.UDP = newUDP(reg, sub, l)
+	m.Streams = newTunnels(m.ActiveStreams, m.StreamsTotal, m.StreamBytesTotal)
 	return m
 }
+
+// Label values (reason) of path_switches_total and path_switch_failures_total.
+const (
+	SwitchRouteChanged   = "route_changed"
+	SwitchAddressRemoved = "address_removed"
+	SwitchBlackout       = "blackout"
+)
+
+// SwitchReasons lists the reasons of path_switches_total.
+var SwitchReasons = []string{SwitchRouteChanged, SwitchAddressRemoved, SwitchBlackout}
 
 // Label values of proxy_auth_failures_total.
 const (
@@ -290,6 +340,3 @@ const (
 	// ProxyAuthWrong: it offered a pair the credentials file does not hold.
 	ProxyAuthWrong = "wrong"
 )
-
-// ResultLabel returns the streams_total label for code c.
-func ResultLabel(c proto.Code) string { return c.String() }

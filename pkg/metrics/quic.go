@@ -5,44 +5,36 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
-
-	"github.com/quictun/quictun/pkg/congestion"
-	"github.com/quictun/quictun/pkg/fec"
-	"github.com/quictun/quictun/pkg/liveness"
 )
 
-// ConnStats is one live connection's statistics, with the label it is exported
-// under when per-connection series are enabled (the client's connection index).
-type ConnStats struct {
+// Conn is what QUICCollector reads of one live connection.
+type Conn struct {
+	// Label is the connection's "conn" label when per-connection series are
+	// enabled (the client's connection index).
 	Label string
-	// RemoteAddress and LocalAddress are the connection's UDP addresses.
-	RemoteAddress, LocalAddress string
-	// ClientIdentity is who the client proved to be (server side: "CN=NAME",
-	// "key=NAME"); empty otherwise.
-	ClientIdentity string
-	// ClientSubject is the subject of the client's certificate (server side,
-	// mutual TLS); empty otherwise.
-	ClientSubject string
-	Stats         quic.ConnectionStats
+	Stats quic.ConnectionStats
 	// Congestion is the state of quictun's congestion controller; nil when
 	// quic-go's built-in one (reno) is in use.
-	Congestion *congestion.Stats
+	Congestion *Congestion
 }
 
-// ConnStatsOf reads c's statistics and its congestion controller's state.
-func ConnStatsOf(label string, c *quic.Conn) ConnStats {
-	s := ConnStats{Label: label, Stats: c.ConnectionStats(), RemoteAddress: c.RemoteAddr().String(), LocalAddress: c.LocalAddr().String()}
-	if cs, ok := congestion.StatsOf(c.CongestionController()); ok {
-		s.Congestion = &cs
-	}
-	return s
+// Congestion is the part of a congestion controller's state the collector
+// exports (see congestion.Stats).
+type Congestion struct {
+	// Algorithm (bbr, cubic) and State (bbr: startup, drain, probe_bw,
+	// probe_rtt; cubic: slow_start, congestion_avoidance, recovery) are
+	// label values.
+	Algorithm, State         string
+	PacingRateBytesPerSecond float64
+	BandwidthBytesPerSecond  float64
+	InflightCap              int
 }
 
 // QUICCollector exports QUIC transport health, read at scrape time.
 // Counters are the sum over live connections plus every closed one, so they
 // only go up. Safe for concurrent use.
 type QUICCollector struct {
-	live    func() []ConnStats
+	live    func() []Conn
 	perConn bool
 
 	mu     sync.Mutex
@@ -65,7 +57,7 @@ type QUICCollector struct {
 // NewQUICCollector returns a collector for side ("client" or "server") over the
 // connections returned by live. perConn adds per-connection RTT and congestion
 // window gauges labelled "conn"; use it only where labels are few (the client).
-func NewQUICCollector(side string, perConn bool, live func() []ConnStats) *QUICCollector {
+func NewQUICCollector(side string, perConn bool, live func() []Conn) *QUICCollector {
 	cl := prometheus.Labels{"side": side}
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "quic", name), help, labels, cl)
@@ -146,7 +138,7 @@ func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, l := range live {
 		k := ccKey{"reno", "unknown"}
 		if cs := l.Congestion; cs != nil {
-			k = ccKey{string(cs.Algorithm), cs.State}
+			k = ccKey{cs.Algorithm, cs.State}
 			if c.perConn {
 				ch <- prometheus.MustNewConstMetric(c.pacingRate, prometheus.GaugeValue, cs.PacingRateBytesPerSecond, l.Label)
 				ch <- prometheus.MustNewConstMetric(c.bwEstimate, prometheus.GaugeValue, cs.BandwidthBytesPerSecond, l.Label)
@@ -217,37 +209,51 @@ func (c typeCounters) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// LivenessCounts are the liveness datagram counters (liveness.Stats).
+type LivenessCounts struct {
+	HeartbeatsSent, EchoesReceived, EchoesSent, TailProbesSent, KeepAlivesSent, Invalid uint64
+}
+
 // LivenessCollector exports the heartbeat and tail-probe datagram counters.
 type LivenessCollector struct{ typeCounters }
 
-// NewLivenessCollector returns a collector of stats for side ("client" or "server").
-func NewLivenessCollector(side string, stats *liveness.Stats) *LivenessCollector {
+// NewLivenessCollector returns a collector for side ("client" or "server")
+// of the counters read returns at scrape time.
+func NewLivenessCollector(side string, read func() LivenessCounts) *LivenessCollector {
 	return &LivenessCollector{newTypeCounters(side, "quic",
 		"Liveness datagrams by type: heartbeat_sent, echo_received, echo_sent, tail_probe_sent, keepalive_sent (an idle client's, every --keepalive-period), invalid (received and dropped).",
 		func() []typeCount {
+			c := read()
 			return []typeCount{
-				{"heartbeat_sent", stats.HeartbeatsSent.Load()},
-				{"echo_received", stats.EchoesReceived.Load()},
-				{"echo_sent", stats.EchoesSent.Load()},
-				{"tail_probe_sent", stats.TailProbesSent.Load()},
-				{"keepalive_sent", stats.KeepAlivesSent.Load()},
-				{"invalid", stats.Invalid.Load()},
+				{"heartbeat_sent", c.HeartbeatsSent},
+				{"echo_received", c.EchoesReceived},
+				{"echo_sent", c.EchoesSent},
+				{"tail_probe_sent", c.TailProbesSent},
+				{"keepalive_sent", c.KeepAlivesSent},
+				{"invalid", c.Invalid},
 			}
 		})}
+}
+
+// FECCounts are the forward error correction counters (fec.Stats).
+type FECCounts struct {
+	DataSent, ParitySent, DataReceived, ParityReceived, Recovered, Unrecoverable, Malformed uint64
 }
 
 // FECCollector exports forward error correction counters.
 type FECCollector struct{ typeCounters }
 
-// NewFECCollector returns a collector of stats for side ("client" or "server").
-func NewFECCollector(side string, s *fec.Stats) *FECCollector {
+// NewFECCollector returns a collector for side ("client" or "server") of the
+// counters read returns at scrape time.
+func NewFECCollector(side string, read func() FECCounts) *FECCollector {
 	return &FECCollector{newTypeCounters(side, "fec",
 		"Forward error correction datagrams by type: data_sent, parity_sent, data_received, parity_received, recovered (rebuilt from parity), unrecoverable, malformed.",
 		func() []typeCount {
+			c := read()
 			return []typeCount{
-				{"data_sent", s.DataSent.Load()}, {"parity_sent", s.ParitySent.Load()},
-				{"data_received", s.DataReceived.Load()}, {"parity_received", s.ParityRecv.Load()},
-				{"recovered", s.Recovered.Load()}, {"unrecoverable", s.Unrecoverable.Load()}, {"malformed", s.Malformed.Load()},
+				{"data_sent", c.DataSent}, {"parity_sent", c.ParitySent},
+				{"data_received", c.DataReceived}, {"parity_received", c.ParityReceived},
+				{"recovered", c.Recovered}, {"unrecoverable", c.Unrecoverable}, {"malformed", c.Malformed},
 			}
 		})}
 }

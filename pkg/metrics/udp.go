@@ -1,11 +1,6 @@
 package metrics
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/quictun/quictun/pkg/proto"
-	"github.com/quictun/quictun/pkg/udpflow"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 // UDP holds a daemon's UDP flow metrics (quictun_<daemon>_udp_*).
 type UDP struct {
@@ -19,14 +14,20 @@ type UDP struct {
 	// the client) the receive buffers of the flows' sockets to their
 	// destinations.
 	QueuedBytes, SocketBufferBytes prometheus.Gauge
+	// Flows counts the flows as tunnels (tunnel.Metrics): FlowsActive and
+	// FlowsTotal; their bytes are counted per packet (OnPacket).
+	Flows *Tunnels
 
+	receiveQueueDrops prometheus.Counter
+	// pathDatagram is the path label of a packet sent as a QUIC datagram.
+	pathDatagram string
 	// Per direction, pre-resolved for the data path.
 	upDatagram, upStream, downDatagram, downStream prometheus.Counter
 	upBytes, downBytes                             prometheus.Counter
 }
 
 // newUDP creates and registers the UDP metrics of daemon sub ("client" or "server").
-func newUDP(reg prometheus.Registerer, sub string) *UDP {
+func newUDP(reg prometheus.Registerer, sub string, l Labels) *UDP {
 	m := &UDP{
 		FlowsActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "udp_flows_active",
@@ -61,30 +62,35 @@ func newUDP(reg prometheus.Registerer, sub string) *UDP {
 		})
 		reg.MustRegister(m.SocketBufferBytes)
 	}
-	for _, c := range proto.AllCodes() {
-		m.FlowsTotal.WithLabelValues(ResultLabel(c))
+	for _, c := range l.Codes {
+		m.FlowsTotal.WithLabelValues(c)
 	}
-	for _, r := range udpflow.DropReasons() {
+	for _, r := range l.UDPDropReasons {
 		m.DropsTotal.WithLabelValues(r)
 	}
-	m.upDatagram = m.PacketsTotal.WithLabelValues(DirectionUpstream, udpflow.PathDatagram)
-	m.upStream = m.PacketsTotal.WithLabelValues(DirectionUpstream, udpflow.PathStream)
-	m.downDatagram = m.PacketsTotal.WithLabelValues(DirectionDownstream, udpflow.PathDatagram)
-	m.downStream = m.PacketsTotal.WithLabelValues(DirectionDownstream, udpflow.PathStream)
+	m.receiveQueueDrops = m.DropsTotal.WithLabelValues(l.UDPDropReceiveQueue)
+	m.pathDatagram = l.UDPPathDatagram
+	m.upDatagram = m.PacketsTotal.WithLabelValues(DirectionUpstream, l.UDPPathDatagram)
+	m.upStream = m.PacketsTotal.WithLabelValues(DirectionUpstream, l.UDPPathStream)
+	m.downDatagram = m.PacketsTotal.WithLabelValues(DirectionDownstream, l.UDPPathDatagram)
+	m.downStream = m.PacketsTotal.WithLabelValues(DirectionDownstream, l.UDPPathStream)
+	m.Flows = newTunnels(m.FlowsActive, m.FlowsTotal, nil)
 	m.upBytes = m.BytesTotal.WithLabelValues(DirectionUpstream)
 	m.downBytes = m.BytesTotal.WithLabelValues(DirectionDownstream)
 	return m
 }
 
 // OnPacket returns the udpflow.Counters hook that counts packets of
-// direction (DirectionUpstream or DirectionDownstream).
+// direction (DirectionUpstream or DirectionDownstream) by path
+// (Labels.UDPPathDatagram, else the stream path).
 func (m *UDP) OnPacket(direction string) func(path string, n int) {
 	dg, st, bytes := m.downDatagram, m.downStream, m.downBytes
 	if direction == DirectionUpstream {
 		dg, st, bytes = m.upDatagram, m.upStream, m.upBytes
 	}
+	datagram := m.pathDatagram
 	return func(path string, n int) {
-		if path == udpflow.PathDatagram {
+		if path == datagram {
 			dg.Inc()
 		} else {
 			st.Inc()
@@ -93,11 +99,10 @@ func (m *UDP) OnPacket(direction string) func(path string, n int) {
 	}
 }
 
-// Drop counts a dropped packet by reason (udpflow.DropReasons).
+// Drop counts a dropped packet by reason (Labels.UDPDropReasons).
 func (m *UDP) Drop(reason string) { m.DropsTotal.WithLabelValues(reason).Inc() }
 
 // ReceiveQueueDrops counts n datagrams quic-go discarded because the
-// connection's datagram goroutine was behind (the dgram.Serve callback).
-func (m *UDP) ReceiveQueueDrops(n int) {
-	m.DropsTotal.WithLabelValues(udpflow.DropReceiveQueue).Add(float64(n))
-}
+// connection's datagram goroutine was behind (the dgram.Serve callback), as
+// Labels.UDPDropReceiveQueue.
+func (m *UDP) ReceiveQueueDrops(n int) { m.receiveQueueDrops.Add(float64(n)) }

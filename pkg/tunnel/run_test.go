@@ -1,11 +1,10 @@
 package tunnel_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -37,16 +36,39 @@ func (r *runner) Run() error {
 	return r.err
 }
 
-func newMetrics() tunnel.StreamMetrics {
-	return tunnel.StreamMetrics{
-		Active:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "active"}),
-		Bytes:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bytes_total"}, []string{"direction"}),
-		Results: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "results_total"}, []string{"result"}),
-	}
+// fakeMetrics records the events Run reports.
+type fakeMetrics struct {
+	mu       sync.Mutex
+	active   int
+	results  []string
+	up, down int64
 }
 
-// TestRegistryRun: the tunnel is registered (and counted active) exactly
-// while its relay runs, its bytes are added by direction at the end, and its
+func (m *fakeMetrics) TunnelOpened() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.active++
+}
+
+func (m *fakeMetrics) TunnelClosed(result string, up, down int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.active--
+	m.results = append(m.results, result)
+	m.up += up
+	m.down += down
+}
+
+func (m *fakeMetrics) get() (active int, results []string, up, down int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.active, append([]string(nil), m.results...), m.up, m.down
+}
+
+func newMetrics() *fakeMetrics { return &fakeMetrics{} }
+
+// TestRegistryRun: the tunnel is registered (and reported open) exactly
+// while its relay runs, its bytes are reported by direction at the end, and its
 // result is ok, the code of an abort (here through the registry, as DELETE
 // /tunnels does), or the code the relay ended with.
 func TestRegistryRun(t *testing.T) {
@@ -73,7 +95,8 @@ func TestRegistryRun(t *testing.T) {
 			done := make(chan out, 1)
 			go func() { res, err := reg.Run(tn, r, m); done <- out{res, err} }()
 			require.Eventually(t, func() bool { return reg.Len() == 1 }, 5*time.Second, time.Millisecond, "registered while it runs")
-			assert.Equal(t, 1.0, promtest.ToFloat64(m.Active))
+			active, _, _, _ := m.get()
+			assert.Equal(t, 1, active)
 			if tc.abort {
 				reg.AbortAll(proto.CodeShutdown)
 			} else {
@@ -85,28 +108,27 @@ func TestRegistryRun(t *testing.T) {
 				assert.Equal(t, tc.err, o.err)
 			}
 			assert.Zero(t, reg.Len(), "removed when it ends")
-			assert.Zero(t, promtest.ToFloat64(m.Active))
-			up, down := 100.0, 2000.0
+			active, results, gotUp, gotDown := m.get()
+			assert.Zero(t, active)
+			up, down := int64(100), int64(2000)
 			if tc.abort {
 				up, down = 0, 0
 			}
-			assert.Equal(t, up, promtest.ToFloat64(m.Bytes.WithLabelValues("upstream")))
-			assert.Equal(t, down, promtest.ToFloat64(m.Bytes.WithLabelValues("downstream")))
-			assert.Equal(t, 1.0, promtest.ToFloat64(m.Results.WithLabelValues(tc.result)))
+			assert.Equal(t, up, gotUp)
+			assert.Equal(t, down, gotDown)
+			assert.Equal(t, []string{tc.result}, results)
 		})
 	}
 }
 
-// TestRegistryRunWithoutBytes: UDP flows count their bytes per packet, so
-// Run adds none when StreamMetrics.Bytes is nil.
-func TestRegistryRunWithoutBytes(t *testing.T) {
+// TestRegistryRunNilMetrics: a nil Metrics counts nothing (NopMetrics).
+func TestRegistryRunNilMetrics(t *testing.T) {
 	t.Parallel()
-	reg, m := tunnel.NewRegistry(), newMetrics()
-	m.Bytes = nil
+	reg := tunnel.NewRegistry()
 	tn := newTunnel("udp:127.0.0.1:53")
 	r := &runner{t: tn, up: 1, down: 2, end: make(chan struct{}), aborted: make(chan proto.Code, 1)}
 	close(r.end)
-	res, err := reg.Run(tn, r, m)
+	res, err := reg.Run(tn, r, nil)
 	require.NoError(t, err)
 	assert.Equal(t, "ok", res)
 	assert.Equal(t, int64(1), tn.Upstream.Load())

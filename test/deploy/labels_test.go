@@ -10,8 +10,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/server"
 )
 
 // readmeSection returns the README section that starts with heading.
@@ -64,11 +66,11 @@ func TestEveryLabelValueDocumented(t *testing.T) {
 		assert.True(t, strings.Contains(codes, "`"+c.String()+"`"), "README's list of codes (Security model) lacks %s", c)
 	}
 	reg := prometheus.NewRegistry()
-	metrics.NewServer(reg)
+	server.NewMetrics(reg)
 	metrics.NewReload(reg, "server")
 	metrics.NewAdminRefused(reg, "server")
 	cl := prometheus.NewRegistry()
-	metrics.NewClient(cl)
+	client.NewMetrics(cl)
 	metrics.NewReload(cl, "client")
 	metrics.NewAdminRefused(cl, "client")
 	checked := 0
@@ -89,7 +91,7 @@ func TestEveryLabelValueDocumented(t *testing.T) {
 					}
 					isCode := false
 					for _, c := range proto.AllCodes() {
-						isCode = isCode || metrics.ResultLabel(c) == l.GetValue()
+						isCode = isCode || c.String() == l.GetValue()
 					}
 					assert.True(t, isCode && strings.Contains(row, "code"),
 						"README row of %s does not document %s=%s", f.GetName(), l.GetName(), v)

@@ -51,6 +51,7 @@ var nsSeq atomic.Int32
 // in 10.77.0.0/24 on the link.
 type nsPair struct {
 	client, server string
+	serverIP       string // the server's address the client dials
 }
 
 // ipCmd runs ip with args (bounded) and fails the test on error.
@@ -62,12 +63,27 @@ func ipCmd(t *testing.T, args ...string) {
 	require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
 }
 
-// newNSPair creates the namespaces (prefix mg) and deletes them when the test
-// ends, after the processes in them were killed: call it before starting any.
+// newNSPair creates the namespaces joined by one veth pair (newNamespaces).
 func newNSPair(t *testing.T) *nsPair {
 	t.Helper()
+	p := newNamespaces(t, serverNSIP)
+	ipCmd(t, "-n", p.client, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", p.server)
+	for _, ns := range []string{p.client, p.server} {
+		ipCmd(t, "-n", ns, "link", "set", "eth0", "up")
+	}
+	ipCmd(t, "-n", p.client, "addr", "add", clientOldIP+"/32", "dev", "eth0")
+	ipCmd(t, "-n", p.client, "route", "add", serverNSIP+"/32", "dev", "eth0", "src", clientOldIP)
+	ipCmd(t, "-n", p.server, "addr", "add", serverNSIP+"/24", "dev", "eth0")
+	return p
+}
+
+// newNamespaces creates a client and a server namespace (prefix mg) with
+// loopback up and no links between them, and deletes them when the test ends,
+// after the processes in them were killed: call it before starting any.
+func newNamespaces(t *testing.T, serverIP string) *nsPair {
+	t.Helper()
 	prefix := fmt.Sprintf("mg%dn%d", os.Getpid(), nsSeq.Add(1))
-	p := &nsPair{client: prefix + "-c", server: prefix + "-s"}
+	p := &nsPair{client: prefix + "-c", server: prefix + "-s", serverIP: serverIP}
 	t.Cleanup(func() {
 		for _, ns := range []string{p.client, p.server} {
 			if netns.Exists(ns) {
@@ -79,14 +95,9 @@ func newNSPair(t *testing.T) *nsPair {
 	})
 	ipCmd(t, "netns", "add", p.client)
 	ipCmd(t, "netns", "add", p.server)
-	ipCmd(t, "-n", p.client, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", p.server)
 	for _, ns := range []string{p.client, p.server} {
 		ipCmd(t, "-n", ns, "link", "set", "lo", "up")
-		ipCmd(t, "-n", ns, "link", "set", "eth0", "up")
 	}
-	ipCmd(t, "-n", p.client, "addr", "add", clientOldIP+"/32", "dev", "eth0")
-	ipCmd(t, "-n", p.client, "route", "add", serverNSIP+"/32", "dev", "eth0", "src", clientOldIP)
-	ipCmd(t, "-n", p.server, "addr", "add", serverNSIP+"/24", "dev", "eth0")
 	return p
 }
 
@@ -161,18 +172,25 @@ type nsTunnel struct {
 
 func startNSTunnel(t *testing.T, ns *nsPair, clientArgs ...string) *nsTunnel {
 	t.Helper()
+	return startNSTunnelTo(t, ns, func(c net.Conn) {
+		_, _ = io.Copy(c, c)
+		_ = c.(*net.TCPConn).CloseWrite()
+	}, clientArgs...)
+}
+
+// startNSTunnelTo is startNSTunnel with handle serving the destination's
+// connections instead of an echo.
+func startNSTunnelTo(t *testing.T, ns *nsPair, handle func(net.Conn), clientArgs ...string) *nsTunnel {
+	t.Helper()
 	var ln net.Listener
 	require.NoError(t, netns.Do(ns.server, func() error {
 		var err error
 		ln, err = net.Listen("tcp", "127.0.0.1:0")
 		return err
 	}))
-	testutil.ServeListener(t, ln, func(c net.Conn) {
-		_, _ = io.Copy(c, c)
-		_ = c.(*net.TCPConn).CloseWrite()
-	})
+	testutil.ServeListener(t, ln, handle)
 	tn := &nsTunnel{ns: ns, serverURL: "http://127.0.0.1:8086", clientURL: "http://127.0.0.1:8087",
-		clientListen: "127.0.0.1:6500", serverUDP: serverNSIP + ":7500", echoServer: ln.Addr().String()}
+		clientListen: "127.0.0.1:6500", serverUDP: ns.serverIP + ":7500", echoServer: ln.Addr().String()}
 	state, secret := filepath.Join(t.TempDir(), "state"), newSecretFile(t)
 	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)
 	tn.server = startInNS(t, ns.server, "quictun-server", bins.server, "--listen-on", tn.serverUDP,
@@ -247,11 +265,13 @@ func TestRenumberClient(t *testing.T) {
 			stall, fresh := w.Report(t, "renumbering", at, 10*time.Second)
 			cm := nsScrape(t, ns.client, tn.clientURL)
 			sm := nsScrape(t, ns.server, tn.serverURL)
-			t.Logf("renumbering (%s, new address usable %v after the start): stall %v, first round trip begun after the start done %v after it; client: reconnects %v, dials ok %v, rescues switched %v recovered %v error %v; server: active connections %v",
+			t.Logf("renumbering (%s, new address usable %v after the start): stall %v, first round trip begun after the start done %v after it; client: reconnects %v, dials ok %v, rescues switched %v recovered %v error %v, path switches route_changed %v address_removed %v; server: active connections %v",
 				tc.name, up.Sub(at).Round(time.Millisecond), stall.Round(100*time.Microsecond), fresh.Round(100*time.Microsecond),
 				cm.val("quictun_client_reconnects_total"), cm.val("quictun_client_dials_total", "result", "ok"),
 				cm.val("quictun_client_path_rescues_total", "result", "switched"), cm.val("quictun_client_path_rescues_total", "result", "recovered"),
-				cm.val("quictun_client_path_rescues_total", "result", "error"), sm.val("quictun_server_active_connections"))
+				cm.val("quictun_client_path_rescues_total", "result", "error"),
+				cm.val("quictun_client_path_switches_total", "reason", "route_changed"), cm.val("quictun_client_path_switches_total", "reason", "address_removed"),
+				sm.val("quictun_server_active_connections"))
 			assert.Zero(t, cm.val("quictun_client_reconnects_total"), "client reconnects")
 			assert.Equal(t, 1.0, cm.val("quictun_client_dials_total", "result", "ok")+cm.val("quictun_client_dials_total", "result", "ok_0rtt"), "client dials")
 			assert.Equal(t, 1.0, sm.val("quictun_server_active_connections"), "server's live QUIC connections")

@@ -246,8 +246,8 @@ func TestHelloKeepsIdleClientConnected(t *testing.T) {
 	assert.Zero(t, srv.Server.Registry().Len(), "the hello is not a tunnel")
 	assert.Zero(t, cl.Client.Registry().Len())
 	for _, c := range proto.AllCodes() {
-		assert.Zero(t, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(metrics.ResultLabel(c))), "server streams_total{result=%q}", c)
-		assert.Zero(t, promtest.ToFloat64(cl.Metrics.StreamsTotal.WithLabelValues(metrics.ResultLabel(c))), "client streams_total{result=%q}", c)
+		assert.Zero(t, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(c.String())), "server streams_total{result=%q}", c)
+		assert.Zero(t, promtest.ToFloat64(cl.Metrics.StreamsTotal.WithLabelValues(c.String())), "client streams_total{result=%q}", c)
 	}
 	assert.Zero(t, promtest.ToFloat64(srv.Metrics.UnverifiedStreams))
 	require.NoError(t, echoOK(cl.Addr))

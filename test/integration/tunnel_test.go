@@ -43,23 +43,43 @@ func dial(t *testing.T, addr string) *net.TCPConn {
 }
 
 // echoCheck sends n random bytes on c while reading the echo back, and checks both SHA-256 sums.
+// It fails when either direction makes no progress for a minute, not when a slow (loaded, -race)
+// machine needs longer than that for all of it.
 func echoCheck(t *testing.T, c net.Conn, n int64) {
 	t.Helper()
 	sent := sha256.New()
 	errc := make(chan error, 1)
+	pc := progressConn{Conn: c, stall: time.Minute}
 	go func() {
-		_, err := io.Copy(c, io.TeeReader(io.LimitReader(rand.Reader, n), sent))
+		_, err := io.Copy(pc, io.TeeReader(io.LimitReader(rand.Reader, n), sent))
 		if err == nil {
 			err = c.(interface{ CloseWrite() error }).CloseWrite()
 		}
 		errc <- err
 	}()
 	got := sha256.New()
-	m, err := io.Copy(got, c)
+	m, err := io.Copy(got, pc)
 	require.NoError(t, err)
 	require.NoError(t, <-errc)
 	require.Equal(t, n, m, "echoed byte count")
 	require.Equal(t, sent.Sum(nil), got.Sum(nil), "echo differs from what was sent")
+}
+
+// progressConn gives each read and write its own deadline, stall from its start: a bound on
+// a stall, where a deadline on the whole transfer would be a bound on the machine's speed.
+type progressConn struct {
+	net.Conn
+	stall time.Duration
+}
+
+func (p progressConn) Read(b []byte) (int, error) {
+	_ = p.SetReadDeadline(time.Now().Add(p.stall))
+	return p.Conn.Read(b)
+}
+
+func (p progressConn) Write(b []byte) (int, error) {
+	_ = p.SetWriteDeadline(time.Now().Add(p.stall))
+	return p.Conn.Write(b)
 }
 
 func TestEchoIntegrityLarge(t *testing.T) {

@@ -68,7 +68,7 @@ func (d *DaemonFlags) OpenSocket(address string, q transport.QUICOptions, encode
 type Service interface {
 	Run(ctx context.Context) error
 	Ready() bool
-	ConnStats() []metrics.ConnStats
+	ConnStats() []transport.ConnStats
 	LivenessStats() *liveness.Stats
 }
 
@@ -91,9 +91,9 @@ type Serving struct {
 // over, then stops the admin server. It returns the service's error, or else
 // the admin server's.
 func (d *DaemonFlags) Serve(ctx context.Context, s Serving) error {
-	s.Metrics.MustRegister(s.QUICStat, metrics.NewLivenessCollector(s.Side, s.Service.LivenessStats()))
+	s.Metrics.MustRegister(s.QUICStat, metrics.NewLivenessCollector(s.Side, livenessCounts(s.Service.LivenessStats())))
 	if s.Socket.FEC != nil {
-		s.Metrics.MustRegister(metrics.NewFECCollector(s.Side, s.Socket.FEC.Stats()))
+		s.Metrics.MustRegister(metrics.NewFECCollector(s.Side, fecCounts(s.Socket.FEC.Stats())))
 	}
 	if s.Admin != nil {
 		s.Admin.Start(ctx, admin.Options{

@@ -111,7 +111,7 @@ func (o *Options) Run(ctx context.Context) error {
 	bo := client.DefaultBackoff()
 	bo.Max = o.ReconnectMax
 	var c *client.Client
-	qstat := metrics.NewQUICCollector("client", true, func() []metrics.ConnStats { return c.ConnStats() })
+	qstat := metrics.NewQUICCollector("client", true, cli.QUICConns(func() []transport.ConnStats { return c.ConnStats() }))
 	mode, err := client.ParseMode(o.ServerMode)
 	if err != nil {
 		return err
@@ -122,7 +122,7 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.Check = o.checkDestinations()
 	cfg.Backoff = bo
 	cfg.UDPIdleTimeout, cfg.DrainTimeout, cfg.TailProbes = o.UDPIdleTimeout, o.DrainTimeout, o.TailProbes
-	cfg.Metrics, cfg.QUICStat, cfg.Registry = metrics.NewClient(reg), qstat, registry
+	cfg.Metrics, cfg.QUICStat, cfg.Registry = client.NewMetrics(reg), qstat, registry
 	c, err = client.New(cfg, sock.Conn)
 	if err != nil {
 		return err

@@ -101,7 +101,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: cli.AdminFlagNames},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"session-wait-timeout", "stream-open-timeout", "max-connections", "max-proxy-handshakes", "udp-idle-timeout", "reconnect-max-delay"})},
-	{Title: "Loss and blackout recovery", Names: slices.Concat([]string{"heartbeat-interval", "rescue-after"}, cli.RecoveryFlagNames)},
+	{Title: "Loss and blackout recovery", Names: slices.Concat([]string{"heartbeat-interval", "rescue-after", "route-watch"}, cli.RecoveryFlagNames)},
 }
 
 // Config returns the config-file flags.
@@ -141,6 +141,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Client.MaxProxyHandshakes, "max-proxy-handshakes", o.Client.MaxProxyHandshakes, "concurrent --proxy connections still sending their request (each for at most 5s), apart from --max-connections so that idle ones cannot stop the forwards; more are reset")
 	fs.DurationVar(&o.Client.HeartbeatInterval, "heartbeat-interval", o.Client.HeartbeatInterval, "send a heartbeat datagram this often (about 60 B each way) while the connection has work (a tunnel opening, bytes in the last 5 s, a rescue); idle, only --keepalive-period's keep-alives go out; after a blackout the tunnel resumes within about one interval instead of a backed-off probe timeout; 0 disables heartbeats and path rescue")
 	fs.DurationVar(&o.Client.RescueAfter, "rescue-after", o.Client.RescueAfter, "without a heartbeat echo for this long, probe a new path (fresh UDP socket) and switch to it as soon as the server answers")
+	fs.BoolVar(&o.Client.RouteWatch, "route-watch", o.Client.RouteWatch, "Linux: watch the routing table and addresses, and when the route to the server changes (another source address or interface) move the connection to a path the new way at once (validated first, then switched), not only after --rescue-after without an echo; needs --heartbeat-interval > 0; elsewhere off")
 	fs.DurationVar(&o.ReconnectMax, "reconnect-max-delay", o.ReconnectMax, "longest pause between reconnect attempts (exponential backoff with jitter from 100ms)")
 }
 

@@ -98,7 +98,7 @@ func (o *Options) Run(ctx context.Context) error {
 	reg := cli.NewRegistry()
 	registry := tunnel.NewRegistry()
 	var srv *server.Server
-	qstat := metrics.NewQUICCollector("server", false, func() []metrics.ConnStats { return srv.ConnStats() })
+	qstat := metrics.NewQUICCollector("server", false, cli.QUICConns(func() []transport.ConnStats { return srv.ConnStats() }))
 	cfg := o.Server
 	cfg.TLS, cfg.QUIC, cfg.ResetKey, cfg.TokenKey = tlsConf, sock.QUIC, &st.ResetKey, &st.TokenKey
 	cfg.Keys, cfg.Parser, cfg.Allow, cfg.AllowFor = keys, parser, allow, allowFor
@@ -106,7 +106,7 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.Dialer = &net.Dialer{KeepAlive: 30 * time.Second}
 	cfg.UDPSocketMemory = o.UDPSocketMemoryMiB << 20
 	cfg.DrainTimeout, cfg.TailProbes, cfg.UDPIdleTimeout = o.DrainTimeout, o.TailProbes, o.UDPIdleTimeout
-	cfg.Metrics, cfg.QUICStat, cfg.Registry = metrics.NewServer(reg), qstat, registry
+	cfg.Metrics, cfg.QUICStat, cfg.Registry = server.NewMetrics(reg), qstat, registry
 	srv, err = server.New(cfg, sock.Conn)
 	if err != nil {
 		return err

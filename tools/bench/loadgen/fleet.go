@@ -71,7 +71,7 @@ func newFleet(o Options, srv *server, echo string) *fleet {
 	for i := range f.clients {
 		// Each client counts its own dials, across its runs (not registered:
 		// no registry holds N copies).
-		f.clients[i] = &emu{idx: i, ip: clientIP(i), cache: transport.NewStickySessionCache(4), m: metrics.NewClient(nopRegisterer{})}
+		f.clients[i] = &emu{idx: i, ip: clientIP(i), cache: transport.NewStickySessionCache(4), m: client.NewMetrics(nopRegisterer{})}
 	}
 	return f
 }

@@ -1,0 +1,31 @@
+package client
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/udpflow"
+)
+
+// NewMetrics creates and registers the client's metrics on reg, their
+// series starting at 0 for every label value the domain packages define.
+func NewMetrics(reg prometheus.Registerer) *metrics.Client {
+	return metrics.NewClient(reg, MetricLabels())
+}
+
+// MetricLabels are the label values of the client's metrics: the protocol's
+// codes, the UDP relay's drop reasons and paths.
+func MetricLabels() metrics.Labels {
+	codes := make([]string, 0, len(proto.AllCodes()))
+	for _, c := range proto.AllCodes() {
+		codes = append(codes, c.String())
+	}
+	return metrics.Labels{
+		Codes:               codes,
+		UDPDropReasons:      udpflow.DropReasons(),
+		UDPDropReceiveQueue: udpflow.DropReceiveQueue,
+		UDPPathDatagram:     udpflow.PathDatagram,
+		UDPPathStream:       udpflow.PathStream,
+	}
+}

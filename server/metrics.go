@@ -1,0 +1,35 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/udpflow"
+)
+
+// NewMetrics creates and registers the server's metrics on reg, their
+// series starting at 0 for every label value the domain packages define.
+func NewMetrics(reg prometheus.Registerer) *metrics.Server {
+	return metrics.NewServer(reg, MetricLabels())
+}
+
+// MetricLabels are the label values of the server's metrics: the protocol's
+// codes, the allow list's networks and refusal reasons, the UDP relay's drop
+// reasons and paths.
+func MetricLabels() metrics.Labels {
+	codes := make([]string, 0, len(proto.AllCodes()))
+	for _, c := range proto.AllCodes() {
+		codes = append(codes, c.String())
+	}
+	return metrics.Labels{
+		Codes:               codes,
+		Networks:            []string{endpoint.NetworkTCP, endpoint.NetworkUDP, endpoint.NetworkUnix},
+		RefusalReasons:      endpoint.RefusalReasons(),
+		UDPDropReasons:      udpflow.DropReasons(),
+		UDPDropReceiveQueue: udpflow.DropReceiveQueue,
+		UDPPathDatagram:     udpflow.PathDatagram,
+		UDPPathStream:       udpflow.PathStream,
+	}
+}
