@@ -254,11 +254,17 @@ func TestFailoverBlackholedPath(t *testing.T) {
 	waitFor(t, 15*time.Second, "a new tunnel after the blackhole", func() bool { return okAfter(cut) })
 	t.Logf("first tunnel opened after the blackhole that got its echo seen %v after it", time.Since(cut))
 	assert.Positive(t, okOn(1), "on the other server")
+	// Its connection is given up (3 s without an echo): the tunnels stuck on
+	// it are reset, and do not complete when the path returns.
+	waitFor(t, 15*time.Second, "the blackholed server's connection given up", func() bool {
+		return nsScrape(t, ns.client, clientURL).val("quictun_client_server_connections", "server", serverNSIP+":7500") == 0
+	})
 
 	ipCmd(t, "-n", ns.server, "addr", "add", serverNSIP+"/24", "dev", "eth0")
 	back, before := time.Now(), okOn(0)
 	waitFor(t, 30*time.Second, "tunnels back on the first server", func() bool { return okOn(0) >= before+3 })
 	t.Logf("failback %v after the path came back", time.Since(back))
+	assert.GreaterOrEqual(t, time.Since(back), 2*time.Second, "not before --server-failback-after")
 	time.Sleep(2 * time.Second)
 	assert.Equal(t, 2.0, nsScrape(t, ns.client, clientURL).val("quictun_client_server_switches_total"), "over and back once: no flapping")
 }
