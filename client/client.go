@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/backoff"
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
@@ -67,6 +68,13 @@ type Config struct {
 	// Forwards are further listeners, each with its own destination; the
 	// client closes them when it stops.
 	Forwards []Forward
+	// RemoteForwards are the reverse forwards the client asks the server
+	// for on each new connection (reverse.go); Reverse is what the streams
+	// the server opens for them are served with (pkg/egress: the client
+	// fills Parser and Allow from RemoteForwards; Metrics are required with
+	// remote forwards, metrics.NewReverseServer).
+	RemoteForwards []RemoteForward
+	Reverse        egress.Config
 	// Check are the fixed destinations (of forwards, of a Fixed token
 	// source) the client asks the server about on each new connection
 	// (proto.KindCheck, checkDestinations): one the server's rules refuse
@@ -214,6 +222,13 @@ type Client struct {
 	tokens atomic.Pointer[TokenSource]
 	// ingress carries the local connections over the current session.
 	ingress *ingress.Handler
+	// reverse serves the streams the server opens for RemoteForwards (nil:
+	// none); unbinding ends the bindings when the client drains, and
+	// bindOutcomes holds the outcome last logged per binding (logBind).
+	reverse      *egress.Handler
+	unbinding    context.Context
+	stopBinding  context.CancelFunc
+	bindOutcomes sync.Map
 }
 
 // SetTokens replaces the token source for local connections accepted from
@@ -317,6 +332,15 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	}
 	c.ingress = in
 	c.cfg.Config = in.Config() // with the defaults filled
+	c.unbinding, c.stopBinding = context.WithCancel(context.Background())
+	if len(cfg.RemoteForwards) > 0 {
+		if cfg.Reverse.Metrics == nil {
+			return nil, errors.New("client: Reverse.Metrics are required with RemoteForwards")
+		}
+		if c.reverse, err = newReverse(c.cfg); err != nil {
+			return nil, fmt.Errorf("client: %w", err)
+		}
+	}
 	return c, nil
 }
 
@@ -459,6 +483,7 @@ func (c *Client) Run(ctx context.Context) error {
 		f.close()
 	}
 	c.draining.Store(true)
+	c.stopBinding() // the server stops listening for our reverse forwards
 	if n := c.cfg.Registry.Len(); n > 0 && c.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", c.cfg.DrainTimeout)
 		dctx, cancel := context.WithTimeout(context.Background(), c.cfg.DrainTimeout)
@@ -538,6 +563,12 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 			c.hello(ctx, l)
 			c.checkDestinations(ctx, l)
 		})
+		if l.m.idx == 0 {
+			// Reverse forwards are bound once per server (on its first
+			// connection: another would be refused addr_in_use), on every
+			// server, so they work whichever one a peer reaches.
+			hellos.Go(func() { c.serveReverse(ctx, l) })
+		}
 	}
 	for ctx.Err() == nil {
 		start := time.Now()

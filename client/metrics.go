@@ -3,6 +3,7 @@ package client
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/udpflow"
@@ -28,4 +29,14 @@ func MetricLabels() metrics.Labels {
 		UDPPathDatagram:     udpflow.PathDatagram,
 		UDPPathStream:       udpflow.PathStream,
 	}
+}
+
+// NewReverseMetrics creates and registers the metrics of the half that
+// serves the streams the server opens for remote forwards (pkg/egress,
+// Config.Reverse): the server's metrics, named quictun_client_reverse_*.
+func NewReverseMetrics(reg prometheus.Registerer) *metrics.Server {
+	l := MetricLabels()
+	l.Networks = []string{endpoint.NetworkTCP, endpoint.NetworkUDP, endpoint.NetworkUnix}
+	l.RefusalReasons = endpoint.RefusalReasons()
+	return metrics.NewReverseServer(reg, l)
 }

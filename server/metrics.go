@@ -33,3 +33,12 @@ func MetricLabels() metrics.Labels {
 		UDPPathStream:       udpflow.PathStream,
 	}
 }
+
+// NewReverseMetrics creates and registers the metrics of the half that
+// carries reverse forwards' connections toward their clients (pkg/ingress,
+// Config.Reverse): the client's metrics, named quictun_server_reverse_*.
+func NewReverseMetrics(reg prometheus.Registerer) *metrics.Client {
+	l := MetricLabels()
+	l.Networks, l.RefusalReasons = nil, nil
+	return metrics.NewReverseClient(reg, l)
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
@@ -103,6 +104,26 @@ type Config struct {
 	// reconnect every few seconds.
 	IdleAuthTimeout time.Duration
 
+	// AllowRemoteListen are the addresses any verified client may ask the
+	// server to listen on for a reverse forward
+	// (endpoint.AllowList.AuthorizeListen), AllowRemoteListenFor further
+	// ones by client identity (as AllowFor). Both empty: reverse forwards
+	// are refused (unsupported), the default.
+	AllowRemoteListen    *endpoint.AllowList
+	AllowRemoteListenFor map[string]*endpoint.AllowList
+	// Reverse is what the connections (and UDP flows) accepted on those
+	// listeners are carried toward their client with (pkg/ingress, one
+	// Handler per listener); its Metrics are required when reverse
+	// forwards are allowed (metrics.NewReverseClient). Zero fields:
+	// DefaultReverseConnections, DefaultReverseUDPQueueMemory, ingress's
+	// defaults.
+	Reverse ingress.Config
+	// MaxRemoteListens bounds the reverse forward listeners open on the
+	// server, MaxRemoteListensPerConn those of one connection (0: the
+	// defaults).
+	MaxRemoteListens        int
+	MaxRemoteListensPerConn int
+
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
 }
 
@@ -139,6 +160,8 @@ type Server struct {
 	limits *sourceLimiter
 	// egress serves each stream once accepted: authentication, rules, dial, splice.
 	egress *egress.Handler
+	// binder opens the listeners of reverse forwards (nil: none allowed).
+	binder *binder
 
 	liveness liveness.Stats
 
@@ -227,12 +250,27 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		}
 		cfg.QUIC = q
 	}
+	var bind *binder
+	if cfg.AllowRemoteListen != nil || len(cfg.AllowRemoteListenFor) > 0 {
+		if cfg.Reverse.Metrics == nil {
+			return nil, errors.New("server: Reverse.Metrics are required with AllowRemoteListen")
+		}
+		orDefault(&cfg.MaxRemoteListens, DefaultMaxRemoteListens)
+		orDefault(&cfg.MaxRemoteListensPerConn, DefaultMaxRemoteListensPerConn)
+		orDefault(&cfg.Reverse.MaxConnections, DefaultReverseConnections)
+		if cfg.Reverse.UDPQueueMemory <= 0 {
+			cfg.Reverse.UDPQueueMemory = DefaultReverseUDPQueueMemory
+		}
+		cfg.Reverse.Reverse, cfg.Reverse.Registry = true, cfg.Registry
+		bind = &binder{}
+		cfg.Binder = bind
+	}
 	eg, err := egress.New(cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	cfg.Config = eg.Config() // with the defaults filled
-	return &Server{
+	srv := &Server{
 		cfg:            cfg,
 		pc:             pc,
 		egress:         eg,
@@ -240,7 +278,12 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
 		raiseStreamsTo: raiseStreamsTo,
 		conns:          map[uint64]liveConn{},
-	}, nil
+	}
+	if bind != nil {
+		bind.init(srv)
+		srv.binder = bind
+	}
+	return srv, nil
 }
 
 // SetAllowList replaces the destination rules (all: for every client;
@@ -387,6 +430,9 @@ func (s *Server) Run(ctx context.Context) error {
 	s.draining.Store(true)
 	s.cfg.Metrics.Draining.Set(1)
 	_ = ln.Close()
+	if s.binder != nil {
+		s.binder.close() // reverse forwards' listeners: their clients are told (shutdown)
+	}
 	<-acceptErr //nolint:errcheck // waits for the accept loop to end; its error was handled above
 	// UDP flows have no end to wait for: they end now (the client sees shutdown).
 	s.cfg.Registry.AbortFlows(proto.CodeShutdown)

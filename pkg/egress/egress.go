@@ -103,6 +103,14 @@ type Config struct {
 	// udpflow.InitialFlowBuffer and grows with its flow's rate.
 	UDPSocketMemory int64
 
+	// Binder serves reverse forward requests (proto.KindReverse) once
+	// their header is verified; nil: they are refused as unsupported.
+	Binder Binder
+	// Reverse: this Handler serves the streams of reverse forwards (on the
+	// client, toward its declared destinations): only tcp and udp streams,
+	// and its tunnels show the direction "reverse" (/tunnels, audit line).
+	Reverse bool
+
 	// Endpoint names the listener in the tunnel registry.
 	Endpoint string
 	Metrics  *metrics.Server
@@ -246,6 +254,15 @@ func New(cfg Config) (*Handler, error) {
 	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })
 	e.Reconfigure(Policy{Keys: cfg.Keys, Allow: cfg.Allow, AllowFor: cfg.AllowFor})
 	return e, nil
+}
+
+// direction is the direction of the Handler's tunnels (tunnel.Forward or
+// tunnel.Reverse).
+func (e *Handler) direction() string {
+	if e.cfg.Reverse {
+		return tunnel.Reverse
+	}
+	return tunnel.Forward
 }
 
 // Config returns the settings in use: the Config given to New, its zero

@@ -40,6 +40,9 @@ func (s *stream) serve(ctx context.Context) *failure {
 	if f := s.authenticate(); f != nil {
 		return f
 	}
+	if s.e.cfg.Reverse && s.h.Kind != proto.KindTCP && s.h.Kind != proto.KindUDP {
+		return failed(proto.CodeUnsupported, "Refused stream: a reverse forward's stream is tcp or udp", "kind", s.h.Kind.String())
+	}
 	if s.h.Kind == proto.KindHello {
 		s.e.hello(s.st, s.h, s.keyName, s.logger)
 		return nil
@@ -51,6 +54,9 @@ func (s *stream) serve(ctx context.Context) *failure {
 	if s.h.Kind == proto.KindCheck {
 		s.e.check(ctx, s.st, s.h, s.pol, s.key, s.identities, s.logger)
 		return nil
+	}
+	if s.h.Kind == proto.KindReverse && s.e.cfg.Binder != nil {
+		return s.bind(ctx)
 	}
 	if f := s.destination(); f != nil {
 		return f
@@ -144,7 +150,11 @@ func (s *stream) fail(ctx context.Context, f *failure) {
 
 // audit writes the tunnel's audit line.
 func (s *stream) audit(result string, up, down int64) {
-	s.logger.Info("Closed tunnel", "identity", strings.Join(s.identities, ","), "destination", s.h.Token, "result", result,
+	dest := s.h.Token
+	if s.e.cfg.Reverse && s.dest.Network != "" {
+		dest = s.dest.String() // the declared destination its binding names
+	}
+	s.logger.Info("Closed tunnel", "direction", s.e.direction(), "identity", strings.Join(s.identities, ","), "destination", dest, "result", result,
 		"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(s.start).Round(time.Millisecond))
 }
 
@@ -363,6 +373,7 @@ func (s *stream) splice(sc splice.Conn) *failure {
 		Endpoint:    e.cfg.Endpoint,
 		Source:      s.st.Conn.RemoteAddr().String(),
 		Destination: s.target.String(),
+		Direction:   s.e.direction(),
 		CreatedAt:   s.start,
 		Upstream:    &pipe.FromStream,
 		Downstream:  &pipe.ToStream,

@@ -116,6 +116,7 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 		Source:      st.Conn.RemoteAddr().String(),
 		Destination: f.target.String(),
 		Datagram:    true,
+		Direction:   e.direction(),
 		CreatedAt:   f.start,
 		Upstream:    &r.Down.Bytes,
 		Downstream:  &r.Up.Bytes,

@@ -82,6 +82,18 @@ type Config struct {
 	MaxProxyHandshakes int
 	// UDPIdleTimeout ends a UDP flow without packets either way.
 	UDPIdleTimeout time.Duration
+	// UDPQueueMemory bounds the packets all UDP flows queue toward the peer
+	// (0: UDPQueueMemory).
+	UDPQueueMemory int64
+	// Reverse: this Handler carries reverse forwards (on the server, from
+	// the listeners it opened for a client toward that client): its
+	// tunnels show the direction "reverse" (/tunnels).
+	Reverse bool
+	// AuditLog logs one line per tunnel at -v 0 when it ends: direction,
+	// the application's address, destination token, result, bytes,
+	// duration (and what the context's logger carries: on the server the
+	// client's identity and the listen address).
+	AuditLog bool
 
 	Metrics  *metrics.Client
 	Registry *tunnel.Registry
@@ -172,11 +184,36 @@ func New(cfg Config, links Links) (*Handler, error) {
 	if cfg.MaxProxyHandshakes <= 0 {
 		cfg.MaxProxyHandshakes = def.MaxProxyHandshakes
 	}
+	if cfg.UDPQueueMemory <= 0 {
+		cfg.UDPQueueMemory = UDPQueueMemory
+	}
 	return &Handler{
 		cfg: cfg, links: links, slots: make(chan struct{}, cfg.MaxConnections), handshakes: make(chan struct{}, cfg.MaxProxyHandshakes),
-		udpQueues: udpflow.NewBudget(UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
+		udpQueues: udpflow.NewBudget(cfg.UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
 		refusals:  lograte.New(RefusalLogInterval, 64),
 	}, nil
+}
+
+// direction is the direction of the Handler's tunnels (tunnel.Forward or
+// tunnel.Reverse).
+func (h *Handler) direction() string {
+	if h.cfg.Reverse {
+		return tunnel.Reverse
+	}
+	return tunnel.Forward
+}
+
+// audit writes a tunnel's audit line (AuditLog).
+func (h *Handler) audit(logger klog.Logger, source, token, result string, up, down int64, start time.Time) {
+	if !h.cfg.AuditLog {
+		return
+	}
+	dest := LoggableToken(token)
+	if h.cfg.Reverse {
+		dest = token // a binding ("bound/1/ID"), no secret
+	}
+	logger.Info("Closed tunnel", "direction", h.direction(), "source", source, "destination", dest, "result", result,
+		"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start).Round(time.Millisecond))
 }
 
 // Config returns the settings in use: the Config given to New, its zero

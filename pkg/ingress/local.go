@@ -300,6 +300,7 @@ func (l *local) splice(toServer splice.Stream) {
 		Endpoint:    l.listenAddr,
 		Source:      l.nc.RemoteAddr().String(),
 		Destination: l.token, // what the server is asked to reach (/tunnels)
+		Direction:   h.direction(),
 		CreatedAt:   l.start,
 		Upstream:    &pipe.ToStream,
 		Downstream:  &pipe.FromStream,
@@ -309,6 +310,7 @@ func (l *local) splice(toServer splice.Stream) {
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	l.logRefusal(err)
 	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(l.start), "result", result, "err", err)
+	h.audit(l.logger, l.nc.RemoteAddr().String(), l.token, result, up, down, l.start)
 }
 
 // logRefusal logs a tunnel the server ended with a code of its own (not a

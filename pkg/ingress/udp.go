@@ -255,6 +255,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		Source:      f.src.String(),
 		Destination: token,
 		Datagram:    true,
+		Direction:   h.direction(),
 		CreatedAt:   start,
 		Upstream:    &r.Up.Bytes,
 		Downstream:  &r.Down.Bytes,
@@ -266,4 +267,5 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		"packetsUpstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
 		"packetsDownstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),
 		"duration", time.Since(start), "result", result, "err", err)
+	h.audit(klog.FromContext(ctx), f.src.String(), token, result, t.Upstream.Load(), t.Downstream.Load(), start)
 }

@@ -106,8 +106,16 @@ type Server struct {
 }
 
 // NewServer creates and registers the server metrics on reg.
-func NewServer(reg prometheus.Registerer, l Labels) *Server {
-	const sub = "server"
+func NewServer(reg prometheus.Registerer, l Labels) *Server { return newServer(reg, "server", l) }
+
+// NewReverseServer creates and registers, on the client, the metrics of the
+// half that serves reverse forwards' streams (pkg/egress): the server's
+// metrics, named quictun_client_reverse_* (streams_total, dial_duration_seconds, ...).
+func NewReverseServer(reg prometheus.Registerer, l Labels) *Server {
+	return newServer(reg, "client_reverse", l)
+}
+
+func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	m := &Server{
 		StreamsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "streams_total",
@@ -202,7 +210,7 @@ func NewServer(reg prometheus.Registerer, l Labels) *Server {
 			m.RefusedTotal.WithLabelValues(n, r)
 		}
 	}
-	m.UDP = newUDP(reg, sub, l)
+	m.UDP = newUDP(reg, sub, l, true)
 	m.Streams = newTunnels(m.ActiveStreams, m.StreamsTotal, m.StreamBytesTotal)
 	return m
 }
@@ -234,8 +242,17 @@ type Client struct {
 }
 
 // NewClient creates and registers the client metrics on reg.
-func NewClient(reg prometheus.Registerer, l Labels) *Client {
-	const sub = "client"
+func NewClient(reg prometheus.Registerer, l Labels) *Client { return newClient(reg, "client", l) }
+
+// NewReverseClient creates and registers, on the server, the metrics of the
+// half that carries reverse forwards' connections (pkg/ingress): the
+// client's metrics, named quictun_server_reverse_* (streams_total,
+// active_streams, stream_bytes_total, ...).
+func NewReverseClient(reg prometheus.Registerer, l Labels) *Client {
+	return newClient(reg, "server_reverse", l)
+}
+
+func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 	m := &Client{
 		SessionUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "session_up",
@@ -316,7 +333,7 @@ func NewClient(reg prometheus.Registerer, l Labels) *Client {
 			m.PathSwitchFailuresTotal.WithLabelValues(r)
 		}
 	}
-	m.UDP = newUDP(reg, sub, l)
+	m.UDP = newUDP(reg, sub, l, false)
 	m.Streams = newTunnels(m.ActiveStreams, m.StreamsTotal, m.StreamBytesTotal)
 	return m
 }

@@ -26,8 +26,9 @@ type UDP struct {
 	upBytes, downBytes                             prometheus.Counter
 }
 
-// newUDP creates and registers the UDP metrics of daemon sub ("client" or "server").
-func newUDP(reg prometheus.Registerer, sub string, l Labels) *UDP {
+// newUDP creates and registers the UDP metrics of daemon sub ("client" or
+// "server", or a reverse half); sockets: the half that opens flow sockets.
+func newUDP(reg prometheus.Registerer, sub string, l Labels, sockets bool) *UDP {
 	m := &UDP{
 		FlowsActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "udp_flows_active",
@@ -55,7 +56,7 @@ func newUDP(reg prometheus.Registerer, sub string, l Labels) *UDP {
 		}),
 	}
 	reg.MustRegister(m.FlowsActive, m.FlowsTotal, m.PacketsTotal, m.BytesTotal, m.DropsTotal, m.QueuedBytes)
-	if sub == "server" {
+	if sockets {
 		m.SocketBufferBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "udp_socket_buffer_bytes",
 			Help: "Receive buffers of the UDP flows' sockets to their destinations, as the kernel books them (twice the size asked); each starts at 128 KiB and grows with its flow's rate, within --udp-socket-memory-mib.",

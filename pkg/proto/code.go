@@ -41,6 +41,9 @@ const (
 	// CodeUnsupported means the server does not serve the stream's kind
 	// (a UDP flow to a server without UDP, or a kind from a newer client).
 	CodeUnsupported Code = 12
+	// CodeAddrInUse means the address a reverse forward asked the server to
+	// listen on is held already (by another client, or another program).
+	CodeAddrInUse Code = 13
 )
 
 var codeNames = [...]string{
@@ -57,6 +60,7 @@ var codeNames = [...]string{
 	CodeReplay:      "replay",
 	CodeBadToken:    "bad_token",
 	CodeUnsupported: "unsupported",
+	CodeAddrInUse:   "addr_in_use",
 }
 
 // AllCodes lists every defined code, in numeric order (for pre-creating metric series).

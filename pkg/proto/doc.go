@@ -17,7 +17,7 @@
 //	26     2     token length n (1..MaxTokenLen)
 //	28     n     token (names the destination, e.g. "tcp:127.0.0.1:22")
 //	28+n   4     key ID (KeyIDOf the secret) when flag bit 1 is set
-//	..     1     kind (2 UDP flow, 3 reserved: reverse bind, 4 hello, 5 check) when flag bit 2
+//	..     1     kind (2 UDP flow, 3 reverse bind, 4 hello, 5 check) when flag bit 2
 //	             is set; without it the stream is TCP (kind 1, never written)
 //	..     32    HMAC-SHA256(secret, every byte before it) when flag bit 0 is set
 //
@@ -69,4 +69,7 @@
 // a refusal is logged as a tunnel's is. Compatibility: a server from before
 // the check answers CodeUnsupported (and counts and audits that stream as
 // refused) or bad_header; the client then stops checking on that connection.
+//
+// Reverse forwards (KindReverse, and the streams the server opens toward the
+// client for them) are described in bind.go.
 package proto

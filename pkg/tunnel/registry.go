@@ -29,7 +29,12 @@ type Tunnel struct {
 	Destination string
 	// Identity is who the client is, when known (server: "CN=NAME" of its
 	// certificate, "key=NAME" of its shared secret).
-	Identity  string
+	Identity string
+	// Direction is Forward (the client's application reaches a destination
+	// beyond the server; "" counts as Forward) or Reverse (a connection to
+	// a listener the server opened for a client's --remote-forward reaches
+	// a destination beside the client).
+	Direction string
 	CreatedAt time.Time
 
 	// Datagram marks a UDP flow: it has nothing to finish, so a drain ends
@@ -52,6 +57,7 @@ type Info struct {
 	ClientAppAddr         string    `json:"clientAppAddr"`
 	ServerAppAddr         string    `json:"serverAppAddr"`
 	ClientIdentity        string    `json:"clientIdentity,omitempty"`
+	Direction             string    `json:"direction"`
 	CreatedAt             time.Time `json:"createdAt"`
 	UpstreamBytes         int64     `json:"upstreamBytes"`
 	DownstreamBytes       int64     `json:"downstreamBytes"`
@@ -59,6 +65,20 @@ type Info struct {
 	DownstreamBytesPerSec float64   `json:"downstreamBytesPerSec"`
 
 	id uint64
+}
+
+// Directions of a tunnel (Tunnel.Direction).
+const (
+	Forward = "forward"
+	Reverse = "reverse"
+)
+
+// direction is d, Forward for "".
+func direction(d string) string {
+	if d == "" {
+		return Forward
+	}
+	return d
 }
 
 // Registry is safe for concurrent use.
@@ -253,6 +273,7 @@ func (r *Registry) List(now time.Time) []Info {
 			ClientAppAddr:         t.Source,
 			ServerAppAddr:         t.Destination,
 			ClientIdentity:        t.Identity,
+			Direction:             direction(t.Direction),
 			CreatedAt:             t.CreatedAt,
 			UpstreamBytes:         up,
 			DownstreamBytes:       down,

@@ -120,6 +120,12 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.Servers, cfg.Mode, cfg.TLS, cfg.QUIC, cfg.WrapConn = o.ServerEndpoint, mode, tlsConf, sock.QUIC, sock.Wrap
 	cfg.Secret, cfg.Tokens, cfg.Listeners, cfg.Forwards = secret, tokens, listeners, forwards
 	cfg.Check = o.checkDestinations()
+	if len(o.entries.remote) > 0 {
+		cfg.RemoteForwards = o.entries.remote
+		cfg.Reverse.Metrics = client.NewReverseMetrics(reg)
+		cfg.Reverse.UDPIdleTimeout = o.UDPIdleTimeout
+		cfg.Reverse.AuditLog = true // a reverse forward exposes a local service: one line per tunnel
+	}
 	cfg.Backoff = bo
 	cfg.UDPIdleTimeout, cfg.DrainTimeout, cfg.TailProbes = o.UDPIdleTimeout, o.DrainTimeout, o.TailProbes
 	cfg.Metrics, cfg.QUICStat, cfg.Registry = client.NewMetrics(reg), qstat, registry
@@ -195,7 +201,7 @@ func (o *Options) entriesLog() []any {
 	for _, e := range []struct {
 		key   string
 		specs []string
-	}{{"listeners", o.listenOn()}, {"forwards", o.Forward}, {"proxies", o.Proxy}} {
+	}{{"listeners", o.listenOn()}, {"forwards", o.Forward}, {"remoteForwards", o.RemoteForward}, {"proxies", o.Proxy}} {
 		if len(e.specs) > 0 {
 			kv = append(kv, e.key, strings.Join(e.specs, ","))
 		}

@@ -106,6 +106,12 @@ func TestValidate(t *testing.T) {
 		{"negative drain", func(o *Options) { o.DrainTimeout = -time.Second }, []string{"must not be negative"}},
 		{"keepalive above idle", func(o *Options) { o.KeepAlivePeriod = 2 * o.IdleTimeout }, []string{"--keepalive-period (3m0s) must be shorter"}},
 		{"negative heartbeat", func(o *Options) { o.Client.HeartbeatInterval = -1 }, []string{"--heartbeat-interval must not be negative"}},
+		{"remote forward", func(o *Options) {
+			o.RemoteForward = []string{"tcp:0.0.0.0:8022=tcp:127.0.0.1:22", "udp:0.0.0.0:5353=udp:127.0.0.1:53"}
+		}, nil},
+		{"remote forward without destination", func(o *Options) { o.RemoteForward = []string{"tcp:0.0.0.0:8022"} }, []string{"--remote-forward \"tcp:0.0.0.0:8022\": want LISTEN=DESTINATION"}},
+		{"remote forward udp to tcp", func(o *Options) { o.RemoteForward = []string{"udp:0.0.0.0:53=tcp:127.0.0.1:53"} }, []string{"a udp: listener forwards to a udp: destination"}},
+		{"remote forward bad destination", func(o *Options) { o.RemoteForward = []string{"tcp:0.0.0.0:8022=tcp:nohost"} }, []string{"--remote-forward tcp:0.0.0.0:8022=tcp:nohost: destination"}},
 		{"tail probes 5", func(o *Options) { o.TailProbes = 5 }, []string{"--tail-probes must be 0..4"}},
 		{"rescue too soon", func(o *Options) {
 			o.Client.HeartbeatInterval, o.Client.RescueAfter = time.Second, 1999*time.Millisecond

@@ -14,6 +14,7 @@ import (
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 )
@@ -35,6 +36,7 @@ type Options struct {
 	TokenSourcePlugin string
 	TokenSource       string
 	Forward           []string
+	RemoteForward     []string
 	Proxy             []string
 	ProxyCredentials  string
 
@@ -64,6 +66,9 @@ type entries struct {
 	// without one, and for the File plugin, whose file Run reads).
 	tokens   token.Source
 	forwards []forwardSpec
+	// remote are the --remote-forward entries, in order (the index is the
+	// binding's ID).
+	remote []client.RemoteForward
 }
 
 // forwardSpec is one parsed --forward LISTEN=DESTINATION.
@@ -97,7 +102,7 @@ func NewOptions() *Options {
 // Flag groups, shown as sections in --help (cli.NewRootCommand adds
 // congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
-	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "server-mode", "connections", "server-failback-after", "token-source-plugin", "token-source", "forward", "proxy", "proxy-credentials-file"}},
+	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "server-mode", "connections", "server-failback-after", "token-source-plugin", "token-source", "forward", "remote-forward", "proxy", "proxy-credentials-file"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: cli.AdminFlagNames},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"session-wait-timeout", "stream-open-timeout", "max-connections", "max-proxy-handshakes", "udp-idle-timeout", "reconnect-max-delay"})},
@@ -123,6 +128,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.Proxy, "proxy", o.Proxy, "a local entry point where each application names its destination, repeatable: socks5:127.0.0.1:1080 (SOCKS5 CONNECT and UDP ASSOCIATE; curl --socks5-hostname, ssh -o ProxyCommand='nc -X 5 -x ...') or http-connect:127.0.0.1:8080 (HTTP CONNECT; curl -x, git, https_proxy); each destination is checked by the server's --allow rules, and a refusal is answered as SOCKS 'not allowed by ruleset' or HTTP 403")
 	fs.StringVar(&o.ProxyCredentials, "proxy-credentials-file", o.ProxyCredentials, "file (mode 0600) of USER:PASSWORD lines that every --proxy client must present: SOCKS5 username/password (RFC 1929), HTTP CONNECT Proxy-Authorization: Basic (407 otherwise); re-read on SIGHUP; empty: none, any local process may use the proxies")
 	fs.StringSliceVar(&o.Forward, "forward", o.Forward, "LISTEN=DESTINATION, repeatable: one more local listener whose connections all go to DESTINATION, e.g. tcp:127.0.0.1:2222=tcp:127.0.0.1:22 (ssh) beside tcp:127.0.0.1:5433=tcp:10.0.0.5:5432; all forwards share one QUIC connection. --listen-on with --token-source is the single-forward form; with --forward alone, --token-source may be empty and --listen-on is not opened")
+	fs.StringArrayVar(&o.RemoteForward, "remote-forward", o.RemoteForward, "LISTEN=DESTINATION, repeatable: a reverse forward. The server listens at LISTEN (if its --allow-remote-listen rules let this client) and each connection it accepts there comes back through the tunnel to DESTINATION, which this client dials: e.g. tcp:0.0.0.0:8022=tcp:127.0.0.1:22 exposes this host's ssh on the server's port 8022; udp:0.0.0.0:5353=udp:127.0.0.1:53, unix:/run/quictun/app.sock=tcp:127.0.0.1:8080. The server can only name these entries, never another destination. Asked again on every reconnect")
 	fs.StringVar(&o.TokenSource, "token-source", o.TokenSource, "the token source, e.g. tcp:127.0.0.1:22 for Fixed; tokens name tcp:HOST:PORT or unix:/path on the server side")
 
 	fs.StringSliceVar(&o.ServerFingerprint, "server-fingerprint", o.ServerFingerprint, "pin the server certificate: sha256:<hex> as printed by 'quictun-server fingerprint'; several (comma-separated or repeated) are each accepted, to rotate the server's key without downtime; reloaded on SIGHUP (from the config file) for new connections")
@@ -149,7 +155,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 func (o *Options) Validate() error {
 	var errs []error
 	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if len(o.ListenOn) == 0 && len(o.Forward) == 0 && len(o.Proxy) == 0 {
+	if len(o.ListenOn) == 0 && len(o.Forward) == 0 && len(o.Proxy) == 0 && len(o.RemoteForward) == 0 {
 		add("--listen-on needs at least one listener")
 	}
 	checkListen := func(flag, l string) {
@@ -167,7 +173,7 @@ func (o *Options) Validate() error {
 			add("--%s %s is not loopback: anyone who can reach it uses this client's credentials; add --listen-non-loopback if that is intended, or listen on 127.0.0.1", flag, l)
 		}
 	}
-	if o.TokenSource != "" || len(o.Forward)+len(o.Proxy) == 0 {
+	if o.TokenSource != "" || len(o.Forward)+len(o.Proxy)+len(o.RemoteForward) == 0 {
 		for _, l := range o.ListenOn {
 			checkListen("listen-on", l)
 		}
@@ -197,6 +203,17 @@ func (o *Options) Validate() error {
 			parsed.forwards = append(parsed.forwards, forwardSpec{spec: f, listen: ep, dest: dest, tokens: ts})
 		}
 	}
+	for i, f := range o.RemoteForward {
+		rf, err := parseRemoteForward(f)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case i > proto.MaxBindID:
+			add("--remote-forward: at most %d", proto.MaxBindID+1)
+		default:
+			parsed.remote = append(parsed.remote, rf)
+		}
+	}
 	if len(o.ServerEndpoint) == 0 {
 		add("--server-endpoint is required")
 	}
@@ -217,7 +234,7 @@ func (o *Options) Validate() error {
 		add("--server-failback-after must be positive")
 	}
 	if o.TokenSource == "" {
-		if len(o.Forward)+len(o.Proxy) == 0 {
+		if len(o.Forward)+len(o.Proxy)+len(o.RemoteForward) == 0 {
 			add("--token-source is required (e.g. tcp:127.0.0.1:22), or give --forward LISTEN=DESTINATION or --proxy")
 		}
 	} else if !strings.EqualFold(o.TokenSourcePlugin, token.PluginFile) { // a File source's file is read by Run (and CheckFiles)
@@ -312,6 +329,27 @@ const (
 func networkOf(spec string) string {
 	n, _, _ := strings.Cut(spec, ":")
 	return n
+}
+
+// parseRemoteForward parses a --remote-forward value LISTEN=DESTINATION:
+// two endpoints, both udp: or both stream ones (tcp:, unix:).
+func parseRemoteForward(f string) (client.RemoteForward, error) {
+	listen, dest, ok := strings.Cut(f, "=")
+	if !ok || listen == "" || dest == "" {
+		return client.RemoteForward{}, fmt.Errorf("--remote-forward %q: want LISTEN=DESTINATION, e.g. tcp:0.0.0.0:8022=tcp:127.0.0.1:22", f)
+	}
+	l, err := endpoint.Parse(listen)
+	if err != nil {
+		return client.RemoteForward{}, fmt.Errorf("--remote-forward %s: listen: %w", f, err)
+	}
+	d, err := endpoint.Parse(dest)
+	if err != nil {
+		return client.RemoteForward{}, fmt.Errorf("--remote-forward %s: destination: %w", f, err)
+	}
+	if (l.Network == endpoint.NetworkUDP) != (d.Network == endpoint.NetworkUDP) {
+		return client.RemoteForward{}, fmt.Errorf("--remote-forward %s: a udp: listener forwards to a udp: destination, and a stream listener to a tcp: or unix: one", f)
+	}
+	return client.RemoteForward{Listen: l, Destination: d}, nil
 }
 
 // splitForward splits a --forward value LISTEN=DESTINATION.

@@ -107,6 +107,14 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.UDPSocketMemory = o.UDPSocketMemoryMiB << 20
 	cfg.DrainTimeout, cfg.TailProbes, cfg.UDPIdleTimeout = o.DrainTimeout, o.TailProbes, o.UDPIdleTimeout
 	cfg.Metrics, cfg.QUICStat, cfg.Registry = server.NewMetrics(reg), qstat, registry
+	if cfg.AllowRemoteListen, cfg.AllowRemoteListenFor, err = parseRemoteListen(o.AllowRemoteListen); err != nil {
+		return err
+	}
+	if len(o.AllowRemoteListen) > 0 {
+		cfg.Reverse.Metrics = server.NewReverseMetrics(reg)
+		cfg.Reverse.UDPIdleTimeout, cfg.Reverse.AuditLog = o.UDPIdleTimeout, o.Server.AuditLog
+		logger.Info("Reverse forwards allowed: clients may ask this server to listen", "allowRemoteListen", strings.Join(o.AllowRemoteListen, ","))
+	}
 	srv, err = server.New(cfg, sock.Conn)
 	if err != nil {
 		return err
@@ -384,6 +392,34 @@ func parseAllowFor(specs, deny []string) (map[string]*endpoint.AllowList, error)
 		out[id] = a
 	}
 	return out, nil
+}
+
+// parseRemoteListen parses --allow-remote-listen rules, LISTEN for every
+// client or IDENTITY=LISTEN (as --allow-for) for one: the rules for all
+// (nil: none) and by identity.
+func parseRemoteListen(specs []string) (*endpoint.AllowList, map[string]*endpoint.AllowList, error) {
+	var all []string
+	var forID []string
+	for _, spec := range specs {
+		if strings.HasPrefix(spec, "CN=") || strings.HasPrefix(spec, "key=") {
+			forID = append(forID, spec)
+			continue
+		}
+		all = append(all, spec)
+	}
+	var allowAll *endpoint.AllowList
+	if len(all) > 0 {
+		a, err := endpoint.ParseRules(all, nil)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--allow-remote-listen: %w", err)
+		}
+		allowAll = a
+	}
+	byID, err := parseAllowFor(forID, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--allow-remote-listen: %w", err)
+	}
+	return allowAll, byID, nil
 }
 
 // splitAllowFor splits "CN=NAME=RULE" or "key=NAME=RULE".

@@ -55,6 +55,11 @@ func TestValidate(t *testing.T) {
 		{"idle timeout 0", func(o *Options) { o.IdleTimeout = 0 }, []string{"--idle-timeout must be positive"}},
 		{"handshake timeout negative", func(o *Options) { o.HandshakeTimeout = -time.Second }, []string{"--handshake-timeout must be positive"}},
 		{"header timeout 0", func(o *Options) { o.Server.HeaderTimeout = 0 }, []string{"--header-timeout must be positive"}},
+		{"remote listen rules", func(o *Options) {
+			o.AllowRemoteListen = []string{"tcp:0.0.0.0:8022", "key=laptop=tcp:0.0.0.0:9000-9100"}
+		}, nil},
+		{"bad remote listen rule", func(o *Options) { o.AllowRemoteListen = []string{"tcp:0.0.0.0:port"} }, []string{"--allow-remote-listen"}},
+		{"bad remote listen identity", func(o *Options) { o.AllowRemoteListen = []string{"key=laptop="} }, []string{"--allow-remote-listen"}},
 		{"dial timeout 0", func(o *Options) { o.Server.DialTimeout = 0 }, []string{"--dial-timeout must be positive"}},
 		{"negative keepalive", func(o *Options) { o.KeepAlivePeriod = -1 }, []string{"--keepalive-period and --drain-timeout must not be negative"}},
 		{"negative drain", func(o *Options) { o.DrainTimeout = -1 }, []string{"must not be negative"}},

@@ -31,6 +31,9 @@ type Options struct {
 	Allow    []string
 	Deny     []string
 	AllowFor []string
+	// AllowRemoteListen are the --allow-remote-listen rules: LISTEN, or
+	// IDENTITY=LISTEN for one client.
+	AllowRemoteListen []string
 
 	StateDir       string
 	CertFile       string
@@ -83,7 +86,7 @@ func NewOptions() *Options {
 // Flag groups, shown as sections in --help (cli.NewRootCommand adds
 // congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
-	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "allow-for", "token-parser-plugin", "token-parser-key"}},
+	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
@@ -104,6 +107,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ListenOn, "listen-on", o.ListenOn, "UDP address to accept QUIC connections on, e.g. 0.0.0.0:7500 or [::]:7500")
 	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only. Never reachable whatever the rules: the server's own QUIC and admin listeners, 0.0.0.0 and ::, and cloud metadata (169.254.169.254, fd00:ec2::254, ...), multicast (224.0.0.0/4, ff00::/8) and broadcast (255.255.255.255) addresses unless a rule names them exactly")
 	fs.StringSliceVar(&o.AllowFor, "allow-for", o.AllowFor, "destinations only some clients may reach, IDENTITY=RULE (repeatable): CN=NAME for a client certificate's common name (needs --client-ca-file), key=NAME for a --keys-file key; e.g. CN=ci-runner=tcp:10.0.0.5:5432. Added to --allow for that client; --deny still wins")
+	fs.StringSliceVar(&o.AllowRemoteListen, "allow-remote-listen", o.AllowRemoteListen, "addresses clients may ask this server to listen on for their reverse forwards (quictun-client --remote-forward), repeatable: LISTEN for every client, or IDENTITY=LISTEN for one (CN=NAME or key=NAME, as --allow-for); LISTEN in --allow's forms with IP addresses, matched as written: tcp:0.0.0.0:8022 (every IPv4 address, port 8022), tcp:127.0.0.1:9000-9100, udp:0.0.0.0:5353, unix:/run/quictun/rev/*; e.g. key=laptop=tcp:0.0.0.0:8022. Each connection accepted there goes to the client, which dials only what its --remote-forward declares. Default: none, reverse forwards are refused")
 	fs.BoolVar(&o.Server.AuditLog, "audit-log", o.Server.AuditLog, "log one line per tunnel at -v 0 once its client is authenticated: identity, remote address, destination, result, bytes, duration (--audit-log=false turns it off)")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
@@ -152,6 +156,9 @@ func (o *Options) Validate() error {
 		add("--allow/--deny: %w", err)
 	}
 	if _, err := parseAllowFor(o.AllowFor, o.Deny); err != nil {
+		errs = append(errs, err)
+	}
+	if _, _, err := parseRemoteListen(o.AllowRemoteListen); err != nil {
 		errs = append(errs, err)
 	}
 	if _, err := token.NewParser(o.TokenParserPlugin, o.TokenParserKey); err != nil {

@@ -1,0 +1,230 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/egress"
+	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+// RemoteForward is one --remote-forward LISTEN=DESTINATION: the server
+// listens at Listen, and each connection (or UDP flow) it accepts there
+// comes to the client as a stream, which it carries to Destination. The
+// server names the forward by its index in Config.RemoteForwards (its
+// binding ID), never a destination: the client dials only these.
+type RemoteForward struct {
+	Listen      endpoint.Endpoint
+	Destination endpoint.Endpoint
+}
+
+func (f RemoteForward) String() string { return f.Listen.String() + "=" + f.Destination.String() }
+
+// Bind retry pacing: a bind refused with addr_in_use is asked again (the
+// holder may be this client's previous connection, which the server has
+// not seen end yet), from bindRetry doubling to bindRetryMax, while the
+// connection lasts.
+const (
+	bindRetry    = time.Second
+	bindRetryMax = 30 * time.Second
+)
+
+// newReverse returns the egress Handler that serves the streams the server
+// opens for cfg.RemoteForwards: its parser maps a bound stream's token to
+// its forward's destination and refuses any other, and its rules admit
+// only those destinations (a second fence: a token can only ever name one
+// of them).
+func newReverse(cfg Config) (*egress.Handler, error) {
+	dests := make([]string, len(cfg.RemoteForwards))
+	for i, f := range cfg.RemoteForwards {
+		dests[i] = f.Destination.String()
+	}
+	allow, err := endpoint.ParseRules(dests, nil)
+	if err != nil {
+		return nil, fmt.Errorf("remote forward destinations: %w", err)
+	}
+	ec := cfg.Reverse
+	ec.Parser = boundParser(cfg.RemoteForwards)
+	ec.Allow, ec.AllowFor, ec.Keys = allow, nil, nil // the TLS handshake authenticated the server
+	ec.Reverse, ec.Binder, ec.Registry = true, nil, cfg.Registry
+	if ec.Endpoint == "" {
+		ec.Endpoint = "remote-forward"
+	}
+	return egress.New(ec)
+}
+
+// boundParser reads the token of a bound stream: the destination of the
+// forward it names.
+type boundParser []RemoteForward
+
+// errNotDeclared: a bound stream named no forward of this client.
+var errNotDeclared = errors.New("names no --remote-forward of this client")
+
+// Parse implements egress.TokenParser.
+func (p boundParser) Parse(token string) (endpoint.Endpoint, error) {
+	id, err := proto.ParseBoundToken(token)
+	if err != nil {
+		return endpoint.Endpoint{}, err
+	}
+	if id >= len(p) {
+		return endpoint.Endpoint{}, fmt.Errorf("binding %d %w", id, errNotDeclared)
+	}
+	return p[id].Destination, nil
+}
+
+// serveReverse runs the reverse forwards on sess's connection once its
+// handshake is done: it asks the server to listen for each (bind), and
+// serves the streams the server opens (egress, toward the declared
+// destinations only) until the connection ends. Without remote forwards it
+// returns at once.
+func (c *Client) serveReverse(ctx context.Context, l *link) {
+	if c.reverse == nil {
+		return
+	}
+	sess := l.session
+	conn := sess.Conn
+	select {
+	case <-conn.HandshakeComplete():
+	case <-conn.Context().Done():
+		return
+	case <-ctx.Done():
+		return
+	}
+	if c.current(l.m) != l {
+		return // replaced (0-RTT rejected): the new session binds
+	}
+	state := c.reverse.NewConn()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for {
+			str, err := conn.AcceptStream(conn.Context())
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				c.reverse.Serve(ctx, egress.Stream{Conn: conn, Stream: str, Prober: sess.Prober, Conn0: state, Flows: sess.Flows, Source: "server"})
+			})
+		}
+	})
+	for i, f := range c.cfg.RemoteForwards {
+		wg.Go(func() { c.bind(ctx, sess, i, f) })
+	}
+}
+
+// bind asks the server to listen for forward f (binding id) on sess's
+// connection and holds the binding until the connection or the server
+// ends it, asking again while the address is held (addr_in_use) or after
+// the server ended a binding, while the connection lasts. Each outcome is
+// logged at -v 0 when it differs from the last one logged for f.
+func (c *Client) bind(ctx context.Context, sess *session, id int, f RemoteForward) {
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "remoteForward", f.String())
+	conn := sess.Conn
+	delay := bindRetry
+	for conn.Context().Err() == nil && c.unbinding.Err() == nil {
+		bound, err := c.bindOnce(conn, id, f, logger)
+		code, remote := proto.FromError(err)
+		switch {
+		case conn.Context().Err() != nil || c.unbinding.Err() != nil:
+			return
+		case bound:
+			delay = bindRetry // it was up: the next refusal starts the pacing afresh
+			logger.V(2).Info("Server ended a reverse forward; asking again", "err", err)
+		case remote && code == proto.CodeShutdown:
+			logger.V(2).Info("Server is shutting down; its reverse forward ends with the connection")
+			return
+		case remote && code == proto.CodeAddrInUse:
+			c.logBind(logger, id, code.String(), "Server refused a reverse forward: its listen address is held by another client (or by this client's previous connection, until the server sees it end); asking again",
+				"code", code.String(), "retryIn", delay)
+		case remote:
+			c.logBind(logger, id, code.String(), "Server refused a reverse forward: "+bindRefusalFix(code), "code", code.String())
+			return
+		default:
+			logger.V(2).Info("Server did not answer a reverse forward request", "err", err)
+		}
+		select {
+		case <-time.After(delay):
+			delay = min(2*delay, bindRetryMax)
+		case <-conn.Context().Done():
+			return
+		case <-c.unbinding.Done():
+			return
+		}
+	}
+}
+
+// bindOnce sends one bind and, once the server listens, holds it until the
+// stream ends (bound true): the client never ends it but when it drains.
+func (c *Client) bindOnce(conn *quic.Conn, id int, f RemoteForward, logger klog.Logger) (bound bool, err error) {
+	h, err := proto.NewBind(proto.Bind{ID: id, Listen: f.Listen.String()}, time.Now())
+	if err != nil {
+		return false, err
+	}
+	b, err := h.Append(nil, *c.secret.Load())
+	if err != nil {
+		return false, err
+	}
+	octx, cancel := context.WithTimeout(conn.Context(), helloTimeout)
+	str, err := conn.OpenStreamSync(octx)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	if _, err := str.Write(b); err != nil {
+		str.CancelRead(proto.CodeOK.StreamErrorCode())
+		str.CancelWrite(proto.CodeOK.StreamErrorCode())
+		return false, err
+	}
+	_ = str.SetReadDeadline(time.Now().Add(helloTimeout))
+	if err := proto.ReadReply(str); err != nil {
+		str.CancelRead(proto.CodeOK.StreamErrorCode())
+		str.CancelWrite(proto.CodeOK.StreamErrorCode())
+		return false, err
+	}
+	_ = str.SetReadDeadline(time.Time{})
+	c.logBind(logger, id, "ok", "Server listens for a reverse forward", "listen", f.Listen.String(), "destination", f.Destination.String())
+	// Held until the server ends it or the connection ends; a drain ends
+	// it from here (shutdown), so the server stops accepting for it.
+	stop := context.AfterFunc(c.unbinding, func() {
+		str.CancelWrite(proto.CodeShutdown.StreamErrorCode())
+		str.CancelRead(proto.CodeShutdown.StreamErrorCode())
+	})
+	defer stop()
+	_, err = io.Copy(io.Discard, io.LimitReader(str, 1<<10))
+	str.CancelRead(proto.CodeOK.StreamErrorCode())
+	str.CancelWrite(proto.CodeOK.StreamErrorCode())
+	return true, err
+}
+
+// logBind logs msg at -v 0 if outcome differs from the last one logged for
+// binding id (so reconnects and retries do not repeat it), else at -v 2.
+func (c *Client) logBind(logger klog.Logger, id int, outcome, msg string, kv ...any) {
+	lvl := 2
+	if prev, _ := c.bindOutcomes.Swap(id, outcome); prev != outcome {
+		lvl = 0
+	}
+	logger.V(lvl).Info(msg, kv...)
+}
+
+// bindRefusalFix says what a refusal of a reverse forward means.
+func bindRefusalFix(code proto.Code) string {
+	switch code {
+	case proto.CodeRefused:
+		return "no --allow-remote-listen rule on the server admits its listen address for this client; ask its operator to add one (its log names it), or change the address here"
+	case proto.CodeUnsupported:
+		return "the server allows no reverse forwards (no --allow-remote-listen), or predates them"
+	case proto.CodeOverloaded:
+		return "the server holds its limit of reverse forward listeners"
+	case proto.CodeBadToken, proto.CodeBadHeader:
+		return "the server could not read the request (its listen address, or an older server)"
+	}
+	return "the server could not listen there (its log says why)"
+}
