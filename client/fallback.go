@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -55,12 +56,20 @@ type fallback struct {
 	// sess is the TCP session, nil if none.
 	sess *session
 	// downSince is when QUIC stopped being usable (zero: usable, or no
-	// attempt yet); suspect: the QUIC connection's path went silent.
+	// attempt yet). up and suspect are per QUIC connection (a member of the
+	// client's, one per server and --connections): up, its handshake done;
+	// suspect, its path went silent. QUIC is usable while one connection is
+	// up and not suspect.
 	downSince time.Time
-	quicUp    bool
-	suspect   bool
+	up        map[any]bool
+	suspect   map[any]bool
 	// using is the transport new tunnels went on last ("" before any).
 	using string
+
+	// confirmed: the server accepted our hello on the current TCP session;
+	// authRefused: it refused our credentials there (Client.Ready).
+	confirmed   atomic.Bool
+	authRefused atomic.Bool
 }
 
 func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
@@ -70,7 +79,8 @@ func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
 	if delay <= 0 {
 		delay = DefaultFallbackDelay
 	}
-	return &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1)}
+	return &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1),
+		up: map[any]bool{}, suspect: map[any]bool{}}
 }
 
 func (f *fallback) signal() {
@@ -80,38 +90,60 @@ func (f *fallback) signal() {
 	}
 }
 
-// quicDialing: the supervisor starts a QUIC dial.
+// quicDialing: a supervisor starts a QUIC dial.
 func (f *fallback) quicDialing() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.quicUp && f.downSince.IsZero() {
+	if !f.anyUpLocked() && f.downSince.IsZero() {
 		f.downSince = time.Now()
 		f.signalLocked()
 	}
 }
 
-// quicUsable: the QUIC connection completed its handshake (up), or ended.
-func (f *fallback) quicUsable(up bool) {
+// quicUsable: QUIC connection k completed its handshake (up), or ended.
+func (f *fallback) quicUsable(k any, up bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.quicUp, f.suspect = up, false
 	if up {
-		f.downSince = time.Time{}
+		f.up[k] = true
 	} else {
+		delete(f.up, k)
+	}
+	delete(f.suspect, k)
+	if f.usableLocked() {
+		f.downSince = time.Time{}
+	} else if f.downSince.IsZero() {
 		f.downSince = time.Now()
 	}
 	f.signalLocked()
 }
 
-// quicSuspect: nothing came back on the QUIC connection's path for the
+// quicSuspect: nothing came back on QUIC connection k's path for the
 // rescue delay (true), or it answers again (false).
-func (f *fallback) quicSuspect(s bool) {
+func (f *fallback) quicSuspect(k any, s bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.suspect != s {
-		f.suspect = s
+	if f.suspect[k] != s {
+		if s {
+			f.suspect[k] = true
+		} else {
+			delete(f.suspect, k)
+		}
 		f.signalLocked()
 	}
+}
+
+// anyUpLocked: a QUIC connection has completed its handshake and not ended.
+func (f *fallback) anyUpLocked() bool { return len(f.up) > 0 }
+
+// usableLocked: a QUIC connection is up and its path answers.
+func (f *fallback) usableLocked() bool {
+	for k := range f.up {
+		if !f.suspect[k] {
+			return true
+		}
+	}
+	return false
 }
 
 func (f *fallback) signalLocked() { f.signal() }
@@ -125,10 +157,10 @@ func (f *fallback) wantedLocked(now time.Time) (bool, time.Time) {
 	case TransportQUIC:
 		return false, time.Time{}
 	}
-	if f.quicUp && !f.suspect {
+	if f.usableLocked() {
 		return false, time.Time{}
 	}
-	if f.suspect {
+	if f.anyUpLocked() { // up, but every path has gone silent
 		return true, time.Time{}
 	}
 	if f.downSince.IsZero() {
@@ -167,7 +199,7 @@ func (f *fallback) choose(cur *session) *session {
 	quicOK := cur != nil && cur.Conn.Context().Err() == nil
 	var s *session
 	switch {
-	case quicOK && (tcp == nil || (f.quicUp && !f.suspect)):
+	case quicOK && (tcp == nil || f.usableLocked()):
 		s = cur
 	case tcp != nil:
 		s = tcp
@@ -212,6 +244,7 @@ func boolGauge(b bool) float64 {
 func (f *fallback) setSession(s *session) {
 	f.mu.Lock()
 	f.sess = s
+	f.confirmed.Store(false)
 	f.mu.Unlock()
 	c := f.c
 	c.mu.Lock()
@@ -346,9 +379,10 @@ func (c *Client) helloTCP(ctx context.Context, sess *session) {
 	code, remote := proto.FromError(err)
 	switch {
 	case err == nil, remote && code != proto.CodeAuthFailed && code != proto.CodeOverloaded:
-		c.confirm(sess)
+		c.fb.authRefused.Store(false)
+		c.fb.confirmed.Store(true)
 	case remote && code == proto.CodeAuthFailed:
-		c.authRefused.Store(true)
+		c.fb.authRefused.Store(true)
 	default:
 		klog.FromContext(ctx).V(2).Info("Server did not answer our hello over TCP", "err", err)
 	}

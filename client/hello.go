@@ -30,20 +30,20 @@ const (
 // accepted before an application connects. It runs beside the tunnels, which
 // never wait for it, and returns when the answer is in or the connection
 // ends. Without a shared secret there is nothing to prove: it returns at once.
-func (c *Client) hello(ctx context.Context, sess *session) {
+func (c *Client) hello(ctx context.Context, l *link) {
 	secret := *c.secret.Load()
 	if len(secret) == 0 {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	conn := sess.Conn
+	conn := l.Conn
 	delay := helloRetry
 	for {
 		err := sayHello(conn, secret)
 		code, remote := proto.FromError(err)
 		switch {
 		case err == nil:
-			c.confirm(sess)
+			c.confirm(l)
 			logger.V(4).Info("Server accepted our hello")
 			return
 		case !remote:
@@ -56,7 +56,7 @@ func (c *Client) hello(ctx context.Context, sess *session) {
 			return
 		case code == proto.CodeAuthFailed:
 			// The server closes the connection too; the supervisor logs it.
-			c.authRefused.Store(true)
+			l.m.srv.authRefused.Store(true)
 			return
 		case code == proto.CodeOverloaded:
 			// The server's budget for unauthenticated streams is full: try
@@ -72,7 +72,7 @@ func (c *Client) hello(ctx context.Context, sess *session) {
 				return
 			}
 		case code == proto.CodeReplay:
-			c.confirm(sess) // the MAC was verified first
+			c.confirm(l) // the MAC was verified first
 			c.logHeaderStale(logger)
 			return
 		default:
@@ -81,7 +81,7 @@ func (c *Client) hello(ctx context.Context, sess *session) {
 			// credentials. bad_header: a server from before stream kinds
 			// cannot read a hello, nor tell us anything: as before the
 			// hello, the handshake is taken as enough.
-			c.confirm(sess)
+			c.confirm(l)
 			logger.V(4).Info("Server answered our hello", "code", code.String())
 			return
 		}
@@ -111,11 +111,11 @@ func ask(conn *quic.Conn, h *proto.Header, secret []byte) error {
 	return askOn(ctx, str, h, secret)
 }
 
-// confirm records that the server accepted a stream header on sess (Ready),
+// confirm records that the server accepted a stream header on l (Ready),
 // and says so at -v 0 when it had refused our credentials before.
-func (c *Client) confirm(sess *session) {
-	c.authRefused.Store(false)
-	c.confirmed.Store(sess)
+func (c *Client) confirm(l *link) {
+	l.m.srv.authRefused.Store(false)
+	l.confirmed.Store(true)
 	if c.lastRefusal.Swap(nil) != nil {
 		c.logger.Info("Server accepted our credentials")
 	}

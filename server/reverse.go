@@ -212,11 +212,11 @@ type connSession struct{ sess *ingress.Session }
 var errConnClosed = errors.New("the client's connection ended")
 
 // Wait returns the session while its connection lives.
-func (c connSession) Wait(context.Context) (*ingress.Session, error) {
+func (c connSession) Wait(context.Context) (*ingress.Session, func(), error) {
 	if c.sess.Conn.Context().Err() != nil {
-		return nil, errConnClosed
+		return nil, func() {}, errConnClosed
 	}
-	return c.sess, nil
+	return c.sess, func() {}, nil
 }
 
 // boundToken is the token of every connection a reverse forward's listener

@@ -76,10 +76,13 @@ type Stream interface {
 	SetWriteDeadline(time.Time) error
 }
 
-// Sessions gives ingress the client's current QUIC connection.
+// Sessions gives ingress the connection a new stream goes on: the client
+// chooses among its connections (servers, --connections, the TCP fallback).
 type Sessions interface {
-	// Wait returns the current session, waiting (bounded) for one.
-	Wait(ctx context.Context) (*Session, error)
+	// Wait returns the session a new stream (or UDP flow) goes on, waiting
+	// (bounded) for one, and counts it there until release is called
+	// (once, when the stream ends; release is never nil).
+	Wait(ctx context.Context) (sess *Session, release func(), err error)
 }
 
 // Config are the settings of a Handler, filled once by whoever runs it (the
@@ -135,8 +138,9 @@ type Links struct {
 	// force; Secret may return nil (no MAC).
 	Tokens func() TokenSource
 	Secret func() []byte
-	// Accepted, if set, is called when the peer accepted a stream header.
-	Accepted func()
+	// Accepted, if set, is called when the peer accepted a stream header
+	// on sess.
+	Accepted func(sess *Session)
 }
 
 // Handler carries local connections; safe for concurrent use.
@@ -475,7 +479,8 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		// The server never answered (it may still be down): wait for the
 		// supervisor's next connection, with its handshake done.
 		for next == nil && nextTCP == nil {
-			sess, err := h.links.Sessions.Wait(ctx)
+			sess, release, err := h.links.Sessions.Wait(ctx)
+			release() // counted where it was first placed
 			if err != nil {
 				return nil, "", fmt.Errorf("connection died before its handshake: %w", err)
 			}

@@ -24,6 +24,11 @@ import (
 func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource, proxy Proxy, release func()) {
 	l := &local{h: h, listenAddr: listenAddr, nc: nc, proxy: proxy, start: time.Now(), logger: klog.FromContext(ctx)}
 	defer l.releaseSlot()
+	defer func() {
+		if l.release != nil {
+			l.release() // the stream's count on its session
+		}
+	}()
 	if f := l.serve(ctx, tokens, release); f != nil {
 		l.fail(f)
 	}
@@ -84,6 +89,8 @@ type local struct {
 	token string
 	early []byte // bytes the application sent after its proxy request
 	sess  *Session
+	// release ends the stream's count on sess (Sessions.Wait).
+	release func()
 	// optimistic: a proxied connection to a destination the server
 	// accepted on this connection recently is answered at once
 	// (verdicts.go).
@@ -176,7 +183,8 @@ func (l *local) destination(ctx context.Context, tokens TokenSource) *localFailu
 
 // open opens a stream on the current session (waiting, bounded, for one).
 func (l *local) open(ctx context.Context) *localFailure {
-	sess, err := l.h.links.Sessions.Wait(ctx)
+	sess, release, err := l.h.links.Sessions.Wait(ctx)
+	l.release = release
 	if err != nil {
 		return &localFailure{metrics.ResultNoSession, "No connection to the server for a local connection", fmt.Errorf("%w: %w", errNoSession, err)}
 	}
@@ -227,7 +235,7 @@ func (l *local) accepted(err error) {
 	if err == nil {
 		l.h.cfg.Metrics.StreamOpenDuration.Observe(time.Since(l.start).Seconds())
 		if l.h.links.Accepted != nil {
-			l.h.links.Accepted() // the server accepted our header
+			l.h.links.Accepted(l.sess) // the server accepted our header
 		}
 	}
 	if l.proxy != nil {

@@ -178,7 +178,8 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 			return
 		}
 	}
-	sess, err := h.links.Sessions.Wait(ctx)
+	sess, release, err := h.links.Sessions.Wait(ctx)
+	defer release()
 	if err != nil {
 		fail(metrics.ResultNoSession, "No connection to the server for a UDP flow", err)
 		return
@@ -226,7 +227,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 			if err == nil {
 				m.StreamOpenDuration.Observe(time.Since(start).Seconds())
 				if h.links.Accepted != nil {
-					h.links.Accepted()
+					h.links.Accepted(sess)
 				}
 			} else if code, ok := proto.FromError(err); ok {
 				if code != proto.CodeRefused || !h.logRefused(klog.LoggerWithValues(logger, "listenAddress", pc.LocalAddr().String()), token) {

@@ -127,12 +127,18 @@ func TestHelmDefaultValues(t *testing.T) {
 	ms := helmTemplate(t, helm)
 	kinds := byKind(ms)
 	for kind, n := range map[string]int{
-		"Deployment": 1, "Service": 2, "ConfigMap": 1, "Secret": 2, "ServiceAccount": 1, "PodDisruptionBudget": 1,
+		"Deployment": 1, "Service": 3, "ConfigMap": 1, "Secret": 2, "ServiceAccount": 1, "PodDisruptionBudget": 1,
 	} {
 		assert.Len(t, kinds[kind], n, kind)
 	}
 	assert.Empty(t, kinds["ServiceMonitor"], "ServiceMonitor is off by default")
 	assert.Empty(t, kinds["Job"], "the client example is off by default")
+
+	// Issue 23: one name resolving to every ready replica, for clients of several servers.
+	rs := find(t, ms, "Service", "-server-replicas")
+	assert.Equal(t, "None", dig(rs, "spec", "clusterIP"), "headless")
+	assert.Equal(t, false, dig(rs, "spec", "publishNotReadyAddresses"), "ready replicas only")
+	assert.Equal(t, "UDP", dig(rs, "spec", "ports", 0, "protocol"))
 
 	dep := find(t, ms, "Deployment", "-server")
 	pod := dig(dep, "spec", "template", "spec")
@@ -309,7 +315,8 @@ func TestHelmFullValues(t *testing.T) {
 		args = append(args, str(a))
 	}
 	assert.Contains(t, args, "--token-source="+echoToken)
-	assert.Contains(t, args, "--server-endpoint=quictun-server.quictun.svc.cluster.local:7500")
+	assert.Contains(t, args, "--server-endpoint=quictun-server-replicas.quictun.svc.cluster.local:7500", "every replica, by the headless Service")
+	assert.Contains(t, args, "--server-mode=failover")
 	out, err = checkConfig(t, "quictun-client", args...)
 	require.NoError(t, err, "sidecar args %v: %s", args, out)
 	for _, v := range dig(job, "spec", "template", "spec", "volumes").([]any) {

@@ -40,6 +40,11 @@ app.kubernetes.io/component: server
 {{- printf "%s-server" (include "quictun.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The headless Service whose name resolves to every ready server replica. */}}
+{{- define "quictun.replicaServiceName" -}}
+{{- printf "%s-replicas" (include "quictun.serverName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "quictun.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "quictun.fullname" .) .Values.serviceAccount.name }}
