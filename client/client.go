@@ -57,6 +57,15 @@ type Config struct {
 	// healthy again before failover mode moves new tunnels back to it
 	// (0: 10 s).
 	FailbackAfter time.Duration
+	// Transport is what carries tunnels: TransportAuto (default: QUIC, TCP
+	// while QUIC cannot get through), TransportQUIC or TransportTCP.
+	Transport string
+	// TCPServerAddr is the server's TCP host:port (its --tcp-listen-on);
+	// "": ServerAddr.
+	TCPServerAddr string
+	// FallbackDelay is how long QUIC may fail to connect before new tunnels
+	// go over TCP (0: DefaultFallbackDelay).
+	FallbackDelay time.Duration
 	TLS           *tls.Config
 	QUIC          *quic.Config
 	// Secret authenticates stream headers when non-empty.
@@ -150,6 +159,7 @@ func (f Forward) close() {
 func DefaultConfig() Config {
 	return Config{
 		Config:               ingress.DefaultConfig(),
+		Transport:            TransportAuto,
 		SessionWait:          10 * time.Second,
 		HeartbeatInterval:    200 * time.Millisecond,
 		RescueAfter:          time.Second,
@@ -210,6 +220,8 @@ type Client struct {
 	// nil once the server accepted them again (confirm), so each distinct
 	// refusal, and the recovery, is logged once.
 	lastRefusal atomic.Pointer[string]
+	// fb carries tunnels over TCP while QUIC cannot (fallback.go).
+	fb *fallback
 	// logger is Run's logger, for what is logged outside its goroutines'
 	// contexts (confirm from ingress); set before Run starts any.
 	logger klog.Logger
@@ -299,6 +311,13 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
+	switch cfg.Transport {
+	case "":
+		cfg.Transport = TransportAuto
+	case TransportAuto, TransportQUIC, TransportTCP:
+	default:
+		return nil, errNoTransport
+	}
 	if cfg.Mode == "" {
 		cfg.Mode = def.Mode
 	}
@@ -314,6 +333,10 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		c.servers = expandServers(context.Background(), cfg.Servers, net.DefaultResolver.LookupHost)
 	}
 	c.members = newMembers(c.servers, cfg.ConnectionsPerServer, cfg.Backoff)
+	if c.cfg.TCPServerAddr == "" { // the first server's, at the QUIC port
+		c.cfg.TCPServerAddr = c.servers[0].addr
+	}
+	c.fb = newFallback(c, c.cfg.Transport, c.cfg.TCPServerAddr, c.cfg.FallbackDelay)
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
 	c.SetTLS(cfg.TLS)
@@ -357,6 +380,9 @@ func (c *Client) Ready() bool {
 		return false
 	}
 	noSecret := len(*c.secret.Load()) == 0
+	if c.fb.session() != nil && !c.fb.authRefused.Load() && (noSecret || c.fb.confirmed.Load()) {
+		return true // over TCP (fallback.go)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, m := range c.members {
@@ -450,9 +476,12 @@ func (c *Client) Run(ctx context.Context) error {
 	sessCtx, stopSession := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
 	defer stopSession()
 	var wg sync.WaitGroup
-	for _, m := range c.members {
-		wg.Go(func() { c.supervise(sessCtx, tr, m) })
+	if c.cfg.Transport != TransportTCP {
+		for _, m := range c.members {
+			wg.Go(func() { c.supervise(sessCtx, tr, m) })
+		}
 	}
+	wg.Go(func() { c.fb.run(sessCtx) })
 
 	var handlers sync.WaitGroup
 	for _, ln := range c.cfg.Listeners {
@@ -519,16 +548,20 @@ func (c *Client) setSession(m *member, sess *session) *link {
 	if l != nil {
 		c.up++
 	}
-	up := c.up
 	close(c.changed)
 	c.changed = make(chan struct{})
 	c.mu.Unlock()
-	if up > 0 {
-		c.cfg.Metrics.SessionUp.Set(1)
-	} else {
-		c.cfg.Metrics.SessionUp.Set(0)
-	}
+	c.updateSessionUp()
 	return l
+}
+
+// updateSessionUp sets session_up: 1 while a QUIC connection (any server's)
+// or the TCP one (fallback.go) is up. Under c.mu, so that concurrent updates
+// do not leave a stale value.
+func (c *Client) updateSessionUp() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cfg.Metrics.SessionUp.Set(boolGauge(c.up > 0 || c.fb.session() != nil))
 }
 
 // supervise owns m's QUIC connection: dial, wait for its end, redial.
@@ -572,6 +605,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 	}
 	for ctx.Err() == nil {
 		start := time.Now()
+		c.fb.quicDialing()
 		conn, err := c.dial(ctx, tr, srv)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -622,6 +656,9 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 			met.DialsTotal.WithLabelValues("ok").Inc()
 		}
 		met.HandshakeDuration.Observe(time.Since(start).Seconds())
+		if conn.Context().Err() == nil {
+			c.fb.quicUsable(m, true)
+		}
 		level, msg := 2, "Connected to server"
 		if !connectedBefore || loggedFailure {
 			level = 0
@@ -638,6 +675,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 
 		c.monitor(ctx, tr, l) // returns when the connection or ctx ends
 		c.setSession(m, nil)
+		c.fb.quicUsable(m, false)
 		srv.markBad(time.Now())
 		if ctx.Err() != nil {
 			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
@@ -720,6 +758,12 @@ func (c *Client) waitBackoff(ctx context.Context, m *member) {
 	default:
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
+	if c.fb.active() {
+		// Tunnels go over TCP meanwhile: try UDP again soon.
+		var stop context.CancelFunc
+		wctx, stop = context.WithTimeout(wctx, fallbackProbeMax)
+		defer stop()
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		select {
@@ -765,32 +809,44 @@ type sessions struct{ c *Client }
 // Wait returns the session a new tunnel goes on, waiting up to SessionWait
 // for one; release ends the tunnel's count on it.
 func (s sessions) Wait(ctx context.Context) (*session, func(), error) {
-	l, err := s.c.waitSession(ctx)
+	sess, release, err := s.c.waitSession(ctx)
 	if err != nil {
 		return nil, func() {}, err
 	}
-	var once sync.Once
-	return l.session, func() { once.Do(func() { l.active.Add(-1) }) }, nil
+	return sess, release, nil
 }
 
-// waitSession picks the link a new tunnel goes on (counted on it), waiting
-// up to SessionWait for one.
-func (c *Client) waitSession(ctx context.Context) (*link, error) {
+// waitSession picks the session a new tunnel goes on, waiting up to
+// SessionWait for one: a QUIC link (counted on it until release), or the TCP
+// session while QUIC does not get through (fallback.go).
+func (c *Client) waitSession(ctx context.Context) (*session, func(), error) {
 	t := time.NewTimer(c.cfg.SessionWait)
 	defer t.Stop()
 	for {
 		c.mu.Lock()
 		l, ch := c.pick(time.Now()), c.changed
 		c.mu.Unlock()
+		var quic *session
 		if l != nil {
-			return l, nil
+			quic = l.session
+		}
+		s := c.fb.choose(quic)
+		switch {
+		case s != nil && l != nil && s == l.session:
+			var once sync.Once
+			return s, func() { once.Do(func() { l.active.Add(-1) }) }, nil
+		case l != nil:
+			l.active.Add(-1) // counted by pick, but the tunnel goes over TCP
+		}
+		if s != nil {
+			return s, func() {}, nil
 		}
 		select {
 		case <-ch:
 		case <-t.C:
-			return nil, ErrNoSession
+			return nil, nil, ErrNoSession
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		}
 	}
 }

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"io"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -105,28 +104,11 @@ func sayHello(conn *quic.Conn, secret []byte) error {
 func ask(conn *quic.Conn, h *proto.Header, secret []byte) error {
 	ctx, cancel := context.WithTimeout(conn.Context(), helloTimeout)
 	defer cancel()
-	b, err := h.Append(nil, secret)
-	if err != nil {
-		return err
-	}
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {
 		return err
 	}
-	// Ends its stream either way, so its credit returns to the server.
-	defer str.CancelRead(proto.CodeOK.StreamErrorCode())
-	if _, err := str.Write(b); err != nil {
-		str.CancelWrite(proto.CodeOK.StreamErrorCode())
-		return err
-	}
-	_ = str.Close()
-	deadline, _ := ctx.Deadline()
-	_ = str.SetReadDeadline(deadline)
-	if err := proto.ReadReply(str); err != nil {
-		return err
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(str, 1)) // the server's FIN
-	return nil
+	return askOn(ctx, str, h, secret)
 }
 
 // confirm records that the server accepted a stream header on l (Ready),

@@ -126,6 +126,8 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 	mark := c.cfg.Registry.Activity()
 	lastWork, watching := time.Now(), time.Now()
 	active := true
+	// suspectSince: a rescue began and no echo came since (zero: none).
+	var suspectSince time.Time
 	var tickC <-chan time.Time = tick.C
 	move := func() {
 		if moveTo != nil && !busy {
@@ -216,11 +218,20 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 			}
 			heartbeat()
 			echo := recv.LastEcho()
+			if !suspectSince.IsZero() && echo.After(suspectSince) {
+				suspectSince = time.Time{}
+				c.fb.quicSuspect(l.m, false) // the path answers again
+			}
 			if echo.Before(watching) {
 				echo = watching
 			}
 			c.steerLink(logger, l, now, now.Sub(echo))
 			if !busy && now.Sub(echo) > c.cfg.RescueAfter && now.Sub(r.lastSwitch) > c.cfg.RescueAfter {
+				if suspectSince.IsZero() {
+					// New tunnels go over TCP meanwhile (fallback.go).
+					suspectSince = now
+					c.fb.quicSuspect(l.m, true)
+				}
 				busy = true
 				lastWork = now
 				rescuing.Go(func() {

@@ -7,7 +7,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/metrics"
@@ -96,7 +95,7 @@ type local struct {
 	// accepted on this connection recently is answered at once
 	// (verdicts.go).
 	optimistic bool
-	str        *quic.Stream
+	str        Stream
 	tunnelID   string
 	slog       klog.Logger // logger with the stream's ID
 }
@@ -220,8 +219,8 @@ func (l *local) sendHeader(ctx context.Context) *localFailure {
 		l.str.CancelWrite(proto.CodeInternal.StreamErrorCode())
 		return &localFailure{proto.CodeConnReset.String(), "Could not write stream header", err}
 	}
-	conn := l.sess.Conn
-	if !isClosed(conn.HandshakeComplete()) {
+	conn := l.sess.Conn // nil on a TCP session: no 0-RTT
+	if conn != nil && !isClosed(conn.HandshakeComplete()) {
 		if l.str, tunnelID, err = l.h.earlyPhase(ctx, conn, l.sc, l.str, l.token, l.early, tunnelID); err != nil {
 			return &localFailure{proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err}
 		}
@@ -300,6 +299,7 @@ func (l *local) splice(toServer splice.Stream) {
 		Endpoint:    l.listenAddr,
 		Source:      l.nc.RemoteAddr().String(),
 		Destination: l.token, // what the server is asked to reach (/tunnels)
+		Transport:   l.sess.Transport(),
 		Direction:   h.direction(),
 		CreatedAt:   l.start,
 		Upstream:    &pipe.ToStream,

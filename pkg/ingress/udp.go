@@ -245,7 +245,12 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		IdleTimeout: h.cfg.UDPIdleTimeout,
 		Drop:        m.UDP.Drop,
 	}
-	r.Sender = udpflow.NewSender(id, sess.Conn, str, r.Up)
+	// A TCP session has no datagrams: the flow stays on its stream.
+	var dc udpflow.DatagramConn
+	if sess.Conn != nil {
+		dc = sess.Conn
+	}
+	r.Sender = udpflow.NewSender(id, dc, str, r.Up)
 	remove, _ := sess.Flows.Add(id, 0, r.FromDatagram) // stream IDs are unique on a connection
 	defer remove()
 	t := &tunnel.Tunnel{
@@ -255,6 +260,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		Source:      f.src.String(),
 		Destination: token,
 		Datagram:    true,
+		Transport:   sess.Transport(),
 		Direction:   h.direction(),
 		CreatedAt:   start,
 		Upstream:    &r.Up.Bytes,
