@@ -137,6 +137,9 @@ admin-token: {{ default (randAlphaNum 44) .Values.auth.adminToken | b64enc | quo
   "audit-log" .Values.server.auditLog
   "v" (toString .Values.server.logLevel) }}
 {{- /* Without rules the binary's default applies: loopback, i.e. the pod itself. */}}
+{{- if not .Values.server.tcpFallback }}
+{{- $_ := set $cfg "tcp-listen-on" "off" }}
+{{- end }}
 {{- if $allow }}
 {{- $_ := set $cfg "allow" $allow }}
 {{- end }}
