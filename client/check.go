@@ -17,11 +17,11 @@ import (
 // A refusal is logged at -v 0 once until the server allows the destination
 // again (which is logged too); a server from before the check answers
 // unsupported (or bad_header), and the rest are not asked.
-func (c *Client) checkDestinations(ctx context.Context, sess *session) {
+func (c *Client) checkDestinations(ctx context.Context, l *link) {
 	if len(c.cfg.Check) == 0 {
 		return
 	}
-	conn := sess.Conn
+	conn := l.Conn
 	select {
 	case <-conn.HandshakeComplete():
 	case <-conn.Context().Done():
@@ -29,12 +29,12 @@ func (c *Client) checkDestinations(ctx context.Context, sess *session) {
 	case <-ctx.Done():
 		return
 	}
-	if c.current() != sess {
+	if c.current(l.m) != l {
 		return // replaced (0-RTT rejected): the new session checks
 	}
 	logger := klog.FromContext(ctx)
 	for _, dest := range c.cfg.Check {
-		if c.authRefused.Load() || conn.Context().Err() != nil || ctx.Err() != nil {
+		if l.m.srv.authRefused.Load() || conn.Context().Err() != nil || ctx.Err() != nil {
 			return
 		}
 		h, err := proto.NewCheck(dest, time.Now())

@@ -41,10 +41,33 @@ type Config struct {
 	// the tunnel registry (nil: a new one).
 	ingress.Config
 
-	// ServerAddr is the server's UDP host:port.
+	// ServerAddr is the server's UDP host:port (one server; see Servers).
 	ServerAddr string
-	TLS        *tls.Config
-	QUIC       *quic.Config
+	// Servers are several servers' UDP host:port, in order of preference;
+	// when set, ServerAddr is ignored. A name resolving to several
+	// addresses of one family counts as one server per address.
+	Servers []string
+	// Mode places new tunnels across the servers (default ModeFailover).
+	Mode Mode
+	// ConnectionsPerServer is how many QUIC connections go to each server,
+	// each reconnecting on its own (0: 1); tunnels go to the one with the
+	// fewest active streams.
+	ConnectionsPerServer int
+	// FailbackAfter is how long a server earlier in Servers must have been
+	// healthy again before failover mode moves new tunnels back to it
+	// (0: 10 s).
+	FailbackAfter time.Duration
+	// Transport is what carries tunnels: TransportAuto (default: QUIC, TCP
+	// while QUIC cannot get through), TransportQUIC or TransportTCP.
+	Transport string
+	// TCPServerAddr is the server's TCP host:port (its --tcp-listen-on);
+	// "": ServerAddr.
+	TCPServerAddr string
+	// FallbackDelay is how long QUIC may fail to connect before new tunnels
+	// go over TCP (0: DefaultFallbackDelay).
+	FallbackDelay time.Duration
+	TLS           *tls.Config
+	QUIC          *quic.Config
 	// Secret authenticates stream headers when non-empty.
 	Secret []byte
 	Tokens TokenSource
@@ -135,15 +158,19 @@ func (f Forward) close() {
 // in those left zero (HeartbeatInterval excepted: zero disables heartbeats).
 func DefaultConfig() Config {
 	return Config{
-		Config:            ingress.DefaultConfig(),
-		SessionWait:       10 * time.Second,
-		HeartbeatInterval: 200 * time.Millisecond,
-		RescueAfter:       time.Second,
-		RouteWatch:        true,
-		IdleAfter:         5 * time.Second,
-		DrainTimeout:      30 * time.Second,
-		TailProbes:        1,
-		TailProbeDelay:    time.Millisecond,
+		Config:               ingress.DefaultConfig(),
+		Transport:            TransportAuto,
+		SessionWait:          10 * time.Second,
+		HeartbeatInterval:    200 * time.Millisecond,
+		RescueAfter:          time.Second,
+		RouteWatch:           true,
+		IdleAfter:            5 * time.Second,
+		DrainTimeout:         30 * time.Second,
+		TailProbes:           1,
+		TailProbeDelay:       time.Millisecond,
+		Mode:                 ModeFailover,
+		ConnectionsPerServer: 1,
+		FailbackAfter:        10 * time.Second,
 	}
 }
 
@@ -166,33 +193,35 @@ type Client struct {
 	cfg Config
 	pc  net.PacketConn
 
+	// servers, in order of preference, and every connection slot of them.
+	servers []*server
+	members []*member
+	// links maps each live session to its link (ingress.Config.Accepted).
+	links sync.Map
+
 	mu      sync.Mutex
-	cur     *session
-	changed chan struct{} // closed and replaced whenever cur changes
+	changed chan struct{} // closed and replaced whenever a member's link changes
+	// active is failover mode's server (steer); switches counts its moves.
+	active   *server
+	switches atomic.Uint64
+	// up counts the members with a link (quictun_client_session_up).
+	up int
 
 	liveness liveness.Stats
 
 	nextConnID atomic.Uint64
 	draining   atomic.Bool
-	// authRefused is set when the server closed a connection (or refused a
-	// dial) with auth_failed, and cleared when it accepts a stream header:
-	// while set, Ready is false, as the server refuses every tunnel.
-	authRefused atomic.Bool
-	// confirmed is the session on which the server last accepted a stream
-	// header (its hello or a tunnel's): with a shared secret, the current
-	// session must be it for Ready.
-	confirmed atomic.Pointer[session]
 	// staleLogged is set once a header refused as stale was logged at -v 0.
 	staleLogged atomic.Bool
 	// refusedDests holds the destinations of Config.Check the server
 	// refused at its last answer (string -> true).
 	refusedDests sync.Map
-	// redial cuts the reconnect backoff short (SetSecret).
-	redial chan struct{}
 	// lastRefusal is the refusal of our credentials last logged at -v 0;
 	// nil once the server accepted them again (confirm), so each distinct
 	// refusal, and the recovery, is logged once.
 	lastRefusal atomic.Pointer[string]
+	// fb carries tunnels over TCP while QUIC cannot (fallback.go).
+	fb *fallback
 	// logger is Run's logger, for what is logged outside its goroutines'
 	// contexts (confirm from ingress); set before Run starts any.
 	logger klog.Logger
@@ -236,15 +265,19 @@ func (c *Client) SetSecret(secret []byte) {
 	if old == nil || bytes.Equal(*old, secret) {
 		return
 	}
-	cur := c.current()
-	unproven := cur != nil && c.confirmed.Load() != cur
-	if unproven {
-		_ = cur.Conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "client credentials changed")
-	}
-	if unproven || c.authRefused.Load() {
-		select {
-		case c.redial <- struct{}{}:
-		default:
+	for _, m := range c.members {
+		c.mu.Lock()
+		cur := m.cur
+		c.mu.Unlock()
+		unproven := cur != nil && !cur.confirmed.Load()
+		if unproven {
+			_ = cur.Conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "client credentials changed")
+		}
+		if unproven || m.srv.authRefused.Load() {
+			select {
+			case m.redial <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
@@ -253,7 +286,7 @@ func (c *Client) SetSecret(secret []byte) {
 // ownership of pc and closes it after Run returns.
 func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	switch {
-	case cfg.ServerAddr == "":
+	case cfg.ServerAddr == "" && len(cfg.Servers) == 0:
 		return nil, errors.New("client: server address is required")
 	case cfg.TLS == nil:
 		return nil, errors.New("client: TLS config is required")
@@ -278,7 +311,32 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
-	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), redial: make(chan struct{}, 1), logger: klog.Background()}
+	switch cfg.Transport {
+	case "":
+		cfg.Transport = TransportAuto
+	case TransportAuto, TransportQUIC, TransportTCP:
+	default:
+		return nil, errNoTransport
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = def.Mode
+	}
+	if _, err := ParseMode(string(cfg.Mode)); err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	orDefault(&cfg.ConnectionsPerServer, 1)
+	orDefault(&cfg.FailbackAfter, def.FailbackAfter)
+	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), logger: klog.Background()}
+	if len(cfg.Servers) == 0 {
+		c.servers = []*server{{addr: cfg.ServerAddr, label: cfg.ServerAddr}}
+	} else {
+		c.servers = expandServers(context.Background(), cfg.Servers, net.DefaultResolver.LookupHost)
+	}
+	c.members = newMembers(c.servers, cfg.ConnectionsPerServer, cfg.Backoff)
+	if c.cfg.TCPServerAddr == "" { // the first server's, at the QUIC port
+		c.cfg.TCPServerAddr = c.servers[0].addr
+	}
+	c.fb = newFallback(c, c.cfg.Transport, c.cfg.TCPServerAddr, c.cfg.FallbackDelay)
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
 	c.SetTLS(cfg.TLS)
@@ -286,11 +344,9 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		Sessions: sessions{c},
 		Tokens:   func() TokenSource { return *c.tokens.Load() },
 		Secret:   func() []byte { return *c.secret.Load() },
-		Accepted: func() {
-			if cur := c.current(); cur != nil {
-				c.confirm(cur)
-			} else {
-				c.authRefused.Store(false)
+		Accepted: func(sess *session) {
+			if l, ok := c.links.Load(sess); ok {
+				c.confirm(l.(*link))
 			}
 		},
 	})
@@ -311,26 +367,38 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	return c, nil
 }
 
-// Ready reports whether a QUIC connection to the server is up (for /readyz):
+// Ready reports whether a QUIC connection to a server is up (for /readyz):
 // its handshake completed, so the server is known to be there, and with a
 // shared secret the server accepted a stream header on it (the hello each
 // connection starts with, see hello.go), so our credentials are good. A
 // resumed connection is used for 0-RTT data before that, but does not count
-// yet; nor does anything once the client has started to drain, nor while the
-// server refuses our credentials (from its auth_failed close until it accepts
-// a stream header).
+// yet; nor does anything once the client has started to drain, nor a server
+// that refuses our credentials (from its auth_failed close until it accepts
+// a stream header). With several servers, one such server is enough.
 func (c *Client) Ready() bool {
-	cur := c.current()
-	if c.draining.Load() || c.authRefused.Load() || cur == nil || !isClosed(cur.Conn.HandshakeComplete()) {
+	if c.draining.Load() {
 		return false
 	}
-	return len(*c.secret.Load()) == 0 || c.confirmed.Load() == cur
-}
-
-func (c *Client) current() *session {
+	noSecret := len(*c.secret.Load()) == 0
+	if c.fb.session() != nil && !c.fb.authRefused.Load() && (noSecret || c.fb.confirmed.Load()) {
+		return true // over TCP (fallback.go)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.cur
+	for _, m := range c.members {
+		l := m.cur
+		if l.live() && !m.srv.authRefused.Load() && isClosed(l.Conn.HandshakeComplete()) && (noSecret || l.confirmed.Load()) {
+			return true
+		}
+	}
+	return false
+}
+
+// current returns m's link (nil: none).
+func (c *Client) current(m *member) *link {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return m.cur
 }
 
 // session is one QUIC connection with its tail prober.
@@ -357,15 +425,39 @@ func (c *Client) LivenessStats() *liveness.Stats { return &c.liveness }
 // Registry is the client's tunnel registry.
 func (c *Client) Registry() *tunnel.Registry { return c.cfg.Registry }
 
-// ConnStats returns the statistics of the current QUIC connection, if any.
+// ConnStats returns the statistics of the live QUIC connections, labelled
+// by connection index ("0"; with several servers "ENDPOINT#0").
 func (c *Client) ConnStats() []transport.ConnStats {
 	c.mu.Lock()
-	cur := c.cur
-	c.mu.Unlock()
-	if cur == nil {
-		return nil
+	type lc struct {
+		label string
+		conn  *quic.Conn
 	}
-	return []transport.ConnStats{transport.ConnStatsOf("0", cur.Conn)}
+	var live []lc
+	for _, m := range c.members {
+		if m.cur != nil {
+			live = append(live, lc{m.label, m.cur.Conn})
+		}
+	}
+	c.mu.Unlock()
+	out := make([]transport.ConnStats, 0, len(live))
+	for _, l := range live {
+		out = append(out, transport.ConnStatsOf(l.label, l.conn))
+	}
+	return out
+}
+
+// conns returns the live QUIC connections.
+func (c *Client) conns() []*quic.Conn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*quic.Conn
+	for _, m := range c.members {
+		if m.cur.live() {
+			out = append(out, m.cur.Conn)
+		}
+	}
+	return out
 }
 
 // Run serves the listeners and keeps a QUIC connection up until ctx is
@@ -384,7 +476,12 @@ func (c *Client) Run(ctx context.Context) error {
 	sessCtx, stopSession := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
 	defer stopSession()
 	var wg sync.WaitGroup
-	wg.Go(func() { c.supervise(sessCtx, tr) })
+	if c.cfg.Transport != TransportTCP {
+		for _, m := range c.members {
+			wg.Go(func() { c.supervise(sessCtx, tr, m) })
+		}
+	}
+	wg.Go(func() { c.fb.run(sessCtx) })
 
 	var handlers sync.WaitGroup
 	for _, ln := range c.cfg.Listeners {
@@ -421,9 +518,9 @@ func (c *Client) Run(ctx context.Context) error {
 		dctx, cancel := context.WithTimeout(context.Background(), c.cfg.DrainTimeout)
 		if err := c.cfg.Registry.WaitEmpty(dctx); err != nil {
 			logger.Info("Drain timeout expired, aborting tunnels", "tunnels", c.cfg.Registry.Len())
-		} else if cur := c.current(); cur != nil {
+		} else if conns := c.conns(); len(conns) > 0 {
 			// Let the server acknowledge the last bytes before the connection closes.
-			transport.Linger(dctx, []*quic.Conn{cur.Conn})
+			transport.Linger(dctx, conns)
 		}
 		cancel()
 	}
@@ -435,24 +532,48 @@ func (c *Client) Run(ctx context.Context) error {
 	return nil
 }
 
-func (c *Client) setSession(sess *session) {
+// setSession makes sess m's link (nil: none) and returns it.
+func (c *Client) setSession(m *member, sess *session) *link {
+	var l *link
+	if sess != nil {
+		l = &link{session: sess, m: m}
+		c.links.Store(sess, l)
+	}
 	c.mu.Lock()
-	c.cur = sess
+	if old := m.cur; old != nil {
+		c.links.Delete(old.session)
+		c.up--
+	}
+	m.cur = l
+	if l != nil {
+		c.up++
+	}
 	close(c.changed)
 	c.changed = make(chan struct{})
 	c.mu.Unlock()
-	if sess != nil {
-		c.cfg.Metrics.SessionUp.Set(1)
-	} else {
-		c.cfg.Metrics.SessionUp.Set(0)
-	}
+	c.updateSessionUp()
+	return l
 }
 
-// supervise owns the QUIC connection: dial, wait for its end, redial.
-func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
+// updateSessionUp sets session_up: 1 while a QUIC connection (any server's)
+// or the TCP one (fallback.go) is up. Under c.mu, so that concurrent updates
+// do not leave a stale value.
+func (c *Client) updateSessionUp() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cfg.Metrics.SessionUp.Set(boolGauge(c.up > 0 || c.fb.session() != nil))
+}
+
+// supervise owns m's QUIC connection: dial, wait for its end, redial.
+func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 	logger := klog.FromContext(ctx)
-	bo := c.cfg.Backoff
-	m := c.cfg.Metrics
+	if len(c.members) > 1 {
+		logger = klog.LoggerWithValues(logger, "server", m.srv.label, "conn", m.idx)
+		ctx = klog.NewContext(ctx, logger)
+	}
+	srv := m.srv
+	bo := m.bo
+	met := c.cfg.Metrics
 	// A failed dial is an error at -v 0 when its message differs from the
 	// previous failure's (a server that is down is not logged every second);
 	// the first connection, and the first after such an error, are logged at
@@ -470,39 +591,45 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 	// when supervise returns (they end with their connection).
 	var hellos sync.WaitGroup
 	defer hellos.Wait()
-	startHello := func(s *session) {
+	startHello := func(l *link) {
 		hellos.Go(func() {
-			c.hello(ctx, s)
-			c.checkDestinations(ctx, s)
+			c.hello(ctx, l)
+			c.checkDestinations(ctx, l)
 		})
-		hellos.Go(func() { c.serveReverse(ctx, s) })
+		if l.m.idx == 0 {
+			// Reverse forwards are bound once per server (on its first
+			// connection: another would be refused addr_in_use), on every
+			// server, so they work whichever one a peer reaches.
+			hellos.Go(func() { c.serveReverse(ctx, l) })
+		}
 	}
 	for ctx.Err() == nil {
 		start := time.Now()
-		conn, err := c.dial(ctx, tr)
+		c.fb.quicDialing()
+		conn, err := c.dial(ctx, tr, srv)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
+			srv.markBad(time.Now())
 			if code, ok := proto.FromError(err); ok && code == proto.CodeAuthFailed {
-				m.DialsTotal.WithLabelValues("auth_failed").Inc()
-				c.authRefused.Store(true)
+				met.DialsTotal.WithLabelValues("auth_failed").Inc()
+				srv.authRefused.Store(true)
 			} else {
-				m.DialsTotal.WithLabelValues("error").Inc()
+				met.DialsTotal.WithLabelValues("error").Inc()
 			}
 			if msg := err.Error(); msg != lastDialErr {
 				lastDialErr, loggedFailure = msg, true
-				logger.Error(err, "Could not connect to server; retrying", "address", c.cfg.ServerAddr, "fix", DialErrorFix(err))
+				logger.Error(err, "Could not connect to server; retrying", "address", srv.addr, "fix", DialErrorFix(err))
 			} else {
-				logger.V(2).Info("Could not connect to server", "address", c.cfg.ServerAddr, "attempt", bo.Attempts()+1, "err", err)
+				logger.V(2).Info("Could not connect to server", "address", srv.addr, "attempt", bo.Attempts()+1, "err", err)
 			}
-			c.waitBackoff(ctx, bo)
+			c.waitBackoff(ctx, m)
 			continue
 		}
 		id := c.nextConnID.Add(1)
-		sess := c.newSession(conn)
-		c.setSession(sess) // usable at once: with a session ticket, streams go out as 0-RTT data
-		startHello(sess)
+		l := c.setSession(m, c.newSession(conn)) // usable at once: with a session ticket, streams go out as 0-RTT data
+		startHello(l)
 		if !isClosed(conn.HandshakeComplete()) {
 			select {
 			case <-conn.HandshakeComplete():
@@ -511,22 +638,27 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			}
 			if conn.Context().Err() == nil && ctx.Err() == nil && !conn.ConnectionState().Used0RTT {
 				// The server rejected 0-RTT: its data was dropped; handlers re-send (earlyPhase).
-				m.DialsTotal.WithLabelValues("0rtt_rejected").Inc()
+				met.DialsTotal.WithLabelValues("0rtt_rejected").Inc()
 				if next, err := conn.NextConnection(ctx); err == nil {
 					conn = next
-					sess = c.newSession(conn)
-					c.setSession(sess)
-					startHello(sess)
+					l = c.setSession(m, c.newSession(conn))
+					startHello(l)
 				}
 			}
 		}
+		if conn.Context().Err() == nil && isClosed(conn.HandshakeComplete()) {
+			l.readyAt.Store(time.Now().UnixNano())
+		}
 		used0RTT := conn.ConnectionState().Used0RTT
 		if used0RTT {
-			m.DialsTotal.WithLabelValues("ok_0rtt").Inc()
+			met.DialsTotal.WithLabelValues("ok_0rtt").Inc()
 		} else {
-			m.DialsTotal.WithLabelValues("ok").Inc()
+			met.DialsTotal.WithLabelValues("ok").Inc()
 		}
-		m.HandshakeDuration.Observe(time.Since(start).Seconds())
+		met.HandshakeDuration.Observe(time.Since(start).Seconds())
+		if conn.Context().Err() == nil {
+			c.fb.quicUsable(m, true)
+		}
 		level, msg := 2, "Connected to server"
 		if !connectedBefore || loggedFailure {
 			level = 0
@@ -535,14 +667,16 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			msg = "Reconnected to server"
 		}
 		connectedBefore, loggedFailure, lastDialErr = true, false, ""
-		logger.V(level).Info(msg, "address", c.cfg.ServerAddr, "connID", id,
+		logger.V(level).Info(msg, "address", srv.addr, "connID", id,
 			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT,
 			"serverFingerprint", serverFingerprint(conn))
 		upSince := time.Now()
 		bo.Success(upSince)
 
-		c.monitor(ctx, tr, sess) // returns when the connection or ctx ends
-		c.setSession(nil)
+		c.monitor(ctx, tr, l) // returns when the connection or ctx ends
+		c.setSession(m, nil)
+		c.fb.quicUsable(m, false)
+		srv.markBad(time.Now())
 		if ctx.Err() != nil {
 			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
 		}
@@ -553,10 +687,10 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 			return
 		}
 		cause := context.Cause(conn.Context())
-		m.ReconnectsTotal.Inc()
+		met.ReconnectsTotal.Inc()
 		bo.Failure(time.Now())
 		if code, ok := proto.FromError(cause); ok && code == proto.CodeAuthFailed {
-			c.authRefused.Store(true)
+			srv.authRefused.Store(true)
 			if msg := cause.Error(); c.refusedBefore(msg) {
 				logger.V(2).Info("Server rejected our credentials again", "connID", id, "err", cause)
 			} else {
@@ -566,7 +700,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		} else if now := time.Now(); lostLoggedAt.IsZero() || now.Sub(lostLoggedAt) >= lostLogInterval {
 			lostLoggedAt, loggedFailure = now, true
 			logger.Info("Lost connection to server; reconnecting (tunnels opened meanwhile wait for the new connection)",
-				"address", c.cfg.ServerAddr, "connID", id, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause)
+				"address", srv.addr, "connID", id, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause)
 		} else {
 			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
 		}
@@ -578,7 +712,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport) {
 		// attempt count grows only in a wait, so without one that would be
 		// a reconnect loop without any delay.
 		if bo.Attempts() > 0 || time.Since(upSince) < shortConnection {
-			c.waitBackoff(ctx, bo)
+			c.waitBackoff(ctx, m)
 		}
 	}
 }
@@ -613,20 +747,27 @@ func (c *Client) refusedBefore(msg string) bool {
 // errRedial cuts a reconnect backoff short.
 var errRedial = errors.New("credentials changed")
 
-// waitBackoff waits for bo's next delay, or until the credentials change
-// (SetSecret): then it returns at once and starts the backoff afresh.
-func (c *Client) waitBackoff(ctx context.Context, bo *backoff.Backoff) {
+// waitBackoff waits for m's next backoff delay, or until the credentials
+// change (SetSecret): then it returns at once and starts the backoff afresh.
+func (c *Client) waitBackoff(ctx context.Context, m *member) {
+	bo := m.bo
 	select {
-	case <-c.redial: // changed before the wait
+	case <-m.redial: // changed before the wait
 		bo.Reset()
 		return
 	default:
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
+	if c.fb.active() {
+		// Tunnels go over TCP meanwhile: try UDP again soon.
+		var stop context.CancelFunc
+		wctx, stop = context.WithTimeout(wctx, fallbackProbeMax)
+		defer stop()
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		select {
-		case <-c.redial:
+		case <-m.redial:
 			cancel(errRedial)
 		case <-wctx.Done():
 		}
@@ -639,10 +780,10 @@ func (c *Client) waitBackoff(ctx context.Context, bo *backoff.Backoff) {
 	}
 }
 
-func (c *Client) dial(ctx context.Context, tr *quic.Transport) (*quic.Conn, error) {
-	ua, err := net.ResolveUDPAddr("udp", c.cfg.ServerAddr)
+func (c *Client) dial(ctx context.Context, tr *quic.Transport, srv *server) (*quic.Conn, error) {
+	ua, err := srv.resolve(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("resolve %s: %w", c.cfg.ServerAddr, err)
+		return nil, fmt.Errorf("resolve %s: %w", srv.addr, err)
 	}
 	// One attempt lasts one handshake timeout: a new attempt sends a fresh
 	// Initial at once, instead of waiting for a backed-off retransmission, so
@@ -655,9 +796,9 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport) (*quic.Conn, erro
 	defer cancel()
 	// DialEarly returns as soon as 0-RTT keys exist when a session ticket is
 	// cached (after a reconnect), and after the handshake otherwise.
-	conn, err := tr.DialEarly(dctx, ua, c.tlsConf.Load(), c.cfg.QUIC)
+	conn, err := tr.DialEarly(dctx, ua, c.tlsFor(srv, c.tlsConf.Load()), c.cfg.QUIC)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", c.cfg.ServerAddr, err)
+		return nil, fmt.Errorf("dial %s: %w", srv.addr, err)
 	}
 	return conn, nil
 }
@@ -665,26 +806,47 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport) (*quic.Conn, erro
 // sessions is the Client as ingress sees it.
 type sessions struct{ c *Client }
 
-// Wait returns the current session, waiting up to SessionWait for one.
-func (s sessions) Wait(ctx context.Context) (*session, error) { return s.c.waitSession(ctx) }
+// Wait returns the session a new tunnel goes on, waiting up to SessionWait
+// for one; release ends the tunnel's count on it.
+func (s sessions) Wait(ctx context.Context) (*session, func(), error) {
+	sess, release, err := s.c.waitSession(ctx)
+	if err != nil {
+		return nil, func() {}, err
+	}
+	return sess, release, nil
+}
 
-// waitSession returns the current session, waiting up to SessionWait for one.
-func (c *Client) waitSession(ctx context.Context) (*session, error) {
+// waitSession picks the session a new tunnel goes on, waiting up to
+// SessionWait for one: a QUIC link (counted on it until release), or the TCP
+// session while QUIC does not get through (fallback.go).
+func (c *Client) waitSession(ctx context.Context) (*session, func(), error) {
 	t := time.NewTimer(c.cfg.SessionWait)
 	defer t.Stop()
 	for {
 		c.mu.Lock()
-		cur, ch := c.cur, c.changed
+		l, ch := c.pick(time.Now()), c.changed
 		c.mu.Unlock()
-		if cur != nil && cur.Conn.Context().Err() == nil {
-			return cur, nil
+		var quic *session
+		if l != nil {
+			quic = l.session
+		}
+		s := c.fb.choose(quic)
+		switch {
+		case s != nil && l != nil && s == l.session:
+			var once sync.Once
+			return s, func() { once.Do(func() { l.active.Add(-1) }) }, nil
+		case l != nil:
+			l.active.Add(-1) // counted by pick, but the tunnel goes over TCP
+		}
+		if s != nil {
+			return s, func() {}, nil
 		}
 		select {
 		case <-ch:
 		case <-t.C:
-			return nil, ErrNoSession
+			return nil, nil, ErrNoSession
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		}
 	}
 }

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"io"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -31,20 +30,20 @@ const (
 // accepted before an application connects. It runs beside the tunnels, which
 // never wait for it, and returns when the answer is in or the connection
 // ends. Without a shared secret there is nothing to prove: it returns at once.
-func (c *Client) hello(ctx context.Context, sess *session) {
+func (c *Client) hello(ctx context.Context, l *link) {
 	secret := *c.secret.Load()
 	if len(secret) == 0 {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	conn := sess.Conn
+	conn := l.Conn
 	delay := helloRetry
 	for {
 		err := sayHello(conn, secret)
 		code, remote := proto.FromError(err)
 		switch {
 		case err == nil:
-			c.confirm(sess)
+			c.confirm(l)
 			logger.V(4).Info("Server accepted our hello")
 			return
 		case !remote:
@@ -57,7 +56,7 @@ func (c *Client) hello(ctx context.Context, sess *session) {
 			return
 		case code == proto.CodeAuthFailed:
 			// The server closes the connection too; the supervisor logs it.
-			c.authRefused.Store(true)
+			l.m.srv.authRefused.Store(true)
 			return
 		case code == proto.CodeOverloaded:
 			// The server's budget for unauthenticated streams is full: try
@@ -73,7 +72,7 @@ func (c *Client) hello(ctx context.Context, sess *session) {
 				return
 			}
 		case code == proto.CodeReplay:
-			c.confirm(sess) // the MAC was verified first
+			c.confirm(l) // the MAC was verified first
 			c.logHeaderStale(logger)
 			return
 		default:
@@ -82,7 +81,7 @@ func (c *Client) hello(ctx context.Context, sess *session) {
 			// credentials. bad_header: a server from before stream kinds
 			// cannot read a hello, nor tell us anything: as before the
 			// hello, the handshake is taken as enough.
-			c.confirm(sess)
+			c.confirm(l)
 			logger.V(4).Info("Server answered our hello", "code", code.String())
 			return
 		}
@@ -105,35 +104,18 @@ func sayHello(conn *quic.Conn, secret []byte) error {
 func ask(conn *quic.Conn, h *proto.Header, secret []byte) error {
 	ctx, cancel := context.WithTimeout(conn.Context(), helloTimeout)
 	defer cancel()
-	b, err := h.Append(nil, secret)
-	if err != nil {
-		return err
-	}
 	str, err := conn.OpenStreamSync(ctx)
 	if err != nil {
 		return err
 	}
-	// Ends its stream either way, so its credit returns to the server.
-	defer str.CancelRead(proto.CodeOK.StreamErrorCode())
-	if _, err := str.Write(b); err != nil {
-		str.CancelWrite(proto.CodeOK.StreamErrorCode())
-		return err
-	}
-	_ = str.Close()
-	deadline, _ := ctx.Deadline()
-	_ = str.SetReadDeadline(deadline)
-	if err := proto.ReadReply(str); err != nil {
-		return err
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(str, 1)) // the server's FIN
-	return nil
+	return askOn(ctx, str, h, secret)
 }
 
-// confirm records that the server accepted a stream header on sess (Ready),
+// confirm records that the server accepted a stream header on l (Ready),
 // and says so at -v 0 when it had refused our credentials before.
-func (c *Client) confirm(sess *session) {
-	c.authRefused.Store(false)
-	c.confirmed.Store(sess)
+func (c *Client) confirm(l *link) {
+	l.m.srv.authRefused.Store(false)
+	l.confirmed.Store(true)
 	if c.lastRefusal.Swap(nil) != nil {
 		c.logger.Info("Server accepted our credentials")
 	}

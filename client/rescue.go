@@ -24,8 +24,16 @@ import (
 // as soon as the server answers. quic-go then re-sends everything outstanding
 // at once. monitor returns when the connection or ctx ends, after every
 // goroutine it started has ended.
-func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session) {
+//
+// With several servers it also tells steering (servers.go) how the link
+// fares: stalled while no echo came for RescueAfter, so new tunnels go to
+// another server; stalled for deadAfter while another server is healthy,
+// the connection is closed with CodeTimeout, which resets its tunnels (the
+// applications reconnect, onto a live server) and starts a redial.
+func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
+	sess := l.session
 	conn := sess.Conn
+	defer l.stalled.Store(false)
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(conn.Context(), cancel)
@@ -118,6 +126,8 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 	mark := c.cfg.Registry.Activity()
 	lastWork, watching := time.Now(), time.Now()
 	active := true
+	// suspectSince: a rescue began and no echo came since (zero: none).
+	var suspectSince time.Time
 	var tickC <-chan time.Time = tick.C
 	move := func() {
 		if moveTo != nil && !busy {
@@ -208,10 +218,20 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, sess *session)
 			}
 			heartbeat()
 			echo := recv.LastEcho()
+			if !suspectSince.IsZero() && echo.After(suspectSince) {
+				suspectSince = time.Time{}
+				c.fb.quicSuspect(l.m, false) // the path answers again
+			}
 			if echo.Before(watching) {
 				echo = watching
 			}
+			c.steerLink(logger, l, now, now.Sub(echo))
 			if !busy && now.Sub(echo) > c.cfg.RescueAfter && now.Sub(r.lastSwitch) > c.cfg.RescueAfter {
+				if suspectSince.IsZero() {
+					// New tunnels go over TCP meanwhile (fallback.go).
+					suspectSince = now
+					c.fb.quicSuspect(l.m, true)
+				}
 				busy = true
 				lastWork = now
 				rescuing.Go(func() {
@@ -320,4 +340,47 @@ func (r *rescuer) rescue(ctx context.Context, recv *liveness.Receiver) {
 	m.PathSwitchesTotal.WithLabelValues(metrics.SwitchBlackout).Inc()
 	logger.V(2).Info("Switched to a new path after a blackout", "localAddress", r.transports[idx].Conn.LocalAddr().String(),
 		"probing", time.Since(start))
+}
+
+// deadAfter is how long a connection goes without a heartbeat echo, while
+// another server is healthy, before the client gives up on it.
+func (c *Client) deadAfter() time.Duration { return 3 * c.cfg.RescueAfter }
+
+// steerLink records whether l is stalled (quiet: the time since the last
+// heartbeat echo, or since the heartbeats started), and closes its connection
+// with CodeTimeout once quiet for deadAfter while another server is healthy.
+func (c *Client) steerLink(logger klog.Logger, l *link, now time.Time, quiet time.Duration) {
+	stalled := quiet > c.cfg.RescueAfter
+	was := l.stalled.Swap(stalled)
+	if !stalled {
+		if was {
+			logger.V(2).Info("Server answers heartbeats again", "server", l.m.srv.label)
+		}
+		return
+	}
+	l.m.srv.markBad(now)
+	if len(c.servers) == 1 {
+		return
+	}
+	if !was {
+		logger.V(2).Info("Server stopped answering heartbeats; new tunnels go to another server", "server", l.m.srv.label, "quiet", quiet)
+	}
+	if quiet < c.deadAfter() || !c.otherServerHealthy(l.m.srv) {
+		return
+	}
+	logger.Info("Server stopped answering; closing its connection, its tunnels are reset and new ones go to another server",
+		"server", l.m.srv.label, "quiet", quiet.Round(time.Millisecond), "tunnels", l.active.Load())
+	_ = l.Conn.CloseWithError(proto.CodeTimeout.ApplicationErrorCode(), "server stopped answering")
+}
+
+// otherServerHealthy reports whether a server other than s is healthy.
+func (c *Client) otherServerHealthy(s *server) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, o := range c.servers {
+		if o != s && serverHealthy(o) {
+			return true
+		}
+	}
+	return false
 }

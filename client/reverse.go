@@ -85,10 +85,11 @@ func (p boundParser) Parse(token string) (endpoint.Endpoint, error) {
 // serves the streams the server opens (egress, toward the declared
 // destinations only) until the connection ends. Without remote forwards it
 // returns at once.
-func (c *Client) serveReverse(ctx context.Context, sess *session) {
+func (c *Client) serveReverse(ctx context.Context, l *link) {
 	if c.reverse == nil {
 		return
 	}
+	sess := l.session
 	conn := sess.Conn
 	select {
 	case <-conn.HandshakeComplete():
@@ -97,7 +98,7 @@ func (c *Client) serveReverse(ctx context.Context, sess *session) {
 	case <-ctx.Done():
 		return
 	}
-	if c.current() != sess {
+	if c.current(l.m) != l {
 		return // replaced (0-RTT rejected): the new session binds
 	}
 	state := c.reverse.NewConn()

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/dgram"
@@ -23,9 +22,9 @@ import (
 // goroutines and its authentication deadline, accept its streams (each
 // served by egress on a goroutine of its own), then wait for them and
 // record how it ended. Each step is a method of conn.
-func (s *Server) serveConn(ctx context.Context, qc *quic.Conn) {
-	c := &conn{s: s, qc: qc, id: s.nextConnID.Add(1), src: sourceIP(qc.RemoteAddr())}
-	c.logger = klog.LoggerWithValues(klog.FromContext(ctx), "connID", c.id, "remoteAddress", qc.RemoteAddr().String())
+func (s *Server) serveConn(ctx context.Context, tc tunnelConn) {
+	c := &conn{s: s, tc: tc, id: s.nextConnID.Add(1), src: sourceIP(tc.RemoteAddr())}
+	c.logger = klog.LoggerWithValues(klog.FromContext(ctx), "connID", c.id, "remoteAddress", tc.RemoteAddr().String())
 	if !c.admit(ctx) {
 		return
 	}
@@ -33,7 +32,7 @@ func (s *Server) serveConn(ctx context.Context, qc *quic.Conn) {
 	ctx = klog.NewContext(ctx, c.logger)
 	c.register()
 	stop := context.AfterFunc(ctx, func() {
-		_ = qc.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "server shutting down")
+		_ = tc.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "server shutting down")
 	})
 	c.startDatagrams()
 	c.startAuthDeadline()
@@ -44,10 +43,11 @@ func (s *Server) serveConn(ctx context.Context, qc *quic.Conn) {
 	c.closed(acceptErr)
 }
 
-// conn is one QUIC connection being served, and what its steps share.
+// conn is one connection being served (QUIC, or TCP: the fallback for
+// clients whose UDP is blocked), and what its steps share.
 type conn struct {
 	s      *Server
-	qc     *quic.Conn
+	tc     tunnelConn
 	id     uint64
 	src    string // its source, as the per-source limits count it
 	logger klog.Logger
@@ -71,14 +71,14 @@ func (c *conn) admit(ctx context.Context) bool {
 		s.active.Add(-1)
 		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues(metrics.RefusedMaxConnections).Inc()
 		c.logger.V(2).Info("Refused connection: the server is at its connection limit; raise --max-connections if clients need more", "limit", s.cfg.MaxConnections)
-		refuseConn(ctx, c.qc, "server at its connection limit")
+		refuseConn(ctx, c.tc, "server at its connection limit")
 		return false
 	}
 	if !s.limits.open(c.src, time.Now()) {
 		s.active.Add(-1)
 		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit").Inc()
 		c.logger.V(2).Info("Refused connection: too many from this address", "limit", s.cfg.MaxConnsPerSource)
-		refuseConn(ctx, c.qc, "too many connections from this address")
+		refuseConn(ctx, c.tc, "too many connections from this address")
 		return false
 	}
 	return true
@@ -95,10 +95,13 @@ func (c *conn) register() {
 	s := c.s
 	c.gate = &connGate{slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn), state: s.egress.NewConn()}
 	s.mu.Lock()
-	s.conns[c.id] = liveConn{conn: c.qc, state: c.gate.state}
+	s.conns[c.id] = liveConn{conn: c.tc, state: c.gate.state}
 	s.mu.Unlock()
 	s.cfg.Metrics.ActiveConnections.Inc()
-	c.logger.V(2).Info("Accepted connection", "used0RTT", c.qc.ConnectionState().Used0RTT)
+	if c.tc.asQUIC() == nil {
+		s.cfg.Metrics.ActiveTCPConnections.Inc()
+	}
+	c.logger.V(2).Info("Accepted connection", "transport", transportOf(c.tc.asQUIC()), "used0RTT", c.tc.ConnectionState().Used0RTT)
 }
 
 // startDatagrams starts what runs beside the streams: the log line of a
@@ -106,7 +109,7 @@ func (c *conn) register() {
 // connection's datagram reader (heartbeats, UDP flows) and its tail prober.
 // A client without datagram support has its flows carried on their streams.
 func (c *conn) startDatagrams() {
-	s, conn, m := c.s, c.qc, c.s.cfg.Metrics
+	s, conn, m := c.s, c.tc, c.s.cfg.Metrics
 	if s.cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert {
 		// With mutual TLS, say who connected once the handshake has shown it.
 		c.streams.Go(func() {
@@ -118,13 +121,13 @@ func (c *conn) startDatagrams() {
 		})
 	}
 	c.flows = udpflow.NewTable(m.UDP.Drop)
-	if conn.ConnectionState().SupportsDatagrams.Remote {
-		c.prober = liveness.NewTailProber(conn, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
-			WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-		recv := liveness.NewReceiver(conn, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
-		c.streams.Go(func() { dgram.Serve(conn.Context(), conn, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, c.flows) })
+	if qc := c.tc.asQUIC(); qc != nil && qc.ConnectionState().SupportsDatagrams.Remote {
+		c.prober = liveness.NewTailProber(qc, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
+			WithRTT(func() time.Duration { return qc.ConnectionStats().SmoothedRTT })
+		recv := liveness.NewReceiver(qc, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
+		c.streams.Go(func() { dgram.Serve(qc.Context(), qc, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, c.flows) })
 		// No goroutine to wait for the end: a server holds thousands of idle connections.
-		c.prober.StopWhenDone(conn.Context())
+		c.prober.StopWhenDone(qc.Context())
 	}
 }
 
@@ -135,7 +138,7 @@ func (c *conn) startDatagrams() {
 func (c *conn) startAuthDeadline() {
 	s, gate := c.s, c.gate
 	if s.raiseStreamsTo > 0 {
-		gate.onVerified = func() { c.qc.RaiseMaxIncomingStreams(s.raiseStreamsTo) }
+		gate.onVerified = func() { c.tc.RaiseMaxIncomingStreams(s.raiseStreamsTo) }
 	}
 	gate.verified.Store(s.egress.Keys().Len() == 0)
 	if gate.verified.Load() {
@@ -156,7 +159,7 @@ func (c *conn) startAuthDeadline() {
 // authTimedOut closes a connection that presented no verified header in
 // time, with the code that tells its client what happened.
 func (c *conn) authTimedOut() {
-	s, gate, conn := c.s, c.gate, c.qc
+	s, gate, conn := c.s, c.gate, c.tc
 	s.cfg.Metrics.PreauthRejectionsTotal.WithLabelValues(metrics.PreauthAuthTimeout).Inc()
 	if gate.sawMAC.Load() {
 		// Headers made with the secret, none of them fresh, new and
@@ -185,7 +188,7 @@ func (c *conn) authTimedOut() {
 // on a goroutine of its own once it holds its place in the
 // pre-authentication budget; it returns AcceptStream's error.
 func (c *conn) acceptStreams(ctx context.Context) error {
-	s, conn, m := c.s, c.qc, c.s.cfg.Metrics
+	s, conn, m := c.s, c.tc, c.s.cfg.Metrics
 	for {
 		str, err := conn.AcceptStream(conn.Context())
 		if err != nil {
@@ -219,7 +222,7 @@ func (c *conn) acceptStreams(ctx context.Context) error {
 // pre-authentication budgets of its source and of the server, if its
 // connection is not verified yet; the returned func gives back all of them,
 // once. A stream over a budget is refused (false).
-func (c *conn) hold(str *quic.Stream) (release func(), ok bool) {
+func (c *conn) hold(str egress.TunnelStream) (release func(), ok bool) {
 	s, gate := c.s, c.gate
 	global := false
 	releaseSource := func() {}
@@ -262,10 +265,10 @@ func (c *conn) hold(str *quic.Stream) (release func(), ok bool) {
 // serveStream hands one stream to egress; its places in the
 // pre-authentication budget are given back as soon as its header is
 // verified (or it fails).
-func (c *conn) serveStream(ctx context.Context, str *quic.Stream, early bool, release func()) {
+func (c *conn) serveStream(ctx context.Context, str egress.TunnelStream, early bool, release func()) {
 	defer release() // a stream that fails before its header is verified
 	gate := c.gate
-	c.s.egress.Serve(ctx, egress.Stream{Conn: c.qc, ConnID: c.id, Stream: str, Early: early, Prober: c.prober, Conn0: gate.state,
+	c.s.egress.Serve(ctx, egress.Stream{Conn: c.tc, ConnID: c.id, Stream: str, Early: early, Prober: c.prober, Conn0: gate.state,
 		Flows: c.flows, Source: c.src,
 		// On a connection that has proven the secret a valid MAC is
 		// enough to free the slot (the rules may take a DNS lookup);
@@ -284,18 +287,22 @@ func (c *conn) closed(acceptErr error) {
 	s, m := c.s, c.s.cfg.Metrics
 	// AcceptStream can return the close error before quic-go cancels the
 	// connection's context: then that error is the cause.
-	cause := context.Cause(c.qc.Context())
+	cause := context.Cause(c.tc.Context())
 	if cause == nil {
 		cause = acceptErr
 	}
 	result := connResult(cause)
 	m.ConnectionsTotal.WithLabelValues(result).Inc()
 	m.ActiveConnections.Dec()
+	qc := c.tc.asQUIC()
+	if qc == nil {
+		m.ActiveTCPConnections.Dec()
+	}
 	s.mu.Lock()
 	delete(s.conns, c.id)
 	s.mu.Unlock()
-	if s.cfg.QUICStat != nil {
-		s.cfg.QUICStat.Closed(c.qc.ConnectionStats())
+	if s.cfg.QUICStat != nil && qc != nil {
+		s.cfg.QUICStat.Closed(qc.ConnectionStats())
 	}
 	c.logger.V(2).Info("Closed connection", "result", result, "err", cause)
 }

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/egress"
@@ -66,7 +65,7 @@ type binding struct {
 	connID     uint64
 	ep         endpoint.Endpoint
 	identities []string
-	stream     *quic.Stream // the bind stream: its reset ends the binding
+	stream     egress.TunnelStream // the bind stream: its reset ends the binding
 	logger     klog.Logger
 }
 
@@ -81,6 +80,9 @@ func (b *binder) init(s *Server) {
 
 // refuse logs a refused reverse forward (at -v 0 once per interval and
 // reason, else -v 2) and returns its error.
+// errReverseNeedsQUIC refuses a reverse forward asked for over TCP.
+var errReverseNeedsQUIC = errors.New("reverse forwards need QUIC")
+
 func (b *binder) refuse(req egress.BindRequest, code proto.Code, msg string, err error, kv ...any) error {
 	lvl := 2
 	if ok, n := b.refusals.Allow(code.String() + " " + req.Bind.Listen); ok {
@@ -113,6 +115,12 @@ func (b *binder) authorize(ep endpoint.Endpoint, identities []string) (string, e
 // Bind implements egress.Binder.
 func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), error) {
 	st := req.Stream
+	qc := quicOf(st.Conn)
+	if qc == nil {
+		// The server opens the reverse forward's streams toward the client,
+		// which accepts them on its QUIC connection only.
+		return nil, b.refuse(req, proto.CodeUnsupported, "Refused a reverse forward: it needs a QUIC connection, and this client came over TCP (its UDP is blocked)", errReverseNeedsQUIC)
+	}
 	ep, err := endpoint.Parse(req.Bind.Listen)
 	if err != nil {
 		return nil, b.refuse(req, proto.CodeBadToken, "Refused a reverse forward: its listen address does not parse", err)
@@ -163,7 +171,7 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 		return nil, b.refuse(req, proto.CodeInternal, "Refused a reverse forward: could not listen at its address", err)
 	}
 	h, err := ingress.New(b.s.cfg.Reverse, ingress.Links{
-		Sessions: connSession{&ingress.Session{Conn: st.Conn, Prober: st.Prober, Flows: st.Flows}},
+		Sessions: connSession{&ingress.Session{Conn: qc, Prober: st.Prober, Flows: st.Flows}},
 		Tokens:   func() ingress.TokenSource { return boundToken(proto.BoundToken(req.Bind.ID)) },
 		Secret:   func() []byte { return nil }, // TLS authenticated the server to the client
 	})
@@ -265,11 +273,11 @@ type connSession struct{ sess *ingress.Session }
 var errConnClosed = errors.New("the client's connection ended")
 
 // Wait returns the session while its connection lives.
-func (c connSession) Wait(context.Context) (*ingress.Session, error) {
+func (c connSession) Wait(context.Context) (*ingress.Session, func(), error) {
 	if c.sess.Conn.Context().Err() != nil {
-		return nil, errConnClosed
+		return nil, func() {}, errConnClosed
 	}
-	return c.sess, nil
+	return c.sess, func() {}, nil
 }
 
 // boundToken is the token of every connection a reverse forward's listener

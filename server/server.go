@@ -20,6 +20,7 @@ import (
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
@@ -104,6 +105,14 @@ type Config struct {
 	// reconnect every few seconds.
 	IdleAuthTimeout time.Duration
 
+	// TCP, if set, also accepts connections on it: streams over TLS 1.3
+	// on TCP (pkg/tcpmux) for clients whose UDP is blocked, with the same
+	// authentication, limits, rules and audit as QUIC. The server closes it
+	// when it stops accepting.
+	TCP net.Listener
+	// TCPMux bounds TCP connections; zero fields: tcpmux's defaults, the
+	// stream limits those of QUIC, the idle timeout QUIC's.
+	TCPMux tcpmux.Config
 	// AllowRemoteListen are the addresses any verified client may ask the
 	// server to listen on for a reverse forward
 	// (endpoint.AllowList.AuthorizeListen), AllowRemoteListenFor further
@@ -176,6 +185,9 @@ type Server struct {
 	// more state for an unverified peer).
 	raiseStreamsTo int64
 
+	// tcpHandshakes holds a token per TCP connection in its handshake.
+	tcpHandshakes chan struct{}
+
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
 	draining   atomic.Bool
@@ -218,7 +230,11 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		return nil, errors.New("server: packet conn is required")
 	}
 	// The server's own listeners are refused whatever the rules say.
-	for _, a := range append([]net.Addr{pc.LocalAddr()}, cfg.SelfAddrs...) {
+	selfAddrs := append([]net.Addr{pc.LocalAddr()}, cfg.SelfAddrs...)
+	if cfg.TCP != nil {
+		selfAddrs = append(selfAddrs, cfg.TCP.Addr())
+	}
+	for _, a := range selfAddrs {
 		if a == nil {
 			continue
 		}
@@ -250,6 +266,15 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		}
 		cfg.QUIC = q
 	}
+	// TCP connections get QUIC's stream limits (the pre-authentication
+	// budget, then the full limit) and idle timeout.
+	cfg.TCPMux.MaxIncomingStreams = quicDefaultMaxIncomingStreams
+	if cfg.QUIC != nil && cfg.QUIC.MaxIncomingStreams > 0 {
+		cfg.TCPMux.MaxIncomingStreams = cfg.QUIC.MaxIncomingStreams
+	}
+	if cfg.TCPMux.IdleTimeout <= 0 && cfg.QUIC != nil {
+		cfg.TCPMux.IdleTimeout = cfg.QUIC.MaxIdleTimeout
+	}
 	var bind *binder
 	if cfg.AllowRemoteListen != nil || len(cfg.AllowRemoteListenFor) > 0 {
 		if cfg.Reverse.Metrics == nil {
@@ -277,6 +302,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource, cfg.MaxUnverifiedStreamsPerSource),
 		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
 		raiseStreamsTo: raiseStreamsTo,
+		tcpHandshakes:  make(chan struct{}, maxTCPHandshakes),
 		conns:          map[uint64]liveConn{},
 	}
 	if bind != nil {
@@ -347,7 +373,11 @@ func (s *Server) ConnStats() []transport.ConnStats {
 	defer s.mu.Unlock()
 	out := make([]transport.ConnStats, 0, len(s.conns))
 	for id, lc := range s.conns {
-		cs := transport.ConnStatsOf(fmt.Sprint(id), lc.conn)
+		q := lc.conn.asQUIC()
+		if q == nil {
+			continue // TCP: no QUIC statistics
+		}
+		cs := transport.ConnStatsOf(fmt.Sprint(id), q)
 		cs.ClientSubject = egress.ClientSubject(lc.conn)
 		cs.ClientIdentity = lc.state.Identity(lc.conn)
 		out = append(out, cs)
@@ -388,6 +418,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.ready.Store(true)
 	logger.Info("Server listening", "address", s.pc.LocalAddr().String())
+	if s.cfg.TCP != nil {
+		logger.Info("Server listening on TCP for clients whose UDP is blocked", "address", s.cfg.TCP.Addr().String())
+	}
 
 	// Connections outlive ctx until the drain is over.
 	connCtx, cancelConns := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
@@ -413,9 +446,18 @@ func (s *Server) Run(ctx context.Context) error {
 				acceptErr <- err
 				return
 			}
-			wg.Go(func() { s.serveConn(connCtx, c) })
+			wg.Go(func() { s.serveConn(connCtx, overQUIC{c}) })
 		}
 	})
+	tcpDone := make(chan struct{})
+	if s.cfg.TCP != nil {
+		wg.Go(func() {
+			defer close(tcpDone)
+			s.acceptTCP(ctx, connCtx, &wg)
+		})
+	} else {
+		close(tcpDone)
+	}
 
 	var runErr error
 	select {
@@ -430,10 +472,14 @@ func (s *Server) Run(ctx context.Context) error {
 	s.draining.Store(true)
 	s.cfg.Metrics.Draining.Set(1)
 	_ = ln.Close()
+	if s.cfg.TCP != nil {
+		_ = s.cfg.TCP.Close()
+	}
 	if s.binder != nil {
 		s.binder.close() // reverse forwards' listeners: their clients are told (shutdown)
 	}
 	<-acceptErr //nolint:errcheck // waits for the accept loop to end; its error was handled above
+	<-tcpDone
 	// UDP flows have no end to wait for: they end now (the client sees shutdown).
 	s.cfg.Registry.AbortFlows(proto.CodeShutdown)
 	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
@@ -447,7 +493,10 @@ func (s *Server) Run(ctx context.Context) error {
 			s.mu.Lock()
 			conns := make([]*quic.Conn, 0, len(s.conns))
 			for _, lc := range s.conns {
-				conns = append(conns, lc.conn)
+				// A TCP connection's close sends its data first anyway.
+				if q := lc.conn.asQUIC(); q != nil {
+					conns = append(conns, q)
+				}
 			}
 			s.mu.Unlock()
 			transport.Linger(dctx, conns)
@@ -470,7 +519,7 @@ var (
 )
 
 // refuseConn closes a connection that is over a limit with overloaded.
-func refuseConn(ctx context.Context, conn *quic.Conn, reason string) {
+func refuseConn(ctx context.Context, conn egress.Conn, reason string) {
 	egress.CloseConn(ctx, conn, proto.CodeOverloaded, reason)
 }
 
@@ -480,7 +529,7 @@ const quicDefaultMaxIncomingStreams = 100
 
 // liveConn is an open connection and its egress state (for ConnStats).
 type liveConn struct {
-	conn  *quic.Conn
+	conn  tunnelConn
 	state *egress.ConnState
 }
 
@@ -530,7 +579,7 @@ func (g *connGate) markVerified() {
 
 // refuseUnverified resets a stream of a connection not yet verified that is
 // over a pre-authentication budget (reason), and counts it.
-func (s *Server) refuseUnverified(logger klog.Logger, str *quic.Stream, reason, msg string, limit int) {
+func (s *Server) refuseUnverified(logger klog.Logger, str egress.TunnelStream, reason, msg string, limit int) {
 	egress.Reset(str, proto.CodeOverloaded)
 	m := s.cfg.Metrics
 	m.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()

@@ -40,12 +40,17 @@ type ServerOptions struct {
 	QUIC     func(*transport.QUICOptions)
 	// WrapConn wraps the server's UDP socket (e.g. with forward error correction).
 	WrapConn func(net.PacketConn) net.PacketConn
+	// TCP also listens on TCP (Server.TCPAddr): the fallback for clients
+	// whose UDP is blocked.
+	TCP bool
 }
 
 // Server is a running in-process server.
 type Server struct {
 	*server.Server
-	Addr        string
+	Addr string
+	// TCPAddr is the TCP listener's address (ServerOptions.TCP), else "".
+	TCPAddr     string
 	State       *transport.State
 	StateDir    string
 	Registry    *prometheus.Registry
@@ -119,6 +124,11 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 		ResetKey: &st.ResetKey, TokenKey: &st.TokenKey,
 		DrainTimeout: 5 * time.Second,
 	}
+	if o.TCP {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		cfg.TCP = ln
+	}
 	if o.Mutate != nil {
 		o.Mutate(&cfg)
 	}
@@ -131,6 +141,9 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Server: srv, Addr: pc.LocalAddr().String(), State: st, StateDir: o.StateDir, Registry: reg, Metrics: m,
 		stop: cancel, done: make(chan error, 1), pc: pc}
+	if cfg.TCP != nil {
+		s.TCPAddr = cfg.TCP.Addr().String()
+	}
 	go func() { s.done <- srv.Run(ctx) }()
 	t.Cleanup(func() { s.Stop(t) })
 	require.Eventually(t, srv.Ready, 5*time.Second, 5*time.Millisecond)

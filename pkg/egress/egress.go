@@ -19,6 +19,7 @@ import (
 	"github.com/quictun/quictun/pkg/lograte"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
@@ -353,6 +354,25 @@ func (e *Handler) store(kr *proto.Keyring, all *endpoint.AllowList, forIdentity 
 	}
 }
 
+// Conn is what the Handler uses of a stream's connection: a *quic.Conn, or
+// a *tcpmux.Conn (the TCP fallback, which has no datagrams and no 0-RTT).
+type Conn interface {
+	Context() context.Context
+	RemoteAddr() net.Addr
+	HandshakeComplete() <-chan struct{}
+	ConnectionState() quic.ConnectionState
+	CloseWithError(quic.ApplicationErrorCode, string) error
+}
+
+// TunnelStream is what the Handler uses of a stream: a *quic.Stream or a
+// *tcpmux.Stream.
+type TunnelStream interface {
+	splice.Stream
+	StreamID() quic.StreamID
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
+}
+
 // ConnState is what the Handler keeps per QUIC connection: its quota in the
 // replay cache.
 type ConnState struct {
@@ -366,7 +386,7 @@ type ConnState struct {
 // verified header: "CN=NAME" of its certificate and "key=NAME" of its shared
 // secret, comma-separated. Before a verified header it is what the
 // handshake showed (a client certificate's "CN=NAME"), else "".
-func (s *ConnState) Identity(conn *quic.Conn) string {
+func (s *ConnState) Identity(conn Conn) string {
 	if id := s.identity.Load(); id != nil {
 		return *id
 	}
@@ -386,9 +406,9 @@ func (e *Handler) NewConn() *ConnState {
 
 // Stream is one accepted tunnel stream and what its connection knows.
 type Stream struct {
-	Conn   *quic.Conn
+	Conn   Conn
 	ConnID uint64
-	Stream *quic.Stream
+	Stream TunnelStream
 	// Early: the stream arrived before the handshake completed (0-RTT).
 	Early bool
 	// Prober, if set, is kicked by the splice (tail-loss probes).
@@ -419,7 +439,7 @@ type Stream struct {
 // carries an application's close only as a bare APPLICATION_ERROR: it waits
 // for the handshake, at most a second, so the client learns the code (that
 // its credentials were refused, say). The handshake's cost is already spent.
-func CloseConn(ctx context.Context, conn *quic.Conn, code proto.Code, reason string) {
+func CloseConn(ctx context.Context, conn Conn, code proto.Code, reason string) {
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	select {
@@ -432,7 +452,7 @@ func CloseConn(ctx context.Context, conn *quic.Conn, code proto.Code, reason str
 }
 
 // Reset aborts both directions of str with code.
-func Reset(str *quic.Stream, code proto.Code) {
+func Reset(str TunnelStream, code proto.Code) {
 	str.CancelRead(code.StreamErrorCode())
 	str.CancelWrite(code.StreamErrorCode())
 }
@@ -606,7 +626,7 @@ type peer struct {
 }
 
 // peerOf reads the client certificate of c.
-func peerOf(c *quic.Conn) peer {
+func peerOf(c Conn) peer {
 	certs := c.ConnectionState().TLS.PeerCertificates
 	if len(certs) == 0 {
 		return peer{}
@@ -661,9 +681,12 @@ func authFailureFix(reason string) string {
 
 // sourceOf is the address a connection comes from, without its port: one
 // client host's failures count as one.
-func sourceOf(c *quic.Conn) string {
-	if ua, ok := c.RemoteAddr().(*net.UDPAddr); ok {
-		return ua.IP.String()
+func sourceOf(c Conn) string {
+	switch a := c.RemoteAddr().(type) {
+	case *net.UDPAddr:
+		return a.IP.String()
+	case *net.TCPAddr:
+		return a.IP.String()
 	}
 	return c.RemoteAddr().String()
 }
@@ -733,5 +756,14 @@ func checkedDialer(d Dialer, allow func() *endpoint.AllowList) Dialer {
 	return &c
 }
 
+// transportOf names what carries c's streams for /tunnels: "quic", or
+// "tcp" for a connection without datagrams (pkg/tcpmux).
+func transportOf(c Conn) string {
+	if _, ok := c.(udpflow.DatagramConn); ok {
+		return "quic"
+	}
+	return "tcp"
+}
+
 // ClientSubject is the subject of c's client certificate (mutual TLS), or "".
-func ClientSubject(c *quic.Conn) string { return peerOf(c).subject }
+func ClientSubject(c Conn) string { return peerOf(c).subject }

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/endpoint"
@@ -84,7 +83,7 @@ func (s *stream) serve(ctx context.Context) *failure {
 type stream struct {
 	e      *Handler
 	st     Stream
-	str    *quic.Stream
+	str    TunnelStream
 	logger klog.Logger
 	start  time.Time
 
@@ -373,6 +372,7 @@ func (s *stream) splice(sc splice.Conn) *failure {
 		Endpoint:    e.cfg.Endpoint,
 		Source:      s.st.Conn.RemoteAddr().String(),
 		Destination: s.target.String(),
+		Transport:   transportOf(s.st.Conn),
 		Direction:   s.e.direction(),
 		CreatedAt:   s.start,
 		Upstream:    &pipe.FromStream,

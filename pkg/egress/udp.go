@@ -92,7 +92,12 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 		Drop:        m.UDP.Drop,
 	}
 	// The server's Up is the tunnel's downstream: toward the client.
-	r.Sender = udpflow.NewSender(id, st.Conn, str, r.Up)
+	// Without datagrams (a TCP connection) the flow stays on its stream.
+	var dc udpflow.DatagramConn
+	if d, ok := st.Conn.(udpflow.DatagramConn); ok {
+		dc = d
+	}
+	r.Sender = udpflow.NewSender(id, dc, str, r.Up)
 	remove, ok := st.Flows.Add(id, e.cfg.MaxUDPFlowsPerConn, r.FromDatagram)
 	if !ok {
 		_ = nc.Close()
@@ -116,6 +121,7 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 		Source:      st.Conn.RemoteAddr().String(),
 		Destination: f.target.String(),
 		Datagram:    true,
+		Transport:   transportOf(st.Conn),
 		Direction:   e.direction(),
 		CreatedAt:   f.start,
 		Upstream:    &r.Down.Bytes,

@@ -29,6 +29,7 @@ import (
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
@@ -39,9 +40,12 @@ type TokenSource interface {
 }
 
 // Session is one QUIC connection to the server, its tail prober and the
-// table its UDP flow datagrams are routed by.
+// table its UDP flow datagrams are routed by; or, when UDP is blocked, one
+// TCP connection (TCP set, Conn nil: no datagrams, no 0-RTT, no prober).
 type Session struct {
-	Conn   *quic.Conn
+	Conn *quic.Conn
+	// TCP is the session's connection over TCP (the fallback), else nil.
+	TCP    *tcpmux.Conn
 	Prober *liveness.TailProber
 	Flows  *udpflow.Table
 	// Waker, if set, is woken as a stream or flow is about to be opened on
@@ -55,10 +59,30 @@ type Session struct {
 	verdicts verdicts
 }
 
-// Sessions gives ingress the client's current QUIC connection.
+// Transport names the session's transport: "quic" or "tcp".
+func (s *Session) Transport() string {
+	if s.TCP != nil {
+		return "tcp"
+	}
+	return "quic"
+}
+
+// Stream is a tunnel stream: a *quic.Stream, or a *tcpmux.Stream on a TCP
+// session.
+type Stream interface {
+	splice.Stream
+	StreamID() quic.StreamID
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
+}
+
+// Sessions gives ingress the connection a new stream goes on: the client
+// chooses among its connections (servers, --connections, the TCP fallback).
 type Sessions interface {
-	// Wait returns the current session, waiting (bounded) for one.
-	Wait(ctx context.Context) (*Session, error)
+	// Wait returns the session a new stream (or UDP flow) goes on, waiting
+	// (bounded) for one, and counts it there until release is called
+	// (once, when the stream ends; release is never nil).
+	Wait(ctx context.Context) (sess *Session, release func(), err error)
 }
 
 // Config are the settings of a Handler, filled once by whoever runs it (the
@@ -114,8 +138,9 @@ type Links struct {
 	// force; Secret may return nil (no MAC).
 	Tokens func() TokenSource
 	Secret func() []byte
-	// Accepted, if set, is called when the peer accepted a stream header.
-	Accepted func()
+	// Accepted, if set, is called when the peer accepted a stream header
+	// on sess.
+	Accepted func(sess *Session)
 }
 
 // Handler carries local connections; safe for concurrent use.
@@ -296,7 +321,7 @@ func resetConn(nc net.Conn) {
 
 // replyStream consumes the server's one-byte reply before the first downstream byte.
 type replyStream struct {
-	*quic.Stream
+	Stream
 	once    bool
 	onReply func(error)
 }
@@ -349,7 +374,10 @@ var errStreamCredit = errors.New("server stream limit")
 // openStream opens a stream on sess, waiting up to StreamOpenTimeout for
 // stream credit if the server's limit is reached (the error then wraps
 // errStreamCredit).
-func (h *Handler) openStream(ctx context.Context, sess *Session) (*quic.Stream, error) {
+func (h *Handler) openStream(ctx context.Context, sess *Session) (Stream, error) {
+	if sess.TCP != nil {
+		return h.openTCPStream(ctx, sess.TCP)
+	}
 	sess.Waker.Wake()
 	str, err := sess.Conn.OpenStream()
 	if err == nil || !isStreamLimit(err) {
@@ -358,6 +386,24 @@ func (h *Handler) openStream(ctx context.Context, sess *Session) (*quic.Stream, 
 	octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
 	defer cancel()
 	str, err = sess.Conn.OpenStreamSync(octx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errStreamCredit, err)
+	}
+	return str, nil
+}
+
+// openTCPStream is openStream on a TCP session.
+func (h *Handler) openTCPStream(ctx context.Context, c *tcpmux.Conn) (Stream, error) {
+	str, err := c.OpenStream()
+	if err == nil {
+		return str, nil
+	}
+	if !errors.Is(err, tcpmux.ErrStreamLimit) {
+		return nil, err
+	}
+	octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
+	defer cancel()
+	str, err = c.OpenStreamSync(octx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errStreamCredit, err)
 	}
@@ -386,7 +432,7 @@ const maxEarlyBytes = 256 << 10
 //
 // It also returns the tunnel ID of the header in force: id, or the re-sent
 // header's.
-func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str *quic.Stream, token string, early []byte, id string) (*quic.Stream, string, error) {
+func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str Stream, token string, early []byte, id string) (Stream, string, error) {
 	sent := append([]byte(nil), early...) // written with the header already
 	done := make(chan error, 1)
 	go func() {
@@ -421,6 +467,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	str.CancelRead(0) // discarded with the rest of the 0-RTT data
 	str.CancelWrite(0)
 	var next *quic.Conn
+	var nextTCP *tcpmux.Conn
 	if conn.Context().Err() == nil {
 		// Rejected: the same connection goes on without 0-RTT.
 		n, err := conn.NextConnection(ctx)
@@ -431,10 +478,15 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	} else {
 		// The server never answered (it may still be down): wait for the
 		// supervisor's next connection, with its handshake done.
-		for next == nil {
-			sess, err := h.links.Sessions.Wait(ctx)
+		for next == nil && nextTCP == nil {
+			sess, release, err := h.links.Sessions.Wait(ctx)
+			release() // counted where it was first placed
 			if err != nil {
 				return nil, "", fmt.Errorf("connection died before its handshake: %w", err)
+			}
+			if sess.TCP != nil { // UDP is blocked: the fallback carries it
+				nextTCP = sess.TCP
+				break
 			}
 			select {
 			case <-sess.Conn.HandshakeComplete():
@@ -447,9 +499,15 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 			}
 		}
 	}
-	octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
-	defer cancel()
-	nstr, err := next.OpenStreamSync(octx)
+	var nstr Stream
+	var err error
+	if nextTCP != nil {
+		nstr, err = h.openTCPStream(ctx, nextTCP)
+	} else {
+		octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
+		defer cancel()
+		nstr, err = next.OpenStreamSync(octx)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("stream after 0-RTT rejection: %w", err)
 	}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/metrics"
@@ -25,6 +24,11 @@ import (
 func (h *Handler) serve(ctx context.Context, listenAddr string, nc net.Conn, tokens TokenSource, proxy Proxy, release func()) {
 	l := &local{h: h, listenAddr: listenAddr, nc: nc, proxy: proxy, start: time.Now(), logger: klog.FromContext(ctx)}
 	defer l.releaseSlot()
+	defer func() {
+		if l.release != nil {
+			l.release() // the stream's count on its session
+		}
+	}()
 	if f := l.serve(ctx, tokens, release); f != nil {
 		l.fail(f)
 	}
@@ -85,11 +89,13 @@ type local struct {
 	token string
 	early []byte // bytes the application sent after its proxy request
 	sess  *Session
+	// release ends the stream's count on sess (Sessions.Wait).
+	release func()
 	// optimistic: a proxied connection to a destination the server
 	// accepted on this connection recently is answered at once
 	// (verdicts.go).
 	optimistic bool
-	str        *quic.Stream
+	str        Stream
 	tunnelID   string
 	slog       klog.Logger // logger with the stream's ID
 }
@@ -177,7 +183,8 @@ func (l *local) destination(ctx context.Context, tokens TokenSource) *localFailu
 
 // open opens a stream on the current session (waiting, bounded, for one).
 func (l *local) open(ctx context.Context) *localFailure {
-	sess, err := l.h.links.Sessions.Wait(ctx)
+	sess, release, err := l.h.links.Sessions.Wait(ctx)
+	l.release = release
 	if err != nil {
 		return &localFailure{metrics.ResultNoSession, "No connection to the server for a local connection", fmt.Errorf("%w: %w", errNoSession, err)}
 	}
@@ -212,8 +219,8 @@ func (l *local) sendHeader(ctx context.Context) *localFailure {
 		l.str.CancelWrite(proto.CodeInternal.StreamErrorCode())
 		return &localFailure{proto.CodeConnReset.String(), "Could not write stream header", err}
 	}
-	conn := l.sess.Conn
-	if !isClosed(conn.HandshakeComplete()) {
+	conn := l.sess.Conn // nil on a TCP session: no 0-RTT
+	if conn != nil && !isClosed(conn.HandshakeComplete()) {
 		if l.str, tunnelID, err = l.h.earlyPhase(ctx, conn, l.sc, l.str, l.token, l.early, tunnelID); err != nil {
 			return &localFailure{proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err}
 		}
@@ -228,7 +235,7 @@ func (l *local) accepted(err error) {
 	if err == nil {
 		l.h.cfg.Metrics.StreamOpenDuration.Observe(time.Since(l.start).Seconds())
 		if l.h.links.Accepted != nil {
-			l.h.links.Accepted() // the server accepted our header
+			l.h.links.Accepted(l.sess) // the server accepted our header
 		}
 	}
 	if l.proxy != nil {
@@ -292,6 +299,7 @@ func (l *local) splice(toServer splice.Stream) {
 		Endpoint:    l.listenAddr,
 		Source:      l.nc.RemoteAddr().String(),
 		Destination: l.token, // what the server is asked to reach (/tunnels)
+		Transport:   l.sess.Transport(),
 		Direction:   h.direction(),
 		CreatedAt:   l.start,
 		Upstream:    &pipe.ToStream,

@@ -178,7 +178,8 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 			return
 		}
 	}
-	sess, err := h.links.Sessions.Wait(ctx)
+	sess, release, err := h.links.Sessions.Wait(ctx)
+	defer release()
 	if err != nil {
 		fail(metrics.ResultNoSession, "No connection to the server for a UDP flow", err)
 		return
@@ -226,7 +227,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 			if err == nil {
 				m.StreamOpenDuration.Observe(time.Since(start).Seconds())
 				if h.links.Accepted != nil {
-					h.links.Accepted()
+					h.links.Accepted(sess)
 				}
 			} else if code, ok := proto.FromError(err); ok {
 				if code != proto.CodeRefused || !h.logRefused(klog.LoggerWithValues(logger, "listenAddress", pc.LocalAddr().String()), token) {
@@ -244,7 +245,12 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		IdleTimeout: h.cfg.UDPIdleTimeout,
 		Drop:        m.UDP.Drop,
 	}
-	r.Sender = udpflow.NewSender(id, sess.Conn, str, r.Up)
+	// A TCP session has no datagrams: the flow stays on its stream.
+	var dc udpflow.DatagramConn
+	if sess.Conn != nil {
+		dc = sess.Conn
+	}
+	r.Sender = udpflow.NewSender(id, dc, str, r.Up)
 	remove, _ := sess.Flows.Add(id, 0, r.FromDatagram) // stream IDs are unique on a connection
 	defer remove()
 	t := &tunnel.Tunnel{
@@ -254,6 +260,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		Source:      f.src.String(),
 		Destination: token,
 		Datagram:    true,
+		Transport:   sess.Transport(),
 		Direction:   h.direction(),
 		CreatedAt:   start,
 		Upstream:    &r.Up.Bytes,

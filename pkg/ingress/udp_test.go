@@ -20,15 +20,17 @@ import (
 
 type noSessions struct{}
 
-func (noSessions) Wait(context.Context) (*Session, error) { return nil, errors.New("no session") }
+func (noSessions) Wait(context.Context) (*Session, func(), error) {
+	return nil, func() {}, errors.New("no session")
+}
 
 // waitSessions has no session until ctx ends: a client whose server is
 // unreachable.
 type waitSessions struct{}
 
-func (waitSessions) Wait(ctx context.Context) (*Session, error) {
+func (waitSessions) Wait(ctx context.Context) (*Session, func(), error) {
 	<-ctx.Done()
-	return nil, ctx.Err()
+	return nil, func() {}, ctx.Err()
 }
 
 // TestUDPQueuesBoundedInBytes (issue 21 item 2): while the server is

@@ -76,6 +76,12 @@ type Server struct {
 	StreamBytesTotal  *prometheus.CounterVec
 	ConnectionsTotal  *prometheus.CounterVec
 	ActiveConnections prometheus.Gauge
+	// ActiveTCPConnections counts the connections of ActiveConnections
+	// carried over TCP (the fallback for clients whose UDP is blocked).
+	ActiveTCPConnections prometheus.Gauge
+	// TCPHandshakeFailuresTotal counts TCP connections that did not complete
+	// the TLS handshake and HTTP/2 preface.
+	TCPHandshakeFailuresTotal prometheus.Counter
 	// RefusedTotal counts refused destinations by network and reason
 	// (endpoint.RefusalReasons).
 	RefusedTotal *prometheus.CounterVec
@@ -135,11 +141,11 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 		}, []string{"direction"}),
 		ConnectionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "connections_total",
-			Help: "QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).",
+			Help: "Connections accepted (QUIC, and TCP: active_tcp_connections), by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).",
 		}, []string{"result"}),
 		ActiveConnections: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "active_connections",
-			Help: "QUIC connections currently open.",
+			Help: "Connections currently open (QUIC and TCP).",
 		}),
 		RefusedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "refused_destinations_total",
@@ -150,9 +156,17 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 			Help: "1 while the server drains before shutdown.",
 		}),
 	}
+	m.ActiveTCPConnections = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "active_tcp_connections",
+		Help: "Of active_connections, those carried over TCP (--tcp-listen-on: clients whose UDP is blocked).",
+	})
+	m.TCPHandshakeFailuresTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: sub, Name: "tcp_handshake_failures_total",
+		Help: "TCP connections that did not complete the TLS handshake and HTTP/2 preface (wrong client, scanner, timeout).",
+	})
 	m.RefusedConnectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "refused_connections_total",
-		Help: "QUIC connections refused by connection limits, by reason (handshake_rate, per_source_limit, max_connections).",
+		Help: "Connections (QUIC and TCP) refused by connection limits, by reason (handshake_rate, per_source_limit, max_connections).",
 	}, []string{"reason"})
 	m.DroppedDatagramsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "dropped_datagrams_total",
@@ -180,6 +194,7 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	}, []string{"reason"})
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.DialDuration, m.StreamBytesTotal,
 		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal, m.DroppedDatagramsTotal,
+		m.ActiveTCPConnections, m.TCPHandshakeFailuresTotal,
 		m.PreauthRejectionsTotal, m.UnverifiedStreams, m.ReplayCacheEntries, m.ReplayUnrecordedTotal, m.AuthFailuresTotal)
 	for _, r := range []string{AuthNoMAC, AuthUnknownKey, AuthBadMAC} {
 		m.AuthFailuresTotal.WithLabelValues(r)
@@ -235,6 +250,9 @@ type Client struct {
 	// ProxyAuthFailuresTotal counts proxy connections turned away for their
 	// credentials, by proxy kind and reason.
 	ProxyAuthFailuresTotal *prometheus.CounterVec
+	// Transport is 1 for the transport new tunnels go on (quic, tcp), 0
+	// for the other.
+	Transport *prometheus.GaugeVec
 	// UDP holds the UDP flow metrics.
 	UDP *UDP
 	// Streams counts the client's TCP and unix tunnels (tunnel.Metrics).
@@ -256,7 +274,7 @@ func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 	m := &Client{
 		SessionUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "session_up",
-			Help: "1 while a QUIC connection to the server is up.",
+			Help: "1 while a connection to the server is up (QUIC, or TCP: quictun_client_transport).",
 		}),
 		ReconnectsTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "reconnects_total",
@@ -306,7 +324,14 @@ func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 			Namespace: Namespace, Subsystem: sub, Name: "proxy_auth_failures_total",
 			Help: "Connections to a --proxy entry point turned away because --proxy-credentials-file is set and they did not authenticate, by proxy (socks5, http_connect) and reason (missing: no username/password offered, wrong: a pair not in the file).",
 		}, []string{"proxy", "reason"}),
+		Transport: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "transport",
+			Help: "1 for the transport new tunnels go on: quic, or tcp while QUIC does not get through (--transport auto) or with --transport tcp; 0 for the other. Tunnels stay on the one they started on.",
+		}, []string{"transport"}),
 	}
+	m.Transport.WithLabelValues("quic")
+	m.Transport.WithLabelValues("tcp")
+	reg.MustRegister(m.Transport)
 	reg.MustRegister(m.PathRescuesTotal, m.PathSwitchesTotal, m.PathSwitchFailuresTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
 		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal, m.ProxyAuthFailuresTotal)
 	for _, p := range []string{ProxySOCKS5, ProxyHTTPConnect} {

@@ -87,7 +87,7 @@ func TestServerPrecreatedSeries(t *testing.T) {
 # TYPE quictun_server_stream_bytes_total counter
 quictun_server_stream_bytes_total{direction="downstream"} 0
 quictun_server_stream_bytes_total{direction="upstream"} 0
-# HELP quictun_server_connections_total QUIC connections accepted, by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).
+# HELP quictun_server_connections_total Connections accepted (QUIC, and TCP: active_tcp_connections), by how they ended (closed, idle_timeout, auth_failed, auth_timeout: no authenticated stream header within --idle-auth-timeout of the handshake, shutdown, error).
 # TYPE quictun_server_connections_total counter
 quictun_server_connections_total{result="auth_failed"} 0
 quictun_server_connections_total{result="auth_timeout"} 0
@@ -151,7 +151,7 @@ quictun_client_dials_total{result="ok_0rtt"} 0
 quictun_client_path_rescues_total{result="error"} 0
 quictun_client_path_rescues_total{result="recovered"} 0
 quictun_client_path_rescues_total{result="switched"} 0
-# HELP quictun_client_session_up 1 while a QUIC connection to the server is up.
+# HELP quictun_client_session_up 1 while a connection to the server is up (QUIC, or TCP: quictun_client_transport).
 # TYPE quictun_client_session_up gauge
 quictun_client_session_up 0
 # HELP quictun_client_reconnects_total QUIC connections lost after having been up (each starts a reconnect).

@@ -30,6 +30,9 @@ type Tunnel struct {
 	// Identity is who the client is, when known (server: "CN=NAME" of its
 	// certificate, "key=NAME" of its shared secret).
 	Identity string
+	// Transport is what carries the tunnel: "quic", "tcp" (the fallback
+	// when UDP is blocked), or "" when not known.
+	Transport string
 	// Direction is Forward (the client's application reaches a destination
 	// beyond the server; "" counts as Forward) or Reverse (a connection to
 	// a listener the server opened for a client's --remote-forward reaches
@@ -57,6 +60,7 @@ type Info struct {
 	ClientAppAddr         string    `json:"clientAppAddr"`
 	ServerAppAddr         string    `json:"serverAppAddr"`
 	ClientIdentity        string    `json:"clientIdentity,omitempty"`
+	Transport             string    `json:"transport,omitempty"`
 	Direction             string    `json:"direction"`
 	CreatedAt             time.Time `json:"createdAt"`
 	UpstreamBytes         int64     `json:"upstreamBytes"`
@@ -273,6 +277,7 @@ func (r *Registry) List(now time.Time) []Info {
 			ClientAppAddr:         t.Source,
 			ServerAppAddr:         t.Destination,
 			ClientIdentity:        t.Identity,
+			Transport:             t.Transport,
 			Direction:             direction(t.Direction),
 			CreatedAt:             t.CreatedAt,
 			UpstreamBytes:         up,

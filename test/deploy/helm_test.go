@@ -127,12 +127,19 @@ func TestHelmDefaultValues(t *testing.T) {
 	ms := helmTemplate(t, helm)
 	kinds := byKind(ms)
 	for kind, n := range map[string]int{
-		"Deployment": 1, "Service": 2, "ConfigMap": 1, "Secret": 2, "ServiceAccount": 1, "PodDisruptionBudget": 1,
+		"Deployment": 1, "Service": 3, "ConfigMap": 1, "Secret": 2, "ServiceAccount": 1, "PodDisruptionBudget": 1,
 	} {
 		assert.Len(t, kinds[kind], n, kind)
 	}
 	assert.Empty(t, kinds["ServiceMonitor"], "ServiceMonitor is off by default")
 	assert.Empty(t, kinds["Job"], "the client example is off by default")
+
+	// Issue 23: one name resolving to every ready replica, for clients of several servers.
+	rs := find(t, ms, "Service", "-server-replicas")
+	assert.Equal(t, "None", dig(rs, "spec", "clusterIP"), "headless")
+	assert.Equal(t, false, dig(rs, "spec", "publishNotReadyAddresses"), "ready replicas only")
+	assert.Equal(t, "UDP", dig(rs, "spec", "ports", 0, "protocol"))
+	assert.Equal(t, "TCP", dig(rs, "spec", "ports", 1, "protocol"), "the TCP fallback (issue 24)")
 
 	dep := find(t, ms, "Deployment", "-server")
 	pod := dig(dep, "spec", "template", "spec")
@@ -150,7 +157,7 @@ func TestHelmDefaultValues(t *testing.T) {
 	for _, p := range dig(ctr, "ports").([]any) {
 		ports[str(dig(p, "name"))] = str(dig(p, "protocol"))
 	}
-	assert.Equal(t, map[string]string{"quic": "UDP", "admin": "TCP"}, ports)
+	assert.Equal(t, map[string]string{"quic": "UDP", "quic-tcp": "TCP", "admin": "TCP"}, ports)
 	// server.goDebug's default (README, "Tuning"), and nothing else in the environment.
 	assert.Equal(t, []any{map[string]any{"name": "GODEBUG", "value": "schedtrace=2147483647"}}, dig(ctr, "env"))
 
@@ -175,10 +182,14 @@ func TestHelmDefaultValues(t *testing.T) {
 	require.True(t, ok)
 	assert.Greater(t, time.Duration(grace)*time.Second, drain)
 
-	// The Service carries UDP only and keeps clients on one replica.
+	// The Service carries QUIC and the TCP fallback on one port, and keeps
+	// clients on one replica.
 	svc := find(t, ms, "Service", "-server")
 	assert.Equal(t, "LoadBalancer", dig(svc, "spec", "type"))
 	assert.Equal(t, "UDP", dig(svc, "spec", "ports", 0, "protocol"))
+	assert.Equal(t, "TCP", dig(svc, "spec", "ports", 1, "protocol"))
+	assert.Equal(t, dig(svc, "spec", "ports", 0, "port"), dig(svc, "spec", "ports", 1, "port"))
+	assert.NotContains(t, cfgText, "tcp-listen-on", "the server's default: TCP on the QUIC address")
 	assert.Equal(t, "ClientIP", dig(svc, "spec", "sessionAffinity"))
 
 	// The auth Secret: a shared secret and an admin token of at least 16 bytes.
@@ -236,6 +247,28 @@ func TestHelmGoDebugServerOnly(t *testing.T) {
 	assert.Equal(t, "quictun-client", dig(side, "name"))
 	assert.Nil(t, dig(side, "env"), "the client sidecar gets no GODEBUG")
 	assert.Nil(t, dig(job[0], "spec", "template", "spec", "containers", 0, "env"))
+}
+
+// TestHelmTCPFallbackOff: server.tcpFallback=false turns the server's TCP
+// listener off (--tcp-listen-on=off in its config, which validates) and
+// publishes UDP only.
+func TestHelmTCPFallbackOff(t *testing.T) {
+	t.Parallel()
+	helm := lookTool(t, "helm")
+	ms := helmTemplate(t, helm, "--set", "server.tcpFallback=false")
+	cfgText := str(dig(find(t, ms, "ConfigMap", "-server"), "data", "server.yaml"))
+	assert.Equal(t, "off", yamlScalar(t, []byte(cfgText), "tcp-listen-on"))
+	cfg := filepath.Join(t.TempDir(), "server.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte(cfgText), 0o600))
+	out, err := checkConfig(t, "quictun-server", "--config", cfg)
+	require.NoError(t, err, "rendered server.yaml: %s", out)
+	for _, name := range []string{"-server", "-server-replicas"} {
+		ports := dig(find(t, ms, "Service", name), "spec", "ports").([]any)
+		require.Len(t, ports, 1, name)
+		assert.Equal(t, "UDP", dig(ports[0], "protocol"), name)
+	}
+	ctr := dig(find(t, ms, "Deployment", "-server"), "spec", "template", "spec", "containers", 0)
+	assert.Len(t, dig(ctr, "ports").([]any), 2, "quic and admin")
 }
 
 func TestHelmFullValues(t *testing.T) {
@@ -309,7 +342,8 @@ func TestHelmFullValues(t *testing.T) {
 		args = append(args, str(a))
 	}
 	assert.Contains(t, args, "--token-source="+echoToken)
-	assert.Contains(t, args, "--server-endpoint=quictun-server.quictun.svc.cluster.local:7500")
+	assert.Contains(t, args, "--server-endpoint=quictun-server-replicas.quictun.svc.cluster.local:7500", "every replica, by the headless Service")
+	assert.Contains(t, args, "--server-mode=failover")
 	out, err = checkConfig(t, "quictun-client", args...)
 	require.NoError(t, err, "sidecar args %v: %s", args, out)
 	for _, v := range dig(job, "spec", "template", "spec", "volumes").([]any) {

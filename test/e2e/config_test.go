@@ -62,7 +62,7 @@ state-dir: `+filepath.Join(t.TempDir(), "state")+`
 	cfile := writeFile(t, "client.yaml", "server-endpoint: file.example:7500\ntoken-source: tcp:127.0.0.1:22\nsession-wait-timeout: 3s\n")
 	cgot, _ := writtenConfig(t, []string{"QUICTUN_SERVER_ENDPOINT=env.example:7500", "QUICTUN_TOKEN_SOURCE=tcp:127.0.0.1:2222"},
 		bins.client, "--config", cfile, "--token-source", "tcp:127.0.0.1:3333")
-	assert.Equal(t, "env.example:7500", cgot["server-endpoint"])
+	assert.Equal(t, []any{"env.example:7500"}, cgot["server-endpoint"], "a list flag since issue 23 (several servers)")
 	assert.Equal(t, "tcp:127.0.0.1:3333", cgot["token-source"])
 	assert.Equal(t, "3s", cgot["session-wait-timeout"])
 }

@@ -109,7 +109,7 @@ func newRunCommand() *cobra.Command {
 	fs.StringVar(&out, "out", "bench/results", "results directory; each run writes <out>/<UTC date>/")
 	fs.StringVar(&prefix, "prefix", "qb", "network namespace prefix (<prefix>-c, <prefix>-s)")
 	fs.StringSliceVar(&variants, "variants", nil, "variants to run, by name (direct-cubic, quictun-bbr) or family (direct, kcptun, quictun); default: the profile's (stn: direct,quictun), else every available one. Opt-in: quictun-socks5 (the quictun daemons probed through a --proxy socks5: entry point), quictun-reverse (a reverse tunnel, --remote-forward, probed from the server host; latency scenario only)")
-	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,bulk,fairness,echo-tps,request-size,connrate,blackout,blackout-bulk,scale,flood,stn-short,stn-sizes,stn-blackout); default: the profile's")
+	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,after-idle,bulk,fairness,echo-tps,request-size,connrate,blackout,blackout-bulk,scale,flood,stn-short,stn-sizes,stn-blackout,failover); default: the profile's")
 	fs.StringSliceVar(&congestion, "congestion", nil, "quictun --congestion values, one variant quictun-<cc> each, e.g. bbr,cubic,reno (default: the profile's; cc: bbr,cubic,reno, others none); --congestion= runs one quictun without the flag")
 	fs.StringSliceVar(&directCC, "direct-cc", nil, "TCP congestion controls of direct TCP, one variant direct-<cc> each (server side set per route in the namespaces), e.g. cubic,bbr (default: the profile's; cc: cubic,bbr, others none: one direct with the namespaces' default)")
 	fs.IntVar(&reps, "reps", 0, "repetitions per case (0: the profile's)")

@@ -44,7 +44,12 @@ long-lived QUIC connection to quictun-server, which connects it to the destinati
       --server-fingerprint sha256:3f1c... --secret-file /etc/quictun/secret \
       --token-source tcp:127.0.0.1:22`
 	checkOpts := NewOptions()
-	cmd.AddCommand(cli.NewCheckCommand(checkOpts, func() string { return checkOpts.ServerEndpoint }))
+	cmd.AddCommand(cli.NewCheckCommand(checkOpts, func() string {
+		if len(checkOpts.ServerEndpoint) == 0 {
+			return ""
+		}
+		return checkOpts.ServerEndpoint[0]
+	}))
 	return cmd
 }
 
@@ -54,7 +59,9 @@ long-lived QUIC connection to quictun-server, which connects it to the destinati
 // the client, then serves it (cli.DaemonFlags.Serve).
 func (o *Options) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	cli.LogHostCheck(o.ServerEndpoint)
+	for _, ep := range o.ServerEndpoint {
+		cli.LogHostCheck(ep)
+	}
 	if o.entries == nil { // Run without Validate (a test): parse them here
 		if err := o.Validate(); err != nil {
 			return err
@@ -105,8 +112,12 @@ func (o *Options) Run(ctx context.Context) error {
 	bo.Max = o.ReconnectMax
 	var c *client.Client
 	qstat := metrics.NewQUICCollector("client", true, cli.QUICConns(func() []transport.ConnStats { return c.ConnStats() }))
+	mode, err := client.ParseMode(o.ServerMode)
+	if err != nil {
+		return err
+	}
 	cfg := o.Client
-	cfg.ServerAddr, cfg.TLS, cfg.QUIC, cfg.WrapConn = o.ServerEndpoint, tlsConf, sock.QUIC, sock.Wrap
+	cfg.Servers, cfg.Mode, cfg.TLS, cfg.QUIC, cfg.WrapConn = o.ServerEndpoint, mode, tlsConf, sock.QUIC, sock.Wrap
 	cfg.Secret, cfg.Tokens, cfg.Listeners, cfg.Forwards = secret, tokens, listeners, forwards
 	cfg.Check = o.checkDestinations()
 	if len(o.entries.remote) > 0 {
@@ -121,6 +132,9 @@ func (o *Options) Run(ctx context.Context) error {
 	c, err = client.New(cfg, sock.Conn)
 	if err != nil {
 		return err
+	}
+	if len(o.ServerEndpoint) > 1 || o.Client.ConnectionsPerServer > 1 {
+		reg.MustRegister(metrics.NewServerCollector(c.ServerStats, c.Switches))
 	}
 	logger.Info("Tunnel configured", o.entriesLog()...)
 	return o.Serve(ctx, cli.Serving{
@@ -177,7 +191,13 @@ func (o *Options) checkDestinations() []string {
 // entriesLog is the server endpoint and the local entry points for the
 // "Tunnel configured" line, leaving out the kinds not configured.
 func (o *Options) entriesLog() []any {
-	kv := []any{"serverEndpoint", o.ServerEndpoint}
+	kv := []any{"serverEndpoint", strings.Join(o.ServerEndpoint, ",")}
+	if len(o.ServerEndpoint) > 1 {
+		kv = append(kv, "serverMode", o.ServerMode)
+	}
+	if o.Client.ConnectionsPerServer > 1 {
+		kv = append(kv, "connections", o.Client.ConnectionsPerServer)
+	}
 	for _, e := range []struct {
 		key   string
 		specs []string
@@ -283,8 +303,9 @@ func (o *Options) tlsConfig(logger klog.Logger, cache tls.ClientSessionCache) (*
 		InsecureSkipVerify: o.InsecureSkipVerify,
 		SessionCache:       cache,
 	}
-	if topts.ServerName == "" {
-		host, _, _ := net.SplitHostPort(o.ServerEndpoint)
+	if topts.ServerName == "" && len(o.ServerEndpoint) == 1 {
+		// With several, the client verifies each server against its own host.
+		host, _, _ := net.SplitHostPort(o.ServerEndpoint[0])
 		topts.ServerName = host
 	}
 	for _, f := range o.ServerFingerprint {

@@ -26,7 +26,7 @@ const testFingerprint = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef
 
 func validOptions() *Options {
 	o := NewOptions()
-	o.ServerEndpoint = "server.example.com:7500"
+	o.ServerEndpoint = []string{"server.example.com:7500"}
 	o.TokenSource = "tcp:127.0.0.1:22"
 	o.ServerFingerprint = []string{testFingerprint}
 	o.SecretFile = "/etc/quictun/secret"
@@ -45,7 +45,7 @@ func TestValidate(t *testing.T) {
 		{"explicit insecure", func(o *Options) { o.ServerFingerprint, o.InsecureSkipVerify = nil, true }, nil},
 		{"mTLS instead of secret", func(o *Options) { o.SecretFile, o.CertFile, o.KeyFile = "", "/c", "/k" }, nil},
 		{"explicit no auth", func(o *Options) { o.SecretFile, o.InsecureNoAuth = "", true }, nil},
-		{"IPv6 endpoint", func(o *Options) { o.ServerEndpoint = "[2001:db8::1]:7500" }, nil},
+		{"IPv6 endpoint", func(o *Options) { o.ServerEndpoint = []string{"[2001:db8::1]:7500"} }, nil},
 		{"several listeners", func(o *Options) { o.ListenOn = []string{"tcp:127.0.0.1:1", "unix:/tmp/a.sock"} }, nil},
 		{"heartbeats off, rescue anything", func(o *Options) { o.Client.HeartbeatInterval, o.Client.RescueAfter = 0, 0 }, nil},
 		{"rescue exactly twice heartbeat", func(o *Options) { o.Client.HeartbeatInterval, o.Client.RescueAfter = time.Second, 2*time.Second }, nil},
@@ -65,8 +65,8 @@ func TestValidate(t *testing.T) {
 
 		{"no listener", func(o *Options) { o.ListenOn = nil }, []string{"--listen-on needs at least one listener"}},
 		{"bad listener", func(o *Options) { o.ListenOn = []string{"tcp:127.0.0.1:1", "udp:1.2.3.4:5"} }, []string{`--listen-on "udp:1.2.3.4:5"`}},
-		{"no server endpoint", func(o *Options) { o.ServerEndpoint = "" }, []string{"--server-endpoint is required"}},
-		{"endpoint without port", func(o *Options) { o.ServerEndpoint = "server.example.com" }, []string{`--server-endpoint "server.example.com"`}},
+		{"no server endpoint", func(o *Options) { o.ServerEndpoint = nil }, []string{"--server-endpoint is required"}},
+		{"endpoint without port", func(o *Options) { o.ServerEndpoint = []string{"server.example.com"} }, []string{`--server-endpoint "server.example.com"`}},
 		{"no token source", func(o *Options) { o.TokenSource = "" }, []string{"--token-source is required"}},
 		{"no verification", func(o *Options) { o.ServerFingerprint = nil }, []string{"server verification is required"}},
 		{"two verifications", func(o *Options) { o.CAFile = "/ca.pem" }, []string{"choose one of"}},
@@ -140,7 +140,7 @@ func TestValidateServerEndpointNeedsPort(t *testing.T) {
 	t.Parallel()
 	for _, ep := range []string{"server.example.com:", ":7500", "server.example.com:0", "server.example.com:http-alt"} {
 		o := validOptions()
-		o.ServerEndpoint = ep
+		o.ServerEndpoint = []string{ep}
 		err := o.Validate()
 		require.Error(t, err, ep)
 		assert.Contains(t, err.Error(), "--server-endpoint", ep)
@@ -190,7 +190,7 @@ func TestCommandWriteAndCheckConfigRoundTrip(t *testing.T) {
 	m := map[string]any{}
 	require.NoError(t, yaml.Unmarshal([]byte(first), &m))
 	assert.Equal(t, []any{"tcp:127.0.0.1:2222", "unix:/tmp/quictun-test.sock"}, m["listen-on"])
-	assert.Equal(t, "server.example.com:7500", m["server-endpoint"])
+	assert.Equal(t, []any{"server.example.com:7500"}, m["server-endpoint"]) // a list flag since issue 23
 	assert.Equal(t, []any{testFingerprint}, m["server-fingerprint"])
 	assert.Equal(t, "250ms", m["heartbeat-interval"])
 	assert.Equal(t, 12, m["max-connections"])
@@ -223,7 +223,7 @@ func TestCommandPrecedence(t *testing.T) {
 	t.Setenv("QUICTUN_INSECURE_SKIP_VERIFY", "true")
 	t.Setenv("QUICTUN_SESSION_WAIT_TIMEOUT", "5s")
 	m := effective(t, "--config", file, "--server-endpoint", "c:7500")
-	assert.Equal(t, "c:7500", m["server-endpoint"], "flag over env over file")
+	assert.Equal(t, []any{"c:7500"}, m["server-endpoint"], "flag over env over file")
 	assert.Equal(t, "5s", m["session-wait-timeout"], "env over file")
 	assert.Equal(t, "4s", m["stream-open-timeout"], "file over default")
 	assert.Equal(t, "tcp:127.0.0.1:22", m["token-source"])

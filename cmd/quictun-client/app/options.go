@@ -31,7 +31,8 @@ type Options struct {
 
 	ListenOn          []string
 	ListenNonLoopback bool
-	ServerEndpoint    string
+	ServerEndpoint    []string
+	ServerMode        string
 	TokenSourcePlugin string
 	TokenSource       string
 	Forward           []string
@@ -94,13 +95,14 @@ func NewOptions() *Options {
 		ListenOn:          []string{"tcp:127.0.0.1:6500"},
 		TokenSourcePlugin: token.PluginFixed,
 		ReconnectMax:      client.DefaultBackoff().Max,
+		ServerMode:        string(def.Mode),
 	}
 }
 
 // Flag groups, shown as sections in --help (cli.NewRootCommand adds
 // congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
-	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "token-source-plugin", "token-source", "forward", "remote-forward", "proxy", "proxy-credentials-file"}},
+	{Title: "Tunnel", Names: []string{"listen-on", "listen-non-loopback", "server-endpoint", "server-mode", "connections", "server-failback-after", "transport", "tcp-server-endpoint", "token-source-plugin", "token-source", "forward", "remote-forward", "proxy", "proxy-credentials-file"}},
 	{Title: "Server verification and client authentication", Names: []string{"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "secret-file", "cert-file", "key-file", "insecure-no-auth", "session-file"}},
 	{Title: "Admin HTTP server", Names: cli.AdminFlagNames},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"session-wait-timeout", "stream-open-timeout", "max-connections", "max-proxy-handshakes", "udp-idle-timeout", "reconnect-max-delay"})},
@@ -118,7 +120,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	})
 	fs.StringSliceVar(&o.ListenOn, "listen-on", o.ListenOn, "local listeners for applications, e.g. tcp:127.0.0.1:6500,unix:/run/quictun/app.sock")
 	fs.BoolVar(&o.ListenNonLoopback, "listen-non-loopback", o.ListenNonLoopback, "allow --listen-on TCP addresses beyond loopback: anyone who can reach them uses this client's credentials and reaches what the server allows")
-	fs.StringVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500")
+	fs.StringSliceVar(&o.ServerEndpoint, "server-endpoint", o.ServerEndpoint, "quictun-server UDP address, e.g. server.example.com:7500; several (comma-separated, repeated, or a YAML list) in order of preference, each kept connected (a warm standby); a name resolving to several addresses of one family counts as one server per address")
+	fs.StringVar(&o.ServerMode, "server-mode", o.ServerMode, "with several servers, where new tunnels go: failover (the first healthy server in --server-endpoint order; when it stops answering heartbeats, the next one at once) or spread (the healthy connection with the fewest active streams, over all servers)")
+	fs.IntVar(&o.Client.ConnectionsPerServer, "connections", o.Client.ConnectionsPerServer, "QUIC connections to each server, each reconnecting on its own; new tunnels go to the one with the fewest active streams")
+	fs.DurationVar(&o.Client.FailbackAfter, "server-failback-after", o.Client.FailbackAfter, "failover mode: how long a server earlier in --server-endpoint must have answered again before new tunnels move back to it (hysteresis against flapping)")
+	fs.StringVar(&o.Client.Transport, "transport", o.Client.Transport, "what carries tunnels: auto (QUIC; while QUIC does not get through, UDP blocked, new tunnels go over TCP, TLS 1.3 to the server's --tcp-listen-on, and back to QUIC as soon as it works), quic, or tcp")
+	fs.StringVar(&o.Client.TCPServerAddr, "tcp-server-endpoint", o.Client.TCPServerAddr, "quictun-server TCP address for --transport auto or tcp (its --tcp-listen-on); empty = --server-endpoint")
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
 	fs.StringSliceVar(&o.Proxy, "proxy", o.Proxy, "a local entry point where each application names its destination, repeatable: socks5:127.0.0.1:1080 (SOCKS5 CONNECT and UDP ASSOCIATE; curl --socks5-hostname, ssh -o ProxyCommand='nc -X 5 -x ...') or http-connect:127.0.0.1:8080 (HTTP CONNECT; curl -x, git, https_proxy); each destination is checked by the server's --allow rules, and a refusal is answered as SOCKS 'not allowed by ruleset' or HTTP 403")
 	fs.StringVar(&o.ProxyCredentials, "proxy-credentials-file", o.ProxyCredentials, "file (mode 0600) of USER:PASSWORD lines that every --proxy client must present: SOCKS5 username/password (RFC 1929), HTTP CONNECT Proxy-Authorization: Basic (407 otherwise); re-read on SIGHUP; empty: none, any local process may use the proxies")
@@ -198,6 +205,16 @@ func (o *Options) Validate() error {
 			parsed.forwards = append(parsed.forwards, forwardSpec{spec: f, listen: ep, dest: dest, tokens: ts})
 		}
 	}
+	switch o.Client.Transport {
+	case "", client.TransportAuto, client.TransportQUIC, client.TransportTCP:
+	default:
+		add("--transport must be auto, quic or tcp, not %q", o.Client.Transport)
+	}
+	if o.Client.TCPServerAddr != "" {
+		if err := cli.ValidateHostPort("tcp-server-endpoint", o.Client.TCPServerAddr, true, false); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for i, f := range o.RemoteForward {
 		rf, err := parseRemoteForward(f)
 		switch {
@@ -209,10 +226,24 @@ func (o *Options) Validate() error {
 			parsed.remote = append(parsed.remote, rf)
 		}
 	}
-	if o.ServerEndpoint == "" {
+	if len(o.ServerEndpoint) == 0 {
 		add("--server-endpoint is required")
-	} else if err := cli.ValidateHostPort("server-endpoint", o.ServerEndpoint, true, false); err != nil {
-		errs = append(errs, err)
+	}
+	for i, ep := range o.ServerEndpoint {
+		if err := cli.ValidateHostPort("server-endpoint", ep, true, false); err != nil {
+			errs = append(errs, err)
+		} else if slices.Contains(o.ServerEndpoint[:i], ep) {
+			add("--server-endpoint %s is listed twice", ep)
+		}
+	}
+	if _, err := client.ParseMode(o.ServerMode); err != nil {
+		add("--server-mode: %w", err)
+	}
+	if o.Client.ConnectionsPerServer < 1 || o.Client.ConnectionsPerServer > maxConnectionsPerServer {
+		add("--connections must be between 1 and %d", maxConnectionsPerServer)
+	}
+	if o.Client.FailbackAfter <= 0 {
+		add("--server-failback-after must be positive")
 	}
 	if o.TokenSource == "" {
 		if len(o.Forward)+len(o.Proxy)+len(o.RemoteForward) == 0 {
@@ -296,6 +327,9 @@ func (o *Options) CheckFiles() error {
 	}
 	return errors.Join(errs...)
 }
+
+// maxConnectionsPerServer bounds --connections.
+const maxConnectionsPerServer = 16
 
 // --proxy kinds.
 const (

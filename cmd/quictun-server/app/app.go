@@ -94,6 +94,13 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	tcpLn, err := o.listenTCP(sock.Conn.LocalAddr(), logger)
+	if err != nil {
+		return err
+	}
+	if tcpLn != nil {
+		cleanup.Push(func() { _ = tcpLn.Close() })
+	}
 
 	reg := cli.NewRegistry()
 	registry := tunnel.NewRegistry()
@@ -101,6 +108,7 @@ func (o *Options) Run(ctx context.Context) error {
 	qstat := metrics.NewQUICCollector("server", false, cli.QUICConns(func() []transport.ConnStats { return srv.ConnStats() }))
 	cfg := o.Server
 	cfg.TLS, cfg.QUIC, cfg.ResetKey, cfg.TokenKey = tlsConf, sock.QUIC, &st.ResetKey, &st.TokenKey
+	cfg.TCP = tcpLn
 	cfg.Keys, cfg.Parser, cfg.Allow, cfg.AllowFor = keys, parser, allow, allowFor
 	cfg.SelfAddrs = adm.Addrs()
 	cfg.Dialer = &net.Dialer{KeepAlive: 30 * time.Second}
@@ -124,6 +132,29 @@ func (o *Options) Run(ctx context.Context) error {
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
 		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id),
 	})
+}
+
+// listenTCP opens the TCP listener for clients whose UDP is blocked
+// (--tcp-listen-on): by default on the QUIC socket's address, udp; nil for
+// "off", or when the default's port is taken (said at -v 0).
+func (o *Options) listenTCP(udp net.Addr, logger klog.Logger) (net.Listener, error) {
+	switch o.TCPListenOn {
+	case TCPListenOff:
+		return nil, nil
+	case "":
+		ln, err := net.Listen("tcp", udp.String())
+		if err != nil {
+			logger.Info("WARNING: no TCP listener for clients whose UDP is blocked: the QUIC port is taken on TCP; set --tcp-listen-on to another address, or off",
+				"address", udp.String(), "err", err)
+			return nil, nil
+		}
+		return ln, nil
+	}
+	ln, err := net.Listen("tcp", o.TCPListenOn)
+	if err != nil {
+		return nil, fmt.Errorf("--tcp-listen-on: %w", err)
+	}
+	return ln, nil
 }
 
 // served is what a reload replaces of the server's identity.

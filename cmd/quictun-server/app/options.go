@@ -28,9 +28,12 @@ type Options struct {
 	Server server.Config
 
 	ListenOn string
-	Allow    []string
-	Deny     []string
-	AllowFor []string
+	// TCPListenOn is the TCP address for clients whose UDP is blocked: ""
+	// the address of ListenOn, "off" none.
+	TCPListenOn string
+	Allow       []string
+	Deny        []string
+	AllowFor    []string
 	// AllowRemoteListen are the --allow-remote-listen rules: LISTEN, or
 	// IDENTITY=LISTEN for one client.
 	AllowRemoteListen []string
@@ -86,7 +89,7 @@ func NewOptions() *Options {
 // Flag groups, shown as sections in --help (cli.NewRootCommand adds
 // congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
-	{Title: "Listening and destinations", Names: []string{"listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
+	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
@@ -105,6 +108,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		TailProbes: "tiny datagrams sent 1 ms after each burst of downstream data (two RTTs + 2 ms on paths under 4 ms, RTT/8 up to 5 ms on longer ones; skipped if the answer came first), so a lost packet is detected in ~1.1 RTT instead of a probe timeout; 0 disables",
 	})
 	fs.StringVar(&o.ListenOn, "listen-on", o.ListenOn, "UDP address to accept QUIC connections on, e.g. 0.0.0.0:7500 or [::]:7500")
+	fs.StringVar(&o.TCPListenOn, "tcp-listen-on", o.TCPListenOn, "TCP address to accept connections on from clients whose UDP is blocked (TLS 1.3, HTTP/2 framing; the same authentication, limits and rules as QUIC), e.g. 0.0.0.0:443; empty = the address of --listen-on (if that TCP port is taken, the server says so and runs without); off = none")
 	fs.StringSliceVar(&o.Allow, "allow", o.Allow, "destinations clients may reach (the server is never an open proxy), e.g. tcp:127.0.0.1:22,db=tcp:10.0.0.0/8:5432,tcp:10.1.0.1:8000-8100,unix:/run/app.sock; default: loopback only. Never reachable whatever the rules: the server's own QUIC and admin listeners, 0.0.0.0 and ::, and cloud metadata (169.254.169.254, fd00:ec2::254, ...), multicast (224.0.0.0/4, ff00::/8) and broadcast (255.255.255.255) addresses unless a rule names them exactly")
 	fs.StringSliceVar(&o.AllowFor, "allow-for", o.AllowFor, "destinations only some clients may reach, IDENTITY=RULE (repeatable): CN=NAME for a client certificate's common name (needs --client-ca-file), key=NAME for a --keys-file key; e.g. CN=ci-runner=tcp:10.0.0.5:5432. Added to --allow for that client; --deny still wins")
 	fs.StringSliceVar(&o.AllowRemoteListen, "allow-remote-listen", o.AllowRemoteListen, "addresses clients may ask this server to listen on for their reverse forwards (quictun-client --remote-forward), repeatable: LISTEN for every client, or IDENTITY=LISTEN for one (CN=NAME or key=NAME, as --allow-for); LISTEN in --allow's forms with IP addresses, matched as written: tcp:0.0.0.0:8022 (every IPv4 address, port 8022), tcp:127.0.0.1:9000-9100, udp:0.0.0.0:5353, unix:/run/quictun/rev/*; e.g. key=laptop=tcp:0.0.0.0:8022. Each connection accepted there goes to the client, which dials only what its --remote-forward declares. Default: none, reverse forwards are refused")
@@ -151,6 +155,11 @@ func (o *Options) Validate() error {
 		add("--listen-on is required")
 	} else if err := cli.ValidateHostPort("listen-on", o.ListenOn, false, true); err != nil {
 		errs = append(errs, err)
+	}
+	if o.TCPListenOn != "" && o.TCPListenOn != TCPListenOff {
+		if err := cli.ValidateHostPort("tcp-listen-on", o.TCPListenOn, false, true); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if _, err := endpoint.ParseRules(o.Allow, o.Deny); err != nil {
 		add("--allow/--deny: %w", err)
@@ -237,3 +246,6 @@ func (o *Options) CheckFiles() error {
 	}
 	return errors.Join(errs...)
 }
+
+// TCPListenOff is the --tcp-listen-on value for no TCP listener.
+const TCPListenOff = "off"

@@ -34,12 +34,15 @@ const (
 	// ScAfterIdle: the first new connection after an idle spell, on a
 	// healthy link and with the link cut just before it.
 	ScAfterIdle = "after-idle"
+	// ScFailover: a quictun client of two servers (failover mode) while an
+	// application opens tunnels; the active server is killed or stopped.
+	ScFailover = "failover"
 )
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
 	return []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
-		ScSTNShort, ScSTNSizes, ScSTNBlackout}
+		ScSTNShort, ScSTNSizes, ScSTNBlackout, ScFailover}
 }
 
 // Profile sizes a benchmark run.
@@ -91,6 +94,11 @@ type Profile struct {
 	AfterIdleSpell   time.Duration
 	AfterIdleCut     time.Duration
 	AfterIdleSamples int
+
+	// Failover: FailoverSamples per case (kill, stop) and repetition of
+	// the quictun variants on FailoverLink.
+	FailoverLink    LinkSpec
+	FailoverSamples int
 
 	// Flood: ping-pong through the tunnel, quiet and while garbage UDP
 	// datagrams of FloodDatagram bytes hit the tunnel server's port.
@@ -261,6 +269,7 @@ func Profiles(name string) (Profile, error) {
 			MaxDuration:   25 * time.Minute,
 			AfterIdleLink: LinkOf("WAN", WANDelay, 0, ""), AfterIdleSpell: 12 * time.Second,
 			AfterIdleCut: 3 * time.Second, AfterIdleSamples: 2,
+			FailoverLink: LinkOf("WAN", WANDelay, 0, ""), FailoverSamples: 5,
 		}, nil
 	case "full":
 		var bulk []LinkSpec
@@ -292,6 +301,7 @@ func Profiles(name string) (Profile, error) {
 			ColdSamples:   10,
 			AfterIdleLink: LinkOf("WAN", WANDelay, 0, ""), AfterIdleSpell: 12 * time.Second,
 			AfterIdleCut: 3 * time.Second, AfterIdleSamples: 3,
+			FailoverLink: LinkOf("WAN", WANDelay, 0, ""), FailoverSamples: 10,
 			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
 			FloodKinds: floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: time.Second,
@@ -328,6 +338,7 @@ func Profiles(name string) (Profile, error) {
 			ColdSamples:   2,
 			AfterIdleLink: LinkOf("LAN", LANDelay, 0, ""), AfterIdleSpell: time.Second,
 			AfterIdleCut: 500 * time.Millisecond, AfterIdleSamples: 1,
+			FailoverLink: LinkOf("LAN", LANDelay, 0, ""), FailoverSamples: 1,
 			FloodLink:  LinkOf("LAN", LANDelay, 0, ""),
 			FloodKinds: floodKinds(), FloodControl: true,
 			FloodDatagram: 1200, FloodWarmup: 200 * time.Millisecond,

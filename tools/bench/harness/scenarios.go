@@ -102,6 +102,8 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.stnSizes(ctx)
 	case ScSTNBlackout:
 		return r.stnBlackout(ctx)
+	case ScFailover:
+		return r.failover(ctx)
 	default:
 		return fmt.Errorf("unknown scenario %q", name)
 	}

@@ -40,6 +40,11 @@ app.kubernetes.io/component: server
 {{- printf "%s-server" (include "quictun.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The headless Service whose name resolves to every ready server replica. */}}
+{{- define "quictun.replicaServiceName" -}}
+{{- printf "%s-replicas" (include "quictun.serverName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "quictun.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "quictun.fullname" .) .Values.serviceAccount.name }}
@@ -132,6 +137,9 @@ admin-token: {{ default (randAlphaNum 44) .Values.auth.adminToken | b64enc | quo
   "audit-log" .Values.server.auditLog
   "v" (toString .Values.server.logLevel) }}
 {{- /* Without rules the binary's default applies: loopback, i.e. the pod itself. */}}
+{{- if not .Values.server.tcpFallback }}
+{{- $_ := set $cfg "tcp-listen-on" "off" }}
+{{- end }}
 {{- if $allow }}
 {{- $_ := set $cfg "allow" $allow }}
 {{- end }}

@@ -1,0 +1,418 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/backoff"
+	"github.com/quictun/quictun/pkg/ingress"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/tcpmux"
+)
+
+// Transports a client may carry tunnels on (Config.Transport, --transport).
+const (
+	// TransportAuto uses QUIC, and TCP while QUIC cannot carry tunnels
+	// (UDP blocked): new tunnels go back to QUIC as soon as it works.
+	TransportAuto = "auto"
+	// TransportQUIC uses QUIC only.
+	TransportQUIC = "quic"
+	// TransportTCP uses TCP only (pkg/tcpmux: TLS 1.3, HTTP/2 framing).
+	TransportTCP = "tcp"
+)
+
+// DefaultFallbackDelay is how long QUIC may fail to connect (or stay
+// silent) before new tunnels go over TCP (Config.FallbackDelay). A healthy
+// QUIC handshake takes one round trip, so no TCP connection is made while
+// UDP works.
+const DefaultFallbackDelay = time.Second
+
+// fallbackProbeMax bounds the wait between QUIC attempts while tunnels go
+// over TCP, so that new tunnels are back on QUIC within about this plus one
+// handshake timeout once UDP works again.
+const fallbackProbeMax = 5 * time.Second
+
+// fallback keeps a TCP connection to the server while QUIC cannot carry
+// new tunnels, and none while it can: the client's supervisor tells it how
+// QUIC is doing (quicDialing, quicUsable, quicSuspect), ingress asks it
+// which session a new tunnel goes on (choose). Tunnels stay on the
+// connection they started on; a TCP connection no longer wanted is closed
+// once its last tunnel has ended. Its goroutine (run) owns the TCP
+// connection.
+type fallback struct {
+	c     *Client
+	mode  string
+	addr  string
+	delay time.Duration
+	wake  chan struct{} // capacity 1: the state changed
+
+	mu sync.Mutex
+	// sess is the TCP session, nil if none.
+	sess *session
+	// downSince is when QUIC stopped being usable (zero: usable, or no
+	// attempt yet). up and suspect are per QUIC connection (a member of the
+	// client's, one per server and --connections): up, its handshake done;
+	// suspect, its path went silent. QUIC is usable while one connection is
+	// up and not suspect.
+	downSince time.Time
+	up        map[any]bool
+	suspect   map[any]bool
+	// using is the transport new tunnels went on last ("" before any).
+	using string
+
+	// confirmed: the server accepted our hello on the current TCP session;
+	// authRefused: it refused our credentials there (Client.Ready).
+	confirmed   atomic.Bool
+	authRefused atomic.Bool
+}
+
+func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
+	if mode == "" {
+		mode = TransportAuto
+	}
+	if delay <= 0 {
+		delay = DefaultFallbackDelay
+	}
+	return &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1),
+		up: map[any]bool{}, suspect: map[any]bool{}}
+}
+
+func (f *fallback) signal() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// quicDialing: a supervisor starts a QUIC dial.
+func (f *fallback) quicDialing() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.anyUpLocked() && f.downSince.IsZero() {
+		f.downSince = time.Now()
+		f.signalLocked()
+	}
+}
+
+// quicUsable: QUIC connection k completed its handshake (up), or ended.
+func (f *fallback) quicUsable(k any, up bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if up {
+		f.up[k] = true
+	} else {
+		delete(f.up, k)
+	}
+	delete(f.suspect, k)
+	if f.usableLocked() {
+		f.downSince = time.Time{}
+	} else if f.downSince.IsZero() {
+		f.downSince = time.Now()
+	}
+	f.signalLocked()
+}
+
+// quicSuspect: nothing came back on QUIC connection k's path for the
+// rescue delay (true), or it answers again (false).
+func (f *fallback) quicSuspect(k any, s bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.suspect[k] != s {
+		if s {
+			f.suspect[k] = true
+		} else {
+			delete(f.suspect, k)
+		}
+		f.signalLocked()
+	}
+}
+
+// anyUpLocked: a QUIC connection has completed its handshake and not ended.
+func (f *fallback) anyUpLocked() bool { return len(f.up) > 0 }
+
+// usableLocked: a QUIC connection is up and its path answers.
+func (f *fallback) usableLocked() bool {
+	for k := range f.up {
+		if !f.suspect[k] {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *fallback) signalLocked() { f.signal() }
+
+// wantedLocked reports whether a TCP connection should be kept, and if not
+// yet, when to look again (zero: at the next change).
+func (f *fallback) wantedLocked(now time.Time) (bool, time.Time) {
+	switch f.mode {
+	case TransportTCP:
+		return true, time.Time{}
+	case TransportQUIC:
+		return false, time.Time{}
+	}
+	if f.usableLocked() {
+		return false, time.Time{}
+	}
+	if f.anyUpLocked() { // up, but every path has gone silent
+		return true, time.Time{}
+	}
+	if f.downSince.IsZero() {
+		return false, time.Time{}
+	}
+	if at := f.downSince.Add(f.delay); now.Before(at) {
+		return false, at
+	}
+	return true, time.Time{}
+}
+
+// active reports whether new tunnels go over TCP now.
+func (f *fallback) active() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sess != nil && f.mode == TransportAuto
+}
+
+// session is the TCP session, or nil.
+func (f *fallback) session() *session {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sess
+}
+
+// choose returns the session a new tunnel goes on: QUIC's (cur) while it
+// works, else the TCP one, else QUIC's (a handshake in progress); nil if
+// there is none. It logs each change of transport at -v 0.
+func (f *fallback) choose(cur *session) *session {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	tcp := f.sess
+	if tcp != nil && tcp.TCP.Context().Err() != nil {
+		tcp = nil
+	}
+	quicOK := cur != nil && cur.Conn.Context().Err() == nil
+	var s *session
+	switch {
+	case quicOK && (tcp == nil || f.usableLocked()):
+		s = cur
+	case tcp != nil:
+		s = tcp
+	case quicOK:
+		s = cur
+	}
+	if s != nil {
+		f.useLocked(s.Transport())
+	}
+	return s
+}
+
+func (f *fallback) useLocked(transport string) {
+	if f.using == transport {
+		return
+	}
+	prev := f.using
+	f.using = transport
+	m := f.c.cfg.Metrics
+	m.Transport.WithLabelValues(TransportQUIC).Set(boolGauge(transport == TransportQUIC))
+	m.Transport.WithLabelValues(TransportTCP).Set(boolGauge(transport == TransportTCP))
+	switch {
+	case prev == "" && transport == TransportQUIC:
+	case prev == "" || transport == TransportTCP:
+		if f.mode == TransportAuto {
+			f.c.logger.Info("New tunnels go over TCP: QUIC does not get through (UDP blocked?); UDP is tried again in the background",
+				"address", f.addr)
+		}
+	default:
+		f.c.logger.Info("New tunnels go over QUIC again; those opened over TCP finish there", "address", f.c.cfg.ServerAddr)
+	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// setSession replaces the TCP session and wakes ingress's waiters.
+func (f *fallback) setSession(s *session) {
+	f.mu.Lock()
+	f.sess = s
+	f.confirmed.Store(false)
+	f.mu.Unlock()
+	c := f.c
+	c.mu.Lock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+	c.updateSessionUp()
+}
+
+// run keeps the TCP connection while it is wanted, until ctx ends.
+func (f *fallback) run(ctx context.Context) {
+	if f.mode == TransportQUIC {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	bo := &backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Clock: backoff.RealClock()}
+	var hellos sync.WaitGroup
+	defer hellos.Wait()
+	var conn *tcpmux.Conn
+	// unwanted is when the TCP connection stopped being wanted (zero:
+	// wanted): it is closed once no tunnel uses it, a second later at the
+	// earliest, so a tunnel that chose it just before is not cut.
+	var unwanted time.Time
+	defer func() {
+		if conn != nil {
+			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+			f.setSession(nil)
+		}
+	}()
+	for ctx.Err() == nil {
+		f.mu.Lock()
+		wanted, at := f.wantedLocked(time.Now())
+		f.mu.Unlock()
+		if conn != nil && conn.Context().Err() != nil {
+			logger.Info("Lost TCP connection to server", "address", f.addr, "err", context.Cause(conn.Context()))
+			_ = conn.CloseWithError(0, "")
+			conn = nil
+			f.setSession(nil)
+			continue
+		}
+		if wanted || conn == nil {
+			unwanted = time.Time{}
+		} else if unwanted.IsZero() {
+			unwanted = time.Now()
+		}
+		var timer *time.Timer
+		switch {
+		case wanted && conn == nil:
+			c, err := f.dial(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				logger.V(2).Info("Could not connect to server over TCP", "address", f.addr, "err", err)
+				_ = bo.Wait(ctx)
+				continue
+			}
+			bo.Success(time.Now())
+			conn = c
+			s := &session{TCP: c}
+			logger.V(2).Info("Connected to server over TCP", "address", f.addr, "localAddress", c.LocalAddr().String())
+			hellos.Go(func() { f.c.helloTCP(ctx, s) })
+			f.setSession(s)
+			continue
+		case !wanted && conn != nil:
+			if conn.NumStreams() == 0 && time.Since(unwanted) >= time.Second {
+				logger.V(2).Info("Closed TCP connection to server: QUIC carries new tunnels", "address", f.addr)
+				_ = conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "back on QUIC")
+				conn = nil
+				f.setSession(nil)
+				continue
+			}
+			timer = time.NewTimer(time.Second) // its tunnels finish there
+		case !at.IsZero():
+			timer = time.NewTimer(time.Until(at))
+		}
+		var poll <-chan time.Time
+		if timer != nil {
+			poll = timer.C
+		}
+		var closed <-chan struct{}
+		if conn != nil {
+			closed = conn.Context().Done()
+		}
+		select {
+		case <-ctx.Done():
+		case <-f.wake:
+		case <-poll:
+		case <-closed:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// dial connects to the server over TCP with the client's TLS config (the
+// same pins or CAs as QUIC).
+func (f *fallback) dial(ctx context.Context) (*tcpmux.Conn, error) {
+	c := f.c
+	timeout := 10 * time.Second
+	var cfg tcpmux.Config
+	if q := c.cfg.QUIC; q != nil {
+		cfg.IdleTimeout = q.MaxIdleTimeout
+		if q.KeepAlivePeriod > 0 {
+			cfg.KeepAlivePeriod = q.KeepAlivePeriod
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return tcpmux.Dial(dctx, f.addr, c.tlsConf.Load(), &cfg)
+}
+
+// helloTCP is hello for a TCP session (see hello.go).
+func (c *Client) helloTCP(ctx context.Context, sess *session) {
+	secret := *c.secret.Load()
+	if len(secret) == 0 {
+		return
+	}
+	h, err := proto.NewHello(time.Now())
+	if err != nil {
+		return
+	}
+	hctx, cancel := context.WithTimeout(sess.TCP.Context(), helloTimeout)
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	str, err := sess.TCP.OpenStreamSync(hctx)
+	if err == nil {
+		err = askOn(hctx, str, h, secret)
+	}
+	code, remote := proto.FromError(err)
+	switch {
+	case err == nil, remote && code != proto.CodeAuthFailed && code != proto.CodeOverloaded:
+		c.fb.authRefused.Store(false)
+		c.fb.confirmed.Store(true)
+	case remote && code == proto.CodeAuthFailed:
+		c.fb.authRefused.Store(true)
+	default:
+		klog.FromContext(ctx).V(2).Info("Server did not answer our hello over TCP", "err", err)
+	}
+}
+
+// askOn sends h on str, a new stream, and returns the server's answer: nil
+// for CodeOK, a *proto.RemoteError or the transport's error otherwise.
+func askOn(ctx context.Context, str ingress.Stream, h *proto.Header, secret []byte) error {
+	b, err := h.Append(nil, secret)
+	if err != nil {
+		str.CancelWrite(proto.CodeOK.StreamErrorCode())
+		str.CancelRead(proto.CodeOK.StreamErrorCode())
+		return err
+	}
+	// Ends its stream either way, so its credit returns to the server.
+	defer str.CancelRead(proto.CodeOK.StreamErrorCode())
+	if _, err := str.Write(b); err != nil {
+		str.CancelWrite(proto.CodeOK.StreamErrorCode())
+		return err
+	}
+	_ = str.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = str.SetReadDeadline(deadline)
+	}
+	if err := proto.ReadReply(str); err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(str, 1)) // the server's FIN
+	return nil
+}
+
+// errNoTransport is returned when --transport names none of the three.
+var errNoTransport = errors.New("client: transport must be auto, quic or tcp")

@@ -1,0 +1,73 @@
+package client
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// TestFallbackWanted: when a TCP connection is kept, by mode and by what
+// the supervisor reported about QUIC.
+func TestFallbackWanted(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	delay := time.Second
+	for _, tc := range []struct {
+		name      string
+		mode      string
+		downSince time.Time
+		quicUp    bool
+		suspect   bool
+		want      bool
+		lookAt    time.Time
+	}{
+		{name: "tcp mode", mode: TransportTCP, want: true},
+		{name: "quic mode, QUIC down for long", mode: TransportQUIC, downSince: now.Add(-time.Hour)},
+		{name: "auto, before any dial", mode: TransportAuto},
+		{name: "auto, QUIC dialing for less than the delay", mode: TransportAuto, downSince: now, lookAt: now.Add(delay)},
+		{name: "auto, QUIC down for the delay", mode: TransportAuto, downSince: now.Add(-delay), want: true},
+		{name: "auto, QUIC up", mode: TransportAuto, quicUp: true},
+		{name: "auto, QUIC up but its path silent", mode: TransportAuto, quicUp: true, suspect: true, want: true},
+	} {
+		// connection 1 of several (a member: a server, --connections)
+		f := newFallback(nil, tc.mode, "", delay)
+		f.downSince = tc.downSince
+		if tc.quicUp {
+			f.up[1] = true
+		}
+		if tc.suspect {
+			f.suspect[1] = true
+		}
+		got, at := f.wantedLocked(now)
+		assert.Equal(t, tc.want, got, tc.name)
+		assert.Equal(t, tc.lookAt, at, tc.name)
+	}
+}
+
+// TestFallbackSeveralConnections: QUIC is usable while one of the client's
+// connections (servers, --connections) is up with a path that answers.
+func TestFallbackSeveralConnections(t *testing.T) {
+	t.Parallel()
+	f := newFallback(nil, TransportAuto, "", time.Second)
+	f.quicDialing()
+	f.quicUsable("a", true)
+	f.quicUsable("b", true)
+	want := func() bool { w, _ := f.wantedLocked(time.Now()); return w }
+	assert.False(t, want(), "two connections up")
+	f.quicSuspect("a", true)
+	assert.False(t, want(), "b still answers")
+	f.quicSuspect("b", true)
+	assert.True(t, want(), "every path silent")
+	f.quicSuspect("a", false)
+	assert.False(t, want(), "a answers again")
+	f.quicUsable("a", false)
+	assert.True(t, want(), "a ended, b silent")
+	f.quicUsable("b", false)
+	assert.False(t, want(), "all ended: wait for the delay first")
+	f.downSince = time.Now().Add(-2 * time.Second)
+	assert.True(t, want(), "all ended for longer than the delay")
+	f.quicUsable("b", true)
+	assert.False(t, want(), "b back")
+	assert.True(t, f.downSince.IsZero())
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package tcpmux_test
+
+const raceEnabled = false

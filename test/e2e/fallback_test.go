@@ -1,0 +1,204 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/tools/linkem/netns"
+)
+
+// blockUDP makes namespace ns drop every UDP datagram that arrives on its
+// link, silently (as a middlebox does): a policy rule ahead of the local
+// table. unblockUDP removes it.
+func blockUDP(t *testing.T, ns string) {
+	t.Helper()
+	ipCmd(t, "-n", ns, "rule", "add", "pref", "50", "iif", "eth0", "ipproto", "udp", "blackhole")
+}
+
+func unblockUDP(t *testing.T, ns string) {
+	t.Helper()
+	ipCmd(t, "-n", ns, "rule", "del", "pref", "50")
+}
+
+// moveLocalRule lets blockUDP's rule come before local delivery (the local
+// table's rule is at preference 0, which nothing can precede).
+func moveLocalRule(t *testing.T, ns string) {
+	t.Helper()
+	ipCmd(t, "-n", ns, "rule", "add", "pref", "100", "lookup", "local")
+	ipCmd(t, "-n", ns, "rule", "del", "pref", "0")
+}
+
+// nsEcho sends msg through the client's listener from inside ns and reads
+// the echo back, within timeout.
+func nsEcho(ns, addr, msg string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := dialIn(ctx, ns, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if string(got) != msg {
+		return errors.New("echo differs")
+	}
+	return nil
+}
+
+// TestUDPBlockedFallbackAndReturn (issue 24 item 1) through the built
+// binaries in two namespaces, UDP dropped on the link both ways:
+//   - from the start: the first tunnel works over TCP, and a bulk transfer
+//     (100 MB; 20 MB with -race) is echoed intact;
+//   - UDP comes back: new tunnels use QUIC again, a tunnel opened over TCP
+//     finishes intact;
+//   - UDP dropped mid-session: new tunnels work over TCP again.
+//
+// The times are logged (loaded machine, indicative); the asserts are
+// generous bounds.
+func TestUDPBlockedFallbackAndReturn(t *testing.T) {
+	requireNetns(t)
+	checkLeaks(t)
+	ns := newNSPair(t)
+	for _, n := range []string{ns.client, ns.server} {
+		moveLocalRule(t, n)
+		blockUDP(t, n)
+	}
+	var ln net.Listener
+	require.NoError(t, netns.Do(ns.server, func() error {
+		var err error
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}))
+	testutil.ServeListener(t, ln, func(c net.Conn) {
+		_, _ = io.Copy(c, c)
+		_ = c.(*net.TCPConn).CloseWrite()
+	})
+	echo := ln.Addr().String()
+	serverURL, clientURL, listen, endpoint := "http://127.0.0.1:8086", "http://127.0.0.1:8087", "127.0.0.1:6500", serverNSIP+":7500"
+	state, secret := filepath.Join(t.TempDir(), "state"), newSecretFile(t)
+	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)
+	server := startInNS(t, ns.server, "quictun-server", bins.server, "--listen-on", endpoint,
+		"--state-dir", state, "--secret-file", secret, "--httpd-listen-on", "127.0.0.1:8086",
+		"--allow", "tcp:"+echo, "-v", "2")
+	waitNSReady(t, server, ns.server, serverURL)
+
+	start := time.Now()
+	client := startInNS(t, ns.client, "quictun-client", bins.client, "--listen-on", "tcp:"+listen,
+		"--server-endpoint", endpoint, "--server-fingerprint", fp, "--token-source", "tcp:"+echo,
+		"--secret-file", secret, "--httpd-listen-on", "127.0.0.1:8087", "-v", "2")
+	waitFor(t, 30*time.Second, "the first tunnel over TCP", func() bool {
+		if client.exited() {
+			t.Fatalf("client exited:\n%s", client.log())
+		}
+		return nsEcho(ns.client, listen, "first", 2*time.Second) == nil
+	})
+	first := time.Since(start)
+	cm := nsScrape(t, ns.client, clientURL)
+	assert.Equal(t, 1.0, cm.val("quictun_client_transport", "transport", "tcp"), "client: new tunnels over TCP")
+	assert.Equal(t, 1.0, nsScrape(t, ns.server, serverURL).val("quictun_server_active_tcp_connections"))
+
+	// Bulk over TCP, hashed both ends.
+	size := int64(100 << 20)
+	if raceEnabled {
+		size = 20 << 20
+	}
+	bulkStart := time.Now()
+	func() {
+		c, err := dialIn(context.Background(), ns.client, "tcp", listen)
+		require.NoError(t, err)
+		defer func() { _ = c.Close() }()
+		require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Minute)))
+		sent := sha256.New()
+		errc := make(chan error, 1)
+		go func() {
+			src := rand.NewChaCha8([32]byte{7})
+			buf := make([]byte, 64<<10)
+			for n := size; n > 0; {
+				m := min(int64(len(buf)), n)
+				_, _ = src.Read(buf[:m])
+				sent.Write(buf[:m])
+				if _, err := c.Write(buf[:m]); err != nil {
+					errc <- err
+					return
+				}
+				n -= m
+			}
+			errc <- c.(*net.TCPConn).CloseWrite()
+		}()
+		got := sha256.New()
+		n, err := io.Copy(got, c)
+		require.NoError(t, err)
+		require.NoError(t, <-errc)
+		require.Equal(t, size, n)
+		require.True(t, bytes.Equal(sent.Sum(nil), got.Sum(nil)), "the echo's SHA-256 differs")
+	}()
+	bulk := time.Since(bulkStart)
+
+	// A tunnel opened over TCP that outlives the switch back.
+	long, err := dialIn(context.Background(), ns.client, "tcp", listen)
+	require.NoError(t, err)
+	defer func() { _ = long.Close() }()
+	require.NoError(t, long.SetDeadline(time.Now().Add(2*time.Minute)))
+	buf := make([]byte, 6)
+	_, err = long.Write([]byte("before"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(long, buf)
+	require.NoError(t, err)
+
+	// UDP comes back.
+	for _, n := range []string{ns.client, ns.server} {
+		unblockUDP(t, n)
+	}
+	back := time.Now()
+	waitFor(t, 60*time.Second, "new tunnels over QUIC", func() bool {
+		if nsEcho(ns.client, listen, "quic", 2*time.Second) != nil {
+			return false
+		}
+		return nsScrape(t, ns.client, clientURL).val("quictun_client_transport", "transport", "quic") == 1
+	})
+	returned := time.Since(back)
+	_, err = long.Write([]byte("after!"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(long, buf)
+	require.NoError(t, err, "the TCP-carried tunnel survives the switch")
+	assert.Equal(t, "after!", string(buf))
+	require.NoError(t, long.(*net.TCPConn).CloseWrite())
+	_, err = io.ReadAll(long)
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "the TCP connection closed after its last tunnel", func() bool {
+		return nsScrape(t, ns.server, serverURL).val("quictun_server_active_tcp_connections") == 0
+	})
+
+	// UDP dropped mid-session.
+	for _, n := range []string{ns.client, ns.server} {
+		blockUDP(t, n)
+	}
+	cut := time.Now()
+	waitFor(t, 60*time.Second, "new tunnels over TCP after a mid-session cut", func() bool {
+		return nsEcho(ns.client, listen, "mid", 2*time.Second) == nil &&
+			nsScrape(t, ns.client, clientURL).val("quictun_client_transport", "transport", "tcp") == 1
+	})
+	mid := time.Since(cut)
+	t.Logf("UDP blocked from the start: first tunnel over TCP %v after the client's start; %d MiB echoed with SHA-256 in %v; UDP back: new tunnels on QUIC after %v, the TCP-carried tunnel intact; UDP cut mid-session: new tunnels over TCP after %v (race build: %v; loaded machine, indicative)",
+		first.Round(time.Millisecond), size>>20, bulk.Round(time.Millisecond), returned.Round(time.Millisecond), mid.Round(time.Millisecond), raceEnabled)
+}
