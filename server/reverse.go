@@ -42,20 +42,39 @@ type binder struct {
 	close   context.CancelFunc
 
 	mu sync.Mutex
-	// bound holds the listen addresses in use (endpoint.String()), with the
-	// connection that holds each; perConn counts each connection's.
-	bound   map[string]uint64
+	// rules are the --allow-remote-listen rules in force (SetRemoteListen).
+	rules listenRules
+	// bound holds the bindings in use by listen address
+	// (endpoint.String()); perConn counts each connection's.
+	bound   map[string]*binding
 	perConn map[uint64]int
 
 	// refusals chooses which refusals are logged at -v 0.
 	refusals *lograte.Limiter
 }
 
+// listenRules are the addresses clients may bind: for everyone, and by
+// identity.
+type listenRules struct {
+	all  *endpoint.AllowList
+	byID map[string]*endpoint.AllowList
+}
+
+// binding is one reverse forward's listen address held by a connection.
+type binding struct {
+	connID     uint64
+	ep         endpoint.Endpoint
+	identities []string
+	stream     egress.TunnelStream // the bind stream: its reset ends the binding
+	logger     klog.Logger
+}
+
 // init readies b for s, before s serves.
 func (b *binder) init(s *Server) {
 	b.s = s
 	b.closing, b.close = context.WithCancel(context.Background())
-	b.bound, b.perConn = map[string]uint64{}, map[uint64]int{}
+	b.rules = listenRules{all: s.cfg.AllowRemoteListen, byID: s.cfg.AllowRemoteListenFor}
+	b.bound, b.perConn = map[string]*binding{}, map[uint64]int{}
 	b.refusals = lograte.New(egress.LogInterval, 64)
 }
 
@@ -74,18 +93,17 @@ func (b *binder) refuse(req egress.BindRequest, code proto.Code, msg string, err
 }
 
 // authorize checks ep against the rules for everyone, then those of each
-// identity.
+// identity. Call it with mu held.
 func (b *binder) authorize(ep endpoint.Endpoint, identities []string) (string, error) {
-	cfg := &b.s.cfg
 	var err error = fmt.Errorf("%w: no --allow-remote-listen rule", endpoint.ErrForbidden)
-	if cfg.AllowRemoteListen != nil {
+	if b.rules.all != nil {
 		var rule string
-		if rule, err = cfg.AllowRemoteListen.AuthorizeListen(ep); err == nil {
+		if rule, err = b.rules.all.AuthorizeListen(ep); err == nil {
 			return rule, nil
 		}
 	}
 	for _, id := range identities {
-		if a := cfg.AllowRemoteListenFor[id]; a != nil {
+		if a := b.rules.byID[id]; a != nil {
 			if rule, err2 := a.AuthorizeListen(ep); err2 == nil {
 				return id + ":" + rule, nil
 			}
@@ -107,19 +125,22 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 	if err != nil {
 		return nil, b.refuse(req, proto.CodeBadToken, "Refused a reverse forward: its listen address does not parse", err)
 	}
+	key := ep.String()
+	// Checked and recorded under mu, so a reload (setRules) either comes
+	// before the check or finds the binding to check again.
+	b.mu.Lock()
 	rule, err := b.authorize(ep, req.Identities)
 	if err != nil {
+		b.mu.Unlock()
 		return nil, b.refuse(req, proto.CodeRefused, "Refused a reverse forward: no --allow-remote-listen rule admits its address for this client; "+
-			"if it may listen there, add --allow-remote-listen LISTEN (or IDENTITY=LISTEN, e.g. key=NAME=LISTEN) and restart", err, "allowRemoteListen", ep.String())
+			"if it may listen there, add --allow-remote-listen LISTEN (or IDENTITY=LISTEN, e.g. key=NAME=LISTEN) and reload (SIGHUP)", err, "allowRemoteListen", ep.String())
 	}
-	key := ep.String()
-	b.mu.Lock()
 	holder, taken := b.bound[key]
 	switch {
 	case taken:
 		b.mu.Unlock()
 		return nil, b.refuse(req, proto.CodeAddrInUse, "Refused a reverse forward: another client's reverse forward holds its address",
-			errors.New("address bound by another connection"), "holderConnID", holder)
+			errors.New("address bound by another connection"), "holderConnID", holder.connID)
 	case len(b.bound) >= b.s.cfg.MaxRemoteListens:
 		b.mu.Unlock()
 		return nil, b.refuse(req, proto.CodeOverloaded, "Refused a reverse forward: the server holds its limit of reverse forward listeners",
@@ -129,7 +150,7 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 		return nil, b.refuse(req, proto.CodeOverloaded, "Refused a reverse forward: the connection holds its share of listeners",
 			errors.New("too many reverse forwards on this connection"), "limit", b.s.cfg.MaxRemoteListensPerConn)
 	}
-	b.bound[key] = st.ConnID
+	b.bound[key] = &binding{connID: st.ConnID, ep: ep, identities: req.Identities, stream: st.Stream, logger: req.Logger}
 	b.perConn[st.ConnID]++
 	b.mu.Unlock()
 	release := func() {
@@ -181,6 +202,46 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 		release()
 		req.Logger.V(2).Info("Closed a reverse forward's listener", "address", ep.String())
 	}, nil
+}
+
+// setRules makes the rules the ones in force for binds from now on and
+// ends the bindings they no longer admit: their bind streams are reset
+// with refused, which closes their listeners (the client asks again, and
+// is refused). It returns how many it ended.
+func (b *binder) setRules(r listenRules) int {
+	b.mu.Lock()
+	b.rules = r
+	var cut []*binding
+	for _, bd := range b.bound {
+		if _, err := b.authorize(bd.ep, bd.identities); err != nil {
+			cut = append(cut, bd)
+		}
+	}
+	b.mu.Unlock()
+	for _, bd := range cut {
+		bd.logger.Info("Closed a reverse forward's listener: a reload removed the --allow-remote-listen rule that admitted it", "address", bd.ep.String())
+		egress.Reset(bd.stream, proto.CodeRefused)
+	}
+	return len(cut)
+}
+
+// ErrReverseOff is returned by SetRemoteListen with rules for a server
+// started without reverse forwards: enabling them takes a restart.
+var ErrReverseOff = errors.New("reverse forwards were off at start (no --allow-remote-listen): enabling them needs a restart")
+
+// SetRemoteListen replaces the --allow-remote-listen rules (all: for every
+// client; forIdentity: by identity, as Config.AllowFor) for reverse forward
+// requests from now on, and closes the listeners of the bindings they no
+// longer admit (logged); it returns how many. A server started without
+// rules returns ErrReverseOff for rules, and nothing for none.
+func (s *Server) SetRemoteListen(all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList) (int, error) {
+	if s.binder == nil {
+		if all != nil || len(forIdentity) > 0 {
+			return 0, ErrReverseOff
+		}
+		return 0, nil
+	}
+	return s.binder.setRules(listenRules{all: all, byID: forIdentity}), nil
 }
 
 // listen opens a listener (tcp:, unix:) or a UDP socket (udp:) at ep.

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -200,4 +201,45 @@ func TestReverseForwards(t *testing.T) {
 		assert.Contains(t, d.log(), `"Closed tunnel" `, d.name)
 		assert.Contains(t, d.log(), `direction="reverse"`, d.name)
 	}
+}
+
+// TestReverseForwardReload: a SIGHUP that removes an --allow-remote-listen
+// rule closes the listener it admitted (logged) and keeps the others; on a
+// server started without reverse forwards, adding one is reported as
+// needing a restart.
+func TestReverseForwardReload(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	a, b := testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")
+	cfg := writeFile(t, "server.yaml", "allow-remote-listen: [tcp:"+a+", tcp:"+b+"]\n")
+	srv := startServer(t, serverOpts{Args: []string{"--config", cfg}})
+	startClient(t, srv, clientOpts{Args: []string{"--remote-forward", "tcp:" + a + "=tcp:" + echo, "--remote-forward", "tcp:" + b + "=tcp:" + echo}})
+	listening := func(addr string) bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	}
+	waitFor(t, 15*time.Second, "both listeners", func() bool { return listening(a) && listening(b) })
+	live := dialApp(t, b)
+	require.NoError(t, roundTrip(live, "before"))
+
+	require.NoError(t, os.WriteFile(cfg, []byte("allow-remote-listen: [tcp:"+b+"]\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "the listener at "+a+" closed", func() bool { return !listening(a) })
+	require.NoError(t, roundTrip(live, "the kept binding's connection runs on"))
+	require.NoError(t, echoVia(t, b, "a new connection on the kept binding"))
+	waitFor(t, ioTimeout, "the closure and the change logged", func() bool {
+		l := srv.log()
+		return strings.Contains(l, "Closed a reverse forward's listener: a reload removed the --allow-remote-listen rule that admitted it") &&
+			strings.Contains(l, `allowRemoteListenRemoved=["tcp:`+a+`"]`) && strings.Contains(l, "reverseForwardsClosed=1")
+	})
+
+	plainCfg := writeFile(t, "plain.yaml", "allow: [tcp:"+echo+"]\n")
+	plain := startServer(t, serverOpts{Args: []string{"--config", plainCfg}})
+	require.NoError(t, os.WriteFile(plainCfg, []byte("allow: [tcp:"+echo+"]\nallow-remote-listen: [tcp:"+a+"]\n"), 0o600))
+	plain.signal(t, syscall.SIGHUP)
+	waitFor(t, ioTimeout, "needsRestart logged", func() bool { return strings.Contains(plain.log(), `needsRestart=["allow-remote-listen"]`) })
 }

@@ -390,3 +390,98 @@ func TestReverseForwardUnix(t *testing.T) {
 	_, err := net.DialTimeout("unix", sock, time.Second)
 	assert.Error(t, err, "the socket is gone with the binding")
 }
+
+// listening tells whether something accepts TCP connections at addr.
+func listening(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		_ = c.Close()
+	}
+	return err == nil
+}
+
+// TestReverseForwardReloadRules (issue 23): a reload of the
+// --allow-remote-listen rules (Server.SetRemoteListen) closes the listeners
+// of the bindings the new rules no longer admit, keeps the others, and
+// checks binds from then on against the new rules; a server started
+// without reverse forwards refuses to enable them without a restart.
+func TestReverseForwardReloadRules(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	a, b := testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")
+	srv := reverseServer(t, "tcp:"+a, "tcp:"+b)
+	reverseClient(t, srv, "tcp:"+a+"=tcp:"+echo, "tcp:"+b+"=tcp:"+echo)
+	echoCheck(t, dialWhenListening(t, a), 64<<10)
+	echoCheck(t, dialWhenListening(t, b), 64<<10)
+	open := dialWhenListening(t, b)
+
+	n, err := srv.Server.SetRemoteListen(endpoint.MustParseAllowList("tcp:"+b), nil)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "one binding is no longer admitted")
+	require.Eventually(t, func() bool { return !listening(a) }, 10*time.Second, 20*time.Millisecond, "the listener at %s is closed", a)
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(proto.CodeRefused.String())) >= 1
+	}, 10*time.Second, 10*time.Millisecond, "the client asks again and is refused under the new rules")
+	echoCheck(t, open, 64<<10) // a connection open on the kept binding runs on
+	echoCheck(t, dialWhenListening(t, b), 64<<10)
+	assert.False(t, listening(a), "the refused bind did not listen again")
+
+	// New binds are checked against the rules in force: allowed again, a
+	// client asking for it gets it.
+	n, err = srv.Server.SetRemoteListen(endpoint.MustParseAllowList("tcp:"+a, "tcp:"+b), nil)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	reverseClient(t, srv, "tcp:"+a+"=tcp:"+echo)
+	echoCheck(t, dialWhenListening(t, a), 64<<10)
+
+	// By identity, then none at all: every binding closes.
+	n, err = srv.Server.SetRemoteListen(nil, map[string]*endpoint.AllowList{"key=nobody": endpoint.MustParseAllowList("tcp:" + a)})
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	require.Eventually(t, func() bool { return !listening(a) && !listening(b) }, 10*time.Second, 20*time.Millisecond)
+
+	plain := testutil.StartServer(t, testutil.ServerOptions{})
+	_, err = plain.Server.SetRemoteListen(endpoint.MustParseAllowList("tcp:"+a), nil)
+	require.ErrorIs(t, err, server.ErrReverseOff)
+	_, err = plain.Server.SetRemoteListen(nil, nil)
+	require.NoError(t, err)
+}
+
+// TestReverseForwardCutOnKeyRemoval (issue 23): a reload that removes a
+// key with CutRemovedKeys closes that key's reverse forward listeners;
+// another key's binding keeps running.
+func TestReverseForwardCutOnKeyRemoval(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	la, lb := testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")
+	secretA, secretB := []byte("the secret of group a, 32 bytes!"), []byte("the secret of group b, 32 bytes!")
+	both, err := proto.NewKeyring(proto.Key{Name: "a", Secret: secretA}, proto.Key{Name: "b", Secret: secretB})
+	require.NoError(t, err)
+	onlyB, err := proto.NewKeyring(proto.Key{Name: "b", Secret: secretB})
+	require.NoError(t, err)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
+		c.Keys = both
+		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:"+la, "tcp:"+lb)
+		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
+	}})
+	for _, k := range []struct {
+		secret []byte
+		listen string
+	}{{secretA, la}, {secretB, lb}} {
+		testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", Secret: k.secret, WaitReady: true, Mutate: func(c *client.Config) {
+			c.RemoteForwards = []client.RemoteForward{{Listen: mustEndpoint(t, "tcp:"+k.listen), Destination: mustEndpoint(t, "tcp:"+echo)}}
+			c.Reverse.Metrics = client.NewReverseMetrics(prometheus.NewRegistry())
+		}})
+	}
+	echoCheck(t, dialWhenListening(t, la), 64<<10)
+	echoCheck(t, dialWhenListening(t, lb), 64<<10)
+
+	require.NoError(t, srv.Server.Reconfigure(server.Policy{Keys: onlyB, Allow: endpoint.MustParseAllowList("tcp:" + echo), CutRemovedKeys: true}))
+	require.Eventually(t, func() bool { return !listening(la) }, 10*time.Second, 20*time.Millisecond,
+		"the removed key's listener at %s is closed", la)
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(proto.CodeAuthFailed.String())) >= 1
+	}, 10*time.Second, 10*time.Millisecond, "its client's new bind is refused (auth_failed)")
+	echoCheck(t, dialWhenListening(t, lb), 64<<10)
+	assert.False(t, listening(la))
+}

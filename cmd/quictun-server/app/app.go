@@ -235,18 +235,21 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
 // rules and the secret files read again (its keys may change under the
 // same name), swapped together, the removed keys' tunnels cut
 // (--cut-removed-keys); the certificate read again (--cert-file and
 // --key-file, or the one in --state-dir: files replaced in place are picked
-// up) and the client CAs (--client-ca-file). Everything is read and checked
-// before anything is applied.
+// up) and the client CAs (--client-ca-file); the --allow-remote-listen
+// rules, closing the reverse forward listeners they no longer admit
+// (enabling reverse forwards on a server started without them takes a
+// restart). Everything is read and checked before anything is applied.
 func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 	keys, cert := id.keys, id.cert
 	rules, deny, allowFor := o.Allow, o.Deny, o.AllowFor
+	remote, reverseOn := o.AllowRemoteListen, len(o.AllowRemoteListen) > 0
 	stateDir := o.StateDir // a new --state-dir takes a restart (its reset and ticket keys)
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
@@ -266,6 +269,13 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 		if err != nil {
 			return nil, err
 		}
+		remoteAll, remoteFor, err := parseRemoteListen(next.AllowRemoteListen)
+		if err != nil {
+			return nil, err
+		}
+		// Reverse forwards off at start stay off until a restart (their
+		// metrics and limits are set up at start).
+		remoteModeChange := !reverseOn && len(next.AllowRemoteListen) > 0
 		// The client CAs are read again, as the certificate is; adding or
 		// removing --client-ca-file changes how clients authenticate and
 		// takes a restart.
@@ -287,7 +297,7 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 		var applied []string
 		for _, name := range changed {
 			if slices.Contains(reloadableFlags, name) && !((name == "secret-file" || name == "keys-file") && modeChange) &&
-				!(name == "client-ca-file" && caModeChange) {
+				!(name == "client-ca-file" && caModeChange) && !(name == "allow-remote-listen" && remoteModeChange) {
 				applied = append(applied, name)
 			}
 		}
@@ -327,13 +337,26 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			keys = apply
 			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
 		}
+		remoteAdded, remoteRemoved := cli.Diff(remote, next.AllowRemoteListen)
+		var reverseClosed any // logged when the reload closed listeners
+		if len(remoteAdded)+len(remoteRemoved) > 0 && !remoteModeChange {
+			n, err := srv.SetRemoteListen(remoteAll, remoteFor)
+			if err != nil {
+				return nil, fmt.Errorf("--allow-remote-listen: %w", err) // unreachable: remoteModeChange
+			}
+			if n > 0 {
+				reverseClosed = n
+			}
+			remote = next.AllowRemoteListen
+		}
 		// cutRemovedKeys only when it cut something: it is on by default,
 		// and a reload that changes nothing must say so.
 		cli.LogApplied(klog.Background(), note,
 			"allowAdded", added, "allowRemoved", removed,
 			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "allowForAdded", forAdded, "allowForRemoved", forRemoved,
 			"keysAdded", keysAdded, "keysRemoved", keysRemoved, "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
-			"certificateReplaced", certReplaced, "clientCAsReplaced", caReplaced)
+			"certificateReplaced", certReplaced, "clientCAsReplaced", caReplaced,
+			"allowRemoteListenAdded", remoteAdded, "allowRemoteListenRemoved", remoteRemoved, "reverseForwardsClosed", reverseClosed)
 		return applied, nil
 	}
 }

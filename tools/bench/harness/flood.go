@@ -243,7 +243,7 @@ func (r *Runner) flood(ctx context.Context) error {
 	p := r.prof
 	r.setLink(ctx, p.FloodLink)
 	var targets []Variant
-	for _, v := range r.vars {
+	for _, v := range r.ordered(0) {
 		if _, ok := v.(floodable); ok {
 			targets = append(targets, v)
 		} else {

@@ -36,8 +36,9 @@ type ScenarioInfo struct {
 // Scenarios describes each scenario for the report.
 func Scenarios() map[string]ScenarioInfo {
 	return map[string]ScenarioInfo{
-		ScLatency: {"1. Latency (ping-pong)", "One connection, 1000 round trips of 1000 B, as quic-tun's report. Connect = the application's connect (direct: the TCP handshake across the link; a forward: on loopback; SOCKS5: until the proxy's answer); first packet = first round trip after it (includes opening the tunnel stream and the server's dial); connect to first echo = both, the wait before the application's first answer; total = all round trips.",
+		ScLatency: {"1. Latency (ping-pong)", "One connection, 1000 round trips of 1000 B, as quic-tun's report. Connect = the application's connect (direct: the TCP handshake across the link; a forward: on loopback; SOCKS5: until the proxy's answer); first packet = first round trip after it (includes opening the tunnel stream and the server's dial); connect to first echo = both, the wait before the application's first answer (in RTTs: over the link's round-trip time, 2 x one-way delay); total = all round trips. quictun-reverse (opt-in): a reverse tunnel, the echo server next to the client (client host's loopback), quictun-client `--remote-forward` asking its server to listen on the server host's address, the probe on the server host connecting there: its connect is local and its first echo crosses the link once each way plus the client's dial to the echo server (target: one RTT plus the dial, where direct TCP needs two RTTs).",
 			[]Metric{{"first_packet_ms", "first packet ms", false}, {"connect_ms", "connect ms", false}, {"first_echo_ms", "connect to first echo ms", false},
+				{"first_echo_rtts", "connect to first echo RTTs", false},
 				{"total_ms", "total ms", false}, {"p99_ms", "p99 RTT ms", false}},
 			[]string{"total_ms", "first_packet_ms"}},
 		ScCold: {"1b. Cold start", "The tunnel's client process is restarted (SIGTERM, then started again as an operator or a boot would) and an application connects at once, retrying until the local listener is up; first byte = from the start of the successful connect to the echo of 1000 B. quictun runs with `--session-file` (as its systemd unit does), so the restarted client resumes with 0-RTT. direct: a new TCP connection (its handshake is part of the first byte). In RTTs: first byte / the link's round-trip time (2 x one-way delay). Since start: from starting the client process to the echo.",
@@ -330,7 +331,7 @@ func WriteReport(dir string, res *Results) error {
 	w.printf("\n## Method\n\n")
 	w.printf("- Two network namespaces (client host 198.18.0.1, server host 198.18.0.2) joined by TUN devices and the userspace link emulator `tools/linkem` running inside the harness; the same delay, loss and rate apply to each direction, except where a link lists `c2s-` (client to server, up) or `s2c-` (server to client, down) parameters.\n")
 	w.printf("- Variants: %s. `direct` connects to the echo server across the link; tunnels listen on the client host's loopback and reach the echo server on the server host's loopback. All variants run on the same link in the same run, interleaved (the first variant rotates).\n", strings.Join(res.Variants, ", "))
-	w.printf("- Workload: `bin/latency-client` (probe, bulk, connrate) in the client namespace against `latency-client serve` in the server namespace.\n")
+	w.printf("- Workload: `bin/latency-client` (probe, bulk, connrate) in the client namespace against `latency-client serve` in the server namespace (quictun-reverse: the other way round, see the latency section).\n")
 	w.printf("- Repetitions: %d (blackout cases may use fewer). Cells: median (min–max) over the repetitions; ⚠N = N repetitions reported an error (see the errors section).\n", res.Reps)
 	w.printf("- Raw data: `results.json` (every sample with latency-client's JSON); process logs under `raw/` (not committed).\n\n")
 

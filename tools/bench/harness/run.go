@@ -53,6 +53,7 @@ type Runner struct {
 	topo    *netns.Topology
 	echo    *Proc
 	vars    []Variant
+	cur     string // the scenario running (see ordered)
 	res     *Results
 	outDir  string
 	lcLog   io.Writer
@@ -297,6 +298,13 @@ func (r *Runner) candidates(ctx context.Context) ([]Variant, error) {
 			cands = append(cands, s)
 		}
 	}
+	// Opt-in (named in --variants): a reverse tunnel, latency only.
+	if rv := (&quictunReverse{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs}); slices.Contains(r.opts.Variants, rv.Name()) {
+		if !QuictunHasFlag(ctx, r.opts.BinDir, "--remote-forward") {
+			return nil, fmt.Errorf("%s requested but quictun-client in %s has no --remote-forward", rv.Name(), r.opts.BinDir)
+		}
+		cands = append(cands, rv)
+	}
 	if r.opts.BinDirB != "" {
 		if !QuictunAvailable(r.opts.BinDirB) {
 			return nil, fmt.Errorf("--bin-b: %s/quictun-{server,client} are not built", r.opts.BinDirB)
@@ -411,12 +419,19 @@ func (r *Runner) sweep(ctx context.Context, links []LinkSpec, cases int, fn func
 }
 
 // ordered returns the variants rotated by i, so each variant goes first in
-// turn (interleaving without a fixed order bias).
+// turn (interleaving without a fixed order bias). Variants measured in
+// other scenarios only (scenarioVariant) are left out.
 func (r *Runner) ordered(i int) []Variant {
-	n := len(r.vars)
+	var vars []Variant
+	for _, v := range r.vars {
+		if inScenario(v, r.cur) {
+			vars = append(vars, v)
+		}
+	}
+	n := len(vars)
 	out := make([]Variant, 0, n)
 	for k := range n {
-		out = append(out, r.vars[(k+i)%n])
+		out = append(out, vars[(k+i)%n])
 	}
 	return out
 }
@@ -425,9 +440,14 @@ func (r *Runner) ordered(i int) []Variant {
 // decodes its JSON into v. A run that measured an error (exit 1) still
 // returns its JSON, with the error.
 func (r *Runner) latencyClient(ctx context.Context, timeout time.Duration, v any, args ...string) (json []byte, runErr error, err error) {
+	return r.latencyClientIn(ctx, r.env.ClientNS, timeout, v, args...)
+}
+
+// latencyClientIn is latencyClient in namespace ns.
+func (r *Runner) latencyClientIn(ctx context.Context, ns string, timeout time.Duration, v any, args ...string) (json []byte, runErr error, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	out, rerr := runInNS(ctx, r.env.ClientNS, r.lcLog, r.env.bin("latency-client"), append(args, "--json")...)
+	out, rerr := runInNS(ctx, ns, r.lcLog, r.env.bin("latency-client"), append(args, "--json")...)
 	raw, perr := parseJSON(out, v)
 	if perr != nil {
 		return nil, nil, errors.Join(perr, rerr)

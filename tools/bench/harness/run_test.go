@@ -149,3 +149,31 @@ func TestRunEchoCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestRunReverse runs the opt-in reverse-tunnel variant (quictun-reverse:
+// echo server next to the client, probe on the server host) beside direct
+// TCP in the latency scenario, and checks that it has no part in the
+// others (bulk here) and that the report shows its column and the first
+// echo in RTTs.
+func TestRunReverse(t *testing.T) {
+	res, dir, p := runTunnelSmoke(t, "hr", func(o *Options) { o.Variants = []string{"direct", "quictun-reverse"} }, ScLatency, ScBulk)
+	assert.Equal(t, []string{"direct", "quictun-reverse"}, res.Variants)
+	seen := map[string]int{}
+	for _, smp := range res.Samples {
+		seen[smp.Scenario+"/"+smp.Variant]++
+		require.Empty(t, smp.Error, "%s/%s/%s", smp.Scenario, smp.Link, smp.Variant)
+		if smp.Scenario == ScLatency {
+			assert.Positive(t, smp.Metrics["first_echo_rtts"], "%s/%s", smp.Link, smp.Variant)
+			t.Logf("%s %s: connect %.2f ms, first echo %.2f ms (%.2f RTTs), total %.1f ms (loaded machine, indicative)",
+				smp.Link, smp.Variant, smp.Metrics["connect_ms"], smp.Metrics["first_echo_ms"], smp.Metrics["first_echo_rtts"], smp.Metrics["total_ms"])
+		}
+	}
+	assert.Equal(t, len(p.LatencyLinks), seen[ScLatency+"/quictun-reverse"])
+	assert.Equal(t, len(p.LatencyLinks), seen[ScLatency+"/direct"])
+	assert.Zero(t, seen[ScBulk+"/quictun-reverse"], "the reverse variant is measured in the latency scenario only")
+	assert.Positive(t, seen[ScBulk+"/direct"])
+	report, err := os.ReadFile(filepath.Join(dir, "report.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(report), "quictun-reverse")
+	assert.Contains(t, string(report), "connect to first echo RTTs")
+}

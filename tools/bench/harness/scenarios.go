@@ -70,6 +70,7 @@ func (r *Runner) validate(ctx context.Context) {
 }
 
 func (r *Runner) scenario(ctx context.Context, name string) error {
+	r.cur = name
 	switch name {
 	case ScLatency:
 		return r.latency(ctx)
@@ -136,7 +137,7 @@ func (r *Runner) probe(ctx context.Context, sc string, link LinkSpec, cs string,
 	if pv, ok := v.(interface{ ProbeArgs() []string }); ok {
 		args = append(args, pv.ProbeArgs()...)
 	}
-	raw, runErr, err := r.latencyClient(ctx, timeout, &p, args...)
+	raw, runErr, err := r.latencyClientIn(ctx, probeNS(v, &r.env), timeout, &p, args...)
 	if err != nil {
 		s.Error = err.Error()
 		r.record(s)
@@ -178,11 +179,22 @@ func (r *Runner) latency(ctx context.Context) error {
 					return nil
 				}
 				r.probe(ctx, ScLatency, link, fmt.Sprintf("%d x %d B", p.LatencyNumber, p.LatencySize), v, rep,
-					p.LatencySize, p.LatencyNumber, 1, 5*time.Minute, nil)
+					p.LatencySize, p.LatencyNumber, 1, 5*time.Minute, firstEchoRTTs(link))
 			}
 		}
 	}
 	return nil
+}
+
+// firstEchoRTTs adds first_echo_rtts: connect to first echo in round
+// trips of the link (2 x its one-way delay), when the link has a delay.
+func firstEchoRTTs(link LinkSpec) func(map[string]float64) {
+	rtt := 2 * linkDelay(link)
+	return func(m map[string]float64) {
+		if fe, ok := m["first_echo_ms"]; ok && rtt > 0 {
+			m["first_echo_rtts"] = fe * 1e6 / float64(rtt)
+		}
+	}
 }
 
 func (r *Runner) bulk(ctx context.Context) error {
