@@ -223,7 +223,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	case cfg.Parser == nil:
 		return nil, errors.New("server: token parser is required")
 	case cfg.Allow == nil:
-		return nil, errors.New("server: allow-list is required")
+		return nil, errNoAllowList
 	case cfg.Metrics == nil:
 		return nil, errors.New("server: metrics are required")
 	case pc == nil:
@@ -332,12 +332,19 @@ type Policy = egress.Policy
 // auth_failed. A change between shared-secret authentication and none
 // returns ErrAuthModeChange and changes nothing.
 func (s *Server) Reconfigure(p Policy) error {
+	if p.Allow == nil { // as New: an empty list refuses everything, nil is a mistake
+		return errNoAllowList
+	}
 	if (p.Keys.Len() > 0) != (s.egress.Keys().Len() > 0) {
 		return ErrAuthModeChange
 	}
 	s.egress.Reconfigure(p)
 	return nil
 }
+
+// errNoAllowList: New and Reconfigure need destination rules (an empty list
+// refuses every destination).
+var errNoAllowList = errors.New("server: allow-list is required")
 
 // ErrAuthModeChange is returned by SetKeys and Reconfigure for a change between shared-secret
 // authentication and none (mutual TLS or --insecure-no-auth): connection

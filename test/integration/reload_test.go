@@ -172,6 +172,8 @@ func TestReloadSwapsKeysAndRulesAtOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream did not reach the token parser")
 	}
+	require.ErrorContains(t, srv.Reconfigure(server.Policy{Keys: named("b")}), "allow-list is required",
+		"a policy without rules is refused, as New refuses it (it used to panic in egress)")
 	require.NoError(t, srv.Reconfigure(server.Policy{Keys: named("b"), Allow: none, AllowFor: rulesFor("key=b")}))
 	close(bp.release)
 	got := make([]byte, 5)
