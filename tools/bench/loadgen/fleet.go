@@ -100,6 +100,11 @@ func (f *fleet) start(ctx context.Context, e *emu) error {
 		q.KeepAlivePeriod = f.o.KeepAlive
 	}
 	cfg := client.DefaultConfig()
+	// No route watch: it holds a netlink socket per connection, which a real
+	// client (one per host) affords, but thousands in one process sharing one
+	// routing table would only measure the load generator (and, with their
+	// UDP sockets, pass this machine's 20,000 file descriptors at 10,000).
+	cfg.RouteWatch = false
 	cfg.ServerAddr = f.srv.udp
 	cfg.TLS = tlsConf
 	cfg.QUIC = transport.QUICConfig(q)
