@@ -10,6 +10,20 @@ import (
 	"github.com/quictun/quictun/pkg/proto"
 )
 
+// settled waits for l's handshake and reports whether l is still its
+// member's link then (false: the connection or ctx ended, or l was replaced,
+// e.g. after a 0-RTT rejection).
+func (c *Client) settled(ctx context.Context, l *link) bool {
+	select {
+	case <-l.Conn.HandshakeComplete():
+	case <-l.Conn.Context().Done():
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	return c.current(l.m) == l
+}
+
 // checkDestinations asks the server on sess's connection, once its handshake
 // is done and its hello answered, whether its rules admit each destination of
 // Config.Check (proto.KindCheck), without dialing them: a forward that can
@@ -21,17 +35,10 @@ func (c *Client) checkDestinations(ctx context.Context, l *link) {
 	if len(c.cfg.Check) == 0 {
 		return
 	}
+	if !c.settled(ctx, l) {
+		return // ended, or replaced (0-RTT rejected): the new session checks
+	}
 	conn := l.Conn
-	select {
-	case <-conn.HandshakeComplete():
-	case <-conn.Context().Done():
-		return
-	case <-ctx.Done():
-		return
-	}
-	if c.current(l.m) != l {
-		return // replaced (0-RTT rejected): the new session checks
-	}
 	logger := klog.FromContext(ctx)
 	for _, dest := range c.cfg.Check {
 		if l.m.srv.authRefused.Load() || conn.Context().Err() != nil || ctx.Err() != nil {

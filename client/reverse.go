@@ -89,18 +89,11 @@ func (c *Client) serveReverse(ctx context.Context, l *link) {
 	if c.reverse == nil {
 		return
 	}
+	if !c.settled(ctx, l) {
+		return // ended, or replaced (0-RTT rejected): the new session binds
+	}
 	sess := l.session
 	conn := sess.Conn
-	select {
-	case <-conn.HandshakeComplete():
-	case <-conn.Context().Done():
-		return
-	case <-ctx.Done():
-		return
-	}
-	if c.current(l.m) != l {
-		return // replaced (0-RTT rejected): the new session binds
-	}
 	state := c.reverse.NewConn()
 	var wg sync.WaitGroup
 	defer wg.Wait()
