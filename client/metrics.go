@@ -18,12 +18,8 @@ func NewMetrics(reg prometheus.Registerer) *metrics.Client {
 // MetricLabels are the label values of the client's metrics: the protocol's
 // codes, the UDP relay's drop reasons and paths.
 func MetricLabels() metrics.Labels {
-	codes := make([]string, 0, len(proto.AllCodes()))
-	for _, c := range proto.AllCodes() {
-		codes = append(codes, c.String())
-	}
 	return metrics.Labels{
-		Codes:               codes,
+		Codes:               proto.CodeNames(),
 		UDPDropReasons:      udpflow.DropReasons(),
 		UDPDropReceiveQueue: udpflow.DropReceiveQueue,
 		UDPPathDatagram:     udpflow.PathDatagram,

@@ -19,12 +19,8 @@ func NewMetrics(reg prometheus.Registerer) *metrics.Server {
 // codes, the allow list's networks and refusal reasons, the UDP relay's drop
 // reasons and paths.
 func MetricLabels() metrics.Labels {
-	codes := make([]string, 0, len(proto.AllCodes()))
-	for _, c := range proto.AllCodes() {
-		codes = append(codes, c.String())
-	}
 	return metrics.Labels{
-		Codes:               codes,
+		Codes:               proto.CodeNames(),
 		Networks:            []string{endpoint.NetworkTCP, endpoint.NetworkUDP, endpoint.NetworkUnix},
 		RefusalReasons:      endpoint.RefusalReasons(),
 		UDPDropReasons:      udpflow.DropReasons(),

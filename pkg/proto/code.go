@@ -72,6 +72,10 @@ func AllCodes() []Code {
 	return out
 }
 
+// CodeNames lists every defined code's name (String), in numeric order: the
+// label values of the metrics counted by result code.
+func CodeNames() []string { return append([]string(nil), codeNames[:]...) }
+
 // String returns the code's snake_case name, used as a metric label value.
 func (c Code) String() string {
 	if int(c) < len(codeNames) {

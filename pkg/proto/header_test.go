@@ -136,6 +136,11 @@ func TestFromError(t *testing.T) {
 	assert.Equal(t, "refused", CodeRefused.String())
 	assert.Equal(t, "code_200", Code(200).String())
 	assert.Len(t, AllCodes(), int(CodeAddrInUse)+1)
+	names := CodeNames()
+	require.Len(t, names, len(AllCodes()))
+	for _, c := range AllCodes() {
+		assert.Equal(t, c.String(), names[c])
+	}
 }
 
 func FuzzDecode(f *testing.F) {
