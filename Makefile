@@ -9,8 +9,11 @@ BINARIES := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client ./t
 # what a release holds (tools/release/main.go's Binaries); they build for every RELEASE_TARGETS platform
 PRODUCT  := ./cmd/quictun-server ./cmd/quictun-client ./tools/latency-client
 RELEASE_TARGETS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
-# make test vets these besides linux/amd64 (lint's): CROSS_TARGETS="$(RELEASE_TARGETS)" for all of them
+# make cross (part of make test) checks every RELEASE_TARGETS platform but linux/amd64 (lint's and the tests'):
+# go vet with the tests for CROSS_TARGETS, one a GOOS (CROSS_TARGETS="$(RELEASE_TARGETS)" vets them all), and
+# tools/typecheck, with the tests, for the rest (CROSS_TYPECHECK_TARGETS: the other architectures)
 CROSS_TARGETS ?= windows/amd64 darwin/arm64
+CROSS_TYPECHECK_TARGETS = $(filter-out linux/amd64 $(CROSS_TARGETS),$(RELEASE_TARGETS))
 # every file time in the archives and the image: the commit's, so a release is reproducible
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # make image's tag is IMAGE_REPO:VERSION (no leading v: the Helm chart's appVersion); deploy/helm's image.repository
@@ -41,11 +44,18 @@ test-quic-go: quic-go
 build: quic-go
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/ $(BINARIES)
 
-## cross: go vet (which type-checks, so compiles) the released packages and their tests for CROSS_TARGETS:
-## the platforms whose files differ from linux/amd64's (Linux-only features are in *_linux.go files)
+## cross: the released packages and their tests for every release platform but linux/amd64: go vet (its
+## analyzers, after compiling every dependency for the platform) for CROSS_TARGETS, one a GOOS, since the files
+## differ by GOOS (Linux-only features are in *_linux.go files); tools/typecheck for the other architectures
+## (a type check from source, the standard library's too, a few CPU-seconds where vet or go build compiles
+## everything for one more platform, about a minute with a cold cache: it catches what golang.org/x/sys/unix
+## defines on one architecture only; it generates no code, make release builds every platform)
 cross: quic-go
 	@for t in $(CROSS_TARGETS); do echo "== go vet $$t"; export CGO_ENABLED=0 GOOS=$${t%/*} GOARCH=$${t#*/}; \
 	  pkgs=$$($(GO) list -deps $(PRODUCT) | grep '^github.com/quictun/quictun/') && $(GO) vet $$pkgs || exit 1; done
+	@for t in $(CROSS_TYPECHECK_TARGETS); do echo "== typecheck $$t"; \
+	  pkgs=$$(CGO_ENABLED=0 GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) list -deps $(PRODUCT) | grep '^github.com/quictun/quictun/') && \
+	  $(GO) run ./tools/typecheck -target $$t -test $$pkgs || exit 1; done
 
 ## release: bin/release/quictun_VERSION_OS_ARCH.{tar.gz,zip} for RELEASE_TARGETS (binaries, README.md, LICENSE if
 ## any) and SHA256SUMS, reproducible (-trimpath, every time SOURCE_DATE_EPOCH); tools/release says how
@@ -71,8 +81,8 @@ demo: build
 	bash scripts/demo.sh
 
 ## test: what CI runs: format and lint checks (golangci-lint runs go vet's analyzers, so no separate
-## vet pass: it cost CI about 4 minutes on a loaded machine), go vet for the other platforms (cross),
-## tools/release's tests, then every test with the race detector
+## vet pass: it cost CI about 4 minutes on a loaded machine), go vet or tools/typecheck for the other release
+## platforms (cross), tools/release's tests, then every test with the race detector
 test: quic-go fmt-check lint cross test-release test-quic-go
 	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./... ./tools/bench/...
 
