@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -23,10 +24,13 @@ func TestIsTransientSendError(t *testing.T) {
 	sendErr := func(errno syscall.Errno) error {
 		return &net.OpError{Op: "write", Net: "udp", Err: os.NewSyscallError("sendmsg", errno)}
 	}
+	linux := runtime.GOOS == "linux"
 	for _, tc := range []struct {
 		err  error
 		want bool
 	}{
+		{sendErr(syscall.EINVAL), linux}, // a blackhole route
+		{sendErr(syscall.EACCES), linux}, // a prohibit route
 		{sendErr(syscall.ENETUNREACH), true},
 		{sendErr(syscall.EHOSTUNREACH), true},
 		{sendErr(syscall.EADDRNOTAVAIL), true},

@@ -225,7 +225,11 @@ func startNSWorkload(t *testing.T, tn *nsTunnel, pingPongs int) *testutil.Worklo
 // connections run (ping-pong and a bulk transfer); they must carry on with
 // verified data, with no reconnect of the client's QUIC connection. The
 // server sees the client's packets come from the new address and migrates
-// the connection (path validation). The stall is measured and logged.
+// the connection (path validation). The stall is measured and logged. The
+// last case keeps the address: for 300 ms the route to the server is a
+// blackhole route (a VPN's kill switch, a routing daemon between two routes),
+// where sendmsg fails with EINVAL, which the client counts as loss
+// (client/senderr_other.go) rather than ending the connection.
 func TestRenumberClient(t *testing.T) {
 	requireNetns(t)
 	for _, tc := range []struct {
@@ -250,6 +254,12 @@ func TestRenumberClient(t *testing.T) {
 			time.Sleep(300 * time.Millisecond)
 			ipCmd(t, "-n", ns, "addr", "add", clientNewIP+"/32", "dev", "eth0")
 			ipCmd(t, "-n", ns, "route", "add", serverNSIP+"/32", "dev", "eth0", "src", clientNewIP)
+			return time.Now()
+		}},
+		{"blackhole-route", func(t *testing.T, ns string) time.Time {
+			ipCmd(t, "-n", ns, "route", "replace", "blackhole", serverNSIP+"/32")
+			time.Sleep(300 * time.Millisecond)
+			ipCmd(t, "-n", ns, "route", "replace", serverNSIP+"/32", "dev", "eth0", "src", clientOldIP)
 			return time.Now()
 		}},
 	} {

@@ -156,10 +156,9 @@ func TestSpreadServers(t *testing.T) {
 // The blackhole: the active server's address is removed from its
 // namespace, so the client's packets to it are dropped there without an
 // answer, as for a dead host or a cut path (the server's own sends fail
-// meanwhile). A blackhole route in the client's namespace would not do:
-// sendmsg fails with EINVAL at once and quic-go closes the connection, a
-// failure the client sees without waiting; tc's drop actions and netem are
-// not in this machine's kernel.
+// meanwhile). Not a blackhole route in the client's namespace: sendmsg fails
+// there (EINVAL), which the client counts as loss, but the server's path
+// stays whole; tc's drop actions and netem are not in this machine's kernel.
 func TestFailoverBlackholedPath(t *testing.T) {
 	requireNetns(t)
 	checkLeaks(t)
