@@ -635,6 +635,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 		l := c.setSession(m, c.newSession(conn)) // usable at once: with a session ticket, streams go out as 0-RTT data
 		startHello(l)
 		if !isClosed(conn.HandshakeComplete()) {
+			c.fb.quicPending(m, quicRx{conn})
 			select {
 			case <-conn.HandshakeComplete():
 			case <-conn.Context().Done():
@@ -806,6 +807,11 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport, srv *server) (*qu
 	}
 	return conn, nil
 }
+
+// quicRx is a QUIC connection's count of packets received.
+type quicRx struct{ *quic.Conn }
+
+func (q quicRx) PacketsReceived() uint64 { return q.ConnectionStats().PacketsReceived }
 
 // sessions is the Client as ingress sees it.
 type sessions struct{ c *Client }
