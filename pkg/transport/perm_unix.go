@@ -21,3 +21,7 @@ func checkPrivate(what, path string, fi fs.FileInfo) error {
 	}
 	return &PermissionError{What: what, Path: path, Mode: fi.Mode(), Fix: fix}
 }
+
+// makePrivate does nothing on Unix: the daemon creates its files with mode
+// 0600 and its directories with 0700.
+func makePrivate(string, bool) error { return nil }

@@ -56,3 +56,43 @@ func checkPrivate(what, path string, fi fs.FileInfo) error {
 	}
 	return nil
 }
+
+// makePrivate gives path an ACL of its own (not inherited) that lets only
+// this process's user, SYSTEM and Administrators in (a directory passes it on
+// to what it will hold), as CheckPrivate wants: on Windows, files and
+// directories the daemon creates otherwise inherit their parent's ACL (on
+// C:\ or ProgramData, Users may read).
+func makePrivate(path string, dir bool) error {
+	user, err := windows.GetCurrentProcessToken().GetTokenUser()
+	if err != nil {
+		return err
+	}
+	system, err := windows.CreateWellKnownSid(windows.WinLocalSystemSid)
+	if err != nil {
+		return err
+	}
+	admins, err := windows.CreateWellKnownSid(windows.WinBuiltinAdministratorsSid)
+	if err != nil {
+		return err
+	}
+	inherit := uint32(windows.NO_INHERITANCE)
+	if dir {
+		inherit = windows.SUB_CONTAINERS_AND_OBJECTS_INHERIT
+	}
+	var access []windows.EXPLICIT_ACCESS
+	for _, sid := range []*windows.SID{user.User.Sid, system, admins} {
+		access = append(access, windows.EXPLICIT_ACCESS{
+			AccessPermissions: windows.GENERIC_ALL, AccessMode: windows.GRANT_ACCESS, Inheritance: inherit,
+			Trustee: windows.TRUSTEE{TrusteeForm: windows.TRUSTEE_IS_SID, TrusteeValue: windows.TrusteeValueFromSID(sid)},
+		})
+	}
+	acl, err := windows.ACLFromEntries(access, nil)
+	if err != nil {
+		return err
+	}
+	if err := windows.SetNamedSecurityInfo(path, windows.SE_FILE_OBJECT,
+		windows.DACL_SECURITY_INFORMATION|windows.PROTECTED_DACL_SECURITY_INFORMATION, nil, nil, acl, nil); err != nil {
+		return fmt.Errorf("make %s private: %w", path, err)
+	}
+	return nil
+}
