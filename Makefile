@@ -48,7 +48,7 @@ build: quic-go
 ## analyzers, after compiling every dependency for the platform) for CROSS_TARGETS, one a GOOS, since the files
 ## differ by GOOS (Linux-only features are in *_linux.go files); tools/typecheck for the other architectures
 ## (a type check from source, the standard library's too, a few CPU-seconds where vet or go build compiles
-## everything for one more platform, about a minute with a cold cache: it catches what golang.org/x/sys/unix
+## everything for one more platform, 70-140 s with a cold cache on this machine: it catches what golang.org/x/sys/unix
 ## defines on one architecture only; it generates no code, make release builds every platform)
 cross: quic-go
 	@for t in $(CROSS_TARGETS); do echo "== go vet $$t"; export CGO_ENABLED=0 GOOS=$${t%/*} GOARCH=$${t#*/}; \

@@ -8,7 +8,7 @@
 // function declared without a body in a package that has no assembly to
 // supply it (the compiler's "missing function body"), at a few seconds of CPU
 // a target where `go build` compiles the standard library and every
-// dependency for it (about a minute with a cold build cache). It does not
+// dependency for it (70-80 s here with a cold build cache). It does not
 // generate code or link: `make release` does that for every platform.
 //
 //	go run ./tools/typecheck -target darwin/amd64 [-test] PACKAGES...
