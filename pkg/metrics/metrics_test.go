@@ -48,7 +48,7 @@ func TestMetricsLint(t *testing.T) {
 		{"client", func(r *prometheus.Registry) { metrics.NewClient(r, labels) }},
 		{"reload and admin", func(r *prometheus.Registry) {
 			metrics.NewReload(r, "server")
-			metrics.NewAdminRefused(r, "server")
+			metrics.NewAdminRefused(r, "server", []string{"host", "origin"})
 		}},
 		{"quic and liveness", func(r *prometheus.Registry) {
 			r.MustRegister(metrics.NewQUICCollector("client", true, func() []metrics.Conn {
