@@ -30,6 +30,23 @@ func (waitSessions) Wait(ctx context.Context) (*Session, func(), error) {
 	return nil, func() {}, ctx.Err()
 }
 
+// serveUDP serves a UDP socket on loopback toward udp:127.0.0.1:9 with a
+// Handler of maxConns connections over sessions, reporting to ev, until the
+// test ends; it returns the socket.
+func serveUDP(t *testing.T, maxConns int, sessions Sessions, ev Events) *net.UDPConn {
+	t.Helper()
+	h, err := New(Config{MaxConnections: maxConns, Events: ev, Registry: tunnel.NewRegistry()},
+		Links{Sessions: sessions, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
+	require.NoError(t, err)
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var handlers sync.WaitGroup
+	handlers.Go(func() { h.ServeUDP(ctx, pc, staticToken("udp:127.0.0.1:9"), &handlers) })
+	t.Cleanup(func() { cancel(); _ = pc.Close(); handlers.Wait() })
+	return pc
+}
+
 // TestUDPQueuesBoundedInBytes (issue 21 item 2): while the server is
 // unreachable, each flow queues at most udpflow.DefaultQueueBytes of its
 // application's packets, whatever their size; the rest are dropped as
@@ -38,15 +55,7 @@ func (waitSessions) Wait(ctx context.Context) (*Session, func(), error) {
 func TestUDPQueuesBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	ev := &recorder{}
-	h, err := New(Config{MaxConnections: 64, Events: ev, Registry: tunnel.NewRegistry()},
-		Links{Sessions: waitSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
-	require.NoError(t, err)
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	var handlers sync.WaitGroup
-	handlers.Go(func() { h.ServeUDP(ctx, pc, staticToken("udp:127.0.0.1:9"), &handlers) })
-	t.Cleanup(func() { cancel(); _ = pc.Close(); handlers.Wait() })
+	pc := serveUDP(t, 64, waitSessions{}, ev)
 
 	const sources, perSource, size = 16, 40, 60000 // 38 MB in all, 2.4 MB a source
 	queued := func() int { return int(ev.queuedBytes()) / (size + 64) }
@@ -76,15 +85,7 @@ func TestUDPQueuesBoundedInBytes(t *testing.T) {
 func TestUDPFlowWithoutSession(t *testing.T) {
 	t.Parallel()
 	ev := &recorder{}
-	h, err := New(Config{MaxConnections: 4, Events: ev, Registry: tunnel.NewRegistry()},
-		Links{Sessions: noSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
-	require.NoError(t, err)
-	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	var handlers sync.WaitGroup
-	handlers.Go(func() { h.ServeUDP(ctx, pc, staticToken("udp:127.0.0.1:9"), &handlers) })
-	t.Cleanup(func() { cancel(); _ = pc.Close(); handlers.Wait() })
+	pc := serveUDP(t, 4, noSessions{}, ev)
 
 	c, err := net.DialUDP("udp", nil, pc.LocalAddr().(*net.UDPAddr))
 	require.NoError(t, err)
