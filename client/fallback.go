@@ -342,7 +342,7 @@ func (f *fallback) run(ctx context.Context) {
 }
 
 // dial connects to the server over TCP with the client's TLS config (the
-// same pins or CAs as QUIC).
+// same pins or CAs as QUIC: the first server's).
 func (f *fallback) dial(ctx context.Context) (*tcpmux.Conn, error) {
 	c := f.c
 	timeout := 10 * time.Second
@@ -355,7 +355,7 @@ func (f *fallback) dial(ctx context.Context) (*tcpmux.Conn, error) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return tcpmux.Dial(dctx, f.addr, c.tlsConf.Load(), &cfg)
+	return tcpmux.Dial(dctx, f.addr, c.serverTLS(c.servers[0]), &cfg)
 }
 
 // helloTCP is hello for a TCP session (see hello.go).
