@@ -23,10 +23,12 @@ import (
 	"github.com/quictun/quictun/pkg/transport"
 )
 
-// logLines is a logger at -v 0 that keeps every line it is given.
+// logLines is a logger at -v verbosity (0 unless set) that keeps every
+// line it is given.
 type logLines struct {
-	mu    sync.Mutex
-	lines []string
+	verbosity int
+	mu        sync.Mutex
+	lines     []string
 }
 
 func (l *logLines) logger() *klog.Logger {
@@ -34,7 +36,7 @@ func (l *logLines) logger() *klog.Logger {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.lines = append(l.lines, prefix+" "+args)
-	}, funcr.Options{Verbosity: 0})
+	}, funcr.Options{Verbosity: l.verbosity})
 	return &lg
 }
 
