@@ -243,7 +243,8 @@ type Client struct {
 	ingress *ingress.Handler
 	// reverse serves the streams the server opens for RemoteForwards (nil:
 	// none); unbinding ends the bindings when the client drains, and
-	// bindOutcomes holds the outcome last logged per binding (logBind).
+	// bindOutcomes holds the outcome last logged per binding and server
+	// (bindKey -> string, logBind).
 	reverse      *egress.Handler
 	unbinding    context.Context
 	stopBinding  context.CancelFunc

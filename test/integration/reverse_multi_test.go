@@ -124,6 +124,8 @@ func TestReverseForwardSeveralServers(t *testing.T) {
 			assert.Equal(t, 2, logs.count("Server listens for a reverse forward", `"server"="`+b.Addr+`"`), "bound once on B, and again after its restart: %s", logs)
 			for _, s := range []hostServer{a, b} {
 				assert.Zero(t, promtest.ToFloat64(s.Metrics.StreamsTotal.WithLabelValues("addr_in_use")), "no addr_in_use on the server")
+				assert.Equal(t, 1, logs.count(`"level"=0`, "Server listens for a reverse forward", `"server"="`+s.Addr+`"`),
+					"each server's binding shows at -v 0, once (not again at a reconnect): %s", logs)
 			}
 			assert.Equal(t, 2, healthy(cl))
 		})
