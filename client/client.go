@@ -644,7 +644,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 	for ctx.Err() == nil {
 		start := time.Now()
 		c.fb.quicDialing()
-		conn, err := c.dial(ctx, tr, srv)
+		conn, err := c.dial(ctx, tr, m)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -824,7 +824,8 @@ func (c *Client) waitBackoff(ctx context.Context, m *member) {
 	}
 }
 
-func (c *Client) dial(ctx context.Context, tr *quic.Transport, srv *server) (*quic.Conn, error) {
+func (c *Client) dial(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error) {
+	srv := m.srv
 	ua, err := srv.resolve(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", srv.addr, err)
@@ -840,7 +841,7 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport, srv *server) (*qu
 	defer cancel()
 	// DialEarly returns as soon as 0-RTT keys exist when a session ticket is
 	// cached (after a reconnect), and after the handshake otherwise.
-	conn, err := tr.DialEarly(dctx, ua, c.tlsFor(srv, c.serverTLS(srv)), c.cfg.QUIC)
+	conn, err := tr.DialEarly(dctx, ua, c.tlsFor(m, c.serverTLS(srv)), c.cfg.QUIC)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", srv.addr, err)
 	}

@@ -284,13 +284,15 @@ func openForward(f forwardSpec, cleanup *cli.Cleanup) (client.Forward, error) {
 // (kept across restarts), or in memory. It lives as long as the client: a
 // reload builds a new TLS configuration around the same cache.
 func (o *Options) sessionCache(logger klog.Logger) (tls.ClientSessionCache, error) {
+	// Room for a ticket of each connection (each keeps its own) and more.
+	capacity := max(16, 4*len(o.ServerEndpoint)*o.Client.ConnectionsPerServer)
 	if o.SessionFile == "" {
-		return transport.NewStickySessionCache(16), nil
+		return transport.NewStickySessionCache(capacity), nil
 	}
 	if err := transport.CheckPrivate("--session-file", o.SessionFile); err != nil {
 		return nil, err
 	}
-	return transport.NewFileSessionCache(o.SessionFile, 16, func(err error) {
+	return transport.NewFileSessionCache(o.SessionFile, capacity, func(err error) {
 		logger.Error(err, "Session tickets", "file", o.SessionFile)
 	}), nil
 }
