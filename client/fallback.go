@@ -298,10 +298,12 @@ func (f *fallback) run(ctx context.Context) {
 				if ctx.Err() != nil {
 					return
 				}
+				f.c.cfg.Metrics.TCPDialsTotal.WithLabelValues("error").Inc()
 				logger.V(2).Info("Could not connect to server over TCP", "address", f.addr, "err", err)
 				_ = bo.Wait(ctx)
 				continue
 			}
+			f.c.cfg.Metrics.TCPDialsTotal.WithLabelValues("ok").Inc()
 			bo.Success(time.Now())
 			conn = c
 			s := &session{TCP: c}

@@ -174,8 +174,9 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 					// A keep-alive period passed without work. Nothing
 					// answered in RescueAfter means a dead path or a
 					// restarted server whose reset was lost (quic-go sends
-					// one per packet only while its queue of 4 has room):
-					// heartbeats then, each padded to draw a reset.
+					// one per packet only while its queue, 256 with our
+					// patch 0010, has room): heartbeats then, each padded
+					// to draw a reset.
 					keepAlive()
 					ackDue, rxAtKeepAlive = true, conn.ConnectionStats().PacketsReceived
 					tick.Reset(c.cfg.RescueAfter)

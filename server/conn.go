@@ -86,7 +86,7 @@ func (c *conn) admit(ctx context.Context) bool {
 
 // release gives back what admit took.
 func (c *conn) release() {
-	c.s.limits.closed(c.src)
+	c.s.limits.closed(c.src, time.Now())
 	c.s.active.Add(-1)
 }
 

@@ -154,12 +154,22 @@ func (l *sourceLimiter) open(ip string, now time.Time) bool {
 	return true
 }
 
-// closed ends a connection counted by open.
-func (l *sourceLimiter) closed(ip string) {
+// closed ends a connection counted by open. The source's entry goes with
+// its last connection once its bucket is full again (as a new entry's
+// would be), so a crowd that left does not stay in the table.
+func (l *sourceLimiter) closed(ip string, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if s := l.sources[ip]; s != nil && s.open > 0 {
-		s.open--
+	s := l.sources[ip]
+	if s == nil || s.open == 0 {
+		return
+	}
+	s.open--
+	if s.open == 0 && s.unverified == 0 {
+		refill(s, now, l.rate, l.burst)
+		if s.tokens >= l.burst {
+			delete(l.sources, ip)
+		}
 	}
 }
 

@@ -36,9 +36,28 @@ func TestSourceLimiterOpenConnections(t *testing.T) {
 	assert.True(t, l.open("a", now))
 	assert.False(t, l.open("a", now), "third connection over the cap")
 	assert.True(t, l.open("b", now))
-	l.closed("a")
+	l.closed("a", now)
 	assert.True(t, l.open("a", now), "a closed connection frees its place")
-	l.closed("unknown") // no panic
+	l.closed("unknown", now) // no panic
+}
+
+func TestSourceLimiterForgetsSourcesThatLeft(t *testing.T) {
+	t.Parallel()
+	l := newSourceLimiter(20, 4, 0)
+	now := time.Now()
+	for _, ip := range []string{"a", "b"} {
+		require.True(t, l.allowHandshake(ip, now))
+		require.True(t, l.open(ip, now))
+		require.True(t, l.open(ip, now))
+	}
+	l.closed("a", now)
+	l.closed("a", now)
+	assert.Contains(t, l.sources, "a", "its bucket is not full yet: a new entry would hand it a whole burst")
+	later := now.Add(time.Minute)
+	l.closed("b", later)
+	assert.Contains(t, l.sources, "b", "one connection still open")
+	l.closed("b", later)
+	assert.NotContains(t, l.sources, "b", "the last connection closed and the bucket is full: nothing to remember")
 }
 
 func TestSourceIP(t *testing.T) {

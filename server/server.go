@@ -521,6 +521,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.cfg.Registry.AbortAll(proto.CodeShutdown)
 	cancelConns()
 	wg.Wait()
+	s.egress.Close()
 	s.ready.Store(false)
 	logger.Info("Server stopped")
 	return runErr

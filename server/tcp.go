@@ -115,7 +115,7 @@ func (s *Server) acceptTCP(ctx, connCtx context.Context, wg *sync.WaitGroup) {
 		select {
 		case s.tcpHandshakes <- struct{}{}:
 		default:
-			m.RefusedConnectionsTotal.WithLabelValues("handshake_rate").Inc()
+			m.RefusedConnectionsTotal.WithLabelValues(metrics.RefusedTCPHandshakes).Inc()
 			_ = nc.Close()
 			continue
 		}

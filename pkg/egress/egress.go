@@ -257,6 +257,10 @@ func New(cfg Config) (*Handler, error) {
 	return e, nil
 }
 
+// Close stops the Handler's timers (the replay cache's sweeper). Streams
+// still in progress are not affected.
+func (e *Handler) Close() { e.replay.stop() }
+
 // direction is the direction of the Handler's tunnels (tunnel.Forward or
 // tunnel.Reverse).
 func (e *Handler) direction() string {

@@ -31,6 +31,14 @@ type replayCache struct {
 	mu     sync.Mutex
 	seen   map[[proto.NonceLen]byte]time.Time // nonce -> expiry
 	lastGC time.Time
+	// peak is the most entries since seen was last made: Go maps keep
+	// their size, so a map that emptied after a crowd left is made anew.
+	peak int
+	// sweeper sweeps a quarter window at a time while the cache holds
+	// entries, so they go when their window ends even if no header comes
+	// (after every client left); nil while it is empty, and after stop.
+	sweeper *time.Timer
+	stopped bool
 }
 
 func newReplayCache(window time.Duration, max int) *replayCache {
@@ -85,16 +93,7 @@ func (c *replayCache) admit(h *proto.Header, now time.Time, early bool, q *repla
 	// Sweep a quarter window at a time, or when full at most once a second,
 	// so a full cache of live entries does not cost a scan per check.
 	if now.Sub(c.lastGC) > c.window/4 || (len(c.seen) >= c.oneRTTMax && now.Sub(c.lastGC) > time.Second) {
-		before := len(c.seen)
-		for n, exp := range c.seen {
-			if now.After(exp) {
-				delete(c.seen, n)
-			}
-		}
-		c.lastGC = now
-		if len(c.seen) != before && c.onSize != nil {
-			c.onSize(len(c.seen))
-		}
+		c.sweepLocked(now)
 	}
 	if exp, ok := c.seen[h.Nonce]; ok && !now.After(exp) {
 		return proto.CodeReplay, ""
@@ -115,10 +114,70 @@ func (c *replayCache) admit(h *proto.Header, now time.Time, early bool, q *repla
 	}
 	// Keep the nonce until the header's timestamp leaves the window.
 	c.seen[h.Nonce] = h.Time.Add(c.window + time.Second)
+	c.peak = max(c.peak, len(c.seen))
+	if c.sweeper == nil && !c.stopped {
+		c.sweeper = time.AfterFunc(c.sweepEvery(), c.sweepTimer)
+	}
 	if c.onSize != nil {
 		c.onSize(len(c.seen))
 	}
 	return proto.CodeOK, ""
+}
+
+// sweepEvery is the sweeper's period: a quarter window.
+func (c *replayCache) sweepEvery() time.Duration { return max(c.window/4, time.Second) }
+
+// sweepLocked deletes the expired entries, and makes the map anew when it
+// holds a quarter of its peak or less. c.mu must be held.
+func (c *replayCache) sweepLocked(now time.Time) {
+	before := len(c.seen)
+	for n, exp := range c.seen {
+		if now.After(exp) {
+			delete(c.seen, n)
+		}
+	}
+	c.lastGC = now
+	if c.peak >= shrinkMin && len(c.seen) <= c.peak/4 {
+		seen := make(map[[proto.NonceLen]byte]time.Time, len(c.seen))
+		for n, exp := range c.seen {
+			seen[n] = exp
+		}
+		c.seen, c.peak = seen, len(seen)
+	}
+	if len(c.seen) != before && c.onSize != nil {
+		c.onSize(len(c.seen))
+	}
+}
+
+// shrinkMin is the peak from which a map that emptied is made anew (a
+// small one is not worth the copy).
+const shrinkMin = 1024
+
+// sweepTimer is the sweeper's turn: it sweeps, and comes back while
+// entries are left.
+func (c *replayCache) sweepTimer() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return
+	}
+	c.sweepLocked(time.Now())
+	if len(c.seen) == 0 {
+		c.sweeper = nil
+		return
+	}
+	c.sweeper.Reset(c.sweepEvery())
+}
+
+// stop ends the sweeper (the cache still works, swept as headers come).
+func (c *replayCache) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	if c.sweeper != nil {
+		c.sweeper.Stop()
+		c.sweeper = nil
+	}
 }
 
 // check admits an early header without a per-connection quota.

@@ -21,6 +21,40 @@ func hdr(n byte, at time.Time) *proto.Header {
 	return h
 }
 
+// newTestReplayCache is a cache for tests that pass their own times: its
+// sweeper, which runs on the real clock, is off.
+func newTestReplayCache(window time.Duration, max int) *replayCache {
+	c := newReplayCache(window, max)
+	c.stop()
+	return c
+}
+
+func TestReplayCacheSweeperEmptiesIdleCache(t *testing.T) {
+	t.Parallel()
+	// Entries go when their window ends although no header comes after
+	// them (every client left), and the map their crowd grew is made anew.
+	const w = 2 * time.Second
+	c := newReplayCache(w, 4000)
+	defer c.stop()
+	var sizes atomic.Int64
+	sizes.Store(-1)
+	c.onSize = func(n int) { sizes.Store(int64(n)) }
+	at := time.Now().Add(-w + w/4) // expires 1.5 s from now
+	for i := range 2000 {
+		h := &proto.Header{Time: at}
+		h.Nonce[0], h.Nonce[1] = byte(i), byte(i>>8)
+		require.Equal(t, proto.CodeOK, c.check(h, time.Now()))
+	}
+	require.Equal(t, 2000, c.len())
+	require.Eventually(t, func() bool { return c.len() == 0 }, 10*time.Second, 50*time.Millisecond)
+	c.mu.Lock()
+	peak, armed := c.peak, c.sweeper != nil
+	c.mu.Unlock()
+	assert.Zero(t, peak, "map made anew")
+	assert.False(t, armed, "no sweeper once empty")
+	assert.Zero(t, sizes.Load(), "the gauge was told")
+}
+
 func TestReplayCacheWindow(t *testing.T) {
 	t.Parallel()
 	const w = time.Minute
@@ -40,7 +74,7 @@ func TestReplayCacheWindow(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c := newReplayCache(w, 10)
+			c := newTestReplayCache(w, 10)
 			assert.Equal(t, tc.want, c.check(hdr(1, replayT0.Add(tc.offset)), replayT0))
 			if tc.want != proto.CodeOK {
 				assert.Empty(t, c.seen, "rejected headers are not remembered")
@@ -52,7 +86,7 @@ func TestReplayCacheWindow(t *testing.T) {
 func TestReplayCacheSameNonce(t *testing.T) {
 	t.Parallel()
 	const w = time.Minute
-	c := newReplayCache(w, 10)
+	c := newTestReplayCache(w, 10)
 	h := hdr(1, replayT0)
 	require.Equal(t, proto.CodeOK, c.check(h, replayT0))
 	assert.Equal(t, proto.CodeReplay, c.check(h, replayT0), "immediate replay")
@@ -67,7 +101,7 @@ func TestReplayCacheSameNonce(t *testing.T) {
 func TestReplayCacheCapacity(t *testing.T) {
 	t.Parallel()
 	const w = 10 * time.Second
-	c := newReplayCache(w, 3)
+	c := newTestReplayCache(w, 3)
 	for i := range 3 {
 		require.Equal(t, proto.CodeOK, c.check(hdr(byte(i), replayT0), replayT0), "entry %d", i)
 	}
@@ -86,7 +120,7 @@ func TestReplayCacheCapacity(t *testing.T) {
 func TestReplayCachePeriodicGC(t *testing.T) {
 	t.Parallel()
 	const w = 8 * time.Second
-	c := newReplayCache(w, 1000)
+	c := newTestReplayCache(w, 1000)
 	for i := range 10 {
 		require.Equal(t, proto.CodeOK, c.check(hdr(byte(i), replayT0), replayT0))
 	}
@@ -104,7 +138,7 @@ func TestReplayCachePeriodicGC(t *testing.T) {
 
 func TestReplayCacheConcurrent(t *testing.T) {
 	t.Parallel()
-	c := newReplayCache(time.Minute, 1<<16)
+	c := newTestReplayCache(time.Minute, 1<<16)
 	const workers, per = 8, 200
 	var ok atomic.Int64
 	var wg sync.WaitGroup
@@ -135,7 +169,7 @@ func BenchmarkReplayCacheCheck(b *testing.B) {
 		fill int
 	}{{"half_full", 1 << 15}, {"full", 1 << 16}} {
 		b.Run(tc.name, func(b *testing.B) {
-			c := newReplayCache(time.Minute, 1<<16)
+			c := newTestReplayCache(time.Minute, 1<<16)
 			for i := range tc.fill {
 				h := &proto.Header{Time: replayT0}
 				h.Nonce[0], h.Nonce[1], h.Nonce[2] = byte(i), byte(i>>8), 1
@@ -157,7 +191,7 @@ func BenchmarkReplayCacheCheck(b *testing.B) {
 func TestReplayCacheOneRTT(t *testing.T) {
 	t.Parallel()
 	const w = time.Minute
-	c := newReplayCache(w, 8) // 1-RTT nonces are recorded up to 6
+	c := newTestReplayCache(w, 8) // 1-RTT nonces are recorded up to 6
 	var sizes []int
 	c.onSize = func(n int) { sizes = append(sizes, n) }
 
@@ -205,7 +239,7 @@ func TestReplayCacheOneRTT(t *testing.T) {
 func TestReplayCacheConnQuota(t *testing.T) {
 	t.Parallel()
 	const w = 30 * time.Second
-	c := newReplayCache(w, 100)
+	c := newTestReplayCache(w, 100)
 	q := newReplayQuota(3, replayT0)
 	for i := range 3 {
 		code, why := c.admit(hdr(byte(i), replayT0), replayT0, false, q)

@@ -19,6 +19,10 @@ const (
 const (
 	// RefusedMaxConnections: refused_connections_total, the server held --max-connections.
 	RefusedMaxConnections = "max_connections"
+	// RefusedTCPHandshakes: refused_connections_total, a TCP connection
+	// arrived while the server held its most TCP connections in their TLS
+	// handshake.
+	RefusedTCPHandshakes = "tcp_handshakes"
 	// PreauthAuthTimeout: a connection closed because it presented no verified
 	// stream header within --auth-timeout of its first stream or
 	// --idle-auth-timeout of its handshake.
@@ -166,7 +170,7 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	})
 	m.RefusedConnectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "refused_connections_total",
-		Help: "Connections (QUIC and TCP) refused by connection limits, by reason (handshake_rate, per_source_limit, max_connections).",
+		Help: "Connections (QUIC and TCP) refused by connection limits, by reason (handshake_rate: the source's handshakes per second, tcp_handshakes: too many TCP connections in their TLS handshake at once, per_source_limit, max_connections).",
 	}, []string{"reason"})
 	m.DroppedDatagramsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "dropped_datagrams_total",
@@ -208,7 +212,7 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	for _, r := range []string{DropNotQUIC, "header_parse_error", "unexpected_version", "unknown_connection_id", "dos_prevention"} {
 		m.DroppedDatagramsTotal.WithLabelValues(r)
 	}
-	for _, r := range []string{"handshake_rate", "per_source_limit", RefusedMaxConnections} {
+	for _, r := range []string{"handshake_rate", RefusedTCPHandshakes, "per_source_limit", RefusedMaxConnections} {
 		m.RefusedConnectionsTotal.WithLabelValues(r)
 	}
 	for _, c := range l.Codes {
@@ -232,9 +236,12 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 
 // Client holds the client's metrics.
 type Client struct {
-	SessionUp          prometheus.Gauge
-	ReconnectsTotal    prometheus.Counter
-	DialsTotal         *prometheus.CounterVec
+	SessionUp       prometheus.Gauge
+	ReconnectsTotal prometheus.Counter
+	DialsTotal      *prometheus.CounterVec
+	// TCPDialsTotal counts TCP connections made for the fallback
+	// (--transport auto|tcp), by result (ok, error).
+	TCPDialsTotal      *prometheus.CounterVec
 	HandshakeDuration  prometheus.Histogram
 	StreamsTotal       *prometheus.CounterVec
 	ActiveStreams      prometheus.Gauge
@@ -284,6 +291,10 @@ func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 			Namespace: Namespace, Subsystem: sub, Name: "dials_total",
 			Help: "QUIC connection attempts, by result (ok, ok_0rtt: resumed with 0-RTT, 0rtt_rejected: resumed but the server refused 0-RTT, error, auth_failed, cert_rejected: the server's certificate did not verify, a pin or the CA refused it).",
 		}, []string{"result"}),
+		TCPDialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: sub, Name: "tcp_dials_total",
+			Help: "TCP connections to the server for the fallback (--transport auto while QUIC does not get through, or tcp), by result (ok, error).",
+		}, []string{"result"}),
 		HandshakeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "handshake_duration_seconds",
 			Help: "Time to establish the QUIC connection.", Buckets: DurationBuckets,
@@ -332,7 +343,7 @@ func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 	m.Transport.WithLabelValues("quic")
 	m.Transport.WithLabelValues("tcp")
 	reg.MustRegister(m.Transport)
-	reg.MustRegister(m.PathRescuesTotal, m.PathSwitchesTotal, m.PathSwitchFailuresTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.HandshakeDuration, m.StreamsTotal,
+	reg.MustRegister(m.PathRescuesTotal, m.PathSwitchesTotal, m.PathSwitchFailuresTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.TCPDialsTotal, m.HandshakeDuration, m.StreamsTotal,
 		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal, m.ProxyAuthFailuresTotal)
 	for _, p := range []string{ProxySOCKS5, ProxyHTTPConnect} {
 		for _, r := range []string{ProxyAuthMissing, ProxyAuthWrong} {
@@ -341,6 +352,9 @@ func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 	}
 	for _, r := range []string{"ok", "ok_0rtt", "0rtt_rejected", "error", "auth_failed", "cert_rejected"} {
 		m.DialsTotal.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.TCPDialsTotal.WithLabelValues(r)
 	}
 	for _, c := range l.Codes {
 		m.StreamsTotal.WithLabelValues(c)

@@ -195,6 +195,7 @@ func newLoadgenCommand() *cobra.Command {
 	fs.DurationVar(&o.KeepAlive, "keepalive", o.KeepAlive, "the clients' QUIC keep-alive period (0: the client's default, 25s): all an idle client sends")
 	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", o.PhaseTimeout, "bound on each phase that waits for the clients (connect, each restart, leave)")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "bound on the whole run")
+	fs.DurationVar(&o.LeaveWait, "leave-wait", o.LeaveWait, "read the server's memory once more this long after every client left (e.g. 2m30s: past the 2-minute replay window, with time for Go's scavenger): what stays for good; 0 (default): not")
 	fs.DurationVar(&o.GCWait, "gc-wait", o.GCWait, "after every client left, wait up to this long for the server's own next garbage collection (Go forces one every 2m) before reading its memory; 0 (default): ask the server for two collections at once (/debug/pprof/heap?gc=1)")
 	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable), e.g. --quictun-server-arg=--handshake-rate=5")
 	fs.StringSliceVar(&o.ServerEnv, "quictun-env", nil, "extra environment of the server, e.g. GOMAXPROCS=2 (repeatable); without GOMAXPROCS and GODEBUG the server gets GOMAXPROCS at half the CPUs and GODEBUG="+harness.SysmonPolling+", as in every harness run")

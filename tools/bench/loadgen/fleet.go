@@ -171,6 +171,31 @@ func (f *fleet) rescues() map[string]float64 {
 	return out
 }
 
+// tcpDials sums the clients' TCP fallback connections by result, leaving
+// out zeros.
+func (f *fleet) tcpDials() map[string]float64 {
+	out := map[string]float64{}
+	for _, e := range f.clients {
+		for _, res := range []string{"ok", "error"} {
+			if n := counter(e.m.TCPDialsTotal.WithLabelValues(res)); n > 0 {
+				out[res] += n
+			}
+		}
+	}
+	return out
+}
+
+// since is now - before per key, leaving out zeros.
+func since(now, before map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range now {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
 // counter reads a counter's value.
 func counter(c prometheus.Counter) float64 {
 	var d dto.Metric

@@ -72,6 +72,11 @@ type Options struct {
 	// memory left over is read without garbage; 0: the load generator asks
 	// the server for two collections at once (its pprof handler).
 	GCWait time.Duration
+	// LeaveWait, when set, reads the server's memory once more this long
+	// after every client left (with two collections the load generator asks
+	// for), past the replay cache's window and with time for Go's scavenger
+	// to return free pages: what stays for good.
+	LeaveWait time.Duration
 	// Settle is how long the server is left alone before a baseline or
 	// leave snapshot (0: 1 s).
 	Settle time.Duration
@@ -106,7 +111,7 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--restarts: %q is neither %s nor %s", s, SignalTerm, SignalKill))
 		}
 	}
-	if o.Idle < 0 || o.Quiet < 0 || o.GCWait < 0 || o.KeepAlive < 0 || o.PhaseTimeout <= 0 || o.Timeout <= 0 {
+	if o.Idle < 0 || o.Quiet < 0 || o.GCWait < 0 || o.LeaveWait < 0 || o.KeepAlive < 0 || o.PhaseTimeout <= 0 || o.Timeout <= 0 {
 		errs = append(errs, errors.New("--idle, --quiet and --keepalive must not be negative, --phase-timeout and --timeout positive"))
 	}
 	return errors.Join(errs...)
@@ -121,6 +126,8 @@ type run struct {
 	echo *echoServer
 	// loadgenBase is this process before any client.
 	loadgenBase *Loadgen
+	// raw is the directory of the server logs and heap profiles.
+	raw string
 }
 
 // Run runs the phases against a quictun-server from BinDir and writes
@@ -153,7 +160,7 @@ func Run(ctx context.Context, o Options) (dir string, err error) {
 		return "", err
 	}
 	defer os.RemoveAll(work)
-	r := &run{o: o, res: &Results{Version: 1, Command: o.Command, Started: started.UTC(), Machine: harness.MachineInfo(),
+	r := &run{o: o, raw: logDir, res: &Results{Version: 1, Command: o.Command, Started: started.UTC(), Machine: harness.MachineInfo(),
 		LoadBefore: loadavg(), Clients: o.Clients, Concurrency: o.Concurrency, TunnelClients: o.Tunnels,
 		IdleSeconds: o.Idle.Seconds(), QuietSeconds: o.Quiet.Seconds(), ClientKeepAlive: cmp.Or(o.KeepAlive, transport.DefaultQUICOptions().KeepAlivePeriod).String()}}
 	if fdNote != "" {
@@ -252,7 +259,7 @@ func (r *run) baseline(ctx context.Context) error {
 	s, err := r.snapshot(ctx)
 	s.CPUCores = (r.srv.cpu() - cpu0) / time.Since(t0).Seconds()
 	if err == nil {
-		err = r.live(ctx, &s)
+		err = r.live(ctx, &s, "heap-baseline.pb.gz")
 	}
 	r.res.Baseline = s
 	r.loadgenBase = loadgenFigures(1, nil)
@@ -331,7 +338,7 @@ func (r *run) idle(ctx context.Context) error {
 		ServerConnections:   s.ActiveConnections,
 		ClientsReady:        r.readyCount(),
 	}
-	if err := r.live(ctx, &r.res.Idle.Snapshot); err != nil {
+	if err := r.live(ctx, &r.res.Idle.Snapshot, "heap-idle.pb.gz"); err != nil {
 		return err
 	}
 	if b.LiveHeapBytes > 0 {
@@ -347,15 +354,10 @@ func (r *run) idle(ctx context.Context) error {
 // live has the server collect its garbage and records its live heap and
 // stacks in s (after s's RSS was read: the collection does not lower RSS
 // at once, but the next figures would no longer be the undisturbed ones).
-func (r *run) live(ctx context.Context, s *Snapshot) error {
-	// Twice: sync.Pool's contents survive the first collection (quic-go's
-	// packet buffers, what a burst left), and are not per client.
-	var m metricSet
-	for range 2 {
-		var err error
-		if m, err = r.srv.collect(ctx); err != nil {
-			return err
-		}
+func (r *run) live(ctx context.Context, s *Snapshot, profile string) error {
+	m, err := r.collectTwice(ctx, profile)
+	if err != nil {
+		return err
 	}
 	s.LiveHeapBytes, s.StackInuseBytes = m["go_memstats_heap_alloc_bytes"], m["go_memstats_stack_inuse_bytes"]
 	return nil
@@ -471,6 +473,7 @@ func (r *run) restart(ctx context.Context, sig string) (Restart, error) {
 		base[i] = f + z
 	}
 	before := r.dialCounts()
+	rescues0, tcp0 := r.fl.rescues(), r.fl.tcpDials()
 	t0, rcv0 := time.Now(), udpRcvbufErrors()
 	if sig == SignalKill {
 		r.srv.proc.Kill()
@@ -518,6 +521,7 @@ func (r *run) restart(ctx context.Context, sig string) (Restart, error) {
 	rs.ServerCPUSeconds, rs.LoadgenCPUSeconds = r.srv.cpu()-cpu0, selfCPU()-gen0
 	rs.NotBack = len(pending)
 	rs.UDPRcvbufErrors = udpRcvbufErrors() - rcv0
+	rs.ClientRescues, rs.ClientTCPDials = since(r.fl.rescues(), rescues0), since(r.fl.tcpDials(), tcp0)
 	after := r.dialCounts()
 	rs.Full, rs.ZeroRTT = int(after.full-before.full), int(after.zeroRTT-before.zeroRTT)
 	rs.Rejected0RTT, rs.DialErrors = int(after.rejected-before.rejected), int(after.errors-before.errors)
@@ -624,17 +628,13 @@ func (r *run) leave(ctx context.Context) error {
 	if r.o.GCWait == 0 {
 		// The server collects at once when asked (twice: sync.Pool's
 		// contents survive the first).
-		for range 2 {
-			if _, err := r.srv.collect(ctx); err != nil {
-				return err
-			}
-		}
-		l.GCAfterLeave = true
-		s, err := r.snapshot(ctx)
+		s, err := r.collected(ctx, "heap-after-leave.pb.gz")
 		if err != nil {
 			return err
 		}
+		l.GCAfterLeave = true
 		l.Snapshot = s
+		l.LiveHeapOverBaselineBytes = s.LiveHeapBytes - b.LiveHeapBytes
 	} else {
 		gcDeadline := left.Add(r.o.GCWait)
 		for time.Now().Before(gcDeadline) {
@@ -655,7 +655,40 @@ func (r *run) leave(ctx context.Context) error {
 	}
 	l.RSSOverBaselineBytes = l.Snapshot.RSSBytes - b.RSSBytes
 	l.HeapOverBaselineBytes = l.Snapshot.HeapInuseBytes - b.HeapInuseBytes
+	if r.o.LeaveWait <= 0 {
+		return nil
+	}
+	if err := sleep(ctx, time.Until(left.Add(r.o.LeaveWait))); err != nil {
+		return err
+	}
+	s, err := r.collected(ctx, "heap-later.pb.gz")
+	if err != nil {
+		return err
+	}
+	l.Later = &Later{Seconds: time.Since(left).Seconds(), Snapshot: s, GoroutinesOverBaseline: s.Goroutines - b.Goroutines,
+		RSSOverBaselineBytes: s.RSSBytes - b.RSSBytes, LiveHeapOverBaselineBytes: s.LiveHeapBytes - b.LiveHeapBytes}
 	return nil
+}
+
+// collectTwice has the server collect its garbage twice (sync.Pool's
+// contents, quic-go's packet buffers and what a burst left, survive the
+// first), saves its heap profile as raw/name, and returns its metrics.
+func (r *run) collectTwice(ctx context.Context, name string) (metricSet, error) {
+	if _, err := r.srv.collect(ctx, ""); err != nil {
+		return nil, err
+	}
+	return r.srv.collect(ctx, filepath.Join(r.raw, name))
+}
+
+// collected is collectTwice, then a snapshot with the live heap and stacks.
+func (r *run) collected(ctx context.Context, name string) (Snapshot, error) {
+	m, err := r.collectTwice(ctx, name)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	s, err := r.snapshot(ctx)
+	s.LiveHeapBytes, s.StackInuseBytes = m["go_memstats_heap_alloc_bytes"], m["go_memstats_stack_inuse_bytes"]
+	return s, err
 }
 
 // leakTolerance is how many goroutines over the baseline the server may

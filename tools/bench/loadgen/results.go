@@ -178,6 +178,11 @@ type Restart struct {
 	ServerDropped map[string]float64 `json:"server_dropped,omitempty"`
 	// UDPRcvbufErrors: as in Disconnect, from the signal until all were back.
 	UDPRcvbufErrors float64 `json:"udp_rcvbuf_errors"`
+	// ClientRescues and ClientTCPDials are the clients' path rescues and
+	// TCP fallback connections (by result) from the signal until all were
+	// back.
+	ClientRescues  map[string]float64 `json:"client_rescues,omitempty"`
+	ClientTCPDials map[string]float64 `json:"client_tcp_dials,omitempty"`
 }
 
 // Disconnect is every client stopping (each closes its connection).
@@ -210,6 +215,21 @@ type Leave struct {
 	GCAfterLeave          bool    `json:"gc_after_leave"`
 	RSSOverBaselineBytes  int64   `json:"rss_over_baseline_bytes"`
 	HeapOverBaselineBytes float64 `json:"heap_inuse_over_baseline_bytes"`
+	// LiveHeapOverBaselineBytes is the heap allocated right after the
+	// collection, over the baseline's (without GCWait only).
+	LiveHeapOverBaselineBytes float64 `json:"live_heap_over_baseline_bytes,omitempty"`
+	// Later is the memory read again --leave-wait after the clients left.
+	Later *Later `json:"later,omitempty"`
+}
+
+// Later is the server's memory a while after every client left: past the
+// replay cache's window, with time for Go's scavenger to return free pages.
+type Later struct {
+	Seconds                   float64  `json:"seconds"`
+	Snapshot                  Snapshot `json:"snapshot"`
+	GoroutinesOverBaseline    float64  `json:"goroutines_over_baseline"`
+	RSSOverBaselineBytes      int64    `json:"rss_over_baseline_bytes"`
+	LiveHeapOverBaselineBytes float64  `json:"live_heap_over_baseline_bytes"`
 }
 
 // save writes results.json and report.md into dir.
@@ -294,6 +314,7 @@ func (r *Results) WriteReport(w io.Writer) {
 			rs.PerSecond, rs.PerServerCPUSecond, rs.ServerCPUSeconds, rs.LoadgenCPUSeconds))
 		row(p, "server refusals", refusals(rs.ServerRefused, rs.ServerPreauthRejections))
 		row(p, "new server's dropped datagrams; kernel UDP receive-buffer drops", fmt.Sprintf("%s; %.0f", counts(rs.ServerDropped), rs.UDPRcvbufErrors))
+		row(p, "clients' path rescues; TCP fallback connections", fmt.Sprintf("%s; %s", counts(rs.ClientRescues), counts(rs.ClientTCPDials)))
 	}
 	if d := r.ResumeStop; d != nil {
 		disconnectRows(row, "5 resume", d)
@@ -309,7 +330,16 @@ func (r *Results) WriteReport(w io.Writer) {
 		}
 		row("6 leave", "goroutines / RSS / heap over baseline", fmt.Sprintf("%+.0f / %s / %s (%s)", l.GoroutinesOverBaseline,
 			mib(float64(l.RSSOverBaselineBytes)), mib(l.HeapOverBaselineBytes), gc))
+		if l.GCAfterLeave && l.Snapshot.LiveHeapBytes > 0 {
+			row("6 leave", "live heap over baseline (after a collection)", mib(l.LiveHeapOverBaselineBytes))
+		}
 		row("6 leave", "replay cache entries (kept for 2 min)", fmt.Sprintf("%.0f", l.Snapshot.ReplayCacheEntries))
+		if lt := l.Later; lt != nil {
+			p := fmt.Sprintf("6 leave, %.0f s later", lt.Seconds)
+			row(p, "goroutines / RSS / live heap over baseline (after a collection)", fmt.Sprintf("%+.0f / %s / %s",
+				lt.GoroutinesOverBaseline, mib(float64(lt.RSSOverBaselineBytes)), mib(lt.LiveHeapOverBaselineBytes)))
+			row(p, "replay cache entries", fmt.Sprintf("%.0f", lt.Snapshot.ReplayCacheEntries))
+		}
 	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "\nError: %s\n", e)

@@ -165,8 +165,9 @@ func (s *server) scrape(ctx context.Context) (metricSet, error) {
 
 // collect makes the server run a garbage collection (the heap profile
 // handler's gc=1) and returns its metrics right after: heap_alloc is then
-// the live heap.
-func (s *server) collect(ctx context.Context) (metricSet, error) {
+// the live heap. With save set, the heap profile is written there (go tool
+// pprof reads it).
+func (s *server) collect(ctx context.Context, save string) (metricSet, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.admin+"/debug/pprof/heap?gc=1", nil)
@@ -177,10 +178,18 @@ func (s *server) collect(ctx context.Context) (metricSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
+	prof, err := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET /debug/pprof/heap?gc=1: %s", resp.Status)
+	}
+	if save != "" {
+		if err := os.WriteFile(save, prof, 0o644); err != nil {
+			return nil, err
+		}
 	}
 	return s.scrape(ctx)
 }
