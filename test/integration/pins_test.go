@@ -15,9 +15,19 @@ import (
 )
 
 // pinsClient starts a client of servers with the --server-fingerprint
-// entries pins (built as quictun-client builds them), in spread mode, and
-// a logger at -v 0.
+// entries pins, in spread mode, and a logger at -v 0.
 func pinsClient(t *testing.T, echo string, servers []*testutil.Server, pins ...string) (*testutil.Client, *logLines) {
+	t.Helper()
+	var logs logLines
+	cl := startPinnedClient(t, "tcp:"+echo, servers, pins, &logs, func(c *client.Config) { c.Mode = client.ModeSpread })
+	return cl, &logs
+}
+
+// startPinnedClient starts a client (of the Fixed token) of servers
+// verifying them with the --server-fingerprint entries pins (built as
+// quictun-client builds them), logging into logs, with mutate applied to
+// its Config.
+func startPinnedClient(t *testing.T, token string, servers []*testutil.Server, pins []string, logs *logLines, mutate func(*client.Config)) *testutil.Client {
 	t.Helper()
 	p, err := transport.ParsePins(pins)
 	require.NoError(t, err)
@@ -28,13 +38,12 @@ func pinsClient(t *testing.T, echo string, servers []*testutil.Server, pins ...s
 	require.NoError(t, p.Check(addrs))
 	all, byServer, err := transport.ClientTLSConfigs(transport.ClientTLSOptions{SessionCache: transport.NewStickySessionCache(8)}, p)
 	require.NoError(t, err)
-	var logs logLines
-	cl := testutil.StartClient(t, servers[0], testutil.ClientOptions{Token: "tcp:" + echo, Logger: logs.logger(),
+	return testutil.StartClient(t, servers[0], testutil.ClientOptions{Token: token, Logger: logs.logger(),
 		Mutate: func(c *client.Config) {
-			c.Servers, c.Mode, c.TLS, c.ServerTLS = addrs, client.ModeSpread, all, byServer
+			c.Servers, c.TLS, c.ServerTLS = addrs, all, byServer
 			c.Backoff.Max = 300 * time.Millisecond
+			mutate(c)
 		}})
-	return cl, &logs
 }
 
 // TestPinsPerServer (issue 23, "pins per server"): two servers with

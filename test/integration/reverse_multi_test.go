@@ -15,7 +15,6 @@ import (
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/server"
 )
 
@@ -137,28 +136,14 @@ func TestReverseForwardSeveralServers(t *testing.T) {
 // LISTEN=DESTINATION, logging at -v 2 into the returned lines.
 func reverseClientOf(t *testing.T, conns int, servers []*testutil.Server, forwards ...string) (*testutil.Client, *logLines) {
 	t.Helper()
-	var rfs []client.RemoteForward
-	for _, f := range forwards {
-		l, d, ok := cut(f)
-		require.True(t, ok, f)
-		rfs = append(rfs, client.RemoteForward{Listen: mustEndpoint(t, l), Destination: mustEndpoint(t, d)})
-	}
-	var addrs, pins []string
+	var pins []string
 	for _, s := range servers {
-		addrs = append(addrs, s.Addr)
 		pins = append(pins, s.Addr+"="+s.State.Fingerprint())
 	}
-	p, err := transport.ParsePins(pins)
-	require.NoError(t, err)
-	all, byServer, err := transport.ClientTLSConfigs(transport.ClientTLSOptions{SessionCache: transport.NewStickySessionCache(8)}, p)
-	require.NoError(t, err)
 	logs := &logLines{verbosity: 2}
-	cl := testutil.StartClient(t, servers[0], testutil.ClientOptions{Token: "tcp:127.0.0.1:1", Logger: logs.logger(),
-		Mutate: func(c *client.Config) {
-			c.Servers, c.TLS, c.ServerTLS, c.ConnectionsPerServer = addrs, all, byServer, conns
-			c.Backoff.Max = 300 * time.Millisecond
-			c.RemoteForwards = rfs
-			c.Reverse.Metrics = client.NewReverseMetrics(prometheus.NewRegistry())
-		}})
+	cl := startPinnedClient(t, "tcp:127.0.0.1:1", servers, pins, logs, func(c *client.Config) {
+		c.ConnectionsPerServer = conns
+		withRemoteForwards(t, c, forwards...)
+	})
 	return cl, logs
 }
