@@ -464,7 +464,8 @@ func (c *Client) LivenessStats() *liveness.Stats { return &c.liveness }
 func (c *Client) Registry() *tunnel.Registry { return c.cfg.Registry }
 
 // ConnStats returns the statistics of the live QUIC connections, labelled
-// by connection index ("0"; with several servers "ENDPOINT#0").
+// by connection index ("0"; with several servers "ENDPOINT#0"), and the TCP
+// fallback connection's ("tcp") while there is one.
 func (c *Client) ConnStats() []transport.ConnStats {
 	c.mu.Lock()
 	type lc struct {
@@ -478,9 +479,12 @@ func (c *Client) ConnStats() []transport.ConnStats {
 		}
 	}
 	c.mu.Unlock()
-	out := make([]transport.ConnStats, 0, len(live))
+	out := make([]transport.ConnStats, 0, len(live)+1)
 	for _, l := range live {
 		out = append(out, transport.ConnStatsOf(l.label, l.conn))
+	}
+	if t := c.fb.session(); t != nil && t.TCP.Context().Err() == nil {
+		out = append(out, transport.TCPConnStats(transport.TransportTCP, t.TCP.RemoteAddr(), t.TCP.LocalAddr()))
 	}
 	return out
 }

@@ -382,17 +382,19 @@ func (s *Server) LivenessStats() *liveness.Stats { return &s.liveness }
 // Registry is the server's tunnel registry.
 func (s *Server) Registry() *tunnel.Registry { return s.cfg.Registry }
 
-// ConnStats returns statistics of the live QUIC connections (for metrics and the admin API).
+// ConnStats returns statistics of the live connections, QUIC and TCP (for
+// metrics and the admin API).
 func (s *Server) ConnStats() []transport.ConnStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]transport.ConnStats, 0, len(s.conns))
 	for id, lc := range s.conns {
-		q := lc.conn.asQUIC()
-		if q == nil {
-			continue // TCP: no QUIC statistics
+		var cs transport.ConnStats
+		if q := lc.conn.asQUIC(); q != nil {
+			cs = transport.ConnStatsOf(fmt.Sprint(id), q)
+		} else {
+			cs = transport.TCPConnStats(fmt.Sprint(id), lc.conn.RemoteAddr(), lc.conn.LocalAddr())
 		}
-		cs := transport.ConnStatsOf(fmt.Sprint(id), q)
 		cs.ClientSubject = egress.ClientSubject(lc.conn)
 		cs.ClientIdentity = lc.state.Identity(lc.conn)
 		out = append(out, cs)

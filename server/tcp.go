@@ -25,6 +25,7 @@ type tunnelConn interface {
 	egress.Conn
 	AcceptStream(ctx context.Context) (egress.TunnelStream, error)
 	RaiseMaxIncomingStreams(n int64)
+	LocalAddr() net.Addr
 	// asQUIC is the QUIC connection, nil on TCP (no datagrams, liveness or
 	// QUIC statistics).
 	asQUIC() *quic.Conn

@@ -32,7 +32,7 @@ type Options struct {
 	Ready func() bool
 	// Registry lists and closes tunnels (GET/DELETE /tunnels).
 	Registry *tunnel.Registry
-	// Conns lists QUIC connection statistics (GET /connections).
+	// Conns lists the connections and their statistics (GET /connections).
 	Conns func() []transport.ConnStats
 	// EnablePprof mounts /debug/pprof.
 	EnablePprof bool
@@ -123,12 +123,9 @@ func Handler(o Options) http.Handler {
 	}
 	if o.Conns != nil {
 		mux.Handle("GET /connections", protect(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			type conn struct {
-				ID                 string  `json:"id"`
-				RemoteAddress      string  `json:"remoteAddress"`
-				LocalAddress       string  `json:"localAddress"`
-				ClientIdentity     string  `json:"clientIdentity,omitempty"`
-				ClientSubject      string  `json:"clientSubject,omitempty"`
+			// quicFields are a QUIC connection's figures, absent for a
+			// TCP fallback connection.
+			type quicFields struct {
 				SmoothedRTTSeconds float64 `json:"smoothedRttSeconds"`
 				MinRTTSeconds      float64 `json:"minRttSeconds"`
 				LatestRTTSeconds   float64 `json:"latestRttSeconds"`
@@ -143,17 +140,31 @@ func Handler(o Options) http.Handler {
 				// Congestion is quictun's controller's state; absent with reno (quic-go's own).
 				Congestion *congestionState `json:"congestion,omitempty"`
 			}
+			type conn struct {
+				ID             string `json:"id"`
+				Transport      string `json:"transport"`
+				RemoteAddress  string `json:"remoteAddress"`
+				LocalAddress   string `json:"localAddress"`
+				ClientIdentity string `json:"clientIdentity,omitempty"`
+				ClientSubject  string `json:"clientSubject,omitempty"`
+				*quicFields
+			}
 			cs := o.Conns()
 			out := make([]conn, 0, len(cs))
 			for _, c := range cs {
-				s := c.Stats
-				out = append(out, conn{
-					ID: c.Label, RemoteAddress: c.RemoteAddress, LocalAddress: c.LocalAddress, ClientIdentity: c.ClientIdentity, ClientSubject: c.ClientSubject, SmoothedRTTSeconds: s.SmoothedRTT.Seconds(), MinRTTSeconds: s.MinRTT.Seconds(),
-					LatestRTTSeconds: s.LatestRTT.Seconds(), RTTVarianceSeconds: s.MeanDeviation.Seconds(),
-					CongestionWindow: uint64(s.CongestionWindow), BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
-					BytesLost: s.BytesLost, PacketsSent: s.PacketsSent, PacketsReceived: s.PacketsReceived, PacketsLost: s.PacketsLost,
-					Congestion: congestionStateOf(c.Congestion),
-				})
+				e := conn{ID: c.Label, Transport: c.Transport, RemoteAddress: c.RemoteAddress, LocalAddress: c.LocalAddress,
+					ClientIdentity: c.ClientIdentity, ClientSubject: c.ClientSubject}
+				if c.Transport != transport.TransportTCP {
+					s := c.Stats
+					e.quicFields = &quicFields{
+						SmoothedRTTSeconds: s.SmoothedRTT.Seconds(), MinRTTSeconds: s.MinRTT.Seconds(),
+						LatestRTTSeconds: s.LatestRTT.Seconds(), RTTVarianceSeconds: s.MeanDeviation.Seconds(),
+						CongestionWindow: uint64(s.CongestionWindow), BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
+						BytesLost: s.BytesLost, PacketsSent: s.PacketsSent, PacketsReceived: s.PacketsReceived, PacketsLost: s.PacketsLost,
+						Congestion: congestionStateOf(c.Congestion),
+					}
+				}
+				out = append(out, e)
 			}
 			writeJSON(w, out)
 		})))

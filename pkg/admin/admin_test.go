@@ -80,9 +80,9 @@ func newEnv(t *testing.T, token string, pprof bool, opts ...func(*admin.Options)
 	o := admin.Options{
 		Gatherer: preg, Ready: e.ready.Load, Registry: e.reg,
 		Conns: func() []transport.ConnStats {
-			return []transport.ConnStats{{Label: "0", RemoteAddress: "198.51.100.7:52100", LocalAddress: "0.0.0.0:7500", ClientIdentity: "key=ops", Stats: quic.ConnectionStats{
+			return []transport.ConnStats{{Label: "0", Transport: transport.TransportQUIC, RemoteAddress: "198.51.100.7:52100", LocalAddress: "0.0.0.0:7500", ClientIdentity: "key=ops", Stats: quic.ConnectionStats{
 				SmoothedRTT: 20 * time.Millisecond, BytesSent: 1234, PacketsLost: 3, CongestionWindow: 9000,
-			}}}
+			}}, transport.TCPConnStats("1", &net.TCPAddr{IP: net.IPv4(198, 51, 100, 8), Port: 40000}, &net.TCPAddr{Port: 7500})}
 		},
 		EnablePprof: pprof, BearerToken: token,
 	}
@@ -200,8 +200,9 @@ func TestConnections(t *testing.T) {
 	require.Equal(t, http.StatusOK, rr.Code)
 	var out []map[string]any
 	require.NoError(t, json.Unmarshal(rr.Body.Bytes(), &out))
-	require.Len(t, out, 1)
+	require.Len(t, out, 2)
 	assert.Equal(t, "0", out[0]["id"])
+	assert.Equal(t, "quic", out[0]["transport"])
 	assert.Equal(t, "198.51.100.7:52100", out[0]["remoteAddress"])
 	assert.Equal(t, "0.0.0.0:7500", out[0]["localAddress"])
 	assert.Equal(t, "key=ops", out[0]["clientIdentity"])
@@ -209,6 +210,11 @@ func TestConnections(t *testing.T) {
 	assert.InDelta(t, 1234, out[0]["bytesSent"], 0)
 	assert.InDelta(t, 3, out[0]["packetsLost"], 0)
 	assert.InDelta(t, 9000, out[0]["congestionWindowBytes"], 0)
+	// A TCP fallback connection: its addresses, no QUIC figures.
+	assert.Equal(t, "tcp", out[1]["transport"])
+	assert.Equal(t, "198.51.100.8:40000", out[1]["remoteAddress"])
+	assert.NotContains(t, out[1], "smoothedRttSeconds")
+	assert.NotContains(t, out[1], "bytesSent")
 
 	// Without Registry/Conns the endpoints do not exist.
 	h := admin.Handler(admin.Options{Gatherer: prometheus.NewRegistry()})

@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"net"
+
 	"github.com/quic-go/quic-go"
 
 	"github.com/quictun/quictun/pkg/congestion"
@@ -11,7 +13,11 @@ import (
 // per-connection series are enabled (the client's connection index).
 type ConnStats struct {
 	Label string
-	// RemoteAddress and LocalAddress are the connection's UDP addresses.
+	// Transport is what carries the connection: TransportQUIC, or
+	// TransportTCP (the fallback; Stats and Congestion are then empty).
+	Transport string
+	// RemoteAddress and LocalAddress are the connection's UDP (TCP)
+	// addresses.
 	RemoteAddress, LocalAddress string
 	// ClientIdentity is who the client proved to be (server side: "CN=NAME",
 	// "key=NAME"); empty otherwise.
@@ -27,9 +33,21 @@ type ConnStats struct {
 
 // ConnStatsOf reads c's statistics and its congestion controller's state.
 func ConnStatsOf(label string, c *quic.Conn) ConnStats {
-	s := ConnStats{Label: label, Stats: c.ConnectionStats(), RemoteAddress: c.RemoteAddr().String(), LocalAddress: c.LocalAddr().String()}
+	s := ConnStats{Label: label, Transport: TransportQUIC, Stats: c.ConnectionStats(), RemoteAddress: c.RemoteAddr().String(), LocalAddress: c.LocalAddr().String()}
 	if cs, ok := congestion.StatsOf(c.CongestionController()); ok {
 		s.Congestion = &cs
 	}
 	return s
+}
+
+// Transports of ConnStats.Transport.
+const (
+	TransportQUIC = "quic"
+	TransportTCP  = "tcp"
+)
+
+// TCPConnStats describes a TCP fallback connection (pkg/tcpmux): its
+// addresses only.
+func TCPConnStats(label string, remote, local net.Addr) ConnStats {
+	return ConnStats{Label: label, Transport: TransportTCP, RemoteAddress: remote.String(), LocalAddress: local.String()}
 }

@@ -252,6 +252,15 @@ func tcpEcho(addr, msg string, timeout time.Duration) error {
 // start the first tunnel goes over TCP; when UDP works again new tunnels go
 // over QUIC while the TCP-carried one finishes intact; when UDP is blocked
 // mid-session new tunnels go over TCP again.
+// connTransports is the transport of each connection in cs.
+func connTransports(cs []transport.ConnStats) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Transport)
+	}
+	return out
+}
+
 func TestTCPFallbackAndReturn(t *testing.T) {
 	t.Parallel()
 	echo := testutil.EchoServer(t)
@@ -270,6 +279,9 @@ func TestTCPFallbackAndReturn(t *testing.T) {
 	t.Logf("first tunnel over TCP %v after the client's start (loaded machine)", time.Since(start).Round(time.Millisecond))
 	assert.Equal(t, 1.0, transport("tcp"))
 	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.ActiveTCPConnections))
+	// /connections on both ends lists the TCP connection as such.
+	assert.Contains(t, connTransports(srv.ConnStats()), client.TransportTCP)
+	assert.Contains(t, connTransports(cl.ConnStats()), client.TransportTCP)
 
 	// A long tunnel opened over TCP...
 	long, err := net.Dial("tcp", cl.Addr)

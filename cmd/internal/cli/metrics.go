@@ -15,9 +15,13 @@ import (
 func QUICConns(live func() []transport.ConnStats) func() []metrics.Conn {
 	return func() []metrics.Conn {
 		in := live()
-		out := make([]metrics.Conn, len(in))
-		for i, c := range in {
-			out[i] = metrics.Conn{Label: c.Label, Stats: c.Stats}
+		out := make([]metrics.Conn, 0, len(in))
+		for _, c := range in {
+			if c.Transport == transport.TransportTCP {
+				continue // no QUIC statistics
+			}
+			out = append(out, metrics.Conn{Label: c.Label, Stats: c.Stats})
+			i := len(out) - 1
 			if cs := c.Congestion; cs != nil {
 				out[i].Congestion = &metrics.Congestion{
 					Algorithm: string(cs.Algorithm), State: cs.State,

@@ -79,6 +79,8 @@ func TestQUICConns(t *testing.T) {
 				Congestion: &congestion.Stats{Algorithm: congestion.Algorithm("bbr"), State: "probe_bw",
 					PacingRateBytesPerSecond: 1.5e6, BandwidthBytesPerSecond: 1.2e6, InflightCap: 90000, MinRTT: time.Millisecond}},
 			{Label: "1", RemoteAddress: "192.0.2.1:7500", Stats: quic.ConnectionStats{SmoothedRTT: 30 * time.Millisecond}},
+			// The TCP fallback's connection has no QUIC series.
+			{Label: "tcp", Transport: transport.TransportTCP, RemoteAddress: "192.0.2.1:7500"},
 		}
 	}
 	reg := prometheus.NewPedanticRegistry()
@@ -105,5 +107,6 @@ quictun_quic_pacing_rate_bytes_per_second{conn="0",side="client"} 1.5e+06
 		"quictun_quic_bandwidth_estimate_bytes_per_second", "quictun_quic_congestion_state",
 		"quictun_quic_connections_by_congestion_state", "quictun_quic_inflight_cap_bytes",
 		"quictun_quic_pacing_rate_bytes_per_second"))
+	assert.Len(t, QUICConns(live)(), 2, "the TCP connection left out")
 	assert.Len(t, QUICConns(func() []transport.ConnStats { return nil })(), 0)
 }

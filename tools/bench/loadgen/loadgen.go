@@ -292,7 +292,7 @@ func (r *run) connectPhase(ctx context.Context) (*Connect, error) {
 	cpu0, gen0, t0 := r.srv.cpu(), selfCPU(), time.Now()
 	lat, err := r.fl.connectAll(ctx, r.o.PhaseTimeout)
 	d := time.Since(t0)
-	c := &Connect{Seconds: d.Seconds(), ServerCPUSeconds: r.srv.cpu() - cpu0, LoadgenCPUSeconds: selfCPU() - gen0}
+	c := &Connect{Seconds: d.Seconds(), Handshakes: Handshakes{ServerCPUSeconds: r.srv.cpu() - cpu0, LoadgenCPUSeconds: selfCPU() - gen0}}
 	if len(lat) > 0 {
 		slices.Sort(lat)
 		c.P50Millis, c.P99Millis, c.MaxMillis = ms(lat[len(lat)/2]), ms(lat[len(lat)*99/100]), ms(lat[len(lat)-1])

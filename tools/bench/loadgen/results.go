@@ -77,28 +77,40 @@ type Snapshot struct {
 // A handshake counts once the client is ready: handshake complete and its
 // hello (the shared-secret proof) accepted.
 type Connect struct {
-	Seconds            float64 `json:"seconds"`
-	Full               int     `json:"full_handshakes"`
-	ZeroRTT            int     `json:"zero_rtt_handshakes"`
-	Rejected0RTT       int     `json:"zero_rtt_rejected"`
-	DialErrors         int     `json:"dial_errors"`
-	PerSecond          float64 `json:"handshakes_per_second"`
-	ServerCPUSeconds   float64 `json:"server_cpu_seconds"`
-	PerServerCPUSecond float64 `json:"handshakes_per_server_cpu_second"`
-	LoadgenCPUSeconds  float64 `json:"loadgen_cpu_seconds"`
+	Seconds float64 `json:"seconds"`
+	Handshakes
 	// P50Millis, P99Millis and MaxMillis: from a client's start to ready.
 	P50Millis float64 `json:"p50_ms"`
 	P99Millis float64 `json:"p99_ms"`
 	MaxMillis float64 `json:"max_ms"`
+	// ClientRescues is the clients' path rescues so far by result (the
+	// first connect only): clients whose echoes came later than
+	// RescueAfter, which keeps them busy instead of idle.
+	ClientRescues map[string]float64 `json:"client_rescues,omitempty"`
+}
+
+// Handshakes is what a phase of many handshakes (a connect, a restart) cost
+// and how the server took it; inlined in the phase's JSON.
+type Handshakes struct {
+	Full         int `json:"full_handshakes"`
+	ZeroRTT      int `json:"zero_rtt_handshakes"`
+	Rejected0RTT int `json:"zero_rtt_rejected"`
+	// DialErrors are failed attempts (in a restart, most while the server
+	// was down).
+	DialErrors int `json:"dial_errors"`
+	// PerSecond is the handshakes (in a restart, the clients back) over the
+	// phase's wall time (the spread of their return).
+	PerSecond float64 `json:"handshakes_per_second"`
+	// ServerCPUSeconds is the server's CPU over the phase (in a restart,
+	// the new server's from its start until all were back).
+	ServerCPUSeconds   float64 `json:"server_cpu_seconds"`
+	PerServerCPUSecond float64 `json:"handshakes_per_server_cpu_second"`
+	LoadgenCPUSeconds  float64 `json:"loadgen_cpu_seconds"`
 	// ServerRefused and ServerPreauthRejections are the server's
 	// quictun_server_refused_connections_total and
 	// quictun_server_preauth_rejections_total by label, since it started.
 	ServerRefused           map[string]float64 `json:"server_refused,omitempty"`
 	ServerPreauthRejections map[string]float64 `json:"server_preauth_rejections,omitempty"`
-	// ClientRescues is the clients' path rescues so far by result (the
-	// first connect only): clients whose echoes came later than
-	// RescueAfter, which keeps them busy instead of idle.
-	ClientRescues map[string]float64 `json:"client_rescues,omitempty"`
 }
 
 // Loadgen is this process with every client connected.
@@ -155,22 +167,9 @@ type Restart struct {
 	P90BackSeconds   float64 `json:"p90_back_seconds"`
 	AllBackSeconds   float64 `json:"all_back_seconds"`
 	// NotBack counts clients not reconnected within the phase timeout.
-	NotBack      int `json:"not_back"`
-	Full         int `json:"full_handshakes"`
-	ZeroRTT      int `json:"zero_rtt_handshakes"`
-	Rejected0RTT int `json:"zero_rtt_rejected"`
-	// DialErrors are failed attempts (most while the server was down).
-	DialErrors int `json:"dial_errors"`
-	// PerSecond is the clients back over the spread of their return.
-	PerSecond float64 `json:"handshakes_per_second"`
-	// ServerCPUSeconds is the new server's CPU from its start until all
-	// were back (or the timeout).
-	ServerCPUSeconds        float64            `json:"server_cpu_seconds"`
-	PerServerCPUSecond      float64            `json:"handshakes_per_server_cpu_second"`
-	LoadgenCPUSeconds       float64            `json:"loadgen_cpu_seconds"`
-	ServerConnections       float64            `json:"server_connections"`
-	ServerRefused           map[string]float64 `json:"server_refused,omitempty"`
-	ServerPreauthRejections map[string]float64 `json:"server_preauth_rejections,omitempty"`
+	NotBack int `json:"not_back"`
+	Handshakes
+	ServerConnections float64 `json:"server_connections"`
 	// ServerDropped is the new server's
 	// quictun_server_dropped_datagrams_total by reason: unknown_connection_id
 	// counts the old connections' packets it could not answer with a

@@ -21,7 +21,7 @@ func TestScaleReport(t *testing.T) {
 			Baseline: Snapshot{CPUCores: 0.003},
 			Idle: &Idle{Snapshot: Snapshot{RSSBytes: int64(n) * 90 << 10}, ServerCores: 0.001 * float64(n) / 100,
 				RSSPerClientBytes: 90 << 10, LiveHeapPerClientBytes: 39 << 10, StackPerClientBytes: 16 << 10, GoroutinesPerClient: 4},
-			Connect:  &Connect{Full: n, PerServerCPUSecond: 600},
+			Connect:  &Connect{Handshakes: Handshakes{Full: n, PerServerCPUSecond: 600}},
 			Restarts: []Restart{{Signal: SignalKill, AllBackSeconds: 21.5}}}
 		d := filepath.Join(tmp, "loadgen-"+strings.Repeat("x", n/1000))
 		require.NoError(t, os.MkdirAll(d, 0o755))
