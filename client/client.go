@@ -645,6 +645,30 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 			hellos.Go(func() { c.serveReverse(ctx, l) })
 		}
 	}
+	// dialFailed counts and logs a connection attempt that did not complete
+	// its handshake, and waits for the next one.
+	dialFailed := func(err error) {
+		srv.markBad(time.Now())
+		var kv []any
+		if code, ok := proto.FromError(err); ok && code == proto.CodeAuthFailed {
+			met.DialsTotal.WithLabelValues("auth_failed").Inc()
+			srv.authRefused.Store(true)
+		} else if certRejected(err) {
+			met.DialsTotal.WithLabelValues("cert_rejected").Inc()
+			if fp := presentedFingerprint(err); fp != "" {
+				kv = append(kv, "presentedFingerprint", fp)
+			}
+		} else {
+			met.DialsTotal.WithLabelValues("error").Inc()
+		}
+		if msg := err.Error(); msg != lastDialErr {
+			lastDialErr, loggedFailure = msg, true
+			logger.Error(err, "Could not connect to server; retrying", append([]any{"address", srv.addr, "fix", DialErrorFix(srv.addr, err)}, kv...)...)
+		} else {
+			logger.V(2).Info("Could not connect to server", "address", srv.addr, "attempt", bo.Attempts()+1, "err", err)
+		}
+		c.waitBackoff(ctx, m)
+	}
 	for ctx.Err() == nil {
 		start := time.Now()
 		c.fb.quicDialing()
@@ -653,32 +677,14 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 			if ctx.Err() != nil {
 				return
 			}
-			srv.markBad(time.Now())
-			var kv []any
-			if code, ok := proto.FromError(err); ok && code == proto.CodeAuthFailed {
-				met.DialsTotal.WithLabelValues("auth_failed").Inc()
-				srv.authRefused.Store(true)
-			} else if certRejected(err) {
-				met.DialsTotal.WithLabelValues("cert_rejected").Inc()
-				if fp := presentedFingerprint(err); fp != "" {
-					kv = append(kv, "presentedFingerprint", fp)
-				}
-			} else {
-				met.DialsTotal.WithLabelValues("error").Inc()
-			}
-			if msg := err.Error(); msg != lastDialErr {
-				lastDialErr, loggedFailure = msg, true
-				logger.Error(err, "Could not connect to server; retrying", append([]any{"address", srv.addr, "fix", DialErrorFix(srv.addr, err)}, kv...)...)
-			} else {
-				logger.V(2).Info("Could not connect to server", "address", srv.addr, "attempt", bo.Attempts()+1, "err", err)
-			}
-			c.waitBackoff(ctx, m)
+			dialFailed(err)
 			continue
 		}
 		id := c.nextConnID.Add(1)
 		l := c.setSession(m, c.newSession(conn)) // usable at once: with a session ticket, streams go out as 0-RTT data
 		startHello(l)
 		if !isClosed(conn.HandshakeComplete()) {
+			c.fb.quicPending(m, quicRx{conn})
 			select {
 			case <-conn.HandshakeComplete():
 			case <-conn.Context().Done():
@@ -693,6 +699,14 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 					startHello(l)
 				}
 			}
+		}
+		if ctx.Err() == nil && !isClosed(conn.HandshakeComplete()) {
+			// A resumed attempt whose handshake did not complete (the
+			// handshake timeout, a refusal): a failed dial, not a connection.
+			c.setSession(m, nil)
+			c.fb.quicUsable(m, false)
+			dialFailed(fmt.Errorf("dial %s: %w", srv.addr, context.Cause(conn.Context())))
+			continue
 		}
 		if conn.Context().Err() == nil && isClosed(conn.HandshakeComplete()) {
 			l.readyAt.Store(time.Now().UnixNano())
@@ -851,6 +865,11 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport, m *member) (*quic
 	}
 	return conn, nil
 }
+
+// quicRx is a QUIC connection's count of packets received.
+type quicRx struct{ *quic.Conn }
+
+func (q quicRx) PacketsReceived() uint64 { return q.ConnectionStats().PacketsReceived }
 
 // sessions is the Client as ingress sees it.
 type sessions struct{ c *Client }

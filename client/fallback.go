@@ -38,6 +38,18 @@ const DefaultFallbackDelay = time.Second
 // handshake timeout once UDP works again.
 const fallbackProbeMax = 5 * time.Second
 
+// answeringGrace is how much longer than the fallback delay a QUIC
+// handshake that the server answers (packets come back over UDP) may take
+// before new tunnels go over TCP anyway: UDP gets through, the server is
+// slow (a crowd of clients reconnecting after its restart), and a TCP and
+// TLS handshake of every client would only add to its load. It is the
+// client's handshake timeout, after which the dial is tried afresh.
+const answeringGrace = 3 * time.Second
+
+// answeringPoll is how often the fallback looks again at a handshake the
+// server answers, within answeringGrace.
+const answeringPoll = 250 * time.Millisecond
+
 // fallback keeps a TCP connection to the server while QUIC cannot carry
 // new tunnels, and none while it can: the client's supervisor tells it how
 // QUIC is doing (quicDialing, quicUsable, quicSuspect), ingress asks it
@@ -63,6 +75,9 @@ type fallback struct {
 	downSince time.Time
 	up        map[any]bool
 	suspect   map[any]bool
+	// pending is each connection still in its handshake (a resumed one,
+	// which the client holds before the handshake completes).
+	pending map[any]rxCounter
 	// using is the transport new tunnels went on last ("" before any).
 	using string
 
@@ -80,8 +95,12 @@ func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
 		delay = DefaultFallbackDelay
 	}
 	return &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1),
-		up: map[any]bool{}, suspect: map[any]bool{}}
+		up: map[any]bool{}, suspect: map[any]bool{}, pending: map[any]rxCounter{}}
 }
+
+// rxCounter counts the packets a connection received (a *quic.Conn's
+// ConnectionStats().PacketsReceived).
+type rxCounter interface{ PacketsReceived() uint64 }
 
 func (f *fallback) signal() {
 	select {
@@ -100,10 +119,19 @@ func (f *fallback) quicDialing() {
 	}
 }
 
+// quicPending: QUIC connection k is in its handshake, and rx counts what
+// it received (quicUsable ends that).
+func (f *fallback) quicPending(k any, rx rxCounter) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pending[k] = rx
+}
+
 // quicUsable: QUIC connection k completed its handshake (up), or ended.
 func (f *fallback) quicUsable(k any, up bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	delete(f.pending, k)
 	if up {
 		f.up[k] = true
 	} else {
@@ -119,7 +147,8 @@ func (f *fallback) quicUsable(k any, up bool) {
 }
 
 // quicSuspect: nothing came back on QUIC connection k's path for the
-// rescue delay (true), or it answers again (false).
+// rescue delay, not even a packet, or no heartbeat echo for
+// suspectLateEchoes (true); or it answers again (false).
 func (f *fallback) quicSuspect(k any, s bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -168,6 +197,13 @@ func (f *fallback) wantedLocked(now time.Time) (bool, time.Time) {
 	}
 	if at := f.downSince.Add(f.delay); now.Before(at) {
 		return false, at
+	}
+	if now.Before(f.downSince.Add(f.delay + answeringGrace)) {
+		for _, rx := range f.pending {
+			if rx.PacketsReceived() > 0 {
+				return false, now.Add(answeringPoll) // UDP gets through: the server is slow
+			}
+		}
 	}
 	return true, time.Time{}
 }

@@ -71,3 +71,36 @@ func TestFallbackSeveralConnections(t *testing.T) {
 	assert.False(t, want(), "b back")
 	assert.True(t, f.downSince.IsZero())
 }
+
+type fakeRx uint64
+
+func (r *fakeRx) PacketsReceived() uint64 { return uint64(*r) }
+
+// TestFallbackWaitsForAnsweringHandshake: a QUIC handshake the server
+// answers over UDP (a slow server, not a blocked path) holds the TCP
+// fallback back for answeringGrace past the delay; a silent one does not.
+func TestFallbackWaitsForAnsweringHandshake(t *testing.T) {
+	t.Parallel()
+	f := newFallback(nil, TransportAuto, "", time.Second)
+	f.quicDialing()
+	var rx fakeRx
+	f.quicPending("a", &rx)
+	start := f.downSince
+	got, at := f.wantedLocked(start.Add(500 * time.Millisecond))
+	assert.False(t, got, "within the delay")
+	assert.Equal(t, start.Add(time.Second), at)
+
+	got, _ = f.wantedLocked(start.Add(1500 * time.Millisecond))
+	assert.True(t, got, "nothing came back over UDP: blocked, TCP")
+
+	rx = 3 // the server answered the handshake
+	now := start.Add(1500 * time.Millisecond)
+	got, at = f.wantedLocked(now)
+	assert.False(t, got, "UDP gets through: wait for the handshake")
+	assert.Equal(t, now.Add(answeringPoll), at, "and look again soon")
+	got, _ = f.wantedLocked(start.Add(time.Second + answeringGrace))
+	assert.True(t, got, "not for longer than answeringGrace")
+
+	f.quicUsable("a", false) // the attempt ended: no longer pending
+	assert.Empty(t, f.pending)
+}

@@ -30,6 +30,10 @@ import (
 // another server; stalled for deadAfter while another server is healthy,
 // the connection is closed with CodeTimeout, which resets its tunnels (the
 // applications reconnect, onto a live server) and starts a redial.
+// suspectLateEchoes is how late heartbeat echoes may be, with packets still
+// arriving, before the path counts as silent for the TCP fallback.
+const suspectLateEchoes = 5 * time.Second
+
 func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 	sess := l.session
 	conn := sess.Conn
@@ -126,8 +130,12 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 	mark := c.cfg.Registry.Activity()
 	lastWork, watching := time.Now(), time.Now()
 	active := true
-	// suspectSince: a rescue began and no echo came since (zero: none).
+	// suspectSince: the path went silent and no echo came since (zero:
+	// none). lastRx is the count of packets received, lastRxAt when it last
+	// grew (or the heartbeats started).
 	var suspectSince time.Time
+	var lastRx uint64
+	var lastRxAt time.Time
 	var tickC <-chan time.Time = tick.C
 	move := func() {
 		if moveTo != nil && !busy {
@@ -226,13 +234,23 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 			if echo.Before(watching) {
 				echo = watching
 			}
+			if rx := conn.ConnectionStats().PacketsReceived; rx != lastRx || lastRxAt.Before(watching) {
+				lastRx, lastRxAt = rx, now
+			}
 			c.steerLink(logger, l, now, now.Sub(echo))
+			// New tunnels go over TCP (fallback.go) while the path is
+			// silent: no echo and not a single packet for RescueAfter. A
+			// server that still sends something (acknowledgements, late
+			// echoes) is reached over UDP but slow, a crowd reconnecting
+			// after its restart: a TCP and TLS handshake of every client
+			// would only add to its load. Echoes late beyond
+			// suspectLateEchoes count as silence (UDP throttled to a trickle).
+			if silentFor, lateFor := now.Sub(lastRxAt), now.Sub(echo); suspectSince.IsZero() && lateFor > c.cfg.RescueAfter &&
+				(silentFor > c.cfg.RescueAfter || lateFor > suspectLateEchoes) {
+				suspectSince = now
+				c.fb.quicSuspect(l.m, true)
+			}
 			if !busy && now.Sub(echo) > c.cfg.RescueAfter && now.Sub(r.lastSwitch) > c.cfg.RescueAfter {
-				if suspectSince.IsZero() {
-					// New tunnels go over TCP meanwhile (fallback.go).
-					suspectSince = now
-					c.fb.quicSuspect(l.m, true)
-				}
 				busy = true
 				lastWork = now
 				rescuing.Go(func() {

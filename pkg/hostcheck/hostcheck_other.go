@@ -17,8 +17,7 @@ func platformChecks(Options) []Finding {
 	missing := "UDP GSO and GRO (batched sends and receives: bulk throughput is lower), " +
 		"socket buffers past the system limit (SO_RCVBUFFORCE), the route-MTU check"
 	if runtime.GOOS == "windows" {
-		missing += ", reload on SIGHUP (restart the daemon to reload), " +
-			"the permission check of secret files (keep them under your user profile, whose ACL is private to you)"
+		missing += ", reload on SIGHUP (restart the daemon to reload)"
 	}
 	return []Finding{{
 		Check:    "platform",

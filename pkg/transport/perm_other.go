@@ -1,10 +1,11 @@
-//go:build !unix
+//go:build !unix && !windows
 
 package transport
 
 import "io/fs"
 
-// ownedByMe is false off Unix (Windows), so CheckPrivate checks nothing there: Go's
-// mode bits of a Windows file say only whether it is read-only, not who may
-// read it (its ACL). hostcheck's "platform" finding says so at start.
-func ownedByMe(fs.FileInfo) bool { return false }
+// checkPrivate checks nothing on the platforms that are neither Unix nor
+// Windows (none is released).
+func checkPrivate(string, string, fs.FileInfo) error { return nil }
+
+func makePrivate(string, bool) error { return nil }

@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -86,8 +87,14 @@ func LoadOrCreateState(dir, certFile, keyFile string) (*State, error) {
 	if err := CheckState(dir, kf); err != nil {
 		return nil, err
 	}
+	_, statErr := os.Stat(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	if errors.Is(statErr, fs.ErrNotExist) {
+		if err := makePrivate(dir, true); err != nil { // Windows: not the parent's ACL
+			return nil, fmt.Errorf("state dir: %w", err)
+		}
 	}
 	s := &State{}
 	var err error
@@ -205,6 +212,10 @@ func writeFileAtomic(path string, data []byte) error {
 	}
 	defer func() { _ = os.Remove(tmp.Name()) }()
 	if err := tmp.Chmod(0o600); err != nil {
+		_ = tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := makePrivate(tmp.Name(), false); err != nil { // Windows: an ACL of its own, kept by the rename
 		_ = tmp.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}

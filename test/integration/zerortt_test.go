@@ -147,3 +147,22 @@ func TestZeroRTTReplayRefused(t *testing.T) {
 	}, 10*time.Second, 200*time.Millisecond, "the replayed 0-RTT stream must be refused")
 	assert.Equal(t, before, dials.Load(), "a replay must not reach the destination")
 }
+
+// TestResumedDialWithoutAnswerIsAnError: a resumed attempt is usable before
+// its handshake (0-RTT); one the server never completes (it is gone) is a
+// failed dial, not a connection.
+func TestResumedDialWithoutAnswerIsAnError(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) { c.DrainTimeout = 0 }})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true})
+	echoCheck(t, dial(t, cl.Addr), 1000) // the server sends a session ticket after the handshake
+	dials := func(result string) float64 { return promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues(result)) }
+	require.Equal(t, 1.0, dials("ok"))
+	srv.Stop(t) // and does not come back
+	require.Eventually(t, func() bool { return dials("error") >= 1 }, 20*time.Second, 10*time.Millisecond,
+		"the resumed attempts time out")
+	assert.Equal(t, 1.0, dials("ok"), "a resumed attempt that never completed is no connection")
+	assert.Zero(t, dials("ok_0rtt"))
+	assert.False(t, cl.Client.Ready())
+}
