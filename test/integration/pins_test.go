@@ -137,3 +137,22 @@ func echoVia(t *testing.T, addr, msg string) {
 	defer c.Close()
 	echoOnce(t, c, msg)
 }
+
+// TestWrongPinOverTCP: with --transport tcp a certificate no pin accepts is
+// counted (tcp_dials_total{result="cert_rejected"}) and logged at -v 0 once,
+// with the endpoint, the fingerprint presented and the fix, as over QUIC
+// (it was a -v 2 line only).
+func TestWrongPinOverTCP(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo}})
+	other := testutil.StartServer(t, testutil.ServerOptions{})
+	var logs logLines
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Fingerprint: other.State.Fingerprint(), Logger: logs.logger(),
+		Mutate: func(c *client.Config) { c.Transport, c.TCPServerAddr = client.TransportTCP, srv.TCPAddr }})
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.TCPDialsTotal.WithLabelValues("cert_rejected")) >= 2 },
+		20*time.Second, 10*time.Millisecond)
+	assert.Zero(t, promtest.ToFloat64(cl.Metrics.TCPDialsTotal.WithLabelValues("ok")))
+	assert.Equal(t, 1, logs.count("Could not connect to server over TCP; retrying", `"presentedFingerprint"="`+srv.State.Fingerprint()+`"`,
+		"presented a certificate that no pin for it accepts"), "once at -v 0: %s", &logs)
+}
