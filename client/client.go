@@ -37,9 +37,12 @@ var ErrNoSession = errors.New("no connection to the server")
 // those of its connection to the server.
 type Config struct {
 	// Config is what each local connection and UDP flow is carried with:
-	// stream-open timeout, connection limits, UDP idle timeout, metrics and
-	// the tunnel registry (nil: a new one).
+	// stream-open timeout, connection limits, UDP idle timeout, events
+	// (nil: Metrics) and the tunnel registry (nil: a new one).
 	ingress.Config
+	// Metrics are the client's metrics (NewMetrics); they count the
+	// ingress Events too.
+	Metrics *metrics.Client
 
 	// ServerAddr is the server's UDP host:port (one server; see Servers).
 	ServerAddr string
@@ -347,6 +350,9 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
+	if cfg.Events == nil {
+		cfg.Events = cfg.Metrics
+	}
 	switch cfg.Transport {
 	case "":
 		cfg.Transport = TransportAuto
@@ -395,8 +401,8 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	c.cfg.Config = in.Config() // with the defaults filled
 	c.unbinding, c.stopBinding = context.WithCancel(context.Background())
 	if len(cfg.RemoteForwards) > 0 {
-		if cfg.Reverse.Metrics == nil {
-			return nil, errors.New("client: Reverse.Metrics are required with RemoteForwards")
+		if cfg.Reverse.Events == nil {
+			return nil, errors.New("client: Reverse.Events are required with RemoteForwards")
 		}
 		if c.reverse, err = newReverse(c.cfg); err != nil {
 			return nil, fmt.Errorf("client: %w", err)

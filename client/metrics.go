@@ -3,10 +3,19 @@ package client
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/udpflow"
+)
+
+// The client's metrics count its ingress events, and those of the half that
+// serves reverse forwards' streams (pkg/egress) the egress events.
+var (
+	_ ingress.Events = (*metrics.Client)(nil)
+	_ egress.Events  = (*metrics.Server)(nil)
 )
 
 // NewMetrics creates and registers the client's metrics on reg, their
@@ -24,6 +33,12 @@ func MetricLabels() metrics.Labels {
 		UDPDropReceiveQueue: udpflow.DropReceiveQueue,
 		UDPPathDatagram:     udpflow.PathDatagram,
 		UDPPathStream:       udpflow.PathStream,
+		// pkg/ingress's, and the reverse half's pkg/egress's.
+		Proxies:                 ingress.Proxies(),
+		ProxyAuthReasons:        ingress.ProxyAuthReasons(),
+		NoSession:               ingress.ResultNoSession,
+		AuthFailureReasons:      egress.AuthFailureReasons(),
+		ReplayUnrecordedReasons: egress.ReplayUnrecordedReasons(),
 	}
 }
 

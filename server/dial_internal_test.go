@@ -23,7 +23,7 @@ func newTestServer(t *testing.T, mutate func(*Config)) *Server {
 	require.NoError(t, err)
 	cfg := Config{
 		TLS:    &tls.Config{},
-		Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: NewMetrics(prometheus.NewRegistry())},
+		Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList()}, Metrics: NewMetrics(prometheus.NewRegistry()),
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -3,10 +3,19 @@ package server
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/udpflow"
+)
+
+// The server's metrics count its egress events, and those of the half that
+// carries reverse forwards' connections (pkg/ingress) the ingress events.
+var (
+	_ egress.Events  = (*metrics.Server)(nil)
+	_ ingress.Events = (*metrics.Client)(nil)
 )
 
 // NewMetrics creates and registers the server's metrics on reg, their
@@ -27,6 +36,12 @@ func MetricLabels() metrics.Labels {
 		UDPDropReceiveQueue: udpflow.DropReceiveQueue,
 		UDPPathDatagram:     udpflow.PathDatagram,
 		UDPPathStream:       udpflow.PathStream,
+		// pkg/egress's, and the reverse half's pkg/ingress's.
+		AuthFailureReasons:      egress.AuthFailureReasons(),
+		ReplayUnrecordedReasons: egress.ReplayUnrecordedReasons(),
+		Proxies:                 ingress.Proxies(),
+		ProxyAuthReasons:        ingress.ProxyAuthReasons(),
+		NoSession:               ingress.ResultNoSession,
 	}
 }
 

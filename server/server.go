@@ -38,8 +38,11 @@ type Dialer = egress.Dialer
 type Config struct {
 	// Config is what each accepted stream is served with: the destination
 	// rules and keys, dial and replay limits, UDP flows, the audit line,
-	// metrics and the tunnel registry (nil: a new one).
+	// events (nil: Metrics) and the tunnel registry (nil: a new one).
 	egress.Config
+	// Metrics are the server's metrics (NewMetrics); they count the egress
+	// Events too.
+	Metrics *metrics.Server
 
 	TLS      *tls.Config
 	QUIC     *quic.Config
@@ -250,6 +253,9 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
 	}
+	if cfg.Events == nil {
+		cfg.Events = cfg.Metrics
+	}
 	cfg.Endpoint = pc.LocalAddr().String()
 	// With a shared secret the handshake proves nothing about the peer: give
 	// it the unverified budget as its stream credit, and the configured limit
@@ -282,8 +288,8 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	}
 	var bind *binder
 	if cfg.AllowRemoteListen != nil || len(cfg.AllowRemoteListenFor) > 0 {
-		if cfg.Reverse.Metrics == nil {
-			return nil, errors.New("server: Reverse.Metrics are required with AllowRemoteListen")
+		if cfg.Reverse.Events == nil {
+			return nil, errors.New("server: Reverse.Events are required with AllowRemoteListen")
 		}
 		orDefault(&cfg.MaxRemoteListens, DefaultMaxRemoteListens)
 		orDefault(&cfg.MaxRemoteListensPerConn, DefaultMaxRemoteListensPerConn)

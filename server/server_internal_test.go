@@ -88,7 +88,7 @@ func TestNewDefaultsAndRequiredFields(t *testing.T) {
 	full := func() Config {
 		return Config{
 			TLS:    &tls.Config{},
-			Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList(), Metrics: NewMetrics(prometheus.NewRegistry())},
+			Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList()}, Metrics: NewMetrics(prometheus.NewRegistry()),
 		}
 	}
 

@@ -17,7 +17,6 @@ import (
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
@@ -119,8 +118,8 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 		require.NoError(t, err)
 	}
 	cfg := server.Config{
-		Config: egress.Config{Keys: keys, Parser: parser, Allow: allow, Metrics: m},
-		TLS:    transport.ServerTLSConfig(st, nil), QUIC: transport.QUICConfig(qo),
+		Config: egress.Config{Keys: keys, Parser: parser, Allow: allow}, Metrics: m,
+		TLS: transport.ServerTLSConfig(st, nil), QUIC: transport.QUICConfig(qo),
 		ResetKey: &st.ResetKey, TokenKey: &st.TokenKey,
 		DrainTimeout: 5 * time.Second,
 	}
@@ -237,7 +236,7 @@ func StartClient(t testing.TB, srv *Server, o ClientOptions) *Client {
 		serverAddr = o.ServerAddr
 	}
 	cfg := client.Config{
-		Config:     ingress.Config{Metrics: m},
+		Metrics:    m,
 		ServerAddr: serverAddr, TLS: tlsConf, QUIC: transport.QUICConfig(qo), Secret: secret, Tokens: tokens,
 		Listeners: o.Listeners, SessionWait: 5 * time.Second, DrainTimeout: 5 * time.Second, Backoff: bo,
 		HeartbeatInterval: 200 * time.Millisecond, TailProbes: 1,

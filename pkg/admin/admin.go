@@ -46,10 +46,10 @@ type Options struct {
 	// HEAD and OPTIONS); /healthz and /readyz are exempt. This stops DNS
 	// rebinding (issue 21).
 	ListenAddr net.Addr
-	// Refused, when set, counts the requests refused by that rule, by reason
-	// (metrics.AdminRefusedHost, metrics.AdminRefusedOrigin); see
-	// metrics.NewAdminRefused.
-	Refused *prometheus.CounterVec
+	// Refused, when set, is told of each request refused by that rule, by
+	// reason (RefusedHost, RefusedOrigin): the daemon's metrics
+	// (metrics.NewAdminRefused).
+	Refused func(reason string)
 }
 
 // congestionState is a connection's congestion controller in /connections.

@@ -11,11 +11,23 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
-
-	"github.com/quictun/quictun/pkg/metrics"
 )
+
+// Reasons the admin API refused a request without the bearer token
+// (Options.Refused).
+const (
+	// RefusedHost: the Host header is not a loopback name or address nor
+	// the admin listener's address (DNS rebinding, or a wrong name).
+	RefusedHost = "host"
+	// RefusedOrigin: a web page's request, by its Origin header (any
+	// Origin on a method that changes state, another host's on a read).
+	RefusedOrigin = "origin"
+)
+
+// RefusedReasons lists the reasons of Options.Refused, for pre-creating
+// metric labels.
+func RefusedReasons() []string { return []string{RefusedHost, RefusedOrigin} }
 
 // refusalLogInterval is the shortest time between two log lines about
 // refused requests; the counter has every refusal.
@@ -31,7 +43,7 @@ type guard struct {
 	token      []byte     // "Bearer <token>", nil without a token
 	listenIP   netip.Addr // the listener's own IP, invalid when unknown or a wildcard
 	listenAddr string     // for the refusal's hint, "" when unknown
-	refused    *prometheus.CounterVec
+	refused    func(reason string)
 	nextLog    atomic.Int64 // unix nanoseconds before which refusals are not logged
 }
 
@@ -46,11 +58,6 @@ func newGuard(o Options) *guard {
 			if ip := ap.Addr().WithZone("").Unmap(); !ip.IsUnspecified() {
 				g.listenIP = ip
 			}
-		}
-	}
-	if g.refused != nil {
-		for _, r := range []string{metrics.AdminRefusedHost, metrics.AdminRefusedOrigin} {
-			g.refused.WithLabelValues(r)
 		}
 	}
 	return g
@@ -79,7 +86,7 @@ func (g *guard) wrap(h http.Handler) http.Handler {
 	})
 }
 
-// check returns why r is refused (a metrics.AdminRefused* reason and the
+// check returns why r is refused (a Refused* reason and the
 // response body), or "" to serve it.
 func (g *guard) check(r *http.Request) (reason, msg string) {
 	host, ok := hostOf(r.Host)
@@ -92,7 +99,7 @@ func (g *guard) check(r *http.Request) (reason, msg string) {
 		if g.listenAddr != "" {
 			listener, use = " ("+g.listenAddr+")", "use http://"+g.listenAddr+"/, or "
 		}
-		return metrics.AdminRefusedHost, fmt.Sprintf("admin API: refused Host %q: without the bearer token only a loopback name "+
+		return RefusedHost, fmt.Sprintf("admin API: refused Host %q: without the bearer token only a loopback name "+
 			"or address (localhost, 127.0.0.0/8, [::1]) or the listener's address%s is answered, "+
 			"so that a web page cannot reach it by DNS rebinding; %s%s", r.Host, listener, use, fix)
 	}
@@ -105,10 +112,10 @@ func (g *guard) check(r *http.Request) (reason, msg string) {
 		if len(origin) == 1 && sameHost(origin[0], host) {
 			return "", ""
 		}
-		return metrics.AdminRefusedOrigin, fmt.Sprintf("admin API: refused Origin %q: without the bearer token a request from "+
+		return RefusedOrigin, fmt.Sprintf("admin API: refused Origin %q: without the bearer token a request from "+
 			"a web page of another origin than %s is refused; use curl or a script (no Origin header)", strings.Join(origin, ", "), r.Host)
 	default:
-		return metrics.AdminRefusedOrigin, fmt.Sprintf("admin API: refused %s with Origin %q: without the bearer token a request "+
+		return RefusedOrigin, fmt.Sprintf("admin API: refused %s with Origin %q: without the bearer token a request "+
 			"that changes state is refused from any web page; use curl or a script (no Origin header), or send "+
 			"\"Authorization: Bearer <token>\" (--httpd-token-file)", r.Method, strings.Join(origin, ", "))
 	}
@@ -172,7 +179,7 @@ func sameHost(origin, host string) bool {
 // per refusalLogInterval.
 func (g *guard) refuse(w http.ResponseWriter, r *http.Request, reason, msg string) {
 	if g.refused != nil {
-		g.refused.WithLabelValues(reason).Inc()
+		g.refused(reason)
 	}
 	now := time.Now().UnixNano()
 	if next := g.nextLog.Load(); now >= next && g.nextLog.CompareAndSwap(next, now+int64(refusalLogInterval)) {

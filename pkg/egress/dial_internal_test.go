@@ -10,12 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
@@ -27,7 +25,7 @@ func newTestHandler(t *testing.T, mutate func(*Config)) *Handler {
 	cfg := Config{
 		Parser: parser, Allow: endpoint.DefaultAllowList(),
 		MaxConcurrentDials: 8, MaxDialsPerDestination: 2, MaxReplayEntries: 64, MaxReplayEntriesPerConn: 8,
-		Metrics: metrics.NewServer(prometheus.NewRegistry(), metrics.Labels{}), Registry: tunnel.NewRegistry(),
+		Events: NopEvents{}, Registry: tunnel.NewRegistry(),
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -17,7 +17,6 @@ import (
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/lograte"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -37,7 +36,7 @@ type Dialer interface {
 // Config are the settings of a Handler, filled once by whoever runs it (the
 // server's app fills the egress.Config its server.Config embeds).
 // DefaultConfig holds the defaults of the limits and timeouts; New fills a
-// field left zero (or negative) with its default. Parser, Allow, Metrics and
+// field left zero (or negative) with its default. Parser, Allow, Events and
 // Registry are required.
 type Config struct {
 	Parser TokenParser
@@ -114,7 +113,8 @@ type Config struct {
 
 	// Endpoint names the listener in the tunnel registry.
 	Endpoint string
-	Metrics  *metrics.Server
+	// Events are told what happens to streams (the daemon's metrics).
+	Events   Events
 	Registry *tunnel.Registry
 }
 
@@ -234,8 +234,8 @@ func New(cfg Config) (*Handler, error) {
 		return nil, errors.New("egress: token parser is required")
 	case cfg.Allow == nil:
 		return nil, errors.New("egress: allow-list is required")
-	case cfg.Metrics == nil || cfg.Registry == nil:
-		return nil, errors.New("egress: metrics and registry are required")
+	case cfg.Events == nil || cfg.Registry == nil:
+		return nil, errors.New("egress: events and registry are required")
 	}
 	cfg.complete()
 	e := &Handler{
@@ -245,13 +245,13 @@ func New(cfg Config) (*Handler, error) {
 		replay:      newReplayCache(cfg.ReplayWindow, cfg.MaxReplayEntries),
 		dialsByDest: map[string]*destSlots{},
 		flowShares:  shares{open: map[string]int{}},
-		udpSockets:  udpflow.NewBudget(cfg.UDPSocketMemory, cfg.Metrics.UDP.SocketBufferBytes),
-		udpQueues:   udpflow.NewBudget(DefaultUDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
+		udpSockets:  udpflow.NewBudget(cfg.UDPSocketMemory, udpflow.GaugeFunc(cfg.Events.UDPSocketBuffers)),
+		udpQueues:   udpflow.NewBudget(DefaultUDPQueueMemory, udpflow.GaugeFunc(cfg.Events.UDPQueued)),
 
 		refusals:     lograte.New(LogInterval, logKinds),
 		authFailures: lograte.New(LogInterval, logKinds),
 	}
-	e.replay.onSize = func(n int) { cfg.Metrics.ReplayCacheEntries.Set(float64(n)) }
+	e.replay.onSize = cfg.Events.ReplayCacheSize
 	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })
 	e.Reconfigure(Policy{Keys: cfg.Keys, Allow: cfg.Allow, AllowFor: cfg.AllowFor})
 	return e, nil
@@ -525,7 +525,7 @@ func (e *Handler) hello(st Stream, h *proto.Header, keyName string, logger klog.
 	if !st.Early || !h.Time.Before(e.started.Truncate(time.Second)) {
 		var unrecorded string
 		if code, unrecorded = e.replay.admit(h, now, st.Early, st.Conn0.quota); unrecorded != "" {
-			e.cfg.Metrics.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
+			e.cfg.Events.ReplayUnrecorded(unrecorded)
 		}
 	}
 	if code != proto.CodeOK {
@@ -574,7 +574,7 @@ func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *po
 	str.CancelRead(proto.CodeOK.StreamErrorCode()) // nothing follows the header
 	code, unrecorded := e.replay.admit(h, time.Now(), st.Early, st.Conn0.quota)
 	if unrecorded != "" {
-		e.cfg.Metrics.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
+		e.cfg.Events.ReplayUnrecorded(unrecorded)
 	}
 	if code != proto.CodeOK {
 		str.CancelWrite(code.StreamErrorCode())
@@ -672,12 +672,12 @@ func RefusalFix(reason string) string {
 }
 
 // authFailureFix says what most likely caused an authentication failure of
-// reason (metrics.Auth*) and what to check.
+// reason (Auth*) and what to check.
 func authFailureFix(reason string) string {
 	switch reason {
-	case metrics.AuthNoMAC:
+	case AuthNoMAC:
 		return "the client has no --secret-file; give it the server's secret"
-	case metrics.AuthUnknownKey:
+	case AuthUnknownKey:
 		return "the client's secret is none of the server's (a wrong --secret-file, or a key removed from --keys-file); give the client the server's secret"
 	}
 	return "the header's MAC does not match (a wrong secret on a client from before key IDs, or a forged header); give the client the server's secret"

@@ -4,14 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
-)
-
-// Reasons a nonce was not recorded (quictun_server_replay_unrecorded_total).
-const (
-	unrecordedCacheFull = metrics.ReplayUnrecordedCacheFull
-	unrecordedConnQuota = metrics.ReplayUnrecordedConnQuota
 )
 
 // replayCache remembers the nonces of stream headers for a time window, so a
@@ -107,10 +100,10 @@ func (c *replayCache) admit(h *proto.Header, now time.Time, early bool, q *repla
 		limit = c.max
 	}
 	if len(c.seen) >= limit {
-		return refuse, unrecordedCacheFull
+		return refuse, ReplayUnrecordedCacheFull
 	}
 	if !q.take(now, c.window) {
-		return refuse, unrecordedConnQuota
+		return refuse, ReplayUnrecordedConnQuota
 	}
 	// Keep the nonce until the header's timestamp leaves the window.
 	c.seen[h.Nonce] = h.Time.Add(c.window + time.Second)

@@ -221,7 +221,7 @@ func TestReplayCacheOneRTT(t *testing.T) {
 	require.Equal(t, 6, c.len())
 	code, why = c.admit(hdr(20, replayT0), replayT0, false, nil)
 	assert.Equal(t, proto.CodeOK, code, "a 1-RTT stream is served unrecorded")
-	assert.Equal(t, unrecordedCacheFull, why)
+	assert.Equal(t, ReplayUnrecordedCacheFull, why)
 	assert.Equal(t, 6, c.len())
 	assert.Equal(t, proto.CodeOK, c.check(hdr(21, replayT0), replayT0), "0-RTT still has room")
 	assert.Equal(t, proto.CodeOK, c.check(hdr(22, replayT0), replayT0))
@@ -248,10 +248,10 @@ func TestReplayCacheConnQuota(t *testing.T) {
 	}
 	code, why := c.admit(hdr(10, replayT0), replayT0, false, q)
 	assert.Equal(t, proto.CodeOK, code, "a 1-RTT stream over its connection's quota is served")
-	assert.Equal(t, unrecordedConnQuota, why, "but not recorded")
+	assert.Equal(t, ReplayUnrecordedConnQuota, why, "but not recorded")
 	code, why = c.admit(hdr(11, replayT0), replayT0, true, q)
 	assert.Equal(t, proto.CodeOverloaded, code, "an early stream over the quota is refused")
-	assert.Equal(t, unrecordedConnQuota, why)
+	assert.Equal(t, ReplayUnrecordedConnQuota, why)
 	assert.Equal(t, 3, c.len())
 
 	other := newReplayQuota(3, replayT0)
@@ -264,5 +264,5 @@ func TestReplayCacheConnQuota(t *testing.T) {
 	assert.Equal(t, proto.CodeOK, code)
 	assert.Empty(t, why)
 	_, why = c.admit(hdr(14, replayT0), replayT0.Add(10*time.Second), false, q)
-	assert.Equal(t, unrecordedConnQuota, why)
+	assert.Equal(t, ReplayUnrecordedConnQuota, why)
 }

@@ -10,7 +10,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -129,7 +128,7 @@ func failed(code proto.Code, msg string, kv ...any) *failure {
 // operator wants to see, else -v 4, unless f says) and closes the
 // connection if f says.
 func (s *stream) fail(ctx context.Context, f *failure) {
-	s.e.cfg.Metrics.StreamsTotal.WithLabelValues(f.code.String()).Inc()
+	s.e.cfg.Events.StreamFailed(f.code.String())
 	Reset(s.str, f.code)
 	if s.audited {
 		s.audit(f.code.String(), 0, 0)
@@ -184,14 +183,14 @@ func (s *stream) authenticate() *failure {
 		key, err := kr.Verify(s.h)
 		s.key, s.keyName = key, key.Label()
 		if err != nil {
-			reason := metrics.AuthBadMAC
+			reason := AuthBadMAC
 			switch {
 			case errors.Is(err, proto.ErrNoMAC):
-				reason = metrics.AuthNoMAC
+				reason = AuthNoMAC
 			case errors.Is(err, proto.ErrUnknownKey):
-				reason = metrics.AuthUnknownKey
+				reason = AuthUnknownKey
 			}
-			s.e.cfg.Metrics.AuthFailuresTotal.WithLabelValues(reason).Inc()
+			s.e.cfg.Events.AuthFailed(reason)
 			// The operator must see a client that cannot authenticate
 			// (most often a wrong secret), once a minute per address.
 			lvl, kv := 2, []any{"reason", reason, "keyID", keyIDOf(s.h)}
@@ -273,7 +272,7 @@ func (s *stream) authorize(ctx context.Context) *failure {
 // refused is the failure of a destination the rules (or the checked
 // dialer) refused with err, counted by reason.
 func (s *stream) refused(err error) *failure {
-	s.e.cfg.Metrics.RefusedTotal.WithLabelValues(s.dest.Network, endpoint.RefusalReason(err)).Inc()
+	s.e.cfg.Events.DestinationRefused(s.dest.Network, endpoint.RefusalReason(err))
 	lvl, msg, kv := s.e.refusal(s.dest, s.identities, err)
 	return &failure{code: proto.CodeRefused, lvl: lvl, msg: msg, kv: kv}
 }
@@ -288,7 +287,7 @@ func (s *stream) refused(err error) *failure {
 func (s *stream) admit() *failure {
 	code, unrecorded := s.e.replay.admit(s.h, time.Now(), s.st.Early, s.st.Conn0.quota)
 	if unrecorded != "" {
-		s.e.cfg.Metrics.ReplayUnrecordedTotal.WithLabelValues(unrecorded).Inc()
+		s.e.cfg.Events.ReplayUnrecorded(unrecorded)
 	}
 	if code != proto.CodeOK {
 		return failed(code, "Rejected stream: header seen before, or no room to record a 0-RTT header", "early", s.st.Early, "unrecorded", unrecorded)
@@ -332,7 +331,7 @@ func (s *stream) dial(ctx context.Context) (splice.Conn, *failure) {
 	nc, err := e.cfg.Dialer.DialContext(dctx, s.target.Network, s.target.Address)
 	<-e.dials
 	e.releaseDestination(dest, true)
-	e.cfg.Metrics.DialDuration.Observe(time.Since(dialStart).Seconds())
+	e.cfg.Events.Dialed(time.Since(dialStart))
 	if errors.Is(err, endpoint.ErrForbidden) { // CheckDial refused the address the dialer chose
 		return nil, s.refused(err)
 	}
@@ -355,7 +354,7 @@ func (s *stream) dial(ctx context.Context) (splice.Conn, *failure) {
 // directions end (or its key is cut), registered for /tunnels and the
 // drain; then the audit line.
 func (s *stream) splice(sc splice.Conn) *failure {
-	e, str, m := s.e, s.str, s.e.cfg.Metrics
+	e, str := s.e, s.str
 	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
 		_ = sc.Close()
 		return failed(proto.CodeConnReset, "Could not write reply", "err", err)
@@ -380,7 +379,7 @@ func (s *stream) splice(sc splice.Conn) *failure {
 	}
 	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule)
 	defer cutOnRemoval(s.keyLife, pipe, s.logger, "tunnel")()
-	result, err := e.cfg.Registry.Run(t, pipe, m.Streams)
+	result, err := e.cfg.Registry.Run(t, pipe, e.cfg.Events)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	s.logger.V(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"duration", time.Since(s.start), "result", result, "err", err)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
@@ -20,21 +19,21 @@ import (
 // to the destination, relayed to the flow's datagrams and stream until the
 // flow ends (see package udpflow).
 func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
-	m := e.cfg.Metrics
+	ev := e.cfg.Events
 	st, str := f.st, f.str
 	// account is whom the flow counts against for MaxUDPFlowsPerIdentity.
 	account := flowAccount(f.peer, f.key, st)
 	// The identity's share first, so that an identity over it does not
 	// touch the server-wide count.
 	if open, ok := e.flowShares.take(account, e.cfg.MaxUDPFlowsPerIdentity); !ok {
-		m.UDP.Drop(udpflow.DropIdentityFlowLimit)
+		ev.UDPDropped(udpflow.DropIdentityFlowLimit)
 		return failed(proto.CodeOverloaded, "Refused UDP flow: this client identity holds its share of the server's flows; raise --max-udp-flows-per-identity if it needs more",
 			"account", account, "open", open, "limit", e.cfg.MaxUDPFlowsPerIdentity)
 	}
 	defer e.flowShares.release(account)
 	if n := e.udpFlows.Add(1); n > int64(e.cfg.MaxUDPFlows) {
 		e.udpFlows.Add(-1)
-		m.UDP.Drop(udpflow.DropFlowLimit)
+		ev.UDPDropped(udpflow.DropFlowLimit)
 		return failed(proto.CodeOverloaded, "Refused UDP flow: the server is at its flow limit; raise --max-udp-flows if clients need more",
 			"limit", e.cfg.MaxUDPFlows)
 	}
@@ -60,7 +59,7 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 		sizer, err := udpflow.NewSizer(bc, e.udpSockets, nil)
 		if err != nil {
 			_ = nc.Close()
-			m.UDP.Drop(udpflow.DropFlowLimit)
+			ev.UDPDropped(udpflow.DropFlowLimit)
 			return failed(proto.CodeOverloaded, "Refused UDP flow: its socket buffer would exceed the server's UDP socket memory; raise --udp-socket-memory-mib (and net.ipv4.udp_mem) if clients need more flows",
 				"limit", e.udpSockets.Limit(), "err", err)
 		}
@@ -70,8 +69,8 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 	id := uint64(str.StreamID())
 	r := &udpflow.Relay{
 		Stream: str,
-		Up:     &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionDownstream)},
-		Down:   &udpflow.Counters{OnPacket: m.UDP.OnPacket(metrics.DirectionUpstream)},
+		Up:     &udpflow.Counters{OnPacket: ev.UDPPackets(false)},
+		Down:   &udpflow.Counters{OnPacket: ev.UDPPackets(true)},
 		Recv: func(buf []byte) ([]byte, error) {
 			for {
 				n, err := nc.Read(buf)
@@ -89,7 +88,7 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 		CloseLocal:  func() { _ = nc.Close() },
 		Queue:       udpflow.NewQueue(udpflow.DefaultQueueBytes, e.udpQueues),
 		IdleTimeout: e.cfg.UDPIdleTimeout,
-		Drop:        m.UDP.Drop,
+		Drop:        ev.UDPDropped,
 	}
 	// The server's Up is the tunnel's downstream: toward the client.
 	// Without datagrams (a TCP connection) the flow stays on its stream.
@@ -101,7 +100,7 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 	remove, ok := st.Flows.Add(id, e.cfg.MaxUDPFlowsPerConn, r.FromDatagram)
 	if !ok {
 		_ = nc.Close()
-		m.UDP.Drop(udpflow.DropFlowLimit)
+		ev.UDPDropped(udpflow.DropFlowLimit)
 		return failed(proto.CodeOverloaded, "Refused UDP flow: too many flows on this connection; raise --max-udp-flows-per-conn if clients need more",
 			"limit", e.cfg.MaxUDPFlowsPerConn)
 	}
@@ -129,7 +128,7 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 	}
 	f.logger.V(4).Info("Opened UDP flow", "destination", f.target.String(), "rule", f.rule, "local", nc.LocalAddr().String())
 	defer cutOnRemoval(f.keyLife, r, f.logger, "UDP flow")()
-	result, err := e.cfg.Registry.Run(t, r, m.UDP.Flows)
+	result, err := e.cfg.Registry.Run(t, r, udpflow.FlowTunnels{Events: ev})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	f.logger.V(4).Info("Closed UDP flow", "destination", f.target.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"packetsUpstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),

@@ -26,7 +26,6 @@ import (
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/lograte"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tcpmux"
@@ -88,7 +87,7 @@ type Sessions interface {
 // Config are the settings of a Handler, filled once by whoever runs it (the
 // client's app fills the ingress.Config its client.Config embeds).
 // DefaultConfig holds the defaults; New fills a field left zero with its
-// default. Metrics and Registry are required.
+// default. Events and Registry are required.
 type Config struct {
 	// StreamOpenTimeout bounds waiting for stream credit from the peer.
 	StreamOpenTimeout time.Duration
@@ -116,7 +115,9 @@ type Config struct {
 	// client's identity and the listen address).
 	AuditLog bool
 
-	Metrics  *metrics.Client
+	// Events are told what happens to local connections and flows (the
+	// daemon's metrics).
+	Events   Events
 	Registry *tunnel.Registry
 }
 
@@ -189,7 +190,7 @@ func LoggableToken(token string) string {
 // New returns a Handler for cfg, its zero fields filled with their
 // defaults, that runs with links.
 func New(cfg Config, links Links) (*Handler, error) {
-	if links.Sessions == nil || links.Tokens == nil || links.Secret == nil || cfg.Metrics == nil || cfg.Registry == nil {
+	if links.Sessions == nil || links.Tokens == nil || links.Secret == nil || cfg.Events == nil || cfg.Registry == nil {
 		return nil, errors.New("ingress: sessions, tokens, secret, metrics and registry are required")
 	}
 	def := DefaultConfig()
@@ -210,7 +211,7 @@ func New(cfg Config, links Links) (*Handler, error) {
 	}
 	return &Handler{
 		cfg: cfg, links: links, slots: make(chan struct{}, cfg.MaxConnections), handshakes: make(chan struct{}, cfg.MaxProxyHandshakes),
-		udpQueues: udpflow.NewBudget(cfg.UDPQueueMemory, cfg.Metrics.UDP.QueuedBytes),
+		udpQueues: udpflow.NewBudget(cfg.UDPQueueMemory, udpflow.GaugeFunc(cfg.Events.UDPQueued)),
 		refusals:  lograte.New(RefusalLogInterval, 64),
 	}, nil
 }
@@ -293,12 +294,12 @@ func (h *Handler) accept(ctx context.Context, ln net.Listener, handlers *sync.Wa
 			}
 		}
 		delay = 0
-		h.cfg.Metrics.AcceptedTotal.Inc()
+		h.cfg.Events.Accepted()
 		select {
 		case slots <- struct{}{}:
 		default:
 			// Counted before the reset, so whoever sees the reset sees the count.
-			h.cfg.Metrics.StreamsTotal.WithLabelValues(proto.CodeOverloaded.String()).Inc()
+			h.cfg.Events.StreamFailed(proto.CodeOverloaded.String())
 			logger.V(2).Info(refusal, "limit", limit, "address", ln.Addr().String())
 			resetConn(nc)
 			continue

@@ -9,7 +9,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -111,7 +110,7 @@ type localFailure struct {
 // connection its proxy's refusal (then a FIN, as a reset could discard the
 // answer) unless it was answered already.
 func (l *local) fail(f *localFailure) {
-	l.h.cfg.Metrics.StreamsTotal.WithLabelValues(f.result).Inc()
+	l.h.cfg.Events.StreamFailed(f.result)
 	switch {
 	case l.proxy == nil:
 		resetConn(l.nc)
@@ -160,7 +159,7 @@ func (l *local) proxyRequest(release func()) (*UDPAssociateError, *localFailure)
 	if err != nil {
 		l.replied = true // Request answered what it could not serve
 		if ae := (*ProxyAuthError)(nil); errors.As(err, &ae) {
-			l.h.cfg.Metrics.ProxyAuthFailuresTotal.WithLabelValues(ae.Proxy, ae.Reason).Inc()
+			l.h.cfg.Events.ProxyAuthFailed(ae.Proxy, ae.Reason)
 		}
 		return nil, &localFailure{proto.CodeBadToken.String(), "Bad proxy request", err}
 	}
@@ -186,7 +185,7 @@ func (l *local) open(ctx context.Context) *localFailure {
 	sess, release, err := l.h.links.Sessions.Wait(ctx)
 	l.release = release
 	if err != nil {
-		return &localFailure{metrics.ResultNoSession, "No connection to the server for a local connection", fmt.Errorf("%w: %w", errNoSession, err)}
+		return &localFailure{ResultNoSession, "No connection to the server for a local connection", fmt.Errorf("%w: %w", errNoSession, err)}
 	}
 	l.sess = sess
 	l.optimistic = l.proxy != nil && sess.verdicts.accepted(l.token, time.Now())
@@ -233,7 +232,7 @@ func (l *local) sendHeader(ctx context.Context) *localFailure {
 // accepted records the server's reply (nil: CodeOK).
 func (l *local) accepted(err error) {
 	if err == nil {
-		l.h.cfg.Metrics.StreamOpenDuration.Observe(time.Since(l.start).Seconds())
+		l.h.cfg.Events.StreamOpened(time.Since(l.start))
 		if l.h.links.Accepted != nil {
 			l.h.links.Accepted(l.sess) // the server accepted our header
 		}
@@ -286,7 +285,7 @@ func (l *local) answerProxy() *localFailure {
 // splice carries the tunnel until both directions end, registered for
 // /tunnels and the drain, and logs how the server ended it.
 func (l *local) splice(toServer splice.Stream) {
-	h, sess, m, slog := l.h, l.sess, l.h.cfg.Metrics, l.slog
+	h, sess, slog := l.h, l.sess, l.slog
 	pipe := splice.New(l.sc, toServer)
 	if sess.Prober != nil || sess.Waker != nil {
 		// Bytes either way wake the liveness checks of an idle connection.
@@ -306,7 +305,7 @@ func (l *local) splice(toServer splice.Stream) {
 		Downstream:  &pipe.FromStream,
 	}
 	slog.V(4).Info("Opened stream", "answeredAtOnce", l.optimistic)
-	result, err := h.cfg.Registry.Run(t, pipe, m.Streams)
+	result, err := h.cfg.Registry.Run(t, pipe, h.cfg.Events)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	l.logRefusal(err)
 	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(l.start), "result", result, "err", err)

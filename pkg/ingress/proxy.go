@@ -17,7 +17,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/socks5"
 	"github.com/quictun/quictun/pkg/udpflow"
@@ -43,7 +42,7 @@ var ErrProxyRequest = errors.New("proxy request")
 
 // ProxyAuthError is a request turned away for its credentials (it has been
 // answered): Proxy and Reason are the labels of
-// proxy_auth_failures_total (metrics.ProxySOCKS5, metrics.ProxyAuthMissing, ...).
+// proxy_auth_failures_total (ProxySOCKS5, ProxyAuthMissing, ...).
 type ProxyAuthError struct {
 	Proxy, Reason string
 }
@@ -130,9 +129,9 @@ func (s SOCKS5) Request(nc net.Conn) (string, []byte, error) {
 	if err := socks5.Negotiate(nc, creds); err != nil {
 		switch {
 		case errors.Is(err, socks5.ErrAuth):
-			err = fmt.Errorf("%w: %w", err, &ProxyAuthError{Proxy: metrics.ProxySOCKS5, Reason: metrics.ProxyAuthWrong})
+			err = fmt.Errorf("%w: %w", err, &ProxyAuthError{Proxy: ProxySOCKS5, Reason: ProxyAuthWrong})
 		case errors.Is(err, socks5.ErrNoAcceptableMethod) && creds != nil:
-			err = fmt.Errorf("%w: %w", err, &ProxyAuthError{Proxy: metrics.ProxySOCKS5, Reason: metrics.ProxyAuthMissing})
+			err = fmt.Errorf("%w: %w", err, &ProxyAuthError{Proxy: ProxySOCKS5, Reason: ProxyAuthMissing})
 		}
 		return "", nil, fmt.Errorf("%w: socks5: %w", ErrProxyRequest, err)
 	}
@@ -203,7 +202,7 @@ func (c HTTPConnect) Request(nc net.Conn) (string, []byte, error) {
 	if creds := c.Credentials.Load(); creds != nil {
 		if reason := checkBasic(creds, req.Header.Get("Proxy-Authorization")); reason != "" {
 			writeStatus(nc, http.StatusProxyAuthRequired, proxyAuthenticate)
-			return "", nil, fmt.Errorf("%w: http: %w", ErrProxyRequest, &ProxyAuthError{Proxy: metrics.ProxyHTTPConnect, Reason: reason})
+			return "", nil, fmt.Errorf("%w: http: %w", ErrProxyRequest, &ProxyAuthError{Proxy: ProxyHTTPConnect, Reason: reason})
 		}
 	}
 	if req.Method != http.MethodConnect {
@@ -222,20 +221,20 @@ func (c HTTPConnect) Request(nc net.Conn) (string, []byte, error) {
 }
 
 // checkBasic checks a Proxy-Authorization header value against creds: ""
-// when it holds a valid pair, else the reason (metrics.ProxyAuthMissing for
-// no Basic credentials, metrics.ProxyAuthWrong for a pair creds does not hold).
+// when it holds a valid pair, else the reason (ProxyAuthMissing for
+// no Basic credentials, ProxyAuthWrong for a pair creds does not hold).
 func checkBasic(creds socks5.Credentials, header string) string {
 	scheme, value, _ := strings.Cut(strings.TrimSpace(header), " ")
 	if !strings.EqualFold(scheme, "Basic") {
-		return metrics.ProxyAuthMissing
+		return ProxyAuthMissing
 	}
 	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(value))
 	if err != nil {
-		return metrics.ProxyAuthWrong
+		return ProxyAuthWrong
 	}
 	user, pass, ok := strings.Cut(string(b), ":")
 	if !ok || !creds.Valid(user, pass) {
-		return metrics.ProxyAuthWrong
+		return ProxyAuthWrong
 	}
 	return ""
 }
@@ -318,12 +317,11 @@ func (a *associateSource) accept(src netip.AddrPort) bool {
 // flows, end when nc closes (RFC 1928 section 6).
 func (h *Handler) serveAssociate(ctx context.Context, nc net.Conn, declared socks5.Addr) {
 	logger := klog.FromContext(ctx)
-	m := h.cfg.Metrics
 	local, _ := netip.ParseAddrPort(nc.LocalAddr().String())
 	remote, _ := netip.ParseAddrPort(nc.RemoteAddr().String())
 	pc, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local.Addr(), 0)))
 	if err != nil {
-		m.UDP.FlowsTotal.WithLabelValues(proto.CodeInternal.String()).Inc()
+		h.cfg.Events.UDPFlowFailed(proto.CodeInternal.String())
 		_ = socks5.WriteReply(nc, socks5.ReplyGeneralFailure, socks5.Addr{})
 		_ = nc.Close()
 		logger.Error(err, "SOCKS5 UDP ASSOCIATE: could not open a relay socket")

@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/socks5"
 )
 
@@ -96,13 +95,13 @@ func TestHTTPConnectProxyAuthorization(t *testing.T) {
 		{name: "credentials required but none set", creds: NewProxyCredentials(nil)},
 		{name: "right pair", creds: creds, header: basic("app:s3cret")},
 		{name: "scheme in lower case", creds: creds, header: "Proxy-Authorization: basic " + base64.StdEncoding.EncodeToString([]byte("app:s3cret")) + "\r\n"},
-		{name: "no header", creds: creds, wantReason: metrics.ProxyAuthMissing},
-		{name: "another scheme", creds: creds, header: "Proxy-Authorization: Bearer abc\r\n", wantReason: metrics.ProxyAuthMissing},
-		{name: "wrong password", creds: creds, header: basic("app:wrong"), wantReason: metrics.ProxyAuthWrong},
-		{name: "no colon", creds: creds, header: basic("app"), wantReason: metrics.ProxyAuthWrong},
-		{name: "not base64", creds: creds, header: "Proxy-Authorization: Basic !!!\r\n", wantReason: metrics.ProxyAuthWrong},
+		{name: "no header", creds: creds, wantReason: ProxyAuthMissing},
+		{name: "another scheme", creds: creds, header: "Proxy-Authorization: Bearer abc\r\n", wantReason: ProxyAuthMissing},
+		{name: "wrong password", creds: creds, header: basic("app:wrong"), wantReason: ProxyAuthWrong},
+		{name: "no colon", creds: creds, header: basic("app"), wantReason: ProxyAuthWrong},
+		{name: "not base64", creds: creds, header: "Proxy-Authorization: Basic !!!\r\n", wantReason: ProxyAuthWrong},
 		{name: "in Authorization, not Proxy-Authorization", creds: creds,
-			header: "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("app:s3cret")) + "\r\n", wantReason: metrics.ProxyAuthMissing},
+			header: "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("app:s3cret")) + "\r\n", wantReason: ProxyAuthMissing},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -116,7 +115,7 @@ func TestHTTPConnectProxyAuthorization(t *testing.T) {
 			}
 			var ae *ProxyAuthError
 			require.ErrorAs(t, err, &ae)
-			assert.Equal(t, ProxyAuthError{Proxy: metrics.ProxyHTTPConnect, Reason: tc.wantReason}, *ae)
+			assert.Equal(t, ProxyAuthError{Proxy: ProxyHTTPConnect, Reason: tc.wantReason}, *ae)
 			require.ErrorIs(t, err, ErrProxyRequest)
 			resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(answer)), nil)
 			require.NoError(t, err)
@@ -144,8 +143,8 @@ func TestSOCKS5ProxyAuthErrors(t *testing.T) {
 	}{
 		{name: "none required", req: append([]byte{5, 1, 0}, connect...), wantToken: "tcp:127.0.0.1:22"},
 		{name: "right pair", creds: creds, req: append(userPass("app", "s3cret"), connect...), wantToken: "tcp:127.0.0.1:22"},
-		{name: "no username/password offered", creds: creds, req: []byte{5, 1, socks5.MethodNoAuth}, wantReason: metrics.ProxyAuthMissing},
-		{name: "wrong password", creds: creds, req: userPass("app", "wrong"), wantReason: metrics.ProxyAuthWrong},
+		{name: "no username/password offered", creds: creds, req: []byte{5, 1, socks5.MethodNoAuth}, wantReason: ProxyAuthMissing},
+		{name: "wrong password", creds: creds, req: userPass("app", "wrong"), wantReason: ProxyAuthWrong},
 		{name: "only username/password offered, none required", req: []byte{5, 1, socks5.MethodUserPass}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -163,7 +162,7 @@ func TestSOCKS5ProxyAuthErrors(t *testing.T) {
 				return
 			}
 			require.ErrorAs(t, err, &ae)
-			assert.Equal(t, ProxyAuthError{Proxy: metrics.ProxySOCKS5, Reason: tc.wantReason}, *ae)
+			assert.Equal(t, ProxyAuthError{Proxy: ProxySOCKS5, Reason: tc.wantReason}, *ae)
 		})
 	}
 }

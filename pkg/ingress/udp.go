@@ -12,7 +12,6 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
@@ -76,7 +75,7 @@ func (h *Handler) ServeUDP(ctx context.Context, pc *net.UDPConn, tokens TokenSou
 
 func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, handlers *sync.WaitGroup) {
 	logger := klog.FromContext(ctx)
-	m := h.cfg.Metrics.UDP
+	ev := h.cfg.Events
 	if err := udpflow.SetSocketBuffers(pc); err != nil {
 		logger.Info("Could not raise the UDP socket's buffers; bursts may overflow it", "address", pc.LocalAddr().String(), "err", err)
 	}
@@ -111,7 +110,7 @@ func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, h
 		if us.parse != nil {
 			dest, pre, p, reason, ok := us.parse(src, buf[:n])
 			if !ok {
-				m.Drop(reason)
+				ev.UDPDropped(reason)
 				continue
 			}
 			key.dest, payload, prefix = dest, p, pre
@@ -123,7 +122,7 @@ func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, h
 			case h.slots <- struct{}{}:
 			default:
 				mu.Unlock()
-				m.Drop(udpflow.DropFlowLimit)
+				ev.UDPDropped(udpflow.DropFlowLimit)
 				logger.V(2).Info("Too many local connections and flows; dropping a packet of a new UDP flow", "limit", h.cfg.MaxConnections, "source", src.String())
 				continue
 			}
@@ -139,7 +138,7 @@ func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, h
 		}
 		mu.Unlock()
 		if !f.queue.Push(payload) {
-			m.Drop(udpflow.DropQueueFull)
+			ev.UDPDropped(udpflow.DropQueueFull)
 		}
 	}
 }
@@ -156,14 +155,14 @@ func wakeOnPacket(sess *Session, count func(path string, n int)) func(path strin
 // serveFlow opens the flow's stream and relays until the flow ends.
 func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, tokens TokenSource) {
 	defer f.close()
-	m := h.cfg.Metrics
+	ev := h.cfg.Events
 	start := time.Now()
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "source", f.src.String())
 	fail := func(result, msg string, err error) {
-		m.UDP.FlowsTotal.WithLabelValues(result).Inc()
+		ev.UDPFlowFailed(result)
 		// The packets queued for the flow are lost with it.
 		for range f.close() {
-			m.UDP.Drop(udpflow.DropNoSession)
+			ev.UDPDropped(udpflow.DropNoSession)
 		}
 		logger.V(2).Info(msg, "err", err)
 	}
@@ -181,7 +180,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	sess, release, err := h.links.Sessions.Wait(ctx)
 	defer release()
 	if err != nil {
-		fail(metrics.ResultNoSession, "No connection to the server for a UDP flow", err)
+		fail(ResultNoSession, "No connection to the server for a UDP flow", err)
 		return
 	}
 	str, err := h.openStream(ctx, sess)
@@ -211,8 +210,8 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	id := uint64(str.StreamID())
 	r := &udpflow.Relay{
 		Stream:     str,
-		Up:         &udpflow.Counters{OnPacket: wakeOnPacket(sess, m.UDP.OnPacket(metrics.DirectionUpstream))},
-		Down:       &udpflow.Counters{OnPacket: wakeOnPacket(sess, m.UDP.OnPacket(metrics.DirectionDownstream))},
+		Up:         &udpflow.Counters{OnPacket: wakeOnPacket(sess, ev.UDPPackets(true))},
+		Down:       &udpflow.Counters{OnPacket: wakeOnPacket(sess, ev.UDPPackets(false))},
 		Queue:      f.queue,
 		CloseLocal: func() { f.close() },
 		Deliver: func(p []byte) error {
@@ -225,7 +224,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		AwaitReply: true,
 		Replied: func(err error) {
 			if err == nil {
-				m.StreamOpenDuration.Observe(time.Since(start).Seconds())
+				ev.StreamOpened(time.Since(start))
 				if h.links.Accepted != nil {
 					h.links.Accepted(sess)
 				}
@@ -243,7 +242,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 			}
 		},
 		IdleTimeout: h.cfg.UDPIdleTimeout,
-		Drop:        m.UDP.Drop,
+		Drop:        ev.UDPDropped,
 	}
 	// A TCP session has no datagrams: the flow stays on its stream.
 	var dc udpflow.DatagramConn
@@ -268,7 +267,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	}
 	logger = klog.LoggerWithValues(logger, "streamID", int64(id))
 	logger.V(4).Info("Opened UDP flow", "destination", token)
-	result, err := h.cfg.Registry.Run(t, r, m.UDP.Flows)
+	result, err := h.cfg.Registry.Run(t, r, udpflow.FlowTunnels{Events: ev})
 	logger.V(4).Info("Closed UDP flow", "bytesUpstream", t.Upstream.Load(), "bytesDownstream", t.Downstream.Load(),
 		"packetsUpstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
 		"packetsDownstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),

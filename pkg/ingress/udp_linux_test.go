@@ -11,10 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
@@ -49,7 +47,7 @@ func TestServeUDPRaisesTheSocketBuffer(t *testing.T) {
 	}
 	rmemMax, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	require.NoError(t, err)
-	h, err := New(Config{MaxConnections: 1, Metrics: metrics.NewClient(prometheus.NewRegistry(), metrics.Labels{}), Registry: tunnel.NewRegistry()},
+	h, err := New(Config{MaxConnections: 1, Events: NopEvents{}, Registry: tunnel.NewRegistry()},
 		Links{Sessions: noSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})

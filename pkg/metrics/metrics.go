@@ -8,12 +8,8 @@ const Namespace = "quictun"
 // DurationBuckets span 100 µs to 10 s.
 var DurationBuckets = prometheus.ExponentialBucketsRange(0.0001, 10, 16)
 
-// Stream results beyond the protocol codes.
-const (
-	ResultOK = "ok"
-	// ResultNoSession is a client stream that found no QUIC connection in time.
-	ResultNoSession = "no_session"
-)
+// ResultOK is the result of a tunnel that ended cleanly.
+const ResultOK = "ok"
 
 // Label values of the server's pre-authentication metrics.
 const (
@@ -34,15 +30,6 @@ const (
 	// authenticated connection reset because its source held its share,
 	// --max-unverified-streams-per-source.
 	PreauthSourceUnverifiedStreamsLimit = "unverified_streams_per_source_limit"
-	// ReplayUnrecordedCacheFull and ReplayUnrecordedConnQuota: why a verified
-	// header's nonce was not recorded in the replay cache.
-	ReplayUnrecordedCacheFull = "cache_full"
-	ReplayUnrecordedConnQuota = "conn_quota"
-	// AuthNoMAC, AuthUnknownKey and AuthBadMAC: why a stream header failed
-	// shared-secret authentication (auth_failures_total).
-	AuthNoMAC      = "no_mac"
-	AuthUnknownKey = "unknown_key"
-	AuthBadMAC     = "bad_mac"
 )
 
 // Directions for byte counters: upstream flows from the application toward the
@@ -70,6 +57,15 @@ type Labels struct {
 	// UDPPathDatagram and UDPPathStream are the path labels of
 	// udp_packets_total, as the UDP relay reports them to UDP.OnPacket.
 	UDPPathDatagram, UDPPathStream string
+	// AuthFailureReasons span auth_failures_total, ReplayUnrecordedReasons
+	// replay_unrecorded_total (pkg/egress: the server, the client's reverse
+	// half).
+	AuthFailureReasons, ReplayUnrecordedReasons []string
+	// Proxies and ProxyAuthReasons span proxy_auth_failures_total;
+	// NoSession is the streams_total result of a stream that found no
+	// connection (pkg/ingress: the client, the server's reverse half).
+	Proxies, ProxyAuthReasons []string
+	NoSession                 string
 }
 
 // Server holds the server's metrics.
@@ -109,8 +105,8 @@ type Server struct {
 	// AuthFailuresTotal counts stream headers that failed shared-secret
 	// authentication, by reason.
 	AuthFailuresTotal *prometheus.CounterVec
-	// UDP holds the UDP flow metrics.
-	UDP *UDP
+	// UDP holds the UDP flow metrics (and implements udpflow.Events).
+	*UDP
 	// Streams counts the server's TCP and unix tunnels (tunnel.Metrics).
 	Streams *Tunnels
 }
@@ -200,13 +196,13 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal, m.DroppedDatagramsTotal,
 		m.ActiveTCPConnections, m.TCPHandshakeFailuresTotal,
 		m.PreauthRejectionsTotal, m.UnverifiedStreams, m.ReplayCacheEntries, m.ReplayUnrecordedTotal, m.AuthFailuresTotal)
-	for _, r := range []string{AuthNoMAC, AuthUnknownKey, AuthBadMAC} {
+	for _, r := range l.AuthFailureReasons {
 		m.AuthFailuresTotal.WithLabelValues(r)
 	}
 	for _, r := range []string{PreauthAuthTimeout, PreauthUnverifiedStreamsLimit, PreauthSourceUnverifiedStreamsLimit} {
 		m.PreauthRejectionsTotal.WithLabelValues(r)
 	}
-	for _, r := range []string{ReplayUnrecordedCacheFull, ReplayUnrecordedConnQuota} {
+	for _, r := range l.ReplayUnrecordedReasons {
 		m.ReplayUnrecordedTotal.WithLabelValues(r)
 	}
 	for _, r := range []string{DropNotQUIC, "header_parse_error", "unexpected_version", "unknown_connection_id", "dos_prevention"} {
@@ -260,8 +256,8 @@ type Client struct {
 	// Transport is 1 for the transport new tunnels go on (quic, tcp), 0
 	// for the other.
 	Transport *prometheus.GaugeVec
-	// UDP holds the UDP flow metrics.
-	UDP *UDP
+	// UDP holds the UDP flow metrics (and implements udpflow.Events).
+	*UDP
 	// Streams counts the client's TCP and unix tunnels (tunnel.Metrics).
 	Streams *Tunnels
 }
@@ -345,8 +341,8 @@ func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 	reg.MustRegister(m.Transport)
 	reg.MustRegister(m.PathRescuesTotal, m.PathSwitchesTotal, m.PathSwitchFailuresTotal, m.SessionUp, m.ReconnectsTotal, m.DialsTotal, m.TCPDialsTotal, m.HandshakeDuration, m.StreamsTotal,
 		m.ActiveStreams, m.StreamOpenDuration, m.StreamBytesTotal, m.AcceptedTotal, m.ProxyAuthFailuresTotal)
-	for _, p := range []string{ProxySOCKS5, ProxyHTTPConnect} {
-		for _, r := range []string{ProxyAuthMissing, ProxyAuthWrong} {
+	for _, p := range l.Proxies {
+		for _, r := range l.ProxyAuthReasons {
 			m.ProxyAuthFailuresTotal.WithLabelValues(p, r)
 		}
 	}
@@ -359,7 +355,9 @@ func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 	for _, c := range l.Codes {
 		m.StreamsTotal.WithLabelValues(c)
 	}
-	m.StreamsTotal.WithLabelValues(ResultNoSession)
+	if l.NoSession != "" {
+		m.StreamsTotal.WithLabelValues(l.NoSession)
+	}
 	for _, r := range []string{"switched", "recovered", "error"} {
 		m.PathRescuesTotal.WithLabelValues(r)
 	}
@@ -386,13 +384,3 @@ const (
 
 // SwitchReasons lists the reasons of path_switches_total.
 var SwitchReasons = []string{SwitchRouteChanged, SwitchAddressRemoved, SwitchBlackout}
-
-// Label values of proxy_auth_failures_total.
-const (
-	ProxySOCKS5      = "socks5"
-	ProxyHTTPConnect = "http_connect"
-	// ProxyAuthMissing: the application offered no username and password.
-	ProxyAuthMissing = "missing"
-	// ProxyAuthWrong: it offered a pair the credentials file does not hold.
-	ProxyAuthWrong = "wrong"
-)

@@ -28,9 +28,14 @@ var labels = metrics.Labels{
 	RefusalReasons: []string{"not_allowed", "denied", "reserved", "self", "unresolved"},
 	UDPDropReasons: []string{"unknown_flow", "malformed", "queue_full", "flow_limit", "identity_flow_limit",
 		"write_error", "no_session", "foreign_source", "receive_queue"},
-	UDPDropReceiveQueue: "receive_queue",
-	UDPPathDatagram:     "datagram",
-	UDPPathStream:       "stream",
+	UDPDropReceiveQueue:     "receive_queue",
+	UDPPathDatagram:         "datagram",
+	UDPPathStream:           "stream",
+	AuthFailureReasons:      []string{"no_mac", "unknown_key", "bad_mac"},
+	ReplayUnrecordedReasons: []string{"cache_full", "conn_quota"},
+	Proxies:                 []string{"socks5", "http_connect"},
+	ProxyAuthReasons:        []string{"missing", "wrong"},
+	NoSession:               "no_session",
 }
 
 func TestMetricsLint(t *testing.T) {
@@ -43,7 +48,7 @@ func TestMetricsLint(t *testing.T) {
 		{"client", func(r *prometheus.Registry) { metrics.NewClient(r, labels) }},
 		{"reload and admin", func(r *prometheus.Registry) {
 			metrics.NewReload(r, "server")
-			metrics.NewAdminRefused(r, "server")
+			metrics.NewAdminRefused(r, "server", []string{"host", "origin"})
 		}},
 		{"quic and liveness", func(r *prometheus.Registry) {
 			r.MustRegister(metrics.NewQUICCollector("client", true, func() []metrics.Conn {
@@ -123,7 +128,7 @@ quictun_server_active_streams 0
 	assert.Equal(t, []string{"handshake_rate", "max_connections", "per_source_limit", metrics.RefusedTCPHandshakes}, labelValues(t, reg, "quictun_server_refused_connections_total", "reason"))
 	assert.Equal(t, []string{metrics.PreauthAuthTimeout, metrics.PreauthUnverifiedStreamsLimit, metrics.PreauthSourceUnverifiedStreamsLimit},
 		labelValues(t, reg, "quictun_server_preauth_rejections_total", "reason"))
-	assert.Equal(t, []string{metrics.ReplayUnrecordedCacheFull, metrics.ReplayUnrecordedConnQuota},
+	assert.Equal(t, []string{"cache_full", "conn_quota"},
 		labelValues(t, reg, "quictun_server_replay_unrecorded_total", "reason"))
 
 	results := labelValues(t, reg, "quictun_server_streams_total", "result")
@@ -164,7 +169,7 @@ quictun_client_reconnects_total 0
 		"quictun_client_session_up", "quictun_client_reconnects_total"))
 
 	results := labelValues(t, reg, "quictun_client_streams_total", "result")
-	assert.Contains(t, results, metrics.ResultNoSession)
+	assert.Contains(t, results, "no_session")
 	assert.Contains(t, results, "ok")
 	assert.Contains(t, results, "refused")
 	assert.Equal(t, []string{"downstream", "upstream"}, labelValues(t, reg, "quictun_client_stream_bytes_total", "direction"))

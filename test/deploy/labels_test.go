@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/pkg/admin"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/server"
@@ -68,11 +69,11 @@ func TestEveryLabelValueDocumented(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	server.NewMetrics(reg)
 	metrics.NewReload(reg, "server")
-	metrics.NewAdminRefused(reg, "server")
+	metrics.NewAdminRefused(reg, "server", admin.RefusedReasons())
 	cl := prometheus.NewRegistry()
 	client.NewMetrics(cl)
 	metrics.NewReload(cl, "client")
-	metrics.NewAdminRefused(cl, "client")
+	metrics.NewAdminRefused(cl, "client", admin.RefusedReasons())
 	checked := 0
 	for _, g := range []prometheus.Gatherer{reg, cl} {
 		fams, err := g.Gather()

@@ -17,7 +17,7 @@ import (
 
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
-	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
@@ -109,7 +109,7 @@ func TestConnectedLoggedOnceAndRefusedCredentialsNotReady(t *testing.T) {
 		time.Sleep(time.Millisecond) // polls Ready at every moment, from the start
 	}
 	require.Never(t, cl.Client.Ready, 500*time.Millisecond, 5*time.Millisecond, "/readyz false while the server refuses our credentials")
-	assert.GreaterOrEqual(t, promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(metrics.AuthUnknownKey)), 1.0,
+	assert.GreaterOrEqual(t, promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(egress.AuthUnknownKey)), 1.0,
 		"the server refused the hello's key")
 
 	cl.SetSecret(testutil.Secret) // the fix, as a reload gives it

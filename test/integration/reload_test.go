@@ -13,8 +13,8 @@ import (
 
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/server"
@@ -106,9 +106,9 @@ func TestKeyRotation(t *testing.T) {
 	// with the old key counts too, so on a slow machine the count can pass 1
 	// between two polls.
 	require.Eventually(t, func() bool {
-		return promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(metrics.AuthUnknownKey)) >= 1
+		return promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(egress.AuthUnknownKey)) >= 1
 	}, 5*time.Second, 10*time.Millisecond)
-	assert.Zero(t, promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(metrics.AuthBadMAC)))
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(egress.AuthBadMAC)))
 	echoMsg(t, curLive, "the new key's tunnel is not affected")
 	echoCheck(t, dial(t, cur.Addr), 1000)
 

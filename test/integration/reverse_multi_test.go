@@ -36,7 +36,7 @@ func startHostServer(t *testing.T, ip string, port int, prev *testutil.Server) h
 	t.Helper()
 	o := testutil.ServerOptions{Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:0.0.0.0:" + strconv.Itoa(port))
-		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
+		c.Reverse.Events = server.NewReverseMetrics(prometheus.NewRegistry())
 		c.ListenRemote = func(ctx context.Context, ep endpoint.Endpoint) (net.Listener, *net.UDPConn, error) {
 			_, p, err := net.SplitHostPort(ep.Address)
 			if err != nil {

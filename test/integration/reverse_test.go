@@ -29,7 +29,7 @@ func reverseServer(t *testing.T, listen ...string) *testutil.Server {
 	t.Helper()
 	return testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList(listen...)
-		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
+		c.Reverse.Events = server.NewReverseMetrics(prometheus.NewRegistry())
 	}})
 }
 
@@ -50,7 +50,7 @@ func withRemoteForwards(t *testing.T, c *client.Config, forwards ...string) {
 		require.True(t, ok, f)
 		c.RemoteForwards = append(c.RemoteForwards, client.RemoteForward{Listen: mustEndpoint(t, l), Destination: mustEndpoint(t, d)})
 	}
-	c.Reverse.Metrics = client.NewReverseMetrics(prometheus.NewRegistry())
+	c.Reverse.Events = client.NewReverseMetrics(prometheus.NewRegistry())
 }
 
 func cut(f string) (string, string, bool) {
@@ -321,7 +321,7 @@ func TestReverseForwardAfterServerRestart(t *testing.T) {
 	state := t.TempDir()
 	opts := testutil.ServerOptions{StateDir: state, Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:" + listen)
-		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
+		c.Reverse.Events = server.NewReverseMetrics(prometheus.NewRegistry())
 		c.DrainTimeout = 0
 	}}
 	srv := testutil.StartServer(t, opts)
@@ -342,7 +342,7 @@ func TestReverseForwardLimits(t *testing.T) {
 	a, b := testutil.FreeAddr(t, "tcp"), testutil.FreeAddr(t, "tcp")
 	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:"+a, "tcp:"+b)
-		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
+		c.Reverse.Events = server.NewReverseMetrics(prometheus.NewRegistry())
 		c.MaxRemoteListensPerConn = 1
 		c.DrainTimeout = 0
 	}})
@@ -372,7 +372,7 @@ func TestReverseForwardUnix(t *testing.T) {
 	sock := dir + "/rev.sock"
 	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList("unix:" + dir + "/*")
-		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
+		c.Reverse.Events = server.NewReverseMetrics(prometheus.NewRegistry())
 		c.DrainTimeout = 0
 	}})
 	reverseClient(t, srv, "unix:"+sock+"=tcp:"+echo)
@@ -459,7 +459,7 @@ func TestReverseForwardCutOnKeyRemoval(t *testing.T) {
 	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
 		c.Keys = both
 		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:"+la, "tcp:"+lb)
-		c.Reverse.Metrics = server.NewReverseMetrics(prometheus.NewRegistry())
+		c.Reverse.Events = server.NewReverseMetrics(prometheus.NewRegistry())
 	}})
 	for _, k := range []struct {
 		secret []byte
@@ -467,7 +467,7 @@ func TestReverseForwardCutOnKeyRemoval(t *testing.T) {
 	}{{secretA, la}, {secretB, lb}} {
 		testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", Secret: k.secret, WaitReady: true, Mutate: func(c *client.Config) {
 			c.RemoteForwards = []client.RemoteForward{{Listen: mustEndpoint(t, "tcp:"+k.listen), Destination: mustEndpoint(t, "tcp:"+echo)}}
-			c.Reverse.Metrics = client.NewReverseMetrics(prometheus.NewRegistry())
+			c.Reverse.Events = client.NewReverseMetrics(prometheus.NewRegistry())
 		}})
 	}
 	echoCheck(t, dialWhenListening(t, la), 64<<10)

@@ -98,7 +98,7 @@ func (d *DaemonFlags) Serve(ctx context.Context, s Serving) error {
 	if s.Admin != nil {
 		s.Admin.Start(ctx, admin.Options{
 			Gatherer: s.Metrics, Ready: s.Service.Ready, Registry: s.Tunnels, Conns: s.Service.ConnStats,
-			EnablePprof: d.EnablePprof, Refused: metrics.NewAdminRefused(s.Metrics, s.Side),
+			EnablePprof: d.EnablePprof, Refused: metrics.NewAdminRefused(s.Metrics, s.Side, admin.RefusedReasons()),
 		})
 	}
 	var g errgroup.Group

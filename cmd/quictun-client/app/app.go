@@ -122,7 +122,7 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.Check = o.checkDestinations()
 	if len(o.entries.remote) > 0 {
 		cfg.RemoteForwards = o.entries.remote
-		cfg.Reverse.Metrics = client.NewReverseMetrics(reg)
+		cfg.Reverse.Events = client.NewReverseMetrics(reg)
 		cfg.Reverse.UDPIdleTimeout = o.UDPIdleTimeout
 		cfg.Reverse.AuditLog = true // a reverse forward exposes a local service: one line per tunnel
 	}

@@ -34,7 +34,7 @@ func TestReloadPinsPerServer(t *testing.T) {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer pc.Close()
-	c, err := client.New(client.Config{Config: ingress.Config{Metrics: client.NewMetrics(prometheus.NewRegistry())},
+	c, err := client.New(client.Config{Metrics: client.NewMetrics(prometheus.NewRegistry()),
 		Servers: o.ServerEndpoint, TLS: all, Tokens: o.entries.tokens}, pc)
 	require.NoError(t, err)
 	apply := o.applier(c, nil, cache, ingress.NewProxyCredentials(nil))

@@ -119,7 +119,7 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	if len(o.AllowRemoteListen) > 0 {
-		cfg.Reverse.Metrics = server.NewReverseMetrics(reg)
+		cfg.Reverse.Events = server.NewReverseMetrics(reg)
 		cfg.Reverse.UDPIdleTimeout, cfg.Reverse.AuditLog = o.UDPIdleTimeout, o.Server.AuditLog
 		logger.Info("Reverse forwards allowed: clients may ask this server to listen", "allowRemoteListen", strings.Join(o.AllowRemoteListen, ","))
 	}
