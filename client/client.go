@@ -69,8 +69,15 @@ type Config struct {
 	// FallbackDelay is how long QUIC may fail to connect before new tunnels
 	// go over TCP (0: DefaultFallbackDelay).
 	FallbackDelay time.Duration
-	TLS           *tls.Config
-	QUIC          *quic.Config
+	// TLS verifies every server without a configuration of its own in
+	// ServerTLS (nil: each has one there).
+	TLS *tls.Config
+	// ServerTLS are the TLS configurations of servers with pins of their
+	// own (--server-fingerprint ENDPOINT=sha256:HEX), by endpoint as written
+	// in Servers (or ServerAddr): such a server is verified with its own
+	// configuration only, so another server's certificate does not pass.
+	ServerTLS map[string]*tls.Config
+	QUIC      *quic.Config
 	// Secret authenticates stream headers when non-empty.
 	Secret []byte
 	Tokens TokenSource
@@ -231,15 +238,16 @@ type Client struct {
 
 	// secret is Config.Secret, replaced by SetSecret.
 	secret atomic.Pointer[[]byte]
-	// tlsConf is Config.TLS, replaced by SetTLS.
-	tlsConf atomic.Pointer[tls.Config]
+	// tlsConf is Config.TLS and Config.ServerTLS, replaced by SetTLS.
+	tlsConf atomic.Pointer[tlsConfigs]
 	// tokens holds Config.Tokens, replaced by SetTokens.
 	tokens atomic.Pointer[TokenSource]
 	// ingress carries the local connections over the current session.
 	ingress *ingress.Handler
 	// reverse serves the streams the server opens for RemoteForwards (nil:
 	// none); unbinding ends the bindings when the client drains, and
-	// bindOutcomes holds the outcome last logged per binding (logBind).
+	// bindOutcomes holds the outcome last logged per binding and server
+	// (bindKey -> string, logBind).
 	reverse      *egress.Handler
 	unbinding    context.Context
 	stopBinding  context.CancelFunc
@@ -250,12 +258,40 @@ type Client struct {
 // now on (a reload); open tunnels are not affected.
 func (c *Client) SetTokens(ts TokenSource) { c.tokens.Store(&ts) }
 
-// SetTLS replaces the TLS configuration (how the server is verified, the
-// client certificate) for connections dialed from now on (a reload); the
-// open connection and its tunnels are not affected. Keep the session cache
-// of the previous configuration to keep resuming (see
-// transport.ClientTLSConfig).
-func (c *Client) SetTLS(conf *tls.Config) { c.tlsConf.Store(conf) }
+// tlsConfigs are Config.TLS and Config.ServerTLS as one value, replaced
+// whole.
+type tlsConfigs struct {
+	all      *tls.Config
+	byServer map[string]*tls.Config
+}
+
+// SetTLS replaces the TLS configurations (how the servers are verified,
+// the client certificate: conf for every server without one of its own in
+// byServer, see Config.ServerTLS) for connections dialed from now on (a
+// reload); open connections and their tunnels are not affected. Keep the
+// session cache of the previous configuration to keep resuming (see
+// transport.ClientTLSConfig). It returns an error, and changes nothing,
+// when a server would be left without a configuration.
+func (c *Client) SetTLS(conf *tls.Config, byServer map[string]*tls.Config) error {
+	if conf == nil {
+		for _, s := range c.servers {
+			if byServer[s.addr] == nil {
+				return fmt.Errorf("client: no TLS configuration for server %s", s.addr)
+			}
+		}
+	}
+	c.tlsConf.Store(&tlsConfigs{all: conf, byServer: byServer})
+	return nil
+}
+
+// serverTLS is the TLS configuration server s is verified with now.
+func (c *Client) serverTLS(s *server) *tls.Config {
+	set := c.tlsConf.Load()
+	if conf := set.byServer[s.addr]; conf != nil {
+		return conf
+	}
+	return set.all
+}
 
 // SetSecret replaces the shared secret for stream headers made from now on
 // (a reload); open tunnels are not affected. A connection whose hello the
@@ -291,7 +327,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	switch {
 	case cfg.ServerAddr == "" && len(cfg.Servers) == 0:
 		return nil, errors.New("client: server address is required")
-	case cfg.TLS == nil:
+	case cfg.TLS == nil && len(cfg.ServerTLS) == 0:
 		return nil, errors.New("client: TLS config is required")
 	case cfg.Tokens == nil && len(cfg.Listeners) > 0:
 		return nil, errors.New("client: token source is required for Listeners")
@@ -345,7 +381,9 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	c.fb = newFallback(c, c.cfg.Transport, c.cfg.TCPServerAddr, c.cfg.FallbackDelay)
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
-	c.SetTLS(cfg.TLS)
+	if err := c.SetTLS(cfg.TLS, cfg.ServerTLS); err != nil {
+		return nil, err
+	}
 	in, err := ingress.New(cfg.Config, ingress.Links{
 		Sessions: sessions{c},
 		Tokens:   func() TokenSource { return *c.tokens.Load() },
@@ -617,15 +655,21 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 	// its handshake, and waits for the next one.
 	dialFailed := func(err error) {
 		srv.markBad(time.Now())
+		var kv []any
 		if code, ok := proto.FromError(err); ok && code == proto.CodeAuthFailed {
 			met.DialsTotal.WithLabelValues("auth_failed").Inc()
 			srv.authRefused.Store(true)
+		} else if certRejected(err) {
+			met.DialsTotal.WithLabelValues("cert_rejected").Inc()
+			if fp := presentedFingerprint(err); fp != "" {
+				kv = append(kv, "presentedFingerprint", fp)
+			}
 		} else {
 			met.DialsTotal.WithLabelValues("error").Inc()
 		}
 		if msg := err.Error(); msg != lastDialErr {
 			lastDialErr, loggedFailure = msg, true
-			logger.Error(err, "Could not connect to server; retrying", "address", srv.addr, "fix", DialErrorFix(err))
+			logger.Error(err, "Could not connect to server; retrying", append([]any{"address", srv.addr, "fix", DialErrorFix(srv.addr, err)}, kv...)...)
 		} else {
 			logger.V(2).Info("Could not connect to server", "address", srv.addr, "attempt", bo.Attempts()+1, "err", err)
 		}
@@ -634,7 +678,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 	for ctx.Err() == nil {
 		start := time.Now()
 		c.fb.quicDialing()
-		conn, err := c.dial(ctx, tr, srv)
+		conn, err := c.dial(ctx, tr, m)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -804,7 +848,8 @@ func (c *Client) waitBackoff(ctx context.Context, m *member) {
 	}
 }
 
-func (c *Client) dial(ctx context.Context, tr *quic.Transport, srv *server) (*quic.Conn, error) {
+func (c *Client) dial(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error) {
+	srv := m.srv
 	ua, err := srv.resolve(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", srv.addr, err)
@@ -820,7 +865,7 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport, srv *server) (*qu
 	defer cancel()
 	// DialEarly returns as soon as 0-RTT keys exist when a session ticket is
 	// cached (after a reconnect), and after the handshake otherwise.
-	conn, err := tr.DialEarly(dctx, ua, c.tlsFor(srv, c.tlsConf.Load()), c.cfg.QUIC)
+	conn, err := tr.DialEarly(dctx, ua, c.tlsFor(m, c.serverTLS(srv)), c.cfg.QUIC)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", srv.addr, err)
 	}
@@ -880,17 +925,22 @@ func (c *Client) waitSession(ctx context.Context) (*session, func(), error) {
 	}
 }
 
-// DialErrorFix returns what to check for an error of a dial to the server,
-// for the -v 0 log line.
-func DialErrorFix(err error) string {
+// DialErrorFix returns what to check for an error of a dial to the server
+// at endpoint, for the -v 0 log line.
+func DialErrorFix(endpoint string, err error) string {
 	var idle *quic.IdleTimeoutError
 	var hs *quic.HandshakeTimeoutError
 	msg := err.Error()
 	switch {
 	case errors.Is(err, transport.ErrFingerprintMismatch) || strings.Contains(msg, transport.ErrFingerprintMismatch.Error()):
-		return "the server's certificate is not the pinned one: set --server-fingerprint to what 'quictun-server fingerprint' prints on the server host (same --state-dir); a reload (SIGHUP) applies it"
+		fp := presentedFingerprint(err)
+		if fp == "" {
+			fp = "sha256:HEX"
+		}
+		return "the server at " + endpoint + " presented a certificate that no pin for it accepts: run 'quictun-server fingerprint' on that host (same --state-dir); if it prints " + fp +
+			", pin it with --server-fingerprint " + endpoint + "=" + fp + " (this server only; a sha256:HEX entry without an endpoint is accepted by every server without pins of its own) and reload (SIGHUP); if it prints something else, another host answered at that address: do not pin it"
 	case strings.Contains(msg, "x509:") || strings.Contains(msg, "certificate"):
-		return "the server's certificate did not verify: check --ca-file and --server-name (or pin it with --server-fingerprint)"
+		return "the certificate of the server at " + endpoint + " did not verify: check --ca-file and --server-name (or pin it with --server-fingerprint " + endpoint + "=sha256:HEX)"
 	case errors.As(err, &idle) || errors.As(err, &hs) || errors.Is(err, context.DeadlineExceeded):
 		return "no answer from the server: check --server-endpoint, that quictun-server runs there, and that its UDP port is open in firewalls"
 	case strings.Contains(msg, "resolve"):
@@ -898,4 +948,21 @@ func DialErrorFix(err error) string {
 	default:
 		return "check --server-endpoint and that quictun-server runs there"
 	}
+}
+
+// certRejected reports whether a dial failed because the server's
+// certificate did not verify (a pin or the CA refused it).
+func certRejected(err error) bool {
+	msg := err.Error()
+	return errors.Is(err, transport.ErrFingerprintMismatch) || strings.Contains(msg, transport.ErrFingerprintMismatch.Error()) ||
+		strings.Contains(msg, "x509:") || strings.Contains(msg, "tls: failed to verify certificate")
+}
+
+// presentedFingerprint is the fingerprint of the certificate a server
+// presented that no pin accepted ("" if err is not such a refusal).
+func presentedFingerprint(err error) string {
+	if pm, ok := errors.AsType[*transport.PinMismatchError](err); ok {
+		return pm.Presented
+	}
+	return ""
 }

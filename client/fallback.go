@@ -297,6 +297,9 @@ func (f *fallback) run(ctx context.Context) {
 	}
 	logger := klog.FromContext(ctx)
 	bo := &backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Clock: backoff.RealClock()}
+	// A refused server certificate is logged at -v 0 (once per message, as
+	// supervise does for QUIC): it does not go away by itself.
+	lastRejected := ""
 	var hellos sync.WaitGroup
 	defer hellos.Wait()
 	var conn *tcpmux.Conn
@@ -334,7 +337,16 @@ func (f *fallback) run(ctx context.Context) {
 				if ctx.Err() != nil {
 					return
 				}
-				f.c.cfg.Metrics.TCPDialsTotal.WithLabelValues("error").Inc()
+				if certRejected(err) {
+					f.c.cfg.Metrics.TCPDialsTotal.WithLabelValues("cert_rejected").Inc()
+					if msg := err.Error(); msg != lastRejected {
+						lastRejected = msg
+						logger.Error(err, "Could not connect to server over TCP; retrying", "address", f.addr,
+							"presentedFingerprint", presentedFingerprint(err), "fix", DialErrorFix(f.c.servers[0].addr, err))
+					}
+				} else {
+					f.c.cfg.Metrics.TCPDialsTotal.WithLabelValues("error").Inc()
+				}
 				logger.V(2).Info("Could not connect to server over TCP", "address", f.addr, "err", err)
 				_ = bo.Wait(ctx)
 				continue
@@ -380,7 +392,7 @@ func (f *fallback) run(ctx context.Context) {
 }
 
 // dial connects to the server over TCP with the client's TLS config (the
-// same pins or CAs as QUIC).
+// same pins or CAs as QUIC: the first server's).
 func (f *fallback) dial(ctx context.Context) (*tcpmux.Conn, error) {
 	c := f.c
 	timeout := 10 * time.Second
@@ -393,7 +405,7 @@ func (f *fallback) dial(ctx context.Context) (*tcpmux.Conn, error) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return tcpmux.Dial(dctx, f.addr, c.tlsConf.Load(), &cfg)
+	return tcpmux.Dial(dctx, f.addr, c.serverTLS(c.servers[0]), &cfg)
 }
 
 // helloTCP is hello for a TCP session (see hello.go).

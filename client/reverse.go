@@ -109,21 +109,22 @@ func (c *Client) serveReverse(ctx context.Context, l *link) {
 		}
 	})
 	for i, f := range c.cfg.RemoteForwards {
-		wg.Go(func() { c.bind(ctx, sess, i, f) })
+		wg.Go(func() { c.bind(ctx, sess, bindKey{l.m.srv, i}, f) })
 	}
 }
 
-// bind asks the server to listen for forward f (binding id) on sess's
+// bind asks the server to listen for forward f (binding key.id) on sess's
 // connection and holds the binding until the connection or the server
 // ends it, asking again while the address is held (addr_in_use) or after
 // the server ended a binding, while the connection lasts. Each outcome is
-// logged at -v 0 when it differs from the last one logged for f.
-func (c *Client) bind(ctx context.Context, sess *session, id int, f RemoteForward) {
+// logged at -v 0 when it differs from the last one logged for f on that
+// server.
+func (c *Client) bind(ctx context.Context, sess *session, key bindKey, f RemoteForward) {
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "remoteForward", f.String())
 	conn := sess.Conn
 	delay := bindRetry
 	for conn.Context().Err() == nil && c.unbinding.Err() == nil {
-		bound, err := c.bindOnce(conn, id, f, logger)
+		bound, err := c.bindOnce(conn, key, f, logger)
 		code, remote := proto.FromError(err)
 		switch {
 		case conn.Context().Err() != nil || c.unbinding.Err() != nil:
@@ -135,10 +136,10 @@ func (c *Client) bind(ctx context.Context, sess *session, id int, f RemoteForwar
 			logger.V(2).Info("Server is shutting down; its reverse forward ends with the connection")
 			return
 		case remote && code == proto.CodeAddrInUse:
-			c.logBind(logger, id, code.String(), "Server refused a reverse forward: its listen address is held by another client (or by this client's previous connection, until the server sees it end); asking again",
+			c.logBind(logger, key, code.String(), "Server refused a reverse forward: its listen address is held by another client (or by this client's previous connection, until the server sees it end); asking again",
 				"code", code.String(), "retryIn", delay)
 		case remote:
-			c.logBind(logger, id, code.String(), "Server refused a reverse forward: "+bindRefusalFix(code), "code", code.String())
+			c.logBind(logger, key, code.String(), "Server refused a reverse forward: "+bindRefusalFix(code), "code", code.String())
 			return
 		default:
 			logger.V(2).Info("Server did not answer a reverse forward request", "err", err)
@@ -156,8 +157,8 @@ func (c *Client) bind(ctx context.Context, sess *session, id int, f RemoteForwar
 
 // bindOnce sends one bind and, once the server listens, holds it until the
 // stream ends (bound true): the client never ends it but when it drains.
-func (c *Client) bindOnce(conn *quic.Conn, id int, f RemoteForward, logger klog.Logger) (bound bool, err error) {
-	h, err := proto.NewBind(proto.Bind{ID: id, Listen: f.Listen.String()}, time.Now())
+func (c *Client) bindOnce(conn *quic.Conn, key bindKey, f RemoteForward, logger klog.Logger) (bound bool, err error) {
+	h, err := proto.NewBind(proto.Bind{ID: key.id, Listen: f.Listen.String()}, time.Now())
 	if err != nil {
 		return false, err
 	}
@@ -183,7 +184,7 @@ func (c *Client) bindOnce(conn *quic.Conn, id int, f RemoteForward, logger klog.
 		return false, err
 	}
 	_ = str.SetReadDeadline(time.Time{})
-	c.logBind(logger, id, "ok", "Server listens for a reverse forward", "listen", f.Listen.String(), "destination", f.Destination.String())
+	c.logBind(logger, key, "ok", "Server listens for a reverse forward", "listen", f.Listen.String(), "destination", f.Destination.String())
 	// Held until the server ends it or the connection ends; a drain ends
 	// it from here (shutdown), so the server stops accepting for it.
 	stop := context.AfterFunc(c.unbinding, func() {
@@ -197,11 +198,19 @@ func (c *Client) bindOnce(conn *quic.Conn, id int, f RemoteForward, logger klog.
 	return true, err
 }
 
+// bindKey names a binding on one server: each server binds every forward,
+// and each binding's outcome is logged on its own.
+type bindKey struct {
+	srv *server
+	id  int
+}
+
 // logBind logs msg at -v 0 if outcome differs from the last one logged for
-// binding id (so reconnects and retries do not repeat it), else at -v 2.
-func (c *Client) logBind(logger klog.Logger, id int, outcome, msg string, kv ...any) {
+// the binding key (so reconnects and retries do not repeat it, and one
+// server's outcome does not hide another's), else at -v 2.
+func (c *Client) logBind(logger klog.Logger, key bindKey, outcome, msg string, kv ...any) {
 	lvl := 2
-	if prev, _ := c.bindOutcomes.Swap(id, outcome); prev != outcome {
+	if prev, _ := c.bindOutcomes.Swap(key, outcome); prev != outcome {
 		lvl = 0
 	}
 	logger.V(lvl).Info(msg, kv...)

@@ -223,18 +223,32 @@ func newMembers(servers []*server, n int, bo *backoff.Backoff) []*member {
 	return all
 }
 
-// tlsFor is conf as a dial to s uses it: with several servers, the name
-// verified defaults to s's host, and session tickets are kept per server.
-func (c *Client) tlsFor(s *server, conf *tls.Config) *tls.Config {
-	if len(c.servers) == 1 {
+// tlsFor is conf as a dial of m uses it: with several servers, the name
+// verified defaults to m's server's host, and session tickets are kept per
+// server; with several connections to a server (ConnectionsPerServer),
+// each connection keeps its own. Two handshakes must not resume from one
+// cached ticket at once: quic-go writes into the session state it resumes
+// (EarlyData) while crypto/tls reads it (a data race), and TLS 1.3 tickets
+// are meant for one use (RFC 8446 C.4; the server may refuse a reused
+// one's 0-RTT as a replay).
+func (c *Client) tlsFor(m *member, conf *tls.Config) *tls.Config {
+	several := len(c.servers) > 1
+	if !several && m.idx == 0 {
 		return conf
 	}
 	tc := conf.Clone()
-	if tc.ServerName == "" {
-		tc.ServerName = s.host
+	if several && tc.ServerName == "" {
+		tc.ServerName = m.srv.host
 	}
 	if tc.ClientSessionCache != nil {
-		tc.ClientSessionCache = prefixedCache{tc.ClientSessionCache, s.label + "|"}
+		prefix := ""
+		if several {
+			prefix = m.srv.label + "|"
+		}
+		if m.idx > 0 { // the first connection keeps the keys of before (a --session-file)
+			prefix += "conn" + strconv.Itoa(m.idx) + "|"
+		}
+		tc.ClientSessionCache = prefixedCache{tc.ClientSessionCache, prefix}
 	}
 	return tc
 }

@@ -82,3 +82,32 @@ func TestPrefixedCache(t *testing.T) {
 	_, ok = b.Get("quictun-server")
 	assert.False(t, ok, "b does not see a's ticket")
 }
+
+// TestTicketsPerConnection: each connection to a server resumes with
+// tickets of its own (two handshakes resuming one ticket at once race in
+// quic-go, and a reused ticket's 0-RTT may be refused as a replay), each
+// server with its own; one server with one connection keeps the
+// configuration as given (the keys of a --session-file from before).
+func TestTicketsPerConnection(t *testing.T) {
+	t.Parallel()
+	conf := &tls.Config{ClientSessionCache: tls.NewLRUClientSessionCache(8)}
+	one := &Client{servers: []*server{{addr: "a:7500", host: "a", label: "a:7500"}}}
+	m1 := newMembers(one.servers, 2, &backoff.Backoff{})
+	assert.Same(t, conf, one.tlsFor(m1[0], conf), "one server, first connection: as given")
+	got := func(c *Client, m *member) bool {
+		_, ok := c.tlsFor(m, conf).ClientSessionCache.Get("quictun")
+		return ok
+	}
+	one.tlsFor(m1[1], conf).ClientSessionCache.Put("quictun", &tls.ClientSessionState{})
+	assert.True(t, got(one, m1[1]))
+	assert.False(t, got(one, m1[0]), "the second connection's ticket is its own")
+
+	two := &Client{servers: []*server{{addr: "a:7500", host: "a", label: "a:7500"}, {addr: "b:7500", host: "b", label: "b:7500"}}}
+	m2 := newMembers(two.servers, 2, &backoff.Backoff{})
+	two.tlsFor(m2[0], conf).ClientSessionCache.Put("quictun", &tls.ClientSessionState{})
+	assert.True(t, got(two, m2[0]))
+	for _, m := range m2[1:] {
+		assert.False(t, got(two, m), "%s has none", m.label)
+	}
+	assert.Equal(t, "b", two.tlsFor(m2[3], conf).ServerName, "verified against its own host")
+}

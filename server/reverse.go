@@ -162,7 +162,7 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 		}
 	}
 
-	ln, pc, err := listen(ctx, ep)
+	ln, pc, err := b.s.cfg.ListenRemote(ctx, ep)
 	if err != nil {
 		release()
 		if errors.Is(err, syscall.EADDRINUSE) {
@@ -244,8 +244,9 @@ func (s *Server) SetRemoteListen(all *endpoint.AllowList, forIdentity map[string
 	return s.binder.setRules(listenRules{all: all, byID: forIdentity}), nil
 }
 
-// listen opens a listener (tcp:, unix:) or a UDP socket (udp:) at ep.
-func listen(ctx context.Context, ep endpoint.Endpoint) (net.Listener, *net.UDPConn, error) {
+// ListenRemote opens a listener (tcp:, unix:) or a UDP socket (udp:) at ep
+// (Config.ListenRemote's default).
+func ListenRemote(ctx context.Context, ep endpoint.Endpoint) (net.Listener, *net.UDPConn, error) {
 	var lc net.ListenConfig
 	if ep.Network == endpoint.NetworkUDP {
 		c, err := lc.ListenPacket(ctx, "udp", ep.Address)

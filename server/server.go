@@ -135,6 +135,11 @@ type Config struct {
 	// defaults).
 	MaxRemoteListens        int
 	MaxRemoteListensPerConn int
+	// ListenRemote opens a reverse forward's listener (tcp:, unix:) or UDP
+	// socket (udp:) at the address its client asked for (nil: there, with
+	// net.ListenConfig). In-process tests give each server a loopback
+	// address of its own this way, as separate hosts would have.
+	ListenRemote func(ctx context.Context, ep endpoint.Endpoint) (net.Listener, *net.UDPConn, error)
 
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
 }
@@ -288,6 +293,9 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		}
 		orDefault(&cfg.MaxRemoteListens, DefaultMaxRemoteListens)
 		orDefault(&cfg.MaxRemoteListensPerConn, DefaultMaxRemoteListensPerConn)
+		if cfg.ListenRemote == nil {
+			cfg.ListenRemote = ListenRemote
+		}
 		orDefault(&cfg.Reverse.MaxConnections, DefaultReverseConnections)
 		if cfg.Reverse.UDPQueueMemory <= 0 {
 			cfg.Reverse.UDPQueueMemory = DefaultReverseUDPQueueMemory

@@ -285,11 +285,11 @@ func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 		}),
 		DialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "dials_total",
-			Help: "QUIC connection attempts, by result (ok, ok_0rtt: resumed with 0-RTT, 0rtt_rejected: resumed but the server refused 0-RTT, error, auth_failed).",
+			Help: "QUIC connection attempts, by result (ok, ok_0rtt: resumed with 0-RTT, 0rtt_rejected: resumed but the server refused 0-RTT, error, auth_failed, cert_rejected: the server's certificate did not verify, a pin or the CA refused it).",
 		}, []string{"result"}),
 		TCPDialsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "tcp_dials_total",
-			Help: "TCP connections to the server for the fallback (--transport auto while QUIC does not get through, or tcp), by result (ok, error).",
+			Help: "TCP connections to the server for the fallback (--transport auto while QUIC does not get through, or tcp), by result (ok, error, cert_rejected: the server's certificate did not verify).",
 		}, []string{"result"}),
 		HandshakeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: Namespace, Subsystem: sub, Name: "handshake_duration_seconds",
@@ -346,10 +346,10 @@ func newClient(reg prometheus.Registerer, sub string, l Labels) *Client {
 			m.ProxyAuthFailuresTotal.WithLabelValues(p, r)
 		}
 	}
-	for _, r := range []string{"ok", "ok_0rtt", "0rtt_rejected", "error", "auth_failed"} {
+	for _, r := range []string{"ok", "ok_0rtt", "0rtt_rejected", "error", "auth_failed", "cert_rejected"} {
 		m.DialsTotal.WithLabelValues(r)
 	}
-	for _, r := range []string{"ok", "error"} {
+	for _, r := range []string{"ok", "error", "cert_rejected"} {
 		m.TCPDialsTotal.WithLabelValues(r)
 	}
 	for _, c := range l.Codes {

@@ -144,10 +144,11 @@ func TestClientPrecreatedSeries(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := metrics.NewClient(reg, labels)
 	expected := `
-# HELP quictun_client_dials_total QUIC connection attempts, by result (ok, ok_0rtt: resumed with 0-RTT, 0rtt_rejected: resumed but the server refused 0-RTT, error, auth_failed).
+# HELP quictun_client_dials_total QUIC connection attempts, by result (ok, ok_0rtt: resumed with 0-RTT, 0rtt_rejected: resumed but the server refused 0-RTT, error, auth_failed, cert_rejected: the server's certificate did not verify, a pin or the CA refused it).
 # TYPE quictun_client_dials_total counter
 quictun_client_dials_total{result="0rtt_rejected"} 0
 quictun_client_dials_total{result="auth_failed"} 0
+quictun_client_dials_total{result="cert_rejected"} 0
 quictun_client_dials_total{result="error"} 0
 quictun_client_dials_total{result="ok"} 0
 quictun_client_dials_total{result="ok_0rtt"} 0

@@ -21,6 +21,26 @@ const ALPN = "quictun/1"
 // certificate does not match.
 var ErrFingerprintMismatch = errors.New("server certificate fingerprint does not match --server-fingerprint")
 
+// PinMismatchError is the error of a TLS handshake whose server presented a
+// certificate that none of the pins in force for it accepts; it matches
+// ErrFingerprintMismatch (errors.Is). quic-go keeps it in the dial error
+// (errors.As finds it) and its text in the close reason.
+type PinMismatchError struct {
+	// Presented is the fingerprint of the certificate the server presented
+	// ("sha256:HEX"; "" when it presented none).
+	Presented string
+}
+
+func (e *PinMismatchError) Error() string {
+	if e.Presented == "" {
+		return ErrFingerprintMismatch.Error() + " (the server presented no certificate)"
+	}
+	return ErrFingerprintMismatch.Error() + " (the server presented " + e.Presented + ")"
+}
+
+// Is reports whether target is ErrFingerprintMismatch.
+func (e *PinMismatchError) Is(target error) bool { return target == ErrFingerprintMismatch }
+
 // ServerTLSConfig returns a TLS 1.3 server configuration presenting s.Cert.
 // When clientCAs is non-nil, clients must present a certificate signed by
 // one of them.
@@ -114,6 +134,8 @@ type ClientTLSOptions struct {
 	// Fingerprints pin the server's leaf certificate (--server-fingerprint):
 	// any of them is accepted, so a server key can be rotated by pinning the
 	// new one beside the old (as ssh's known_hosts allows several keys).
+	// With several servers, each gets the configuration of its own pins
+	// (Pins.For).
 	Fingerprints [][32]byte
 	// InsecureSkipVerify accepts any server (--insecure-skip-verify).
 	InsecureSkipVerify bool
@@ -147,7 +169,7 @@ func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
 		c.InsecureSkipVerify = true
 		c.VerifyConnection = func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 {
-				return ErrFingerprintMismatch
+				return &PinMismatchError{}
 			}
 			got := sha256.Sum256(cs.PeerCertificates[0].Raw)
 			for _, want := range pins {
@@ -155,7 +177,7 @@ func ClientTLSConfig(o ClientTLSOptions) (*tls.Config, error) {
 					return nil
 				}
 			}
-			return ErrFingerprintMismatch
+			return &PinMismatchError{Presented: Fingerprint32(got)}
 		}
 	case o.RootCAs != nil:
 		c.RootCAs = o.RootCAs

@@ -280,6 +280,9 @@ func TestPinnedHandshake(t *testing.T) {
 			cs, serr, cerr := handshake(t, transport.ServerTLSConfig(st, nil), ccfg)
 			if tc.wantErr {
 				require.ErrorIs(t, cerr, transport.ErrFingerprintMismatch)
+				var pm *transport.PinMismatchError
+				require.ErrorAs(t, cerr, &pm)
+				assert.Equal(t, st.Fingerprint(), pm.Presented, "the error names the certificate presented")
 				assert.Error(t, serr)
 				return
 			}

@@ -34,7 +34,7 @@ func TestMigratingConfigPair(t *testing.T) {
 	}{
 		{"/etc/quictun/server.yaml", "quictun-server", nil, "", ""},
 		{"/etc/quictun/client.yaml", "quictun-client", []string{"--server-fingerprint", pastedFingerprint}, "", ""},
-		{"/etc/quictun/client.yaml", "quictun-client", nil, "", "--server-fingerprint: fingerprint must be sha256:<64 hex digits>"}, // the guide's placeholder
+		{"/etc/quictun/client.yaml", "quictun-client", nil, "", "fingerprint must be sha256:<64 hex digits>, as printed by 'quictun-server fingerprint'"}, // the guide's placeholder
 		{"quictun-server.yaml (quic-tun)", "quictun-server", nil, "log-level", ""},
 		{"quictun-client.yaml (quic-tun)", "quictun-client", nil, "verify-remote-endpoint", ""},
 	} {

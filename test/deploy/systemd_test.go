@@ -182,7 +182,7 @@ func TestExampleConfigs(t *testing.T) {
 	// The client example carries an all-zero placeholder fingerprint, refused
 	// until the operator pastes the server's.
 	_, err = checkConfig(t, "quictun-client", "--config", deployPath(t, "config", "client.yaml"))
-	require.ErrorContains(t, err, "--server-fingerprint is the all-zero placeholder")
+	require.ErrorContains(t, err, "is the all-zero placeholder: replace it with the output of 'quictun-server fingerprint'")
 	out, err = checkConfig(t, "quictun-client", "--config", deployPath(t, "config", "client.yaml"), "--server-fingerprint", pastedFingerprint)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "config OK")

@@ -154,7 +154,7 @@ func TestMissingAuthAndVerification(t *testing.T) {
 		"--server-fingerprint", "sha256:1234", "--insecure-skip-verify", "--insecure-no-auth", "--check-config")
 	assert.Equal(t, 1, r.code)
 	assert.Contains(t, r.stderr, "choose one of --server-fingerprint, --ca-file, --insecure-skip-verify")
-	assert.Contains(t, r.stderr, "--server-fingerprint: fingerprint must be sha256:<64 hex digits>")
+	assert.Contains(t, r.stderr, `--server-fingerprint "sha256:1234": fingerprint must be sha256:<64 hex digits>`)
 
 	r = run(t, nil, bins.server, "--state-dir", filepath.Join(t.TempDir(), "s"))
 	assert.Equal(t, 1, r.code)

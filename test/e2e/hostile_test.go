@@ -286,7 +286,7 @@ func TestBadCredentialsThroughClient(t *testing.T) {
 			assert.Equal(t, 0.0, m.val("quictun_client_stream_bytes_total", "direction", "downstream"), tc.name)
 			if tc.name == "wrong fingerprint" {
 				assert.False(t, cl.ready(), tc.name)
-				assert.Positive(t, m.val("quictun_client_dials_total", "result", "error"), tc.name)
+				assert.Positive(t, m.val("quictun_client_dials_total", "result", "cert_rejected"), tc.name)
 				assert.Equal(t, 1.0, m.val("quictun_client_streams_total", "result", "no_session"), tc.name)
 			} else {
 				assert.Equal(t, 1.0, m.val("quictun_client_streams_total", "result", "auth_failed"), tc.name)

@@ -6,10 +6,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -266,4 +268,51 @@ func TestFailoverBlackholedPath(t *testing.T) {
 	assert.GreaterOrEqual(t, time.Since(back), 2*time.Second, "not before --server-failback-after")
 	time.Sleep(2 * time.Second)
 	assert.Equal(t, 2.0, nsScrape(t, ns.client, clientURL).val("quictun_client_server_switches_total"), "over and back once: no flapping")
+}
+
+// TestPinsPerServerReload (issue 23, pins per server), through the built
+// binaries: two servers with identities of their own; the client's YAML
+// pins each endpoint, B's with A's fingerprint by mistake. A connects; B's
+// certificate is refused (dials_total{result="cert_rejected"}) with a -v 0
+// line naming B's endpoint, the fingerprint B presented and the fix. The
+// file is fixed and SIGHUP applies it: the log says which pin was added
+// and removed, and B connects. A file naming an endpoint the client does
+// not run fails the reload, with the reason, and the pins in force stay.
+func TestPinsPerServerReload(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	a := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}})
+	b := startServer(t, serverOpts{SecretFile: a.SecretFile, Allow: []string{"tcp:" + echo}})
+	require.NotEqual(t, a.Fingerprint, b.Fingerprint)
+	pins := func(entries ...string) string {
+		return "server-fingerprint:\n  - " + strings.Join(entries, "\n  - ") + "\n"
+	}
+	cfg := writeFile(t, "client.yaml", pins(a.Addr+"="+a.Fingerprint, b.Addr+"="+a.Fingerprint))
+	cl := startClient(t, a, clientOpts{Token: "tcp:" + echo, Fingerprint: "-",
+		Args: []string{"--config", cfg, "--server-endpoint", b.Addr, "--reconnect-max-delay", "500ms"}})
+	waitMetric(t, cl, 20*time.Second, eq(1), "quictun_client_server_healthy", "server", a.Addr)
+	waitMetric(t, cl, 20*time.Second, ge(1), "quictun_client_dials_total", "result", "cert_rejected")
+	waitFor(t, ioTimeout, "B's refusal at -v 0 with the endpoint, the fingerprint presented and the fix", func() bool {
+		log := cl.log()
+		return strings.Contains(log, `"Could not connect to server; retrying"`) && strings.Contains(log, `presentedFingerprint="`+b.Fingerprint+`"`) &&
+			strings.Contains(log, "pin it with --server-fingerprint "+b.Addr+"="+b.Fingerprint)
+	})
+	assert.Zero(t, scrape(t, cl).val("quictun_client_server_healthy", "server", b.Addr), "B is not used")
+	require.NoError(t, echoVia(t, cl.Addr, "through A meanwhile"))
+
+	require.NoError(t, os.WriteFile(cfg, []byte(pins(a.Addr+"="+a.Fingerprint, b.Addr+"="+b.Fingerprint)), 0o600))
+	cl.signal(t, syscall.SIGHUP)
+	waitMetric(t, cl, ioTimeout, eq(1), "quictun_client_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "the changed pin logged", func() bool {
+		return strings.Contains(cl.log(), `serverFingerprintsAdded=["`+b.Addr+"="+b.Fingerprint+`"] serverFingerprintsRemoved=["`+b.Addr+"="+a.Fingerprint+`"]`)
+	})
+	waitMetric(t, cl, 20*time.Second, eq(1), "quictun_client_server_healthy", "server", b.Addr)
+
+	require.NoError(t, os.WriteFile(cfg, []byte(pins(a.Addr+"="+a.Fingerprint, b.Addr+"="+b.Fingerprint, "127.0.0.1:1="+b.Fingerprint)), 0o600))
+	cl.signal(t, syscall.SIGHUP)
+	waitMetric(t, cl, ioTimeout, eq(1), "quictun_client_config_reloads_total", "result", "failure")
+	waitFor(t, ioTimeout, "the refused reload says why", func() bool {
+		return strings.Contains(cl.log(), "names 127.0.0.1:1, which is not a --server-endpoint")
+	})
+	assert.Equal(t, 1.0, scrape(t, cl).val("quictun_client_server_healthy", "server", b.Addr), "the pins in force stay")
 }

@@ -23,10 +23,12 @@ import (
 	"github.com/quictun/quictun/pkg/transport"
 )
 
-// logLines is a logger at -v 0 that keeps every line it is given.
+// logLines is a logger at -v verbosity (0 unless set) that keeps every
+// line it is given.
 type logLines struct {
-	mu    sync.Mutex
-	lines []string
+	verbosity int
+	mu        sync.Mutex
+	lines     []string
 }
 
 func (l *logLines) logger() *klog.Logger {
@@ -34,7 +36,7 @@ func (l *logLines) logger() *klog.Logger {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.lines = append(l.lines, prefix+" "+args)
-	}, funcr.Options{Verbosity: 0})
+	}, funcr.Options{Verbosity: l.verbosity})
 	return &lg
 }
 
@@ -73,10 +75,10 @@ func TestWrongFingerprintLoggedAtDefaultVerbosity(t *testing.T) {
 		Token: "tcp:" + echo, Fingerprint: other.State.Fingerprint(), Logger: logs.logger(),
 		Mutate: func(c *client.Config) { c.SessionWait = 300 * time.Millisecond },
 	})
-	fix := "set --server-fingerprint to what 'quictun-server fingerprint' prints"
+	fix := "presented a certificate that no pin for it accepts: run 'quictun-server fingerprint' on that host"
 	require.Eventually(t, func() bool { return logs.count("Could not connect to server", fix) == 1 },
 		10*time.Second, 10*time.Millisecond, "logs: %s", &logs)
-	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("error")) >= 3 },
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("cert_rejected")) >= 3 },
 		10*time.Second, 10*time.Millisecond)
 	assert.Equal(t, 1, logs.count("Could not connect to server"), "the same failure is logged once at -v 0: %s", &logs)
 	assert.Zero(t, logs.count("Connected to server"))

@@ -37,15 +37,7 @@ func twoServers(t *testing.T, mode client.Mode, mutate func(*client.Config)) (sr
 			}
 		}})
 	// Both connected (the standby too) before the test starts.
-	require.Eventually(t, func() bool {
-		n := 0
-		for _, s := range cl.ServerStats() {
-			if s.Healthy {
-				n++
-			}
-		}
-		return n == 2
-	}, 20*time.Second, 10*time.Millisecond, "both servers connected")
+	require.Eventually(t, func() bool { return healthy(cl) == 2 }, 20*time.Second, 10*time.Millisecond, "both servers connected")
 	return srv, dark, cl, echo
 }
 

@@ -37,16 +37,20 @@ func reverseServer(t *testing.T, listen ...string) *testutil.Server {
 // LISTEN=DESTINATION.
 func reverseClient(t *testing.T, srv *testutil.Server, forwards ...string) *testutil.Client {
 	t.Helper()
-	var rfs []client.RemoteForward
+	return testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", WaitReady: true,
+		Mutate: func(c *client.Config) { withRemoteForwards(t, c, forwards...) }})
+}
+
+// withRemoteForwards gives c the remote forwards LISTEN=DESTINATION.
+func withRemoteForwards(t *testing.T, c *client.Config, forwards ...string) {
+	t.Helper()
+	c.RemoteForwards = nil
 	for _, f := range forwards {
 		l, d, ok := cut(f)
 		require.True(t, ok, f)
-		rfs = append(rfs, client.RemoteForward{Listen: mustEndpoint(t, l), Destination: mustEndpoint(t, d)})
+		c.RemoteForwards = append(c.RemoteForwards, client.RemoteForward{Listen: mustEndpoint(t, l), Destination: mustEndpoint(t, d)})
 	}
-	return testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", WaitReady: true, Mutate: func(c *client.Config) {
-		c.RemoteForwards = rfs
-		c.Reverse.Events = client.NewReverseMetrics(prometheus.NewRegistry())
-	}})
+	c.Reverse.Events = client.NewReverseMetrics(prometheus.NewRegistry())
 }
 
 func cut(f string) (string, string, bool) {
@@ -279,15 +283,8 @@ func TestReverseForwardServerCannotChooseDestination(t *testing.T) {
 // fake server answers no hello the client counts).
 func reverseClientNoWait(t *testing.T, srv *testutil.Server, forwards ...string) *testutil.Client {
 	t.Helper()
-	var rfs []client.RemoteForward
-	for _, f := range forwards {
-		l, d, _ := cut(f)
-		rfs = append(rfs, client.RemoteForward{Listen: mustEndpoint(t, l), Destination: mustEndpoint(t, d)})
-	}
-	return testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", Mutate: func(c *client.Config) {
-		c.RemoteForwards = rfs
-		c.Reverse.Events = client.NewReverseMetrics(prometheus.NewRegistry())
-	}})
+	return testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1",
+		Mutate: func(c *client.Config) { withRemoteForwards(t, c, forwards...) }})
 }
 
 // TestReverseForwardUDP: the flows of a UDP reverse forward reach the

@@ -359,7 +359,7 @@ func TestWrongCertificateRejected(t *testing.T) {
 	})
 	refusedRead(t, cl.Addr)
 	assert.False(t, cl.Client.Ready())
-	assert.Positive(t, promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("error")))
+	assert.Positive(t, promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("cert_rejected")))
 	assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.StreamsTotal.WithLabelValues("no_session")))
 	assert.Zero(t, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("ok")))
 }

@@ -74,7 +74,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tlsConf, err := o.tlsConfig(logger, cache)
+	tlsConf, serverTLS, err := o.tlsConfig(logger, cache)
 	if err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	cfg := o.Client
-	cfg.Servers, cfg.Mode, cfg.TLS, cfg.QUIC, cfg.WrapConn = o.ServerEndpoint, mode, tlsConf, sock.QUIC, sock.Wrap
+	cfg.Servers, cfg.Mode, cfg.TLS, cfg.ServerTLS, cfg.QUIC, cfg.WrapConn = o.ServerEndpoint, mode, tlsConf, serverTLS, sock.QUIC, sock.Wrap
 	cfg.Secret, cfg.Tokens, cfg.Listeners, cfg.Forwards = secret, tokens, listeners, forwards
 	cfg.Check = o.checkDestinations()
 	if len(o.entries.remote) > 0 {
@@ -284,20 +284,25 @@ func openForward(f forwardSpec, cleanup *cli.Cleanup) (client.Forward, error) {
 // (kept across restarts), or in memory. It lives as long as the client: a
 // reload builds a new TLS configuration around the same cache.
 func (o *Options) sessionCache(logger klog.Logger) (tls.ClientSessionCache, error) {
+	// Room for a ticket of each connection (each keeps its own) and more.
+	capacity := max(16, 4*len(o.ServerEndpoint)*o.Client.ConnectionsPerServer)
 	if o.SessionFile == "" {
-		return transport.NewStickySessionCache(16), nil
+		return transport.NewStickySessionCache(capacity), nil
 	}
 	if err := transport.CheckPrivate("--session-file", o.SessionFile); err != nil {
 		return nil, err
 	}
-	return transport.NewFileSessionCache(o.SessionFile, 16, func(err error) {
+	return transport.NewFileSessionCache(o.SessionFile, capacity, func(err error) {
 		logger.Error(err, "Session tickets", "file", o.SessionFile)
 	}), nil
 }
 
-// tlsConfig builds the client's TLS configuration: how it verifies the
-// server and its certificate for mutual TLS, with cache for session tickets.
-func (o *Options) tlsConfig(logger klog.Logger, cache tls.ClientSessionCache) (*tls.Config, error) {
+// tlsConfig builds the client's TLS configurations: how it verifies the
+// servers and its certificate for mutual TLS, with cache for session
+// tickets. all verifies every server without pins of its own (nil when each
+// has its own); byServer holds, by endpoint, the configuration of each that
+// has (--server-fingerprint ENDPOINT=sha256:HEX).
+func (o *Options) tlsConfig(logger klog.Logger, cache tls.ClientSessionCache) (all *tls.Config, byServer map[string]*tls.Config, err error) {
 	topts := transport.ClientTLSOptions{
 		ServerName:         o.ServerName,
 		InsecureSkipVerify: o.InsecureSkipVerify,
@@ -308,34 +313,31 @@ func (o *Options) tlsConfig(logger klog.Logger, cache tls.ClientSessionCache) (*
 		host, _, _ := net.SplitHostPort(o.ServerEndpoint[0])
 		topts.ServerName = host
 	}
-	for _, f := range o.ServerFingerprint {
-		fp, err := transport.ParseFingerprint(f)
-		if err != nil {
-			return nil, err
-		}
-		topts.Fingerprints = append(topts.Fingerprints, fp)
+	pins, err := transport.ParsePins(o.ServerFingerprint)
+	if err != nil {
+		return nil, nil, err
 	}
 	if o.CAFile != "" {
 		pool, err := transport.LoadCertPool(o.CAFile)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		topts.RootCAs = pool
 	}
 	if o.CertFile != "" {
 		if err := transport.CheckPrivate("--key-file", o.KeyFile); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("client certificate: %w", err)
+			return nil, nil, fmt.Errorf("client certificate: %w", err)
 		}
 		topts.ClientCert = &cert
 	}
 	if o.InsecureSkipVerify {
 		logger.Info("WARNING: the server certificate is not verified (--insecure-skip-verify)")
 	}
-	return transport.ClientTLSConfig(topts)
+	return transport.ClientTLSConfigs(topts, pins)
 }
 
 // proxyCredentials reads --proxy-credentials-file (lines USER:PASSWORD);
@@ -407,14 +409,24 @@ var reloadableFlags = []string{"token-source", "token-source-plugin", "secret-fi
 // requests read from then on. Everything is read and checked before
 // anything is applied.
 func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessionCache, proxyCreds *ingress.ProxyCredentials) cli.Apply {
-	pins, ca := o.ServerFingerprint, fileDigest(o.CAFile)
+	running, _ := transport.ParsePins(o.ServerFingerprint) // Validate parsed them
+	pins, ca := running.Entries(), fileDigest(o.CAFile)
 	plugin, source, sourceDigest := o.TokenSourcePlugin, o.TokenSource, tokenFileDigest(o.TokenSourcePlugin, o.TokenSource)
 	credsFile, credsDigest := o.ProxyCredentials, fileDigest(o.ProxyCredentials)
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
-		tlsConf, err := next.tlsConfig(klog.Background(), cache)
+		tlsConf, serverTLS, err := next.tlsConfig(klog.Background(), cache)
 		if err != nil {
 			return nil, err
+		}
+		nextPins, err := transport.ParsePins(next.ServerFingerprint)
+		if err != nil {
+			return nil, err
+		}
+		// The pins go to the servers running (a change of --server-endpoint
+		// needs a restart): each must still be covered.
+		if err := nextPins.Check(o.ServerEndpoint); err != nil {
+			return nil, fmt.Errorf("pins for the running --server-endpoint (a change to it needs a restart): %w", err)
 		}
 		var tokens client.TokenSource
 		if next.TokenSource != "" {
@@ -433,6 +445,11 @@ func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessi
 			if users, err = proxyCredentials(next.ProxyCredentials); err != nil {
 				return nil, err
 			}
+		}
+		// Everything is read and checked: apply (SetTLS refuses only a
+		// server left without verification, which Check ruled out).
+		if err := c.SetTLS(tlsConf, serverTLS); err != nil {
+			return nil, err
 		}
 		credsChanged := false
 		if len(o.Proxy) > 0 {
@@ -453,11 +470,10 @@ func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessi
 		if tokens != nil {
 			c.SetTokens(tokens)
 		}
-		c.SetTLS(tlsConf)
-		pinsAdded, pinsRemoved := cli.Diff(pins, next.ServerFingerprint)
+		pinsAdded, pinsRemoved := cli.Diff(pins, nextPins.Entries())
 		nextCA := fileDigest(next.CAFile)
 		caChanged := nextCA != ca
-		pins, ca = next.ServerFingerprint, nextCA
+		pins, ca = nextPins.Entries(), nextCA
 		secretChanged := !bytes.Equal(newSecret, secret)
 		if secretChanged {
 			c.SetSecret(newSecret)

@@ -22,7 +22,10 @@ import (
 	"github.com/quictun/quictun/pkg/version"
 )
 
-const testFingerprint = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+const (
+	testFingerprint  = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	otherFingerprint = "sha256:fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+)
 
 func validOptions() *Options {
 	o := NewOptions()
@@ -72,6 +75,23 @@ func TestValidate(t *testing.T) {
 		{"two verifications", func(o *Options) { o.CAFile = "/ca.pem" }, []string{"choose one of"}},
 		{"three verifications", func(o *Options) { o.CAFile, o.InsecureSkipVerify = "/ca.pem", true }, []string{"choose one of"}},
 		{"bad fingerprint", func(o *Options) { o.ServerFingerprint = []string{"sha256:abcd"} }, []string{"--server-fingerprint", "64 hex digits"}},
+		{"pins per server", func(o *Options) {
+			o.ServerEndpoint = []string{"a.example:7500", "b.example:7500"}
+			o.ServerFingerprint = []string{"a.example:7500=" + testFingerprint, "b.example:7500=" + otherFingerprint}
+		}, nil},
+		{"own pin beside the shared one", func(o *Options) {
+			o.ServerEndpoint = []string{"a.example:7500", "b.example:7500"}
+			o.ServerFingerprint = []string{testFingerprint, "b.example:7500=" + otherFingerprint}
+		}, nil},
+		{"pin for an endpoint not listed", func(o *Options) {
+			o.ServerFingerprint = []string{testFingerprint, "other.example.com:7500=" + otherFingerprint}
+		}, []string{"names other.example.com:7500, which is not a --server-endpoint (server.example.com:7500)", "write the endpoint exactly as in --server-endpoint"}},
+		{"a server without a pin", func(o *Options) {
+			o.ServerEndpoint = []string{"a.example:7500", "b.example:7500"}
+			o.ServerFingerprint = []string{"a.example:7500=" + testFingerprint}
+		}, []string{"--server-endpoint b.example:7500 has no pin: add --server-fingerprint b.example:7500=sha256:HEX"}},
+		{"pin per server with a colon", func(o *Options) { o.ServerFingerprint = []string{"server.example.com:7500:" + testFingerprint} },
+			[]string{"HOST:PORT=sha256:HEX"}},
 		{"forwards alone, no token source", func(o *Options) {
 			o.TokenSource, o.Forward = "", []string{"tcp:127.0.0.1:2222=tcp:127.0.0.1:22", "unix:/tmp/q.sock=tcp:10.0.0.5:5432"}
 		}, nil},
@@ -122,7 +142,7 @@ func TestValidate(t *testing.T) {
 			*o = Options{ServerFingerprint: []string{"xx"}, CAFile: "/ca", KeyFile: "/k", Client: client.Config{HeartbeatInterval: time.Second}}
 		}, []string{
 			"--listen-on", "--server-endpoint is required", "--token-source is required", "choose one of",
-			"--server-fingerprint:", "--cert-file and --key-file", "client authentication is required",
+			`--server-fingerprint "xx"`, "--cert-file and --key-file", "client authentication is required",
 			"--idle-timeout", "--handshake-timeout", "--session-wait-timeout", "--stream-open-timeout",
 			"--reconnect-max-delay", "--rescue-after", "--max-connections",
 		}},
@@ -209,6 +229,25 @@ func TestCommandWriteAndCheckConfigRoundTrip(t *testing.T) {
 	for _, s := range []string{"--server-endpoint", "--token-source", "server verification", "client authentication"} {
 		assert.Contains(t, err.Error(), s, "all problems reported at once")
 	}
+}
+
+// TestCheckConfigPinsPerServer: pins per server in YAML (a list under
+// server-fingerprint, as on the command line); --check-config accepts them,
+// and names an entry for an endpoint the file does not list, with the fix.
+func TestCheckConfigPinsPerServer(t *testing.T) {
+	clearEnv(t)
+	secret := writeFile(t, "secret", "0123456789abcdef0123\n")
+	good := "server-endpoint: [a.example:7500, b.example:7500]\ntoken-source: tcp:127.0.0.1:22\nsecret-file: " + secret +
+		"\nserver-fingerprint:\n  - a.example:7500=" + testFingerprint + "\n  - b.example:7500=" + otherFingerprint + "\n"
+	out, err := execute(t, "--config", writeFile(t, "good.yaml", good), "--check-config")
+	require.NoError(t, err)
+	assert.Equal(t, "config OK\n", out)
+
+	bad := strings.Replace(good, "b.example:7500="+otherFingerprint, "c.example:7500="+otherFingerprint, 1)
+	_, err = execute(t, "--config", writeFile(t, "bad.yaml", bad), "--check-config")
+	require.ErrorIs(t, err, cli.ErrUsage)
+	assert.Contains(t, err.Error(), "--server-fingerprint c.example:7500="+otherFingerprint+" names c.example:7500, which is not a --server-endpoint (a.example:7500,b.example:7500)")
+	assert.Contains(t, err.Error(), "--server-endpoint b.example:7500 has no pin", "and the server left without one")
 }
 
 // TestCommandPrecedence is one smoke case on the client's own flags (the

@@ -133,7 +133,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.RemoteForward, "remote-forward", o.RemoteForward, "LISTEN=DESTINATION, repeatable: a reverse forward. The server listens at LISTEN (if its --allow-remote-listen rules let this client) and each connection it accepts there comes back through the tunnel to DESTINATION, which this client dials: e.g. tcp:0.0.0.0:8022=tcp:127.0.0.1:22 exposes this host's ssh on the server's port 8022; udp:0.0.0.0:5353=udp:127.0.0.1:53, unix:/run/quictun/app.sock=tcp:127.0.0.1:8080. The server can only name these entries, never another destination. Asked again on every reconnect")
 	fs.StringVar(&o.TokenSource, "token-source", o.TokenSource, "the token source, e.g. tcp:127.0.0.1:22 for Fixed; tokens name tcp:HOST:PORT or unix:/path on the server side")
 
-	fs.StringSliceVar(&o.ServerFingerprint, "server-fingerprint", o.ServerFingerprint, "pin the server certificate: sha256:<hex> as printed by 'quictun-server fingerprint'; several (comma-separated or repeated) are each accepted, to rotate the server's key without downtime; reloaded on SIGHUP (from the config file) for new connections")
+	fs.StringSliceVar(&o.ServerFingerprint, "server-fingerprint", o.ServerFingerprint, "pin the server certificate: sha256:<hex> as printed by 'quictun-server fingerprint' (accepted from every server without pins of its own), or HOST:PORT=sha256:<hex> for the server at that --server-endpoint only (which then accepts only its own pins, so one server's key cannot impersonate another; a name resolving to several addresses is one endpoint); several (comma-separated or repeated) are each accepted, to rotate a key without downtime; reloaded on SIGHUP (from the config file) for new connections")
 	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "verify the server certificate against these PEM CAs")
 	fs.StringVar(&o.ServerName, "server-name", o.ServerName, "name to verify in the server certificate with --ca-file (default: the host of --server-endpoint)")
 	fs.BoolVar(&o.InsecureSkipVerify, "insecure-skip-verify", o.InsecureSkipVerify, "do not verify the server (anyone on the path can impersonate it)")
@@ -268,12 +268,10 @@ func (o *Options) Validate() error {
 	case verifiers > 1:
 		add("choose one of --server-fingerprint, --ca-file, --insecure-skip-verify")
 	}
-	for _, f := range o.ServerFingerprint {
-		if fp, err := transport.ParseFingerprint(f); err != nil {
-			add("--server-fingerprint: %w", err)
-		} else if fp == ([32]byte{}) {
-			add("--server-fingerprint is the all-zero placeholder: replace it with the output of 'quictun-server fingerprint' on the server host")
-		}
+	if pins, err := transport.ParsePins(o.ServerFingerprint); err != nil {
+		errs = append(errs, err)
+	} else if err := pins.Check(o.ServerEndpoint); err != nil {
+		errs = append(errs, err)
 	}
 	if (o.CertFile == "") != (o.KeyFile == "") {
 		add("--cert-file and --key-file go together")
