@@ -173,28 +173,6 @@ func TestRingHolesAndBound(t *testing.T) {
 	require.Equal(t, 7, r.get(1<<40).bytes)
 }
 
-func TestRingGivesBackItsBufferWhenEmpty(t *testing.T) {
-	var r ring
-	for pn := range int64(200) { // a burst
-		r.add(pn, sentState{bytes: 1})
-	}
-	require.GreaterOrEqual(t, len(r.buf), 200)
-	for pn := range int64(199) {
-		r.remove(r.get(pn))
-	}
-	require.GreaterOrEqual(t, len(r.buf), 200, "kept while a packet is in flight")
-	r.remove(r.get(199))
-	require.Nil(t, r.buf, "an idle connection keeps no buffer")
-	r.add(300, sentState{bytes: 5})
-	r.add(301, sentState{bytes: 6})
-	require.Len(t, r.buf, minRing)
-	r.remove(r.get(300))
-	r.remove(r.get(301))
-	require.Len(t, r.buf, minRing, "a small one is kept")
-	r.add(302, sentState{bytes: 7})
-	require.Equal(t, 7, r.get(302).bytes)
-}
-
 func TestPacer(t *testing.T) {
 	p := newPacer(1000)
 	now := qc.Time(time.Second)
