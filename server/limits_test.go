@@ -2,7 +2,6 @@ package server
 
 import (
 	"net"
-	"runtime"
 	"testing"
 	"time"
 
@@ -136,25 +135,4 @@ func TestSourceLimiterUnverifiedShare(t *testing.T) {
 		_, ok = free.holdUnverified("a")
 		require.True(t, ok, "0: no share")
 	}
-}
-
-func TestHandshakeCount(t *testing.T) {
-	t.Parallel()
-	h := &handshakeCount{max: 2}
-	assert.False(t, h.full())
-	a := h.start()
-	b := h.start()
-	assert.True(t, h.full(), "two in progress")
-	a()
-	a() // once only
-	assert.False(t, h.full(), "one done")
-	b()
-	assert.Zero(t, h.n.Load())
-}
-
-func TestMaxHandshakesDefault(t *testing.T) {
-	t.Parallel()
-	s := newTestServer(t, nil)
-	assert.Equal(t, DefaultMaxHandshakesPerCPU*runtime.GOMAXPROCS(0), s.cfg.MaxHandshakes)
-	assert.Equal(t, int64(s.cfg.MaxHandshakes), s.handshakes.max)
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,13 +75,6 @@ type Config struct {
 	// MaxConnections bounds open QUIC connections in total; more are refused
 	// (before the handshake when possible) with overloaded.
 	MaxConnections int
-	// MaxHandshakes bounds the QUIC handshakes in progress at once (from the
-	// client's first packet until the server has done its part); more are
-	// refused with CONNECTION_REFUSED, which costs the server little and
-	// sends the client into its jittered backoff, instead of queueing
-	// handshakes the clients give up on (a crowd reconnecting after a
-	// restart). 0: DefaultMaxHandshakesPerCPU per GOMAXPROCS.
-	MaxHandshakes int
 
 	// MaxUnverifiedStreamsPerConn bounds the streams of one connection that
 	// are being served before their header was verified: past it, the
@@ -195,8 +187,6 @@ type Server struct {
 	unverified chan struct{}
 	// active counts the connections admitted by serveConn (MaxConnections).
 	active atomic.Int64
-	// handshakes counts the QUIC handshakes in progress (MaxHandshakes).
-	handshakes *handshakeCount
 	// raiseStreamsTo, when positive, is the stream limit a connection gets
 	// once verified: with a shared secret connections start with only
 	// MaxUnverifiedStreamsPerConn streams of credit (quic-go then holds no
@@ -230,9 +220,6 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	orDefault(&cfg.TailProbeDelay, def.TailProbeDelay)
 	orDefault(&cfg.MaxEchoesPerSecond, def.MaxEchoesPerSecond)
 	orDefault(&cfg.MaxConnections, def.MaxConnections)
-	if cfg.MaxHandshakes <= 0 {
-		cfg.MaxHandshakes = DefaultMaxHandshakesPerCPU * runtime.GOMAXPROCS(0)
-	}
 	orDefault(&cfg.MaxUnverifiedStreamsPerConn, def.MaxUnverifiedStreamsPerConn)
 	orDefault(&cfg.MaxUnverifiedStreams, def.MaxUnverifiedStreams)
 	orDefault(&cfg.MaxUnverifiedStreamsPerSource, DefaultUnverifiedStreamsPerSource(cfg.MaxUnverifiedStreams, cfg.MaxUnverifiedStreamsPerConn))
@@ -325,7 +312,6 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	srv := &Server{
 		cfg:            cfg,
 		pc:             pc,
-		handshakes:     &handshakeCount{max: int64(cfg.MaxHandshakes)},
 		egress:         eg,
 		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource, cfg.MaxUnverifiedStreamsPerSource),
 		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
@@ -441,19 +427,11 @@ func (s *Server) Run(ctx context.Context) error {
 				s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues(metrics.RefusedMaxConnections).Inc()
 				return nil, errMaxConnections
 			}
-			if s.handshakes.full() {
-				s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues(metrics.RefusedHandshakes).Inc()
-				return nil, errHandshakes
-			}
 			if !s.limits.allowHandshake(sourceIP(ci.RemoteAddr), time.Now()) {
 				s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("handshake_rate").Inc()
 				return nil, errHandshakeRate
 			}
-			// In progress until Accept hands the connection over (the
-			// server's part of the handshake is done) or it ends.
-			done := s.handshakes.start()
-			context.AfterFunc(ctx, done)
-			return context.WithValue(ctx, handshakeDoneKey{}, done), nil
+			return ctx, nil
 		},
 	}
 	defer func() { _ = tr.Close() }()
@@ -490,9 +468,6 @@ func (s *Server) Run(ctx context.Context) error {
 			if err != nil {
 				acceptErr <- err
 				return
-			}
-			if done, ok := c.Context().Value(handshakeDoneKey{}).(func()); ok {
-				done()
 			}
 			wg.Go(func() { s.serveConn(connCtx, overQUIC{c}) })
 		}
@@ -563,39 +538,9 @@ func (s *Server) Run(ctx context.Context) error {
 var (
 	// errHandshakeRate refuses a connection from a source over its handshake rate.
 	errHandshakeRate = errors.New("too many new connections from this address")
-	// errHandshakes refuses a connection while MaxHandshakes are in progress.
-	errHandshakes = errors.New("server busy with handshakes")
 	// errMaxConnections refuses a connection when the server holds MaxConnections.
 	errMaxConnections = errors.New("server at its connection limit")
 )
-
-// DefaultMaxHandshakesPerCPU is MaxHandshakes per GOMAXPROCS when it is not
-// set: one core completes a few hundred handshakes a second (385 full, 643
-// resumed on this project's test machine), so the handshakes admitted are
-// done well within a client's handshake timeout (3 s).
-const DefaultMaxHandshakesPerCPU = 256
-
-// handshakeCount counts handshakes in progress against a bound. Safe for
-// concurrent use.
-type handshakeCount struct {
-	max int64
-	n   atomic.Int64
-}
-
-// full reports whether the bound is reached.
-func (h *handshakeCount) full() bool { return h.n.Load() >= h.max }
-
-// start counts a handshake and returns the func that ends it (once,
-// however often it is called).
-func (h *handshakeCount) start() (done func()) {
-	h.n.Add(1)
-	var once sync.Once
-	return func() { once.Do(func() { h.n.Add(-1) }) }
-}
-
-// handshakeDoneKey holds, in a connection's context, the func that ends its
-// count in Server.handshakes.
-type handshakeDoneKey struct{}
 
 // refuseConn closes a connection that is over a limit with overloaded.
 func refuseConn(ctx context.Context, conn egress.Conn, reason string) {

@@ -15,9 +15,6 @@ const ResultOK = "ok"
 const (
 	// RefusedMaxConnections: refused_connections_total, the server held --max-connections.
 	RefusedMaxConnections = "max_connections"
-	// RefusedHandshakes: refused_connections_total, a QUIC connection
-	// arrived while the server had its most handshakes in progress.
-	RefusedHandshakes = "handshakes"
 	// RefusedTCPHandshakes: refused_connections_total, a TCP connection
 	// arrived while the server held its most TCP connections in their TLS
 	// handshake.
@@ -169,7 +166,7 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	})
 	m.RefusedConnectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "refused_connections_total",
-		Help: "Connections (QUIC and TCP) refused by connection limits, by reason (handshake_rate: the source's handshakes per second, handshakes: too many QUIC handshakes in progress at once, tcp_handshakes: too many TCP connections in their TLS handshake at once, per_source_limit, max_connections).",
+		Help: "Connections (QUIC and TCP) refused by connection limits, by reason (handshake_rate: the source's handshakes per second, tcp_handshakes: too many TCP connections in their TLS handshake at once, per_source_limit, max_connections).",
 	}, []string{"reason"})
 	m.DroppedDatagramsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "dropped_datagrams_total",
@@ -211,7 +208,7 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	for _, r := range []string{DropNotQUIC, "header_parse_error", "unexpected_version", "unknown_connection_id", "dos_prevention"} {
 		m.DroppedDatagramsTotal.WithLabelValues(r)
 	}
-	for _, r := range []string{"handshake_rate", RefusedHandshakes, RefusedTCPHandshakes, "per_source_limit", RefusedMaxConnections} {
+	for _, r := range []string{"handshake_rate", RefusedTCPHandshakes, "per_source_limit", RefusedMaxConnections} {
 		m.RefusedConnectionsTotal.WithLabelValues(r)
 	}
 	for _, c := range l.Codes {
