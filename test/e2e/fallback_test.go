@@ -15,9 +15,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/quictun/quictun/internal/testutil"
-	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
 // blockUDP makes namespace ns drop every UDP datagram that arrives on its
@@ -83,17 +80,7 @@ func TestUDPBlockedFallbackAndReturn(t *testing.T) {
 		moveLocalRule(t, n)
 		blockUDP(t, n)
 	}
-	var ln net.Listener
-	require.NoError(t, netns.Do(ns.server, func() error {
-		var err error
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}))
-	testutil.ServeListener(t, ln, func(c net.Conn) {
-		_, _ = io.Copy(c, c)
-		_ = c.(*net.TCPConn).CloseWrite()
-	})
-	echo := ln.Addr().String()
+	echo := serveInNS(t, ns.server, echoConn)
 	serverURL, clientURL, listen, endpoint := "http://127.0.0.1:8086", "http://127.0.0.1:8087", "127.0.0.1:6500", serverNSIP+":7500"
 	state, secret := filepath.Join(t.TempDir(), "state"), newSecretFile(t)
 	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)

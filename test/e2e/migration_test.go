@@ -172,25 +172,36 @@ type nsTunnel struct {
 
 func startNSTunnel(t *testing.T, ns *nsPair, clientArgs ...string) *nsTunnel {
 	t.Helper()
-	return startNSTunnelTo(t, ns, func(c net.Conn) {
-		_, _ = io.Copy(c, c)
-		_ = c.(*net.TCPConn).CloseWrite()
-	}, clientArgs...)
+	return startNSTunnelTo(t, ns, echoConn, clientArgs...)
+}
+
+// serveInNS listens on a loopback TCP port inside network namespace ns and
+// serves each connection with handle until the test ends; it returns the
+// listener's address.
+func serveInNS(t *testing.T, ns string, handle func(net.Conn)) string {
+	t.Helper()
+	var ln net.Listener
+	require.NoError(t, netns.Do(ns, func() error {
+		var err error
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}))
+	testutil.ServeListener(t, ln, handle)
+	return ln.Addr().String()
+}
+
+// echoConn echoes what c sends, then half-closes it.
+func echoConn(c net.Conn) {
+	_, _ = io.Copy(c, c)
+	_ = c.(*net.TCPConn).CloseWrite()
 }
 
 // startNSTunnelTo is startNSTunnel with handle serving the destination's
 // connections instead of an echo.
 func startNSTunnelTo(t *testing.T, ns *nsPair, handle func(net.Conn), clientArgs ...string) *nsTunnel {
 	t.Helper()
-	var ln net.Listener
-	require.NoError(t, netns.Do(ns.server, func() error {
-		var err error
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}))
-	testutil.ServeListener(t, ln, handle)
 	tn := &nsTunnel{ns: ns, serverURL: "http://127.0.0.1:8086", clientURL: "http://127.0.0.1:8087",
-		clientListen: "127.0.0.1:6500", serverUDP: ns.serverIP + ":7500", echoServer: ln.Addr().String()}
+		clientListen: "127.0.0.1:6500", serverUDP: ns.serverIP + ":7500", echoServer: serveInNS(t, ns.server, handle)}
 	state, secret := filepath.Join(t.TempDir(), "state"), newSecretFile(t)
 	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)
 	tn.server = startInNS(t, ns.server, "quictun-server", bins.server, "--listen-on", tn.serverUDP,

@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/internal/testutil"
-	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
 // twoServerDaemons starts two servers sharing one --state-dir and secret (one
@@ -172,17 +171,7 @@ func TestFailoverBlackholedPath(t *testing.T) {
 	ipCmd(t, "-n", ns.server, "route", "add", clientOldIP+"/32", "dev", "eth0")
 	ipCmd(t, "-n", ns.client, "route", "add", serverB+"/32", "dev", "eth0", "src", clientOldIP)
 
-	var ln net.Listener
-	require.NoError(t, netns.Do(ns.server, func() error {
-		var err error
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}))
-	testutil.ServeListener(t, ln, func(c net.Conn) {
-		_, _ = io.Copy(c, c)
-		_ = c.(*net.TCPConn).CloseWrite()
-	})
-	echo := ln.Addr().String()
+	echo := serveInNS(t, ns.server, echoConn)
 	state, secret := filepath.Join(t.TempDir(), "state"), newSecretFile(t)
 	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)
 	var admins [2]string
