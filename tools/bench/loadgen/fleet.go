@@ -160,37 +160,24 @@ func (e *emu) dials() (full, zeroRTT float64) {
 
 // rescues sums the clients' path rescues by result, leaving out zeros.
 func (f *fleet) rescues() map[string]float64 {
-	out := map[string]float64{}
-	for _, e := range f.clients {
-		for _, res := range []string{"switched", "recovered", "error"} {
-			if n := counter(e.m.PathRescuesTotal.WithLabelValues(res)); n > 0 {
-				out[res] += n
-			}
-		}
-	}
-	return out
+	return f.sumByResult(func(e *emu) *prometheus.CounterVec { return e.m.PathRescuesTotal }, "switched", "recovered", "error")
 }
 
 // tcpDials sums the clients' TCP fallback connections by result, leaving
 // out zeros.
 func (f *fleet) tcpDials() map[string]float64 {
-	out := map[string]float64{}
-	for _, e := range f.clients {
-		for _, res := range []string{"ok", "error"} {
-			if n := counter(e.m.TCPDialsTotal.WithLabelValues(res)); n > 0 {
-				out[res] += n
-			}
-		}
-	}
-	return out
+	return f.sumByResult(func(e *emu) *prometheus.CounterVec { return e.m.TCPDialsTotal }, "ok", "error")
 }
 
-// since is now - before per key, leaving out zeros.
-func since(now, before map[string]float64) map[string]float64 {
+// sumByResult sums, over the clients, the counter vec picks of each
+// result, leaving out zeros.
+func (f *fleet) sumByResult(vec func(*emu) *prometheus.CounterVec, results ...string) map[string]float64 {
 	out := map[string]float64{}
-	for k, v := range now {
-		if d := v - before[k]; d > 0 {
-			out[k] = d
+	for _, e := range f.clients {
+		for _, res := range results {
+			if n := counter(vec(e).WithLabelValues(res)); n > 0 {
+				out[res] += n
+			}
 		}
 	}
 	return out
@@ -203,6 +190,17 @@ func counter(c prometheus.Counter) float64 {
 		return 0
 	}
 	return d.GetCounter().GetValue()
+}
+
+// since is now - before per key, leaving out zeros.
+func since(now, before map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range now {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
 }
 
 // connectAll starts every client that is not running, at most concurrency
