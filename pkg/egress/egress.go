@@ -167,8 +167,9 @@ func (c *Config) complete() {
 type Handler struct {
 	cfg   Config
 	dials chan struct{}
-	// started bounds what 0-RTT may carry: the replay cache is in memory, so
-	// a header made before this process started cannot be checked against it.
+	// started bounds what 0-RTT may carry at once: the replay cache is in
+	// memory, so a header made before this process started cannot be checked
+	// against it (settleEarly waits for its handshake).
 	started time.Time
 	replay  *replayCache
 
@@ -521,12 +522,9 @@ func (e *Handler) hello(st Stream, h *proto.Header, keyName string, logger klog.
 	str := st.Stream
 	str.CancelRead(proto.CodeOK.StreamErrorCode()) // nothing follows the header
 	now := time.Now()
-	code := proto.CodeReplay
-	if !st.Early || !h.Time.Before(e.started.Truncate(time.Second)) {
-		var unrecorded string
-		if code, unrecorded = e.replay.admit(h, now, st.Early, st.Conn0.quota); unrecorded != "" {
-			e.cfg.Events.ReplayUnrecorded(unrecorded)
-		}
+	code, unrecorded := e.replay.admit(h, now, st.Early, st.Conn0.quota) // settled (settleEarly)
+	if unrecorded != "" {
+		e.cfg.Events.ReplayUnrecorded(unrecorded)
 	}
 	if code != proto.CodeOK {
 		str.CancelWrite(code.StreamErrorCode())

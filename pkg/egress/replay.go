@@ -173,6 +173,14 @@ func (c *replayCache) stop() {
 	}
 }
 
+// seenNonce reports whether nonce is held (and not expired).
+func (c *replayCache) seenNonce(nonce [proto.NonceLen]byte, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	exp, ok := c.seen[nonce]
+	return ok && !now.After(exp)
+}
+
 // check admits an early header without a per-connection quota.
 func (c *replayCache) check(h *proto.Header, now time.Time) proto.Code {
 	code, _ := c.admit(h, now, true, nil)

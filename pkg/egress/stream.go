@@ -38,6 +38,9 @@ func (s *stream) serve(ctx context.Context) *failure {
 	if f := s.authenticate(); f != nil {
 		return f
 	}
+	if f := s.settleEarly(ctx); f != nil {
+		return f
+	}
 	if s.e.cfg.Reverse && s.h.Kind != proto.KindTCP && s.h.Kind != proto.KindUDP {
 		return failed(proto.CodeUnsupported, "Refused stream: a reverse forward's stream is tcp or udp", "kind", s.h.Kind.String())
 	}
@@ -224,17 +227,40 @@ func (s *stream) identify() {
 
 // fresh checks the header's time: every header must be fresh, not only
 // 0-RTT ones, so that a header with a valid MAC found later (in a log, a
-// core dump) cannot open tunnels forever; and a 0-RTT header made before
-// this process started cannot be checked against the in-memory replay cache.
+// core dump) cannot open tunnels forever.
 func (s *stream) fresh() *failure {
 	if now := time.Now(); !s.e.replay.fresh(s.h.Time, now) {
 		return failed(proto.CodeReplay, "Rejected stream: header timestamp outside the replay window; check the client's clock (NTP)",
 			"headerTime", s.h.Time, "skew", now.Sub(s.h.Time).Round(time.Second), "window", s.e.cfg.ReplayWindow)
 	}
-	if s.st.Early && s.h.Time.Before(s.e.started.Truncate(time.Second)) {
-		return failed(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started", "headerTime", s.h.Time)
-	}
 	return nil
+}
+
+// settleEarly decides what a 0-RTT header made before this process started
+// is: the replay cache is in memory, so it cannot tell whether the process
+// before saw that header. Such a stream is served as a 1-RTT one once its
+// connection's handshake completes, which a replayed 0-RTT flight cannot
+// do (the replayer lacks the client's keys): it was the client's own,
+// written while the server restarted (a redial racing the restart), and
+// waits a round trip more. A nonce seen already, or a connection that dies
+// before its handshake, refuses it as a replay.
+func (s *stream) settleEarly(ctx context.Context) *failure {
+	if !s.st.Early || !s.h.Time.Before(s.e.started.Truncate(time.Second)) {
+		return nil
+	}
+	if s.e.replay.seenNonce(s.h.Nonce, time.Now()) {
+		return failed(proto.CodeReplay, "Rejected 0-RTT stream: header seen before", "headerTime", s.h.Time)
+	}
+	select {
+	case <-s.st.Conn.HandshakeComplete():
+		s.st.Early = false // no longer replayable data
+		s.logger.V(4).Info("0-RTT stream made before the server started: served after the handshake", "headerTime", s.h.Time)
+		return nil
+	case <-s.st.Conn.Context().Done():
+	case <-ctx.Done():
+	}
+	return failed(proto.CodeReplay, "Rejected 0-RTT stream: header made before the server started, and its connection ended before the handshake completed",
+		"headerTime", s.h.Time)
 }
 
 // destination reads the endpoint the token names, for a kind this Handler
