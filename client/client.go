@@ -603,6 +603,16 @@ func (c *Client) setSession(m *member, sess *session) *link {
 	return l
 }
 
+// sessionsChanged wakes the new tunnels waiting for a session
+// (waitSession) and updates the session_up gauge. c.mu must not be held.
+func (c *Client) sessionsChanged() {
+	c.mu.Lock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+	c.updateSessionUp()
+}
+
 // updateSessionUp sets session_up: 1 while a QUIC connection (any server's)
 // or the TCP one (fallback.go) is up. Under c.mu, so that concurrent updates
 // do not leave a stale value.
@@ -904,7 +914,7 @@ func (c *Client) waitSession(ctx context.Context) (*session, func(), error) {
 		if l != nil {
 			quic = l.session
 		}
-		s := c.fb.choose(quic)
+		s, retry := c.fb.choose(quic, time.Now())
 		switch {
 		case s != nil && l != nil && s == l.session:
 			var once sync.Once
@@ -915,8 +925,13 @@ func (c *Client) waitSession(ctx context.Context) (*session, func(), error) {
 		if s != nil {
 			return s, func() {}, nil
 		}
+		var again <-chan time.Time // a stopped timer is not needed (Go 1.23)
+		if !retry.IsZero() {
+			again = time.After(time.Until(retry))
+		}
 		select {
 		case <-ch:
+		case <-again:
 		case <-t.C:
 			return nil, nil, ErrNoSession
 		case <-ctx.Done():

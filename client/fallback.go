@@ -63,6 +63,10 @@ type fallback struct {
 	addr  string
 	delay time.Duration
 	wake  chan struct{} // capacity 1: the state changed
+	// heartbeat is the client's heartbeat interval (quicGrace); answering
+	// wakes the new tunnels waiting for QUIC (c.sessionsChanged; nil: none).
+	heartbeat time.Duration
+	answering func()
 
 	mu sync.Mutex
 	// sess is the TCP session, nil if none.
@@ -80,6 +84,10 @@ type fallback struct {
 	pending map[any]rxCounter
 	// using is the transport new tunnels went on last ("" before any).
 	using string
+	// quicGraceUntil: a QUIC connection that was up went silent and the TCP
+	// connection came up meanwhile; until then new tunnels wait for QUIC
+	// rather than go over TCP (see choose).
+	quicGraceUntil time.Time
 
 	// confirmed: the server accepted our hello on the current TCP session;
 	// authRefused: it refused our credentials there (Client.Ready).
@@ -94,8 +102,12 @@ func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
 	if delay <= 0 {
 		delay = DefaultFallbackDelay
 	}
-	return &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1),
+	f := &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1),
 		up: map[any]bool{}, suspect: map[any]bool{}, pending: map[any]rxCounter{}}
+	if c != nil {
+		f.heartbeat, f.answering = c.cfg.HeartbeatInterval, c.sessionsChanged
+	}
+	return f
 }
 
 // rxCounter counts the packets a connection received (a *quic.Conn's
@@ -148,17 +160,22 @@ func (f *fallback) quicUsable(k any, up bool) {
 
 // quicSuspect: nothing came back on QUIC connection k's path for the
 // rescue delay, not even a packet, or no heartbeat echo for
-// suspectLateEchoes (true); or it answers again (false).
+// suspectLateEchoes (true); or it answers again (false), which wakes the
+// new tunnels waiting for it (choose).
 func (f *fallback) quicSuspect(k any, s bool) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.suspect[k] != s {
+	changed := f.suspect[k] != s
+	if changed {
 		if s {
 			f.suspect[k] = true
 		} else {
 			delete(f.suspect, k)
 		}
 		f.signalLocked()
+	}
+	f.mu.Unlock()
+	if changed && !s && f.answering != nil {
+		f.answering()
 	}
 }
 
@@ -224,8 +241,14 @@ func (f *fallback) session() *session {
 
 // choose returns the session a new tunnel goes on: QUIC's (cur) while it
 // works, else the TCP one, else QUIC's (a handshake in progress); nil if
-// there is none. It logs each change of transport at -v 0.
-func (f *fallback) choose(cur *session) *session {
+// there is none, or if the tunnel should wait for QUIC until retry (nonzero):
+// when the TCP connection came up while a QUIC connection that was up had
+// merely gone silent, the link is back (TCP got through) and QUIC answers
+// within a heartbeat or a rescue probe unless UDP is blocked, so for
+// quicGrace new tunnels wait for QUIC rather than start on TCP, where
+// they would stay, at TCP's mercy in the next blackout. It logs each change
+// of transport at -v 0.
+func (f *fallback) choose(cur *session, now time.Time) (s *session, retry time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	tcp := f.sess
@@ -233,20 +256,48 @@ func (f *fallback) choose(cur *session) *session {
 		tcp = nil
 	}
 	quicOK := cur != nil && cur.Conn.Context().Err() == nil
-	var s *session
-	switch {
-	case quicOK && (tcp == nil || f.usableLocked()):
+	switch f.pickLocked(quicOK, tcp != nil, now) {
+	case TransportQUIC:
 		s = cur
-	case tcp != nil:
+	case TransportTCP:
 		s = tcp
-	case quicOK:
-		s = cur
+	case "":
+		if quicOK && tcp != nil {
+			return nil, f.quicGraceUntil
+		}
+		return nil, time.Time{}
 	}
-	if s != nil {
-		f.useLocked(s.Transport())
-	}
-	return s
+	f.useLocked(s.Transport())
+	return s, time.Time{}
 }
+
+// pickLocked is choose's decision, given whether the QUIC and TCP
+// sessions are there: the transport, or "" for none yet.
+func (f *fallback) pickLocked(quicOK, tcpOK bool, now time.Time) string {
+	switch {
+	case quicOK && (!tcpOK || f.usableLocked()):
+		return TransportQUIC
+	case tcpOK && quicOK && f.anyUpLocked() && now.Before(f.quicGraceUntil):
+		return "" // wait for QUIC
+	case tcpOK:
+		return TransportTCP
+	case quicOK:
+		return TransportQUIC
+	}
+	return ""
+}
+
+// quicGrace is how long new tunnels wait for a silent QUIC connection
+// once the TCP connection is up (took: its TCP and TLS handshake, about
+// two round trips): two heartbeat intervals (a heartbeat and a rescue
+// probe go out each) and that handshake's time for the echo, at least
+// minQUICGrace.
+func (f *fallback) quicGrace(took time.Duration) time.Duration {
+	return max(2*f.heartbeat+took, minQUICGrace)
+}
+
+// minQUICGrace is quicGrace's floor.
+const minQUICGrace = 300 * time.Millisecond
 
 func (f *fallback) useLocked(transport string) {
 	if f.using == transport {
@@ -276,18 +327,19 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-// setSession replaces the TCP session and wakes ingress's waiters.
-func (f *fallback) setSession(s *session) {
+// setSession replaces the TCP session and wakes ingress's waiters; a new
+// one that took took to connect holds new tunnels back for a silent QUIC
+// connection for quicGrace(took) (choose).
+func (f *fallback) setSession(s *session, took time.Duration) {
 	f.mu.Lock()
 	f.sess = s
 	f.confirmed.Store(false)
+	f.quicGraceUntil = time.Time{}
+	if s != nil && f.mode == TransportAuto {
+		f.quicGraceUntil = time.Now().Add(f.quicGrace(took))
+	}
 	f.mu.Unlock()
-	c := f.c
-	c.mu.Lock()
-	close(c.changed)
-	c.changed = make(chan struct{})
-	c.mu.Unlock()
-	c.updateSessionUp()
+	f.c.sessionsChanged()
 }
 
 // run keeps the TCP connection while it is wanted, until ctx ends.
@@ -310,7 +362,7 @@ func (f *fallback) run(ctx context.Context) {
 	defer func() {
 		if conn != nil {
 			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
-			f.setSession(nil)
+			f.setSession(nil, 0)
 		}
 	}()
 	for ctx.Err() == nil {
@@ -321,7 +373,7 @@ func (f *fallback) run(ctx context.Context) {
 			logger.Info("Lost TCP connection to server", "address", f.addr, "err", context.Cause(conn.Context()))
 			_ = conn.CloseWithError(0, "")
 			conn = nil
-			f.setSession(nil)
+			f.setSession(nil, 0)
 			continue
 		}
 		if wanted || conn == nil {
@@ -332,6 +384,7 @@ func (f *fallback) run(ctx context.Context) {
 		var timer *time.Timer
 		switch {
 		case wanted && conn == nil:
+			dialed := time.Now()
 			c, err := f.dial(ctx)
 			if err != nil {
 				if ctx.Err() != nil {
@@ -357,14 +410,14 @@ func (f *fallback) run(ctx context.Context) {
 			s := &session{TCP: c}
 			logger.V(2).Info("Connected to server over TCP", "address", f.addr, "localAddress", c.LocalAddr().String())
 			hellos.Go(func() { f.c.helloTCP(ctx, s) })
-			f.setSession(s)
+			f.setSession(s, time.Since(dialed))
 			continue
 		case !wanted && conn != nil:
 			if conn.NumStreams() == 0 && time.Since(unwanted) >= time.Second {
 				logger.V(2).Info("Closed TCP connection to server: QUIC carries new tunnels", "address", f.addr)
 				_ = conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "back on QUIC")
 				conn = nil
-				f.setSession(nil)
+				f.setSession(nil, 0)
 				continue
 			}
 			timer = time.NewTimer(time.Second) // its tunnels finish there

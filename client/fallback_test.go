@@ -104,3 +104,33 @@ func TestFallbackWaitsForAnsweringHandshake(t *testing.T) {
 	f.quicUsable("a", false) // the attempt ended: no longer pending
 	assert.Empty(t, f.pending)
 }
+
+// TestFallbackWaitsForQUICAfterBlackout: when the TCP connection comes up
+// while a QUIC connection that was up has only gone silent (a blackout,
+// which TCP crossed as the link came back), new tunnels wait for QUIC
+// for the grace, then take TCP (UDP blocked); a QUIC connection that
+// answers is taken at once. Without a QUIC connection that was up (UDP
+// blocked from the start) TCP is taken at once.
+func TestFallbackWaitsForQUICAfterBlackout(t *testing.T) {
+	t.Parallel()
+	f := newFallback(nil, TransportAuto, "", time.Second)
+	f.heartbeat = 200 * time.Millisecond
+	now := time.Now()
+	f.quicDialing()
+	assert.Equal(t, TransportTCP, f.pickLocked(true, true, now), "QUIC never up: TCP at once")
+
+	f.quicUsable("a", true)
+	f.quicSuspect("a", true)
+	f.quicGraceUntil = now.Add(f.quicGrace(100 * time.Millisecond))
+	assert.Equal(t, 500*time.Millisecond, f.quicGrace(100*time.Millisecond), "two heartbeats and the TCP handshake")
+	assert.Equal(t, 400*time.Millisecond, f.quicGrace(0))
+	f.heartbeat = 0
+	assert.Equal(t, minQUICGrace, f.quicGrace(0))
+	f.heartbeat = 200 * time.Millisecond
+	assert.Empty(t, f.pickLocked(true, true, now), "silent QUIC, TCP just up: wait")
+	assert.Equal(t, TransportTCP, f.pickLocked(true, true, now.Add(500*time.Millisecond)), "QUIC still silent after the grace: TCP")
+	assert.Equal(t, TransportQUIC, f.pickLocked(true, false, now), "no TCP: the silent QUIC connection")
+	f.quicSuspect("a", false)
+	assert.Equal(t, TransportQUIC, f.pickLocked(true, true, now), "QUIC answers: QUIC")
+	assert.Empty(t, f.pickLocked(false, false, now), "nothing")
+}

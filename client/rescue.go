@@ -200,11 +200,25 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 			if m := c.cfg.Registry.Activity(); m != mark {
 				mark, lastWork = m, now
 			}
+			// An echo since the path went silent clears the suspicion
+			// before anything else: the tick that finds the path answering
+			// after a blackout may also find the connection idle, and a
+			// suspicion left standing through the idle spell would send the
+			// next new tunnel over TCP (fallback.go).
+			heard := recv.LastEcho()
+			if !suspectSince.IsZero() && heard.After(suspectSince) {
+				suspectSince = time.Time{}
+				c.fb.quicSuspect(l.m, false) // the path answers again
+			}
+			echo := heard
+			if echo.Before(watching) {
+				echo = watching
+			}
+			c.steerLink(logger, l, now, now.Sub(echo))
 			// Idle also needs an echo since the heartbeats started, recent
 			// enough that no rescue is due: a tunnel that opened onto a path
 			// that died while idle moves no bytes, and must not send the
 			// heartbeats back to sleep before its rescue.
-			heard := recv.LastEcho()
 			if !busy && now.Sub(lastWork) > c.cfg.IdleAfter && heard.After(watching) && now.Sub(heard) < c.cfg.RescueAfter {
 				// Arm first, then look once more: work that began before
 				// the Waker was armed shows in the mark, work after it wakes.
@@ -226,18 +240,9 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 				}
 			}
 			heartbeat()
-			echo := recv.LastEcho()
-			if !suspectSince.IsZero() && echo.After(suspectSince) {
-				suspectSince = time.Time{}
-				c.fb.quicSuspect(l.m, false) // the path answers again
-			}
-			if echo.Before(watching) {
-				echo = watching
-			}
 			if rx := conn.ConnectionStats().PacketsReceived; rx != lastRx || lastRxAt.Before(watching) {
 				lastRx, lastRxAt = rx, now
 			}
-			c.steerLink(logger, l, now, now.Sub(echo))
 			// New tunnels go over TCP (fallback.go) while the path is
 			// silent: no echo and not a single packet for RescueAfter. A
 			// server that still sends something (acknowledgements, late

@@ -189,3 +189,72 @@ func TestUDPBlockedFallbackAndReturn(t *testing.T) {
 	t.Logf("UDP blocked from the start: first tunnel over TCP %v after the client's start; %d MiB echoed with SHA-256 in %v; UDP back: new tunnels on QUIC after %v, the TCP-carried tunnel intact; UDP cut mid-session: new tunnels over TCP after %v (race build: %v; loaded machine, indicative)",
 		first.Round(time.Millisecond), size>>20, bulk.Round(time.Millisecond), returned.Round(time.Millisecond), mid.Round(time.Millisecond), raceEnabled)
 }
+
+// blackout drops everything that arrives on namespace ns's link, silently:
+// the link is dark (both transports). unblockUDP removes it.
+func blackout(t *testing.T, ns string) {
+	t.Helper()
+	ipCmd(t, "-n", ns, "rule", "add", "pref", "50", "iif", "eth0", "blackhole")
+}
+
+// TestBlackoutIsNotBlockedUDP: a blackout cuts TCP as much as UDP, so the
+// tunnels that follow it belong on QUIC, which rescues them in the next
+// one, not on a TCP connection that the fallback happened to make as the
+// link came back (TCP's backed-off retransmission timer then holds them
+// for seconds after the next blackout). The link goes dark for 7.5 s just
+// after a tunnel: the client's heartbeats go unanswered, its path counts as
+// silent a second in and the fallback starts a TCP dial, whose SYN
+// retransmission (at 1, 2, 4, 8 s) gets through half a second after the
+// link returns. The QUIC connection, without work for longer than 5 s when
+// its path answered again, went idle on that tick and kept its "silent"
+// mark through the idle spell, so the next tunnel went over TCP (bench
+// blackout-bulk, where another variant's blackout hit an idle client).
+func TestBlackoutIsNotBlockedUDP(t *testing.T) {
+	requireNetns(t)
+	checkLeaks(t)
+	ns := newNSPair(t)
+	for _, n := range []string{ns.client, ns.server} {
+		moveLocalRule(t, n)
+	}
+	echo := serveInNS(t, ns.server, echoConn)
+	serverURL, clientURL, listen, endpoint := "http://127.0.0.1:8086", "http://127.0.0.1:8087", "127.0.0.1:6500", serverNSIP+":7500"
+	state, secret := filepath.Join(t.TempDir(), "state"), newSecretFile(t)
+	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)
+	server := startInNS(t, ns.server, "quictun-server", bins.server, "--listen-on", endpoint,
+		"--state-dir", state, "--secret-file", secret, "--httpd-listen-on", "127.0.0.1:8086",
+		"--allow", "tcp:"+echo, "-v", "2")
+	waitNSReady(t, server, ns.server, serverURL)
+	client := startInNS(t, ns.client, "quictun-client", bins.client, "--listen-on", "tcp:"+listen,
+		"--server-endpoint", endpoint, "--server-fingerprint", fp, "--token-source", "tcp:"+echo,
+		"--secret-file", secret, "--httpd-listen-on", "127.0.0.1:8087", "-v", "2")
+	waitNSReady(t, client, ns.client, clientURL)
+	transport := func(name string) float64 {
+		return nsScrape(t, ns.client, clientURL).val("quictun_client_transport", "transport", name)
+	}
+	tcpOK := func() float64 {
+		return nsScrape(t, ns.client, clientURL).val("quictun_client_tcp_dials_total", "result", "ok")
+	}
+
+	require.NoError(t, nsEcho(ns.client, listen, "first", 10*time.Second)) // work: heartbeats on
+	require.Equal(t, 1.0, transport("quic"))
+	for _, n := range []string{ns.client, ns.server} {
+		blackout(t, n)
+	}
+	time.Sleep(7500 * time.Millisecond)
+	for _, n := range []string{ns.client, ns.server} {
+		unblockUDP(t, n)
+	}
+	back := time.Now()
+	deadline := back.Add(10 * time.Second)
+	for tcpOK() == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	tcpAt := time.Since(back)
+	start := time.Now()
+	require.NoError(t, nsEcho(ns.client, listen, "next", 10*time.Second))
+	took := time.Since(start)
+	assert.Equal(t, 1.0, transport("quic"), "the tunnel after a blackout goes over QUIC:\n%s", client.log())
+	assert.Zero(t, transport("tcp"))
+	t.Logf("blackout 7.5 s: TCP connections made %v (the last %v after the link returned); the next tunnel's echo took %v",
+		tcpOK(), tcpAt.Round(time.Millisecond), took.Round(time.Millisecond))
+}
