@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -765,6 +766,12 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 			return
 		}
 		cause := context.Cause(conn.Context())
+		// A server shutting down with many clients asks them to spread
+		// their reconnects (proto.ReconnectSpread): wait a random part of it.
+		var spreadWait time.Duration
+		if spread := proto.ReconnectSpread(cause); spread > 0 {
+			spreadWait = rand.N(spread)
+		}
 		met.ReconnectsTotal.Inc()
 		bo.Failure(time.Now())
 		if code, ok := proto.FromError(cause); ok && code == proto.CodeAuthFailed {
@@ -778,7 +785,8 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 		} else if now := time.Now(); lostLoggedAt.IsZero() || now.Sub(lostLoggedAt) >= lostLogInterval {
 			lostLoggedAt, loggedFailure = now, true
 			logger.Info("Lost connection to server; reconnecting (tunnels opened meanwhile wait for the new connection)",
-				"address", srv.addr, "connID", id, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause)
+				"address", srv.addr, "connID", id, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause,
+				"reconnectIn", spreadWait.Round(time.Millisecond))
 		} else {
 			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
 		}
@@ -789,7 +797,10 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 		// came up (the server refused our hello, or closes at once): the
 		// attempt count grows only in a wait, so without one that would be
 		// a reconnect loop without any delay.
-		if bo.Attempts() > 0 || time.Since(upSince) < shortConnection {
+		switch {
+		case spreadWait > 0:
+			c.waitSpread(ctx, spreadWait)
+		case bo.Attempts() > 0 || time.Since(upSince) < shortConnection:
 			c.waitBackoff(ctx, m)
 		}
 	}
@@ -820,6 +831,19 @@ func (c *Client) refusedBefore(msg string) bool {
 		return true
 	}
 	return false
+}
+
+// waitSpread waits d before a reconnect, as a server shutting down asked
+// (proto.ReconnectSpread). The fallback dials no TCP meanwhile: the server
+// restarts, UDP is not blocked.
+func (c *Client) waitSpread(ctx context.Context, d time.Duration) {
+	c.fb.quicAway(time.Now().Add(d))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 // errRedial cuts a reconnect backoff short.

@@ -131,6 +131,19 @@ func (f *fallback) quicDialing() {
 	}
 }
 
+// quicAway: a QUIC connection's server said it shuts down and asked the
+// client to wait until until before it reconnects: no TCP meanwhile (the
+// server restarts, UDP is not blocked), and the fallback delay counts from
+// then.
+func (f *fallback) quicAway(until time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.downSince.Before(until) {
+		f.downSince = until
+	}
+	f.signalLocked()
+}
+
 // quicPending: QUIC connection k is in its handshake, and rx counts what
 // it received (quicUsable ends that).
 func (f *fallback) quicPending(k any, rx rxCounter) {

@@ -32,7 +32,7 @@ func (s *Server) serveConn(ctx context.Context, tc tunnelConn) {
 	ctx = klog.NewContext(ctx, c.logger)
 	c.register()
 	stop := context.AfterFunc(ctx, func() {
-		_ = tc.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "server shutting down")
+		_ = tc.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), proto.ShutdownReason(time.Duration(s.reconnectSpread.Load())))
 	})
 	c.startDatagrams()
 	c.startAuthDeadline()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,6 +57,10 @@ type Config struct {
 	SelfAddrs []net.Addr
 
 	DrainTimeout time.Duration
+	// ShutdownHandshakeRate is the handshakes per second the clients are
+	// asked to spread their reconnects for when the server shuts down
+	// (ReconnectSpread); 0: DefaultShutdownHandshakeRate per core of GOMAXPROCS.
+	ShutdownHandshakeRate float64
 
 	// TailProbes is how many tail-loss probe datagrams follow a burst of
 	// downstream writes (0 disables); TailProbeDelay spaces them.
@@ -199,6 +204,10 @@ type Server struct {
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
 	draining   atomic.Bool
+	// reconnectSpread is what the shutdown close asks the clients to
+	// spread their reconnects over (proto.ShutdownReason), set as the
+	// connections are closed.
+	reconnectSpread atomic.Int64
 
 	mu    sync.Mutex
 	conns map[uint64]liveConn
@@ -252,6 +261,9 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	}
 	if cfg.Registry == nil {
 		cfg.Registry = tunnel.NewRegistry()
+	}
+	if cfg.ShutdownHandshakeRate <= 0 {
+		cfg.ShutdownHandshakeRate = DefaultShutdownHandshakeRate * float64(runtime.GOMAXPROCS(0))
 	}
 	if cfg.Events == nil {
 		cfg.Events = cfg.Metrics
@@ -527,6 +539,14 @@ func (s *Server) Run(ctx context.Context) error {
 		cancel()
 	}
 	s.cfg.Registry.AbortAll(proto.CodeShutdown)
+	s.mu.Lock()
+	nconns := len(s.conns)
+	s.mu.Unlock()
+	spread := ReconnectSpread(nconns, s.cfg.ShutdownHandshakeRate)
+	s.reconnectSpread.Store(int64(spread))
+	if spread > 0 {
+		logger.Info("Closing connections; asking their clients to spread their reconnects", "connections", nconns, "spread", spread)
+	}
 	cancelConns()
 	wg.Wait()
 	s.egress.Close()
@@ -534,6 +554,24 @@ func (s *Server) Run(ctx context.Context) error {
 	logger.Info("Server stopped")
 	return runErr
 }
+
+// ReconnectSpread is the time over which a server shutting down asks the
+// clients of its n connections to spread their reconnects
+// (proto.ShutdownReason), so that its successor takes their handshakes at
+// about rate a second as they come: n/rate, at most
+// proto.MaxReconnectSpread; none below a second's worth.
+func ReconnectSpread(n int, rate float64) time.Duration {
+	if rate <= 0 || float64(n) <= rate {
+		return 0
+	}
+	return min(time.Duration(float64(n)/rate*float64(time.Second)), proto.MaxReconnectSpread)
+}
+
+// DefaultShutdownHandshakeRate is the handshakes per second and core that
+// ReconnectSpread plans for by default: what a core takes, resumed or full
+// (about 330 to 360 measured, bench/results/loadgen-2026-11-27T005348Z),
+// less a quarter for the hellos and keep-alives that come with them.
+const DefaultShutdownHandshakeRate = 250
 
 var (
 	// errHandshakeRate refuses a connection from a source over its handshake rate.

@@ -70,6 +70,10 @@
 // the check answers CodeUnsupported (and counts and audits that stream as
 // refused) or bad_header; the client then stops checking on that connection.
 //
+// A server shutting down closes its connections with CodeShutdown and a
+// reason that may ask its clients to spread their reconnects over a time
+// (shutdown.go).
+//
 // Reverse forwards (KindReverse, and the streams the server opens toward the
 // client for them) are described in bind.go.
 package proto

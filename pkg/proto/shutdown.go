@@ -1,0 +1,52 @@
+package proto
+
+import (
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/quic-go/quic-go"
+)
+
+// A server that shuts down closes each connection with CodeShutdown and a
+// reason that says over how long its clients should spread their
+// reconnects, ShutdownReason(spread): "server shutting down
+// (reconnect-spread=20s)". A client waits a random time within it before
+// it dials again, so that a server restarted with thousands of clients is
+// not met by all of them in the same instant (its handshakes per second
+// are bounded by its CPU: about 300 per core). Clients that do not read
+// it reconnect at once, as before; a reason without it means no spread.
+
+// MaxReconnectSpread bounds the spread a client accepts from a server.
+const MaxReconnectSpread = time.Minute
+
+const spreadKey = "reconnect-spread="
+
+// ShutdownReason is the reason of a server's CodeShutdown close that asks
+// its clients to spread their reconnects over spread (0: none).
+func ShutdownReason(spread time.Duration) string {
+	if spread <= 0 {
+		return "server shutting down"
+	}
+	return "server shutting down (" + spreadKey + spread.Round(time.Millisecond).String() + ")"
+}
+
+// ReconnectSpread returns the spread that err, a connection's end, asks
+// for: a CodeShutdown close by the peer whose reason carries one (at most
+// MaxReconnectSpread); 0 otherwise.
+func ReconnectSpread(err error) time.Duration {
+	var ae *quic.ApplicationError
+	if !errors.As(err, &ae) || !ae.Remote || Code(ae.ErrorCode) != CodeShutdown {
+		return 0
+	}
+	_, v, ok := strings.Cut(ae.ErrorMessage, spreadKey)
+	if !ok {
+		return 0
+	}
+	v, _, _ = strings.Cut(v, ")")
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0
+	}
+	return min(d, MaxReconnectSpread)
+}
