@@ -133,10 +133,10 @@ func writeScaleMarkdown(w io.Writer, runs []*Results, charts []string, idle []*I
 		fmt.Fprintln(w, "over the idle phase (% of one core) and per client over its baseline; handshakes per server CPU-second")
 		fmt.Fprintln(w, "are per core (the server runs with GOMAXPROCS=1 unless the run says otherwise).")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| clients | run (UTC) | server RSS | RSS / client | live heap / client | stacks / client | goroutines / client | idle CPU, % of a core | CPU / idle client | full handshakes / CPU-s | 0-RTT / CPU-s | SIGKILL: all back | SIGKILL: not back | load average |")
-		fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+		fmt.Fprintln(w, "| clients | run (UTC) | server RSS | RSS / client | live heap / client | stacks / client | goroutines / client | idle CPU, % of a core | CPU / idle client | full handshakes / CPU-s | 0-RTT / CPU-s | SIGKILL: all back | SIGKILL: not back | SIGTERM: all back | SIGTERM: not back | load average |")
+		fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 		for _, r := range runs {
-			cells := []string{fmt.Sprint(r.Clients), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", r.LoadBefore + " → " + r.LoadAfter}
+			cells := []string{fmt.Sprint(r.Clients), "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", r.LoadBefore + " → " + r.LoadAfter}
 			if i := r.Idle; i != nil {
 				cells[1] = mib(float64(i.Snapshot.RSSBytes))
 				cells[2] = kib(i.RSSPerClientBytes)
@@ -155,9 +155,10 @@ func writeScaleMarkdown(w io.Writer, runs []*Results, charts []string, idle []*I
 				cells[9] = fmt.Sprintf("%.0f", c.PerServerCPUSecond)
 			}
 			for _, rs := range r.Restarts {
-				if rs.Signal == SignalKill {
-					cells[10] = fmt.Sprintf("%.1f s", rs.AllBackSeconds)
-					cells[11] = fmt.Sprint(rs.NotBack)
+				i := map[string]int{SignalKill: 10, SignalTerm: 12}[rs.Signal]
+				if i > 0 {
+					cells[i] = fmt.Sprintf("%.1f s", rs.AllBackSeconds)
+					cells[i+1] = fmt.Sprint(rs.NotBack)
 				}
 			}
 			cells = slices.Insert(cells, 1, r.Started.Format("01-02 15:04"))
