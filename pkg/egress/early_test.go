@@ -14,10 +14,7 @@ import (
 
 	"github.com/quictun/quictun/internal/testutil/quictest"
 	"github.com/quictun/quictun/pkg/egress"
-	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/proto"
-	"github.com/quictun/quictun/pkg/token"
-	"github.com/quictun/quictun/pkg/tunnel"
 )
 
 // handshaking is an egress.Conn whose handshake completes (or whose
@@ -61,16 +58,7 @@ func TestZeroRTTMadeBeforeRestartIsServed(t *testing.T) {
 		}
 	})
 	secret := []byte("the server's secret")
-	parser, err := token.NewParser(token.PluginCleartext, "")
-	require.NoError(t, err)
-	keys, err := proto.NewKeyring(proto.Key{Secret: secret})
-	require.NoError(t, err)
-	e, err := egress.New(egress.Config{
-		Parser: parser, Keys: keys, Allow: endpoint.MustParseAllowList("tcp:" + echo.Addr().String()),
-		Events: egress.NopEvents{}, Registry: tunnel.NewRegistry(),
-	})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
+	e := newHandler(t, secret, "tcp:"+echo.Addr().String(), egress.NopEvents{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cli, srv := quictest.Pair(t)

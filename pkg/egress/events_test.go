@@ -88,16 +88,7 @@ func TestEvents(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ev := &recorder{}
-			parser, err := token.NewParser(token.PluginCleartext, "")
-			require.NoError(t, err)
-			keys, err := proto.NewKeyring(proto.Key{Secret: secret})
-			require.NoError(t, err)
-			e, err := egress.New(egress.Config{
-				Parser: parser, Keys: keys, Allow: endpoint.MustParseAllowList("tcp:" + echo.Addr().String()),
-				Events: ev, Registry: tunnel.NewRegistry(),
-			})
-			require.NoError(t, err)
-			t.Cleanup(e.Close)
+			e := newHandler(t, secret, "tcp:"+echo.Addr().String(), ev)
 
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -128,4 +119,21 @@ func TestEvents(t *testing.T) {
 			assert.Equal(t, tc.want, ev.got())
 		})
 	}
+}
+
+// newHandler returns a Handler with one shared secret, rules allow (an
+// allow-list) and events ev, closed when the test ends.
+func newHandler(t *testing.T, secret []byte, allow string, ev egress.Events) *egress.Handler {
+	t.Helper()
+	parser, err := token.NewParser(token.PluginCleartext, "")
+	require.NoError(t, err)
+	keys, err := proto.NewKeyring(proto.Key{Secret: secret})
+	require.NoError(t, err)
+	e, err := egress.New(egress.Config{
+		Parser: parser, Keys: keys, Allow: endpoint.MustParseAllowList(allow),
+		Events: ev, Registry: tunnel.NewRegistry(),
+	})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	return e
 }

@@ -62,6 +62,39 @@ func nsEcho(ns, addr, msg string, timeout time.Duration) error {
 	return nil
 }
 
+// fallbackTunnel is the fallback tests' server and client (-v 2) in ns's
+// namespaces: the server forwards to an echo server in its namespace, the
+// client listens on listen; serverURL and clientURL are their admin APIs.
+type fallbackTunnel struct {
+	ns                           *nsPair
+	serverURL, clientURL, listen string
+	endpoint, echo, secret, fp   string
+}
+
+// startFallbackServer starts the echo server and the quictun server, and
+// waits until the server is ready (startClient starts the client).
+func startFallbackServer(t *testing.T, ns *nsPair) *fallbackTunnel {
+	t.Helper()
+	ft := &fallbackTunnel{ns: ns, serverURL: "http://127.0.0.1:8086", clientURL: "http://127.0.0.1:8087",
+		listen: "127.0.0.1:6500", endpoint: serverNSIP + ":7500", echo: serveInNS(t, ns.server, echoConn), secret: newSecretFile(t)}
+	state := filepath.Join(t.TempDir(), "state")
+	ft.fp = strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)
+	server := startInNS(t, ns.server, "quictun-server", bins.server, "--listen-on", ft.endpoint,
+		"--state-dir", state, "--secret-file", ft.secret, "--httpd-listen-on", "127.0.0.1:8086",
+		"--allow", "tcp:"+ft.echo, "-v", "2")
+	waitNSReady(t, server, ns.server, ft.serverURL)
+	return ft
+}
+
+// startClient starts the client (--transport auto, the default); it does
+// not wait for it.
+func (ft *fallbackTunnel) startClient(t *testing.T) *proc {
+	t.Helper()
+	return startInNS(t, ft.ns.client, "quictun-client", bins.client, "--listen-on", "tcp:"+ft.listen,
+		"--server-endpoint", ft.endpoint, "--server-fingerprint", ft.fp, "--token-source", "tcp:"+ft.echo,
+		"--secret-file", ft.secret, "--httpd-listen-on", strings.TrimPrefix(ft.clientURL, "http://"), "-v", "2")
+}
+
 // TestUDPBlockedFallbackAndReturn (issue 24 item 1) through the built
 // binaries in two namespaces, UDP dropped on the link both ways:
 //   - from the start: the first tunnel works over TCP, and a bulk transfer
@@ -80,19 +113,10 @@ func TestUDPBlockedFallbackAndReturn(t *testing.T) {
 		moveLocalRule(t, n)
 		blockUDP(t, n)
 	}
-	echo := serveInNS(t, ns.server, echoConn)
-	serverURL, clientURL, listen, endpoint := "http://127.0.0.1:8086", "http://127.0.0.1:8087", "127.0.0.1:6500", serverNSIP+":7500"
-	state, secret := filepath.Join(t.TempDir(), "state"), newSecretFile(t)
-	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)
-	server := startInNS(t, ns.server, "quictun-server", bins.server, "--listen-on", endpoint,
-		"--state-dir", state, "--secret-file", secret, "--httpd-listen-on", "127.0.0.1:8086",
-		"--allow", "tcp:"+echo, "-v", "2")
-	waitNSReady(t, server, ns.server, serverURL)
-
+	ft := startFallbackServer(t, ns)
+	serverURL, clientURL, listen := ft.serverURL, ft.clientURL, ft.listen
 	start := time.Now()
-	client := startInNS(t, ns.client, "quictun-client", bins.client, "--listen-on", "tcp:"+listen,
-		"--server-endpoint", endpoint, "--server-fingerprint", fp, "--token-source", "tcp:"+echo,
-		"--secret-file", secret, "--httpd-listen-on", "127.0.0.1:8087", "-v", "2")
+	client := ft.startClient(t)
 	waitFor(t, 30*time.Second, "the first tunnel over TCP", func() bool {
 		if client.exited() {
 			t.Fatalf("client exited:\n%s", client.log())
@@ -216,17 +240,9 @@ func TestBlackoutIsNotBlockedUDP(t *testing.T) {
 	for _, n := range []string{ns.client, ns.server} {
 		moveLocalRule(t, n)
 	}
-	echo := serveInNS(t, ns.server, echoConn)
-	serverURL, clientURL, listen, endpoint := "http://127.0.0.1:8086", "http://127.0.0.1:8087", "127.0.0.1:6500", serverNSIP+":7500"
-	state, secret := filepath.Join(t.TempDir(), "state"), newSecretFile(t)
-	fp := strings.TrimSpace(run(t, nil, bins.server, "fingerprint", "--state-dir", state).stdout)
-	server := startInNS(t, ns.server, "quictun-server", bins.server, "--listen-on", endpoint,
-		"--state-dir", state, "--secret-file", secret, "--httpd-listen-on", "127.0.0.1:8086",
-		"--allow", "tcp:"+echo, "-v", "2")
-	waitNSReady(t, server, ns.server, serverURL)
-	client := startInNS(t, ns.client, "quictun-client", bins.client, "--listen-on", "tcp:"+listen,
-		"--server-endpoint", endpoint, "--server-fingerprint", fp, "--token-source", "tcp:"+echo,
-		"--secret-file", secret, "--httpd-listen-on", "127.0.0.1:8087", "-v", "2")
+	ft := startFallbackServer(t, ns)
+	clientURL, listen := ft.clientURL, ft.listen
+	client := ft.startClient(t)
 	waitNSReady(t, client, ns.client, clientURL)
 	transport := func(name string) float64 {
 		return nsScrape(t, ns.client, clientURL).val("quictun_client_transport", "transport", name)
