@@ -788,7 +788,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 				"address", srv.addr, "connID", id, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause,
 				"reconnectIn", spreadWait.Round(time.Millisecond))
 		} else {
-			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause)
+			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause, "reconnectIn", spreadWait.Round(time.Millisecond))
 		}
 		// Reconnect at once after a connection that was up for a while (a
 		// server restart: streams opened meanwhile go out as 0-RTT data on
