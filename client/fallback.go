@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -383,10 +384,25 @@ func (f *fallback) run(ctx context.Context) {
 		wanted, at := f.wantedLocked(time.Now())
 		f.mu.Unlock()
 		if conn != nil && conn.Context().Err() != nil {
-			logger.Info("Lost TCP connection to server", "address", f.addr, "err", context.Cause(conn.Context()))
+			cause := context.Cause(conn.Context())
+			// A server shutting down may ask its clients to spread their
+			// reconnects (proto.ReconnectSpread), as over QUIC.
+			var wait time.Duration
+			if spread := proto.ReconnectSpread(cause); spread > 0 {
+				wait = rand.N(spread)
+			}
+			logger.Info("Lost TCP connection to server", "address", f.addr, "err", cause, "reconnectIn", wait.Round(time.Millisecond))
 			_ = conn.CloseWithError(0, "")
 			conn = nil
 			f.setSession(nil, 0)
+			if wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
+			}
 			continue
 		}
 		if wanted || conn == nil {

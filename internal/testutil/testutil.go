@@ -3,6 +3,7 @@
 package testutil
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"net"
@@ -40,8 +41,9 @@ type ServerOptions struct {
 	// WrapConn wraps the server's UDP socket (e.g. with forward error correction).
 	WrapConn func(net.PacketConn) net.PacketConn
 	// TCP also listens on TCP (Server.TCPAddr): the fallback for clients
-	// whose UDP is blocked.
-	TCP bool
+	// whose UDP is blocked; on TCPAddr if set (a restarted server's).
+	TCP     bool
+	TCPAddr string
 }
 
 // Server is a running in-process server.
@@ -124,7 +126,7 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 		DrainTimeout: 5 * time.Second,
 	}
 	if o.TCP {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := net.Listen("tcp", cmp.Or(o.TCPAddr, "127.0.0.1:0"))
 		require.NoError(t, err)
 		cfg.TCP = ln
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/server"
 )
@@ -48,4 +49,38 @@ func TestShutdownSpreadsReconnects(t *testing.T) {
 		assert.Zero(t, promtest.ToFloat64(cl.Metrics.TCPDialsTotal.WithLabelValues(result)), "no TCP dial (%s) while it waits", result)
 	}
 	t.Logf("asked to spread over %v: waited %v, back on the new server %v after the old one stopped", spread, wait, back.Round(time.Millisecond))
+}
+
+// TestShutdownSpreadsTCPReconnects: the same over the TCP fallback
+// (--transport tcp, as every client whose UDP is blocked): the client
+// waits its part of the spread before it connects over TCP again.
+func TestShutdownSpreadsTCPReconnects(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	state := t.TempDir()
+	const spread = 4 * time.Second
+	slow := func(c *server.Config) { c.DrainTimeout, c.ShutdownHandshakeRate = 0, 0.25 }
+	srv := testutil.StartServer(t, testutil.ServerOptions{StateDir: state, Allow: []string{"tcp:" + echo}, TCP: true, Mutate: slow})
+	logs := &logLines{}
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Logger: logs.logger(),
+		Mutate: func(c *client.Config) { c.Transport, c.TCPServerAddr = client.TransportTCP, srv.TCPAddr }})
+	echoCheck(t, dial(t, cl.Addr), 100)
+
+	srv.Stop(t)
+	stopped := time.Now()
+	srv2 := testutil.StartServer(t, testutil.ServerOptions{StateDir: state, Addr: srv.Addr, TCP: true, TCPAddr: srv.TCPAddr,
+		Allow: []string{"tcp:" + echo}})
+	require.Eventually(t, func() bool { return promtest.ToFloat64(srv2.Metrics.ActiveConnections) == 1 },
+		spread+10*time.Second, 10*time.Millisecond, "the client is back within the spread")
+	back := time.Since(stopped)
+	echoCheck(t, dial(t, cl.Addr), 100)
+
+	m := regexp.MustCompile(`Lost TCP connection.*"err"="[^"]*reconnect-spread=4s[^"]*".*"reconnectIn"="([^"]+)"`).FindStringSubmatch(logs.String())
+	require.NotNil(t, m, "the client read the spread from the server's close:\n%s", logs)
+	wait, err := time.ParseDuration(m[1])
+	require.NoError(t, err)
+	assert.Less(t, wait, spread)
+	assert.GreaterOrEqual(t, back, wait, "it waited before it connected")
+	assert.Equal(t, 2.0, promtest.ToFloat64(cl.Metrics.TCPDialsTotal.WithLabelValues("ok")), "one TCP connection before, one after")
+	t.Logf("over TCP, asked to spread over %v: waited %v, back on the new server %v after the old one stopped", spread, wait, back.Round(time.Millisecond))
 }
