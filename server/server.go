@@ -59,7 +59,7 @@ type Config struct {
 	DrainTimeout time.Duration
 	// ShutdownHandshakeRate is the handshakes per second the clients are
 	// asked to spread their reconnects for when the server shuts down
-	// (ReconnectSpread); 0: DefaultShutdownHandshakeRate per core of GOMAXPROCS.
+	// (ShutdownSpread); 0: DefaultShutdownHandshakeRate per core of GOMAXPROCS.
 	ShutdownHandshakeRate float64
 
 	// TailProbes is how many tail-loss probe datagrams follow a burst of
@@ -542,7 +542,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Lock()
 	nconns := len(s.conns)
 	s.mu.Unlock()
-	spread := ReconnectSpread(nconns, s.cfg.ShutdownHandshakeRate)
+	spread := ShutdownSpread(nconns, s.cfg.ShutdownHandshakeRate)
 	s.reconnectSpread.Store(int64(spread))
 	if spread > 0 {
 		logger.Info("Closing connections; asking their clients to spread their reconnects", "connections", nconns, "spread", spread)
@@ -555,12 +555,12 @@ func (s *Server) Run(ctx context.Context) error {
 	return runErr
 }
 
-// ReconnectSpread is the time over which a server shutting down asks the
+// ShutdownSpread is the time over which a server shutting down asks the
 // clients of its n connections to spread their reconnects
 // (proto.ShutdownReason), so that its successor takes their handshakes at
 // about rate a second as they come: n/rate, at most
 // proto.MaxReconnectSpread; none below a second's worth.
-func ReconnectSpread(n int, rate float64) time.Duration {
+func ShutdownSpread(n int, rate float64) time.Duration {
 	if rate <= 0 || float64(n) <= rate {
 		return 0
 	}
@@ -568,7 +568,7 @@ func ReconnectSpread(n int, rate float64) time.Duration {
 }
 
 // DefaultShutdownHandshakeRate is the handshakes per second and core that
-// ReconnectSpread plans for by default: what a core takes, resumed or full
+// ShutdownSpread plans for by default: what a core takes, resumed or full
 // (about 330 to 360 measured, bench/results/loadgen-2026-11-27T005348Z),
 // less a quarter for the hellos and keep-alives that come with them.
 const DefaultShutdownHandshakeRate = 250
