@@ -117,6 +117,9 @@ func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, h
 		}
 		mu.Lock()
 		f := flows[key]
+		if f != nil && f.queue.Closed() {
+			f = nil // ended, its handler not gone yet: a new flow takes the packet
+		}
 		if f == nil {
 			select {
 			case h.slots <- struct{}{}:
@@ -128,13 +131,22 @@ func (h *Handler) serveUDP(ctx context.Context, pc *net.UDPConn, us udpSource, h
 			}
 			f = &udpFlow{src: src, dest: key.dest, prefix: bytes.Clone(prefix), queue: udpflow.NewQueue(udpflow.DefaultQueueBytes, h.udpQueues)}
 			flows[key] = f
+			// Queued before its handler starts, which may end the flow at
+			// once (no session): the packet is then counted with it.
+			if !f.queue.Push(payload) {
+				ev.UDPDropped(udpflow.DropQueueFull)
+			}
 			handlers.Go(func() {
 				defer func() { <-h.slots }()
 				h.serveFlow(ctx, pc, f, us.tokens)
 				mu.Lock()
-				delete(flows, key)
+				if flows[key] == f {
+					delete(flows, key)
+				}
 				mu.Unlock()
 			})
+			mu.Unlock()
+			continue
 		}
 		mu.Unlock()
 		if !f.queue.Push(payload) {

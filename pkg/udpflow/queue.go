@@ -168,6 +168,13 @@ func (q *Queue) Close(err error) (dropped int) {
 	return dropped
 }
 
+// Closed reports whether the queue was closed.
+func (q *Queue) Closed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err != nil
+}
+
 // Len is the number of packets queued.
 func (q *Queue) Len() int {
 	q.mu.Lock()
