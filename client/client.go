@@ -597,10 +597,8 @@ func (c *Client) setSession(m *member, sess *session) *link {
 	if l != nil {
 		c.up++
 	}
-	close(c.changed)
-	c.changed = make(chan struct{})
 	c.mu.Unlock()
-	c.updateSessionUp()
+	c.sessionsChanged()
 	return l
 }
 
@@ -766,12 +764,7 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 			return
 		}
 		cause := context.Cause(conn.Context())
-		// A server shutting down with many clients asks them to spread
-		// their reconnects (proto.ReconnectSpread): wait a random part of it.
-		var spreadWait time.Duration
-		if spread := proto.ReconnectSpread(cause); spread > 0 {
-			spreadWait = rand.N(spread)
-		}
+		spreadWait := reconnectWait(cause)
 		met.ReconnectsTotal.Inc()
 		bo.Failure(time.Now())
 		if code, ok := proto.FromError(cause); ok && code == proto.CodeAuthFailed {
@@ -838,6 +831,21 @@ func (c *Client) refusedBefore(msg string) bool {
 // restarts, UDP is not blocked.
 func (c *Client) waitSpread(ctx context.Context, d time.Duration) {
 	c.fb.quicAway(time.Now().Add(d))
+	sleep(ctx, d)
+}
+
+// reconnectWait is how long to wait before reconnecting after a connection
+// (QUIC or TCP) that ended with cause: a random part of the spread a server
+// shutting down with many clients asked for (proto.ReconnectSpread), else 0.
+func reconnectWait(cause error) time.Duration {
+	if spread := proto.ReconnectSpread(cause); spread > 0 {
+		return rand.N(spread)
+	}
+	return 0
+}
+
+// sleep waits d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -385,24 +384,12 @@ func (f *fallback) run(ctx context.Context) {
 		f.mu.Unlock()
 		if conn != nil && conn.Context().Err() != nil {
 			cause := context.Cause(conn.Context())
-			// A server shutting down may ask its clients to spread their
-			// reconnects (proto.ReconnectSpread), as over QUIC.
-			var wait time.Duration
-			if spread := proto.ReconnectSpread(cause); spread > 0 {
-				wait = rand.N(spread)
-			}
+			wait := reconnectWait(cause) // as over QUIC
 			logger.Info("Lost TCP connection to server", "address", f.addr, "err", cause, "reconnectIn", wait.Round(time.Millisecond))
 			_ = conn.CloseWithError(0, "")
 			conn = nil
 			f.setSession(nil, 0)
-			if wait > 0 {
-				t := time.NewTimer(wait)
-				select {
-				case <-ctx.Done():
-				case <-t.C:
-				}
-				t.Stop()
-			}
+			sleep(ctx, wait)
 			continue
 		}
 		if wanted || conn == nil {
