@@ -55,6 +55,13 @@ type Config struct {
 	StreamReceiveWindow uint32
 	// ConnReceiveWindow bounds the data buffered for all streams together.
 	ConnReceiveWindow uint32
+	// InitialStreamReceiveWindow and InitialConnReceiveWindow, when set
+	// below the two above, are the windows the connection starts with,
+	// until OpenReceiveWindows opens the full ones: what a peer that has
+	// not proven who it is can make this side buffer. The connection
+	// window is at least HTTP/2's 65,535 bytes.
+	InitialStreamReceiveWindow uint32
+	InitialConnReceiveWindow   uint32
 	// HandshakeTimeout bounds the TLS handshake and the HTTP/2 preface and
 	// SETTINGS exchange.
 	HandshakeTimeout time.Duration
@@ -82,10 +89,10 @@ func DefaultConfig() Config {
 
 func (c *Config) complete() Config {
 	d := DefaultConfig()
-	if c == nil {
-		return d
+	o := d
+	if c != nil {
+		o = *c
 	}
-	o := *c
 	if o.MaxIncomingStreams <= 0 {
 		o.MaxIncomingStreams = d.MaxIncomingStreams
 	}
@@ -97,6 +104,13 @@ func (c *Config) complete() Config {
 	}
 	o.StreamReceiveWindow = min(o.StreamReceiveWindow, math.MaxInt32)
 	o.ConnReceiveWindow = max(min(o.ConnReceiveWindow, math.MaxInt32), http2DefaultWindow)
+	if o.InitialStreamReceiveWindow == 0 || o.InitialStreamReceiveWindow > o.StreamReceiveWindow {
+		o.InitialStreamReceiveWindow = o.StreamReceiveWindow
+	}
+	if o.InitialConnReceiveWindow == 0 || o.InitialConnReceiveWindow > o.ConnReceiveWindow {
+		o.InitialConnReceiveWindow = o.ConnReceiveWindow
+	}
+	o.InitialConnReceiveWindow = max(o.InitialConnReceiveWindow, http2DefaultWindow)
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = d.HandshakeTimeout
 	}
@@ -175,9 +189,14 @@ type Conn struct {
 	// slotFree is closed (and replaced) when a locally opened stream ends
 	// or the peer raises its limit.
 	slotFree chan struct{}
+	// streamWindow and connWindow are the receive windows in force: the
+	// initial ones, then (OpenReceiveWindows) the full ones.
+	streamWindow, connWindow uint32
 	// recvAvail is the connection-level credit the peer still has;
 	// recvUnacked the bytes consumed and not yet given back.
 	recvAvail, recvUnacked int64
+	// wasted and idleFrames are the peer's budgets of free work (flood.go).
+	wasted, idleFrames budget
 	// lingering: closed by CloseWithError; the reader drains until the
 	// peer's FIN.
 	lingering    bool
@@ -239,56 +258,25 @@ func handshake(ctx context.Context, nc net.Conn, tlsConf *tls.Config, cfg *Confi
 	if st.NegotiatedProtocol != ALPN {
 		return nil, fmt.Errorf("tls handshake: peer did not negotiate %q", ALPN)
 	}
-	// The preface exchange: bounded by the same deadline, and by ctx.
-	stop := context.AfterFunc(hctx, func() { _ = tc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	_ = tc.SetDeadline(deadline)
+	return start(ctx, hctx, tc, st, o, isClient)
+}
 
-	c := &Conn{
-		nc: tc, tls: st, isClient: isClient, cfg: o,
-		bw:                bufio.NewWriterSize(tc, maxFrameSize+64),
-		wsem:              make(chan struct{}, 1),
-		streams:           map[uint32]*Stream{},
-		peerMaxStreams:    math.MaxInt64, // until the peer's SETTINGS
-		maxIncoming:       o.MaxIncomingStreams,
-		peerInitialWindow: http2DefaultWindow,
-		peerMaxFrame:      16384,
-		sendWindow:        http2DefaultWindow,
-		credit:            make(chan struct{}),
-		slotFree:          make(chan struct{}),
-		recvAvail:         int64(o.ConnReceiveWindow),
-		ctrlNotify:        make(chan struct{}, 1),
-		acceptNotify:      make(chan struct{}, 1),
+// start runs the HTTP/2 preface and SETTINGS exchange on nc (the TLS
+// connection), bounded by hctx, and starts the connection's goroutines,
+// which end with the connection, not with ctx. The caller closes nc on
+// error.
+func start(ctx, hctx context.Context, nc net.Conn, st tls.ConnectionState, o Config, isClient bool) (*Conn, error) {
+	stop := context.AfterFunc(hctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if deadline, ok := hctx.Deadline(); ok {
+		_ = nc.SetDeadline(deadline)
 	}
-	c.nextID = 2
-	if isClient {
-		c.nextID = 1
-	}
-	br := bufio.NewReaderSize(tc, maxFrameSize+64)
+	c := newConn(nc, st, o, isClient)
+	br := bufio.NewReaderSize(nc, maxFrameSize+64)
 	c.fr = http2.NewFramer(nil, br)
 	c.fr.SetMaxReadFrameSize(maxFrameSize)
-	c.fw = http2.NewFramer(c.bw, nil)
-
-	if isClient {
-		if _, err := c.bw.WriteString(http2.ClientPreface); err != nil {
-			return nil, err
-		}
-	}
-	if err := c.fw.WriteSettings(
-		http2.Setting{ID: http2.SettingEnablePush, Val: 0},
-		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: uint32(min(o.MaxIncomingStreams, math.MaxUint32))},
-		http2.Setting{ID: http2.SettingInitialWindowSize, Val: o.StreamReceiveWindow},
-		http2.Setting{ID: http2.SettingMaxFrameSize, Val: maxFrameSize},
-	); err != nil {
+	if err := c.writePreface(); err != nil {
 		return nil, err
-	}
-	if inc := o.ConnReceiveWindow - http2DefaultWindow; inc > 0 {
-		if err := c.fw.WriteWindowUpdate(0, inc); err != nil {
-			return nil, err
-		}
-	}
-	if err := c.bw.Flush(); err != nil {
-		return nil, fmt.Errorf("write preface: %w", err)
 	}
 	if !isClient {
 		preface := make([]byte, len(http2.ClientPreface))
@@ -313,13 +301,71 @@ func handshake(ctx context.Context, nc net.Conn, tlsConf *tls.Config, cfg *Confi
 	if !stop() {
 		return nil, fmt.Errorf("handshake: %w", context.Cause(hctx))
 	}
-	_ = tc.SetDeadline(time.Time{})
+	_ = nc.SetDeadline(time.Time{})
 
 	c.ctx, c.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	c.wg.Add(2)
 	go c.readLoop()
 	go c.controlLoop()
 	return c, nil
+}
+
+// newConn is a connection over nc before its preface exchange.
+func newConn(nc net.Conn, st tls.ConnectionState, o Config, isClient bool) *Conn {
+	now := time.Now()
+	c := &Conn{
+		nc: nc, tls: st, isClient: isClient, cfg: o,
+		bw:                bufio.NewWriterSize(nc, maxFrameSize+64),
+		wsem:              make(chan struct{}, 1),
+		streams:           map[uint32]*Stream{},
+		peerMaxStreams:    math.MaxInt64, // until the peer's SETTINGS
+		maxIncoming:       o.MaxIncomingStreams,
+		peerInitialWindow: http2DefaultWindow,
+		peerMaxFrame:      16384,
+		sendWindow:        http2DefaultWindow,
+		credit:            make(chan struct{}),
+		slotFree:          make(chan struct{}),
+		streamWindow:      o.InitialStreamReceiveWindow,
+		connWindow:        o.InitialConnReceiveWindow,
+		recvAvail:         int64(o.InitialConnReceiveWindow),
+		wasted:            newBudget(maxWastedStreams, wastedStreamsPerSecond, now),
+		idleFrames:        newBudget(maxIdleFrames, idleFramesPerSecond, now),
+		ctrlNotify:        make(chan struct{}, 1),
+		acceptNotify:      make(chan struct{}, 1),
+	}
+	c.nextID = 2
+	if isClient {
+		c.nextID = 1
+	}
+	c.fw = http2.NewFramer(c.bw, nil)
+	return c
+}
+
+// writePreface writes the client preface (on the client), our SETTINGS and
+// the connection window beyond HTTP/2's default.
+func (c *Conn) writePreface() error {
+	if c.isClient {
+		if _, err := c.bw.WriteString(http2.ClientPreface); err != nil {
+			return err
+		}
+	}
+	if err := c.fw.WriteSettings(
+		http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: uint32(min(c.cfg.MaxIncomingStreams, math.MaxUint32))},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: c.streamWindow},
+		http2.Setting{ID: http2.SettingMaxFrameSize, Val: maxFrameSize},
+	); err != nil {
+		return err
+	}
+	if inc := c.connWindow - http2DefaultWindow; inc > 0 {
+		if err := c.fw.WriteWindowUpdate(0, inc); err != nil {
+			return err
+		}
+	}
+	if err := c.bw.Flush(); err != nil {
+		return fmt.Errorf("write preface: %w", err)
+	}
+	return nil
 }
 
 // tlsConfig is base for a tcpmux connection: TLS 1.3 with ALPN, also in
@@ -356,36 +402,77 @@ func (c *Conn) applySettings(sf *http2.SettingsFrame) error {
 }
 
 func (c *Conn) applySettingsLocked(sf *http2.SettingsFrame) error {
+	// Bounded as net/http2 bounds it, and applied in one pass: the cost of
+	// a frame does not grow with its entries times the open streams.
+	if sf.NumSettings() > maxSettingsEntries {
+		return &ProtocolError{Reason: fmt.Sprintf("SETTINGS with %d entries", sf.NumSettings())}
+	}
+	if sf.HasDuplicates() {
+		return &ProtocolError{Reason: "SETTINGS with duplicate entries"}
+	}
+	maxStreams, window, frame := c.peerMaxStreams, c.peerInitialWindow, c.peerMaxFrame
 	err := sf.ForeachSetting(func(s http2.Setting) error {
 		if err := s.Valid(); err != nil {
 			return &ProtocolError{Reason: err.Error()}
 		}
 		switch s.ID {
 		case http2.SettingMaxConcurrentStreams:
-			if int64(s.Val) > c.peerMaxStreams || c.peerMaxStreams == math.MaxInt64 {
-				broadcast(&c.slotFree)
-			}
-			c.peerMaxStreams = int64(s.Val)
+			maxStreams = int64(s.Val)
 		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.peerInitialWindow
-			c.peerInitialWindow = int64(s.Val)
-			for _, st := range c.streams {
-				st.sendWindow += delta
-				if st.sendWindow > math.MaxInt32 {
-					return &ProtocolError{Reason: "stream window overflow"}
-				}
-				signal(st.writeNotify)
-			}
+			window = int64(s.Val)
 		case http2.SettingMaxFrameSize:
-			c.peerMaxFrame = min(s.Val, maxFrameSize)
+			frame = min(s.Val, maxFrameSize)
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	if maxStreams > c.peerMaxStreams || c.peerMaxStreams == math.MaxInt64 {
+		broadcast(&c.slotFree)
+	}
+	c.peerMaxStreams, c.peerMaxFrame = maxStreams, frame
+	if delta := window - c.peerInitialWindow; delta != 0 {
+		c.peerInitialWindow = window
+		for _, st := range c.streams {
+			st.sendWindow += delta
+			if st.sendWindow > math.MaxInt32 {
+				return &ProtocolError{Reason: "stream window overflow"}
+			}
+			signal(st.writeNotify)
+		}
+	}
 	c.queueLocked(ctrlFrame{typ: http2.FrameSettings, flags: http2.FlagSettingsAck})
 	return nil
+}
+
+// OpenReceiveWindows opens the full receive windows of Config
+// (StreamReceiveWindow, ConnReceiveWindow) where the connection started
+// with smaller ones (InitialStreamReceiveWindow, InitialConnReceiveWindow):
+// the server calls it once the peer has proven the secret. Later calls do
+// nothing.
+func (c *Conn) OpenReceiveWindows() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closeErr != nil {
+		return
+	}
+	if d := int64(c.cfg.StreamReceiveWindow) - int64(c.streamWindow); d > 0 {
+		// SETTINGS_INITIAL_WINDOW_SIZE moves every stream's window by the
+		// difference, at the peer and here (RFC 9113 §6.9.2).
+		c.streamWindow = c.cfg.StreamReceiveWindow
+		for _, s := range c.streams {
+			s.recvAvail += d
+		}
+		c.queueLocked(ctrlFrame{typ: http2.FrameSettings, settings: []http2.Setting{
+			{ID: http2.SettingInitialWindowSize, Val: c.streamWindow},
+		}})
+	}
+	if d := c.cfg.ConnReceiveWindow - c.connWindow; c.cfg.ConnReceiveWindow > c.connWindow {
+		c.connWindow = c.cfg.ConnReceiveWindow
+		c.recvAvail += int64(d)
+		c.queueLocked(ctrlFrame{typ: http2.FrameWindowUpdate, value: d})
+	}
 }
 
 // Context is cancelled when the connection closes; its cause is the
@@ -492,7 +579,7 @@ func (c *Conn) newStreamLocked(id uint32, local bool) *Stream {
 	s := &Stream{
 		c: c, id: id, local: local,
 		sendWindow:  c.peerInitialWindow,
-		recvAvail:   int64(c.cfg.StreamReceiveWindow),
+		recvAvail:   int64(c.streamWindow),
 		readNotify:  make(chan struct{}, 1),
 		writeNotify: make(chan struct{}, 1),
 	}
@@ -508,7 +595,12 @@ func (c *Conn) AcceptStream(ctx context.Context) (*Stream, error) {
 		c.mu.Lock()
 		if len(c.accepted) > 0 {
 			s := c.accepted[0]
+			c.accepted[0] = nil
 			c.accepted = c.accepted[1:]
+			s.accepted = true
+			if s.ended {
+				c.remoteOpen--
+			}
 			if len(c.accepted) > 0 {
 				signal(c.acceptNotify)
 			}
@@ -613,16 +705,19 @@ func (c *Conn) fail(err error) {
 	_ = c.nc.Close()
 }
 
-// failProtocol closes the connection for a protocol violation, telling the
-// peer with a GOAWAY (best effort).
-func (c *Conn) failProtocol(reason string) {
+// failPeer closes the connection for the peer's fault, err (a
+// *ProtocolError, or a *FloodError), telling the peer with a GOAWAY (best
+// effort).
+func (c *Conn) failPeer(err error) {
 	c.mu.Lock()
 	if c.closeErr == nil {
-		c.queueLocked(ctrlFrame{typ: http2.FrameGoAway, streamID: c.lastPeerID, value: uint32(http2.ErrCodeProtocol)})
+		c.queueLocked(ctrlFrame{typ: http2.FrameGoAway, streamID: c.lastPeerID, value: uint32(errCodeOf(err))})
 	}
 	c.mu.Unlock()
-	// Written now if nobody else is writing; failing closes the socket.
-	err := &ProtocolError{Reason: reason}
+	// Written once the writer is free (it may be finishing a frame), within
+	// closeWriteTimeout; failing closes the socket.
+	t := time.NewTimer(closeWriteTimeout)
+	defer t.Stop()
 	select {
 	case c.wsem <- struct{}{}:
 		_ = c.nc.SetWriteDeadline(time.Now().Add(closeWriteTimeout))
@@ -630,7 +725,7 @@ func (c *Conn) failProtocol(reason string) {
 			_ = c.bw.Flush()
 		}
 		<-c.wsem
-	default:
+	case <-t.C:
 	}
 	c.fail(err)
 }
@@ -807,7 +902,7 @@ func (c *Conn) readLoop() {
 			case errors.As(err, &ne) && ne.Timeout():
 				c.fail(&quic.IdleTimeoutError{})
 			case errors.As(err, &ce), errors.As(err, &se), errors.Is(err, http2.ErrFrameTooLarge):
-				c.failProtocol(err.Error())
+				c.failPeer(&ProtocolError{Reason: err.Error()})
 			default:
 				c.fail(fmt.Errorf("tcpmux: read: %w", err))
 			}
@@ -816,20 +911,20 @@ func (c *Conn) readLoop() {
 		if closing {
 			continue // draining until the peer's FIN
 		}
-		if reason := c.handleFrame(f); reason != "" {
-			c.failProtocol(reason)
+		if err := c.handleFrame(f); err != nil {
+			c.failPeer(err)
 			return
 		}
 	}
 }
 
-// handleFrame handles one frame; a non-empty result is a protocol
-// violation that ends the connection.
-func (c *Conn) handleFrame(f http2.Frame) string {
+// handleFrame handles one frame; an error (a *ProtocolError or a
+// *FloodError) ends the connection.
+func (c *Conn) handleFrame(f http2.Frame) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closeErr != nil {
-		return ""
+		return nil
 	}
 	switch f := f.(type) {
 	case *http2.DataFrame:
@@ -837,34 +932,20 @@ func (c *Conn) handleFrame(f http2.Frame) string {
 	case *http2.HeadersFrame:
 		return c.handleHeadersLocked(f)
 	case *http2.RSTStreamFrame:
-		if s := c.streams[f.StreamID]; s != nil {
-			code := quic.StreamErrorCode(f.ErrCode)
-			s.remoteResetLocked(code)
-			s.remoteStopLocked(code, false)
-		} else if c.unknownStreamLocked(f.StreamID) {
-			return "RST_STREAM for an idle stream"
-		}
+		return c.handleResetLocked(f.StreamID, quic.StreamErrorCode(f.ErrCode), false)
 	case *http2.WindowUpdateFrame:
-		if f.StreamID == 0 {
-			c.sendWindow += int64(f.Increment)
-			if c.sendWindow > math.MaxInt32 {
-				return "connection window overflow"
-			}
-			broadcast(&c.credit)
-		} else if s := c.streams[f.StreamID]; s != nil {
-			s.sendWindow += int64(f.Increment)
-			if s.sendWindow > math.MaxInt32 {
-				return "stream window overflow"
-			}
-			signal(s.writeNotify)
-		}
+		return c.handleWindowUpdateLocked(f)
 	case *http2.SettingsFrame:
+		if err := c.idleFrameLocked(); err != nil {
+			return err
+		}
 		if !f.IsAck() {
-			if err := c.applySettingsLocked(f); err != nil {
-				return err.Error()
-			}
+			return c.applySettingsLocked(f)
 		}
 	case *http2.PingFrame:
+		if err := c.idleFrameLocked(); err != nil {
+			return err
+		}
 		if !f.IsAck() {
 			c.queueLocked(ctrlFrame{typ: http2.FramePing, flags: http2.FlagPingAck, ping: f.Data})
 		}
@@ -878,31 +959,106 @@ func (c *Conn) handleFrame(f http2.Frame) string {
 		c.mu.Lock()
 	case *http2.UnknownFrame:
 		if f.Type != frameResetWrite && f.Type != frameStopSending {
-			return "" // HTTP/2: unknown frame types are ignored
+			return c.idleFrameLocked() // HTTP/2: unknown frame types are ignored
 		}
 		p := f.Payload()
 		if len(p) != 4 || f.StreamID == 0 {
-			return "malformed " + f.Type.String()
+			return &ProtocolError{Reason: "malformed " + f.Type.String()}
 		}
 		code := quic.StreamErrorCode(binary.BigEndian.Uint32(p))
-		s := c.streams[f.StreamID]
-		if s == nil {
-			if c.unknownStreamLocked(f.StreamID) {
-				return "reset for an idle stream"
-			}
-			return ""
-		}
 		if f.Type == frameResetWrite {
-			s.remoteResetLocked(code)
-		} else {
-			s.remoteStopLocked(code, true)
+			return c.handleResetLocked(f.StreamID, code, true)
 		}
+		return c.handleStopSendingLocked(f.StreamID, code)
 	case *http2.PushPromiseFrame:
-		return "PUSH_PROMISE"
+		return &ProtocolError{Reason: "PUSH_PROMISE"}
 	case *http2.ContinuationFrame:
-		return "CONTINUATION"
+		return &ProtocolError{Reason: "CONTINUATION"}
+	default: // PRIORITY
+		return c.idleFrameLocked()
 	}
-	return ""
+	return nil
+}
+
+// idleFrameLocked charges a frame that moves no data to the peer's budget.
+func (c *Conn) idleFrameLocked() error {
+	if !c.idleFrames.take(time.Now()) {
+		return &FloodError{What: "idle frames"}
+	}
+	return nil
+}
+
+// wastedStreamLocked charges a stream the peer opened for nothing (reset
+// before it was read, or refused over the limit) to its budget.
+func (c *Conn) wastedStreamLocked() error {
+	if !c.wasted.take(time.Now()) {
+		return &FloodError{What: "stream resets"}
+	}
+	return nil
+}
+
+// handleResetLocked handles the peer abandoning its write direction of
+// stream id (RESET_WRITE), or both directions (RST_STREAM, whole).
+func (c *Conn) handleResetLocked(id uint32, code quic.StreamErrorCode, resetWrite bool) error {
+	s := c.streams[id]
+	if s == nil {
+		if c.unknownStreamLocked(id) {
+			return &ProtocolError{Reason: "reset for an idle stream"}
+		}
+		// A stream that has ended: a frame that crossed our own end is
+		// common, and costs a map lookup (no state, no answer, no wake-up).
+		return nil
+	}
+	if !s.local && !s.readOnce {
+		// Opened and reset before this side read a byte of it.
+		if err := c.wastedStreamLocked(); err != nil {
+			return err
+		}
+	}
+	s.remoteResetLocked(code)
+	if !resetWrite {
+		s.remoteStopLocked(code, false)
+	}
+	return nil
+}
+
+// handleStopSendingLocked handles the peer abandoning its read direction.
+func (c *Conn) handleStopSendingLocked(id uint32, code quic.StreamErrorCode) error {
+	s := c.streams[id]
+	if s == nil {
+		if c.unknownStreamLocked(id) {
+			return &ProtocolError{Reason: "reset for an idle stream"}
+		}
+		return nil // ended: as in handleResetLocked
+	}
+	s.remoteStopLocked(code, true)
+	return nil
+}
+
+func (c *Conn) handleWindowUpdateLocked(f *http2.WindowUpdateFrame) error {
+	if f.Increment < minUsefulWindowUpdate {
+		if err := c.idleFrameLocked(); err != nil {
+			return err
+		}
+	}
+	if f.StreamID == 0 {
+		c.sendWindow += int64(f.Increment)
+		if c.sendWindow > math.MaxInt32 {
+			return &ProtocolError{Reason: "connection window overflow"}
+		}
+		broadcast(&c.credit)
+		return nil
+	}
+	s := c.streams[f.StreamID]
+	if s == nil {
+		return nil // ended: as in handleResetLocked
+	}
+	s.sendWindow += int64(f.Increment)
+	if s.sendWindow > math.MaxInt32 {
+		return &ProtocolError{Reason: "stream window overflow"}
+	}
+	signal(s.writeNotify)
+	return nil
 }
 
 // unknownStreamLocked reports whether id names a stream that was never
@@ -914,26 +1070,31 @@ func (c *Conn) unknownStreamLocked(id uint32) bool {
 	return id > c.lastPeerID
 }
 
-func (c *Conn) handleDataLocked(f *http2.DataFrame) string {
+func (c *Conn) handleDataLocked(f *http2.DataFrame) error {
 	n := int64(f.Length)
+	if n == 0 && !f.StreamEnded() {
+		if err := c.idleFrameLocked(); err != nil {
+			return err
+		}
+	}
 	if n > c.recvAvail {
-		return "connection flow-control window exceeded"
+		return &ProtocolError{Reason: "connection flow-control window exceeded"}
 	}
 	c.recvAvail -= n
 	s := c.streams[f.StreamID]
 	if s == nil {
 		if c.unknownStreamLocked(f.StreamID) {
-			return "DATA for an idle stream"
+			return &ProtocolError{Reason: "DATA for an idle stream"}
 		}
 		c.consumedLocked(n) // a stream that has ended: discarded
-		return ""
+		return nil
 	}
 	data := f.Data()
 	if n > s.recvAvail {
-		return "stream flow-control window exceeded"
+		return &ProtocolError{Reason: "stream flow-control window exceeded"}
 	}
 	if s.recvFin || s.recvReset {
-		return "DATA after the end of the stream"
+		return &ProtocolError{Reason: "DATA after the end of the stream"}
 	}
 	s.recvAvail -= n
 	// Padding counts against the windows but is never read.
@@ -951,24 +1112,26 @@ func (c *Conn) handleDataLocked(f *http2.DataFrame) string {
 		s.maybeEndLocked()
 	}
 	signal(s.readNotify)
-	return ""
+	return nil
 }
 
-func (c *Conn) handleHeadersLocked(f *http2.HeadersFrame) string {
+func (c *Conn) handleHeadersLocked(f *http2.HeadersFrame) error {
 	id := f.StreamID
 	if (id%2 == 1) == c.isClient || id <= c.lastPeerID {
 		if c.streams[id] != nil {
-			return "HEADERS on an open stream"
+			return &ProtocolError{Reason: "HEADERS on an open stream"}
 		}
-		return "HEADERS with a bad stream ID"
+		return &ProtocolError{Reason: "HEADERS with a bad stream ID"}
 	}
 	if !f.HeadersEnded() {
-		return "HEADERS without END_HEADERS"
+		return &ProtocolError{Reason: "HEADERS without END_HEADERS"}
 	}
 	c.lastPeerID = id
 	if c.remoteOpen >= c.maxIncoming {
+		// Over the limit we advertised: refused, and charged (a peer
+		// that respects SETTINGS never sees this).
 		c.queueLocked(ctrlFrame{typ: http2.FrameRSTStream, streamID: id, value: uint32(http2.ErrCodeRefusedStream)})
-		return ""
+		return c.wastedStreamLocked()
 	}
 	s := c.newStreamLocked(id, false)
 	c.remoteOpen++
@@ -977,31 +1140,37 @@ func (c *Conn) handleHeadersLocked(f *http2.HeadersFrame) string {
 	}
 	c.accepted = append(c.accepted, s)
 	signal(c.acceptNotify)
-	return ""
+	return nil
 }
 
 // consumedLocked gives n bytes of connection-level credit back to the peer
 // once enough has accumulated.
 func (c *Conn) consumedLocked(n int64) {
 	c.recvUnacked += n
-	if c.recvUnacked >= int64(c.cfg.ConnReceiveWindow)/4 {
+	if c.recvUnacked >= int64(c.connWindow)/4 {
 		c.queueLocked(ctrlFrame{typ: http2.FrameWindowUpdate, value: uint32(c.recvUnacked)})
 		c.recvAvail += c.recvUnacked
 		c.recvUnacked = 0
 	}
 }
 
-// removeLocked forgets an ended stream.
+// removeLocked forgets an ended stream. One the peer opened counts against
+// its limit until AcceptStream has also returned it: a stream reset in the
+// accept queue still takes a place there (the accounting whose absence is
+// HTTP/2's "rapid reset" attack).
 func (c *Conn) removeLocked(s *Stream) {
 	if c.streams[s.id] != s {
 		return
 	}
 	delete(c.streams, s.id)
-	if s.local {
+	switch {
+	case s.local:
 		c.localOpen--
 		broadcast(&c.slotFree)
-	} else {
+	case s.accepted:
 		c.remoteOpen--
+	default:
+		s.ended = true
 	}
 }
 

@@ -27,7 +27,7 @@
 //     budget), and GOAWAY carries a code and a reason.
 //   - The framer (frame parsing, size limits) is the one net/http uses:
 //     well kept and fuzzed. The stream state machine above it is ours
-//     (about 700 lines), because net/http's client and server cannot express
+//     (about 900 lines), because net/http's client and server cannot express
 //     a server-side half-close nor arbitrary reset codes.
 //
 // The departures from HTTP/2, all invisible inside TLS: both ends open
@@ -44,14 +44,26 @@
 // # Bounds
 //
 // Everything a peer can make this side hold is bounded: streams by
-// Config.MaxIncomingStreams (more are refused with RST_STREAM), buffered
-// data by the receive windows (a peer that exceeds them is a flow-control
-// error that closes the connection), frames by the maximum frame size,
-// queued control frames (PING and SETTINGS acknowledgements, window
-// updates) by maxQueuedControlFrames (a peer that sends them without
-// reading the answers is disconnected). The handshake (TLS, preface,
-// SETTINGS) must finish within Config.HandshakeTimeout; a connection on
-// which nothing arrives for Config.IdleTimeout ends with
+// Config.MaxIncomingStreams (more are refused with RST_STREAM), and a
+// stream the peer opened counts against that limit until the application
+// has accepted it and it has ended, so streams reset while they wait in the
+// accept queue still take their place there (the accounting whose absence
+// is HTTP/2's "rapid reset" attack, CVE-2023-44487); buffered data by the
+// receive windows (a peer that exceeds them is a flow-control error that
+// closes the connection), which can start small until OpenReceiveWindows
+// (Config.InitialStreamReceiveWindow, InitialConnReceiveWindow); frames by
+// the maximum frame size; SETTINGS frames to 100 entries without
+// duplicates, applied in one pass; queued control frames (PING and
+// SETTINGS acknowledgements, window updates) by maxQueuedControlFrames (a
+// peer that sends them without reading the answers is disconnected). The
+// free work a peer can ask for (streams reset before they were read or
+// refused over the limit; PING, SETTINGS, PRIORITY, empty DATA, window
+// updates under 1 KiB, unknown frames) is charged to two token buckets per
+// connection (flood.go); a peer that empties one is disconnected with
+// GOAWAY ENHANCE_YOUR_CALM and *FloodError. CONTINUATION and PUSH_PROMISE
+// are protocol errors: a stream's HEADERS is one frame. The handshake (TLS,
+// preface, SETTINGS) must finish within Config.HandshakeTimeout; a
+// connection on which nothing arrives for Config.IdleTimeout ends with
 // *quic.IdleTimeoutError (PINGs every Config.KeepAlivePeriod keep a live
 // one busy), and a write the peer does not take within IdleTimeout closes it.
 //

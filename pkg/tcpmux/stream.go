@@ -46,6 +46,10 @@ type Stream struct {
 	writeDeadln  time.Time
 	readNotify   chan struct{}
 	writeNotify  chan struct{}
+	// For a stream the peer opened: accepted by AcceptStream; read from at
+	// least once; ended both ways (forgotten, but still counted against the
+	// peer's limit until accepted).
+	accepted, readOnce, ended bool
 }
 
 // StreamID is the stream's HTTP/2 stream ID: odd when the client opened
@@ -110,10 +114,11 @@ func (s *Stream) readLocked(p []byte) int {
 		}
 	}
 	s.buffered -= int64(n)
+	s.readOnce = true
 	c.consumedLocked(int64(n))
 	if !s.recvFin && !s.recvReset {
 		s.recvUnacked += int64(n)
-		if s.recvUnacked >= int64(c.cfg.StreamReceiveWindow)/4 {
+		if s.recvUnacked >= int64(c.streamWindow)/4 {
 			c.queueLocked(ctrlFrame{typ: http2.FrameWindowUpdate, streamID: s.id, value: uint32(s.recvUnacked)})
 			s.recvAvail += s.recvUnacked
 			s.recvUnacked = 0
