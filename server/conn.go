@@ -137,11 +137,12 @@ func (c *conn) startDatagrams() {
 // there is: the connection starts verified, with no deadline.
 func (c *conn) startAuthDeadline() {
 	s, gate := c.s, c.gate
-	if s.raiseStreamsTo > 0 {
-		gate.onVerified = func() { c.tc.RaiseMaxIncomingStreams(s.raiseStreamsTo) }
-	}
+	gate.onVerified = func() { c.tc.verified(s.raiseStreamsTo) }
 	gate.verified.Store(s.egress.Keys().Len() == 0)
 	if gate.verified.Load() {
+		// Keys removed by a reload since the server started with the
+		// smaller pre-authentication bounds: lift them now.
+		gate.onVerified()
 		return
 	}
 	// Clients prove the secret at once (a hello): a connection that does

@@ -214,7 +214,7 @@ type Server struct {
 }
 
 // orDefault sets *v to def when it is zero or negative (unset).
-func orDefault[T int | time.Duration](v *T, def T) {
+func orDefault[T int | uint32 | time.Duration](v *T, def T) {
 	if *v <= 0 {
 		*v = def
 	}
@@ -290,10 +290,17 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		cfg.QUIC = q
 	}
 	// TCP connections get QUIC's stream limits (the pre-authentication
-	// budget, then the full limit) and idle timeout.
+	// budget, then the full limit) and idle timeout, and with a secret
+	// small receive windows until the peer has proven it, so that what an
+	// unauthenticated connection can make the server buffer is 128 KiB,
+	// not 16 MiB.
 	cfg.TCPMux.MaxIncomingStreams = quicDefaultMaxIncomingStreams
 	if cfg.QUIC != nil && cfg.QUIC.MaxIncomingStreams > 0 {
 		cfg.TCPMux.MaxIncomingStreams = cfg.QUIC.MaxIncomingStreams
+	}
+	if cfg.Keys.Len() > 0 {
+		orDefault(&cfg.TCPMux.InitialStreamReceiveWindow, preAuthTCPStreamWindow)
+		orDefault(&cfg.TCPMux.InitialConnReceiveWindow, preAuthTCPConnWindow)
 	}
 	if cfg.TCPMux.IdleTimeout <= 0 && cfg.QUIC != nil {
 		cfg.TCPMux.IdleTimeout = cfg.QUIC.MaxIdleTimeout
@@ -588,6 +595,14 @@ func refuseConn(ctx context.Context, conn egress.Conn, reason string) {
 // quicDefaultMaxIncomingStreams is quic-go's default for a zero
 // quic.Config.MaxIncomingStreams.
 const quicDefaultMaxIncomingStreams = 100
+
+// The receive windows of a TCP connection until its first verified header
+// (tcpmux.Config.InitialStreamReceiveWindow, InitialConnReceiveWindow): a
+// hello and the first bytes of a few tunnels fit.
+const (
+	preAuthTCPStreamWindow = 64 << 10
+	preAuthTCPConnWindow   = 128 << 10
+)
 
 // liveConn is an open connection and its egress state (for ConnStats).
 type liveConn struct {

@@ -24,7 +24,10 @@ const maxTCPHandshakes = 256
 type tunnelConn interface {
 	egress.Conn
 	AcceptStream(ctx context.Context) (egress.TunnelStream, error)
-	RaiseMaxIncomingStreams(n int64)
+	// verified lifts the pre-authentication bounds once the peer has
+	// proven the secret: its stream limit to maxStreams (if above the
+	// current one) and, on TCP, its receive windows to the full ones.
+	verified(maxStreams int64)
 	LocalAddr() net.Addr
 	// asQUIC is the QUIC connection, nil on TCP (no datagrams, liveness or
 	// QUIC statistics).
@@ -44,6 +47,14 @@ func (c overQUIC) AcceptStream(ctx context.Context) (egress.TunnelStream, error)
 
 func (c overQUIC) asQUIC() *quic.Conn { return c.Conn }
 
+// verified raises the stream limit (our quic-go patch 0005); QUIC's windows
+// grow by themselves as the application reads.
+func (c overQUIC) verified(maxStreams int64) {
+	if maxStreams > 0 {
+		c.RaiseMaxIncomingStreams(maxStreams)
+	}
+}
+
 // overTCP is a tcpmux connection as a tunnelConn.
 type overTCP struct{ *tcpmux.Conn }
 
@@ -56,6 +67,11 @@ func (c overTCP) AcceptStream(ctx context.Context) (egress.TunnelStream, error) 
 }
 
 func (c overTCP) asQUIC() *quic.Conn { return nil }
+
+func (c overTCP) verified(maxStreams int64) {
+	c.RaiseMaxIncomingStreams(maxStreams) // never lowers it
+	c.OpenReceiveWindows()
+}
 
 // quicOf is the QUIC connection behind c (a tunnelConn or a bare
 // *quic.Conn), nil for a TCP one.
