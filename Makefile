@@ -19,7 +19,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # make image's tag is IMAGE_REPO:VERSION (no leading v: the Helm chart's appVersion); deploy/helm's image.repository
 IMAGE_REPO ?= quictun
 
-.PHONY: all quic-go test-quic-go build cross release image test-release demo test test-short check vet lint fmt fmt-check fuzz bench bench-full bench-floor bench-compare bench-scale bench-idle bench-scale-report e2e soak deploy-check clean
+.PHONY: all quic-go test-quic-go build cross release image test-release demo test test-short check vet lint fmt fmt-check fuzz fuzz-ci bench bench-full bench-floor bench-compare bench-scale bench-idle bench-scale-report e2e soak deploy-check clean
 
 # golangci-lint, pinned; installed from the module proxy into GOPATH/bin under a versioned name (about
 # 2 minutes the first time), so every clone on the machine (CI's fresh ones too) shares one build
@@ -88,6 +88,12 @@ demo: build
 # the end)
 test: quic-go fmt-check lint cross test-release test-quic-go
 	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./tools/bench/... ./...
+	$(MAKE) fuzz-ci
+
+## fuzz-ci: the fuzz targets of what a peer without credentials reaches first, for FUZZ_CI_TIME each (part of test)
+FUZZ_CI_TIME ?= 30s
+fuzz-ci: quic-go
+	$(GO) test -run '^$$' -fuzz '^FuzzFrameSequences$$' -fuzztime $(FUZZ_CI_TIME) ./pkg/tcpmux
 
 ## e2e: black-box tests of the built binaries (also part of make test)
 e2e: quic-go
@@ -125,7 +131,7 @@ fmt:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-## fuzz: run every fuzz target for FUZZTIME each (CI runs only their seed corpora, as part of test)
+## fuzz: run every fuzz target for FUZZTIME each (CI runs their seed corpora, as part of test, and fuzz-ci)
 fuzz: quic-go
 	@for pkg in $$($(GO) list ./...); do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
