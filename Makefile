@@ -58,11 +58,16 @@ cross: quic-go
 	  $(GO) run ./tools/typecheck -target $$t -test $$pkgs || exit 1; done
 
 ## release: bin/release/quictun_VERSION_OS_ARCH.{tar.gz,zip} for RELEASE_TARGETS (binaries, README.md, LICENSE if
-## any) and SHA256SUMS, reproducible (-trimpath, every time SOURCE_DATE_EPOCH); tools/release says how
+## any), provenance.json (commit, Go, quic-go base and patches, flags, date, archive hashes) and SHA256SUMS of
+## them, reproducible (-trimpath, every time SOURCE_DATE_EPOCH); SIGNING_KEY=path (an SSH private key, or the
+## .pub of a key in ssh-agent) signs SHA256SUMS into SHA256SUMS.sig (ssh-keygen -Y sign -n file); without it the
+## release is unsigned and says so; a key it cannot use fails it. tools/release says how
+SIGNING_KEY ?=
 release: quic-go
 	rm -rf bin/release
 	cd tools/release && GOWORK=off $(GO) run . archives --root ../.. --out ../../bin/release --version $(VERSION) \
-	  --mtime $(SOURCE_DATE_EPOCH) --ldflags "$(LDFLAGS)" --targets "$(RELEASE_TARGETS)"
+	  --mtime $(SOURCE_DATE_EPOCH) --ldflags "$(LDFLAGS)" --targets "$(RELEASE_TARGETS)" \
+	  --signing-key "$(if $(strip $(SIGNING_KEY)),$(abspath $(SIGNING_KEY)))"
 	cd bin/release && sha256sum -c SHA256SUMS
 
 ## image: OCI image without a Docker daemon: bin/image/quictun_VERSION_linux_{amd64,arm64}.image.tar (docker load,
@@ -72,7 +77,9 @@ image: quic-go
 	cd tools/release && GOWORK=off $(GO) run . image --root ../.. --out ../../bin/image --version $(VERSION) \
 	  --mtime $(SOURCE_DATE_EPOCH) --ldflags "$(LDFLAGS)" --repo $(IMAGE_REPO)
 
-## test-release: tools/release's tests: archives reproducible and complete, the image tarball valid (crane validate's check), non-root
+## test-release: tools/release's tests: archives reproducible and complete, the image tarball valid (crane validate's check), non-root;
+## a release signed with a throwaway key verifies (scripts/verify-release.sh) and a tampered one does not; provenance.json names
+## HEAD and the patches' hashes (fake binaries: no platform is built)
 test-release:
 	cd tools/release && GOWORK=off $(GO) test -count=1 .
 

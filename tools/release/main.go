@@ -1,9 +1,12 @@
 // Command release builds quictun's release artefacts, reproducibly: the same
 // commit, Go version and flags give the same bytes.
 //
-//	release archives --version V --out DIR [--targets "linux/amd64 ..."]
+//	release archives --version V --out DIR [--targets "linux/amd64 ..."] [--signing-key KEY]
 //	    one archive per target (tar.gz; zip for Windows) holding the binaries,
-//	    README.md and LICENSE (if any) under quictun_V_OS_ARCH/, and SHA256SUMS
+//	    README.md and LICENSE (if any) under quictun_V_OS_ARCH/; provenance.json
+//	    (commit, Go, quic-go base and patches, build flags and date, archive
+//	    hashes); SHA256SUMS of them all; with --signing-key, SHA256SUMS.sig
+//	    (ssh-keygen -Y sign -n file; scripts/verify-release.sh checks it)
 //	release image --version V --out DIR [--repo quictun] [--arches "amd64 arm64"]
 //	    an OCI image per Linux architecture, built without a Docker daemon:
 //	    DIR/quictun_V_linux_ARCH.image.tar (docker load, crane push) and DIR/oci,
@@ -15,6 +18,10 @@
 // go.work) so that the product's modules do not depend on
 // go-containerregistry; run it with GOWORK=off from this directory, or
 // through make release / make image.
+//
+// Without --signing-key the release is built unsigned, and says so. With a
+// key that ssh-keygen cannot load, nothing is built; a signature that does
+// not check against the key fails the release.
 package main
 
 import (
@@ -51,13 +58,30 @@ func main() {
 
 type options struct {
 	root, version, out, ldflags, repo string
-	targets, arches                   string
+	targets, arches, signingKey       string
 	mtime                             int64
+	// build builds one target's binaries (the build function; tests give
+	// a stand-in that writes small files)
+	build func(o options, goos, goarch, dir string) ([]string, error)
 }
 
 func run(args []string) error {
+	o, err := parseOptions(args)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	if args[0] == "archives" {
+		return archives(o)
+	}
+	return images(o)
+}
+
+func parseOptions(args []string) (options, error) {
 	if len(args) == 0 || (args[0] != "archives" && args[0] != "image") {
-		return errors.New("usage: release archives|image --version V --out DIR [flags]")
+		return options{}, errors.New("usage: release archives|image --version V --out DIR [flags]")
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	var o options
@@ -69,26 +93,31 @@ func run(args []string) error {
 	fs.StringVar(&o.targets, "targets", DefaultTargets, "archives: GOOS/GOARCH pairs")
 	fs.StringVar(&o.arches, "arches", "amd64 arm64", "image: Linux architectures")
 	fs.StringVar(&o.repo, "repo", "quictun", "image: repository of the tag (deploy/helm values image.repository)")
+	fs.StringVar(&o.signingKey, "signing-key", "", "archives: SSH key that signs SHA256SUMS (ssh-keygen -Y sign -n file); empty: unsigned")
 	if err := fs.Parse(args[1:]); err != nil {
-		return err
+		return options{}, err
 	}
 	if o.version == "" || o.out == "" {
-		return errors.New("--version and --out are required")
+		return options{}, errors.New("--version and --out are required")
 	}
-	if err := os.MkdirAll(o.out, 0o755); err != nil {
-		return err
-	}
-	if args[0] == "archives" {
-		return archives(o)
-	}
-	return images(o)
+	o.build = build
+	return o, nil
+}
+
+// buildEnv is go build's environment for every target, besides GOOS and GOARCH.
+var buildEnv = []string{"CGO_ENABLED=0", "GOWORK=off"}
+
+// buildFlags are go build's flags for every target, besides -o.
+func buildFlags(o options) []string {
+	return []string{"-trimpath", "-ldflags", o.ldflags}
 }
 
 // build builds Binaries for goos/goarch into dir and returns their paths.
 func build(o options, goos, goarch, dir string) ([]string, error) {
-	cmd := exec.Command("go", append([]string{"build", "-trimpath", "-ldflags", o.ldflags, "-o", dir + string(filepath.Separator)}, Binaries...)...)
+	args := append(append([]string{"build"}, buildFlags(o)...), "-o", dir+string(filepath.Separator))
+	cmd := exec.Command("go", append(args, Binaries...)...)
 	cmd.Dir = o.root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+goos, "GOARCH="+goarch, "GOWORK=off")
+	cmd.Env = append(append(os.Environ(), buildEnv...), "GOOS="+goos, "GOARCH="+goarch)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("go build %s/%s: %w", goos, goarch, err)
@@ -112,6 +141,17 @@ type file struct {
 }
 
 func archives(o options) error {
+	var fp string
+	if o.signingKey != "" {
+		var err error
+		if fp, err = keyFingerprint(o.signingKey); err != nil {
+			return err
+		}
+	}
+	prov, err := sourceProvenance(o)
+	if err != nil {
+		return err
+	}
 	tmp, err := os.MkdirTemp("", "quictun-release-")
 	if err != nil {
 		return err
@@ -135,7 +175,7 @@ func archives(o options) error {
 		if !ok {
 			return fmt.Errorf("target %q is not GOOS/GOARCH", t)
 		}
-		bins, err := build(o, goos, goarch, filepath.Join(tmp, goos+"_"+goarch))
+		bins, err := o.build(o, goos, goarch, filepath.Join(tmp, goos+"_"+goarch))
 		if err != nil {
 			return err
 		}
@@ -165,7 +205,32 @@ func archives(o options) error {
 		names = append(names, name)
 		fmt.Fprintf(os.Stderr, "wrote %s (%d bytes)\n", filepath.Join(o.out, name), len(data))
 	}
-	return writeSums(o.out, names)
+	return finish(o, prov, names, fp)
+}
+
+// finish writes the provenance prov of the archives names, SHA256SUMS of
+// both, and its signature by o.signingKey (fingerprint fp), if any.
+func finish(o options, prov *Provenance, names []string, fp string) error {
+	if err := writeProvenance(o, prov, names); err != nil {
+		return err
+	}
+	if err := writeSums(o.out, append(slices.Clone(names), ProvenanceFile)); err != nil {
+		return err
+	}
+	sig := filepath.Join(o.out, SigFile)
+	if err := os.Remove(sig); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if o.signingKey == "" {
+		fmt.Fprintf(os.Stderr, "release: UNSIGNED: no --signing-key (make release SIGNING_KEY=...), so no %s: "+
+			"a verifier can check the archives against SHA256SUMS, not who made them\n", SigFile)
+		return nil
+	}
+	if err := signSums(o.out, o.signingKey, fp); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s: signed by %s key %s\n", sig, o.signingKey, fp)
+	return nil
 }
 
 // writeSums writes dir/SHA256SUMS for names, as sha256sum prints it
