@@ -20,6 +20,7 @@ import (
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/server"
 )
 
 // TestTCPHandshakeSlotsUnderBareConnects (issue 30 R2): eight sources
@@ -144,4 +145,60 @@ func clientHelloRecord(t *testing.T, conf *tls.Config) []byte {
 	_, err = io.ReadFull(b, rec[5:])
 	require.NoError(t, err)
 	return rec
+}
+
+// TestTCPConnsPerSourceAtAccept (issue 30 R2): a TCP connection holds its
+// place among its source's connections (--max-conns-per-source) from
+// accept, before the TLS handshake, and gives it back on every path: when
+// it sent no ClientHello in time (the server closes it within 3 s, not the
+// handshake's 10 s), when its peer left or sent garbage, when its
+// handshake failed, and when the admitted connection ends.
+func TestTCPConnsPerSourceAtAccept(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Mutate: func(c *server.Config) { c.MaxConnsPerSource = 1 }})
+	refused := func() float64 {
+		return promtest.ToFloat64(srv.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit"))
+	}
+	// dialOK dials until a connection is admitted (the server gives a
+	// place back once it has noticed the end) and returns it.
+	dialOK := func(msg string) *tcpmux.Conn {
+		t.Helper()
+		var c *tcpmux.Conn
+		require.Eventually(t, func() bool {
+			var err error
+			c, err = dialTCP(t, srv)
+			return err == nil
+		}, 10*time.Second, 100*time.Millisecond, msg)
+		return c
+	}
+
+	silent, err := net.Dial("tcp", srv.TCPAddr)
+	require.NoError(t, err)
+	_, err = dialTCP(t, srv)
+	require.Error(t, err, "the silent connection holds the source's only place")
+	assert.Equal(t, 1.0, refused(), "refused at accept")
+	assert.Zero(t, promtest.ToFloat64(srv.Metrics.TCPHandshakeFailuresTotal), "with no TLS work")
+	start := time.Now()
+	_ = silent.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = silent.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "the server closed the silent connection")
+	assert.Less(t, time.Since(start), 8*time.Second, "at its ClientHello deadline, not the handshake's")
+	_ = silent.Close()
+	_ = dialOK("a silent connection that timed out gives back its place").CloseWithError(0, "")
+
+	for _, first := range [][]byte{nil, []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), {22, 3, 1, 0, 4, 1, 0, 0, 0}} {
+		nc, err := net.Dial("tcp", srv.TCPAddr)
+		require.NoError(t, err)
+		if first != nil {
+			_, err = nc.Write(first)
+			require.NoError(t, err)
+		}
+		_ = nc.Close()
+		_ = dialOK(fmt.Sprintf("a connection that left after %q gives back its place", first)).CloseWithError(0, "")
+	}
+	c := dialOK("the last connection's place is back")
+	_, err = dialTCP(t, srv)
+	require.Error(t, err, "an admitted connection holds the place, counted once")
+	_ = c.CloseWithError(0, "")
+	dialOK("an admitted connection that ended gives back its place")
 }
