@@ -105,7 +105,7 @@ func (c *conn) register() {
 	s := c.s
 	c.gate = &connGate{slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn), state: s.egress.NewConn()}
 	s.mu.Lock()
-	s.conns[c.id] = liveConn{conn: c.tc, state: c.gate.state}
+	s.conns[c.id] = liveConn{conn: c.tc, state: c.gate.state, verified: &c.gate.verified}
 	s.mu.Unlock()
 	s.cfg.Metrics.ActiveConnections.Inc()
 	if c.tc.asQUIC() == nil {

@@ -549,13 +549,12 @@ func (s *Server) Run(ctx context.Context) error {
 		cancel()
 	}
 	s.cfg.Registry.AbortAll(proto.CodeShutdown)
-	s.mu.Lock()
-	nconns := len(s.conns)
-	s.mu.Unlock()
-	spread := ShutdownSpread(nconns, s.cfg.ShutdownHandshakeRate)
+	nconns, verified := s.countConns()
+	spread := ShutdownSpread(verified, s.cfg.ShutdownHandshakeRate)
 	s.reconnectSpread.Store(int64(spread))
 	if spread > 0 {
-		logger.Info("Closing connections; asking their clients to spread their reconnects", "connections", nconns, "spread", spread)
+		logger.Info("Closing connections; asking their clients to spread their reconnects", "connections", nconns,
+			"verifiedConnections", verified, "spread", spread)
 	}
 	cancelConns()
 	wg.Wait()
@@ -563,6 +562,23 @@ func (s *Server) Run(ctx context.Context) error {
 	s.ready.Store(false)
 	logger.Info("Server stopped")
 	return runErr
+}
+
+// countConns returns how many connections are open, and how many of them
+// are verified (a verified header; mutual TLS or no authentication: from
+// the handshake). Only verified ones count toward the shutdown spread: the
+// clients that will come back are those that had proven the secret, and a
+// peer without it must not be able to make every client wait by holding
+// idle connections.
+func (s *Server) countConns() (open, verified int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, lc := range s.conns {
+		if lc.verified.Load() {
+			verified++
+		}
+	}
+	return len(s.conns), verified
 }
 
 // ShutdownSpread is the time over which a server shutting down asks the
@@ -599,10 +615,12 @@ func refuseConn(ctx context.Context, conn egress.Conn, reason string) {
 // quic.Config.MaxIncomingStreams.
 const quicDefaultMaxIncomingStreams = 100
 
-// liveConn is an open connection and its egress state (for ConnStats).
+// liveConn is an open connection and its egress state (for ConnStats),
+// and whether it is verified (connGate.verified, for the shutdown spread).
 type liveConn struct {
-	conn  tunnelConn
-	state *egress.ConnState
+	conn     tunnelConn
+	state    *egress.ConnState
+	verified *atomic.Bool
 }
 
 // connGate is what a connection may hold before it has proven the secret: a
