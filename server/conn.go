@@ -21,9 +21,12 @@ import (
 // within the connection limits, register it, start its datagram
 // goroutines and its authentication deadline, accept its streams (each
 // served by egress on a goroutine of its own), then wait for them and
-// record how it ended. Each step is a method of conn.
-func (s *Server) serveConn(ctx context.Context, tc tunnelConn) {
-	c := &conn{s: s, tc: tc, id: s.nextConnID.Add(1), src: sourceIP(tc.RemoteAddr())}
+// record how it ended. Each step is a method of conn. sourceHeld: the
+// connection already holds its place among its source's connections
+// (MaxConnsPerSource; a TCP connection takes it at accept), which
+// serveConn takes over and gives back.
+func (s *Server) serveConn(ctx context.Context, tc tunnelConn, sourceHeld bool) {
+	c := &conn{s: s, tc: tc, id: s.nextConnID.Add(1), src: sourceIP(tc.RemoteAddr()), sourceHeld: sourceHeld}
 	c.logger = klog.LoggerWithValues(klog.FromContext(ctx), "connID", c.id, "remoteAddress", tc.RemoteAddr().String())
 	if !c.admit(ctx) {
 		return
@@ -46,11 +49,14 @@ func (s *Server) serveConn(ctx context.Context, tc tunnelConn) {
 // conn is one connection being served (QUIC, or TCP: the fallback for
 // clients whose UDP is blocked), and what its steps share.
 type conn struct {
-	s      *Server
-	tc     tunnelConn
-	id     uint64
-	src    string // its source, as the per-source limits count it
-	logger klog.Logger
+	s   *Server
+	tc  tunnelConn
+	id  uint64
+	src string // its source, as the per-source limits count it
+	// sourceHeld: it held its place among src's connections before
+	// admit (taken at accept, for TCP).
+	sourceHeld bool
+	logger     klog.Logger
 
 	// gate is what the connection may hold before it has proven the secret.
 	gate *connGate
@@ -64,17 +70,21 @@ type conn struct {
 }
 
 // admit takes the connection's place within MaxConnections and
-// MaxConnsPerSource, or refuses it with overloaded.
+// MaxConnsPerSource (unless it holds that one already), or refuses it
+// with overloaded, giving back what it held.
 func (c *conn) admit(ctx context.Context) bool {
 	s := c.s
 	if n := s.active.Add(1); n > int64(s.cfg.MaxConnections) {
 		s.active.Add(-1)
+		if c.sourceHeld {
+			s.limits.closed(c.src, time.Now())
+		}
 		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues(metrics.RefusedMaxConnections).Inc()
 		c.logger.V(2).Info("Refused connection: the server is at its connection limit; raise --max-connections if clients need more", "limit", s.cfg.MaxConnections)
 		refuseConn(ctx, c.tc, "server at its connection limit")
 		return false
 	}
-	if !s.limits.open(c.src, time.Now()) {
+	if !c.sourceHeld && !s.limits.open(c.src, time.Now()) {
 		s.active.Add(-1)
 		s.cfg.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit").Inc()
 		c.logger.V(2).Info("Refused connection: too many from this address", "limit", s.cfg.MaxConnsPerSource)
@@ -95,7 +105,7 @@ func (c *conn) register() {
 	s := c.s
 	c.gate = &connGate{slots: make(chan struct{}, s.cfg.MaxUnverifiedStreamsPerConn), state: s.egress.NewConn()}
 	s.mu.Lock()
-	s.conns[c.id] = liveConn{conn: c.tc, state: c.gate.state}
+	s.conns[c.id] = liveConn{conn: c.tc, state: c.gate.state, verified: &c.gate.verified}
 	s.mu.Unlock()
 	s.cfg.Metrics.ActiveConnections.Inc()
 	if c.tc.asQUIC() == nil {

@@ -4,6 +4,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/quictun/quictun/pkg/metrics"
 )
 
 // sourceLimiter bounds what one source IP may hold: a token bucket of QUIC
@@ -198,4 +200,119 @@ func (l *sourceLimiter) holdUnverified(ip string) (release func(), ok bool) {
 		s.unverified--
 		l.mu.Unlock()
 	}, true
+}
+
+// tcpSlots bounds the TCP connections between accept and the end of their
+// TLS handshake, in two phases, each in total and per source (an IPv4
+// address or an IPv6 /64, sourceIP): waiting for their ClientHello (cheap: a
+// goroutine, a socket and at most one TLS record's buffer; a connection that
+// sends nothing stays here until tcpClientHelloTimeout) and in their TLS
+// handshake (the CPU-costly phase). A source's share keeps a few sources
+// from taking every place, so that silent or stalled connections from them
+// cannot starve the handshakes of clients elsewhere. Safe for concurrent use.
+type tcpSlots struct {
+	maxWaiting, maxWaitingPerSource       int
+	maxHandshakes, maxHandshakesPerSource int
+
+	mu                   sync.Mutex
+	waiting, handshaking int
+	// sources holds the sources with a connection in either phase; an
+	// entry goes with its last one, so the map has at most
+	// maxWaiting+maxHandshakes entries.
+	sources map[string]*tcpShare
+}
+
+type tcpShare struct{ waiting, handshaking int }
+
+// newTCPSlots returns the slots for maxHandshakes TCP handshakes at once:
+// four times as many connections may wait for their ClientHello, and a
+// source holds at most a sixteenth of either (at least 8).
+func newTCPSlots(maxHandshakes int) *tcpSlots {
+	share := func(n int) int { return min(n, max(8, n/16)) }
+	w := tcpWaitingPerHandshake * maxHandshakes
+	return &tcpSlots{maxWaiting: w, maxWaitingPerSource: share(w), maxHandshakes: maxHandshakes,
+		maxHandshakesPerSource: share(maxHandshakes), sources: map[string]*tcpShare{}}
+}
+
+// tcpWaitingPerHandshake is how many connections may wait for their
+// ClientHello per TCP handshake slot.
+const tcpWaitingPerHandshake = 4
+
+// wait takes a place for a connection from src waiting for its
+// ClientHello; it returns "" or the reason it was refused (a
+// refused_connections_total reason).
+func (t *tcpSlots) wait(src string) (refused string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sh := t.sources[src]
+	switch {
+	case sh != nil && sh.waiting >= t.maxWaitingPerSource:
+		return metrics.RefusedTCPWaitingPerSource
+	case t.waiting >= t.maxWaiting:
+		return metrics.RefusedTCPWaiting
+	}
+	if sh == nil {
+		sh = &tcpShare{}
+		t.sources[src] = sh
+	}
+	sh.waiting++
+	t.waiting++
+	return ""
+}
+
+// handshake moves a connection from src that holds a waiting place (wait)
+// to a handshake slot; it returns "" or the reason it was refused, and
+// the connection holds no place then.
+func (t *tcpSlots) handshake(src string) (refused string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sh := t.sources[src]
+	if sh == nil { // not from wait: a bug, but no reason to refuse
+		sh = &tcpShare{}
+		t.sources[src] = sh
+	}
+	if sh.waiting > 0 {
+		sh.waiting--
+		t.waiting--
+	}
+	switch {
+	case sh.handshaking >= t.maxHandshakesPerSource:
+		refused = metrics.RefusedTCPHandshakesPerSource
+	case t.handshaking >= t.maxHandshakes:
+		refused = metrics.RefusedTCPHandshakes
+	default:
+		sh.handshaking++
+		t.handshaking++
+	}
+	t.forgetLocked(src, sh)
+	return refused
+}
+
+// doneWaiting gives back a waiting place (a connection that sent no
+// ClientHello in time, or the server stopping).
+func (t *tcpSlots) doneWaiting(src string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if sh := t.sources[src]; sh != nil && sh.waiting > 0 {
+		sh.waiting--
+		t.waiting--
+		t.forgetLocked(src, sh)
+	}
+}
+
+// doneHandshake gives back a handshake slot (the handshake ended).
+func (t *tcpSlots) doneHandshake(src string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if sh := t.sources[src]; sh != nil && sh.handshaking > 0 {
+		sh.handshaking--
+		t.handshaking--
+		t.forgetLocked(src, sh)
+	}
+}
+
+func (t *tcpSlots) forgetLocked(src string, sh *tcpShare) {
+	if sh.waiting == 0 && sh.handshaking == 0 {
+		delete(t.sources, src)
+	}
 }

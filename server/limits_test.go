@@ -1,12 +1,15 @@
 package server
 
 import (
+	"fmt"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/pkg/metrics"
 )
 
 func TestSourceLimiterHandshakeRate(t *testing.T) {
@@ -135,4 +138,88 @@ func TestSourceLimiterUnverifiedShare(t *testing.T) {
 		_, ok = free.holdUnverified("a")
 		require.True(t, ok, "0: no share")
 	}
+}
+
+// TestTCPSlotsShares: the waiting and handshake phases each have a total
+// and a per-source share (a sixteenth, at least 8); a connection moves from
+// one to the other without being counted twice, a refused move gives back
+// its waiting place, and a source's entry goes with its last connection.
+func TestTCPSlotsShares(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                                               string
+		handshakes                                         int
+		wantWaiting, wantWaitingShare, wantHS, wantHSShare int
+	}{
+		{"default", 256, 1024, 64, 256, 16},
+		{"small: the share is at least 8", 32, 128, 8, 32, 8},
+		{"tiny: the share is at most the total", 4, 16, 8, 4, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			sl := newTCPSlots(tc.handshakes)
+			assert.Equal(t, tc.wantWaiting, sl.maxWaiting)
+			assert.Equal(t, tc.wantWaitingShare, sl.maxWaitingPerSource)
+			assert.Equal(t, tc.wantHS, sl.maxHandshakes)
+			assert.Equal(t, tc.wantHSShare, sl.maxHandshakesPerSource)
+		})
+	}
+
+	sl := newTCPSlots(32) // 128 waiting, 8 a source; 32 handshakes, 8 a source
+	for range 8 {
+		require.Empty(t, sl.wait("a"))
+	}
+	assert.Equal(t, metrics.RefusedTCPWaitingPerSource, sl.wait("a"), "a's share of the waiting places is taken")
+	require.Empty(t, sl.wait("b"), "another source has its own share")
+	sl.doneWaiting("b")
+	assert.NotContains(t, sl.sources, "b", "gone with its last connection")
+
+	for range 8 {
+		require.Empty(t, sl.handshake("a"))
+	}
+	assert.Equal(t, 0, sl.waiting, "moved, not counted twice")
+	assert.Equal(t, 8, sl.handshaking)
+	require.Empty(t, sl.wait("a"), "its waiting places are free again")
+	assert.Equal(t, metrics.RefusedTCPHandshakesPerSource, sl.handshake("a"), "a's share of the handshakes is taken")
+	assert.Equal(t, 0, sl.waiting, "the refused connection gave back its waiting place")
+	sl.doneHandshake("a")
+	require.Empty(t, sl.wait("a"))
+	require.Empty(t, sl.handshake("a"), "a finished handshake frees a slot")
+
+	// Fill the server-wide handshakes from other sources: 8 from a, 8
+	// each from c, d, e.
+	for _, src := range []string{"c", "d", "e"} {
+		for range 8 {
+			require.Empty(t, sl.wait(src))
+			require.Empty(t, sl.handshake(src))
+		}
+	}
+	require.Empty(t, sl.wait("f"))
+	assert.Equal(t, metrics.RefusedTCPHandshakes, sl.handshake("f"), "every handshake slot is taken")
+	assert.NotContains(t, sl.sources, "f")
+
+	// Fill the server-wide waiting places: 16 sources of 8.
+	for i := range 16 {
+		for range 8 {
+			require.Empty(t, sl.wait(fmt.Sprint("w", i)))
+		}
+	}
+	assert.Equal(t, metrics.RefusedTCPWaiting, sl.wait("g"), "every waiting place is taken")
+	assert.NotContains(t, sl.sources, "g", "a refused source leaves no entry")
+
+	for i := range 16 {
+		for range 8 {
+			sl.doneWaiting(fmt.Sprint("w", i))
+		}
+	}
+	for _, src := range []string{"a", "c", "d", "e"} {
+		for range 8 {
+			sl.doneHandshake(src)
+		}
+	}
+	sl.doneHandshake("unknown") // no effect
+	sl.doneWaiting("unknown")
+	assert.Empty(t, sl.sources, "every place given back")
+	assert.Zero(t, sl.waiting)
+	assert.Zero(t, sl.handshaking)
 }

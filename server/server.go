@@ -121,6 +121,13 @@ type Config struct {
 	// TCPMux bounds TCP connections; zero fields: tcpmux's defaults, the
 	// stream limits those of QUIC, the idle timeout QUIC's.
 	TCPMux tcpmux.Config
+	// MaxTCPHandshakes bounds the TCP connections in their TLS handshake
+	// at once (the CPU-costly phase; QUIC's equivalent is quic-go's queue of
+	// incoming handshakes); four times as many may wait for their
+	// ClientHello, which must arrive within 3 s of accept. A source (as for
+	// MaxConnsPerSource) holds at most a sixteenth of either, at least 8.
+	// More are closed at once and counted in refused_connections_total.
+	MaxTCPHandshakes int
 	// AllowRemoteListen are the addresses any verified client may ask the
 	// server to listen on for a reverse forward
 	// (endpoint.AllowList.AuthorizeListen), AllowRemoteListenFor further
@@ -159,6 +166,7 @@ func DefaultConfig() Config {
 		MaxEchoesPerSecond:  50,
 		HandshakesPerSecond: 20,
 		MaxConnsPerSource:   64,
+		MaxTCPHandshakes:    256,
 
 		MaxConnections:              4096,
 		MaxUnverifiedStreamsPerConn: 16,
@@ -198,8 +206,9 @@ type Server struct {
 	// more state for an unverified peer).
 	raiseStreamsTo int64
 
-	// tcpHandshakes holds a token per TCP connection in its handshake.
-	tcpHandshakes chan struct{}
+	// tcpSlots bounds the TCP connections between accept and the end of
+	// their TLS handshake (MaxTCPHandshakes).
+	tcpSlots *tcpSlots
 
 	nextConnID atomic.Uint64
 	ready      atomic.Bool
@@ -229,6 +238,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	orDefault(&cfg.TailProbeDelay, def.TailProbeDelay)
 	orDefault(&cfg.MaxEchoesPerSecond, def.MaxEchoesPerSecond)
 	orDefault(&cfg.MaxConnections, def.MaxConnections)
+	orDefault(&cfg.MaxTCPHandshakes, def.MaxTCPHandshakes)
 	orDefault(&cfg.MaxUnverifiedStreamsPerConn, def.MaxUnverifiedStreamsPerConn)
 	orDefault(&cfg.MaxUnverifiedStreams, def.MaxUnverifiedStreams)
 	orDefault(&cfg.MaxUnverifiedStreamsPerSource, DefaultUnverifiedStreamsPerSource(cfg.MaxUnverifiedStreams, cfg.MaxUnverifiedStreamsPerConn))
@@ -335,7 +345,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		limits:         newSourceLimiter(cfg.HandshakesPerSecond, cfg.MaxConnsPerSource, cfg.MaxUnverifiedStreamsPerSource),
 		unverified:     make(chan struct{}, cfg.MaxUnverifiedStreams),
 		raiseStreamsTo: raiseStreamsTo,
-		tcpHandshakes:  make(chan struct{}, maxTCPHandshakes),
+		tcpSlots:       newTCPSlots(cfg.MaxTCPHandshakes),
 		conns:          map[uint64]liveConn{},
 	}
 	if bind != nil {
@@ -488,7 +498,7 @@ func (s *Server) Run(ctx context.Context) error {
 				acceptErr <- err
 				return
 			}
-			wg.Go(func() { s.serveConn(connCtx, overQUIC{c}) })
+			wg.Go(func() { s.serveConn(connCtx, overQUIC{c}, false) })
 		}
 	})
 	tcpDone := make(chan struct{})
@@ -546,13 +556,12 @@ func (s *Server) Run(ctx context.Context) error {
 		cancel()
 	}
 	s.cfg.Registry.AbortAll(proto.CodeShutdown)
-	s.mu.Lock()
-	nconns := len(s.conns)
-	s.mu.Unlock()
-	spread := ShutdownSpread(nconns, s.cfg.ShutdownHandshakeRate)
+	nconns, verified := s.countConns()
+	spread := ShutdownSpread(verified, s.cfg.ShutdownHandshakeRate)
 	s.reconnectSpread.Store(int64(spread))
 	if spread > 0 {
-		logger.Info("Closing connections; asking their clients to spread their reconnects", "connections", nconns, "spread", spread)
+		logger.Info("Closing connections; asking their clients to spread their reconnects", "connections", nconns,
+			"verifiedConnections", verified, "spread", spread)
 	}
 	cancelConns()
 	wg.Wait()
@@ -560,6 +569,23 @@ func (s *Server) Run(ctx context.Context) error {
 	s.ready.Store(false)
 	logger.Info("Server stopped")
 	return runErr
+}
+
+// countConns returns how many connections are open, and how many of them
+// are verified (a verified header; mutual TLS or no authentication: from
+// the handshake). Only verified ones count toward the shutdown spread: the
+// clients that will come back are those that had proven the secret, and a
+// peer without it must not be able to make every client wait by holding
+// idle connections.
+func (s *Server) countConns() (open, verified int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, lc := range s.conns {
+		if lc.verified.Load() {
+			verified++
+		}
+	}
+	return len(s.conns), verified
 }
 
 // ShutdownSpread is the time over which a server shutting down asks the
@@ -604,10 +630,12 @@ const (
 	preAuthTCPConnWindow   = 128 << 10
 )
 
-// liveConn is an open connection and its egress state (for ConnStats).
+// liveConn is an open connection and its egress state (for ConnStats),
+// and whether it is verified (connGate.verified, for the shutdown spread).
 type liveConn struct {
-	conn  tunnelConn
-	state *egress.ConnState
+	conn     tunnelConn
+	state    *egress.ConnState
+	verified *atomic.Bool
 }
 
 // connGate is what a connection may hold before it has proven the secret: a

@@ -19,6 +19,18 @@ const (
 	// arrived while the server held its most TCP connections in their TLS
 	// handshake.
 	RefusedTCPHandshakes = "tcp_handshakes"
+	// RefusedTCPHandshakesPerSource: refused_connections_total, a TCP
+	// connection's ClientHello arrived while its source (an IPv4 address or
+	// an IPv6 /64) held its share of the TCP handshakes in progress.
+	RefusedTCPHandshakesPerSource = "tcp_handshakes_per_source"
+	// RefusedTCPWaiting: refused_connections_total, a TCP connection
+	// arrived while the server held its most TCP connections waiting for
+	// their ClientHello.
+	RefusedTCPWaiting = "tcp_waiting"
+	// RefusedTCPWaitingPerSource: refused_connections_total, a TCP
+	// connection arrived while its source held its share of the connections
+	// waiting for their ClientHello.
+	RefusedTCPWaitingPerSource = "tcp_waiting_per_source"
 	// PreauthAuthTimeout: a connection closed because it presented no verified
 	// stream header within --auth-timeout of its first stream or
 	// --idle-auth-timeout of its handshake.
@@ -166,7 +178,7 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	})
 	m.RefusedConnectionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "refused_connections_total",
-		Help: "Connections (QUIC and TCP) refused by connection limits, by reason (handshake_rate: the source's handshakes per second, tcp_handshakes: too many TCP connections in their TLS handshake at once, per_source_limit, max_connections).",
+		Help: "Connections (QUIC and TCP) refused by connection limits, by reason: handshake_rate (the source's handshakes per second), per_source_limit (--max-conns-per-source; TCP: at accept), max_connections, tcp_waiting and tcp_waiting_per_source (TCP: too many connections waiting for their ClientHello, 4x --max-tcp-handshakes, or the source's sixteenth of them), tcp_handshakes and tcp_handshakes_per_source (TCP: too many connections in their TLS handshake, --max-tcp-handshakes, or the source's sixteenth of them).",
 	}, []string{"reason"})
 	m.DroppedDatagramsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "dropped_datagrams_total",
@@ -208,7 +220,8 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	for _, r := range []string{DropNotQUIC, "header_parse_error", "unexpected_version", "unknown_connection_id", "dos_prevention"} {
 		m.DroppedDatagramsTotal.WithLabelValues(r)
 	}
-	for _, r := range []string{"handshake_rate", RefusedTCPHandshakes, "per_source_limit", RefusedMaxConnections} {
+	for _, r := range []string{"handshake_rate", RefusedTCPHandshakes, RefusedTCPHandshakesPerSource, RefusedTCPWaiting,
+		RefusedTCPWaitingPerSource, "per_source_limit", RefusedMaxConnections} {
 		m.RefusedConnectionsTotal.WithLabelValues(r)
 	}
 	for _, c := range l.Codes {

@@ -125,7 +125,8 @@ quictun_server_active_streams 0
 		"quictun_server_stream_bytes_total", "quictun_server_connections_total",
 		"quictun_server_refused_destinations_total", "quictun_server_active_streams"))
 
-	assert.Equal(t, []string{"handshake_rate", "max_connections", "per_source_limit", metrics.RefusedTCPHandshakes}, labelValues(t, reg, "quictun_server_refused_connections_total", "reason"))
+	assert.Equal(t, []string{"handshake_rate", "max_connections", "per_source_limit", metrics.RefusedTCPHandshakes, metrics.RefusedTCPHandshakesPerSource,
+		metrics.RefusedTCPWaiting, metrics.RefusedTCPWaitingPerSource}, labelValues(t, reg, "quictun_server_refused_connections_total", "reason"))
 	assert.Equal(t, []string{metrics.PreauthAuthTimeout, metrics.PreauthUnverifiedStreamsLimit, metrics.PreauthSourceUnverifiedStreamsLimit},
 		labelValues(t, reg, "quictun_server_preauth_rejections_total", "reason"))
 	assert.Equal(t, []string{"cache_full", "conn_quota"},

@@ -75,6 +75,8 @@ func TestValidate(t *testing.T) {
 		{"negative handshake rate", func(o *Options) { o.Server.HandshakesPerSecond = -0.5 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
 		{"negative conns per source", func(o *Options) { o.Server.MaxConnsPerSource = -1 }, []string{"--handshake-rate and --max-conns-per-source must not be negative"}},
 		{"no connections", func(o *Options) { o.Server.MaxConnections = 0 }, []string{"--max-connections"}},
+		{"no TCP handshakes", func(o *Options) { o.Server.MaxTCPHandshakes = 0 }, []string{"--max-tcp-handshakes must be at least 1"}},
+		{"TCP handshakes set", func(o *Options) { o.Server.MaxTCPHandshakes = 1024 }, nil},
 		{"no unverified streams per conn", func(o *Options) { o.Server.MaxUnverifiedStreamsPerConn = 0 }, []string{"--max-unverified-streams-per-conn"}},
 		{"no unverified streams", func(o *Options) { o.Server.MaxUnverifiedStreams = -1 }, []string{"--max-unverified-streams and"}},
 		{"unverified streams per source set", func(o *Options) { o.Server.MaxUnverifiedStreamsPerSource = 64 }, nil},

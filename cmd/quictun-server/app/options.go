@@ -92,7 +92,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
-	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "disable-0rtt"})},
+	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
 	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "idle-auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-unverified-streams-per-source", "max-replay-entries-per-conn"}},
@@ -132,8 +132,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Server.MaxConcurrentDials, "max-concurrent-dials", o.Server.MaxConcurrentDials, "concurrent destination dials; more wait up to --dial-timeout")
 	fs.IntVar(&o.Server.MaxDialsPerDestination, "max-dials-per-destination", o.Server.MaxDialsPerDestination, "concurrent dials to one destination address, so a slow or unreachable one cannot take every dial slot (more wait without holding a slot); 0 = a quarter of --max-concurrent-dials")
 	fs.Float64Var(&o.Server.HandshakesPerSecond, "handshake-rate", o.Server.HandshakesPerSecond, "new QUIC connections per second per source IP (burst twice that); a source past half its burst must first prove its address (one Retry round trip); 0 = unlimited")
-	fs.IntVar(&o.Server.MaxConnsPerSource, "max-conns-per-source", o.Server.MaxConnsPerSource, "open QUIC connections per source IP (an IPv6 source counts by its /64); more are closed with overloaded; 0 = unlimited")
+	fs.IntVar(&o.Server.MaxConnsPerSource, "max-conns-per-source", o.Server.MaxConnsPerSource, "open connections per source IP (an IPv6 source counts by its /64), QUIC and TCP (a TCP connection counts from accept, before its TLS handshake); more are closed with overloaded (TCP: at once); 0 = unlimited")
 	fs.IntVar(&o.Server.MaxConnections, "max-connections", o.Server.MaxConnections, "open QUIC connections in total; more are refused (quictun_server_refused_connections_total{reason=\"max_connections\"})")
+	fs.IntVar(&o.Server.MaxTCPHandshakes, "max-tcp-handshakes", o.Server.MaxTCPHandshakes, "TCP connections (--tcp-listen-on) in their TLS handshake at once; four times as many may wait for their ClientHello (which must arrive within 3 s of accept), and one source (an IPv4 address or an IPv6 /64) holds at most a sixteenth of either, at least 8; more are closed at once (quictun_server_refused_connections_total{reason=\"tcp_handshakes\"}, tcp_handshakes_per_source, tcp_waiting, tcp_waiting_per_source)")
 	fs.DurationVar(&o.Server.AuthTimeout, "auth-timeout", o.Server.AuthTimeout, "with --secret-file: a connection must present a verified stream header (a valid MAC, fresh, not a replay) within this long of its first stream, or it is closed with auth_failed (timeout if a header had a valid MAC but was stale, replayed or refused)")
 	fs.DurationVar(&o.Server.IdleAuthTimeout, "idle-auth-timeout", o.Server.IdleAuthTimeout, "with --secret-file: a connection must present a verified stream header within this long of its handshake, streams or not, or it is closed (clients send one at once, a hello; a client from before the hello that sits idle is closed with timeout and reconnects); kept above the 30 s after which clients reset their reconnect backoff")
 	fs.IntVar(&o.Server.MaxUnverifiedStreamsPerConn, "max-unverified-streams-per-conn", o.Server.MaxUnverifiedStreamsPerConn, "with --secret-file, a connection's stream credit until it presents a verified header (then --max-streams-per-conn); and the streams per connection served before their header is verified")
@@ -201,6 +202,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Server.MaxConnections < 1 || o.Server.MaxUnverifiedStreamsPerConn < 1 || o.Server.MaxUnverifiedStreams < 1 || o.Server.MaxReplayEntriesPerConn < 1 {
 		add("--max-connections, --max-unverified-streams-per-conn, --max-unverified-streams and --max-replay-entries-per-conn must be at least 1")
+	}
+	if o.Server.MaxTCPHandshakes < 1 {
+		add("--max-tcp-handshakes must be at least 1")
 	}
 	if n := o.Server.MaxUnverifiedStreamsPerSource; n < 0 {
 		add("--max-unverified-streams-per-source must not be negative")
