@@ -11,6 +11,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/backoff"
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/proto"
@@ -28,13 +29,18 @@ type RemoteForward struct {
 
 func (f RemoteForward) String() string { return f.Listen.String() + "=" + f.Destination.String() }
 
-// Bind retry pacing: a bind refused with addr_in_use is asked again (the
-// holder may be this client's previous connection, which the server has
-// not seen end yet), from bindRetry doubling to bindRetryMax, while the
-// connection lasts.
+// Bind retry pacing, on the same connection while it lasts: a bind the
+// server could not grant now (overloaded: its listeners, or this client's
+// share, are taken; addr_in_use: the holder may be this client's previous
+// connection, which the server has not seen end yet; or no answer) is asked
+// again after a jittered delay whose ceiling doubles from bindRetry to
+// bindRetryMax (pkg/backoff). A bind no rule admits (refused) is asked again
+// only every bindRetryRefused or so, in case the server's rules are
+// reloaded; other refusals are not asked again on that connection.
 const (
-	bindRetry    = time.Second
-	bindRetryMax = 30 * time.Second
+	bindRetry        = time.Second
+	bindRetryMax     = 30 * time.Second
+	bindRetryRefused = 5 * time.Minute
 )
 
 // newReverse returns the egress Handler that serves the streams the server
@@ -115,41 +121,53 @@ func (c *Client) serveReverse(ctx context.Context, l *link) {
 
 // bind asks the server to listen for forward f (binding key.id) on sess's
 // connection and holds the binding until the connection or the server
-// ends it, asking again while the address is held (addr_in_use) or after
-// the server ended a binding, while the connection lasts. Each outcome is
-// logged at -v 0 when it differs from the last one logged for f on that
-// server.
+// ends it, asking again, while the connection lasts, after the server
+// ended a binding and after a refusal that may pass (see bindRetry). Each
+// outcome is logged at -v 0 when it differs from the last one logged for f
+// on that server.
 func (c *Client) bind(ctx context.Context, sess *session, key bindKey, f RemoteForward) {
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "remoteForward", f.String())
 	conn := sess.Conn
-	delay := bindRetry
-	for conn.Context().Err() == nil && c.unbinding.Err() == nil {
+	// wctx ends with the connection or the client's drain.
+	wctx, cancel := context.WithCancel(conn.Context())
+	defer cancel()
+	defer context.AfterFunc(c.unbinding, cancel)()
+	retry := backoff.Backoff{Initial: bindRetry, Max: bindRetryMax}
+	refused := backoff.Backoff{Initial: bindRetryRefused, Max: bindRetryRefused}
+	for wctx.Err() == nil {
 		bound, err := c.bindOnce(conn, key, f, logger)
 		code, remote := proto.FromError(err)
+		var wait time.Duration
 		switch {
-		case conn.Context().Err() != nil || c.unbinding.Err() != nil:
+		case wctx.Err() != nil:
 			return
 		case bound:
-			delay = bindRetry // it was up: the next refusal starts the pacing afresh
-			logger.V(2).Info("Server ended a reverse forward; asking again", "err", err)
+			retry.Reset() // it was up: the next refusal starts the pacing afresh
+			wait = retry.Next()
+			logger.V(2).Info("Server ended a reverse forward; asking again", "err", err, "retryIn", wait)
 		case remote && code == proto.CodeShutdown:
 			logger.V(2).Info("Server is shutting down; its reverse forward ends with the connection")
 			return
-		case remote && code == proto.CodeAddrInUse:
-			c.logBind(logger, key, code.String(), "Server refused a reverse forward: its listen address is held by another client (or by this client's previous connection, until the server sees it end); asking again",
-				"code", code.String(), "retryIn", delay)
+		case remote && (code == proto.CodeOverloaded || code == proto.CodeAddrInUse):
+			wait = retry.Next()
+			c.logBind(logger, key, code.String(), "Server refused a reverse forward for now: "+bindRefusalFix(code)+"; asking again",
+				"code", code.String(), "retryIn", wait)
+		case remote && code == proto.CodeRefused:
+			wait = refused.Next()
+			c.logBind(logger, key, code.String(), "Server refused a reverse forward: "+bindRefusalFix(code),
+				"code", code.String(), "retryIn", wait)
 		case remote:
 			c.logBind(logger, key, code.String(), "Server refused a reverse forward: "+bindRefusalFix(code), "code", code.String())
 			return
 		default:
-			logger.V(2).Info("Server did not answer a reverse forward request", "err", err)
+			wait = retry.Next()
+			logger.V(2).Info("Server did not answer a reverse forward request", "err", err, "retryIn", wait)
 		}
+		t := time.NewTimer(wait)
 		select {
-		case <-time.After(delay):
-			delay = min(2*delay, bindRetryMax)
-		case <-conn.Context().Done():
-			return
-		case <-c.unbinding.Done():
+		case <-t.C:
+		case <-wctx.Done():
+			t.Stop()
 			return
 		}
 	}
@@ -220,11 +238,16 @@ func (c *Client) logBind(logger klog.Logger, key bindKey, outcome, msg string, k
 func bindRefusalFix(code proto.Code) string {
 	switch code {
 	case proto.CodeRefused:
-		return "no --allow-remote-listen rule on the server admits its listen address for this client; ask its operator to add one (its log names it), or change the address here"
+		return "no --allow-remote-listen rule on the server admits its listen address for this client, " +
+			"or its port is one the server itself listens on (QUIC, TCP or admin; reserved at every address); " +
+			"ask its operator to add a rule (its log names the reason), or change the address here"
 	case proto.CodeUnsupported:
 		return "the server allows no reverse forwards (no --allow-remote-listen), or predates them"
 	case proto.CodeOverloaded:
-		return "the server holds its limit of reverse forward listeners"
+		return "the server holds its limit of reverse forward listeners, or this client's share of them " +
+			"(its --max-remote-listeners, --max-remote-listeners-per-identity, --max-remote-listeners-per-conn)"
+	case proto.CodeAddrInUse:
+		return "its listen address is held by another client (or by this client's previous connection, until the server sees it end)"
 	case proto.CodeBadToken, proto.CodeBadHeader:
 		return "the server could not read the request (its listen address, or an older server)"
 	}

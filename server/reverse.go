@@ -5,15 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/lograte"
+	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 )
 
@@ -29,6 +33,54 @@ const (
 	DefaultReverseUDPQueueMemory = 4 << 20
 )
 
+// DefaultRemoteListensPerIdentity is MaxRemoteListensPerIdentity when it is
+// not set: an eighth of the server's listeners, so that at least eight
+// identities share them, and at least one connection's share.
+func DefaultRemoteListensPerIdentity(maxRemoteListens, perConn int) int {
+	return max(perConn, maxRemoteListens/8)
+}
+
+// Reasons a reverse forward request is refused: the reason label of
+// quictun_server_refused_remote_listens_total.
+const (
+	// RemoteListenNotAllowed: no --allow-remote-listen rule admits the
+	// address for this client (refused).
+	RemoteListenNotAllowed = "not_allowed"
+	// RemoteListenReservedPort: the port is one the server itself listens
+	// on, at any address, on TCP or UDP (refused).
+	RemoteListenReservedPort = "reserved_port"
+	// RemoteListenAddrInUse: another client's binding, or another program,
+	// holds the address (addr_in_use).
+	RemoteListenAddrInUse = "addr_in_use"
+	// RemoteListenServerLimit: the server holds MaxRemoteListens (overloaded).
+	RemoteListenServerLimit = "server_limit"
+	// RemoteListenConnLimit: the connection holds MaxRemoteListensPerConn
+	// (overloaded).
+	RemoteListenConnLimit = "conn_limit"
+	// RemoteListenIdentityLimit: the client's identity holds
+	// MaxRemoteListensPerIdentity (overloaded).
+	RemoteListenIdentityLimit = "identity_limit"
+	// RemoteListenNeedsQUIC: the client came over TCP (unsupported).
+	RemoteListenNeedsQUIC = "needs_quic"
+	// RemoteListenBadAddress: the listen address does not parse (bad_token).
+	RemoteListenBadAddress = "bad_address"
+	// RemoteListenFailed: the server could not listen there (internal).
+	RemoteListenFailed = "listen_failed"
+)
+
+// RemoteListenRefusalReasons lists the reasons a reverse forward request is
+// refused, for pre-creating the metric's series.
+func RemoteListenRefusalReasons() []string {
+	return []string{RemoteListenNotAllowed, RemoteListenReservedPort, RemoteListenAddrInUse, RemoteListenServerLimit,
+		RemoteListenConnLimit, RemoteListenIdentityLimit, RemoteListenNeedsQUIC, RemoteListenBadAddress, RemoteListenFailed}
+}
+
+// NewRemoteListenMetrics creates and registers on reg the metrics of the
+// listeners the server opens for reverse forwards (Config.RemoteListenMetrics).
+func NewRemoteListenMetrics(reg prometheus.Registerer) *metrics.RemoteListens {
+	return metrics.NewRemoteListens(reg, RemoteListenRefusalReasons())
+}
+
 // binder opens the listeners of reverse forwards (egress.Binder): for a
 // verified client whose --allow-remote-listen rules admit the address, it
 // listens there and carries each connection (or UDP flow) accepted as a
@@ -40,14 +92,21 @@ type binder struct {
 	// closes and its client is told (shutdown).
 	closing context.Context
 	close   context.CancelFunc
+	// reserved are the ports of the server's own listeners (Config.Self:
+	// QUIC, TCP, admin): no client listens on them, at any address, on TCP
+	// or UDP, whatever the rules say.
+	reserved map[uint16]bool
+	metrics  *metrics.RemoteListens
 
 	mu sync.Mutex
 	// rules are the --allow-remote-listen rules in force (SetRemoteListen).
 	rules listenRules
 	// bound holds the bindings in use by listen address
-	// (endpoint.String()); perConn counts each connection's.
-	bound   map[string]*binding
-	perConn map[uint64]int
+	// (endpoint.String()); perConn counts each connection's, perAccount
+	// each client identity's (egress.BindRequest.Account).
+	bound      map[string]*binding
+	perConn    map[uint64]int
+	perAccount map[string]int
 
 	// refusals chooses which refusals are logged at -v 0.
 	refusals *lograte.Limiter
@@ -74,22 +133,44 @@ func (b *binder) init(s *Server) {
 	b.s = s
 	b.closing, b.close = context.WithCancel(context.Background())
 	b.rules = listenRules{all: s.cfg.AllowRemoteListen, byID: s.cfg.AllowRemoteListenFor}
-	b.bound, b.perConn = map[string]*binding{}, map[uint64]int{}
+	b.bound, b.perConn, b.perAccount = map[string]*binding{}, map[uint64]int{}, map[string]int{}
+	b.reserved = map[uint16]bool{}
+	for _, ap := range s.cfg.Self {
+		if ap.Port() != 0 {
+			b.reserved[ap.Port()] = true
+		}
+	}
+	b.metrics = s.cfg.RemoteListenMetrics
 	b.refusals = lograte.New(egress.LogInterval, 64)
 }
 
-// refuse logs a refused reverse forward (at -v 0 once per interval and
-// reason, else -v 2) and returns its error.
 // errReverseNeedsQUIC refuses a reverse forward asked for over TCP.
 var errReverseNeedsQUIC = errors.New("reverse forwards need QUIC")
 
-func (b *binder) refuse(req egress.BindRequest, code proto.Code, msg string, err error, kv ...any) error {
-	lvl := 2
-	if ok, n := b.refusals.Allow(code.String() + " " + req.Bind.Listen); ok {
-		lvl, kv = 0, append(kv, "suppressed", n)
+// refusal is a refused reverse forward request: the code its client is
+// told, the metric's reason, and the log line.
+type refusal struct {
+	code   proto.Code
+	reason string
+	msg    string
+	err    error
+	kv     []any
+}
+
+// refuse counts r, logs it and returns its error. A client over its share
+// (conn_limit, identity_limit) is logged at -v 2, as a UDP flow over its
+// identity's share is; the others at -v 0 once per interval, reason and
+// address, else -v 2.
+func (b *binder) refuse(req egress.BindRequest, r refusal) error {
+	b.metrics.RefusedTotal.WithLabelValues(r.reason).Inc()
+	lvl, kv := 2, r.kv
+	if r.reason != RemoteListenConnLimit && r.reason != RemoteListenIdentityLimit {
+		if ok, n := b.refusals.Allow(r.reason + " " + req.Bind.Listen); ok {
+			lvl, kv = 0, append(kv, "suppressed", n)
+		}
 	}
-	req.Logger.V(lvl).Info(msg, append(kv, "code", code.String(), "err", err)...)
-	return &egress.BindError{Code: code, Err: err}
+	req.Logger.V(lvl).Info(r.msg, append(kv, "code", r.code.String(), "reason", r.reason, "err", r.err)...)
+	return &egress.BindError{Code: r.code, Err: r.err}
 }
 
 // authorize checks ep against the rules for everyone, then those of each
@@ -112,6 +193,29 @@ func (b *binder) authorize(ep endpoint.Endpoint, identities []string) (string, e
 	return "", err
 }
 
+// errReservedPort refuses a reverse forward on a port of the server's own
+// listeners.
+var errReservedPort = errors.New("the server's own listening port")
+
+// reservedPort reports whether ep (tcp: or udp:) asks for a port the server
+// itself listens on, whatever the address and family: 127.0.0.1:8086 held
+// by the admin server reserves [::1]:8086 and 0.0.0.0:8086 too, and the
+// QUIC port is reserved on TCP as well (the TCP fallback's default).
+func (b *binder) reservedPort(ep endpoint.Endpoint) (uint16, bool) {
+	if ep.Network != endpoint.NetworkTCP && ep.Network != endpoint.NetworkUDP {
+		return 0, false
+	}
+	_, p, err := net.SplitHostPort(ep.Address)
+	if err != nil {
+		return 0, false
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		return 0, false
+	}
+	return uint16(port), b.reserved[uint16(port)]
+}
+
 // Bind implements egress.Binder.
 func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), error) {
 	st := req.Stream
@@ -119,57 +223,118 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 	if qc == nil {
 		// The server opens the reverse forward's streams toward the client,
 		// which accepts them on its QUIC connection only.
-		return nil, b.refuse(req, proto.CodeUnsupported, "Refused a reverse forward: it needs a QUIC connection, and this client came over TCP (its UDP is blocked)", errReverseNeedsQUIC)
+		return nil, b.refuse(req, refusal{code: proto.CodeUnsupported, reason: RemoteListenNeedsQUIC, err: errReverseNeedsQUIC,
+			msg: "Refused a reverse forward: it needs a QUIC connection, and this client came over TCP (its UDP is blocked)"})
 	}
 	ep, err := endpoint.Parse(req.Bind.Listen)
 	if err != nil {
-		return nil, b.refuse(req, proto.CodeBadToken, "Refused a reverse forward: its listen address does not parse", err)
+		return nil, b.refuse(req, refusal{code: proto.CodeBadToken, reason: RemoteListenBadAddress, err: err,
+			msg: "Refused a reverse forward: its listen address does not parse"})
 	}
-	key := ep.String()
-	// Checked and recorded under mu, so a reload (setRules) either comes
-	// before the check or finds the binding to check again.
-	b.mu.Lock()
-	rule, err := b.authorize(ep, req.Identities)
+	rule, release, err := b.hold(req, ep)
 	if err != nil {
-		b.mu.Unlock()
-		return nil, b.refuse(req, proto.CodeRefused, "Refused a reverse forward: no --allow-remote-listen rule admits its address for this client; "+
-			"if it may listen there, add --allow-remote-listen LISTEN (or IDENTITY=LISTEN, e.g. key=NAME=LISTEN) and reload (SIGHUP)", err, "allowRemoteListen", ep.String())
+		return nil, err
 	}
-	holder, taken := b.bound[key]
-	switch {
-	case taken:
-		b.mu.Unlock()
-		return nil, b.refuse(req, proto.CodeAddrInUse, "Refused a reverse forward: another client's reverse forward holds its address",
-			errors.New("address bound by another connection"), "holderConnID", holder.connID)
-	case len(b.bound) >= b.s.cfg.MaxRemoteListens:
-		b.mu.Unlock()
-		return nil, b.refuse(req, proto.CodeOverloaded, "Refused a reverse forward: the server holds its limit of reverse forward listeners",
-			errors.New("too many reverse forwards"), "limit", b.s.cfg.MaxRemoteListens)
-	case b.perConn[st.ConnID] >= b.s.cfg.MaxRemoteListensPerConn:
-		b.mu.Unlock()
-		return nil, b.refuse(req, proto.CodeOverloaded, "Refused a reverse forward: the connection holds its share of listeners",
-			errors.New("too many reverse forwards on this connection"), "limit", b.s.cfg.MaxRemoteListensPerConn)
-	}
-	b.bound[key] = &binding{connID: st.ConnID, ep: ep, identities: req.Identities, stream: st.Stream, logger: req.Logger}
-	b.perConn[st.ConnID]++
-	b.mu.Unlock()
-	release := func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		delete(b.bound, key)
-		if b.perConn[st.ConnID]--; b.perConn[st.ConnID] <= 0 {
-			delete(b.perConn, st.ConnID)
-		}
-	}
-
 	ln, pc, err := b.s.cfg.ListenRemote(ctx, ep)
 	if err != nil {
 		release()
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, b.refuse(req, proto.CodeAddrInUse, "Refused a reverse forward: its address is in use on the server (by another program)", err)
+			return nil, b.refuse(req, refusal{code: proto.CodeAddrInUse, reason: RemoteListenAddrInUse, err: err,
+				msg: "Refused a reverse forward: its address is in use on the server (by another program)"})
 		}
-		return nil, b.refuse(req, proto.CodeInternal, "Refused a reverse forward: could not listen at its address", err)
+		return nil, b.refuse(req, refusal{code: proto.CodeInternal, reason: RemoteListenFailed, err: err,
+			msg: "Refused a reverse forward: could not listen at its address"})
 	}
+	unbind, err := b.serve(ctx, req, qc, ep, ln, pc)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	req.Logger.Info("Listening for a reverse forward", "rule", rule)
+	return func() {
+		unbind()
+		release()
+		req.Logger.V(2).Info("Closed a reverse forward's listener", "address", ep.String())
+	}, nil
+}
+
+// hold checks a request for ep against the rules, the reserved ports, the
+// bindings held and the limits, and records its binding (the refusal is
+// logged and counted); release ends it. Checked and recorded under mu, so
+// a reload (setRules) either comes before the check or finds the binding
+// to check again.
+func (b *binder) hold(req egress.BindRequest, ep endpoint.Endpoint) (rule string, release func(), err error) {
+	b.mu.Lock()
+	rule, r := b.admit(req, ep)
+	b.mu.Unlock()
+	if r != nil {
+		return "", nil, b.refuse(req, *r)
+	}
+	key, connID := ep.String(), req.Stream.ConnID
+	return rule, func() { b.unhold(key, connID, req.Account) }, nil
+}
+
+// admit checks a request for ep (see hold) and records its binding, or
+// returns why not. Call it with mu held.
+func (b *binder) admit(req egress.BindRequest, ep endpoint.Endpoint) (string, *refusal) {
+	st, key, cfg := req.Stream, ep.String(), &b.s.cfg
+	rule, err := b.authorize(ep, req.Identities)
+	if err != nil {
+		return "", &refusal{code: proto.CodeRefused, reason: RemoteListenNotAllowed, err: err, kv: []any{"allowRemoteListen", key},
+			msg: "Refused a reverse forward: no --allow-remote-listen rule admits its address for this client; " +
+				"if it may listen there, add --allow-remote-listen LISTEN (or IDENTITY=LISTEN, e.g. key=NAME=LISTEN) and reload (SIGHUP)"}
+	}
+	if port, ok := b.reservedPort(ep); ok {
+		return "", &refusal{code: proto.CodeRefused, reason: RemoteListenReservedPort, err: errReservedPort, kv: []any{"port", port},
+			msg: "Refused a reverse forward: its port is one the server itself listens on (QUIC, TCP or admin), reserved at every address; " +
+				"the client must choose another port (and the rule admitting it should not span the server's ports)"}
+	}
+	holder, taken := b.bound[key]
+	switch {
+	case taken:
+		return "", &refusal{code: proto.CodeAddrInUse, reason: RemoteListenAddrInUse, kv: []any{"holderConnID", holder.connID},
+			err: errors.New("address bound by another connection"), msg: "Refused a reverse forward: another client's reverse forward holds its address"}
+	case b.perConn[st.ConnID] >= cfg.MaxRemoteListensPerConn:
+		return "", &refusal{code: proto.CodeOverloaded, reason: RemoteListenConnLimit, kv: []any{"limit", cfg.MaxRemoteListensPerConn},
+			err: errors.New("too many reverse forwards on this connection"),
+			msg: "Refused a reverse forward: the connection holds its share of listeners; raise --max-remote-listeners-per-conn if it needs more"}
+	case b.perAccount[req.Account] >= cfg.MaxRemoteListensPerIdentity:
+		return "", &refusal{code: proto.CodeOverloaded, reason: RemoteListenIdentityLimit,
+			kv:  []any{"account", req.Account, "open", b.perAccount[req.Account], "limit", cfg.MaxRemoteListensPerIdentity},
+			err: errors.New("too many reverse forwards for this client identity"),
+			msg: "Refused a reverse forward: this client identity holds its share of the server's listeners; raise --max-remote-listeners-per-identity if it needs more"}
+	case len(b.bound) >= cfg.MaxRemoteListens:
+		return "", &refusal{code: proto.CodeOverloaded, reason: RemoteListenServerLimit, kv: []any{"limit", cfg.MaxRemoteListens},
+			err: errors.New("too many reverse forwards"),
+			msg: "Refused a reverse forward: the server holds its limit of reverse forward listeners; raise --max-remote-listeners if clients need more"}
+	}
+	b.bound[key] = &binding{connID: st.ConnID, ep: ep, identities: req.Identities, stream: st.Stream, logger: req.Logger}
+	b.perConn[st.ConnID]++
+	b.perAccount[req.Account]++
+	b.metrics.Active.Set(float64(len(b.bound)))
+	return rule, nil
+}
+
+// unhold ends the binding at key of connection connID and account.
+func (b *binder) unhold(key string, connID uint64, account string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.bound, key)
+	if b.perConn[connID]--; b.perConn[connID] <= 0 {
+		delete(b.perConn, connID)
+	}
+	if b.perAccount[account]--; b.perAccount[account] <= 0 {
+		delete(b.perAccount, account)
+	}
+	b.metrics.Active.Set(float64(len(b.bound)))
+}
+
+// serve carries the connections (or UDP flows) ln or pc accepts toward the
+// client on qc until unbind, which returns once the listener is closed and
+// what it started has ended; a drain closes the listener and tells the
+// client (shutdown). It closes ln or pc.
+func (b *binder) serve(ctx context.Context, req egress.BindRequest, qc *quic.Conn, ep endpoint.Endpoint, ln net.Listener, pc *net.UDPConn) (unbind func(), err error) {
+	st := req.Stream
 	h, err := ingress.New(b.s.cfg.Reverse, ingress.Links{
 		Sessions: connSession{&ingress.Session{Conn: qc, Prober: st.Prober, Flows: st.Flows}},
 		Tokens:   func() ingress.TokenSource { return boundToken(proto.BoundToken(req.Bind.ID)) },
@@ -177,7 +342,6 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 	})
 	if err != nil { // unreachable: New checked Config.Reverse
 		closeListener(ln, pc)
-		release()
 		return nil, &egress.BindError{Code: proto.CodeInternal, Err: err}
 	}
 	bctx, cancel := context.WithCancel(klog.NewContext(ctx, req.Logger)) // its audit lines name the client and the listener
@@ -187,20 +351,16 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 	} else {
 		accept.Go(func() { h.Accept(bctx, ln, nil, &handlers) })
 	}
-	// A drain closes the listener and tells the client (shutdown).
 	stopDrain := context.AfterFunc(b.closing, func() {
 		closeListener(ln, pc)
 		egress.Reset(st.Stream, proto.CodeShutdown)
 	})
-	req.Logger.Info("Listening for a reverse forward", "rule", rule)
 	return func() {
 		stopDrain()
 		closeListener(ln, pc)
 		accept.Wait()
 		cancel()
 		handlers.Wait()
-		release()
-		req.Logger.V(2).Info("Closed a reverse forward's listener", "address", ep.String())
 	}, nil
 }
 

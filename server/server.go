@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
@@ -147,6 +148,18 @@ type Config struct {
 	// defaults).
 	MaxRemoteListens        int
 	MaxRemoteListensPerConn int
+	// MaxRemoteListensPerIdentity is one client identity's share of
+	// MaxRemoteListens: the listeners of all connections of one client
+	// certificate's common name or named key, or, for a client with
+	// neither, of one source (as egress.Config.MaxUDPFlowsPerIdentity
+	// counts), so that one client cannot take every listener; past it,
+	// its binds are refused with overloaded. 0:
+	// DefaultRemoteListensPerIdentity, an eighth of MaxRemoteListens, at
+	// least MaxRemoteListensPerConn.
+	MaxRemoteListensPerIdentity int
+	// RemoteListenMetrics count the reverse forward listeners and the
+	// refused requests (NewRemoteListenMetrics; nil: unregistered ones).
+	RemoteListenMetrics *metrics.RemoteListens
 	// ListenRemote opens a reverse forward's listener (tcp:, unix:) or UDP
 	// socket (udp:) at the address its client asked for (nil: there, with
 	// net.ListenConfig). In-process tests give each server a loopback
@@ -167,6 +180,9 @@ func DefaultConfig() Config {
 		HandshakesPerSecond: 20,
 		MaxConnsPerSource:   64,
 		MaxTCPHandshakes:    256,
+
+		MaxRemoteListens:        DefaultMaxRemoteListens,
+		MaxRemoteListensPerConn: DefaultMaxRemoteListensPerConn,
 
 		MaxConnections:              4096,
 		MaxUnverifiedStreamsPerConn: 16,
@@ -322,6 +338,10 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		}
 		orDefault(&cfg.MaxRemoteListens, DefaultMaxRemoteListens)
 		orDefault(&cfg.MaxRemoteListensPerConn, DefaultMaxRemoteListensPerConn)
+		orDefault(&cfg.MaxRemoteListensPerIdentity, DefaultRemoteListensPerIdentity(cfg.MaxRemoteListens, cfg.MaxRemoteListensPerConn))
+		if cfg.RemoteListenMetrics == nil {
+			cfg.RemoteListenMetrics = NewRemoteListenMetrics(prometheus.NewRegistry())
+		}
 		if cfg.ListenRemote == nil {
 			cfg.ListenRemote = ListenRemote
 		}

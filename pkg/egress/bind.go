@@ -30,7 +30,12 @@ type BindRequest struct {
 	Bind   proto.Bind
 	// Identities are who the client proved to be (see Config.AllowFor).
 	Identities []string
-	Logger     klog.Logger
+	// Account is whom the binding counts against for a per-identity share
+	// of the listeners, as a UDP flow counts for MaxUDPFlowsPerIdentity:
+	// the client certificate's CN and the named key, or, for a client with
+	// neither, its source (see flowAccount).
+	Account string
+	Logger  klog.Logger
 }
 
 // BindError is a reverse forward refused by a Binder, with the code the
@@ -61,7 +66,8 @@ func (s *stream) bind(ctx context.Context) *failure {
 		return f
 	}
 	logger := klog.LoggerWithValues(s.logger, "listen", b.Listen, "bindID", b.ID, "identity", strings.Join(s.identities, ","))
-	unbind, err := s.e.cfg.Binder.Bind(ctx, BindRequest{Stream: s.st, Bind: b, Identities: s.identities, Logger: logger})
+	unbind, err := s.e.cfg.Binder.Bind(ctx, BindRequest{Stream: s.st, Bind: b, Identities: s.identities,
+		Account: flowAccount(s.peer, s.key, s.st), Logger: logger})
 	if err != nil {
 		code := proto.CodeInternal
 		if be := (*BindError)(nil); errors.As(err, &be) {

@@ -140,7 +140,8 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 	return nil
 }
 
-// flowAccount is whom a UDP flow counts against for MaxUDPFlowsPerIdentity:
+// flowAccount is whom a UDP flow counts against for MaxUDPFlowsPerIdentity
+// (and a reverse forward's listener for the server's share per identity):
 // the client's own identity, a client certificate's common name and a named
 // key ("CN=NAME,key=NAME"); or, for a client with neither (the unnamed
 // --secret-file key, which in a one-secret deployment every client holds,

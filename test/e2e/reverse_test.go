@@ -222,6 +222,7 @@ func TestReverseForwardReload(t *testing.T) {
 		return err == nil
 	}
 	waitFor(t, 15*time.Second, "both listeners", func() bool { return listening(a) && listening(b) })
+	waitMetric(t, srv, ioTimeout, eq(2), "quictun_server_remote_listeners")
 	live := dialApp(t, b)
 	require.NoError(t, roundTrip(live, "before"))
 
@@ -229,6 +230,8 @@ func TestReverseForwardReload(t *testing.T) {
 	srv.signal(t, syscall.SIGHUP)
 	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
 	waitFor(t, ioTimeout, "the listener at "+a+" closed", func() bool { return !listening(a) })
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_remote_listeners")
+	waitMetric(t, srv, ioTimeout, ge(1), "quictun_server_refused_remote_listens_total", "reason", "not_allowed") // the client asked again
 	require.NoError(t, roundTrip(live, "the kept binding's connection runs on"))
 	require.NoError(t, echoVia(t, b, "a new connection on the kept binding"))
 	waitFor(t, ioTimeout, "the closure and the change logged", func() bool {

@@ -120,6 +120,7 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	if len(o.AllowRemoteListen) > 0 {
 		cfg.Reverse.Events = server.NewReverseMetrics(reg)
+		cfg.RemoteListenMetrics = server.NewRemoteListenMetrics(reg)
 		cfg.Reverse.UDPIdleTimeout, cfg.Reverse.AuditLog = o.UDPIdleTimeout, o.Server.AuditLog
 		logger.Info("Reverse forwards allowed: clients may ask this server to listen", "allowRemoteListen", strings.Join(o.AllowRemoteListen, ","))
 	}

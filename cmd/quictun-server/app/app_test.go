@@ -98,6 +98,21 @@ func TestValidate(t *testing.T) {
 			[]string{"--max-udp-flows-per-identity (2000) must be between --max-udp-flows-per-conn (256) and --max-udp-flows (1024)"}},
 		{"udp flows per identity under one connection's", func(o *Options) { o.Server.MaxUDPFlowsPerIdentity = 100 },
 			[]string{"--max-udp-flows-per-identity (100) must be between"}},
+		{"remote listeners set", func(o *Options) {
+			o.Server.MaxRemoteListens, o.Server.MaxRemoteListensPerConn, o.Server.MaxRemoteListensPerIdentity = 1024, 8, 64
+		}, nil},
+		{"remote listeners per identity default", func(o *Options) { o.Server.MaxRemoteListensPerIdentity = 0 }, nil},
+		{"remote listeners per identity equal to the total", func(o *Options) { o.Server.MaxRemoteListensPerIdentity = 256 }, nil},
+		{"no remote listeners", func(o *Options) { o.Server.MaxRemoteListens = 0 },
+			[]string{"--max-remote-listeners and --max-remote-listeners-per-conn must be at least 1"}},
+		{"no remote listeners per conn", func(o *Options) { o.Server.MaxRemoteListensPerConn = -1 },
+			[]string{"--max-remote-listeners and --max-remote-listeners-per-conn must be at least 1"}},
+		{"remote listeners per identity negative", func(o *Options) { o.Server.MaxRemoteListensPerIdentity = -1 },
+			[]string{"--max-remote-listeners-per-identity must not be negative"}},
+		{"remote listeners per identity over the server's", func(o *Options) { o.Server.MaxRemoteListensPerIdentity = 300 },
+			[]string{"--max-remote-listeners-per-identity (300) must be between --max-remote-listeners-per-conn (16) and --max-remote-listeners (256)"}},
+		{"remote listeners per identity under one connection's", func(o *Options) { o.Server.MaxRemoteListensPerIdentity = 8 },
+			[]string{"--max-remote-listeners-per-identity (8) must be between"}},
 		{"udp rules", func(o *Options) { o.Allow = []string{"dns=udp:10.0.0.53:53"}; o.Deny = []string{"udp:10.9.0.0/16:*"} }, nil},
 		{"admin listener beyond loopback needs a token", func(o *Options) { o.HTTPDListenOn = "0.0.0.0:8086" }, []string{"--httpd-token-file"}},
 		{"every error at once", func(o *Options) {

@@ -95,6 +95,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
+	{Title: "Reverse forwards", Names: []string{"max-remote-listeners", "max-remote-listeners-per-conn", "max-remote-listeners-per-identity"}},
 	{Title: "Before authentication (peers that have not proven the shared secret)", Names: []string{"auth-timeout", "idle-auth-timeout", "max-unverified-streams-per-conn", "max-unverified-streams", "max-unverified-streams-per-source", "max-replay-entries-per-conn"}},
 }
 
@@ -145,6 +146,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.UDPSocketMemoryMiB, "udp-socket-memory-mib", o.UDPSocketMemoryMiB, "MiB of kernel memory the UDP flows' sockets may hold, as the kernel books it: each flow's receive buffer starts at 128 KiB and grows with its rate to at most 8 MiB while this lasts; a flow that would pass it is refused with overloaded. Keep it well under net.ipv4.udp_mem's hard limit, past which the kernel drops UDP on every socket, QUIC included; 0 = a quarter of that limit, at most 256")
 	fs.IntVar(&o.Server.MaxUDPFlowsPerConn, "max-udp-flows-per-conn", o.Server.MaxUDPFlowsPerConn, "UDP flows open on one client connection; more are refused with overloaded")
 	fs.IntVar(&o.Server.MaxUDPFlowsPerIdentity, "max-udp-flows-per-identity", o.Server.MaxUDPFlowsPerIdentity, "one client's share of --max-udp-flows, so that one client cannot take every flow: the flows of all connections of one client certificate CN or --keys-file key name, or, for clients with neither (the --secret-file key, which they all hold), of one source (an IPv4 address or an IPv6 /64); more are refused with overloaded (quictun_server_udp_drops_total{reason=\"identity_flow_limit\"}); 0 = a quarter of --max-udp-flows (256), at least --max-udp-flows-per-conn")
+	fs.IntVar(&o.Server.MaxRemoteListens, "max-remote-listeners", o.Server.MaxRemoteListens, "listeners open on the server for clients' reverse forwards (--allow-remote-listen), each carrying at most 1024 connections and UDP flows; more are refused with overloaded (quictun_server_refused_remote_listens_total{reason=\"server_limit\"}) and the client asks again, with backoff")
+	fs.IntVar(&o.Server.MaxRemoteListensPerConn, "max-remote-listeners-per-conn", o.Server.MaxRemoteListensPerConn, "reverse forward listeners of one client connection; more are refused with overloaded (quictun_server_refused_remote_listens_total{reason=\"conn_limit\"})")
+	fs.IntVar(&o.Server.MaxRemoteListensPerIdentity, "max-remote-listeners-per-identity", o.Server.MaxRemoteListensPerIdentity, "one client's share of --max-remote-listeners, so that one client cannot take every listener: the listeners of all connections of one client certificate CN or --keys-file key name, or, for clients with neither (the --secret-file key, which they all hold), of one source (an IPv4 address or an IPv6 /64); more are refused with overloaded (quictun_server_refused_remote_listens_total{reason=\"identity_limit\"}); 0 = an eighth of --max-remote-listeners (32), at least --max-remote-listeners-per-conn")
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
@@ -223,6 +227,15 @@ func (o *Options) Validate() error {
 	} else if n > 0 && (n < o.Server.MaxUDPFlowsPerConn || n > o.Server.MaxUDPFlows) {
 		add("--max-udp-flows-per-identity (%d) must be between --max-udp-flows-per-conn (%d) and --max-udp-flows (%d): it is one client's share of the server's flows, and one connection's flows must fit in it",
 			n, o.Server.MaxUDPFlowsPerConn, o.Server.MaxUDPFlows)
+	}
+	if o.Server.MaxRemoteListens < 1 || o.Server.MaxRemoteListensPerConn < 1 {
+		add("--max-remote-listeners and --max-remote-listeners-per-conn must be at least 1")
+	}
+	if n := o.Server.MaxRemoteListensPerIdentity; n < 0 {
+		add("--max-remote-listeners-per-identity must not be negative (0 = an eighth of --max-remote-listeners)")
+	} else if n > 0 && (n < o.Server.MaxRemoteListensPerConn || n > o.Server.MaxRemoteListens) {
+		add("--max-remote-listeners-per-identity (%d) must be between --max-remote-listeners-per-conn (%d) and --max-remote-listeners (%d): it is one client's share of the server's listeners, and one connection's listeners must fit in it",
+			n, o.Server.MaxRemoteListensPerConn, o.Server.MaxRemoteListens)
 	}
 	if o.UDPSocketMemoryMiB < 0 {
 		add("--udp-socket-memory-mib must not be negative (0 = from net.ipv4.udp_mem)")
