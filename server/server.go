@@ -715,9 +715,15 @@ func (s *Server) refuseUnverified(logger klog.Logger, str egress.TunnelStream, r
 func connResult(err error) string {
 	var idle *quic.IdleTimeoutError
 	var app *quic.ApplicationError
+	var flood *tcpmux.FloodError
+	var perr *tcpmux.ProtocolError
 	switch {
 	case errors.As(err, &idle):
 		return "idle_timeout"
+	case errors.As(err, &flood):
+		return "flood" // TCP: the peer spent a budget of free work
+	case errors.As(err, &perr) && !perr.Remote:
+		return "protocol_error" // TCP: malformed frames
 	case errors.As(err, &app):
 		switch proto.Code(app.ErrorCode) {
 		case proto.CodeAuthFailed:

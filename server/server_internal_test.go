@@ -16,6 +16,7 @@ import (
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/token"
 )
 
@@ -42,6 +43,9 @@ func TestConnResult(t *testing.T) {
 		{"stateless reset", &quic.StatelessResetError{}, "error"},
 		{"transport error", &quic.TransportError{ErrorCode: quic.ProtocolViolation}, "error"},
 		{"plain error", errors.New("boom"), "error"},
+		{"TCP flood", &tcpmux.FloodError{What: "stream resets"}, "flood"},
+		{"TCP malformed frames", fmt.Errorf("read: %w", &tcpmux.ProtocolError{Reason: "x"}), "protocol_error"},
+		{"TCP peer reported our protocol error", &tcpmux.ProtocolError{Reason: "x", Remote: true}, "error"},
 		{"nil", nil, "error"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

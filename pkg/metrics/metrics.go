@@ -230,7 +230,7 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	for _, d := range []string{DirectionUpstream, DirectionDownstream} {
 		m.StreamBytesTotal.WithLabelValues(d)
 	}
-	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "auth_timeout", "shutdown", "error"} {
+	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "auth_timeout", "shutdown", "flood", "protocol_error", "error"} {
 		m.ConnectionsTotal.WithLabelValues(r)
 	}
 	for _, n := range l.Networks {

@@ -98,7 +98,9 @@ quictun_server_connections_total{result="auth_failed"} 0
 quictun_server_connections_total{result="auth_timeout"} 0
 quictun_server_connections_total{result="closed"} 0
 quictun_server_connections_total{result="error"} 0
+quictun_server_connections_total{result="flood"} 0
 quictun_server_connections_total{result="idle_timeout"} 0
+quictun_server_connections_total{result="protocol_error"} 0
 quictun_server_connections_total{result="shutdown"} 0
 # HELP quictun_server_refused_destinations_total Streams refused because the destination is not allowed, by network (tcp, udp, unix) and reason (not_allowed: no --allow rule; denied: a --deny rule; reserved: unspecified or cloud metadata address; self: the server's own QUIC or admin listener; unresolved: the name does not resolve).
 # TYPE quictun_server_refused_destinations_total counter
