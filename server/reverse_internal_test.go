@@ -1,7 +1,6 @@
 package server
 
 import (
-	"crypto/tls"
 	"net"
 	"strconv"
 	"testing"
@@ -11,33 +10,22 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
-	"github.com/quictun/quictun/pkg/token"
 )
 
 // reverseTestServer is a server allowing reverse forwards anywhere, whose
 // admin listener is at admin; it does not run.
 func reverseTestServer(t *testing.T, admin net.Addr, mutate func(*Config)) (*Server, net.PacketConn) {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pc.Close() })
-	parser, err := token.NewParser(token.PluginCleartext, "")
-	require.NoError(t, err)
-	c := Config{
-		TLS:    &tls.Config{},
-		Config: egress.Config{Parser: parser, Allow: endpoint.DefaultAllowList()}, Metrics: NewMetrics(prometheus.NewRegistry()),
-		AllowRemoteListen: endpoint.MustParseAllowList("tcp:0.0.0.0:*"),
-		SelfAddrs:         []net.Addr{admin},
-	}
-	c.Reverse.Events = NewReverseMetrics(prometheus.NewRegistry())
-	if mutate != nil {
-		mutate(&c)
-	}
-	s, err := New(c, pc)
-	require.NoError(t, err)
-	return s, pc
+	s := newTestServer(t, func(c *Config) {
+		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:0.0.0.0:*")
+		c.SelfAddrs = []net.Addr{admin}
+		c.Reverse.Events = NewReverseMetrics(prometheus.NewRegistry())
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	return s, s.pc
 }
 
 // TestReverseReservedPorts (issue 30, L3): the ports of the server's own
