@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"sync"
@@ -461,7 +462,7 @@ func (f *fallback) run(ctx context.Context) {
 }
 
 // dial connects to the server over TCP with the client's TLS config (the
-// same pins or CAs as QUIC: the first server's).
+// same pins or CAs as QUIC: the first server's, see fallbackTLS).
 func (f *fallback) dial(ctx context.Context) (*tcpmux.Conn, error) {
 	c := f.c
 	timeout := 10 * time.Second
@@ -474,7 +475,28 @@ func (f *fallback) dial(ctx context.Context) (*tcpmux.Conn, error) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return tcpmux.Dial(dctx, f.addr, c.serverTLS(c.servers[0]), &cfg)
+	return tcpmux.Dial(dctx, f.addr, c.fallbackTLS(), &cfg)
+}
+
+// fallbackTLS is the TLS configuration of the TCP fallback, which reaches
+// the first server: that server's, and, with several servers and no name
+// in it, that server's host as the name verified (a CA, --ca-file), as its
+// QUIC dials have it (tlsFor). Without it crypto/tls refuses to verify a
+// chain (no ServerName) and the fallback never connects.
+func (c *Client) fallbackTLS() *tls.Config {
+	s := c.servers[0]
+	return withServerName(c.serverTLS(s), s, len(c.servers) > 1)
+}
+
+// withServerName is conf, or, when several servers share it and it names
+// none, a copy naming s's host.
+func withServerName(conf *tls.Config, s *server, several bool) *tls.Config {
+	if !several || conf.ServerName != "" {
+		return conf
+	}
+	conf = conf.Clone()
+	conf.ServerName = s.host
+	return conf
 }
 
 // helloTCP is hello for a TCP session (see hello.go).

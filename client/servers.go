@@ -236,9 +236,9 @@ func (c *Client) tlsFor(m *member, conf *tls.Config) *tls.Config {
 	if !several && m.idx == 0 {
 		return conf
 	}
-	tc := conf.Clone()
-	if several && tc.ServerName == "" {
-		tc.ServerName = m.srv.host
+	tc := withServerName(conf, m.srv, several)
+	if tc == conf {
+		tc = conf.Clone()
 	}
 	if tc.ClientSessionCache != nil {
 		prefix := ""

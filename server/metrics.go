@@ -8,6 +8,7 @@ import (
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
 
@@ -42,6 +43,7 @@ func MetricLabels() metrics.Labels {
 		Proxies:                 ingress.Proxies(),
 		ProxyAuthReasons:        ingress.ProxyAuthReasons(),
 		NoSession:               ingress.ResultNoSession,
+		TicketIssuers:           transport.TicketIssuers,
 	}
 }
 

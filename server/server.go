@@ -2,11 +2,13 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -50,6 +52,14 @@ type Config struct {
 	QUIC     *quic.Config
 	ResetKey *quic.StatelessResetKey
 	TokenKey *quic.TokenGeneratorKey
+	// ReplicaID names this server among the servers that share its
+	// session-ticket key (replicas): the tickets it issues carry it, and it
+	// accepts 0-RTT data only with its own tickets, since only its replay
+	// cache records their 0-RTT streams; another replica's ticket resumes
+	// without 0-RTT (transport.TagTickets). Empty: DefaultReplicaID, the
+	// host's name, distinct for replicas on distinct hosts and the same
+	// after a restart (which the process-start bound of pkg/egress covers).
+	ReplicaID string
 
 	// SelfAddrs are the addresses of the server's other listeners (the admin
 	// API). Streams to them, and to the QUIC listener's own address and
@@ -245,6 +255,15 @@ func orDefault[T int | uint32 | time.Duration](v *T, def T) {
 	}
 }
 
+// DefaultReplicaID is Config.ReplicaID when none is given: the host's name,
+// or a random one (for this process) if the host has none.
+func DefaultReplicaID() string {
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return h
+	}
+	return "random-" + rand.Text()
+}
+
 // New checks cfg and returns a Server that will serve on pc. The caller keeps
 // ownership of pc and closes it after Run returns.
 func New(cfg Config, pc net.PacketConn) (*Server, error) {
@@ -294,6 +313,14 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.Events == nil {
 		cfg.Events = cfg.Metrics
 	}
+	if cfg.ReplicaID == "" {
+		cfg.ReplicaID = DefaultReplicaID()
+	}
+	var ticketSeen func(string)
+	if cfg.Metrics.SessionTicketsTotal != nil {
+		ticketSeen = cfg.Metrics.SessionTicket
+	}
+	cfg.TLS = transport.TagTickets(cfg.TLS, cfg.ReplicaID, ticketSeen)
 	cfg.Endpoint = pc.LocalAddr().String()
 	// With a shared secret the handshake proves nothing about the peer: give
 	// it the unverified budget as its stream credit, and the configured limit

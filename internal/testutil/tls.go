@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -76,7 +77,34 @@ func ClientCAFiles(tb testing.TB) (caFile string, issue func(cn string) (certFil
 	}
 }
 
-// clientCA is a test CA that issues client certificates.
+// ServerCA returns a CA's pool (a client's --ca-file) and a server
+// certificate it signed for hosts (DNS names or IP addresses).
+func ServerCA(tb testing.TB, hosts ...string) (*x509.CertPool, tls.Certificate) {
+	tb.Helper()
+	ca := newClientCA(tb)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(tb, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: hosts[0]},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	require.NoError(tb, err)
+	return pool, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// clientCA is a test CA that issues client certificates (and, ServerCA, a
+// server certificate).
 type clientCA struct {
 	cert   *x509.Certificate
 	key    *ecdsa.PrivateKey

@@ -560,16 +560,33 @@ func (e *Handler) refusal(dest endpoint.Endpoint, identities []string, err error
 }
 
 // check answers a check (proto.KindCheck) whose MAC was verified by key of
-// pol (the policy its stream loaded) and which is fresh: the replay check,
-// then whether pol's rules admit its destination for identities, without
-// dialing it; CodeOK and the end of the stream, or a reset with the code of
-// the failure (auth_failed if a reload has removed key with
-// Policy.CutRemovedKeys since, as a tunnel's). Like a hello it is no tunnel:
-// not counted in streams_total or refused_destinations_total, audited or
-// registered; a refusal is logged as a tunnel's.
+// pol (the policy its stream loaded) and which is fresh: whether pol's
+// rules admit its destination for identities, without dialing it, then the
+// replay check; CodeOK and the end of the stream, or a reset with the code
+// of the failure (auth_failed if a reload has removed key with
+// Policy.CutRemovedKeys since, as a tunnel's). The order is a tunnel's: a
+// check with a bad token or a destination the rules refuse takes no place
+// in the replay cache and does not verify its connection (a refused header
+// proves nothing, SECURITY.md). Like a hello it is no tunnel: not counted
+// in streams_total, audited or registered; a refused destination is logged
+// and counted in refused_destinations_total as a tunnel's.
 func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *policy, key proto.Key, identities []string, logger klog.Logger) {
 	str := st.Stream
 	str.CancelRead(proto.CodeOK.StreamErrorCode()) // nothing follows the header
+	dest, err := e.cfg.Parser.Parse(h.Token)
+	if err != nil {
+		str.CancelWrite(proto.CodeBadToken.StreamErrorCode())
+		logger.V(2).Info("Refused check: bad destination token", "err", err)
+		return
+	}
+	_, rule, err := pol.authorize(ctx, e.cfg.Resolver, dest, identities)
+	if err != nil {
+		str.CancelWrite(proto.CodeRefused.StreamErrorCode())
+		e.cfg.Events.DestinationRefused(dest.Network, endpoint.RefusalReason(err))
+		lvl, msg, kv := e.refusal(dest, identities, err)
+		logger.V(lvl).Info(msg, append(kv, "check", true)...)
+		return
+	}
 	code, unrecorded := e.replay.admit(h, time.Now(), st.Early, st.Conn0.quota)
 	if unrecorded != "" {
 		e.cfg.Events.ReplayUnrecorded(unrecorded)
@@ -586,19 +603,6 @@ func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *po
 	if l, ok := pol.life(key.ID); ok && pol.keys.Len() > 0 && context.Cause(l.ctx) != nil {
 		str.CancelWrite(proto.CodeAuthFailed.StreamErrorCode())
 		logger.V(2).Info("Refused check: a reload removed its key; the client needs a key the server holds", "cause", context.Cause(l.ctx))
-		return
-	}
-	dest, err := e.cfg.Parser.Parse(h.Token)
-	if err != nil {
-		str.CancelWrite(proto.CodeBadToken.StreamErrorCode())
-		logger.V(2).Info("Refused check: bad destination token", "err", err)
-		return
-	}
-	_, rule, err := pol.authorize(ctx, e.cfg.Resolver, dest, identities)
-	if err != nil {
-		str.CancelWrite(proto.CodeRefused.StreamErrorCode())
-		lvl, msg, kv := e.refusal(dest, identities, err)
-		logger.V(lvl).Info(msg, append(kv, "check", true)...)
 		return
 	}
 	logger.V(4).Info("Answered check: allowed", "destination", dest.String(), "rule", rule)

@@ -243,12 +243,19 @@ func (s *stream) fresh() *failure {
 // do (the replayer lacks the client's keys): it was the client's own,
 // written while the server restarted (a redial racing the restart), and
 // waits a round trip more. A nonce seen already, or a connection that dies
-// before its handshake, refuses it as a replay.
+// before its handshake, refuses it as a replay. Only a fresh header waits:
+// one outside the replay window is not held, and the freshness check every
+// stream passes next refuses it at once (a replayed flight of any age must
+// not hold a stream until its handshake times out).
 func (s *stream) settleEarly(ctx context.Context) *failure {
 	if !s.st.Early || !s.h.Time.Before(s.e.started.Truncate(time.Second)) {
 		return nil
 	}
-	if s.e.replay.seenNonce(s.h.Nonce, time.Now()) {
+	now := time.Now()
+	if !s.e.replay.fresh(s.h.Time, now) {
+		return nil // stale: refused by fresh (hello: by admit), not held
+	}
+	if s.e.replay.seenNonce(s.h.Nonce, now) {
 		return failed(proto.CodeReplay, "Rejected 0-RTT stream: header seen before", "headerTime", s.h.Time)
 	}
 	select {

@@ -78,6 +78,8 @@ type Labels struct {
 	// connection (pkg/ingress: the client, the server's reverse half).
 	Proxies, ProxyAuthReasons []string
 	NoSession                 string
+	// TicketIssuers span session_tickets_total (server; pkg/transport).
+	TicketIssuers []string
 }
 
 // Server holds the server's metrics.
@@ -117,6 +119,10 @@ type Server struct {
 	// AuthFailuresTotal counts stream headers that failed shared-secret
 	// authentication, by reason.
 	AuthFailuresTotal *prometheus.CounterVec
+	// SessionTicketsTotal counts the session tickets presented to resume,
+	// by the replica that issued them (only the server's, not the client's
+	// reverse half: nil there).
+	SessionTicketsTotal *prometheus.CounterVec
 	// UDP holds the UDP flow metrics (and implements udpflow.Events).
 	*UDP
 	// Streams counts the server's TCP and unix tunnels (tunnel.Metrics).
@@ -124,7 +130,22 @@ type Server struct {
 }
 
 // NewServer creates and registers the server metrics on reg.
-func NewServer(reg prometheus.Registerer, l Labels) *Server { return newServer(reg, "server", l) }
+func NewServer(reg prometheus.Registerer, l Labels) *Server {
+	m := newServer(reg, "server", l)
+	m.SessionTicketsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "server", Name: "session_tickets_total",
+		Help: "Session tickets presented by clients resuming a session, by issuer: this_replica (0-RTT accepted), other_replica (another server sharing the session-ticket key, --replica-id: resumed without 0-RTT), unknown (a ticket naming no replica, from a server before replica IDs: resumed without 0-RTT).",
+	}, []string{"issuer"})
+	reg.MustRegister(m.SessionTicketsTotal)
+	for _, i := range l.TicketIssuers {
+		m.SessionTicketsTotal.WithLabelValues(i)
+	}
+	return m
+}
+
+// SessionTicket counts a session ticket presented to resume, by issuer
+// (session_tickets_total).
+func (m *Server) SessionTicket(issuer string) { m.SessionTicketsTotal.WithLabelValues(issuer).Inc() }
 
 // NewReverseServer creates and registers, on the client, the metrics of the
 // half that serves reverse forwards' streams (pkg/egress): the server's

@@ -36,6 +36,7 @@ var labels = metrics.Labels{
 	Proxies:                 []string{"socks5", "http_connect"},
 	ProxyAuthReasons:        []string{"missing", "wrong"},
 	NoSession:               "no_session",
+	TicketIssuers:           []string{"this_replica", "other_replica", "unknown"},
 }
 
 func TestMetricsLint(t *testing.T) {
@@ -133,6 +134,8 @@ quictun_server_active_streams 0
 		labelValues(t, reg, "quictun_server_preauth_rejections_total", "reason"))
 	assert.Equal(t, []string{"cache_full", "conn_quota"},
 		labelValues(t, reg, "quictun_server_replay_unrecorded_total", "reason"))
+	assert.Equal(t, []string{"other_replica", "this_replica", "unknown"},
+		labelValues(t, reg, "quictun_server_session_tickets_total", "issuer"))
 
 	results := labelValues(t, reg, "quictun_server_streams_total", "result")
 	for _, c := range labels.Codes {

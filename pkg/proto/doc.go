@@ -62,11 +62,13 @@
 // sends one per fixed destination (its forwards, a Fixed token source) on
 // each new connection, after the handshake, so a forward that can never work
 // is reported when the client connects rather than at its first use. The
-// server checks the header as any (MAC, freshness, replay), then the rules
-// (resolving a name as for a tunnel), and answers CodeOK and ends the stream,
-// or resets it with CodeRefused. A check is no tunnel: it is not dialed,
-// audited, listed or counted in streams_total or refused_destinations_total;
-// a refusal is logged as a tunnel's is. Compatibility: a server from before
+// server checks the header as a tunnel's (MAC, freshness, the rules,
+// resolving a name as for a tunnel, then replay), and answers CodeOK and
+// ends the stream, or resets it with CodeRefused. A check is no tunnel: it
+// is not dialed, audited, listed or counted in streams_total; a refusal is
+// logged and counted in refused_destinations_total as a tunnel's is, takes
+// no place in the replay cache and does not verify the connection.
+// Compatibility: a server from before
 // the check answers CodeUnsupported (and counts and audits that stream as
 // refused) or bad_header; the client then stops checking on that connection.
 //

@@ -50,10 +50,16 @@ func (c *signallingCache) Put(key string, cs *tls.ClientSessionState) {
 // socket and returns its address and a stop func.
 func serveOnce(t *testing.T, st *transport.State) (net.Addr, func()) {
 	t.Helper()
+	return serveTLS(t, st, transport.ServerTLSConfig(st, nil))
+}
+
+// serveTLS is serveOnce with the TLS configuration conf.
+func serveTLS(t *testing.T, st *transport.State, conf *tls.Config) (net.Addr, func()) {
+	t.Helper()
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)
 	tr := &quic.Transport{Conn: pc, StatelessResetKey: &st.ResetKey, TokenGeneratorKey: &st.TokenKey}
-	ln, err := tr.ListenEarly(transport.ServerTLSConfig(st, nil), transport.QUICConfig(transport.DefaultQUICOptions()))
+	ln, err := tr.ListenEarly(conf, transport.QUICConfig(transport.DefaultQUICOptions()))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -44,7 +44,8 @@ func TestAllowForKeyWithKeysFile(t *testing.T) {
 	live := dialApp(t, alice.Addr)
 	require.NoError(t, roundTrip(live, "alice reaches the destination of her key"))
 	require.Error(t, echoVia(t, bob.Addr, "bob does not"))
-	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
+	// bob's destination check when he connected, and his tunnel.
+	waitMetric(t, srv, ioTimeout, eq(2), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
 	require.NoError(t, echoVia(t, bobCommon.Addr, "bob reaches what --allow gives everyone"))
 	waitFor(t, ioTimeout, "audit lines naming each key", func() bool {
 		l := srv.log()
@@ -61,7 +62,7 @@ func TestAllowForKeyWithKeysFile(t *testing.T) {
 	})
 	require.NoError(t, echoVia(t, bob.Addr, "bob now reaches it"))
 	require.Error(t, echoVia(t, alice.Addr, "a new tunnel of alice is refused"))
-	waitMetric(t, srv, ioTimeout, eq(2), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
+	waitMetric(t, srv, ioTimeout, eq(3), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
 	require.NoError(t, roundTrip(live, "alice's open tunnel keeps running"))
 	require.NoError(t, live.CloseWrite())
 }

@@ -34,7 +34,8 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	live := dialApp(t, toA.Addr)
 	require.NoError(t, roundTrip(live, "before"))
 	require.Error(t, echoVia(t, toB.Addr, "refused before the reload"))
-	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
+	// toB's destination check when it connected, and its tunnel.
+	waitMetric(t, srv, ioTimeout, eq(2), "quictun_server_refused_destinations_total", "network", "tcp", "reason", "not_allowed")
 
 	// New rules: b allowed, a no longer.
 	require.NoError(t, os.WriteFile(cfg, []byte("allow: [tcp:"+b+"]\n"), 0o600))

@@ -27,11 +27,12 @@ func signedCheck(t *testing.T, token string, at time.Time, secret []byte) []byte
 
 // TestCheckFollowsReconfigure: a destination check is answered from the keys
 // and rules in force (one policy, as a tunnel's header), after the freshness
-// and replay checks, without opening a tunnel: a reload that adds a rule
-// makes it allowed, one that removes its key (--cut-removed-keys) refuses it
-// with auth_failed; an allowed or refused check counts in neither
-// streams_total nor refused_destinations_total (a stale one is rejected as
-// a stale tunnel header is, before its kind is looked at).
+// check, the rules, then the replay check, without opening a tunnel: a
+// reload that adds a rule makes it allowed, one that removes its key
+// (--cut-removed-keys) refuses it with auth_failed; a check counts in no
+// streams_total, a refused one in refused_destinations_total and takes no
+// place in the replay cache, as a tunnel's header (issue 30 I2; a stale one
+// is rejected as a stale tunnel header is, before its kind is looked at).
 func TestCheckFollowsReconfigure(t *testing.T) {
 	t.Parallel()
 	echo := testutil.EchoServer(t)
@@ -45,19 +46,23 @@ func TestCheckFollowsReconfigure(t *testing.T) {
 
 	c := attackerConn(t, srv)
 	assert.Equal(t, proto.CodeOK, streamResult(t, c, signedCheck(t, "tcp:"+echo, time.Now(), secretA)))
-	assert.Equal(t, proto.CodeRefused, streamResult(t, c, signedCheck(t, other, time.Now(), secretA)))
+	refused := signedCheck(t, other, time.Now(), secretB)
+	assert.Equal(t, proto.CodeRefused, streamResult(t, c, refused))
+	assert.Equal(t, proto.CodeRefused, streamResult(t, c, refused), "a refused check's header takes no place in the replay cache")
+	assert.Equal(t, 2.0, promtest.ToFloat64(srv.Metrics.RefusedTotal.WithLabelValues("tcp", endpoint.ReasonNotAllowed)),
+		"a refused check counts as a refused destination")
 	assert.Equal(t, proto.CodeReplay, streamResult(t, c, signedCheck(t, "tcp:"+echo, time.Now().Add(-time.Hour), secretA)))
 	replayed := signedCheck(t, "tcp:"+echo, time.Now(), secretB)
 	assert.Equal(t, proto.CodeOK, streamResult(t, c, replayed))
 	assert.Equal(t, proto.CodeReplay, streamResult(t, c, replayed), "a check's header is recorded like a tunnel's")
 
 	require.NoError(t, srv.Reconfigure(server.Policy{Keys: onlyB, Allow: endpoint.MustParseAllowList("tcp:"+echo, other), CutRemovedKeys: true}))
-	assert.Equal(t, proto.CodeOK, streamResult(t, c, signedCheck(t, other, time.Now(), secretB)), "the new rules answer")
+	assert.Equal(t, proto.CodeOK, streamResult(t, c, refused), "the new rules answer (the header refused before was not recorded)")
 	assert.Equal(t, proto.CodeAuthFailed, streamResult(t, attackerConn(t, srv), signedCheck(t, "tcp:"+echo, time.Now(), secretA)),
 		"the removed key is refused")
 
 	for _, result := range []string{"ok", "refused"} {
 		assert.Zero(t, promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(result)), result)
 	}
-	assert.Zero(t, promtest.ToFloat64(srv.Metrics.RefusedTotal.WithLabelValues("tcp", endpoint.ReasonNotAllowed)))
+	assert.Equal(t, 2.0, promtest.ToFloat64(srv.Metrics.RefusedTotal.WithLabelValues("tcp", endpoint.ReasonNotAllowed)))
 }

@@ -200,8 +200,8 @@ func signedHello(t *testing.T, at time.Time) []byte {
 // the secret, on any number of connections: each keeps the stream credit of
 // the unverified budget and is closed by --auth-timeout, with timeout (the
 // MAC was good: a client whose clock is off must not report its secret as
-// refused). Nor does a header the rules refuse: its replay check, which comes
-// after the rules, never ran.
+// refused). Nor does a header the rules refuse, a tunnel's or a destination
+// check's: its replay check, which comes after the rules, never ran.
 func TestStaleOrReplayedHeaderProvesNothing(t *testing.T) {
 	t.Parallel()
 	const budget = 4
@@ -227,6 +227,7 @@ func TestStaleOrReplayedHeaderProvesNothing(t *testing.T) {
 		{"a hello an hour old", signedHello(t, time.Now().Add(-time.Hour)), proto.CodeReplay},
 		{"replayed", captured, proto.CodeReplay},
 		{"refused destination", signedHeader(t, "tcp:127.0.0.1:1", time.Now()), proto.CodeRefused},
+		{"refused destination check", signedCheck(t, "tcp:127.0.0.1:1", time.Now(), testutil.Secret), proto.CodeRefused}, // issue 30 I2
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := range 2 { // the same bytes on another connection

@@ -342,3 +342,31 @@ func TestNoTCPWhileQUICWorks(t *testing.T) {
 	assert.Equal(t, 0.0, promtest.ToFloat64(srv.Metrics.TCPHandshakeFailuresTotal))
 	assert.Equal(t, 0.0, promtest.ToFloat64(srv.Metrics.RefusedConnectionsTotal.WithLabelValues("handshake_rate")))
 }
+
+// TestTCPFallbackSeveralServersWithCA (issue 30 I3): a client of several
+// servers that verifies them with a CA (--ca-file) and names none
+// (--server-name) verifies each QUIC server against its own host; its TCP
+// fallback, which reaches the first server, must do the same. It had no
+// name to verify, so crypto/tls refused every TCP handshake and a client
+// whose UDP is blocked never connected.
+func TestTCPFallbackSeveralServersWithCA(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	pool, cert := testutil.ServerCA(t, "127.0.0.1")
+	caSigned := func(c *server.Config) {
+		c.TLS = transport.ServerTLSConfigFor(transport.NewServerCertificate(cert), [32]byte{1}, nil)
+	}
+	first := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo}, Mutate: caSigned})
+	second := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo}, Mutate: caSigned})
+	gate := &udpGate{}
+	gate.blocked.Store(true)
+	cl := testutil.StartClient(t, first, testutil.ClientOptions{Token: "tcp:" + echo, WrapConn: gate.wrap,
+		TLS: func(o *transport.ClientTLSOptions) { o.Fingerprints, o.RootCAs = nil, pool }, // no ServerName, as with several --server-endpoint
+		Mutate: func(c *client.Config) {
+			c.Servers = []string{first.Addr, second.Addr}
+			c.TCPServerAddr = first.TCPAddr
+		}})
+	require.NoError(t, tcpEcho(cl.Addr, "over tcp, CA-verified", 30*time.Second), "the first tunnel, over TCP")
+	assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.Transport.WithLabelValues("tcp")))
+	assert.Equal(t, 1.0, promtest.ToFloat64(first.Metrics.ActiveTCPConnections))
+}

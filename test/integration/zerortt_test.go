@@ -166,3 +166,122 @@ func TestResumedDialWithoutAnswerIsAnError(t *testing.T) {
 	assert.Zero(t, dials("ok_0rtt"))
 	assert.False(t, cl.Client.Ready())
 }
+
+// TestZeroRTTReplayToAnotherReplica (issue 30 R6): two servers share a
+// session-ticket key, as the Helm chart's replicas do, so each resumes the
+// other's sessions, but each has its own replay cache. A client's 0-RTT
+// reconnect to replica a is recorded on the path and sent to replica b
+// within the replay window. With replica IDs apart, b resumes a's ticket
+// without 0-RTT (session_tickets_total{issuer="other_replica"}) and never
+// sees the flight's streams: the destination is reached once. With one ID
+// for both (the control: as every replica was before replica IDs), b
+// serves the replayed tunnel again.
+func TestZeroRTTReplayToAnotherReplica(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		replicaB string
+		issuer   string
+		replayed bool // b serves the replayed tunnel
+	}{
+		{"replica IDs apart", "b", transport.IssuerOtherReplica, false},
+		{"control: one replica ID for both", "a", transport.IssuerThisReplica, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var dials atomic.Int64
+			echo := testutil.ServeTCP(t, func(c net.Conn) {
+				dials.Add(1)
+				_, _ = io.Copy(c, c)
+				_ = c.(*net.TCPConn).CloseWrite()
+			})
+			state := t.TempDir() // one ticket key (and certificate) for both
+			replica := func(id, addr string) testutil.ServerOptions {
+				return testutil.ServerOptions{StateDir: state, Addr: addr, Allow: []string{"tcp:" + echo},
+					Mutate: func(c *server.Config) { c.ReplicaID, c.DrainTimeout = id, 0 }}
+			}
+			a := testutil.StartServer(t, replica("a", ""))
+			b := testutil.StartServer(t, replica(tc.replicaB, ""))
+			pkts := recordZeroRTTReconnect(t, a, func() *testutil.Server { return testutil.StartServer(t, replica("a", a.Addr)) }, echo)
+			before := dials.Load()
+
+			attacker, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			require.NoError(t, err)
+			defer func() { _ = attacker.Close() }()
+			sb, err := net.ResolveUDPAddr("udp", b.Addr)
+			require.NoError(t, err)
+			tickets := func() float64 { return promtest.ToFloat64(b.Metrics.SessionTicketsTotal.WithLabelValues(tc.issuer)) }
+			require.Eventually(t, func() bool {
+				for _, pkt := range pkts {
+					_, _ = attacker.WriteToUDP(pkt, sb)
+				}
+				return tickets() >= 1
+			}, 10*time.Second, 500*time.Millisecond, "replica b resumes the recorded session (issuer %s)", tc.issuer)
+			// The replayed connection cannot complete its handshake: once b
+			// has closed it, nothing more of the flight can be served.
+			require.Eventually(t, func() bool { return connectionsEnded(b) >= 1 }, 20*time.Second, 10*time.Millisecond)
+			if tc.replayed {
+				assert.Greater(t, dials.Load(), before, "the control: b serves the replayed 0-RTT tunnel")
+				return
+			}
+			assert.Equal(t, before, dials.Load(), "a 0-RTT flight is served by one replica only")
+			assert.Zero(t, promtest.ToFloat64(b.Metrics.StreamsTotal.WithLabelValues("ok")))
+			assert.Zero(t, promtest.ToFloat64(b.Metrics.StreamsTotal.WithLabelValues("replay")), "b never saw the 0-RTT streams")
+		})
+	}
+}
+
+// connectionsEnded is the number of connections srv has closed, for any
+// reason.
+func connectionsEnded(srv *testutil.Server) float64 {
+	n := 0.0
+	for _, r := range []string{"closed", "idle_timeout", "auth_failed", "auth_timeout", "shutdown", "error"} {
+		n += promtest.ToFloat64(srv.Metrics.ConnectionsTotal.WithLabelValues(r))
+	}
+	return n
+}
+
+// recordZeroRTTReconnect connects a client to srv through a proxy that
+// records what the client sends, stops srv, has the client redial with
+// 0-RTT and send a tunnel's request as 0-RTT data, starts srv again with
+// restart (same address, same session-ticket key), and returns the
+// recorded packets once the request was answered over a 0-RTT connection
+// and the client has stopped (its connection IDs are then free to be
+// replayed).
+func recordZeroRTTReconnect(t *testing.T, srv *testutil.Server, restart func() *testutil.Server, echo string) [][]byte {
+	t.Helper()
+	var recording atomic.Bool
+	var mu sync.Mutex
+	var captured [][]byte
+	proxy := recordingProxy(t, srv, func(pkt []byte) {
+		if recording.Load() {
+			mu.Lock()
+			captured = append(captured, bytes.Clone(pkt))
+			mu.Unlock()
+		}
+	})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: proxy, WaitReady: true})
+	echoCheck(t, dial(t, cl.Addr), 100) // gets a session ticket
+	recording.Store(true)
+	srv.Stop(t)
+	require.Eventually(t, func() bool { return !cl.Client.Ready() }, 5*time.Second, 5*time.Millisecond)
+	c := dial(t, cl.Addr)
+	require.Eventually(t, func() bool { return len(cl.Client.ConnStats()) == 1 }, 5*time.Second, time.Millisecond)
+	srv2 := restart()
+	_, err := c.Write([]byte("0-rtt request"))
+	require.NoError(t, err)
+	got := make([]byte, len("0-rtt request"))
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("ok_0rtt")) == 1 },
+		5*time.Second, 5*time.Millisecond, "the reconnect must use 0-RTT for the replay to mean anything")
+	recording.Store(false)
+	_ = c.Close()
+	cl.Stop(t)
+	require.Eventually(t, func() bool { return promtest.ToFloat64(srv2.Metrics.ActiveConnections) == 0 },
+		5*time.Second, 5*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, captured)
+	return captured
+}

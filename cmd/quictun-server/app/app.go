@@ -124,6 +124,11 @@ func (o *Options) Run(ctx context.Context) error {
 		cfg.Reverse.UDPIdleTimeout, cfg.Reverse.AuditLog = o.UDPIdleTimeout, o.Server.AuditLog
 		logger.Info("Reverse forwards allowed: clients may ask this server to listen", "allowRemoteListen", strings.Join(o.AllowRemoteListen, ","))
 	}
+	if cfg.ReplicaID == "" {
+		cfg.ReplicaID = server.DefaultReplicaID()
+	}
+	logger.V(1).Info("Replica ID: the session tickets of this server carry it, and it accepts 0-RTT only with its own; servers sharing --state-dir's keys need distinct ones",
+		"replicaID", cfg.ReplicaID)
 	srv, err = server.New(cfg, sock.Conn)
 	if err != nil {
 		return err

@@ -41,6 +41,9 @@ func TestValidate(t *testing.T) {
 		{"drain 0", func(o *Options) { o.DrainTimeout = 0 }, nil},
 		{"tail probes 0 and 4", func(o *Options) { o.TailProbes = 4 }, nil},
 		{"empty allow list denies all", func(o *Options) { o.Allow = nil }, nil},
+		{"replica ID", func(o *Options) { o.Server.ReplicaID = "quictun-server-7d9f8b6c5-x2k4q" }, nil},
+		{"replica ID with a space", func(o *Options) { o.Server.ReplicaID = "replica a" }, []string{"--replica-id must be at most 253 bytes without spaces"}},
+		{"replica ID too long", func(o *Options) { o.Server.ReplicaID = strings.Repeat("a", 254) }, []string{"--replica-id must be at most 253 bytes"}},
 
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/spf13/pflag"
 
@@ -90,7 +92,7 @@ func NewOptions() *Options {
 // congestion control, configuration and logging).
 var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
-	{Title: "Identity and authentication", Names: []string{"state-dir", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
+	{Title: "Identity and authentication", Names: []string{"state-dir", "replica-id", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
@@ -119,6 +121,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
 
 	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "directory for the generated self-signed certificate and the stateless-reset and session-ticket keys; keep it across restarts")
+	fs.StringVar(&o.Server.ReplicaID, "replica-id", o.Server.ReplicaID, "this server's name among the servers that share its --state-dir keys (replicas behind one name, the Helm chart's pods): its session tickets carry it, and it accepts 0-RTT data only with tickets it issued, since only its replay cache records their 0-RTT streams; another replica's ticket still resumes, without 0-RTT (one round trip more, once). Keep it across restarts and distinct per replica; empty = the host name")
 	fs.StringVar(&o.CertFile, "cert-file", o.CertFile, "PEM certificate to serve instead of the generated one (with --key-file)")
 	fs.StringVar(&o.KeyFile, "key-file", o.KeyFile, "PEM private key for --cert-file")
 	fs.StringVar(&o.ClientCAFile, "client-ca-file", o.ClientCAFile, "require client certificates signed by these CAs (mutual TLS); read again on SIGHUP, for new connections and resumed sessions (open ones keep running)")
@@ -180,6 +183,9 @@ func (o *Options) Validate() error {
 	}
 	if (o.CertFile == "") != (o.KeyFile == "") {
 		add("--cert-file and --key-file go together")
+	}
+	if id := o.Server.ReplicaID; len(id) > maxReplicaID || strings.ContainsFunc(id, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) {
+		add("--replica-id must be at most %d bytes without spaces or control characters (a host or pod name), got %q", maxReplicaID, id)
 	}
 	if o.StateDir == "" {
 		add("--state-dir is required (it holds the stateless-reset and session-ticket keys, and the certificate unless --cert-file is given)")
@@ -263,6 +269,9 @@ func (o *Options) CheckFiles() error {
 	}
 	return errors.Join(errs...)
 }
+
+// maxReplicaID bounds --replica-id: a DNS name's length.
+const maxReplicaID = 253
 
 // TCPListenOff is the --tcp-listen-on value for no TCP listener.
 const TCPListenOff = "off"
