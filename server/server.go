@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
@@ -367,7 +366,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 		orDefault(&cfg.MaxRemoteListensPerConn, DefaultMaxRemoteListensPerConn)
 		orDefault(&cfg.MaxRemoteListensPerIdentity, DefaultRemoteListensPerIdentity(cfg.MaxRemoteListens, cfg.MaxRemoteListensPerConn))
 		if cfg.RemoteListenMetrics == nil {
-			cfg.RemoteListenMetrics = NewRemoteListenMetrics(prometheus.NewRegistry())
+			cfg.RemoteListenMetrics = NewRemoteListenMetrics(nil) // counted, not exported
 		}
 		if cfg.ListenRemote == nil {
 			cfg.ListenRemote = ListenRemote

@@ -13,7 +13,7 @@ type RemoteListens struct {
 }
 
 // NewRemoteListens creates and registers the metrics of reverse forward
-// listeners on reg, a series at 0 for each of reasons.
+// listeners on reg (nil: unregistered), a series at 0 for each of reasons.
 func NewRemoteListens(reg prometheus.Registerer, reasons []string) *RemoteListens {
 	m := &RemoteListens{
 		Active: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -29,7 +29,9 @@ func NewRemoteListens(reg prometheus.Registerer, reasons []string) *RemoteListen
 				"bad_address (the listen address does not parse), listen_failed (the server could not listen there).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.Active, m.RefusedTotal)
+	if reg != nil {
+		reg.MustRegister(m.Active, m.RefusedTotal)
+	}
 	for _, r := range reasons {
 		m.RefusedTotal.WithLabelValues(r)
 	}

@@ -155,6 +155,21 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Disable0RTT, "disable-0rtt", o.Disable0RTT, "refuse 0-RTT resumption (costs reconnecting clients one round trip)")
 }
 
+// addShares validates a server-wide limit --max-NAME (total), its
+// --max-NAME-per-conn and its per-identity share --max-NAME-per-identity
+// (0: the default fraction of the total), reporting each problem with add.
+func addShares(add func(string, ...any), name, what, fraction string, total, perConn, perIdentity int) {
+	if total < 1 || perConn < 1 {
+		add("--max-%s and --max-%s-per-conn must be at least 1", name, name)
+	}
+	if perIdentity < 0 {
+		add("--max-%s-per-identity must not be negative (0 = %s of --max-%s)", name, fraction, name)
+	} else if perIdentity > 0 && (perIdentity < perConn || perIdentity > total) {
+		add("--max-%s-per-identity (%d) must be between --max-%s-per-conn (%d) and --max-%s (%d): it is one client's share of the server's %s, and one connection's %s must fit in it",
+			name, perIdentity, name, perConn, name, total, what, what)
+	}
+}
+
 // Validate returns every problem at once.
 func (o *Options) Validate() error {
 	var errs []error
@@ -225,24 +240,9 @@ func (o *Options) Validate() error {
 	if o.Server.AuthTimeout <= 0 || o.Server.IdleAuthTimeout <= 0 {
 		add("--auth-timeout and --idle-auth-timeout must be positive")
 	}
-	if o.Server.MaxUDPFlows < 1 || o.Server.MaxUDPFlowsPerConn < 1 {
-		add("--max-udp-flows and --max-udp-flows-per-conn must be at least 1")
-	}
-	if n := o.Server.MaxUDPFlowsPerIdentity; n < 0 {
-		add("--max-udp-flows-per-identity must not be negative (0 = a quarter of --max-udp-flows)")
-	} else if n > 0 && (n < o.Server.MaxUDPFlowsPerConn || n > o.Server.MaxUDPFlows) {
-		add("--max-udp-flows-per-identity (%d) must be between --max-udp-flows-per-conn (%d) and --max-udp-flows (%d): it is one client's share of the server's flows, and one connection's flows must fit in it",
-			n, o.Server.MaxUDPFlowsPerConn, o.Server.MaxUDPFlows)
-	}
-	if o.Server.MaxRemoteListens < 1 || o.Server.MaxRemoteListensPerConn < 1 {
-		add("--max-remote-listeners and --max-remote-listeners-per-conn must be at least 1")
-	}
-	if n := o.Server.MaxRemoteListensPerIdentity; n < 0 {
-		add("--max-remote-listeners-per-identity must not be negative (0 = an eighth of --max-remote-listeners)")
-	} else if n > 0 && (n < o.Server.MaxRemoteListensPerConn || n > o.Server.MaxRemoteListens) {
-		add("--max-remote-listeners-per-identity (%d) must be between --max-remote-listeners-per-conn (%d) and --max-remote-listeners (%d): it is one client's share of the server's listeners, and one connection's listeners must fit in it",
-			n, o.Server.MaxRemoteListensPerConn, o.Server.MaxRemoteListens)
-	}
+	addShares(add, "udp-flows", "flows", "a quarter", o.Server.MaxUDPFlows, o.Server.MaxUDPFlowsPerConn, o.Server.MaxUDPFlowsPerIdentity)
+	addShares(add, "remote-listeners", "listeners", "an eighth",
+		o.Server.MaxRemoteListens, o.Server.MaxRemoteListensPerConn, o.Server.MaxRemoteListensPerIdentity)
 	if o.UDPSocketMemoryMiB < 0 {
 		add("--udp-socket-memory-mib must not be negative (0 = from net.ipv4.udp_mem)")
 	}
