@@ -62,6 +62,9 @@ type congestionState struct {
 	MinRTTSeconds         float64 `json:"minRttSeconds"`
 	InflightCap           int     `json:"inflightCapBytes"`
 	LossRateLastRoundTrip float64 `json:"lossRateLastRoundTrip"`
+	// RandomLossRate is bbr's estimate of the path's random loss (loss
+	// that is not congestion), measured on packets sent below its model.
+	RandomLossRate float64 `json:"randomLossRate"`
 }
 
 func congestionStateOf(s *congestion.Stats) *congestionState {
@@ -72,6 +75,7 @@ func congestionStateOf(s *congestion.Stats) *congestionState {
 		Algorithm: string(s.Algorithm), State: s.State, CongestionWindow: s.CongestionWindowBytes,
 		PacingRate: s.PacingRateBytesPerSecond, BandwidthEstimate: s.BandwidthBytesPerSecond,
 		MinRTTSeconds: s.MinRTT.Seconds(), InflightCap: s.InflightCap, LossRateLastRoundTrip: s.LossRate,
+		RandomLossRate: s.RandomLoss,
 	}
 }
 

@@ -1,6 +1,7 @@
 package congestion
 
 import (
+	"math"
 	"sync"
 	"time"
 
@@ -30,13 +31,17 @@ const (
 	lossBeta            = 0.7
 	rttJumpFactor       = 4
 	rttJumpRoundsNeeded = 3
-	// congestedLossRate is the loss a round may have while a queue has built
-	// up before it counts as congestion: none, as for Cubic and Reno.
-	congestedLossRate = 0
-	initialWindow     = 32 // packets, as quic-go
-	minWindowPackets  = 4
-	maxWindowPackets  = 10000 // as quic-go
-	initialRTT        = 100 * time.Millisecond
+	startupQueueRounds  = 2
+	// appLimitedGap is the least idle time after which a sender that had
+	// nothing to send counts as application limited (settleAppLimited).
+	appLimitedGap = time.Millisecond
+	// minBelowSample is how many packets sent below the model make a sample
+	// of the random loss rate.
+	minBelowSample   = 16
+	initialWindow    = 32 // packets, as quic-go
+	minWindowPackets = 4
+	maxWindowPackets = 10000 // as quic-go
+	initialRTT       = 100 * time.Millisecond
 )
 
 var probeBWGains = [...]float64{probeUpGain, probeDownGain, 1, 1, 1, 1, 1, 1}
@@ -73,12 +78,17 @@ type BBRController struct {
 	pace pacer
 
 	// delivery-rate estimator (connection state)
-	delivered        int64
-	deliveredTime    qc.Time
-	firstSentTime    qc.Time
-	appLimitedUntil  int64 // delivered count up to which samples are app-limited; 0: none
-	bytesInFlight    int
-	lastSampleAppLtd bool
+	delivered       int64
+	deliveredTime   qc.Time
+	firstSentTime   qc.Time
+	appLimitedUntil int64 // delivered count up to which samples are app-limited; 0: none
+	// An application-limited report waiting for the next packet
+	// (settleAppLimited), and when the last ack-eliciting packet went out.
+	appLimitedPending  bool
+	appLimitedInflight int
+	lastSentTime       qc.Time
+	bytesInFlight      int
+	lastSampleAppLtd   bool
 
 	// round trips
 	round              int64
@@ -86,6 +96,7 @@ type BBRController struct {
 	roundDelivered     int // bytes acknowledged in the current round
 	roundLost          int // bytes lost in the current round
 	roundLostPackets   int
+	roundAckedPackets  int
 	roundMaxInFlight   int
 	roundMinRTT        time.Duration
 	// cycleMinRTT is the least RTT sample of the current ProbeBW gain cycle,
@@ -97,8 +108,20 @@ type BBRController struct {
 	// rttJumpRounds counts consecutive rounds whose every RTT sample was
 	// above rttJumpFactor times the minimum: the path got longer.
 	rttJumpRounds int
-	lossRate      float64 // of the last completed round
-	randomLoss    float64 // moving average of the loss rate of rounds without a queue
+	// startupQueueRounds counts consecutive Startup rounds whose every RTT
+	// sample showed a queue (checkStartupQueue).
+	startupQueueRounds int
+	lossRate           float64 // of the last completed round
+	// randomLoss is the path's random loss rate: lost over sent packets in
+	// rounds that show no queue and do not probe beyond the model,
+	// exponentially weighted by packet count (lossLost, lossSent), so the
+	// first such round gives a full estimate and each later one counts as
+	// many packets as it had.
+	randomLoss         float64
+	lossLost, lossSent float64
+	// belowSent and belowLost count the reported packets that were sent
+	// below the model, since the last sample (learnRandomLoss).
+	belowSent, belowLost int
 
 	// model
 	bwSlots    [bwWindowRounds]float64
@@ -177,14 +200,17 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 	b.pace.sent(p.Time, p.Bytes, b.pacingRate)
 	b.bytesInFlight = p.BytesInFlight
 	if !p.AckEliciting {
-		return
+		return // an ACK goes out whether or not there is data
 	}
+	b.settleAppLimited(p.Time)
+	b.lastSentTime = p.Time
 	if p.BytesInFlight-p.Bytes <= 0 {
 		// Nothing was in flight: the next delivery-rate interval starts now.
 		b.firstSentTime, b.deliveredTime = p.Time, p.Time
 	}
 	b.pkts.add(p.PacketNumber, sentState{
 		appLimited:    b.appLimitedUntil != 0,
+		belowModel:    b.sendingBelowModel(),
 		bytes:         p.Bytes,
 		txInFlight:    p.BytesInFlight,
 		delivered:     b.delivered,
@@ -194,9 +220,30 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 	})
 }
 
-// OnAppLimited implements qc.Controller.
+// OnAppLimited implements qc.Controller. quic-go reports the connection
+// application limited whenever it finds nothing to pack, which also happens
+// for a moment between two writes of an application that writes as fast as
+// it can (a stream holds one Write's data at a time). Such a lull costs
+// nothing and its samples are the path's; marking them kept bbr in Startup
+// for a whole download on a lossy path (Startup ends on samples that are
+// not application limited). So the report is held until the next packet:
+// only a sender that then stayed idle longer than appLimitedGap is marked
+// (settleAppLimited).
 func (b *BBRController) OnAppLimited(bytesInFlight int) {
-	b.appLimitedUntil = max(b.delivered+int64(bytesInFlight), 1)
+	b.appLimitedPending, b.appLimitedInflight = true, bytesInFlight
+}
+
+// settleAppLimited decides a pending application-limited report when the
+// next ack-eliciting packet goes out at now.
+func (b *BBRController) settleAppLimited(now qc.Time) {
+	if !b.appLimitedPending {
+		return
+	}
+	b.appLimitedPending = false
+	gap := 4 * time.Duration(float64(b.datagram)/max(b.pacingRate, 1)*float64(time.Second))
+	if b.lastSentTime.IsZero() || now.Sub(b.lastSentTime) > max(gap, appLimitedGap) {
+		b.appLimitedUntil = max(b.delivered+int64(b.appLimitedInflight), 1)
+	}
 }
 
 // SetMaxDatagramSize implements qc.Controller.
@@ -229,6 +276,10 @@ func (b *BBRController) OnEvent(e *qc.Event) {
 		b.delivered += int64(s.bytes)
 		b.deliveredTime = e.Time
 		ackedBytes += s.bytes
+		b.roundAckedPackets++
+		if s.belowModel {
+			b.belowSent++
+		}
 		if !haveCand || s.delivered >= cand.delivered {
 			cand, haveCand = *s, true
 		}
@@ -240,11 +291,17 @@ func (b *BBRController) OnEvent(e *qc.Event) {
 	var lostBytes int
 	for i := range e.Lost {
 		l := &e.Lost[i]
+		below := false
 		if s := b.pkts.get(l.PacketNumber); s != nil {
+			below = s.belowModel
 			b.pkts.remove(s)
 		}
 		if l.MTUProbe || l.ByPTO {
 			continue
+		}
+		if below {
+			b.belowSent++
+			b.belowLost++
 		}
 		lostBytes += l.Bytes
 		b.roundLostPackets++
@@ -366,28 +423,28 @@ func (b *BBRController) updateMinRTT(now qc.Time, sample time.Duration) {
 	}
 }
 
-// endRound closes the loss accounting of a round trip and applies the loss
-// threshold: too much loss caps bytes in flight at 0.7 of what was in flight;
-// each clean round raises the cap, faster each round (as BBRv3's probe-up).
+// endRound closes the loss accounting of a round trip and tells random loss
+// from congestion. Random loss is independent of how much bbr sends and
+// needs no queue; congestive loss comes with a queue that is not bbr's own
+// (the RTT stayed up through the last gain cycle, whose drain phase empties
+// bbr's queue, and through this round), or, where the buffer is too shallow
+// for a queue to show, rises with what is in flight: a round that pushed
+// beyond the model's BDP and lost significantly more than the random rate.
+// Only such rounds count as congestion; they cap bytes in flight at 0.7 of
+// what was in flight, and each later round raises the cap (as BBRv3's
+// inflight_hi and its probe-up). A round's loss rate says nothing alone: at
+// 30 % random loss every round loses about 30 %.
 func (b *BBRController) endRound() {
 	total := b.roundDelivered + b.roundLost
 	b.lossRate = 0
 	if total > 0 {
 		b.lossRate = float64(b.roundLost) / float64(total)
 	}
-	// Loss is congestion when it is heavy, or when it comes with a queue that
-	// is not bbr's own (the RTT stayed up through the last gain cycle, whose
-	// drain phase empties bbr's queue, and through this round): random loss
-	// does not need a queue, a buffer filled by a loss-based flow does. So a randomly lossy
-	// path keeps its rate, while on a bottleneck shared with a loss-based
-	// flow (Cubic) bbr backs off on loss as that flow does, which keeps the
-	// two near their fair shares.
 	queued := b.queueAt(b.lastCycleMinRTT, 3, 2) && b.queueAt(b.roundMinRTT, 3, 2)
-	if !queued && total > 0 {
-		b.randomLoss += (b.lossRate - b.randomLoss) / 8
-	}
-	tooMuchLoss := (b.roundLostPackets >= 3 && b.lossRate > b.lossThreshold) ||
-		(queued && b.roundLostPackets > 0 && b.lossRate > congestedLossRate)
+	b.checkStartupQueue()
+	sent := b.roundAckedPackets + b.roundLostPackets
+	tooMuchLoss := b.congestiveRound(queued, sent)
+	b.learnRandomLoss(queued)
 	switch {
 	case tooMuchLoss:
 		base := b.roundMaxInFlight
@@ -396,9 +453,6 @@ func (b *BBRController) endRound() {
 		}
 		b.inflightHi = max(int(lossBeta*float64(base)), b.minWindow())
 		b.hiGrowth = 1
-		if b.state == bbrStartup {
-			b.filledPipe = true
-		}
 		if b.state == bbrProbeBW && b.pacingGain > 1 {
 			b.advanceCycle(b.deliveredTime)
 		}
@@ -417,7 +471,7 @@ func (b *BBRController) endRound() {
 			b.inflightHi = 0 // above what the model wants: no longer a limit
 		}
 	}
-	b.roundDelivered, b.roundLost, b.roundLostPackets = 0, 0, 0
+	b.roundDelivered, b.roundLost, b.roundLostPackets, b.roundAckedPackets = 0, 0, 0, 0
 	// A path that became much longer (a reroute, or a link that was fast
 	// when the connection started) leaves a stale minimum RTT that makes the
 	// window a fraction of the new BDP for up to 10 s. No queue of another
@@ -433,6 +487,88 @@ func (b *BBRController) endRound() {
 	}
 	b.roundMaxInFlight = b.bytesInFlight
 	b.roundMinRTT = 0
+}
+
+// sendingBelowModel tells whether bbr now sends below its model of the
+// path (ProbeBW's down phase, ProbeRTT), where no bottleneck overflows.
+func (b *BBRController) sendingBelowModel() bool {
+	return (b.state == bbrProbeBW && b.pacingGain < 1) || b.state == bbrProbeRTT
+}
+
+// learnRandomLoss folds the fate of the packets sent below the model into
+// the estimate of the path's random loss, once there are enough of them
+// (minBelowSample), unless a queue that is not bbr's own shows (its
+// overflow is not the path's). Only such packets
+// count: loss of packets sent at or above the model may be the overflow
+// of a buffer too shallow to show as delay, and taken for random loss it
+// would raise the estimate, the estimate the pacing rate, and the pacing
+// rate the overflow, without end. Packets sent below the model are lost
+// at the path's random rate alone.
+func (b *BBRController) learnRandomLoss(queued bool) {
+	if b.belowSent < minBelowSample {
+		return
+	}
+	if !queued {
+		const keep = 3.0 / 4 // per sample (one ProbeBW cycle): about the last four cycles
+		b.lossLost = b.lossLost*keep + float64(b.belowLost)
+		b.lossSent = b.lossSent*keep + float64(b.belowSent)
+		b.randomLoss = b.lossLost / b.lossSent
+	}
+	b.belowSent, b.belowLost = 0, 0
+}
+
+// checkStartupQueue ends Startup once its own queue shows through whole
+// rounds (every RTT sample of startupQueueRounds rounds in a row is half the
+// minimum above it): the pipe is full. The bandwidth plateau, Startup's other
+// exit, may never come where the sender is limited by flow control at times
+// (samples marked application-limited do not count), as on a path that loses
+// half its packets, whose holes hold the receiver's window.
+func (b *BBRController) checkStartupQueue() {
+	if b.state != bbrStartup {
+		return
+	}
+	// As the plateau, only while the sender fills the pipe: a sender that
+	// is application limited (a client sending window updates beside a
+	// download) sees the queue of the other direction's data, not a full
+	// pipe of its own.
+	if b.lastSampleAppLtd || !b.queueAt(b.roundMinRTT, 3, 2) {
+		b.startupQueueRounds = 0
+		return
+	}
+	if b.startupQueueRounds++; b.startupQueueRounds >= startupQueueRounds {
+		b.filledPipe = true
+	}
+}
+
+// congestiveRound tells whether the round that ends lost packets to
+// congestion: sent packets were acknowledged or declared lost in it. In
+// Startup loss never ends the round's growth by itself (the bandwidth
+// plateau does): Startup overshoots by design, and on a randomly lossy path
+// its loss is the path's.
+func (b *BBRController) congestiveRound(queued bool, sent int) bool {
+	if b.state == bbrStartup || b.roundLostPackets == 0 || sent == 0 {
+		return false
+	}
+	if b.lossRate > b.lossThreshold {
+		return true // more than any random loss bbr accepts
+	}
+	// Loss beyond the random rate: more than its expectation plus z
+	// standard deviations of a binomial draw of sent packets.
+	p := b.randomLoss
+	expected := p * float64(sent)
+	sd := math.Sqrt(expected * (1 - p))
+	switch {
+	case queued:
+		// Beside a foreign queue, loss over the random rate is the
+		// queue's: back off as the loss-based flow that fills it does.
+		return float64(b.roundLostPackets) > expected+sd
+	case b.lossSent > 0 && b.roundMaxInFlight > b.bdp(1)+3*b.datagram:
+		// No queue shows, but bbr pushed beyond its BDP: loss that rises
+		// with inflight is a buffer too shallow to show as delay (judged
+		// once the random rate has been measured).
+		return float64(b.roundLostPackets) > expected+3*sd+2
+	}
+	return false
 }
 
 // queueAt tells whether rtt, the least RTT sample of a round, shows a queue:
@@ -630,6 +766,7 @@ func (b *BBRController) publish() {
 		MinRTT:                   b.minRTT,
 		InflightCap:              b.inflightHi,
 		LossRate:                 b.lossRate,
+		RandomLoss:               b.randomLoss,
 	}
 	b.mu.Unlock()
 }

@@ -215,3 +215,61 @@ func TestBBRAdoptsALongerPath(t *testing.T) {
 	require.InDelta(t, 25*time.Millisecond, b.Stats().MinRTT, float64(2*time.Millisecond))
 	require.Greater(t, s.goodput(2*time.Second), 0.9*100*mbit)
 }
+
+// Random loss of 20-50 % is the path's, not congestion: no queue shows and
+// the loss does not rise with what is in flight, so the cap never binds for
+// long and the link stays busy. Before bbr told them apart by a per-round
+// threshold (15 %), every round at 20 % counted as congestion and goodput
+// fell to a few per cent of the link.
+func TestBBRHoldsHeavyRandomLoss(t *testing.T) {
+	for _, loss := range []float64{0.2, 0.3, 0.5} {
+		b, rtt := newTestBBR(Options{})
+		s := newLinkSim(b, rtt, 100*mbit, 12500*time.Microsecond, loss, 256)
+		s.run(2 * time.Second)
+		g := s.goodput(10 * time.Second)
+		require.Greater(t, g, (1-loss)*0.8*100*mbit, "loss %.0f%%: goodput %.1f Mbit/s", loss*100, g/mbit)
+		require.LessOrEqual(t, s.capRounds, s.rounds/10, "loss %.0f%%: rounds with a binding cap", loss*100)
+		require.InDelta(t, loss, b.Stats().RandomLoss, 0.05, "the estimate of the path's random loss")
+	}
+}
+
+// A buffer too shallow for a queue to show as delay (16 packets: under two
+// milliseconds at 100 Mbit/s) overflows only when bbr sends beyond the BDP:
+// loss that rises with inflight is congestion, and the cap comes down even
+// though no queue shows, so overflow stays a small share of what is sent.
+func TestBBRShallowBufferOverflowIsCongestion(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	s := newLinkSim(b, rtt, 100*mbit, 12500*time.Microsecond, 0, 16)
+	s.run(2 * time.Second)
+	lost0, del0 := s.lostBytes, s.delivered
+	g := s.goodput(10 * time.Second)
+	t.Logf("capRounds %d of %d, random %.3f, lost %d of %d, goodput %.1f", s.capRounds, s.rounds, b.Stats().RandomLoss, s.lostBytes-lost0, s.delivered-del0, g/mbit)
+	require.Positive(t, s.capRounds, "the cap bound after overflows")
+	require.Less(t, float64(s.lostBytes-lost0), 0.05*float64(s.delivered-del0), "overflow loss stays small")
+	require.Greater(t, g, 0.85*100*mbit)
+	require.Less(t, b.Stats().RandomLoss, 0.01, "overflow is not taken for random loss")
+}
+
+// quic-go reports the connection application limited whenever it finds
+// nothing to pack, also in the microseconds between two writes of an
+// application that writes as fast as it can: only a sender that then stays
+// idle longer than appLimitedGap is marked.
+func TestBBRAppLimitedOnlyAfterAnIdleGap(t *testing.T) {
+	b, _ := newTestBBR(Options{})
+	now := qc.Time(time.Second)
+	send := func(pn int64) {
+		b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: pn, Bytes: datagram, BytesInFlight: datagram, AckEliciting: true})
+	}
+	send(1)
+	b.OnAppLimited(datagram)
+	now = now.Add(100 * time.Microsecond)
+	b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: 2, Bytes: 40}) // an ACK: decides nothing
+	send(3)
+	require.Zero(t, b.appLimitedUntil, "a lull of 100 us between writes")
+	require.False(t, b.pkts.get(3).appLimited)
+	b.OnAppLimited(datagram)
+	now = now.Add(20 * time.Millisecond)
+	send(4)
+	require.NotZero(t, b.appLimitedUntil, "idle for 20 ms")
+	require.True(t, b.pkts.get(4).appLimited)
+}

@@ -36,16 +36,19 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 
 // Options tune the controllers.
 type Options struct {
-	// LossThreshold is the fraction of a round trip's packets BBR may lose
-	// before it takes the loss as congestion and lowers its in-flight cap.
-	// Zero means DefaultLossThreshold.
+	// LossThreshold is the highest share of a round trip's packets BBR
+	// takes as random loss: a round that loses more is congestion whatever
+	// the queue shows, and the bandwidth estimate is scaled up by at most
+	// this rate. Below it, loss is judged against the random loss BBR
+	// measures (see the package doc). Zero means DefaultLossThreshold.
 	LossThreshold float64
 }
 
-// DefaultLossThreshold tolerates the random loss of bad radio and long-haul
-// links (quictun's purpose) while still backing off when a queue overflows,
-// which loses a larger share of a round's packets.
-const DefaultLossThreshold = 0.15
+// DefaultLossThreshold lets BBR hold links that lose up to three packets in
+// four at random (quictun's purpose: radio, satellite and long-haul links
+// lose 10-50 %); congestion is told from random loss by the queue and by
+// loss that rises with what is in flight, not by a rate.
+const DefaultLossThreshold = 0.75
 
 // Factory returns the quic.Config.Congestion value for a; nil for Reno, which
 // selects quic-go's own NewReno unchanged.
@@ -86,6 +89,9 @@ type Stats struct {
 	InflightCap int
 	// LossRate is the share of packets lost in the last completed round trip.
 	LossRate float64
+	// RandomLoss is bbr's estimate of the path's random loss rate (loss that
+	// is not congestion; see the package doc).
+	RandomLoss float64
 }
 
 // StatsReporter is implemented by this package's controllers; Stats is safe

@@ -5,8 +5,12 @@ import qc "github.com/quic-go/quic-go/congestion"
 // sentState is what the delivery-rate estimator remembers of a packet in
 // flight (draft-cheng-iccrg-delivery-rate-estimation, "per-packet state").
 type sentState struct {
-	present       bool
-	appLimited    bool
+	present    bool
+	appLimited bool
+	// belowModel: sent while bbr sent below its model (ProbeBW's down
+	// phase, ProbeRTT), when a bottleneck cannot overflow: its fate measures
+	// the path's random loss.
+	belowModel    bool
 	bytes         int
 	txInFlight    int // bytes in flight when it was sent, itself included
 	delivered     int64

@@ -32,8 +32,8 @@ func NewCongestionFlags() CongestionFlags {
 
 // AddFlags binds the flags to fs.
 func (c *CongestionFlags) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Congestion, "congestion", c.Congestion, "congestion controller of this side's sending direction: bbr (paces at the measured bottleneck rate; random loss below --bbr-loss-threshold per round trip is not taken as congestion, so lossy links stay fast), cubic (RFC 9438, backs off on every loss like TCP), reno (quic-go's own NewReno, the behaviour before bbr)")
-	fs.Float64Var(&c.LossThreshold, "bbr-loss-threshold", c.LossThreshold, "share of a round trip's packets bbr may lose before it lowers its in-flight cap; higher keeps links with heavy random loss fast but is less fair to TCP when a queue overflows (0 < x < 1)")
+	fs.StringVar(&c.Congestion, "congestion", c.Congestion, "congestion controller of this side's sending direction: bbr (paces at the measured bottleneck rate; loss without a queue that does not rise with what is in flight is taken as the path's random loss, not as congestion, so lossy links stay fast), cubic (RFC 9438, backs off on every loss like TCP), reno (quic-go's own NewReno, the behaviour before bbr)")
+	fs.Float64Var(&c.LossThreshold, "bbr-loss-threshold", c.LossThreshold, "highest share of a round trip's packets bbr takes as random loss (a round that loses more is congestion whatever the queue shows); below it bbr tells random loss from congestion by the queue and by loss that rises with what is in flight (0 < x < 1)")
 	fs.DurationVar(&c.MaxProbeTimeout, "max-probe-timeout", c.MaxProbeTimeout, "cap on QUIC's backed-off probe timeout (quic-go's own cap is 60s): after a blackout with data in flight the tunnel notices the returned link within this long; costs one probe packet per interval while the link is dark")
 }
 
@@ -44,7 +44,7 @@ func (c *CongestionFlags) Validate() []error {
 		errs = append(errs, fmt.Errorf("--congestion: %w", err))
 	}
 	if !(c.LossThreshold > 0 && c.LossThreshold < 1) {
-		errs = append(errs, fmt.Errorf("--bbr-loss-threshold %v: must be between 0 and 1, e.g. 0.15", c.LossThreshold))
+		errs = append(errs, fmt.Errorf("--bbr-loss-threshold %v: must be between 0 and 1, e.g. 0.75", c.LossThreshold))
 	}
 	if c.MaxProbeTimeout < 100*time.Millisecond || c.MaxProbeTimeout > time.Minute {
 		errs = append(errs, fmt.Errorf("--max-probe-timeout %s: must be between 100ms and 1m, e.g. 500ms", c.MaxProbeTimeout))

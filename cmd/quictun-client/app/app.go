@@ -101,7 +101,9 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	o.logProxies(logger, users)
-	sock, err := o.OpenSocket(":0", o.QUICOptions(), true, &cleanup, logger)
+	q := o.QUICOptions()
+	q.FullReceiveWindows = true // the client trusts the server it verified
+	sock, err := o.OpenSocket(":0", q, true, &cleanup, logger)
 	if err != nil {
 		return err
 	}
