@@ -19,7 +19,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # make image's tag is IMAGE_REPO:VERSION (no leading v: the Helm chart's appVersion); deploy/helm's image.repository
 IMAGE_REPO ?= quictun
 
-.PHONY: all quic-go test-quic-go build cross release image test-release demo test test-short check vet lint fmt fmt-check fuzz fuzz-ci bench bench-full bench-floor bench-compare bench-scale bench-idle bench-scale-report e2e soak deploy-check clean
+.PHONY: all quic-go test-quic-go build cross release image test-release demo test test-short check vet lint fmt fmt-check fuzz fuzz-ci bench bench-full bench-floor bench-compare bench-scale bench-idle bench-scale-report bench-reference e2e soak deploy-check clean
 
 # golangci-lint, pinned; installed from the module proxy into GOPATH/bin under a versioned name (about
 # 2 minutes the first time), so every clone on the machine (CI's fresh ones too) shares one build
@@ -167,16 +167,20 @@ LOADGEN_ARGS ?=
 bench-scale: build
 	$(GO) run ./tools/bench loadgen --bin bin --clients $(N) $(LOADGEN_ARGS)
 
-## bench-idle MODE=none|ssh: idle cost of a connected client and server (scripts/idle-cost.sh, 60 s, root), written to bench/results/idle-<date>-MODE.json
+## bench-idle MODE=none|ssh: idle cost of a connected client and server (scripts/idle-cost.sh, 60 s, root), written to bench/runs/idle-<date>-MODE.json
 MODE ?= none
 bench-idle: build
-	OUT=bench/results/idle-$$(date -u +%Y-%m-%dT%H%M%SZ)-$(MODE).json MODE=$(MODE) scripts/idle-cost.sh 60
+	OUT=bench/runs/idle-$$(date -u +%Y-%m-%dT%H%M%SZ)-$(MODE).json MODE=$(MODE) scripts/idle-cost.sh 60
 
-## bench-scale-report: bench/results/scale/report.md, the "server scale" and "idle" sections, from result files (SCALE_RUNS, IDLE_RUNS: globs)
-SCALE_RUNS ?= bench/results/loadgen-*
-IDLE_RUNS ?= bench/results/idle-*.json
+## bench-scale-report: bench/runs/scale/report.md, the "server scale" and "idle" sections, from result files (SCALE_RUNS, IDLE_RUNS: globs)
+SCALE_RUNS ?= bench/runs/loadgen-*
+IDLE_RUNS ?= bench/runs/idle-*.json
 bench-scale-report: quic-go
-	$(GO) run ./tools/bench scale-report --loadgen '$(SCALE_RUNS)' --idle '$(IDLE_RUNS)' --out bench/results/scale
+	$(GO) run ./tools/bench scale-report --loadgen '$(SCALE_RUNS)' --idle '$(IDLE_RUNS)' --out bench/runs/scale
+
+## bench-reference PROFILE=quick RUN=bench/runs/DATE: keep RUN as PROFILE's reference run in bench/reference/PROFILE (report, notes, charts; bench/README.md "Reference runs")
+bench-reference: quic-go
+	$(GO) run ./tools/bench reference --profile '$(PROFILE)' --run '$(RUN)'
 
 ## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
 bench-compare: quic-go

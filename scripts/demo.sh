@@ -4,7 +4,7 @@
 # stopped on exit. Ports can be changed with the environment variables below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# bench_env: the Go runtime settings README's figures were measured with (README, "Tuning");
+# bench_env: the Go runtime settings the documented figures were measured with (docs/tuning.md);
 # GOMAXPROCS=$(nproc) GODEBUG=schedtrace=0 make demo runs the daemons with Go's defaults.
 # shellcheck source=scripts/lib/bench-env.sh
 . scripts/lib/bench-env.sh
