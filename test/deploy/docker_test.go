@@ -120,6 +120,18 @@ func TestDockerfile(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(entrypoint), &ep), "ENTRYPOINT must be exec form")
 	assert.Equal(t, []string{"/usr/local/bin/quictun-server"}, ep)
 	assert.True(t, exposed["7500/udp"], "EXPOSE 7500/udp")
+	assert.True(t, exposed["7500/tcp"], "EXPOSE 7500/tcp (the TCP fallback listens on the QUIC port)")
+
+	// CMD names a configuration the image holds: the build stage copies
+	// deploy/docker/server.yaml to /etc/quictun/server.yaml, which is valid.
+	text := string(readFile(t, path))
+	assert.Contains(t, text, `CMD ["--config", "/etc/quictun/server.yaml"]`)
+	assert.Contains(t, text, "cp deploy/docker/server.yaml /out/etc/server.yaml")
+	assert.Contains(t, text, "COPY --from=build /out/etc /etc/quictun")
+	assert.Contains(t, string(readFile(t, deployPath(t, "docker", "Dockerfile.dockerignore"))), "\n!deploy/docker/server.yaml\n",
+		"the build context keeps the image's configuration")
+	out, err := checkConfig(t, "quictun-server", "--config", deployPath(t, "docker", "server.yaml"), "--check-config=flags")
+	require.NoError(t, err, out)
 
 	ignore := string(readFile(t, deployPath(t, "docker", "Dockerfile.dockerignore")))
 	for _, p := range []string{".git", "bin"} {

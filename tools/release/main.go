@@ -206,7 +206,7 @@ func archives(o options) error {
 // README, the license, the security policy (how to verify a release, the
 // threat model), and deploy/'s guide, systemd units, sysctl drop-in and
 // example configs, which the install steps use next.
-var releaseDocs = func(root string) ([]file, error) {
+func releaseDocs(root string) ([]file, error) {
 	names := []string{"README.md", "LICENSE", "SECURITY.md", "deploy/README.md"}
 	for _, pattern := range []string{"deploy/systemd/*.service", "deploy/sysctl/*.conf", "deploy/config/*.yaml"} {
 		m, err := filepath.Glob(filepath.Join(root, pattern))
