@@ -250,9 +250,11 @@ func TestDockerCompose(t *testing.T) {
 	echo := cf.Services["echo"]
 	require.GreaterOrEqual(t, len(echo.Command), 3)
 	_, echoPort, _ := strings.Cut(echo.Command[2], ":")
-	token := yamlScalar(t, cliText, "token-source")
-	assert.Equal(t, "tcp:echo:"+echoPort, token)
-	assert.Contains(t, string(srvText), "="+token, "the server's allow list must permit the client's token")
+	fwd := regexp.MustCompile(`(?m)^forward:\n  - (\S+)=(\S+)$`).FindSubmatch(cliText)
+	require.NotNil(t, fwd, "the client's config forwards with forward: [LISTEN=DESTINATION]")
+	dest := string(fwd[2])
+	assert.Equal(t, "tcp:echo:"+echoPort, dest)
+	assert.Contains(t, string(srvText), "="+dest, "the server's allow list must permit the client's destination")
 
 	// Docker's stop timeout covers the drain.
 	for _, name := range []string{"server", "client"} {
