@@ -58,7 +58,7 @@ func TestCopy(t *testing.T) {
 	require.Equal(t, image.Rect(0, 0, 400, 200), img.Bounds())
 }
 
-// TestPaletted: a chart of more than 256 colours comes back as a paletted
+// TestPaletted: a chart of more colours than paletteSize comes back as a paletted
 // PNG whose flat colours are exact.
 func TestPaletted(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "c.png")
@@ -71,7 +71,7 @@ func TestPaletted(t *testing.T) {
 	require.NoError(t, err)
 	p, ok := img.(*image.Paletted)
 	require.True(t, ok, "re-encoded with a palette")
-	require.LessOrEqual(t, len(p.Palette), 256)
+	require.LessOrEqual(t, len(p.Palette), paletteSize)
 	require.Equal(t, color.RGBA{255, 255, 255, 255}, color.RGBAModel.Convert(p.At(10, 100)))
 }
 
