@@ -19,7 +19,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # make image's tag is IMAGE_REPO:VERSION (no leading v: the Helm chart's appVersion); deploy/helm's image.repository
 IMAGE_REPO ?= quictun
 
-.PHONY: all quic-go test-quic-go build cross release image test-release demo test test-short check vet lint fmt fmt-check fuzz fuzz-ci bench bench-full bench-floor bench-compare bench-scale bench-idle bench-scale-report e2e soak deploy-check clean
+.PHONY: all docs quic-go test-quic-go build cross release image test-release demo test test-short check vet lint fmt fmt-check fuzz fuzz-ci bench bench-full bench-floor bench-compare bench-scale bench-idle bench-scale-report bench-reference e2e soak deploy-check clean
 
 # golangci-lint, pinned; installed from the module proxy into GOPATH/bin under a versioned name (about
 # 2 minutes the first time), so every clone on the machine (CI's fresh ones too) shares one build
@@ -57,8 +57,8 @@ cross: quic-go
 	  pkgs=$$(CGO_ENABLED=0 GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) list -deps $(PRODUCT) | grep '^github.com/quictun/quictun/') && \
 	  $(GO) run ./tools/typecheck -target $$t -test $$pkgs || exit 1; done
 
-## release: bin/release/quictun_VERSION_OS_ARCH.{tar.gz,zip} for RELEASE_TARGETS (binaries, README.md, LICENSE if
-## any), provenance.json (commit, Go, quic-go base and patches, flags, date, archive hashes) and SHA256SUMS of
+## release: bin/release/quictun_VERSION_OS_ARCH.{tar.gz,zip} for RELEASE_TARGETS (binaries, README.md, LICENSE, SECURITY.md, deploy units and configs;
+## provenance.json (commit, Go, quic-go base and patches, flags, date, archive hashes) and SHA256SUMS of
 ## them, reproducible (-trimpath, every time SOURCE_DATE_EPOCH); SIGNING_KEY=path (an SSH private key, or the
 ## .pub of a key in ssh-agent) signs SHA256SUMS into SHA256SUMS.sig (ssh-keygen -Y sign -n file); without it the
 ## release is unsigned and says so; a key it cannot use fails it. tools/release says how
@@ -82,6 +82,11 @@ image: quic-go
 ## HEAD and the patches' hashes (fake binaries: no platform is built)
 test-release:
 	cd tools/release && GOWORK=off $(GO) test -count=1 .
+
+## docs: docs/flags-server.md and docs/flags-client.md from the binaries' flags (their tests fail when these are stale)
+docs: quic-go
+	$(GO) run ./cmd/quictun-server docs > docs/flags-server.md
+	$(GO) run ./cmd/quictun-client docs > docs/flags-client.md
 
 ## demo: local demo on loopback: echo server, quictun-server, quictun-client, latency direct and through the tunnel
 demo: build
@@ -167,16 +172,20 @@ LOADGEN_ARGS ?=
 bench-scale: build
 	$(GO) run ./tools/bench loadgen --bin bin --clients $(N) $(LOADGEN_ARGS)
 
-## bench-idle MODE=none|ssh: idle cost of a connected client and server (scripts/idle-cost.sh, 60 s, root), written to bench/results/idle-<date>-MODE.json
+## bench-idle MODE=none|ssh: idle cost of a connected client and server (scripts/idle-cost.sh, 60 s, root), written to bench/runs/idle-<date>-MODE.json
 MODE ?= none
 bench-idle: build
-	OUT=bench/results/idle-$$(date -u +%Y-%m-%dT%H%M%SZ)-$(MODE).json MODE=$(MODE) scripts/idle-cost.sh 60
+	OUT=bench/runs/idle-$$(date -u +%Y-%m-%dT%H%M%SZ)-$(MODE).json MODE=$(MODE) scripts/idle-cost.sh 60
 
-## bench-scale-report: bench/results/scale/report.md, the "server scale" and "idle" sections, from result files (SCALE_RUNS, IDLE_RUNS: globs)
-SCALE_RUNS ?= bench/results/loadgen-*
-IDLE_RUNS ?= bench/results/idle-*.json
+## bench-scale-report: bench/runs/scale/report.md, the "server scale" and "idle" sections, from result files (SCALE_RUNS, IDLE_RUNS: globs)
+SCALE_RUNS ?= bench/runs/loadgen-*
+IDLE_RUNS ?= bench/runs/idle-*.json
 bench-scale-report: quic-go
-	$(GO) run ./tools/bench scale-report --loadgen '$(SCALE_RUNS)' --idle '$(IDLE_RUNS)' --out bench/results/scale
+	$(GO) run ./tools/bench scale-report --loadgen '$(SCALE_RUNS)' --idle '$(IDLE_RUNS)' --out bench/runs/scale
+
+## bench-reference PROFILE=quick RUN=bench/runs/DATE: keep RUN as PROFILE's reference run in bench/reference/PROFILE (report, notes, charts; bench/README.md "Reference runs")
+bench-reference: quic-go
+	$(GO) run ./tools/bench reference --profile '$(PROFILE)' --run '$(RUN)'
 
 ## bench-compare OLD=dir NEW=dir: ratio table of two harness runs
 bench-compare: quic-go

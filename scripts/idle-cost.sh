@@ -9,7 +9,7 @@
 # MODE=ssh keeps one tunnel open but quiet (an echo, then nothing), as an idle ssh session.
 # OUT=file also writes the figures as JSON, for `bench scale-report --idle` (the bench report's Idle section).
 # Needs root and `make build`.
-#   scripts/idle-cost.sh [BIN=bin] [SECONDS=60] [MODE=none|ssh] [OUT=bench/results/idle-DATE-MODE.json]
+#   scripts/idle-cost.sh [BIN=bin] [SECONDS=60] [MODE=none|ssh] [OUT=bench/runs/idle-DATE-MODE.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin} SECS=${SECONDS_IDLE:-${1:-60}} MODE=${MODE:-none} OUT=${OUT:-}
@@ -65,6 +65,7 @@ awk -v s="$SECS" -v c=$((c1 - c0)) -v sv=$((s1 - s0)) -v ct=$((ct1 - ct0)) -v st
   printf "idle %d s (mode %s): client %.2f context switches/s, %.3f %% of a core; server %.2f/s, %.3f %%; UDP datagrams sent %d, received %d (both daemons)\n",
     s, m, c/s, ct/s, sv/s, st/s, o, i }'
 if [ -n "$OUT" ]; then
+  mkdir -p "$(dirname "$OUT")"
   # the client's keep-alive period: its --keepalive-period default, as this script runs it
   ka=$("$BIN/quictun-client" --help 2>&1 | awk '/--keepalive-period/{f=1} f && match($0, /\(default [0-9.]+s\)/) {print substr($0, RSTART + 9, RLENGTH - 11); exit}')
   rev=$("$BIN/quictun-server" version 2>/dev/null | head -1 || true)

@@ -2,7 +2,7 @@
 # profile-lan.sh: CPU profiles (and execution traces) of quictun-client and
 # quictun-server on the emulated LAN link (tools/linkem, 0.25 ms each way),
 # during a ping-pong of 1000 B messages and during a bulk upload, written
-# with their flame graphs to OUT (default bench/results/profile-<date>).
+# with their flame graphs to OUT (default bench/runs/profile-<date>).
 #
 #   sudo scripts/profile-lan.sh                     # binaries of bin/ (make build)
 #   BIN=/other/bin OUT=/tmp/p SECONDS_PER=10 scripts/profile-lan.sh
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
-OUT=${OUT:-bench/results/profile-$(date -u +%Y-%m-%dT%H%MZ)}
+OUT=${OUT:-bench/runs/profile-$(date -u +%Y-%m-%dT%H%MZ)}
 SECS=${SECONDS_PER:-10}
 DELAY=${DELAY:-0.25ms}
 PREFIX=${PREFIX:-qp}

@@ -43,7 +43,7 @@
 #                        [TRACE=0] [GAP=] [BIN=bin] [KEEP=]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# bench_env: the Go runtime settings the daemons are measured with (README, "Tuning").
+# bench_env: the Go runtime settings the daemons are measured with (docs/tuning.md).
 # shellcheck source=scripts/lib/bench-env.sh
 . scripts/lib/bench-env.sh
 RATE=${RATE:-50M} LEN=${LEN:-1200} DURATION=${DURATION:-10} LOSSES=${LOSSES:-"0 1 5"} REPS=${REPS:-3}

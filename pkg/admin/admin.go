@@ -100,6 +100,7 @@ func Handler(o Options) http.Handler {
 	mux.Handle("GET /metrics", protect(promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{
 		MaxRequestsInFlight: 4, ErrorHandling: promhttp.ContinueOnError,
 	})))
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) { writeIndex(w, o) })
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if o.Ready != nil && !o.Ready() {
@@ -181,6 +182,32 @@ func Handler(o Options) http.Handler {
 		mux.Handle("/debug/pprof/trace", protect(http.HandlerFunc(pprof.Trace)))
 	}
 	return g.wrap(mux)
+}
+
+// writeIndex answers GET / with the endpoints this admin server serves, so
+// that a first look at the port is not a bare 404. It names paths only.
+func writeIndex(w http.ResponseWriter, o Options) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	auth := ""
+	if o.BearerToken != "" {
+		auth = " (bearer token)"
+	}
+	lines := []string{"quictun admin API", "",
+		"GET /metrics              Prometheus metrics" + auth,
+		"GET /healthz              liveness: ok while the process serves",
+		"GET /readyz               readiness: ok, or 503 while not ready (draining; a client not connected)"}
+	if o.Registry != nil {
+		lines = append(lines, "GET /tunnels              open tunnels, JSON"+auth,
+			"DELETE /tunnels/{id}      reset one tunnel"+auth)
+	}
+	if o.Conns != nil {
+		lines = append(lines, "GET /connections          connections and their QUIC figures, JSON"+auth)
+	}
+	if o.EnablePprof {
+		lines = append(lines, "GET /debug/pprof/         Go profiles"+auth)
+	}
+	lines = append(lines, "", "Metrics and endpoints: docs/operations.md")
+	_, _ = fmt.Fprintln(w, strings.Join(lines, "\n"))
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

@@ -142,6 +142,21 @@ func TestHealthAndReady(t *testing.T) {
 	assert.Equal(t, http.StatusOK, rr.Code)
 }
 
+// TestIndex: / on the admin port lists the endpoints it serves (issue 33: it
+// was a bare 404); other unknown paths stay 404.
+func TestIndex(t *testing.T) {
+	t.Parallel()
+	rr := newEnv(t, "", false).do(t, http.MethodGet, "/", "")
+	require.Equal(t, http.StatusOK, rr.Code)
+	for _, p := range []string{"GET /metrics", "GET /healthz", "GET /readyz", "GET /tunnels", "DELETE /tunnels/{id}", "GET /connections", "docs/operations.md"} {
+		assert.Contains(t, rr.Body.String(), p)
+	}
+	assert.NotContains(t, rr.Body.String(), "pprof", "pprof is off")
+	assert.NotContains(t, rr.Body.String(), "bearer token")
+	assert.Contains(t, newEnv(t, "secret-token", true).do(t, http.MethodGet, "/", "").Body.String(), "GET /debug/pprof/         Go profiles (bearer token)")
+	assert.Equal(t, http.StatusNotFound, newEnv(t, "", false).do(t, http.MethodGet, "/nothing", "").Code)
+}
+
 func TestMetricsEndpoint(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "", false)

@@ -103,7 +103,7 @@ func (r *ring) remove(e *sentState) {
 	// (42d6ccc) made bbr take 12 s instead of 0.2 s to recover from a 10 s
 	// blackout with a bulk transfer in flight (bench blackout-bulk, WAN
 	// 100 Mbit/s 0 % loss, 3 runs: bench/results/2026-11-27T003218Z,
-	// 003655Z, 003833Z); why is not understood yet.
+	// 003655Z, 003833Z, in git history at ecc96da); why is not understood yet.
 }
 
 func (r *ring) len() int { return r.n }

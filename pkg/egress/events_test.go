@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/internal/testutil/quictest"
 	"github.com/quictun/quictun/pkg/egress"
@@ -136,4 +138,66 @@ func newHandler(t *testing.T, secret []byte, allow string, ev egress.Events) *eg
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	return e
+}
+
+// TestAuditReverseRequest: a reverse forward request the server refuses
+// (here: it serves none, no Binder) is audited as a reverse one with the
+// address the client asked for, never the wire token "bind/1/ID/LISTEN"
+// nor as a forward tunnel (issue 33).
+func TestAuditReverseRequest(t *testing.T) {
+	t.Parallel()
+	secret := []byte("the server's secret")
+	parser, err := token.NewParser(token.PluginCleartext, "")
+	require.NoError(t, err)
+	keys, err := proto.NewKeyring(proto.Key{Secret: secret})
+	require.NoError(t, err)
+	e, err := egress.New(egress.Config{Parser: parser, Keys: keys, Allow: endpoint.MustParseAllowList("tcp:127.0.0.1:1"),
+		AuditLog: true, Events: egress.NopEvents{}, Registry: tunnel.NewRegistry()})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+
+	var mu sync.Mutex
+	var lines []string
+	logger := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, args)
+	}, funcr.Options{})
+	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), logger), 20*time.Second)
+	defer cancel()
+	cli, srv := quictest.Pair(t)
+	var served sync.WaitGroup
+	served.Go(func() {
+		s, err := srv.AcceptStream(ctx)
+		if err != nil {
+			return
+		}
+		e.Serve(ctx, egress.Stream{Conn: srv, Stream: s, Conn0: e.NewConn()})
+	})
+	str, err := cli.OpenStreamSync(ctx)
+	require.NoError(t, err)
+	h, err := proto.NewBind(proto.Bind{ID: 0, Listen: "tcp:0.0.0.0:8022"}, time.Now())
+	require.NoError(t, err)
+	b, err := h.Append(nil, secret)
+	require.NoError(t, err)
+	_, err = str.Write(b)
+	require.NoError(t, err)
+	code, ok := proto.FromError(proto.ReadReply(str))
+	require.True(t, ok)
+	require.Equal(t, proto.CodeUnsupported, code)
+	served.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	var audit string
+	for _, l := range lines {
+		if strings.Contains(l, `"msg"="Closed tunnel"`) {
+			audit = l
+		}
+	}
+	require.NotEmpty(t, audit, "no audit line in %q", lines)
+	assert.Contains(t, audit, `"direction"="reverse"`)
+	assert.Contains(t, audit, `"listen"="tcp:0.0.0.0:8022"`)
+	assert.Contains(t, audit, `"result"="unsupported"`)
+	assert.NotContains(t, audit, "bind/1/")
 }

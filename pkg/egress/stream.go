@@ -151,12 +151,29 @@ func (s *stream) fail(ctx context.Context, f *failure) {
 
 // audit writes the tunnel's audit line.
 func (s *stream) audit(result string, up, down int64) {
+	if s.h.Kind == proto.KindReverse {
+		s.auditBind(result)
+		return
+	}
 	dest := s.h.Token
 	if s.e.cfg.Reverse && s.dest.Network != "" {
 		dest = s.dest.String() // the declared destination its binding names
 	}
 	s.logger.Info("Closed tunnel", "direction", s.e.direction(), "identity", strings.Join(s.identities, ","), "destination", dest, "result", result,
 		"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(s.start).Round(time.Millisecond))
+}
+
+// auditBind writes the audit line of a reverse forward request refused
+// before its binding (a bound one is no tunnel, its connections are): the
+// direction and the address the client asked the server to listen on, not
+// the wire token ("bind/1/ID/LISTEN").
+func (s *stream) auditBind(result string) {
+	listen := "(bad bind token)"
+	if b, err := proto.ParseBind(s.h.Token); err == nil {
+		listen = b.Listen
+	}
+	s.logger.Info("Closed tunnel", "direction", tunnel.Reverse, "identity", strings.Join(s.identities, ","), "listen", listen,
+		"result", result, "duration", time.Since(s.start).Round(time.Millisecond))
 }
 
 // readHeader reads the stream header within HeaderTimeout.

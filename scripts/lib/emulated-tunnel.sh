@@ -17,9 +17,11 @@ cleanup() {
 trap cleanup EXIT
 
 # emulated_link: the link between the client namespace CNS and the server namespace SNS,
-# DELAY each way; returns once both namespaces exist.
+# DELAY each way (and the linkem flags of LINK_ARGS, e.g. --loss 2%); returns once both
+# namespaces exist.
 emulated_link() {
-  "$LINKEM" up --prefix "$PREFIX" --delay "$DELAY" >"$work/linkem.log" 2>&1 &
+  # shellcheck disable=SC2086 # LINK_ARGS is a list of flags
+  "$LINKEM" up --prefix "$PREFIX" --delay "$DELAY" ${LINK_ARGS:-} >"$work/linkem.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do ip netns exec "$CNS" true 2>/dev/null && ip netns exec "$SNS" true 2>/dev/null && break; sleep 0.1; done
   sleep 1

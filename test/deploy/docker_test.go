@@ -120,6 +120,18 @@ func TestDockerfile(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(entrypoint), &ep), "ENTRYPOINT must be exec form")
 	assert.Equal(t, []string{"/usr/local/bin/quictun-server"}, ep)
 	assert.True(t, exposed["7500/udp"], "EXPOSE 7500/udp")
+	assert.True(t, exposed["7500/tcp"], "EXPOSE 7500/tcp (the TCP fallback listens on the QUIC port)")
+
+	// CMD names a configuration the image holds: the build stage copies
+	// deploy/docker/server.yaml to /etc/quictun/server.yaml, which is valid.
+	text := string(readFile(t, path))
+	assert.Contains(t, text, `CMD ["--config", "/etc/quictun/server.yaml"]`)
+	assert.Contains(t, text, "cp deploy/docker/server.yaml /out/etc/server.yaml")
+	assert.Contains(t, text, "COPY --from=build /out/etc /etc/quictun")
+	assert.Contains(t, string(readFile(t, deployPath(t, "docker", "Dockerfile.dockerignore"))), "\n!deploy/docker/server.yaml\n",
+		"the build context keeps the image's configuration")
+	out, err := checkConfig(t, "quictun-server", "--config", deployPath(t, "docker", "server.yaml"), "--check-config=flags")
+	require.NoError(t, err, out)
 
 	ignore := string(readFile(t, deployPath(t, "docker", "Dockerfile.dockerignore")))
 	for _, p := range []string{".git", "bin"} {
@@ -238,9 +250,11 @@ func TestDockerCompose(t *testing.T) {
 	echo := cf.Services["echo"]
 	require.GreaterOrEqual(t, len(echo.Command), 3)
 	_, echoPort, _ := strings.Cut(echo.Command[2], ":")
-	token := yamlScalar(t, cliText, "token-source")
-	assert.Equal(t, "tcp:echo:"+echoPort, token)
-	assert.Contains(t, string(srvText), "="+token, "the server's allow list must permit the client's token")
+	fwd := regexp.MustCompile(`(?m)^forward:\n  - (\S+)=(\S+)$`).FindSubmatch(cliText)
+	require.NotNil(t, fwd, "the client's config forwards with forward: [LISTEN=DESTINATION]")
+	dest := string(fwd[2])
+	assert.Equal(t, "tcp:echo:"+echoPort, dest)
+	assert.Contains(t, string(srvText), "="+dest, "the server's allow list must permit the client's destination")
 
 	// Docker's stop timeout covers the drain.
 	for _, name := range []string{"server", "client"} {

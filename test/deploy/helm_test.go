@@ -158,7 +158,7 @@ func TestHelmDefaultValues(t *testing.T) {
 		ports[str(dig(p, "name"))] = str(dig(p, "protocol"))
 	}
 	assert.Equal(t, map[string]string{"quic": "UDP", "quic-tcp": "TCP", "admin": "TCP"}, ports)
-	// server.goDebug's default (README, "Tuning"), and nothing else in the environment.
+	// server.goDebug's default (docs/tuning.md), and nothing else in the environment.
 	assert.Equal(t, []any{map[string]any{"name": "GODEBUG", "value": "schedtrace=2147483647"}}, dig(ctr, "env"))
 
 	// The server config: the admin server on the pod IP needs the token, and it validates.

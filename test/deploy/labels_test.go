@@ -17,12 +17,13 @@ import (
 	"github.com/quictun/quictun/server"
 )
 
-// readmeSection returns the README section that starts with heading.
-func readmeSection(t *testing.T, heading string) string {
+// docSection returns the section of the document at path (relative to the
+// repository root) that starts with heading.
+func docSection(t *testing.T, path, heading string) string {
 	t.Helper()
-	readme := string(readFile(t, filepath.Join(repoRoot(t), "README.md")))
+	readme := string(readFile(t, filepath.Join(repoRoot(t), path)))
 	start := strings.Index(readme, heading)
-	require.GreaterOrEqual(t, start, 0, "README.md has no %q", heading)
+	require.GreaterOrEqual(t, start, 0, "%s has no %q", path, heading)
 	section := readme[start:]
 	if end := strings.Index(section[3:], "\n## "); end >= 0 {
 		section = section[:end+3]
@@ -30,12 +31,12 @@ func readmeSection(t *testing.T, heading string) string {
 	return section
 }
 
-// metricRows maps each metric of README's metrics table to its row.
+// metricRows maps each metric of the metrics table (docs/operations.md) to its row.
 func metricRows(t *testing.T) map[string]string {
 	t.Helper()
 	rows := map[string]string{}
 	tick := regexp.MustCompile("`(quictun_[a-z0-9_]+|_[a-z0-9_]+)`")
-	for _, line := range strings.Split(readmeSection(t, "## Metrics and admin API"), "\n") {
+	for _, line := range strings.Split(docSection(t, metricsDoc, "## Metrics and admin API"), "\n") {
 		if !strings.HasPrefix(line, "| `quictun_") {
 			continue
 		}
@@ -56,15 +57,15 @@ func metricRows(t *testing.T) map[string]string {
 
 // TestEveryLabelValueDocumented: every label value the daemons' metrics
 // (and their reload and admin metrics) create (they pre-create each series they can emit, so that rates start
-// at zero) is written, in backticks, in that metric's README row; stream
-// results that are protocol codes are in the README's list of codes, each
+// at zero) is written, in backticks, in that metric's row of docs/operations.md; stream
+// results that are protocol codes are in docs/how-it-works.md's list of codes, each
 // with its meaning.
 func TestEveryLabelValueDocumented(t *testing.T) {
 	t.Parallel()
 	rows := metricRows(t)
-	codes := readmeSection(t, "## Security model")
+	codes := docSection(t, "docs/how-it-works.md", "## Security model")
 	for _, c := range proto.AllCodes() {
-		assert.True(t, strings.Contains(codes, "`"+c.String()+"`"), "README's list of codes (Security model) lacks %s", c)
+		assert.True(t, strings.Contains(codes, "`"+c.String()+"`"), "docs/how-it-works.md's list of codes (Security model) lacks %s", c)
 	}
 	reg := prometheus.NewRegistry()
 	server.NewMetrics(reg)
@@ -80,7 +81,7 @@ func TestEveryLabelValueDocumented(t *testing.T) {
 		require.NoError(t, err)
 		for _, f := range fams {
 			row, ok := rows[f.GetName()]
-			if !assert.True(t, ok, "README has no row for %s", f.GetName()) {
+			if !assert.True(t, ok, "docs/operations.md has no row for %s", f.GetName()) {
 				continue
 			}
 			for _, m := range f.GetMetric() {
@@ -95,7 +96,7 @@ func TestEveryLabelValueDocumented(t *testing.T) {
 						isCode = isCode || c.String() == l.GetValue()
 					}
 					assert.True(t, isCode && strings.Contains(row, "code"),
-						"README row of %s does not document %s=%s", f.GetName(), l.GetName(), v)
+						"docs/operations.md's row of %s does not document %s=%s", f.GetName(), l.GetName(), v)
 					checked++
 				}
 			}

@@ -11,7 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// TestReadmeMetrics guards the README parser the other checks rely on.
+// TestReadmeMetrics guards the metrics-table parser the other checks rely on.
 func TestReadmeMetrics(t *testing.T) {
 	t.Parallel()
 	m := readmeMetrics(t)
@@ -19,7 +19,7 @@ func TestReadmeMetrics(t *testing.T) {
 		"quictun_client_session_up", "quictun_server_streams_total",
 		"quictun_quic_min_rtt_seconds", "quictun_quic_lost_bytes_total", "quictun_build_info",
 	} {
-		assert.True(t, m[name], "README metric %s not parsed", name)
+		assert.True(t, m[name], "documented metric %s not parsed", name)
 	}
 }
 
@@ -85,7 +85,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		names := promMetricNames(e)
 		assert.NotEmpty(t, names, "expression reads no metric: %s", e)
 		for _, n := range names {
-			assert.True(t, knownMetric(readme, n), "dashboard expression uses %s, which README.md does not list: %s", n, e)
+			assert.True(t, knownMetric(readme, n), "dashboard expression uses %s, which docs/operations.md does not list: %s", n, e)
 		}
 		assert.Equal(t, strings.Count(e, "("), strings.Count(e, ")"), "unbalanced parentheses: %s", e)
 		assert.Equal(t, strings.Count(e, "{"), strings.Count(e, "}"), "unbalanced braces: %s", e)
@@ -140,7 +140,7 @@ func TestPrometheusAlerts(t *testing.T) {
 				assert.Equal(t, strings.Count(text, "{{"), strings.Count(text, "}}"), "alert %s: template braces in %q", r.Alert, text)
 			}
 			for _, n := range promMetricNames(r.Expr) {
-				assert.True(t, knownMetric(readme, n), "alert %s uses %s, which README.md does not list", r.Alert, n)
+				assert.True(t, knownMetric(readme, n), "alert %s uses %s, which docs/operations.md does not list", r.Alert, n)
 			}
 			assert.Equal(t, strings.Count(r.Expr, "("), strings.Count(r.Expr, ")"), "alert %s: unbalanced parentheses", r.Alert)
 		}

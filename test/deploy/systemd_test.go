@@ -229,7 +229,7 @@ func TestExampleServerConfigOptionalKeys(t *testing.T) {
 }
 
 // TestSystemdGoRuntimeSettings: the server unit sets GODEBUG's schedtrace
-// (README, "Tuning"), visibly and on its own, and the client unit (laptops,
+// (docs/tuning.md), visibly and on its own, and the client unit (laptops,
 // idle most of the time) sets no Go runtime setting; neither sets GOMAXPROCS.
 func TestSystemdGoRuntimeSettings(t *testing.T) {
 	t.Parallel()

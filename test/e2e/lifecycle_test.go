@@ -404,7 +404,7 @@ func TestServerRestartIdleClient(t *testing.T) {
 }
 
 // TestRuntimeSettingsAreTheOperators: the daemons start once, as they were
-// started, and leave the Go runtime's settings to the environment (README,
+// started, and leave the Go runtime's settings to the environment (docs/tuning.md,
 // "Tuning"): no GODEBUG of their own (they used to re-execute themselves with
 // schedtrace set), GOMAXPROCS Go's default (the CPUs, or a container's CPU
 // limit; it used to be half of that) unless GOMAXPROCS is set. The "Starting"

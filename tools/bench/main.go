@@ -1,6 +1,7 @@
 // Command bench runs the quictun benchmark harness (issue 3): direct TCP,
 // kcptun and quictun on the same emulated link, and writes
-// bench/results/<date>/{report.md,results.json,*.png}. See bench/README.md.
+// bench/runs/<date>/{report.md,results.json,*.png} (git-ignored; `bench reference`
+// keeps one run per profile in bench/reference/). See bench/README.md.
 package main
 
 import (
@@ -19,6 +20,7 @@ import (
 
 	"github.com/quictun/quictun/tools/bench/harness"
 	"github.com/quictun/quictun/tools/bench/loadgen"
+	"github.com/quictun/quictun/tools/bench/reference"
 )
 
 func main() {
@@ -40,7 +42,7 @@ func newRootCommand() *cobra.Command {
 	gfs := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(gfs)
 	root.PersistentFlags().AddGoFlag(gfs.Lookup("v"))
-	root.AddCommand(newRunCommand(), newLoopbackCommand(), newCompareCommand(), newReportCommand(), newFlameCommand(), newLoadgenCommand(), newScaleReportCommand())
+	root.AddCommand(newRunCommand(), newLoopbackCommand(), newCompareCommand(), newReportCommand(), newFlameCommand(), newLoadgenCommand(), newScaleReportCommand(), newReferenceCommand())
 	return root
 }
 
@@ -59,7 +61,7 @@ func newRunCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
-		Short: "Run a profile (root: creates network namespaces) and write bench/results/<date>/",
+		Short: "Run a profile (root: creates network namespaces) and write bench/runs/<date>/",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := harness.Profiles(profile)
@@ -106,7 +108,7 @@ func newRunCommand() *cobra.Command {
 	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout), cc (~15 minutes: bulk under loss, fairness, blackout under load, per congestion controller) stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) or full (every scenario)")
 	fs.StringVar(&binDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
 	fs.StringVar(&binDirB, "bin-b", "", "directory of another build of the daemons, run as variant quictun-b beside quictun (before/after in one run; select it with --variants ...,quictun-b)")
-	fs.StringVar(&out, "out", "bench/results", "results directory; each run writes <out>/<UTC date>/")
+	fs.StringVar(&out, "out", "bench/runs", "results directory; each run writes <out>/<UTC date>/")
 	fs.StringVar(&prefix, "prefix", "qb", "network namespace prefix (<prefix>-c, <prefix>-s)")
 	fs.StringSliceVar(&variants, "variants", nil, "variants to run, by name (direct-cubic, quictun-bbr) or family (direct, kcptun, quictun); default: the profile's (stn: direct,quictun), else every available one. Opt-in: quictun-socks5 (the quictun daemons probed through a --proxy socks5: entry point), quictun-reverse (a reverse tunnel, --remote-forward, probed from the server host; latency scenario only)")
 	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,after-idle,bulk,fairness,echo-tps,request-size,connrate,blackout,blackout-bulk,scale,flood,stn-short,stn-sizes,stn-blackout,failover); default: the profile's")
@@ -127,7 +129,7 @@ func newLoopbackCommand() *cobra.Command {
 	var o harness.LoopbackOptions
 	cmd := &cobra.Command{
 		Use:   "loopback",
-		Short: "Measure direct TCP and quictun on this host's loopback (no emulated link) and write bench/results/loopback-<date>/",
+		Short: "Measure direct TCP and quictun on this host's loopback (no emulated link) and write bench/runs/loopback-<date>/",
 		Long: "Runs an echo/sink server (and redis-server when installed), a quictun-server and quictun-client pair per build, " +
 			"and the cases of issue 13 that need no emulated link: ping-pong, QPS of 128 B, echo TPS of 1 KB on 8 connections, " +
 			"16 MiB echo throughput, new connections/s, redis-benchmark (50 clients) and bulk CPU per GB. Variants alternate " +
@@ -146,7 +148,7 @@ func newLoopbackCommand() *cobra.Command {
 	fs := cmd.Flags()
 	fs.StringVar(&o.BinDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
 	fs.StringVar(&o.BinDirB, "bin-b", "", "directory of a second build of the daemons, run as variant quictun-b beside the first (before/after in one run)")
-	fs.StringVar(&o.ResultsDir, "out", "bench/results", "results directory; the run writes <out>/loopback-<UTC date>/")
+	fs.StringVar(&o.ResultsDir, "out", "bench/runs", "results directory; the run writes <out>/loopback-<UTC date>/")
 	fs.IntVar(&o.Reps, "reps", 3, "repetitions per case")
 	fs.StringSliceVar(&o.Cases, "cases", nil, "cases to run (default: all): "+strings.Join(harness.LoopbackCases(), ","))
 	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable)")
@@ -160,7 +162,7 @@ func newLoadgenCommand() *cobra.Command {
 	o := loadgen.DefaultOptions()
 	cmd := &cobra.Command{
 		Use:   "loadgen",
-		Short: "Emulate N clients against a real quictun-server and write bench/results/loadgen-<date>/ (tools/bench/loadgen/README.md)",
+		Short: "Emulate N clients against a real quictun-server and write bench/runs/loadgen-<date>/ (tools/bench/loadgen/README.md)",
 		Long: "Runs quictun-server from --bin and N emulated clients in this process, each the client library on its own " +
 			"UDP socket and source address (127.0.0.2 upwards), and measures: full handshakes/s (connect at --concurrency), " +
 			"the server's RSS, goroutines and CPU per idle client, a few tunnels, the time for every client to come back " +
@@ -283,7 +285,7 @@ func newScaleReportCommand() *cobra.Command {
 	fs := cmd.Flags()
 	fs.StringSliceVar(&in.Loadgen, "loadgen", nil, "bench loadgen result directories (repeatable, comma-separated, globs)")
 	fs.StringSliceVar(&in.Idle, "idle", nil, "scripts/idle-cost.sh result files (repeatable, comma-separated, globs)")
-	fs.StringVar(&out, "out", "bench/results/scale", "directory of report.md and the charts")
+	fs.StringVar(&out, "out", "bench/runs/scale", "directory of report.md and the charts")
 	return cmd
 }
 
@@ -327,4 +329,28 @@ func nonEmpty(in []string) []string {
 		}
 	}
 	return out
+}
+
+func newReferenceCommand() *cobra.Command {
+	var run, dir, profile string
+	cmd := &cobra.Command{
+		Use:   "reference",
+		Short: "Keep a run as the reference of its profile: copy its report, notes and charts to bench/reference/PROFILE",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if run == "" || profile == "" {
+				return fmt.Errorf("--run and --profile are required (make bench-reference PROFILE=quick RUN=bench/runs/DATE)")
+			}
+			if err := reference.Copy(run, dir, profile); err != nil {
+				return err
+			}
+			fmt.Printf("Reference: %s\n", filepath.Join(dir, profile, "report.md"))
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&run, "run", "", "the run's directory (bench/runs/DATE)")
+	fs.StringVar(&profile, "profile", "", "the profile it is the reference of: quick, full, cc, stn, loopback, scale")
+	fs.StringVar(&dir, "dir", "bench/reference", "directory of the reference runs")
+	return cmd
 }

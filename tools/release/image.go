@@ -27,6 +27,14 @@ const NonRoot = 65532
 // (deploy/docker/Dockerfile has the same layout).
 const StateDir = "var/lib/quictun-server"
 
+// ServerConfig is the configuration the image's CMD names, and
+// ServerConfigSource the repository's file it is (deploy/docker/Dockerfile
+// copies the same).
+const (
+	ServerConfig       = "etc/quictun/server.yaml"
+	ServerConfigSource = "deploy/docker/server.yaml"
+)
+
 func images(o options) error {
 	tmp, err := os.MkdirTemp("", "quictun-image-")
 	if err != nil {
@@ -39,13 +47,17 @@ func images(o options) error {
 		return fmt.Errorf("image tag: %w", err)
 	}
 	mtime := time.Unix(o.mtime, 0).UTC()
+	serverConfig, err := os.ReadFile(filepath.Join(o.root, ServerConfigSource))
+	if err != nil {
+		return err
+	}
 	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	for _, arch := range strings.Fields(o.arches) {
 		bins, err := build(o, "linux", arch, filepath.Join(tmp, arch))
 		if err != nil {
 			return err
 		}
-		img, err := Image(arch, tag, bins, mtime)
+		img, err := Image(arch, tag, bins, serverConfig, mtime)
 		if err != nil {
 			return err
 		}
@@ -77,8 +89,8 @@ func images(o options) error {
 // empty base (static binaries need no libc; the client verifies the server
 // by fingerprint or --ca-file, so no CA bundle), the quictun-server
 // entrypoint and the non-root user, as deploy/docker/Dockerfile builds it.
-func Image(arch, version string, bins []string, mtime time.Time) (v1.Image, error) {
-	layerTar, err := rootfs(bins, mtime)
+func Image(arch, version string, bins []string, serverConfig []byte, mtime time.Time) (v1.Image, error) {
+	layerTar, err := rootfs(bins, serverConfig, mtime)
 	if err != nil {
 		return nil, err
 	}
@@ -104,11 +116,11 @@ func Image(arch, version string, bins []string, mtime time.Time) (v1.Image, erro
 	cf.OS, cf.Architecture, cf.Created = "linux", arch, v1.Time{Time: mtime}
 	cf.Config = v1.Config{
 		Entrypoint:   []string{"/usr/local/bin/quictun-server"},
-		Cmd:          []string{"--config", "/etc/quictun/server.yaml"},
+		Cmd:          []string{"--config", "/" + ServerConfig},
 		User:         fmt.Sprintf("%d:%d", NonRoot, NonRoot),
 		WorkingDir:   "/",
 		Env:          []string{"PATH=/usr/local/bin"},
-		ExposedPorts: map[string]struct{}{"7500/udp": {}, "8086/tcp": {}},
+		ExposedPorts: map[string]struct{}{"7500/udp": {}, "7500/tcp": {}, "8086/tcp": {}},
 		Labels: map[string]string{
 			"org.opencontainers.image.title":       "quictun",
 			"org.opencontainers.image.description": "TCP and UNIX-socket tunnels over QUIC",
@@ -121,7 +133,7 @@ func Image(arch, version string, bins []string, mtime time.Time) (v1.Image, erro
 
 // rootfs is the image's one layer: the directories the daemons use, an
 // /etc/passwd naming the non-root user, and bins in /usr/local/bin.
-func rootfs(bins []string, mtime time.Time) ([]byte, error) {
+func rootfs(bins []string, serverConfig []byte, mtime time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dir := func(name string, mode int64, owner int) error {
@@ -151,6 +163,9 @@ func rootfs(bins []string, mtime time.Time) ([]byte, error) {
 		return nil, err
 	}
 	if err := reg("etc/group", 0o644, fmt.Appendf(nil, "root:x:0:\nnonroot:x:%d:\n", NonRoot)); err != nil {
+		return nil, err
+	}
+	if err := reg(ServerConfig, 0o644, serverConfig); err != nil {
 		return nil, err
 	}
 	for _, p := range bins {

@@ -3,7 +3,8 @@
 //
 //	release archives --version V --out DIR [--targets "linux/amd64 ..."] [--signing-key KEY]
 //	    one archive per target (tar.gz; zip for Windows) holding the binaries,
-//	    README.md and LICENSE (if any) under quictun_V_OS_ARCH/; provenance.json
+//	    README.md, LICENSE, SECURITY.md and deploy/'s README, systemd units,
+//	    sysctl drop-in and example configs under quictun_V_OS_ARCH/; provenance.json
 //	    (commit, Go, quic-go base and patches, build flags and date, archive
 //	    hashes); SHA256SUMS of them all; with --signing-key, SHA256SUMS.sig
 //	    (ssh-keygen -Y sign -n file; scripts/verify-release.sh checks it)
@@ -157,16 +158,9 @@ func archives(o options) error {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(tmp) }()
-	var docs []file
-	for _, d := range []string{"README.md", "LICENSE"} {
-		b, err := os.ReadFile(filepath.Join(o.root, d))
-		if errors.Is(err, os.ErrNotExist) && d == "LICENSE" {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		docs = append(docs, file{name: d, mode: 0o644, data: b})
+	docs, err := releaseDocs(o.root)
+	if err != nil {
+		return err
 	}
 	mtime := time.Unix(o.mtime, 0).UTC()
 	var names []string
@@ -206,6 +200,39 @@ func archives(o options) error {
 		fmt.Fprintf(os.Stderr, "wrote %s (%d bytes)\n", filepath.Join(o.out, name), len(data))
 	}
 	return finish(o, prov, names, fp)
+}
+
+// releaseDocs are the files every archive holds beside the binaries: the
+// README, the license, the security policy (how to verify a release, the
+// threat model), and deploy/'s guide, systemd units, sysctl drop-in and
+// example configs, which the install steps use next.
+func releaseDocs(root string) ([]file, error) {
+	names := []string{"README.md", "LICENSE", "SECURITY.md", "deploy/README.md"}
+	for _, pattern := range []string{"deploy/systemd/*.service", "deploy/sysctl/*.conf", "deploy/config/*.yaml"} {
+		m, err := filepath.Glob(filepath.Join(root, pattern))
+		if err != nil {
+			return nil, err
+		}
+		if len(m) == 0 {
+			return nil, fmt.Errorf("%s: no files in %s", pattern, root)
+		}
+		for _, p := range m {
+			rel, err := filepath.Rel(root, p)
+			if err != nil {
+				return nil, err
+			}
+			names = append(names, filepath.ToSlash(rel))
+		}
+	}
+	var docs []file
+	for _, d := range names {
+		b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(d)))
+		if err != nil {
+			return nil, err
+		}
+		docs = append(docs, file{name: d, mode: 0o644, data: b})
+	}
+	return docs, nil
 }
 
 // finish writes the provenance prov of the archives names, SHA256SUMS of

@@ -170,7 +170,7 @@ func TestImage(t *testing.T) {
 		}
 		bins = append(bins, p)
 	}
-	img, err := Image("arm64", "1.2.3", bins, testTime)
+	img, err := Image("arm64", "1.2.3", bins, []byte("listen-on: 0.0.0.0:7500\n"), testTime)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,6 +226,14 @@ func TestImage(t *testing.T) {
 		}
 		seen[strings.TrimSuffix(h.Name, "/")] = h
 	}
+	if cf.Config.Cmd[len(cf.Config.Cmd)-1] != "/"+ServerConfig || seen[ServerConfig] == nil {
+		t.Errorf("CMD %v names a configuration the image lacks (%v)", cf.Config.Cmd, seen[ServerConfig] != nil)
+	}
+	for _, p := range []string{"7500/udp", "7500/tcp"} {
+		if _, ok := cf.Config.ExposedPorts[p]; !ok {
+			t.Errorf("%s not exposed (the TCP fallback listens on the QUIC port): %v", p, cf.Config.ExposedPorts)
+		}
+	}
 	for _, p := range []string{"usr/local/bin/quictun-server", "usr/local/bin/quictun-client", "usr/local/bin/latency-client", "etc/passwd"} {
 		if seen[p] == nil {
 			t.Errorf("no %s in the image", p)
@@ -235,7 +243,7 @@ func TestImage(t *testing.T) {
 		t.Errorf("state dir %+v, want owned by %d, mode 0700", h, NonRoot)
 	}
 	// Reproducible: the same inputs give the same image.
-	again, err := Image("arm64", "1.2.3", bins, testTime)
+	again, err := Image("arm64", "1.2.3", bins, []byte("listen-on: 0.0.0.0:7500\n"), testTime)
 	if err != nil {
 		t.Fatal(err)
 	}

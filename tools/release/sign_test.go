@@ -478,3 +478,38 @@ func TestProvenanceEnv(t *testing.T) {
 		}
 	}
 }
+
+// TestArchiveContents: every archive holds, beside the binaries, the license,
+// the security policy and deploy/'s units and configs (issue 33), read from
+// the repository.
+func TestArchiveContents(t *testing.T) {
+	o, err := testRelease(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"README.md", "LICENSE", "SECURITY.md", "deploy/README.md",
+		"deploy/systemd/quictun-server.service", "deploy/systemd/quictun-client.service",
+		"deploy/sysctl/60-quictun.conf", "deploy/config/server.yaml", "deploy/config/client.yaml"}
+	for _, a := range []struct {
+		name string
+		list func(*testing.T, []byte) map[string]string
+	}{
+		{"quictun_v9.9.9_linux_amd64.tar.gz", listTarGz},
+		{"quictun_v9.9.9_windows_amd64.zip", listZip},
+	} {
+		b, err := os.ReadFile(filepath.Join(o.out, a.name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		top := strings.TrimSuffix(strings.TrimSuffix(a.name, ".tar.gz"), ".zip")
+		got := a.list(t, b)
+		for _, w := range want {
+			if !strings.HasPrefix(got[top+"/"+w], "-rw-r--r-- ") {
+				t.Errorf("%s: %s missing or not 0644 (%q)", a.name, w, got[top+"/"+w])
+			}
+		}
+		if !strings.Contains(got[top+"/LICENSE"], "Apache License") {
+			t.Errorf("%s: LICENSE is not the Apache License", a.name)
+		}
+	}
+}

@@ -275,6 +275,23 @@ func TestRootCommand(t *testing.T) {
 		assert.Equal(t, "fake "+version.String()+"\n", out)
 		assert.False(t, d.ran)
 	})
+	t.Run("--version flag", func(t *testing.T) {
+		// The README's install check: quictun-client --version.
+		d := &fakeDaemon{}
+		out, err := execute(t, d, "--version")
+		require.NoError(t, err)
+		assert.Equal(t, "fake "+version.String()+"\n", out)
+		assert.False(t, d.ran)
+	})
+	t.Run("hidden docs subcommand", func(t *testing.T) {
+		out, err := execute(t, &fakeDaemon{}, "docs")
+		require.NoError(t, err)
+		help, err := execute(t, &fakeDaemon{}, "--help")
+		require.NoError(t, err)
+		assert.Contains(t, out, "# fake flags\n")
+		assert.Contains(t, out, "```text\n"+help+"```\n", "the flag reference is --help, verbatim")
+		assert.NotContains(t, help, "docs ", "hidden from the command list")
+	})
 	t.Run("grouped help", func(t *testing.T) {
 		out, err := execute(t, &fakeDaemon{}, "--help")
 		require.NoError(t, err)

@@ -25,7 +25,7 @@ const EnvPrefix = "QUICTUN"
 var redactedFlags = []string{"token-source", "token-parser-key"}
 
 // configFlagNames are the flags that are never read from the file or written to it.
-var configFlagNames = []string{"config", "write-config", "check-config"}
+var configFlagNames = []string{"config", "write-config", "check-config", "version"}
 
 // ConfigFlags are the flags about configuration itself, shared by both daemons.
 type ConfigFlags struct {
@@ -74,6 +74,10 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			flags := cmd.Flags()
+			if v, _ := flags.GetBool("version"); v {
+				_, _ = fmt.Fprintln(cmd.OutOrStdout(), name, version.String())
+				return nil
+			}
 			cf := d.Config()
 			var reloader *Reloader
 			if r, ok := d.(Reloadable); ok {
@@ -127,6 +131,7 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 	d.Config().AddFlags(cmd.Flags())
 	d.AddFlags(cmd.Flags())
 	AddKlogFlags(cmd.Flags())
+	cmd.Flags().Bool("version", false, "print the version and exit (as the version subcommand)")
 	cmd.SetFlagErrorFunc(flagError)    // the subcommands' too
 	cmd.SuggestionsMinimumDistance = 2 // noArgs: "verison" means version
 	_ = cmd.MarkFlagFilename("config", "yaml", "yml")
@@ -137,7 +142,7 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use: "version", Short: "Print the version", Args: NoArgs,
 		Run: func(c *cobra.Command, _ []string) { _, _ = fmt.Fprintln(c.OutOrStdout(), name, version.String()) },
-	})
+	}, newDocsCommand(cmd))
 	return cmd
 }
 

@@ -37,12 +37,14 @@ func NewCommand() *cobra.Command {
 	o := NewOptions()
 	cmd := cli.NewRootCommand("quictun-client", o, flagGroups)
 	cmd.Short = "Local end of a quictun TCP-over-QUIC tunnel"
-	cmd.Long = `quictun-client accepts local TCP and UNIX connections and carries each one as a stream over one
-long-lived QUIC connection to quictun-server, which connects it to the destination named by the token.`
+	cmd.Long = `quictun-client accepts local TCP, UDP and UNIX connections (--forward LISTEN=DESTINATION, as ssh -L,
+or --proxy entry points) and carries each one as a stream over one long-lived QUIC connection (TCP
+where UDP is blocked) to quictun-server, which connects it to the destination its --allow admits.`
 	cmd.Example = `  # forward local port 2222 to the server host's SSH daemon
-  quictun-client --listen-on tcp:127.0.0.1:2222 --server-endpoint server.example.com:7500 \
-      --server-fingerprint sha256:3f1c... --secret-file /etc/quictun/secret \
-      --token-source tcp:127.0.0.1:22`
+  quictun-client --server-endpoint server.example.com:7500 --server-fingerprint sha256:3f1c... \
+      --secret-file /etc/quictun/secret --forward tcp:127.0.0.1:2222=tcp:127.0.0.1:22
+  # the legacy single-forward form (quic-tun's flags) still works
+  quictun-client --listen-on tcp:127.0.0.1:2222 --token-source tcp:127.0.0.1:22 ...`
 	checkOpts := NewOptions()
 	cmd.AddCommand(cli.NewCheckCommand(checkOpts, func() string {
 		if len(checkOpts.ServerEndpoint) == 0 {

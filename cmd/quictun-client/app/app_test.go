@@ -97,7 +97,7 @@ func TestValidate(t *testing.T) {
 		}, nil},
 		{"forward beside the single form", func(o *Options) { o.Forward = []string{"tcp:127.0.0.1:2222=tcp:127.0.0.1:22"} }, nil},
 		{"forward without =", func(o *Options) { o.Forward = []string{"tcp:127.0.0.1:2222"} }, []string{"--forward", "LISTEN=DESTINATION"}},
-		{"forward to a bad destination", func(o *Options) { o.Forward = []string{"tcp:127.0.0.1:2222=tcp:bad"} }, []string{"--forward tcp:127.0.0.1:2222=tcp:bad"}},
+		{"forward to a bad destination", func(o *Options) { o.Forward = []string{"tcp:127.0.0.1:2222=tcp:bad"} }, []string{"--forward tcp:127.0.0.1:2222=tcp:bad: destination: invalid endpoint"}},
 		{"forward beyond loopback", func(o *Options) { o.Forward = []string{"tcp:0.0.0.0:2222=tcp:127.0.0.1:22"} },
 			[]string{"--forward tcp:0.0.0.0:2222 is not loopback", "--listen-non-loopback"}},
 		{"no token source and no forward", func(o *Options) { o.TokenSource = "" }, []string{"--token-source is required", "--forward"}},
@@ -153,6 +153,19 @@ func TestValidate(t *testing.T) {
 			tc.mutate(o)
 			testutil.RequireErrorContains(t, o.Validate(), tc.wantErr)
 		})
+	}
+}
+
+// TestForwardErrorsSpeakOfDestinations: a bad --forward value is explained
+// in the --forward form's words, never the legacy "token source" (issue 33).
+func TestForwardErrorsSpeakOfDestinations(t *testing.T) {
+	for _, f := range []string{"tcp:127.0.0.1:2222=bogus", "tcp:127.0.0.1:2222=tcp:host", "tcp:127.0.0.1:2222=foo:bar:1"} {
+		o := validOptions()
+		o.Forward = []string{f}
+		err := o.Validate()
+		require.Error(t, err, f)
+		require.Contains(t, err.Error(), "--forward "+f+": destination:")
+		require.NotContains(t, err.Error(), "token", f)
 	}
 }
 

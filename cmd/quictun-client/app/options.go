@@ -196,9 +196,14 @@ func (o *Options) Validate() error {
 			continue
 		}
 		checkListen("forward", listen)
+		if _, err := endpoint.Parse(dest); err != nil {
+			// Said as a destination: "token source" is the legacy form's word.
+			add("--forward %s: destination: %w", f, err)
+			continue
+		}
 		ts, err := token.NewSource(token.PluginFixed, dest, nil)
 		if err != nil {
-			add("--forward %s: %w", f, err)
+			add("--forward %s: destination: %w", f, err)
 		} else if l, d := networkOf(listen), networkOf(dest); (l == endpoint.NetworkUDP) != (d == endpoint.NetworkUDP) {
 			add("--forward %s: a udp: listener forwards to a udp: destination, and a stream listener to a tcp: or unix: one", f)
 		} else if ep, err := endpoint.Parse(listen); err == nil {

@@ -11,7 +11,7 @@ import (
 // SysmonPolling is the GODEBUG setting the harness gives quictun's daemons:
 // a scheduler trace every 24.8 days, whose side effect is that Go's system
 // monitor polls every 10 ms instead of sleeping while every P is idle and
-// being woken by the first system call after each idle spell (README,
+// being woken by the first system call after each idle spell (docs/tuning.md,
 // "Tuning": about half the thread wake-ups per ping-pong round trip, ~100
 // idle wake-ups a second).
 const SysmonPolling = "schedtrace=2147483647"

@@ -85,7 +85,7 @@ type Options struct {
 
 // DefaultOptions are the defaults of `bench loadgen`.
 func DefaultOptions() Options {
-	return Options{BinDir: "bin", ResultsDir: "bench/results", Clients: 1000, Concurrency: 64, Idle: 30 * time.Second,
+	return Options{BinDir: "bin", ResultsDir: "bench/runs", Clients: 1000, Concurrency: 64, Idle: 30 * time.Second,
 		Tunnels: 10, TunnelBytes: 1024, Restarts: []string{SignalTerm, SignalKill}, Resume: true,
 		Quiet:        client.DefaultConfig().IdleAfter + time.Second,
 		PhaseTimeout: 3 * time.Minute, Timeout: 30 * time.Minute}
