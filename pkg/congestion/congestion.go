@@ -16,13 +16,15 @@ const (
 	BBR   Algorithm = "bbr"
 	Cubic Algorithm = "cubic"
 	Reno  Algorithm = "reno"
+	// Fixed sends at Options.Rate (FixedController).
+	Fixed Algorithm = "fixed"
 )
 
 // Default is the algorithm both daemons use unless told otherwise.
 const Default = BBR
 
 // Algorithms lists the accepted names, the default first.
-var Algorithms = []Algorithm{BBR, Cubic, Reno}
+var Algorithms = []Algorithm{BBR, Cubic, Reno, Fixed}
 
 // ParseAlgorithm checks a --congestion value.
 func ParseAlgorithm(s string) (Algorithm, error) {
@@ -31,7 +33,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 			return a, nil
 		}
 	}
-	return "", fmt.Errorf("unknown congestion controller %q: use one of bbr, cubic, reno", s)
+	return "", fmt.Errorf("unknown congestion controller %q: use one of bbr, cubic, reno, fixed", s)
 }
 
 // Options tune the controllers.
@@ -42,6 +44,8 @@ type Options struct {
 	// this rate. Below it, loss is judged against the random loss BBR
 	// measures (see the package doc). Zero means DefaultLossThreshold.
 	LossThreshold float64
+	// Rate is the goodput the fixed controller sends at, in bytes/s.
+	Rate float64
 }
 
 // DefaultLossThreshold lets BBR hold links that lose up to three packets in
@@ -58,6 +62,8 @@ func Factory(a Algorithm, o Options) qc.NewController {
 		return func(info qc.Info) qc.Controller { return NewBBR(info, o) }
 	case Cubic:
 		return func(info qc.Info) qc.Controller { return NewCubic(info) }
+	case Fixed:
+		return func(info qc.Info) qc.Controller { return NewFixed(info, o) }
 	default:
 		return nil
 	}
