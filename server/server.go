@@ -26,6 +26,7 @@ import (
 	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/usage"
 )
 
 // TokenParser turns a destination token into an endpoint (pkg/token implements it).
@@ -176,6 +177,11 @@ type Config struct {
 	ListenRemote func(ctx context.Context, ep endpoint.Endpoint) (net.Listener, *net.UDPConn, error)
 
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
+
+	// Usage keeps what each client identity uses (bytes, tunnels,
+	// connections, refused destinations) and its suspensions (Kick); the
+	// server runs it (rates, periodic saves) while it runs. nil: none.
+	Usage *usage.Ledger
 }
 
 // DefaultConfig returns the defaults for the limits and timeouts.
@@ -311,6 +317,9 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	}
 	if cfg.Events == nil {
 		cfg.Events = cfg.Metrics
+	}
+	if cfg.Usage != nil {
+		cfg.Accounts = ledgerAccounts{cfg.Usage}
 	}
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = DefaultReplicaID()
@@ -536,6 +545,9 @@ func (s *Server) Run(ctx context.Context) error {
 			s.cfg.Metrics.DroppedDatagramsTotal.WithLabelValues(metrics.DropNotQUIC).Inc()
 		}
 	})
+	if s.cfg.Usage != nil {
+		wg.Go(func() { s.runUsage(connCtx) })
+	}
 	acceptErr := make(chan error, 1)
 	wg.Go(func() {
 		for {

@@ -111,6 +111,11 @@ type Config struct {
 	// and its tunnels show the direction "reverse" (/tunnels, audit line).
 	Reverse bool
 
+	// Accounts, if set, count each identity's tunnels, bytes and refused
+	// destinations, and refuse the tunnels of a suspended identity
+	// (CodeSuspended); nil: nothing is accounted.
+	Accounts Accounts
+
 	// Endpoint names the listener in the tunnel registry.
 	Endpoint string
 	// Events are told what happens to streams (the daemon's metrics).
@@ -583,6 +588,9 @@ func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *po
 	if err != nil {
 		str.CancelWrite(proto.CodeRefused.StreamErrorCode())
 		e.cfg.Events.DestinationRefused(dest.Network, endpoint.RefusalReason(err))
+		if e.cfg.Accounts != nil {
+			e.cfg.Accounts.Account(strings.Join(identities, ",")).Refused()
+		}
 		lvl, msg, kv := e.refusal(dest, identities, err)
 		logger.V(lvl).Info(msg, append(kv, "check", true)...)
 		return

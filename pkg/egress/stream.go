@@ -68,6 +68,9 @@ func (s *stream) serve(ctx context.Context) *failure {
 	if f := s.admit(); f != nil {
 		return f
 	}
+	if f := s.suspended(); f != nil {
+		return f
+	}
 	if s.h.Kind == proto.KindUDP {
 		return s.e.serveUDP(ctx, s)
 	}
@@ -106,6 +109,9 @@ type stream struct {
 	rule         string
 	// keyLife ends when a reload removes the key (cutOnRemoval).
 	keyLife context.Context
+	// acct is the identity's account (account; nil before, or without
+	// Config.Accounts).
+	acct Account
 }
 
 // failure is why a step ended a stream: the code it is reset with, and the
@@ -306,6 +312,9 @@ func (s *stream) authorize(ctx context.Context) *failure {
 // dialer) refused with err, counted by reason.
 func (s *stream) refused(err error) *failure {
 	s.e.cfg.Events.DestinationRefused(s.dest.Network, endpoint.RefusalReason(err))
+	if a := s.account(); a != nil {
+		a.Refused()
+	}
 	lvl, msg, kv := s.e.refusal(s.dest, s.identities, err)
 	return &failure{code: proto.CodeRefused, lvl: lvl, msg: msg, kv: kv}
 }
@@ -412,6 +421,7 @@ func (s *stream) splice(sc splice.Conn) *failure {
 	}
 	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule)
 	defer cutOnRemoval(s.keyLife, pipe, s.logger, "tunnel")()
+	defer s.track(&pipe.FromStream, &pipe.ToStream)()
 	result, err := e.cfg.Registry.Run(t, pipe, e.cfg.Events)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	s.logger.V(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/usage"
 	"github.com/quictun/quictun/server"
 )
 
@@ -129,6 +131,11 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	logger.V(1).Info("Replica ID: the session tickets of this server carry it, and it accepts 0-RTT only with its own; servers sharing --state-dir's keys need distinct ones",
 		"replicaID", cfg.ReplicaID)
+	if cfg.Usage, err = usage.New(usage.Config{Path: filepath.Join(o.StateDir, UsageFile), SaveInterval: o.UsageSaveInterval,
+		Labeled: o.MetricsIdentities}); err != nil {
+		return err
+	}
+	reg.MustRegister(server.NewIdentityCollector(cfg.Usage))
 	srv, err = server.New(cfg, sock.Conn)
 	if err != nil {
 		return err
@@ -136,9 +143,12 @@ func (o *Options) Run(ctx context.Context) error {
 	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
 	return o.Serve(ctx, cli.Serving{
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
-		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id),
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
 	})
 }
+
+// UsageFile is the accounting's state file in --state-dir.
+const UsageFile = "usage.json"
 
 // listenTCP opens the TCP listener for clients whose UDP is blocked
 // (--tcp-listen-on): by default on the QUIC socket's address, udp; nil for

@@ -16,6 +16,7 @@ import (
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/pkg/usage"
 	"github.com/quictun/quictun/server"
 )
 
@@ -56,6 +57,13 @@ type Options struct {
 	MaxStreamsPerConn int64
 	Disable0RTT       bool
 
+	// MetricsIdentities are the identities with quictun_server_identity_*
+	// series of their own (the others share "other").
+	MetricsIdentities []string
+	// UsageSaveInterval is how often the accounting is written to
+	// --state-dir.
+	UsageSaveInterval time.Duration
+
 	// UDPSocketMemoryMiB: 0 means udpflow.MaxSocketMemory
 	// (Server.UDPSocketMemory in bytes).
 	UDPSocketMemoryMiB int64
@@ -85,6 +93,7 @@ func NewOptions() *Options {
 		StateDir:          "/var/lib/quictun-server",
 		TokenParserPlugin: token.PluginCleartext,
 		MaxStreamsPerConn: q.MaxIncomingStreams,
+		UsageSaveInterval: usage.DefaultSaveInterval,
 	}
 }
 
@@ -94,6 +103,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "replica-id", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
+	{Title: "Many users: accounting by identity", Names: []string{"metrics-identity", "usage-save-interval"}},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
@@ -116,6 +126,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.AllowFor, "allow-for", o.AllowFor, "destinations only some clients may reach, IDENTITY=RULE (repeatable): CN=NAME for a client certificate's common name (needs --client-ca-file), key=NAME for a --keys-file key; e.g. CN=ci-runner=tcp:10.0.0.5:5432. Added to --allow for that client; --deny still wins")
 	fs.StringSliceVar(&o.AllowRemoteListen, "allow-remote-listen", o.AllowRemoteListen, "addresses clients may ask this server to listen on for their reverse forwards (quictun-client --remote-forward), repeatable: LISTEN for every client, or IDENTITY=LISTEN for one (CN=NAME or key=NAME, as --allow-for); LISTEN in --allow's forms with IP addresses, matched as written: tcp:0.0.0.0:8022 (every IPv4 address, port 8022), tcp:127.0.0.1:9000-9100, udp:0.0.0.0:5353, unix:/run/quictun/rev/*; e.g. key=laptop=tcp:0.0.0.0:8022. Each connection accepted there goes to the client, which dials only what its --remote-forward declares. Default: none, reverse forwards are refused")
 	fs.BoolVar(&o.Server.AuditLog, "audit-log", o.Server.AuditLog, "log one line per tunnel at -v 0 once its client is authenticated: identity, remote address, destination, result, bytes, duration (--audit-log=false turns it off)")
+	fs.StringSliceVar(&o.MetricsIdentities, "metrics-identity", o.MetricsIdentities, "identities whose usage gets quictun_server_identity_* series of their own (repeatable, at most 256): key=NAME of a --keys-file key, CN=NAME of a client certificate, or anonymous; every other identity is counted under identity=\"other\" (GET /identities on the admin API lists them all)")
+	fs.DurationVar(&o.UsageSaveInterval, "usage-save-interval", o.UsageSaveInterval, "how often the accounting by identity (bytes, tunnels, connections, refused destinations, suspensions) is written to usage.json in --state-dir (atomically); a SIGKILL or crash loses at most this much plus a second, a clean stop none")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
@@ -252,6 +264,17 @@ func (o *Options) Validate() error {
 	if o.Server.MaxConcurrentDials < 1 {
 		add("--max-concurrent-dials must be at least 1")
 	}
+	if o.UsageSaveInterval < time.Second || o.UsageSaveInterval > time.Hour {
+		add("--usage-save-interval must be between 1s and 1h (it is how much accounting a crash can lose), got %s", o.UsageSaveInterval)
+	}
+	if len(o.MetricsIdentities) > maxMetricsIdentities {
+		add("--metrics-identity names %d identities, at most %d (each one adds 8 series; the others are counted under %q)", len(o.MetricsIdentities), maxMetricsIdentities, usage.Other)
+	}
+	for _, id := range o.MetricsIdentities {
+		if !validIdentity(id) {
+			add("--metrics-identity %q: an identity is key=NAME (a --keys-file key), CN=NAME (a client certificate), both comma-separated, or %q", id, usage.Anonymous)
+		}
+	}
 	errs = append(errs, o.DaemonFlags.Validate()...)
 	return errors.Join(errs...)
 }
@@ -275,3 +298,26 @@ const maxReplicaID = 253
 
 // TCPListenOff is the --tcp-listen-on value for no TCP listener.
 const TCPListenOff = "off"
+
+// maxMetricsIdentities bounds --metrics-identity: the series of the
+// identity metrics.
+const maxMetricsIdentities = 256
+
+// validIdentity reports whether id names an identity as the server shows
+// them: key=NAME, CN=NAME, both comma-separated, or usage.Anonymous.
+func validIdentity(id string) bool {
+	if id == usage.Anonymous {
+		return true
+	}
+	parts := strings.Split(id, ",")
+	if len(parts) > 2 {
+		return false
+	}
+	for _, p := range parts {
+		kind, name, ok := strings.Cut(p, "=")
+		if !ok || name == "" || (kind != "key" && kind != "CN") {
+			return false
+		}
+	}
+	return true
+}

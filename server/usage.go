@@ -1,0 +1,146 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/egress"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/usage"
+)
+
+// ledgerAccounts gives egress the accounts of a usage.Ledger.
+type ledgerAccounts struct{ l *usage.Ledger }
+
+// Account implements egress.Accounts.
+func (a ledgerAccounts) Account(identity string) egress.Account { return a.l.Get(identity) }
+
+// NewIdentityCollector exports the usage of l's identities
+// (quictun_server_identity_*), by the bounded label set of l.Series.
+func NewIdentityCollector(l *usage.Ledger) *metrics.IdentityCollector {
+	return metrics.NewIdentityCollector(func() []metrics.IdentityUsage {
+		series := l.Series()
+		out := make([]metrics.IdentityUsage, 0, len(series))
+		for _, u := range series {
+			out = append(out, metrics.IdentityUsage{
+				Identity: u.Identity, BytesUpstream: u.BytesUpstream, BytesDownstream: u.BytesDownstream,
+				Tunnels: u.Tunnels, Connections: u.Connections, Refused: u.RefusedDestinations,
+				ActiveTunnels: u.ActiveTunnels, ActiveConnections: u.ActiveConnections,
+			})
+		}
+		return out
+	})
+}
+
+// Usage is the server's ledger (Config.Usage; nil: none).
+func (s *Server) Usage() *usage.Ledger { return s.cfg.Usage }
+
+// runUsage runs the ledger (rates, periodic saves) until ctx is done, then
+// saves it once more.
+func (s *Server) runUsage(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	err := s.cfg.Usage.Run(ctx, func(err error) {
+		logger.Error(err, "Could not save the accounting; it is kept in memory and saved again at the next interval")
+	})
+	if err != nil {
+		logger.Error(err, "Could not save the accounting at shutdown")
+	}
+}
+
+// identified is called once the connection's client has proven its
+// identity: a suspended identity's connection is closed, any other is
+// counted among its identity's connections until it ends.
+func (c *conn) identified() {
+	l := c.s.cfg.Usage
+	if l == nil {
+		return
+	}
+	acct := l.Get(c.gate.state.Identity(c.tc))
+	if until := acct.SuspendedUntil(time.Now()); !until.IsZero() {
+		c.logger.V(2).Info("Closed connection: the operator suspended its identity", "identity", acct.Name(), "until", until.UTC())
+		_ = c.tc.CloseWithError(proto.CodeSuspended.ApplicationErrorCode(), suspendedReason(until))
+		return
+	}
+	closed := acct.ConnOpened()
+	c.accounted.Store(&closed)
+}
+
+// unaccount stops counting the connection among its identity's.
+func (c *conn) unaccount() {
+	if f := c.accounted.Load(); f != nil {
+		(*f)()
+	}
+}
+
+// suspendedReason is the close reason of a suspended identity's connection.
+func suspendedReason(until time.Time) string {
+	return fmt.Sprintf("identity suspended by the operator until %s", until.UTC().Format(time.RFC3339))
+}
+
+// ErrNoUsage is returned by Kick on a server without accounting.
+var ErrNoUsage = fmt.Errorf("server: no accounting (Config.Usage)")
+
+// Kick closes identity's open connections at once with suspended (their
+// tunnels end with them) and suspends it for d: until then its new
+// connections are closed as soon as they prove it, and its streams refused.
+// d <= 0 only closes them (and lifts a suspension). It returns the number
+// of connections closed and when the suspension ends (zero: none); the
+// caller writes the audit line.
+func (s *Server) Kick(identity string, d time.Duration) (closed int, until time.Time, err error) {
+	if s.cfg.Usage == nil {
+		return 0, time.Time{}, ErrNoUsage
+	}
+	if identity == "" {
+		identity = usage.Anonymous
+	}
+	until = s.cfg.Usage.Suspend(identity, d)
+	reason := "identity disconnected by the operator"
+	if !until.IsZero() {
+		reason = suspendedReason(until)
+	}
+	s.mu.Lock()
+	var victims []tunnelConn
+	for _, lc := range s.conns {
+		id := lc.state.Identity(lc.conn)
+		if id == "" {
+			id = usage.Anonymous
+		}
+		if id == identity {
+			victims = append(victims, lc.conn)
+		}
+	}
+	s.mu.Unlock()
+	for _, tc := range victims {
+		_ = tc.CloseWithError(proto.CodeSuspended.ApplicationErrorCode(), reason)
+	}
+	return len(victims), until, nil
+}
+
+// Identities is the admin API's view of the server's accounting
+// (admin.Identities); nil without Config.Usage.
+func (s *Server) Identities() *Identities {
+	if s.cfg.Usage == nil {
+		return nil
+	}
+	return &Identities{s: s}
+}
+
+// Identities lists the accounting by identity and kicks identities.
+type Identities struct{ s *Server }
+
+// List returns every identity's usage.
+func (i *Identities) List() []usage.Usage { return i.s.cfg.Usage.Snapshot() }
+
+// Get returns one identity's usage.
+func (i *Identities) Get(identity string) (usage.Usage, bool) {
+	return i.s.cfg.Usage.Identity(identity)
+}
+
+// Kick is Server.Kick.
+func (i *Identities) Kick(identity string, d time.Duration) (int, time.Time, error) {
+	return i.s.Kick(identity, d)
+}
