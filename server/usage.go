@@ -52,8 +52,10 @@ func (s *Server) runUsage(ctx context.Context) {
 }
 
 // identified is called once the connection's client has proven its
-// identity: a suspended identity's connection is closed, any other is
-// counted among its identity's connections until it ends.
+// identity: it is counted among its identity's connections until it ends.
+// A suspended identity's connection is kept open, its streams refused
+// (egress): closing it would have its client reconnect at once, a
+// handshake per attempt, for as long as the suspension lasts.
 func (c *conn) identified() {
 	l := c.s.cfg.Usage
 	if l == nil {
@@ -61,9 +63,7 @@ func (c *conn) identified() {
 	}
 	acct := l.Get(c.gate.state.Identity(c.tc))
 	if until := acct.SuspendedUntil(time.Now()); !until.IsZero() {
-		c.logger.V(2).Info("Closed connection: the operator suspended its identity", "identity", acct.Name(), "until", until.UTC())
-		_ = c.tc.CloseWithError(proto.CodeSuspended.ApplicationErrorCode(), suspendedReason(until))
-		return
+		c.logger.V(2).Info("Connection of a suspended identity: its streams are refused until the suspension ends", "identity", acct.Name(), "until", until)
 	}
 	closed := acct.ConnOpened()
 	c.accounted.Store(&closed)
@@ -85,8 +85,9 @@ func suspendedReason(until time.Time) string {
 var ErrNoUsage = fmt.Errorf("server: no accounting (Config.Usage)")
 
 // Kick closes identity's open connections at once with suspended (their
-// tunnels end with them) and suspends it for d: until then its new
-// connections are closed as soon as they prove it, and its streams refused.
+// tunnels end with them) and suspends it for d: until then the streams of
+// its new connections are refused with suspended (the connections are
+// kept, see identified).
 // d <= 0 only closes them (and lifts a suspension). It returns the number
 // of connections closed and when the suspension ends (zero: none); the
 // caller writes the audit line.

@@ -140,10 +140,15 @@ func TestKickIdentity(t *testing.T) {
 	var ne interface{ Timeout() bool }
 	require.False(t, errors.As(rerr, &ne) && ne.Timeout(), "the tunnel ended, it did not time out")
 	t.Logf("kicked tunnel ended %v after the kick", time.Since(start))
-	// Her client reconnects and is closed again; her new tunnels are refused.
+	// Her client reconnects; her new tunnels are refused, and the new
+	// connection is kept (closing it would have her client reconnect in
+	// a loop).
+	refusedRead(t, alice.Addr)
 	refusedRead(t, alice.Addr)
 	u, _ := ledger.Identity("key=alice")
 	assert.Equal(t, until, u.SuspendedUntil)
+	assert.Equal(t, int64(2), u.Connections, "one reconnect, no storm")
+	assert.Equal(t, int64(1), u.ActiveConnections)
 	// Bob is not affected.
 	echoMsg(t, bobConn, "bob is still in")
 	echoCheck(t, dial(t, bob.Addr), 10_000)

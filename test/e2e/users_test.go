@@ -1,0 +1,117 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil"
+)
+
+// identityUsage is an entry of GET /identities.
+type identityUsage struct {
+	Identity        string    `json:"identity"`
+	BytesUpstream   int64     `json:"bytesUpstream"`
+	BytesDownstream int64     `json:"bytesDownstream"`
+	Tunnels         int64     `json:"tunnels"`
+	SuspendedUntil  time.Time `json:"suspendedUntil"`
+}
+
+// identities reads GET /identities of d by identity.
+func identities(t *testing.T, d *daemon) map[string]identityUsage {
+	t.Helper()
+	code, body := httpDo(http.MethodGet, d.AdminURL+"/identities")
+	require.Equal(t, http.StatusOK, code, body)
+	var list []identityUsage
+	require.NoError(t, json.Unmarshal([]byte(body), &list))
+	out := map[string]identityUsage{}
+	for _, u := range list {
+		out[u.Identity] = u
+	}
+	return out
+}
+
+// TestManyUsersAccountingAndKick (issue 35 items 1 and 4) on the built
+// binaries: bytes by identity in /identities and the metrics; a kick
+// closes alice's tunnel at once, is audited, refuses her reconnects and
+// leaves bob alone; after a SIGKILL the totals saved before it come back.
+func TestManyUsersAccountingAndKick(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	aliceKey, bobKey := randomSecret(), randomSecret()
+	keys := writeFile(t, "keys", "alice "+aliceKey+"\nbob "+bobKey+"\n")
+	args := []string{"--keys-file", keys, "--metrics-identity", "key=alice", "--usage-save-interval", "1s"}
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: args})
+	alice := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "alice", aliceKey+"\n")})
+	bob := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "bob", bobKey+"\n")})
+
+	const n = 1 << 20
+	_, _, got, err := transfer(dialApp(t, alice.Addr), n)
+	require.NoError(t, err)
+	require.Equal(t, int64(n), got)
+	waitFor(t, ioTimeout, "alice's bytes in /identities", func() bool {
+		u := identities(t, srv)["key=alice"]
+		return u.BytesUpstream == n && u.BytesDownstream == n && u.Tunnels == 1
+	})
+	waitMetric(t, srv, ioTimeout, eq(n), "quictun_server_identity_bytes_total", "identity", "key=alice", "direction", "upstream")
+
+	aliceLive, bobLive := dialApp(t, alice.Addr), dialApp(t, bob.Addr)
+	require.NoError(t, roundTrip(aliceLive, "alice is in"))
+	require.NoError(t, roundTrip(bobLive, "bob is in"))
+	ended := make(chan time.Time, 1)
+	go func() {
+		_ = aliceLive.SetReadDeadline(time.Now().Add(ioTimeout))
+		_, err := aliceLive.Read(make([]byte, 1))
+		var ne interface{ Timeout() bool }
+		if errors.As(err, &ne) && ne.Timeout() {
+			ended <- time.Time{}
+			return
+		}
+		ended <- time.Now()
+	}()
+	sent := time.Now()
+	code, body := httpDo(http.MethodDelete, srv.AdminURL+"/identities/key=alice?for=10m")
+	require.Equal(t, http.StatusOK, code, body)
+	assert.Contains(t, body, `"connectionsClosed": 1`)
+	at := <-ended
+	require.False(t, at.IsZero(), "alice's tunnel ends after the kick")
+	t.Logf("alice's tunnel ended %v after the DELETE was sent", at.Sub(sent))
+	assert.Less(t, at.Sub(sent), 2*time.Second, "the kick closes at once (target 100 ms; loose bound for loaded machines)")
+	waitFor(t, ioTimeout, "the kick audited", func() bool {
+		return strings.Contains(srv.log(), `"Kicked identity: its connections were closed (suspended)" identity="key=alice" suspendedFor="10m0s"`)
+	})
+	require.Error(t, echoVia(t, alice.Addr, "alice is refused while suspended"))
+	require.NoError(t, roundTrip(bobLive, "bob is still in"))
+	assert.False(t, identities(t, srv)["key=alice"].SuspendedUntil.IsZero())
+
+	// SIGKILL: what was saved (every second) comes back, the suspension too.
+	saved := identities(t, srv)["key=alice"]
+	waitFor(t, ioTimeout, "a periodic save with the kick", func() bool {
+		b, err := os.ReadFile(filepath.Join(srv.StateDir, "usage.json"))
+		var st struct{ Identities []identityUsage }
+		if err != nil || json.Unmarshal(b, &st) != nil {
+			return false
+		}
+		for _, u := range st.Identities {
+			if u.Identity == "key=alice" {
+				return u.BytesUpstream == saved.BytesUpstream && !u.SuspendedUntil.IsZero()
+			}
+		}
+		return false
+	})
+	srv.kill(t)
+	srv2 := startServer(t, serverOpts{StateDir: srv.StateDir, SecretFile: srv.SecretFile, Allow: []string{"tcp:" + echo}, Args: args})
+	u := identities(t, srv2)["key=alice"]
+	assert.Equal(t, saved.BytesUpstream, u.BytesUpstream)
+	assert.False(t, u.SuspendedUntil.IsZero(), "the suspension outlives the restart")
+	srv2.signal(t, syscall.SIGTERM)
+}
