@@ -339,7 +339,7 @@ func (s *stream) admit() *failure {
 		s.st.Verified()
 	}
 	s.keyLife = context.Background()
-	if l, ok := s.pol.life(s.key.ID); ok && s.pol.keys.Len() > 0 {
+	if l, ok := s.pol.life(s.key); ok && s.pol.keys.Len() > 0 {
 		s.keyLife = l.ctx
 	}
 	if cause := context.Cause(s.keyLife); cause != nil {

@@ -370,7 +370,7 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 		cli.LogApplied(klog.Background(), note,
 			"allowAdded", added, "allowRemoved", removed,
 			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "allowForAdded", forAdded, "allowForRemoved", forRemoved,
-			"keysAdded", keysAdded, "keysRemoved", keysRemoved, "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
+			"keysAdded", capList(keysAdded), "keysRemoved", capList(keysRemoved), "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
 			"certificateReplaced", certReplaced, "clientCAsReplaced", caReplaced,
 			"allowRemoteListenAdded", remoteAdded, "allowRemoteListenRemoved", remoteRemoved, "reverseForwardsClosed", reverseClosed)
 		return applied, nil
@@ -423,11 +423,26 @@ func (o *Options) warnUnmatchedIdentities(logger klog.Logger, keys *proto.Keyrin
 	}
 }
 
+// maxLoggedKeys bounds the keys a reload's log line names one by one.
+const maxLoggedKeys = 20
+
+// capList returns vs for a log line: the first maxLoggedKeys, then how many
+// more (a --keys-file of thousands of keys must not make a line of them).
+func capList(vs []string) []string {
+	if len(vs) <= maxLoggedKeys {
+		return vs
+	}
+	return append(slices.Clip(vs[:maxLoggedKeys]), fmt.Sprintf("... and %d more", len(vs)-maxLoggedKeys))
+}
+
 // keyLabels names the keys of kr for logs, "NAME (ID)" (the ID alone for
 // the unnamed key), so a secret replaced under the same name shows too.
-func keyLabels(kr *proto.Keyring) []string {
-	var out []string
-	for _, k := range kr.Keys() {
+func keyLabels(kr *proto.Keyring) []string { return keyLabelsOf(kr.Keys()) }
+
+// keyLabelsOf is keyLabels of keys.
+func keyLabelsOf(keys []proto.Key) []string {
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
 		if k.Name == "" {
 			out = append(out, k.ID.String())
 			continue

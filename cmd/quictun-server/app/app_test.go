@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -45,6 +46,14 @@ func TestValidate(t *testing.T) {
 		{"replica ID with a space", func(o *Options) { o.Server.ReplicaID = "replica a" }, []string{"--replica-id must be at most 253 bytes without spaces"}},
 		{"replica ID too long", func(o *Options) { o.Server.ReplicaID = strings.Repeat("a", 254) }, []string{"--replica-id must be at most 253 bytes"}},
 
+		{"metrics identities", func(o *Options) { o.MetricsIdentities = []string{"key=alice", "CN=bob", "CN=c,key=d", "anonymous"} }, nil},
+		{"bad metrics identity", func(o *Options) { o.MetricsIdentities = []string{"alice"} }, []string{`--metrics-identity "alice": an identity is key=NAME`}},
+		{"too many metrics identities", func(o *Options) {
+			for i := range maxMetricsIdentities + 1 {
+				o.MetricsIdentities = append(o.MetricsIdentities, fmt.Sprintf("key=u%d", i))
+			}
+		}, []string{"--metrics-identity names 257 identities, at most 256"}},
+		{"usage save interval too short", func(o *Options) { o.UsageSaveInterval = 100 * time.Millisecond }, []string{"--usage-save-interval must be between 1s and 1h"}},
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},
 		{"bad deny rule", func(o *Options) { o.Deny = []string{"tcp:10.0.0.1/8:*"} }, []string{`--allow/--deny: invalid rule: deny rule 0 "tcp:10.0.0.1/8:*": prefix 10.0.0.1/8 has host bits set`}},
