@@ -23,6 +23,7 @@ import (
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/ratecap"
 	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -182,6 +183,12 @@ type Config struct {
 	// connections, refused destinations) and its suspensions (Kick); the
 	// server runs it (rates, periodic saves) while it runs. nil: none.
 	Usage *usage.Ledger
+	// RateLimits caps each identity's download and upload (pkg/ratecap):
+	// downloads in the server's sender (quic.Config.Congestion is wrapped,
+	// so it must be set: bbr or cubic), uploads by reading its streams no
+	// faster; TCP fallback connections are paced per stream. Needs Usage.
+	// nil: no caps.
+	RateLimits *ratecap.Table
 }
 
 // DefaultConfig returns the defaults for the limits and timeouts.
@@ -318,8 +325,15 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.Events == nil {
 		cfg.Events = cfg.Metrics
 	}
+	if cfg.RateLimits != nil {
+		if cfg.Usage == nil || cfg.QUIC == nil || cfg.QUIC.Congestion == nil {
+			return nil, errors.New("server: rate limits need Usage and a congestion controller of ours (bbr or cubic; reno is quic-go's own, which has no hook)")
+		}
+		cfg.QUIC = cfg.QUIC.Clone()
+		cfg.QUIC.Congestion = ratecap.Factory(cfg.QUIC.Congestion)
+	}
 	if cfg.Usage != nil {
-		cfg.Accounts = ledgerAccounts{cfg.Usage}
+		cfg.Accounts = ledgerAccounts{l: cfg.Usage, caps: cfg.RateLimits}
 	}
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = DefaultReplicaID()
@@ -547,6 +561,9 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	if s.cfg.Usage != nil {
 		wg.Go(func() { s.runUsage(connCtx) })
+	}
+	if s.cfg.RateLimits != nil {
+		wg.Go(func() { s.rebindCaps(connCtx) })
 	}
 	acceptErr := make(chan error, 1)
 	wg.Go(func() {

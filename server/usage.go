@@ -7,17 +7,95 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/ratecap"
+	"github.com/quictun/quictun/pkg/splice"
+
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/usage"
 )
 
-// ledgerAccounts gives egress the accounts of a usage.Ledger.
-type ledgerAccounts struct{ l *usage.Ledger }
+// ledgerAccounts gives egress the accounts of a usage.Ledger, capped by
+// the rates of caps (nil: none).
+type ledgerAccounts struct {
+	l    *usage.Ledger
+	caps *ratecap.Table
+}
 
 // Account implements egress.Accounts.
-func (a ledgerAccounts) Account(identity string) egress.Account { return a.l.Get(identity) }
+func (a ledgerAccounts) Account(identity string) egress.Account {
+	acct := a.l.Get(identity)
+	if a.caps == nil {
+		return account{Account: acct}
+	}
+	return account{Account: acct, shares: a.caps.For(acct.Name())}
+}
+
+// account is an identity's usage and its rate budgets.
+type account struct {
+	*usage.Account
+	shares *ratecap.Shares // nil: no caps configured
+}
+
+// Throttle implements egress.Account: with caps configured every tunnel
+// reads through the identity's upload budget (a reload may cap an open
+// tunnel), and on the TCP fallback writes through its download budget.
+func (a account) Throttle(ctx context.Context, str splice.Stream, paceWrites bool) splice.Stream {
+	if a.shares == nil {
+		return str
+	}
+	var down *ratecap.Bucket
+	if paceWrites {
+		down = &a.shares.Down
+	}
+	return ratecap.NewStream(ctx, str, &a.shares.Up, down)
+}
+
+// bindCaps paces the connection's sender by its identity's download budget
+// (a no-op without caps, or for a TCP connection, whose writes are paced
+// per stream).
+func (s *Server) bindCaps(tc tunnelConn, identity string) {
+	if s.cfg.RateLimits == nil {
+		return
+	}
+	q := tc.asQUIC()
+	if q == nil {
+		return
+	}
+	if ctl, ok := q.CongestionController().(*ratecap.Controller); ok && !ctl.Bound() {
+		if identity == "" {
+			identity = usage.Anonymous
+		}
+		ctl.Bind(&s.cfg.RateLimits.For(identity).Down)
+	}
+}
+
+// rebindCaps binds, every second, the controllers of verified connections
+// that have none bound: quic-go gives a connection a fresh controller after
+// a path migration.
+func (s *Server) rebindCaps(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		conns := make([]liveConn, 0, len(s.conns))
+		for _, lc := range s.conns {
+			if lc.verified.Load() {
+				conns = append(conns, lc)
+			}
+		}
+		s.mu.Unlock()
+		for _, lc := range conns {
+			s.bindCaps(lc.conn, lc.state.Identity(lc.conn))
+		}
+	}
+}
 
 // NewIdentityCollector exports the usage of l's identities
 // (quictun_server_identity_*), by the bounded label set of l.Series.
@@ -67,6 +145,7 @@ func (c *conn) identified() {
 	}
 	closed := acct.ConnOpened()
 	c.accounted.Store(&closed)
+	c.s.bindCaps(c.tc, acct.Name())
 }
 
 // unaccount stops counting the connection among its identity's.
@@ -145,3 +224,7 @@ func (i *Identities) Get(identity string) (usage.Usage, bool) {
 func (i *Identities) Kick(identity string, d time.Duration) (int, time.Time, error) {
 	return i.s.Kick(identity, d)
 }
+
+// RateLimits is the server's table of caps (Config.RateLimits; nil: none),
+// for a reload to change.
+func (s *Server) RateLimits() *ratecap.Table { return s.cfg.RateLimits }

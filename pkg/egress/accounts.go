@@ -1,11 +1,13 @@
 package egress
 
 import (
+	"context"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/splice"
 )
 
 // Accounts keep what each client identity uses and whether it may open
@@ -30,6 +32,12 @@ type Account interface {
 	// SuspendedUntil is when the operator's suspension of the identity ends
 	// (zero: it is not suspended at now).
 	SuspendedUntil(now time.Time) time.Time
+	// Throttle returns str read (the client's upload) no faster than the
+	// identity's upload cap and, with paceWrites (a connection whose
+	// sender does not pace by identity: the TCP fallback), written no
+	// faster than its download cap; str itself without caps. Waits end
+	// with ctx.
+	Throttle(ctx context.Context, str splice.Stream, paceWrites bool) splice.Stream
 }
 
 // account returns the Account of the stream's identities (nil without
@@ -54,6 +62,14 @@ func (s *stream) suspended() *failure {
 		return failed(proto.CodeSuspended, "Refused stream: the operator suspended its identity", "until", until.UTC())
 	}
 	return nil
+}
+
+// throttle caps a tunnel's stream by its identity's rates (Account.Throttle).
+func (s *stream) throttle(str splice.Stream) splice.Stream {
+	if a := s.account(); a != nil {
+		return a.Throttle(s.st.Conn.Context(), str, transportOf(s.st.Conn) != "quic")
+	}
+	return str
 }
 
 // track counts a tunnel's bytes in its identity's account until the

@@ -401,7 +401,7 @@ func (s *stream) splice(sc splice.Conn) *failure {
 		_ = sc.Close()
 		return failed(proto.CodeConnReset, "Could not write reply", "err", err)
 	}
-	pipe := splice.New(sc, str)
+	pipe := splice.New(sc, s.throttle(str))
 	if p := s.st.Prober; p != nil {
 		pipe.AfterWrite, pipe.AfterRead = p.Kick, p.Heard
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/ratecap"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -136,6 +138,9 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(server.NewIdentityCollector(cfg.Usage))
+	if rules, def, _ := parseRateLimits(o.RateLimits, o.DefaultRateLimit); len(rules) > 0 || def != (ratecap.Rate{}) {
+		cfg.RateLimits = ratecap.NewTable(rules, def)
+	}
 	srv, err = server.New(cfg, sock.Conn)
 	if err != nil {
 		return err
@@ -251,7 +256,7 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen", "rate-limit", "default-rate-limit"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
 // rules and the secret files read again (its keys may change under the
@@ -267,6 +272,7 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 	rules, deny, allowFor := o.Allow, o.Deny, o.AllowFor
 	remote, reverseOn := o.AllowRemoteListen, len(o.AllowRemoteListen) > 0
 	stateDir := o.StateDir // a new --state-dir takes a restart (its reset and ticket keys)
+	caps, capDefaultSpec := o.RateLimits, o.DefaultRateLimit
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
 		newCert, err := transport.LoadCertificate(stateDir, next.CertFile, next.KeyFile)
@@ -288,6 +294,14 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 		remoteAll, remoteFor, err := parseRemoteListen(next.AllowRemoteListen)
 		if err != nil {
 			return nil, err
+		}
+		capRules, capDefault, err := parseRateLimits(next.RateLimits, next.DefaultRateLimit)
+		if err != nil {
+			return nil, err
+		}
+		capsChanged := !slices.Equal(caps, next.RateLimits) || capDefaultSpec != next.DefaultRateLimit
+		if capsChanged && srv.RateLimits() == nil {
+			return nil, errors.New("--rate-limit/--default-rate-limit: the server started without caps; adding them takes a restart")
 		}
 		// Reverse forwards off at start stay off until a restart (their
 		// metrics and limits are set up at start).
@@ -353,6 +367,12 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			keys = apply
 			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
 		}
+		var capsAdded, capsRemoved []string
+		if capsChanged {
+			srv.RateLimits().Set(capRules, capDefault)
+			capsAdded, capsRemoved = cli.Diff(append(slices.Clone(caps), "default="+capDefaultSpec), append(slices.Clone(next.RateLimits), "default="+next.DefaultRateLimit))
+			caps, capDefaultSpec = next.RateLimits, next.DefaultRateLimit
+		}
 		remoteAdded, remoteRemoved := cli.Diff(remote, next.AllowRemoteListen)
 		var reverseClosed any // logged when the reload closed listeners
 		if len(remoteAdded)+len(remoteRemoved) > 0 && !remoteModeChange {
@@ -372,7 +392,8 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "allowForAdded", forAdded, "allowForRemoved", forRemoved,
 			"keysAdded", capList(keysAdded), "keysRemoved", capList(keysRemoved), "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
 			"certificateReplaced", certReplaced, "clientCAsReplaced", caReplaced,
-			"allowRemoteListenAdded", remoteAdded, "allowRemoteListenRemoved", remoteRemoved, "reverseForwardsClosed", reverseClosed)
+			"allowRemoteListenAdded", remoteAdded, "allowRemoteListenRemoved", remoteRemoved, "reverseForwardsClosed", reverseClosed,
+			"rateLimitsAdded", capsAdded, "rateLimitsRemoved", capsRemoved)
 		return applied, nil
 	}
 }

@@ -54,6 +54,14 @@ func TestValidate(t *testing.T) {
 			}
 		}, []string{"--metrics-identity names 257 identities, at most 256"}},
 		{"usage save interval too short", func(o *Options) { o.UsageSaveInterval = 100 * time.Millisecond }, []string{"--usage-save-interval must be between 1s and 1h"}},
+		{"rate limits", func(o *Options) {
+			o.RateLimits, o.DefaultRateLimit = []string{"key=alice=20Mbit/5Mbit", "CN=bob=1MiB", "anonymous=0/100kbit"}, "50Mbit"
+		}, nil},
+		{"bad rate limits", func(o *Options) {
+			o.RateLimits, o.DefaultRateLimit = []string{"alice=20Mbit", "key=a=20", "key=b=1Mbit", "key=b=2Mbit", "key=c=4bit"}, "fast"
+		}, []string{`--rate-limit "alice=20Mbit": an identity is`, `--rate-limit "key=a=20": rate "20": a number and a unit`,
+			`"key=b=2Mbit": key=b has a cap already`, `"key=c=4bit": rate "4bit": at least 8kbit`, `--default-rate-limit: rate "fast"`}},
+		{"rate limits with reno", func(o *Options) { o.RateLimits, o.Congestion = []string{"key=a=1Mbit"}, "reno" }, []string{"use --congestion bbr or cubic"}},
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},
 		{"bad deny rule", func(o *Options) { o.Deny = []string{"tcp:10.0.0.1/8:*"} }, []string{`--allow/--deny: invalid rule: deny rule 0 "tcp:10.0.0.1/8:*": prefix 10.0.0.1/8 has host bits set`}},

@@ -14,6 +14,7 @@ import (
 	"github.com/quictun/quictun/cmd/internal/cli"
 
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/ratecap"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/usage"
@@ -60,6 +61,10 @@ type Options struct {
 	// MetricsIdentities are the identities with quictun_server_identity_*
 	// series of their own (the others share "other").
 	MetricsIdentities []string
+	// RateLimits are the --rate-limit caps, IDENTITY=DOWN[/UP];
+	// DefaultRateLimit those of every other identity.
+	RateLimits       []string
+	DefaultRateLimit string
 	// UsageSaveInterval is how often the accounting is written to
 	// --state-dir.
 	UsageSaveInterval time.Duration
@@ -103,7 +108,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "replica-id", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
-	{Title: "Many users: accounting by identity", Names: []string{"metrics-identity", "usage-save-interval"}},
+	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit"}},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
@@ -128,6 +133,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Server.AuditLog, "audit-log", o.Server.AuditLog, "log one line per tunnel at -v 0 once its client is authenticated: identity, remote address, destination, result, bytes, duration (--audit-log=false turns it off)")
 	fs.StringSliceVar(&o.MetricsIdentities, "metrics-identity", o.MetricsIdentities, "identities whose usage gets quictun_server_identity_* series of their own (repeatable, at most 256): key=NAME of a --keys-file key, CN=NAME of a client certificate, or anonymous; every other identity is counted under identity=\"other\" (GET /identities on the admin API lists them all)")
 	fs.DurationVar(&o.UsageSaveInterval, "usage-save-interval", o.UsageSaveInterval, "how often the accounting by identity (bytes, tunnels, connections, refused destinations, suspensions) is written to usage.json in --state-dir (atomically); a SIGKILL or crash loses at most this much plus a second, a clean stop none")
+	fs.StringSliceVar(&o.RateLimits, "rate-limit", o.RateLimits, "cap one identity's rates, IDENTITY=DOWN[/UP] (repeatable; reloadable with SIGHUP), e.g. key=alice=20Mbit/5Mbit: DOWN is what the server sends it, paced in the server's sender across all its connections (needs --congestion bbr or cubic on the server; the client's --congestion does not matter), UP what it reads from it (flow control holds the client back); units bit, kbit, Mbit, Gbit, B, kB, MB, GB, KiB, MiB, GiB per second; UP defaults to DOWN; 0 = no cap")
+	fs.StringVar(&o.DefaultRateLimit, "default-rate-limit", o.DefaultRateLimit, "the caps, DOWN[/UP], of every identity without a --rate-limit of its own (reloadable); each identity gets the whole rate (it is not split between them); empty = none")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
@@ -264,6 +271,11 @@ func (o *Options) Validate() error {
 	if o.Server.MaxConcurrentDials < 1 {
 		add("--max-concurrent-dials must be at least 1")
 	}
+	if _, _, err := parseRateLimits(o.RateLimits, o.DefaultRateLimit); err != nil {
+		errs = append(errs, err)
+	} else if (len(o.RateLimits) > 0 || o.DefaultRateLimit != "") && o.Congestion == "reno" {
+		add("--rate-limit and --default-rate-limit pace downloads in the server's congestion controller: use --congestion bbr or cubic (reno is quic-go's own, which has no hook)")
+	}
 	if o.UsageSaveInterval < time.Second || o.UsageSaveInterval > time.Hour {
 		add("--usage-save-interval must be between 1s and 1h (it is how much accounting a crash can lose), got %s", o.UsageSaveInterval)
 	}
@@ -320,4 +332,33 @@ func validIdentity(id string) bool {
 		}
 	}
 	return true
+}
+
+// parseRateLimits parses --rate-limit rules and --default-rate-limit.
+func parseRateLimits(specs []string, def string) ([]ratecap.Rule, ratecap.Rate, error) {
+	var errs []error
+	rules := make([]ratecap.Rule, 0, len(specs))
+	seen := map[string]bool{}
+	for _, spec := range specs {
+		r, err := ratecap.ParseRule(spec)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !validIdentity(r.Identity):
+			errs = append(errs, fmt.Errorf("--rate-limit %q: an identity is key=NAME, CN=NAME, both comma-separated, or %q", spec, usage.Anonymous))
+		case seen[r.Identity]:
+			errs = append(errs, fmt.Errorf("--rate-limit %q: %s has a cap already", spec, r.Identity))
+		default:
+			seen[r.Identity] = true
+			rules = append(rules, r)
+		}
+	}
+	var rate ratecap.Rate
+	if def != "" {
+		var err error
+		if rate, err = ratecap.ParseRate(def); err != nil {
+			errs = append(errs, fmt.Errorf("--default-rate-limit: %w", err))
+		}
+	}
+	return rules, rate, errors.Join(errs...)
 }
