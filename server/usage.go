@@ -121,8 +121,14 @@ func (s *Server) Usage() *usage.Ledger { return s.cfg.Usage }
 // saves it once more.
 func (s *Server) runUsage(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	err := s.cfg.Usage.Run(ctx, func(err error) {
-		logger.Error(err, "Could not save the accounting; it is kept in memory and saved again at the next interval")
+	err := s.cfg.Usage.Run(ctx, usage.Hooks{
+		SaveFailed: func(err error) {
+			logger.Error(err, "Could not save the accounting; it is kept in memory and saved again at the next interval")
+		},
+		OverQuota: func(identity string, used int64, q usage.Quota) {
+			logger.Info("Identity reached its quota: its new tunnels are refused (quota) until its rolling window frees some; open tunnels run on",
+				"identity", identity, "usedBytes", used, "quotaBytes", q.Bytes, "window", q.Window)
+		},
 	})
 	if err != nil {
 		logger.Error(err, "Could not save the accounting at shutdown")

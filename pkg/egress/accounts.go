@@ -32,6 +32,9 @@ type Account interface {
 	// SuspendedUntil is when the operator's suspension of the identity ends
 	// (zero: it is not suspended at now).
 	SuspendedUntil(now time.Time) time.Time
+	// OverQuota reports whether the identity has used its quota: its new
+	// tunnels are refused (CodeQuota).
+	OverQuota() bool
 	// Throttle returns str read (the client's upload) no faster than the
 	// identity's upload cap and, with paceWrites (a connection whose
 	// sender does not pace by identity: the TCP fallback), written no
@@ -52,7 +55,8 @@ func (s *stream) account() Account {
 	return s.acct
 }
 
-// suspended refuses the tunnel of a suspended identity.
+// suspended refuses the tunnel of a suspended identity, or of one over its
+// quota (the -v 0 line is the server's, once per crossing).
 func (s *stream) suspended() *failure {
 	a := s.account()
 	if a == nil {
@@ -60,6 +64,9 @@ func (s *stream) suspended() *failure {
 	}
 	if until := a.SuspendedUntil(time.Now()); !until.IsZero() {
 		return failed(proto.CodeSuspended, "Refused stream: the operator suspended its identity", "until", until.UTC())
+	}
+	if a.OverQuota() {
+		return &failure{code: proto.CodeQuota, lvl: 2, msg: "Refused stream: its identity has used its quota (--quota)"}
 	}
 	return nil
 }

@@ -36,7 +36,7 @@ func BenchmarkSpliceAccounting(b *testing.B) {
 				defer l.Get("key=alice").Track(&p.FromStream, &p.ToStream)()
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan struct{})
-				go func() { defer close(done); _ = l.Run(ctx, nil) }()
+				go func() { defer close(done); _ = l.Run(ctx, Hooks{}) }()
 				defer func() { cancel(); <-done }()
 			}
 			runPipe(b, p, app, peer)

@@ -58,6 +58,8 @@ type Ledger struct {
 	other *Account
 
 	saveMu sync.Mutex // one writer of the state file at a time
+
+	quotas quotas
 }
 
 // New returns a Ledger for cfg, with the totals of cfg.Path if it exists.
@@ -102,12 +104,19 @@ type Account struct {
 	// rateUp, rateDown are the bytes per second over the last tick.
 	rateUp, rateDown float64
 	lastTick         time.Time
+	// ticked is up+down as of the last tick (the loaded totals at start):
+	// what moved since goes into the quota window.
+	ticked int64
 
 	tunnels, conns, refused atomic.Int64
 	activeConns             atomic.Int64
 	activeTunnels           atomic.Int64
 	// suspendedUntil is when a kick's suspension ends (unix ns; 0: none).
 	suspendedUntil atomic.Int64
+	// quota counts its bytes in its quota's window (guarded by mu);
+	// overQuota is set while they reach the quota.
+	quota     quotaUse
+	overQuota atomic.Bool
 }
 
 type liveTunnel struct{ up, down *atomic.Int64 }
@@ -232,6 +241,10 @@ type Usage struct {
 	ActiveConnections   int64     `json:"activeConnections"`
 	RefusedDestinations int64     `json:"refusedDestinations"`
 	SuspendedUntil      time.Time `json:"suspendedUntil,omitzero"`
+	// QuotaUsedBytes are the bytes (up and down) in its quota's current
+	// window, as of the last tick; OverQuota is set while they reach it.
+	QuotaUsedBytes int64 `json:"quotaUsedBytes,omitempty"`
+	OverQuota      bool  `json:"overQuota,omitempty"`
 }
 
 // usage returns a's figures: its totals include its live tunnels' bytes
@@ -244,17 +257,23 @@ func (a *Account) usage(now time.Time) Usage {
 		down += t.down.Load()
 	}
 	ru, rd := a.rateUp, a.rateDown
+	var quotaUsed int64
+	for _, b := range a.quota.buckets {
+		quotaUsed += b
+	}
 	a.mu.Unlock()
 	return Usage{
 		Identity: a.name, BytesUpstream: up, BytesDownstream: down, UpstreamBytesPerSec: ru, DownBytesPerSec: rd,
 		Tunnels: a.tunnels.Load(), ActiveTunnels: a.activeTunnels.Load(),
 		Connections: a.conns.Load(), ActiveConnections: a.activeConns.Load(),
 		RefusedDestinations: a.refused.Load(), SuspendedUntil: a.SuspendedUntil(now),
+		QuotaUsedBytes: quotaUsed, OverQuota: a.OverQuota(),
 	}
 }
 
-// tick folds a's live tunnels into its rates.
-func (a *Account) tick(now time.Time) {
+// tick folds a's live tunnels into its rates and its quota window (q);
+// crossed reports that it reached its quota just now.
+func (a *Account) tick(now time.Time, q Quota) (used int64, crossed bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	up, down := a.up, a.down
@@ -269,6 +288,9 @@ func (a *Account) tick(now time.Time) {
 		}
 	}
 	a.upLive, a.downLive, a.lastTick = up, down, now
+	moved := up + down - a.ticked
+	a.ticked = up + down
+	return a.quotaTick(q, now, moved)
 }
 
 // all returns every account, Other's last if it was used.
@@ -339,10 +361,19 @@ func (l *Ledger) Identity(identity string) (Usage, bool) {
 	return a.usage(l.cfg.Now()), true
 }
 
-// Run folds live tunnels into the rates every second and saves the totals
-// every SaveInterval until ctx is done; then it saves once more. It
-// returns the last save's error, if any (earlier ones go to onErr).
-func (l *Ledger) Run(ctx context.Context, onErr func(error)) error {
+// Hooks are told what Run notices.
+type Hooks struct {
+	// SaveFailed is told of a periodic save that failed.
+	SaveFailed func(error)
+	// OverQuota is told, once per crossing, of an identity that reached
+	// its quota (its new tunnels are refused from now on).
+	OverQuota func(identity string, used int64, q Quota)
+}
+
+// Run folds live tunnels into the rates and the quota windows every second
+// and saves the totals every SaveInterval until ctx is done; then it saves
+// once more. It returns the last save's error, if any.
+func (l *Ledger) Run(ctx context.Context, h Hooks) error {
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	lastSave := l.cfg.Now()
@@ -353,13 +384,11 @@ func (l *Ledger) Run(ctx context.Context, onErr func(error)) error {
 		case <-t.C:
 		}
 		now := l.cfg.Now()
-		for _, a := range l.all() {
-			a.tick(now)
-		}
+		l.tickAll(now, h)
 		if l.cfg.Path != "" && now.Sub(lastSave) >= l.cfg.SaveInterval {
 			lastSave = now
-			if err := l.Save(); err != nil && onErr != nil {
-				onErr(err)
+			if err := l.Save(); err != nil && h.SaveFailed != nil {
+				h.SaveFailed(err)
 			}
 		}
 	}
@@ -374,8 +403,18 @@ func (l *Ledger) Save() error {
 	}
 	l.saveMu.Lock()
 	defer l.saveMu.Unlock()
-	if err := writeState(l.cfg.Path, l.cfg.Now(), l.Snapshot()); err != nil {
+	if err := writeState(l.cfg.Path, l.cfg.Now(), l.Snapshot(), quotaState(l.all())); err != nil {
 		return fmt.Errorf("usage: save %s: %w", l.cfg.Path, err)
 	}
 	return nil
+}
+
+// tickAll ticks every account at now.
+func (l *Ledger) tickAll(now time.Time, h Hooks) {
+	for _, a := range l.all() {
+		q := l.quotas.of(a.name)
+		if used, crossed := a.tick(now, q); crossed && h.OverQuota != nil {
+			h.OverQuota(a.name, used, q)
+		}
+	}
 }

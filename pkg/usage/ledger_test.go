@@ -110,11 +110,11 @@ func TestRates(t *testing.T) {
 	a := l.Get("key=alice")
 	var up, down atomic.Int64
 	defer a.Track(&up, &down)()
-	a.tick(clk.Now())
+	a.tick(clk.Now(), Quota{})
 	clk.Add(2 * time.Second)
 	up.Add(2000)
 	down.Add(8000)
-	a.tick(clk.Now())
+	a.tick(clk.Now(), Quota{})
 	u, _ := l.Identity("key=alice")
 	assert.InDelta(t, 1000, u.UpstreamBytesPerSec, 0.01)
 	assert.InDelta(t, 4000, u.DownBytesPerSec, 0.01)
@@ -210,7 +210,7 @@ func TestRunSavesPeriodicallyAndAtEnd(t *testing.T) {
 	up.Add(1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx, func(err error) { t.Error(err) }) }()
+	go func() { done <- l.Run(ctx, Hooks{SaveFailed: func(err error) { t.Error(err) }}) }()
 	read := func() int64 {
 		b, err := os.ReadFile(path)
 		if err != nil {

@@ -23,16 +23,25 @@ type state struct {
 	Version    int       `json:"version"`
 	SavedAt    time.Time `json:"savedAt"`
 	Identities []Usage   `json:"identities"`
+	// Quotas are the quota windows' buckets by identity.
+	Quotas map[string]savedQuota `json:"quotas,omitempty"`
+}
+
+// savedQuota is an account's quotaUse in the state file.
+type savedQuota struct {
+	GranularitySeconds int64   `json:"granularitySeconds"`
+	First              int64   `json:"first"`
+	Buckets            []int64 `json:"buckets"`
 }
 
 // writeState writes the totals to path atomically, with mode 0600 (the
 // identities are key names and certificate subjects).
-func writeState(path string, now time.Time, us []Usage) error {
+func writeState(path string, now time.Time, us []Usage, qs map[string]savedQuota) error {
 	for i := range us { // rates are not totals: not kept
 		us[i].UpstreamBytesPerSec, us[i].DownBytesPerSec = 0, 0
 		us[i].ActiveTunnels, us[i].ActiveConnections = 0, 0
 	}
-	b, err := json.Marshal(state{Version: stateVersion, SavedAt: now.UTC(), Identities: us})
+	b, err := json.Marshal(state{Version: stateVersion, SavedAt: now.UTC(), Identities: us, Quotas: qs})
 	if err != nil {
 		return err
 	}
@@ -98,8 +107,28 @@ func (l *Ledger) load(path string) error {
 		if u.SuspendedUntil.After(now) {
 			a.suspendedUntil.Store(u.SuspendedUntil.UnixNano())
 		}
+		if sq, ok := st.Quotas[u.Identity]; ok && sq.GranularitySeconds > 0 && len(sq.Buckets) == quotaBuckets {
+			a.quota.gran = time.Duration(sq.GranularitySeconds) * time.Second
+			a.quota.first = sq.First
+			copy(a.quota.buckets[:], sq.Buckets)
+		}
+		a.ticked = a.up + a.down
 	}
 	return nil
+}
+
+// quotaState returns the quota windows of accts for the state file.
+func quotaState(accts []*Account) map[string]savedQuota {
+	out := map[string]savedQuota{}
+	for _, a := range accts {
+		a.mu.Lock()
+		if a.quota.gran > 0 && a.quota.gran%time.Second == 0 {
+			out[a.name] = savedQuota{GranularitySeconds: int64(a.quota.gran / time.Second), First: a.quota.first,
+				Buckets: append([]int64(nil), a.quota.buckets[:]...)}
+		}
+		a.mu.Unlock()
+	}
+	return out
 }
 
 // limitedReader fails a read past n bytes (io.LimitReader would end the

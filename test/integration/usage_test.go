@@ -166,3 +166,24 @@ func TestKickIdentity(t *testing.T) {
 		return err == nil
 	}, 30*time.Second, 100*time.Millisecond, "alice reconnects once the suspension is lifted")
 }
+
+// TestQuota (issue 35 item 3): once an identity's rolling window holds its
+// quota its new tunnels are refused with quota; its open tunnel runs on;
+// other identities are not affected.
+func TestQuota(t *testing.T) {
+	echo := testutil.EchoServer(t)
+	srv, ledger := startUsageServer(t, t.TempDir(), "tcp:"+echo)
+	ledger.SetQuotas(map[string]usage.Quota{"key=alice": {Bytes: 100_000, Window: time.Hour}}, usage.Quota{})
+	alice := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: aliceSecret, WaitReady: true})
+	bob := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: bobSecret, WaitReady: true})
+	open := dial(t, alice.Addr)
+	echoMsg(t, open, "alice's long tunnel")
+	echoCheck(t, dial(t, alice.Addr), 60_000) // 120,000 bytes up and down
+	require.Eventually(t, func() bool { u, _ := ledger.Identity("key=alice"); return u.OverQuota }, 10*time.Second, 20*time.Millisecond)
+	refusedRead(t, alice.Addr)
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues("quota")) == 1
+	}, 5*time.Second, 10*time.Millisecond, "refused with its own code")
+	echoMsg(t, open, "her open tunnel runs on")
+	echoCheck(t, dial(t, bob.Addr), 200_000)
+}

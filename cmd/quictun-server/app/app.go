@@ -138,6 +138,8 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	reg.MustRegister(server.NewIdentityCollector(cfg.Usage))
+	quotas, defQuota, _ := parseQuotas(o.Quotas, o.DefaultQuota)
+	cfg.Usage.SetQuotas(quotas, defQuota)
 	if rules, def, _ := parseRateLimits(o.RateLimits, o.DefaultRateLimit); len(rules) > 0 || def != (ratecap.Rate{}) {
 		cfg.RateLimits = ratecap.NewTable(rules, def)
 	}
@@ -256,7 +258,7 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen", "rate-limit", "default-rate-limit"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen", "rate-limit", "default-rate-limit", "quota", "default-quota"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
 // rules and the secret files read again (its keys may change under the
@@ -273,6 +275,7 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 	remote, reverseOn := o.AllowRemoteListen, len(o.AllowRemoteListen) > 0
 	stateDir := o.StateDir // a new --state-dir takes a restart (its reset and ticket keys)
 	caps, capDefaultSpec := o.RateLimits, o.DefaultRateLimit
+	quotaSpecs, quotaDefaultSpec := o.Quotas, o.DefaultQuota
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
 		newCert, err := transport.LoadCertificate(stateDir, next.CertFile, next.KeyFile)
@@ -296,6 +299,10 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			return nil, err
 		}
 		capRules, capDefault, err := parseRateLimits(next.RateLimits, next.DefaultRateLimit)
+		if err != nil {
+			return nil, err
+		}
+		quotaRules, quotaDefault, err := parseQuotas(next.Quotas, next.DefaultQuota)
 		if err != nil {
 			return nil, err
 		}
@@ -373,6 +380,12 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			capsAdded, capsRemoved = cli.Diff(append(slices.Clone(caps), "default="+capDefaultSpec), append(slices.Clone(next.RateLimits), "default="+next.DefaultRateLimit))
 			caps, capDefaultSpec = next.RateLimits, next.DefaultRateLimit
 		}
+		quotasAdded, quotasRemoved := cli.Diff(append(slices.Clone(quotaSpecs), "default="+quotaDefaultSpec),
+			append(slices.Clone(next.Quotas), "default="+next.DefaultQuota))
+		if len(quotasAdded)+len(quotasRemoved) > 0 {
+			srv.Usage().SetQuotas(quotaRules, quotaDefault)
+			quotaSpecs, quotaDefaultSpec = next.Quotas, next.DefaultQuota
+		}
 		remoteAdded, remoteRemoved := cli.Diff(remote, next.AllowRemoteListen)
 		var reverseClosed any // logged when the reload closed listeners
 		if len(remoteAdded)+len(remoteRemoved) > 0 && !remoteModeChange {
@@ -393,7 +406,7 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			"keysAdded", capList(keysAdded), "keysRemoved", capList(keysRemoved), "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
 			"certificateReplaced", certReplaced, "clientCAsReplaced", caReplaced,
 			"allowRemoteListenAdded", remoteAdded, "allowRemoteListenRemoved", remoteRemoved, "reverseForwardsClosed", reverseClosed,
-			"rateLimitsAdded", capsAdded, "rateLimitsRemoved", capsRemoved)
+			"rateLimitsAdded", capsAdded, "rateLimitsRemoved", capsRemoved, "quotasAdded", quotasAdded, "quotasRemoved", quotasRemoved)
 		return applied, nil
 	}
 }

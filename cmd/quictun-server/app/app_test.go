@@ -62,6 +62,13 @@ func TestValidate(t *testing.T) {
 		}, []string{`--rate-limit "alice=20Mbit": an identity is`, `--rate-limit "key=a=20": rate "20": a number and a unit`,
 			`"key=b=2Mbit": key=b has a cap already`, `"key=c=4bit": rate "4bit": at least 8kbit`, `--default-rate-limit: rate "fast"`}},
 		{"rate limits with reno", func(o *Options) { o.RateLimits, o.Congestion = []string{"key=a=1Mbit"}, "reno" }, []string{"use --congestion bbr or cubic"}},
+		{"quotas", func(o *Options) {
+			o.Quotas, o.DefaultQuota = []string{"key=alice=100GiB/30d", "CN=bob=1TB/7d"}, "10GiB/1d"
+		}, nil},
+		{"bad quotas", func(o *Options) {
+			o.Quotas, o.DefaultQuota = []string{"alice=1GiB/1d", "key=a=1GiB", "key=b=1GiB/1d", "key=b=2GiB/1d"}, "lots"
+		}, []string{`--quota "alice=1GiB/1d": an identity is`, `--quota "key=a=1GiB": quota "1GiB": want BYTES/WINDOW`,
+			`"key=b=2GiB/1d": key=b has a quota already`, `--default-quota: quota "lots"`}},
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},
 		{"bad deny rule", func(o *Options) { o.Deny = []string{"tcp:10.0.0.1/8:*"} }, []string{`--allow/--deny: invalid rule: deny rule 0 "tcp:10.0.0.1/8:*": prefix 10.0.0.1/8 has host bits set`}},

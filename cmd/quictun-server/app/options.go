@@ -65,6 +65,10 @@ type Options struct {
 	// DefaultRateLimit those of every other identity.
 	RateLimits       []string
 	DefaultRateLimit string
+	// Quotas are the --quota rules, IDENTITY=BYTES/WINDOW; DefaultQuota
+	// that of every other identity.
+	Quotas       []string
+	DefaultQuota string
 	// UsageSaveInterval is how often the accounting is written to
 	// --state-dir.
 	UsageSaveInterval time.Duration
@@ -108,7 +112,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "replica-id", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
-	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit"}},
+	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit", "quota", "default-quota"}},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
@@ -135,6 +139,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.UsageSaveInterval, "usage-save-interval", o.UsageSaveInterval, "how often the accounting by identity (bytes, tunnels, connections, refused destinations, suspensions) is written to usage.json in --state-dir (atomically); a SIGKILL or crash loses at most this much plus a second, a clean stop none")
 	fs.StringSliceVar(&o.RateLimits, "rate-limit", o.RateLimits, "cap one identity's rates, IDENTITY=DOWN[/UP] (repeatable; reloadable with SIGHUP), e.g. key=alice=20Mbit/5Mbit: DOWN is what the server sends it, paced in the server's sender across all its connections (needs --congestion bbr or cubic on the server; the client's --congestion does not matter), UP what it reads from it (flow control holds the client back); units bit, kbit, Mbit, Gbit, B, kB, MB, GB, KiB, MiB, GiB per second; UP defaults to DOWN; 0 = no cap")
 	fs.StringVar(&o.DefaultRateLimit, "default-rate-limit", o.DefaultRateLimit, "the caps, DOWN[/UP], of every identity without a --rate-limit of its own (reloadable); each identity gets the whole rate (it is not split between them); empty = none")
+	fs.StringSliceVar(&o.Quotas, "quota", o.Quotas, "cap what one identity moves (up and down together) in a rolling window, IDENTITY=BYTES/WINDOW (repeatable; reloadable), e.g. key=alice=100GiB/30d: the window is the last WINDOW (days d or hours h, 1h to 366d), counted in thirtieths (a day for 30d); once it holds BYTES, the identity's new tunnels are refused with quota (logged once at -v 0) until the window rolls past enough of them; open tunnels run on; kept in --state-dir")
+	fs.StringVar(&o.DefaultQuota, "default-quota", o.DefaultQuota, "the quota, BYTES/WINDOW, of every identity without a --quota of its own (each its own; reloadable); empty = none")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
@@ -276,6 +282,9 @@ func (o *Options) Validate() error {
 	} else if (len(o.RateLimits) > 0 || o.DefaultRateLimit != "") && o.Congestion == "reno" {
 		add("--rate-limit and --default-rate-limit pace downloads in the server's congestion controller: use --congestion bbr or cubic (reno is quic-go's own, which has no hook)")
 	}
+	if _, _, err := parseQuotas(o.Quotas, o.DefaultQuota); err != nil {
+		errs = append(errs, err)
+	}
 	if o.UsageSaveInterval < time.Second || o.UsageSaveInterval > time.Hour {
 		add("--usage-save-interval must be between 1s and 1h (it is how much accounting a crash can lose), got %s", o.UsageSaveInterval)
 	}
@@ -361,4 +370,31 @@ func parseRateLimits(specs []string, def string) ([]ratecap.Rule, ratecap.Rate, 
 		}
 	}
 	return rules, rate, errors.Join(errs...)
+}
+
+// parseQuotas parses --quota rules and --default-quota.
+func parseQuotas(specs []string, def string) (map[string]usage.Quota, usage.Quota, error) {
+	var errs []error
+	rules := make(map[string]usage.Quota, len(specs))
+	for _, spec := range specs {
+		id, q, err := usage.ParseQuota(spec)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !validIdentity(id):
+			errs = append(errs, fmt.Errorf("--quota %q: an identity is key=NAME, CN=NAME, both comma-separated, or %q", spec, usage.Anonymous))
+		case rules[id] != (usage.Quota{}):
+			errs = append(errs, fmt.Errorf("--quota %q: %s has a quota already", spec, id))
+		default:
+			rules[id] = q
+		}
+	}
+	var dq usage.Quota
+	if def != "" {
+		var err error
+		if dq, err = usage.ParseQuotaValue(def); err != nil {
+			errs = append(errs, fmt.Errorf("--default-quota: %w", err))
+		}
+	}
+	return rules, dq, errors.Join(errs...)
 }
