@@ -115,3 +115,37 @@ func TestManyUsersAccountingAndKick(t *testing.T) {
 	assert.False(t, u.SuspendedUntil.IsZero(), "the suspension outlives the restart")
 	srv2.signal(t, syscall.SIGTERM)
 }
+
+// TestManyUsersReloadCapsAndQuotas (issue 35 items 2 and 3) on the built
+// server: a SIGHUP applies a new --rate-limit and a --quota; once alice's
+// window holds her quota, her new tunnels are refused with quota (logged
+// once at -v 0) while bob's go on.
+func TestManyUsersReloadCapsAndQuotas(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	aliceKey, bobKey := randomSecret(), randomSecret()
+	keys := writeFile(t, "keys", "alice "+aliceKey+"\nbob "+bobKey+"\n")
+	cfg := writeFile(t, "server.yaml", "rate-limit: [key=bob=1Gbit]\n")
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--config", cfg, "--keys-file", keys}})
+	alice := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "alice", aliceKey+"\n")})
+	bob := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "bob", bobKey+"\n")})
+	require.NoError(t, echoVia(t, alice.Addr, "alice before the reload"))
+
+	require.NoError(t, os.WriteFile(cfg, []byte("rate-limit: [key=bob=100Mbit/50Mbit]\nquota: [key=alice=10kB/1h]\n"), 0o600))
+	srv.signal(t, syscall.SIGHUP)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_config_reloads_total", "result", "success")
+	waitFor(t, ioTimeout, "the reload logged", func() bool {
+		l := srv.log()
+		return strings.Contains(l, `rateLimitsAdded=["key=bob=100Mbit/50Mbit"]`) && strings.Contains(l, `quotasAdded=["key=alice=10kB/1h"]`)
+	})
+	_, _, got, err := transfer(dialApp(t, alice.Addr), 20_000)
+	require.NoError(t, err)
+	require.Equal(t, int64(20_000), got)
+	waitFor(t, ioTimeout, "alice over her quota", func() bool {
+		return strings.Contains(srv.log(), `"Identity reached its quota: its new tunnels are refused (quota) until its rolling window frees some; open tunnels run on" identity="key=alice"`)
+	})
+	require.Error(t, echoVia(t, alice.Addr, "alice is refused"))
+	waitMetric(t, srv, ioTimeout, ge(1), "quictun_server_streams_total", "result", "quota")
+	require.NoError(t, echoVia(t, bob.Addr, "bob goes on"))
+	srv.signal(t, syscall.SIGTERM)
+}
