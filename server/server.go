@@ -189,6 +189,10 @@ type Config struct {
 	// faster; TCP fallback connections are paced per stream. Needs Usage.
 	// nil: no caps.
 	RateLimits *ratecap.Table
+	// UsageReporter, if set, runs while the server does (pkg/report: the
+	// usage posted to --usage-report-url); its last batch is made after
+	// the connections have closed.
+	UsageReporter interface{ Run(ctx context.Context) }
 }
 
 // DefaultConfig returns the defaults for the limits and timeouts.
@@ -564,6 +568,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	if s.cfg.RateLimits != nil {
 		wg.Go(func() { s.rebindCaps(connCtx) })
+	}
+	if r := s.cfg.UsageReporter; r != nil {
+		wg.Go(func() { r.Run(connCtx) })
 	}
 	acceptErr := make(chan error, 1)
 	wg.Go(func() {

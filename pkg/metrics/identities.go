@@ -55,3 +55,39 @@ func (c *IdentityCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.activeC, prometheus.GaugeValue, float64(u.ActiveConnections), u.Identity)
 	}
 }
+
+// UsageReports counts the batches posted to --usage-report-url (pkg/report
+// Events): quictun_server_usage_reports_total{result} and
+// quictun_server_usage_report_queued_batches.
+type UsageReports struct {
+	Total  *prometheus.CounterVec
+	Queue  prometheus.Gauge
+	labels []string
+}
+
+// NewUsageReports registers the usage report metrics on reg, their series
+// starting at 0 for each of results.
+func NewUsageReports(reg prometheus.Registerer, results []string) *UsageReports {
+	m := &UsageReports{
+		Total: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Subsystem: "server", Name: "usage_reports_total",
+			Help: "Usage report batches (--usage-report-url) by result: sent, retried (an attempt failed; tried again), rejected (the endpoint answered 4xx: dropped), dropped (the queue was full: the oldest batch was dropped).",
+		}, []string{"result"}),
+		Queue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: "server", Name: "usage_report_queued_batches",
+			Help: "Usage report batches waiting to be posted.",
+		}),
+		labels: results,
+	}
+	for _, r := range results {
+		m.Total.WithLabelValues(r)
+	}
+	reg.MustRegister(m.Total, m.Queue)
+	return m
+}
+
+// Batch counts a batch by result.
+func (m *UsageReports) Batch(result string) { m.Total.WithLabelValues(result).Inc() }
+
+// Queued sets the batches waiting.
+func (m *UsageReports) Queued(n int) { m.Queue.Set(float64(n)) }

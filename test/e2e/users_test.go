@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -147,5 +149,52 @@ func TestManyUsersReloadCapsAndQuotas(t *testing.T) {
 	require.Error(t, echoVia(t, alice.Addr, "alice is refused"))
 	waitMetric(t, srv, ioTimeout, ge(1), "quictun_server_streams_total", "result", "quota")
 	require.NoError(t, echoVia(t, bob.Addr, "bob goes on"))
+	srv.signal(t, syscall.SIGTERM)
+}
+
+// TestUsageReport (issue 35 item 6) on the built server: the bytes of each
+// identity reach --usage-report-url, each once, early past
+// --usage-report-bytes.
+func TestUsageReport(t *testing.T) {
+	checkLeaks(t)
+	var mu sync.Mutex
+	sums := map[string]int64{}
+	seen := map[string]bool{}
+	rcv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b struct {
+			ID         string
+			Identities []identityUsage
+		}
+		if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if seen[b.ID] {
+			return
+		}
+		seen[b.ID] = true
+		for _, u := range b.Identities {
+			sums[u.Identity] += u.BytesUpstream + u.BytesDownstream
+		}
+	}))
+	defer rcv.Close()
+	echo := testutil.EchoServer(t)
+	aliceKey := randomSecret()
+	keys := writeFile(t, "keys", "alice "+aliceKey+"\n")
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--keys-file", keys,
+		"--usage-report-url", rcv.URL + "/usage", "--usage-report-bytes", "100000"}})
+	alice := startClient(t, srv, clientOpts{Token: "tcp:" + echo, SecretFile: writeFile(t, "alice", aliceKey+"\n")})
+	const n = 1 << 20
+	_, _, got, err := transfer(dialApp(t, alice.Addr), n)
+	require.NoError(t, err)
+	require.Equal(t, int64(n), got)
+	waitFor(t, ioTimeout, "alice's bytes reported", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return sums["key=alice"] == 2*n
+	})
+	waitMetric(t, srv, ioTimeout, ge(1), "quictun_server_usage_reports_total", "result", "sent")
 	srv.signal(t, syscall.SIGTERM)
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/ratecap"
+	"github.com/quictun/quictun/pkg/report"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -143,6 +145,13 @@ func (o *Options) Run(ctx context.Context) error {
 	if rules, def, _ := parseRateLimits(o.RateLimits, o.DefaultRateLimit); len(rules) > 0 || def != (ratecap.Rate{}) {
 		cfg.RateLimits = ratecap.NewTable(rules, def)
 	}
+	rep, err := o.usageReporter(reg, cfg.Usage, cfg.ReplicaID)
+	if err != nil {
+		return err
+	}
+	if rep != nil { // a nil *Reporter in the interface would not be nil
+		cfg.UsageReporter = rep
+	}
 	srv, err = server.New(cfg, sock.Conn)
 	if err != nil {
 		return err
@@ -151,6 +160,33 @@ func (o *Options) Run(ctx context.Context) error {
 	return o.Serve(ctx, cli.Serving{
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
 		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
+	})
+}
+
+// usageReporter returns the reporter of --usage-report-url (nil: none).
+func (o *Options) usageReporter(reg prometheus.Registerer, l *usage.Ledger, replicaID string) (*report.Reporter, error) {
+	if o.UsageReportURL == "" {
+		return nil, nil
+	}
+	var token string
+	if o.UsageReportTokenFile != "" {
+		b, err := cli.ReadSecretFile("usage-report-token-file", o.UsageReportTokenFile, 1)
+		if err != nil {
+			return nil, err
+		}
+		token = string(b)
+	}
+	return report.New(report.Config{
+		URL: o.UsageReportURL, BearerToken: token, Interval: o.UsageReportInterval, Threshold: o.UsageReportBytes,
+		Server: replicaID, Events: metrics.NewUsageReports(reg, report.Results()),
+		Source: func() []report.Totals {
+			snap := l.Snapshot()
+			out := make([]report.Totals, 0, len(snap))
+			for _, u := range snap {
+				out = append(out, report.Totals{Identity: u.Identity, BytesUpstream: u.BytesUpstream, BytesDownstream: u.BytesDownstream})
+			}
+			return out
+		},
 	})
 }
 

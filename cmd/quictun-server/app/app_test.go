@@ -69,6 +69,10 @@ func TestValidate(t *testing.T) {
 			o.Quotas, o.DefaultQuota = []string{"alice=1GiB/1d", "key=a=1GiB", "key=b=1GiB/1d", "key=b=2GiB/1d"}, "lots"
 		}, []string{`--quota "alice=1GiB/1d": an identity is`, `--quota "key=a=1GiB": quota "1GiB": want BYTES/WINDOW`,
 			`"key=b=2GiB/1d": key=b has a quota already`, `--default-quota: quota "lots"`}},
+		{"usage report", func(o *Options) { o.UsageReportURL, o.UsageReportTokenFile = "https://billing.example/usage", "/t" }, nil},
+		{"usage report to a local agent", func(o *Options) { o.UsageReportURL = "http://127.0.0.1:9000/usage" }, nil},
+		{"usage report in clear", func(o *Options) { o.UsageReportURL = "http://billing.example/usage" }, []string{"use https (http only to a loopback address)"}},
+		{"usage report token without URL", func(o *Options) { o.UsageReportTokenFile = "/t" }, []string{"--usage-report-token-file needs --usage-report-url"}},
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},
 		{"bad deny rule", func(o *Options) { o.Deny = []string{"tcp:10.0.0.1/8:*"} }, []string{`--allow/--deny: invalid rule: deny rule 0 "tcp:10.0.0.1/8:*": prefix 10.0.0.1/8 has host bits set`}},

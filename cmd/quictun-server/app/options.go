@@ -4,6 +4,8 @@ package app
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/ratecap"
+	"github.com/quictun/quictun/pkg/report"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/usage"
@@ -69,6 +72,11 @@ type Options struct {
 	// that of every other identity.
 	Quotas       []string
 	DefaultQuota string
+	// UsageReportURL receives the usage batches; the rest tune them.
+	UsageReportURL       string
+	UsageReportInterval  time.Duration
+	UsageReportBytes     int64
+	UsageReportTokenFile string
 	// UsageSaveInterval is how often the accounting is written to
 	// --state-dir.
 	UsageSaveInterval time.Duration
@@ -103,6 +111,9 @@ func NewOptions() *Options {
 		TokenParserPlugin: token.PluginCleartext,
 		MaxStreamsPerConn: q.MaxIncomingStreams,
 		UsageSaveInterval: usage.DefaultSaveInterval,
+
+		UsageReportInterval: report.DefaultInterval,
+		UsageReportBytes:    report.DefaultThreshold,
 	}
 }
 
@@ -112,7 +123,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "replica-id", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
-	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit", "quota", "default-quota"}},
+	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit", "quota", "default-quota", "usage-report-url", "usage-report-interval", "usage-report-bytes", "usage-report-token-file"}},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
@@ -141,6 +152,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.DefaultRateLimit, "default-rate-limit", o.DefaultRateLimit, "the caps, DOWN[/UP], of every identity without a --rate-limit of its own (reloadable); each identity gets the whole rate (it is not split between them); empty = none")
 	fs.StringSliceVar(&o.Quotas, "quota", o.Quotas, "cap what one identity moves (up and down together) in a rolling window, IDENTITY=BYTES/WINDOW (repeatable; reloadable), e.g. key=alice=100GiB/30d: the window is the last WINDOW (days d or hours h, 1h to 366d), counted in thirtieths (a day for 30d); once it holds BYTES, the identity's new tunnels are refused with quota (logged once at -v 0) until the window rolls past enough of them; open tunnels run on; kept in --state-dir")
 	fs.StringVar(&o.DefaultQuota, "default-quota", o.DefaultQuota, "the quota, BYTES/WINDOW, of every identity without a --quota of its own (each its own; reloadable); empty = none")
+	fs.StringVar(&o.UsageReportURL, "usage-report-url", o.UsageReportURL, "post each identity's bytes to this URL (https, or http to a loopback address), as JSON batches {id, server, from, to, identities: [{identity, bytesUpstream, bytesDownstream}]}: every --usage-report-interval, sooner once an identity has moved --usage-report-bytes; retried with backoff (at least once: drop a batch id seen before), at most 64 waiting (the oldest dropped); never holds up tunnels; empty = none")
+	fs.DurationVar(&o.UsageReportInterval, "usage-report-interval", o.UsageReportInterval, "the longest an identity's bytes wait before they are posted to --usage-report-url")
+	fs.Int64Var(&o.UsageReportBytes, "usage-report-bytes", o.UsageReportBytes, "post to --usage-report-url early once one identity has moved this many bytes unreported")
+	fs.StringVar(&o.UsageReportTokenFile, "usage-report-token-file", o.UsageReportTokenFile, "file holding a bearer token sent to --usage-report-url (Authorization: Bearer)")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
@@ -285,6 +300,15 @@ func (o *Options) Validate() error {
 	if _, _, err := parseQuotas(o.Quotas, o.DefaultQuota); err != nil {
 		errs = append(errs, err)
 	}
+	if err := validateReportURL(o.UsageReportURL); err != nil {
+		errs = append(errs, err)
+	}
+	if o.UsageReportURL != "" && (o.UsageReportInterval < time.Second || o.UsageReportBytes < 1) {
+		add("--usage-report-interval must be at least 1s and --usage-report-bytes at least 1")
+	}
+	if o.UsageReportTokenFile != "" && o.UsageReportURL == "" {
+		add("--usage-report-token-file needs --usage-report-url")
+	}
 	if o.UsageSaveInterval < time.Second || o.UsageSaveInterval > time.Hour {
 		add("--usage-save-interval must be between 1s and 1h (it is how much accounting a crash can lose), got %s", o.UsageSaveInterval)
 	}
@@ -397,4 +421,24 @@ func parseQuotas(specs []string, def string) (map[string]usage.Quota, usage.Quot
 		}
 	}
 	return rules, dq, errors.Join(errs...)
+}
+
+// validateReportURL checks --usage-report-url: https, or http to a
+// loopback address (a local agent); the usage of every identity is not
+// sent in clear across a network.
+func validateReportURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("--usage-report-url %q: not an absolute URL", s)
+	}
+	switch {
+	case u.Scheme == "https":
+		return nil
+	case u.Scheme == "http" && (u.Hostname() == "localhost" || net.ParseIP(u.Hostname()) != nil && net.ParseIP(u.Hostname()).IsLoopback()):
+		return nil
+	}
+	return fmt.Errorf("--usage-report-url %q: use https (http only to a loopback address)", s)
 }
