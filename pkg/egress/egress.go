@@ -111,6 +111,14 @@ type Config struct {
 	// and its tunnels show the direction "reverse" (/tunnels, audit line).
 	Reverse bool
 
+	// KeyHook, if set, is asked for the key of a header's key ID that
+	// Keys does not hold (pkg/authhook, --auth-hook). Its error wraps
+	// proto.ErrUnknownKey when it has no such key (authentication fails);
+	// any other error (the hook down, slow or busy) refuses the stream
+	// with overloaded, fail closed, and the client tries again. Only with
+	// Keys (shared-secret authentication).
+	KeyHook KeyHook
+
 	// Accounts, if set, count each identity's tunnels, bytes and refused
 	// destinations, and refuse the tunnels of a suspended identity
 	// (CodeSuspended); nil: nothing is accounted.
@@ -363,6 +371,11 @@ func (e *Handler) store(kr *proto.Keyring, all *endpoint.AllowList, forIdentity 
 			l.cut(errKeyRemoved)
 		}
 	}
+}
+
+// KeyHook looks up keys the server does not hold (Config.KeyHook).
+type KeyHook interface {
+	Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error)
 }
 
 // Conn is what the Handler uses of a stream's connection: a *quic.Conn, or

@@ -35,7 +35,7 @@ func (s *stream) serve(ctx context.Context) *failure {
 	if f := s.readHeader(); f != nil {
 		return f
 	}
-	if f := s.authenticate(); f != nil {
+	if f := s.authenticate(ctx); f != nil {
 		return f
 	}
 	if f := s.settleEarly(ctx); f != nil {
@@ -186,10 +186,16 @@ func (s *stream) readHeader() *failure {
 // authenticate verifies the header's MAC with the keys of the policy in
 // force (none: the TLS layer authenticated the peer), then calls
 // st.MACVerified. A failure closes the connection.
-func (s *stream) authenticate() *failure {
+func (s *stream) authenticate(ctx context.Context) *failure {
 	s.pol = s.e.policy.Load()
 	if kr := s.pol.keys; kr.Len() > 0 {
 		key, err := kr.Verify(s.h)
+		if errors.Is(err, proto.ErrUnknownKey) && s.e.cfg.KeyHook != nil {
+			var f *failure
+			if key, f, err = s.hookKey(ctx); f != nil {
+				return f
+			}
+		}
 		s.key, s.keyName = key, key.Label()
 		if err != nil {
 			reason := AuthBadMAC
@@ -216,6 +222,27 @@ func (s *stream) authenticate() *failure {
 		s.st.MACVerified()
 	}
 	return nil
+}
+
+// hookKey asks Config.KeyHook for the key of the header's ID, within
+// HeaderTimeout, and checks the header's MAC with it. A hook that does not
+// answer in time, or is busy, refuses the stream with overloaded (f).
+func (s *stream) hookKey(ctx context.Context) (proto.Key, *failure, error) {
+	hctx, cancel := context.WithTimeout(ctx, s.e.cfg.HeaderTimeout)
+	defer cancel()
+	key, err := s.e.cfg.KeyHook.Lookup(hctx, s.h.KeyID)
+	switch {
+	case errors.Is(err, proto.ErrUnknownKey):
+		return proto.Key{}, nil, proto.ErrUnknownKey
+	case err != nil:
+		s.e.cfg.Events.AuthFailed(AuthHookUnavailable)
+		return proto.Key{}, &failure{code: proto.CodeOverloaded, lvl: 2, msg: "Refused stream: the auth hook did not answer for its key ID; the client tries again",
+			kv: []any{"keyID", keyIDOf(s.h), "err", err}}, nil
+	}
+	if err := s.h.Verify(key.Secret); err != nil {
+		return proto.Key{}, nil, err
+	}
+	return key, nil, nil
 }
 
 // identify learns who the client is: its certificate (known once the

@@ -91,3 +91,17 @@ func (m *UsageReports) Batch(result string) { m.Total.WithLabelValues(result).In
 
 // Queued sets the batches waiting.
 func (m *UsageReports) Queued(n int) { m.Queue.Set(float64(n)) }
+
+// NewAuthHookCalls registers quictun_server_auth_hook_calls_total{result}
+// (ok, unknown, error) on reg and returns the func pkg/authhook reports to.
+func NewAuthHookCalls(reg prometheus.Registerer) func(result string) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "server", Name: "auth_hook_calls_total",
+		Help: "Calls to --auth-hook by result: ok (it answered a key), unknown (404: no such key), error (down, slow, a bad answer: the stream was refused).",
+	}, []string{"result"})
+	for _, r := range []string{"ok", "unknown", "error"} {
+		c.WithLabelValues(r)
+	}
+	reg.MustRegister(c)
+	return func(result string) { c.WithLabelValues(result).Inc() }
+}

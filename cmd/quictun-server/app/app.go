@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/cmd/internal/cli"
+	"github.com/quictun/quictun/pkg/authhook"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
@@ -145,6 +146,14 @@ func (o *Options) Run(ctx context.Context) error {
 	if rules, def, _ := parseRateLimits(o.RateLimits, o.DefaultRateLimit); len(rules) > 0 || def != (ratecap.Rate{}) {
 		cfg.RateLimits = ratecap.NewTable(rules, def)
 	}
+	hook, err := o.authHook(reg)
+	if err != nil {
+		return err
+	}
+	if hook != nil {
+		cfg.KeyHook = hook
+		cleanup.Push(hook.Close)
+	}
 	rep, err := o.usageReporter(reg, cfg.Usage, cfg.ReplicaID)
 	if err != nil {
 		return err
@@ -161,6 +170,24 @@ func (o *Options) Run(ctx context.Context) error {
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
 		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
 	})
+}
+
+// authHook returns the hook of --auth-hook (nil: none).
+func (o *Options) authHook(reg prometheus.Registerer) (*authhook.Hook, error) {
+	if o.AuthHook == "" {
+		return nil, nil
+	}
+	var token string
+	if o.AuthHookTokenFile != "" {
+		b, err := cli.ReadSecretFile("auth-hook-token-file", o.AuthHookTokenFile, 1)
+		if err != nil {
+			return nil, err
+		}
+		token = string(b)
+	}
+	return authhook.New(authhook.Config{URL: o.AuthHook, BearerToken: token, Timeout: o.AuthHookTimeout,
+		MaxInFlight: o.AuthHookMaxInFlight, TTL: o.AuthHookTTL, NegativeTTL: o.AuthHookNegativeTTL,
+		Calls: metrics.NewAuthHookCalls(reg)})
 }
 
 // usageReporter returns the reporter of --usage-report-url (nil: none).

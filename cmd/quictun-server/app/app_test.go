@@ -73,6 +73,12 @@ func TestValidate(t *testing.T) {
 		{"usage report to a local agent", func(o *Options) { o.UsageReportURL = "http://127.0.0.1:9000/usage" }, nil},
 		{"usage report in clear", func(o *Options) { o.UsageReportURL = "http://billing.example/usage" }, []string{"use https (http only to a loopback address)"}},
 		{"usage report token without URL", func(o *Options) { o.UsageReportTokenFile = "/t" }, []string{"--usage-report-token-file needs --usage-report-url"}},
+		{"auth hook", func(o *Options) { o.AuthHook = "https://auth.example/keys" }, nil},
+		{"auth hook in clear", func(o *Options) { o.AuthHook = "http://auth.example/keys" }, []string{"--auth-hook \"http://auth.example/keys\": use https"}},
+		{"auth hook without shared secrets", func(o *Options) {
+			o.AuthHook, o.SecretFile, o.ClientCAFile = "https://auth.example/keys", "", "/ca.pem"
+		}, []string{"--auth-hook answers the secrets of key IDs: it needs shared-secret authentication"}},
+		{"auth hook bounds", func(o *Options) { o.AuthHook, o.AuthHookMaxInFlight = "https://auth.example/keys", 0 }, []string{"--auth-hook-max-in-flight at least 1"}},
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},
 		{"bad deny rule", func(o *Options) { o.Deny = []string{"tcp:10.0.0.1/8:*"} }, []string{`--allow/--deny: invalid rule: deny rule 0 "tcp:10.0.0.1/8:*": prefix 10.0.0.1/8 has host bits set`}},

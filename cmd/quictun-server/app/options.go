@@ -15,6 +15,7 @@ import (
 
 	"github.com/quictun/quictun/cmd/internal/cli"
 
+	"github.com/quictun/quictun/pkg/authhook"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/ratecap"
 	"github.com/quictun/quictun/pkg/report"
@@ -77,6 +78,13 @@ type Options struct {
 	UsageReportInterval  time.Duration
 	UsageReportBytes     int64
 	UsageReportTokenFile string
+	// AuthHook is the --auth-hook URL; the rest tune it.
+	AuthHook            string
+	AuthHookTokenFile   string
+	AuthHookTimeout     time.Duration
+	AuthHookMaxInFlight int
+	AuthHookTTL         time.Duration
+	AuthHookNegativeTTL time.Duration
 	// UsageSaveInterval is how often the accounting is written to
 	// --state-dir.
 	UsageSaveInterval time.Duration
@@ -112,6 +120,10 @@ func NewOptions() *Options {
 		MaxStreamsPerConn: q.MaxIncomingStreams,
 		UsageSaveInterval: usage.DefaultSaveInterval,
 
+		AuthHookTimeout:     authhook.DefaultTimeout,
+		AuthHookMaxInFlight: authhook.DefaultMaxInFlight,
+		AuthHookTTL:         authhook.DefaultTTL,
+		AuthHookNegativeTTL: authhook.DefaultNegativeTTL,
 		UsageReportInterval: report.DefaultInterval,
 		UsageReportBytes:    report.DefaultThreshold,
 	}
@@ -123,7 +135,8 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "replica-id", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
-	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit", "quota", "default-quota", "usage-report-url", "usage-report-interval", "usage-report-bytes", "usage-report-token-file"}},
+	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit", "quota", "default-quota", "usage-report-url", "usage-report-interval", "usage-report-bytes", "usage-report-token-file",
+		"auth-hook", "auth-hook-token-file", "auth-hook-timeout", "auth-hook-max-in-flight", "auth-hook-ttl", "auth-hook-negative-ttl"}},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
@@ -156,6 +169,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.UsageReportInterval, "usage-report-interval", o.UsageReportInterval, "the longest an identity's bytes wait before they are posted to --usage-report-url")
 	fs.Int64Var(&o.UsageReportBytes, "usage-report-bytes", o.UsageReportBytes, "post to --usage-report-url early once one identity has moved this many bytes unreported")
 	fs.StringVar(&o.UsageReportTokenFile, "usage-report-token-file", o.UsageReportTokenFile, "file holding a bearer token sent to --usage-report-url (Authorization: Bearer)")
+	fs.StringVar(&o.AuthHook, "auth-hook", o.AuthHook, "ask this URL (https, or http to a loopback address) for the secret of a key ID the server does not hold: POST {\"keyId\": HEX} answered 200 {\"name\": NAME, \"secret\": BASE64} (the client is then key=NAME, with the --allow-for, --rate-limit and --quota of key=NAME) or 404; cached (--auth-hook-ttl, refusals --auth-hook-negative-ttl); the hook down or slow refuses the stream with overloaded within --auth-hook-timeout (fail closed); needs --keys-file or --secret-file; SECURITY.md")
+	fs.StringVar(&o.AuthHookTokenFile, "auth-hook-token-file", o.AuthHookTokenFile, "file holding a bearer token sent to --auth-hook")
+	fs.DurationVar(&o.AuthHookTimeout, "auth-hook-timeout", o.AuthHookTimeout, "how long a call to --auth-hook may take; then the stream is refused (overloaded)")
+	fs.IntVar(&o.AuthHookMaxInFlight, "auth-hook-max-in-flight", o.AuthHookMaxInFlight, "calls to --auth-hook at once; past it, streams with unknown key IDs are refused at once (overloaded), so a flood of random key IDs cannot make the server flood the hook")
+	fs.DurationVar(&o.AuthHookTTL, "auth-hook-ttl", o.AuthHookTTL, "how long a key --auth-hook answered is used without asking again (a key revoked at the hook works this long)")
+	fs.DurationVar(&o.AuthHookNegativeTTL, "auth-hook-negative-ttl", o.AuthHookNegativeTTL, "how long a key ID --auth-hook did not know (404) is refused without asking again")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
@@ -300,8 +319,21 @@ func (o *Options) Validate() error {
 	if _, _, err := parseQuotas(o.Quotas, o.DefaultQuota); err != nil {
 		errs = append(errs, err)
 	}
-	if err := validateReportURL(o.UsageReportURL); err != nil {
+	if err := validateReportURL("usage-report-url", o.UsageReportURL); err != nil {
 		errs = append(errs, err)
+	}
+	if err := validateReportURL("auth-hook", o.AuthHook); err != nil {
+		errs = append(errs, err)
+	}
+	if o.AuthHook != "" {
+		if o.SecretFile == "" && o.KeysFile == "" {
+			add("--auth-hook answers the secrets of key IDs: it needs shared-secret authentication (--keys-file or --secret-file)")
+		}
+		if o.AuthHookTimeout <= 0 || o.AuthHookMaxInFlight < 1 || o.AuthHookTTL <= 0 || o.AuthHookNegativeTTL <= 0 {
+			add("--auth-hook-timeout, --auth-hook-ttl and --auth-hook-negative-ttl must be positive, --auth-hook-max-in-flight at least 1")
+		}
+	} else if o.AuthHookTokenFile != "" {
+		add("--auth-hook-token-file needs --auth-hook")
 	}
 	if o.UsageReportURL != "" && (o.UsageReportInterval < time.Second || o.UsageReportBytes < 1) {
 		add("--usage-report-interval must be at least 1s and --usage-report-bytes at least 1")
@@ -423,16 +455,17 @@ func parseQuotas(specs []string, def string) (map[string]usage.Quota, usage.Quot
 	return rules, dq, errors.Join(errs...)
 }
 
-// validateReportURL checks --usage-report-url: https, or http to a
-// loopback address (a local agent); the usage of every identity is not
-// sent in clear across a network.
-func validateReportURL(s string) error {
+// validateReportURL checks the URL of --flag (--usage-report-url,
+// --auth-hook): https, or http to a loopback address (a local agent); the
+// usage of every identity, or secrets, are not sent in clear across a
+// network.
+func validateReportURL(flag, s string) error {
 	if s == "" {
 		return nil
 	}
 	u, err := url.Parse(s)
 	if err != nil || u.Host == "" {
-		return fmt.Errorf("--usage-report-url %q: not an absolute URL", s)
+		return fmt.Errorf("--%s %q: not an absolute URL", flag, s)
 	}
 	switch {
 	case u.Scheme == "https":
@@ -440,5 +473,5 @@ func validateReportURL(s string) error {
 	case u.Scheme == "http" && (u.Hostname() == "localhost" || net.ParseIP(u.Hostname()) != nil && net.ParseIP(u.Hostname()).IsLoopback()):
 		return nil
 	}
-	return fmt.Errorf("--usage-report-url %q: use https (http only to a loopback address)", s)
+	return fmt.Errorf("--%s %q: use https (http only to a loopback address)", flag, s)
 }
