@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -165,4 +166,48 @@ func TestLookupFailsClosed(t *testing.T) {
 		_, err = hw.Lookup(context.Background(), k)
 	}
 	require.ErrorContains(t, err, "the secret's key ID is not the one asked about")
+}
+
+// TestLookupAtScale (issue 35's hook targets, at the package level): 1,000
+// distinct keys answered by a local hook, each asked twice (the second from
+// the cache: 1,000 calls); then 10,000 random unknown key IDs with at most
+// MaxInFlight calls at the hook at once and the cache within MaxEntries.
+func TestLookupAtScale(t *testing.T) {
+	t.Parallel()
+	hs := newHookServer(1000)
+	h := newHook(t, hs, func(c *Config) { c.MaxInFlight, c.MaxEntries = 16, 2000 })
+	for range 2 {
+		for id, name := range hs.names {
+			k, err := h.Lookup(context.Background(), id)
+			require.NoError(t, err)
+			require.Equal(t, name, k.Name)
+		}
+	}
+	assert.Equal(t, int64(1000), hs.calls.Load(), "the second round from the cache")
+
+	var wg sync.WaitGroup
+	var busy, unknown atomic.Int64
+	for w := range 64 {
+		wg.Go(func() {
+			for i := range 10_000 / 64 {
+				_, err := h.Lookup(context.Background(), proto.KeyIDOf(fmt.Appendf(nil, "random %d/%d", w, i)))
+				switch {
+				case errors.Is(err, ErrBusy):
+					busy.Add(1)
+				case errors.Is(err, proto.ErrUnknownKey):
+					unknown.Add(1)
+				default:
+					t.Errorf("lookup: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("10,000 unknown key IDs: %d refused by the hook, %d refused at once (busy); at most %d calls in flight",
+		unknown.Load(), busy.Load(), hs.maxSeen.Load())
+	assert.LessOrEqual(t, hs.maxSeen.Load(), int64(16))
+	h.mu.Lock()
+	n := len(h.cache)
+	h.mu.Unlock()
+	assert.LessOrEqual(t, n, 2000, "the cache stays within MaxEntries")
 }
