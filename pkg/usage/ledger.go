@@ -409,9 +409,15 @@ func (l *Ledger) Save() error {
 	return nil
 }
 
-// tickAll ticks every account at now.
+// tickAll ticks every account at now (in no order: no sort each second).
 func (l *Ledger) tickAll(now time.Time, h Hooks) {
-	for _, a := range l.all() {
+	l.mu.RLock()
+	accts := make([]*Account, 0, len(l.accounts)+1)
+	for _, a := range l.accounts {
+		accts = append(accts, a)
+	}
+	l.mu.RUnlock()
+	for _, a := range append(accts, l.other) {
 		q := l.quotas.of(a.name)
 		if used, crossed := a.tick(now, q); crossed && h.OverQuota != nil {
 			h.OverQuota(a.name, used, q)

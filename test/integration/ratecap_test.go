@@ -129,3 +129,47 @@ func TestUploadCap(t *testing.T) {
 type counterWriter struct{ n *atomic.Int64 }
 
 func (w counterWriter) Write(p []byte) (int, error) { w.n.Add(int64(len(p))); return len(p), nil }
+
+// TestTwoDownloadCapsAtOnce (issue 35 targets): alice capped at 20 Mbit/s
+// and bob at 40 Mbit/s download at the same time; both caps hold within
+// 5 % (of application bytes: a cap counts packet bytes, about 2-3 % more).
+func TestTwoDownloadCapsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures a rate for seconds")
+	}
+	source := testutil.ServeTCP(t, func(c net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	srv := startCappedServer(t, "tcp:"+source,
+		ratecap.Rule{Identity: "key=alice", Rate: ratecap.Rate{Down: 20e6 / 8}},
+		ratecap.Rule{Identity: "key=bob", Rate: ratecap.Rate{Down: 40e6 / 8}})
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	counters := map[string]*atomic.Int64{"alice": {}, "bob": {}}
+	for name, secret := range map[string][]byte{"alice": aliceSecret, "bob": bobSecret} {
+		cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + source, Secret: secret, WaitReady: true})
+		for range 2 {
+			c := dial(t, cl.Addr)
+			conns = append(conns, c)
+			wg.Go(func() { _, _ = io.Copy(counterWriter{counters[name]}, c) })
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // a rate is bytes over wall-clock time
+	start := time.Now()
+	a0, b0 := counters["alice"].Load(), counters["bob"].Load()
+	time.Sleep(3 * time.Second)
+	secs := time.Since(start).Seconds()
+	alice, bob := float64(counters["alice"].Load()-a0)/secs, float64(counters["bob"].Load()-b0)/secs
+	t.Logf("at once: alice %.2f Mbit/s (cap 20), bob %.2f Mbit/s (cap 40)", alice*8/1e6, bob*8/1e6)
+	assert.InEpsilon(t, 20e6/8, alice, 0.05)
+	assert.InEpsilon(t, 40e6/8, bob, 0.05)
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	wg.Wait()
+}
