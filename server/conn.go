@@ -67,6 +67,9 @@ type conn struct {
 	// streams are the goroutines the connection started (its streams, its
 	// datagram reader and prober).
 	streams sync.WaitGroup
+	// accounted ends the connection's count among its identity's
+	// (identified; nil: not counted).
+	accounted atomic.Pointer[func()]
 }
 
 // admit takes the connection's place within MaxConnections and
@@ -147,7 +150,7 @@ func (c *conn) startDatagrams() {
 // there is: the connection starts verified, with no deadline.
 func (c *conn) startAuthDeadline() {
 	s, gate := c.s, c.gate
-	gate.onVerified = func() { c.tc.verified(s.raiseStreamsTo) }
+	gate.onVerified = func() { c.tc.verified(s.raiseStreamsTo); c.identified() }
 	gate.verified.Store(s.egress.Keys().Len() == 0)
 	if gate.verified.Load() {
 		// Keys removed by a reload since the server started with the
@@ -312,6 +315,7 @@ func (c *conn) closed(acceptErr error) {
 	s.mu.Lock()
 	delete(s.conns, c.id)
 	s.mu.Unlock()
+	c.unaccount()
 	if s.cfg.QUICStat != nil && qc != nil {
 		s.cfg.QUICStat.Closed(qc.ConnectionStats())
 	}

@@ -23,9 +23,11 @@ import (
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/ratecap"
 	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/usage"
 )
 
 // TokenParser turns a destination token into an endpoint (pkg/token implements it).
@@ -176,6 +178,21 @@ type Config struct {
 	ListenRemote func(ctx context.Context, ep endpoint.Endpoint) (net.Listener, *net.UDPConn, error)
 
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
+
+	// Usage keeps what each client identity uses (bytes, tunnels,
+	// connections, refused destinations) and its suspensions (Kick); the
+	// server runs it (rates, periodic saves) while it runs. nil: none.
+	Usage *usage.Ledger
+	// RateLimits caps each identity's download and upload (pkg/ratecap):
+	// downloads in the server's sender (quic.Config.Congestion is wrapped,
+	// so it must be set: bbr or cubic), uploads by reading its streams no
+	// faster; TCP fallback connections are paced per stream. Needs Usage.
+	// nil: no caps.
+	RateLimits *ratecap.Table
+	// UsageReporter, if set, runs while the server does (pkg/report: the
+	// usage posted to --usage-report-url); its last batch is made after
+	// the connections have closed.
+	UsageReporter interface{ Run(ctx context.Context) }
 }
 
 // DefaultConfig returns the defaults for the limits and timeouts.
@@ -311,6 +328,16 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	}
 	if cfg.Events == nil {
 		cfg.Events = cfg.Metrics
+	}
+	if cfg.RateLimits != nil {
+		if cfg.Usage == nil || cfg.QUIC == nil || cfg.QUIC.Congestion == nil {
+			return nil, errors.New("server: rate limits need Usage and a congestion controller of ours (bbr or cubic; reno is quic-go's own, which has no hook)")
+		}
+		cfg.QUIC = cfg.QUIC.Clone()
+		cfg.QUIC.Congestion = ratecap.Factory(cfg.QUIC.Congestion)
+	}
+	if cfg.Usage != nil {
+		cfg.Accounts = ledgerAccounts{l: cfg.Usage, caps: cfg.RateLimits}
 	}
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = DefaultReplicaID()
@@ -536,6 +563,15 @@ func (s *Server) Run(ctx context.Context) error {
 			s.cfg.Metrics.DroppedDatagramsTotal.WithLabelValues(metrics.DropNotQUIC).Inc()
 		}
 	})
+	if s.cfg.Usage != nil {
+		wg.Go(func() { s.runUsage(connCtx) })
+	}
+	if s.cfg.RateLimits != nil {
+		wg.Go(func() { s.rebindCaps(connCtx) })
+	}
+	if r := s.cfg.UsageReporter; r != nil {
+		wg.Go(func() { r.Run(connCtx) })
+	}
 	acceptErr := make(chan error, 1)
 	wg.Go(func() {
 		for {

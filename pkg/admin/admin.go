@@ -34,6 +34,9 @@ type Options struct {
 	Registry *tunnel.Registry
 	// Conns lists the connections and their statistics (GET /connections).
 	Conns func() []transport.ConnStats
+	// Identities, if set, serves the accounting by client identity and the
+	// kick (GET /identities, GET and DELETE /identities/{name}).
+	Identities Identities
 	// EnablePprof mounts /debug/pprof.
 	EnablePprof bool
 	// BearerToken, when set, is required on every request except /healthz and /readyz.
@@ -173,6 +176,9 @@ func Handler(o Options) http.Handler {
 			}
 			writeJSON(w, out)
 		})))
+	}
+	if o.Identities != nil {
+		identitiesHandlers(mux, o.Identities, protect)
 	}
 	if o.EnablePprof {
 		mux.Handle("/debug/pprof/", protect(http.HandlerFunc(pprof.Index)))

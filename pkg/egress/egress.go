@@ -111,6 +111,19 @@ type Config struct {
 	// and its tunnels show the direction "reverse" (/tunnels, audit line).
 	Reverse bool
 
+	// KeyHook, if set, is asked for the key of a header's key ID that
+	// Keys does not hold (pkg/authhook, --auth-hook). Its error wraps
+	// proto.ErrUnknownKey when it has no such key (authentication fails);
+	// any other error (the hook down, slow or busy) refuses the stream
+	// with overloaded, fail closed, and the client tries again. Only with
+	// Keys (shared-secret authentication).
+	KeyHook KeyHook
+
+	// Accounts, if set, count each identity's tunnels, bytes and refused
+	// destinations, and refuse the tunnels of a suspended identity
+	// (CodeSuspended); nil: nothing is accounted.
+	Accounts Accounts
+
 	// Endpoint names the listener in the tunnel registry.
 	Endpoint string
 	// Events are told what happens to streams (the daemon's metrics).
@@ -333,17 +346,18 @@ var errKeyRemoved = errors.New("its key was removed by a reload (--cut-removed-k
 func (e *Handler) store(kr *proto.Keyring, all *endpoint.AllowList, forIdentity map[string]*endpoint.AllowList, cut bool) {
 	prev := e.policy.Load()
 	p := &policy{keys: kr, allow: all, allowFor: forIdentity, all: all.WithSelf(nil, e.cfg.Self...),
-		byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity)), lives: map[proto.KeyID]keyLife{}}
+		byIdentity: make(map[string]*endpoint.AllowList, len(forIdentity)), lives: make(map[keyDigest]keyLife, kr.Len())}
 	for id, a := range forIdentity {
 		p.byIdentity[id] = a.WithSelf(nil, e.cfg.Self...)
 	}
 	for _, k := range kr.Keys() {
-		if l, ok := prev.life(k.ID); ok {
-			p.lives[k.ID] = l
+		d := k.Digest()
+		if l, ok := prev.life(k); ok {
+			p.lives[d] = l
 			continue
 		}
 		ctx, cancel := context.WithCancelCause(context.Background())
-		p.lives[k.ID] = keyLife{ctx: ctx, cut: cancel}
+		p.lives[d] = keyLife{ctx: ctx, cut: cancel}
 	}
 	e.policy.Store(p)
 	if !cut || prev == nil {
@@ -357,6 +371,11 @@ func (e *Handler) store(kr *proto.Keyring, all *endpoint.AllowList, forIdentity 
 			l.cut(errKeyRemoved)
 		}
 	}
+}
+
+// KeyHook looks up keys the server does not hold (Config.KeyHook).
+type KeyHook interface {
+	Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error)
 }
 
 // Conn is what the Handler uses of a stream's connection: a *quic.Conn, or
@@ -471,10 +490,14 @@ type policy struct {
 	// allow and allowFor are the rules as given (without Config.Self).
 	allow    *endpoint.AllowList
 	allowFor map[string]*endpoint.AllowList
-	// lives holds a context per key, cancelled when a reload removes the
-	// key with Policy.CutRemovedKeys.
-	lives map[proto.KeyID]keyLife
+	// lives holds a context per key (by Key.Digest: 4-byte IDs may
+	// collide among thousands of keys), cancelled when a reload removes
+	// the key with Policy.CutRemovedKeys.
+	lives map[keyDigest]keyLife
 }
+
+// keyDigest tells keys apart (proto.Key.Digest).
+type keyDigest = [32]byte
 
 // keyLife is how long a key's tunnels may run.
 type keyLife struct {
@@ -484,12 +507,12 @@ type keyLife struct {
 	cut context.CancelCauseFunc
 }
 
-// life returns the lifetime of key id (false: p is nil or has no such key).
-func (p *policy) life(id proto.KeyID) (keyLife, bool) {
-	if p == nil {
+// life returns the lifetime of key k (false: p is nil or has no such key).
+func (p *policy) life(k proto.Key) (keyLife, bool) {
+	if p == nil || len(k.Secret) == 0 {
 		return keyLife{}, false
 	}
-	l, ok := p.lives[id]
+	l, ok := p.lives[k.Digest()]
 	return l, ok
 }
 
@@ -583,6 +606,9 @@ func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *po
 	if err != nil {
 		str.CancelWrite(proto.CodeRefused.StreamErrorCode())
 		e.cfg.Events.DestinationRefused(dest.Network, endpoint.RefusalReason(err))
+		if e.cfg.Accounts != nil {
+			e.cfg.Accounts.Account(strings.Join(identities, ",")).Refused()
+		}
 		lvl, msg, kv := e.refusal(dest, identities, err)
 		logger.V(lvl).Info(msg, append(kv, "check", true)...)
 		return
@@ -600,7 +626,7 @@ func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *po
 	if st.Verified != nil {
 		st.Verified()
 	}
-	if l, ok := pol.life(key.ID); ok && pol.keys.Len() > 0 && context.Cause(l.ctx) != nil {
+	if l, ok := pol.life(key); ok && pol.keys.Len() > 0 && context.Cause(l.ctx) != nil {
 		str.CancelWrite(proto.CodeAuthFailed.StreamErrorCode())
 		logger.V(2).Info("Refused check: a reload removed its key; the client needs a key the server holds", "cause", context.Cause(l.ctx))
 		return

@@ -55,11 +55,17 @@ const (
 	AuthUnknownKey = "unknown_key"
 	// AuthBadMAC: the key ID matches but the MAC does not.
 	AuthBadMAC = "bad_mac"
+	// AuthHookUnavailable: the key ID is not the server's and the auth
+	// hook (Config.KeyHook) did not answer, or was busy: the stream was
+	// refused with overloaded (its connection is not closed).
+	AuthHookUnavailable = "hook_unavailable"
 )
 
 // AuthFailureReasons lists the reasons of Events.AuthFailed, for
 // pre-creating metric labels.
-func AuthFailureReasons() []string { return []string{AuthNoMAC, AuthUnknownKey, AuthBadMAC} }
+func AuthFailureReasons() []string {
+	return []string{AuthNoMAC, AuthUnknownKey, AuthBadMAC, AuthHookUnavailable}
+}
 
 // Reasons a verified header's nonce was not recorded in the replay cache
 // (Events.ReplayUnrecorded).

@@ -35,7 +35,7 @@ func (s *stream) serve(ctx context.Context) *failure {
 	if f := s.readHeader(); f != nil {
 		return f
 	}
-	if f := s.authenticate(); f != nil {
+	if f := s.authenticate(ctx); f != nil {
 		return f
 	}
 	if f := s.settleEarly(ctx); f != nil {
@@ -66,6 +66,9 @@ func (s *stream) serve(ctx context.Context) *failure {
 		return f
 	}
 	if f := s.admit(); f != nil {
+		return f
+	}
+	if f := s.suspended(); f != nil {
 		return f
 	}
 	if s.h.Kind == proto.KindUDP {
@@ -106,6 +109,9 @@ type stream struct {
 	rule         string
 	// keyLife ends when a reload removes the key (cutOnRemoval).
 	keyLife context.Context
+	// acct is the identity's account (account; nil before, or without
+	// Config.Accounts).
+	acct Account
 }
 
 // failure is why a step ended a stream: the code it is reset with, and the
@@ -197,10 +203,16 @@ func (s *stream) readHeader() *failure {
 // authenticate verifies the header's MAC with the keys of the policy in
 // force (none: the TLS layer authenticated the peer), then calls
 // st.MACVerified. A failure closes the connection.
-func (s *stream) authenticate() *failure {
+func (s *stream) authenticate(ctx context.Context) *failure {
 	s.pol = s.e.policy.Load()
 	if kr := s.pol.keys; kr.Len() > 0 {
 		key, err := kr.Verify(s.h)
+		if errors.Is(err, proto.ErrUnknownKey) && s.e.cfg.KeyHook != nil {
+			var f *failure
+			if key, f, err = s.hookKey(ctx); f != nil {
+				return f
+			}
+		}
 		s.key, s.keyName = key, key.Label()
 		if err != nil {
 			reason := AuthBadMAC
@@ -227,6 +239,27 @@ func (s *stream) authenticate() *failure {
 		s.st.MACVerified()
 	}
 	return nil
+}
+
+// hookKey asks Config.KeyHook for the key of the header's ID, within
+// HeaderTimeout, and checks the header's MAC with it. A hook that does not
+// answer in time, or is busy, refuses the stream with overloaded (f).
+func (s *stream) hookKey(ctx context.Context) (proto.Key, *failure, error) {
+	hctx, cancel := context.WithTimeout(ctx, s.e.cfg.HeaderTimeout)
+	defer cancel()
+	key, err := s.e.cfg.KeyHook.Lookup(hctx, s.h.KeyID)
+	switch {
+	case errors.Is(err, proto.ErrUnknownKey):
+		return proto.Key{}, nil, proto.ErrUnknownKey
+	case err != nil:
+		s.e.cfg.Events.AuthFailed(AuthHookUnavailable)
+		return proto.Key{}, &failure{code: proto.CodeOverloaded, lvl: 2, msg: "Refused stream: the auth hook did not answer for its key ID; the client tries again",
+			kv: []any{"keyID", keyIDOf(s.h), "err", err}}, nil
+	}
+	if err := s.h.Verify(key.Secret); err != nil {
+		return proto.Key{}, nil, err
+	}
+	return key, nil, nil
 }
 
 // identify learns who the client is: its certificate (known once the
@@ -323,6 +356,9 @@ func (s *stream) authorize(ctx context.Context) *failure {
 // dialer) refused with err, counted by reason.
 func (s *stream) refused(err error) *failure {
 	s.e.cfg.Events.DestinationRefused(s.dest.Network, endpoint.RefusalReason(err))
+	if a := s.account(); a != nil {
+		a.Refused()
+	}
 	lvl, msg, kv := s.e.refusal(s.dest, s.identities, err)
 	return &failure{code: proto.CodeRefused, lvl: lvl, msg: msg, kv: kv}
 }
@@ -347,7 +383,7 @@ func (s *stream) admit() *failure {
 		s.st.Verified()
 	}
 	s.keyLife = context.Background()
-	if l, ok := s.pol.life(s.key.ID); ok && s.pol.keys.Len() > 0 {
+	if l, ok := s.pol.life(s.key); ok && s.pol.keys.Len() > 0 {
 		s.keyLife = l.ctx
 	}
 	if cause := context.Cause(s.keyLife); cause != nil {
@@ -409,7 +445,7 @@ func (s *stream) splice(sc splice.Conn) *failure {
 		_ = sc.Close()
 		return failed(proto.CodeConnReset, "Could not write reply", "err", err)
 	}
-	pipe := splice.New(sc, str)
+	pipe := splice.New(sc, s.throttle(str))
 	if p := s.st.Prober; p != nil {
 		pipe.AfterWrite, pipe.AfterRead = p.Kick, p.Heard
 	}
@@ -429,6 +465,7 @@ func (s *stream) splice(sc splice.Conn) *failure {
 	}
 	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule)
 	defer cutOnRemoval(s.keyLife, pipe, s.logger, "tunnel")()
+	defer s.track(&pipe.FromStream, &pipe.ToStream)()
 	result, err := e.cfg.Registry.Run(t, pipe, e.cfg.Events)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	s.logger.V(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,

@@ -128,6 +128,7 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 	}
 	f.logger.V(4).Info("Opened UDP flow", "destination", f.target.String(), "rule", f.rule, "local", nc.LocalAddr().String())
 	defer cutOnRemoval(f.keyLife, r, f.logger, "UDP flow")()
+	defer f.track(t.Upstream, t.Downstream)()
 	result, err := e.cfg.Registry.Run(t, r, udpflow.FlowTunnels{Events: ev})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	f.logger.V(4).Info("Closed UDP flow", "destination", f.target.String(), "bytesUpstream", up, "bytesDownstream", down,

@@ -44,6 +44,14 @@ const (
 	// CodeAddrInUse means the address a reverse forward asked the server to
 	// listen on is held already (by another client, or another program).
 	CodeAddrInUse Code = 13
+	// CodeQuota means the client's identity has used its quota (--quota):
+	// new tunnels are refused until its window frees some.
+	CodeQuota Code = 14
+	// CodeSuspended means the operator suspended the client's identity for
+	// a while (DELETE /identities/NAME?for=10m on the admin API): its
+	// connections are closed and new ones refused until then. Clients from
+	// before this code report it as code_15 and reconnect with backoff.
+	CodeSuspended Code = 15
 )
 
 var codeNames = [...]string{
@@ -61,6 +69,8 @@ var codeNames = [...]string{
 	CodeBadToken:    "bad_token",
 	CodeUnsupported: "unsupported",
 	CodeAddrInUse:   "addr_in_use",
+	CodeQuota:       "quota",
+	CodeSuspended:   "suspended",
 }
 
 // AllCodes lists every defined code, in numeric order (for pre-creating metric series).

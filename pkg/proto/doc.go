@@ -30,7 +30,7 @@
 // a header was made with, so secrets rotate without downtime and each names
 // its holders in logs and rules. Compatibility: clients write a key ID with
 // every MAC; servers accept headers with and without one (trying each key,
-// at most MaxKeys, for the latter, as sent by clients from before key IDs). A
+// the first MaxLegacyKeys only, for the latter, as sent by clients from before key IDs). A
 // server from before key IDs refuses the unknown flag bit with bad_header
 // rather than misreading the header: upgrade servers before clients. The
 // same holds for the kind: a TCP stream carries none, so TCP tunnels work

@@ -13,8 +13,14 @@ type KeyID [KeyIDLen]byte
 
 // KeyIDOf returns the key ID of secret.
 func KeyIDOf(secret []byte) KeyID {
-	sum := sha256.Sum256(append([]byte("quictun key id"), secret...))
+	sum := keyDigest(secret)
 	return KeyID(sum[:KeyIDLen])
+}
+
+// keyDigest is SHA-256("quictun key id" || secret): its first KeyIDLen
+// bytes are the key ID.
+func keyDigest(secret []byte) [sha256.Size]byte {
+	return sha256.Sum256(append([]byte("quictun key id"), secret...))
 }
 
 // String is the key ID in hex.
@@ -27,6 +33,18 @@ type Key struct {
 	Name   string
 	Secret []byte
 	ID     KeyID
+	// digest is keyDigest(Secret), filled by NewKeyring (Digest).
+	digest [sha256.Size]byte
+}
+
+// Digest tells keys apart where their 4-byte IDs may collide (thousands of
+// keys): the whole SHA-256 their ID is the start of. Distinct secrets have
+// distinct digests.
+func (k Key) Digest() [sha256.Size]byte {
+	if k.digest == ([sha256.Size]byte{}) {
+		return keyDigest(k.Secret)
+	}
+	return k.digest
 }
 
 // Label is how logs and rules name the key: its Name, or its ID in hex.
@@ -37,10 +55,17 @@ func (k Key) Label() string {
 	return k.ID.String()
 }
 
-// MaxKeys bounds a Keyring: a header without a key ID (a client from before
-// key IDs) is tried against every key, so each one costs an HMAC per such
-// header.
-const MaxKeys = 16
+// MaxKeys bounds a Keyring: a shared server holds a key per user. A header
+// names its key by ID (a map lookup, whatever the number of keys); IDs are
+// 4 bytes, so among thousands of keys a few may share one, and such a
+// header is tried against each of them (at most a handful).
+const MaxKeys = 1 << 17
+
+// MaxLegacyKeys bounds the keys a header without a key ID (a client from
+// before key IDs) is tried against: each costs an HMAC per such header, so
+// only the first MaxLegacyKeys keys of the ring (the --secret-file key, then
+// --keys-file's in file order) accept such clients.
+const MaxLegacyKeys = 16
 
 var (
 	// ErrUnknownKey: the header names a key the server does not have (a
@@ -55,40 +80,50 @@ var (
 // the old one. It is immutable; replace it to change keys.
 type Keyring struct {
 	keys []Key
+	// byID indexes keys by ID (several when IDs collide).
+	byID map[KeyID][]int32
 }
 
 // NewKeyring returns a keyring of keys, filling in their IDs. Secrets must
-// be non-empty, distinct (by ID) and at most MaxKeys; names, when given,
-// distinct and none the hex ID of a key (the label of an unnamed key: such
-// a name would give its holders that key's identity in logs and rules).
+// be non-empty, distinct and at most MaxKeys; names, when given, distinct
+// and none the hex ID of a key (the label of an unnamed key: such a name
+// would give its holders that key's identity in logs and rules). It takes
+// time linear in the number of keys.
 func NewKeyring(keys ...Key) (*Keyring, error) {
 	if len(keys) > MaxKeys {
 		return nil, fmt.Errorf("%d keys: at most %d", len(keys), MaxKeys)
 	}
-	kr := &Keyring{keys: make([]Key, 0, len(keys))}
-	ids, names := map[KeyID]int{}, map[string]int{}
+	kr := &Keyring{keys: make([]Key, 0, len(keys)), byID: make(map[KeyID][]int32, len(keys))}
+	digests, names := make(map[[sha256.Size]byte]int, len(keys)), make(map[string]int, len(keys))
 	for i, k := range keys {
 		if len(k.Secret) == 0 {
 			return nil, fmt.Errorf("key %d: empty secret", i+1)
 		}
-		k.ID = KeyIDOf(k.Secret)
-		if j, dup := ids[k.ID]; dup {
+		k.digest = keyDigest(k.Secret)
+		k.ID = KeyID(k.digest[:KeyIDLen])
+		if j, dup := digests[k.digest]; dup {
 			return nil, fmt.Errorf("key %d: the same secret as key %d", i+1, j)
 		}
-		ids[k.ID] = i + 1
+		digests[k.digest] = i + 1
 		if k.Name != "" {
 			if j, dup := names[k.Name]; dup {
 				return nil, fmt.Errorf("key %d: the same name %q as key %d", i+1, k.Name, j)
 			}
 			names[k.Name] = i + 1
 		}
+		kr.byID[k.ID] = append(kr.byID[k.ID], int32(len(kr.keys)))
 		kr.keys = append(kr.keys, k)
 	}
 	for i, k := range kr.keys {
-		for j, other := range kr.keys {
-			if k.Name == "" || k.Name != other.ID.String() {
-				continue
-			}
+		if len(k.Name) != 2*KeyIDLen {
+			continue
+		}
+		var id KeyID
+		if _, err := hex.Decode(id[:], []byte(k.Name)); err != nil || id.String() != k.Name {
+			continue
+		}
+		for _, j := range kr.byID[id] {
+			other := kr.keys[j]
 			whose := fmt.Sprintf("key %d", j+1)
 			if other.Name == "" {
 				whose += " (the unnamed key, e.g. --secret-file's)"
@@ -116,25 +151,30 @@ func (kr *Keyring) Keys() []Key {
 	return append([]Key(nil), kr.keys...)
 }
 
-// Verify returns the key h's MAC was made with: the key its ID names, or,
-// for a header without a key ID, whichever key verifies it. Errors wrap
-// ErrAuth (ErrNoMAC, ErrUnknownKey, or a wrong MAC).
+// Verify returns the key h's MAC was made with: the key its ID names (a map
+// lookup; among keys sharing the ID, the one whose MAC matches), or, for a
+// header without a key ID, whichever of the first MaxLegacyKeys keys
+// verifies it. Errors wrap ErrAuth (ErrNoMAC, ErrUnknownKey, or a wrong
+// MAC).
 func (kr *Keyring) Verify(h *Header) (Key, error) {
 	if !h.HasMAC {
 		return Key{}, ErrNoMAC
 	}
 	if h.HasKeyID {
-		for _, k := range kr.keys {
-			if k.ID == h.KeyID {
-				if err := h.Verify(k.Secret); err != nil {
-					return Key{}, err
-				}
+		idx, ok := kr.byID[h.KeyID]
+		if !ok {
+			return Key{}, ErrUnknownKey
+		}
+		var err error
+		for _, i := range idx {
+			k := kr.keys[i]
+			if err = h.Verify(k.Secret); err == nil {
 				return k, nil
 			}
 		}
-		return Key{}, ErrUnknownKey
+		return Key{}, err
 	}
-	for _, k := range kr.keys {
+	for _, k := range kr.keys[:min(len(kr.keys), MaxLegacyKeys)] {
 		if h.Verify(k.Secret) == nil {
 			return k, nil
 		}

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func decodeWith(t *testing.T, secret []byte, keyID bool) *Header {
+func decodeWith(t testing.TB, secret []byte, keyID bool) *Header {
 	t.Helper()
 	h, err := NewHeader("tcp:127.0.0.1:22", time.Now())
 	require.NoError(t, err)

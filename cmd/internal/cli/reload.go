@@ -180,15 +180,21 @@ func LogApplied(logger klog.Logger, note string, kv ...any) {
 }
 
 // Diff returns the values of next not in cur, and of cur not in next (what a
-// reload added and removed, for its log line).
+// reload added and removed, for its log line), in their order. It takes
+// linear time: a --keys-file may hold thousands of keys.
 func Diff(cur, next []string) (added, removed []string) {
+	inCur, inNext := make(map[string]bool, len(cur)), make(map[string]bool, len(next))
+	for _, v := range cur {
+		inCur[v] = true
+	}
 	for _, v := range next {
-		if !slices.Contains(cur, v) {
+		inNext[v] = true
+		if !inCur[v] {
 			added = append(added, v)
 		}
 	}
 	for _, v := range cur {
-		if !slices.Contains(next, v) {
+		if !inNext[v] {
 			removed = append(removed, v)
 		}
 	}

@@ -83,6 +83,8 @@ type Serving struct {
 	Admin    *Admin
 	Reloader *Reloader // nil: no reload on SIGHUP
 	Apply    Apply
+	// Identities serves /identities on the admin API (nil: not served).
+	Identities admin.Identities
 }
 
 // Serve is the tail both daemons' Run share: it registers the QUIC,
@@ -99,6 +101,7 @@ func (d *DaemonFlags) Serve(ctx context.Context, s Serving) error {
 		s.Admin.Start(ctx, admin.Options{
 			Gatherer: s.Metrics, Ready: s.Service.Ready, Registry: s.Tunnels, Conns: s.Service.ConnStats,
 			EnablePprof: d.EnablePprof, Refused: metrics.NewAdminRefused(s.Metrics, s.Side, admin.RefusedReasons()),
+			Identities: s.Identities,
 		})
 	}
 	var g errgroup.Group

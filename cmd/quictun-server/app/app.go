@@ -4,22 +4,29 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/cmd/internal/cli"
+	"github.com/quictun/quictun/pkg/authhook"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/ratecap"
+	"github.com/quictun/quictun/pkg/report"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/usage"
 	"github.com/quictun/quictun/server"
 )
 
@@ -129,6 +136,31 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	logger.V(1).Info("Replica ID: the session tickets of this server carry it, and it accepts 0-RTT only with its own; servers sharing --state-dir's keys need distinct ones",
 		"replicaID", cfg.ReplicaID)
+	if cfg.Usage, err = usage.New(usage.Config{Path: filepath.Join(o.StateDir, UsageFile), SaveInterval: o.UsageSaveInterval,
+		Labeled: o.MetricsIdentities}); err != nil {
+		return err
+	}
+	reg.MustRegister(server.NewIdentityCollector(cfg.Usage))
+	quotas, defQuota, _ := parseQuotas(o.Quotas, o.DefaultQuota)
+	cfg.Usage.SetQuotas(quotas, defQuota)
+	if rules, def, _ := parseRateLimits(o.RateLimits, o.DefaultRateLimit); len(rules) > 0 || def != (ratecap.Rate{}) {
+		cfg.RateLimits = ratecap.NewTable(rules, def)
+	}
+	hook, err := o.authHook(reg)
+	if err != nil {
+		return err
+	}
+	if hook != nil {
+		cfg.KeyHook = hook
+		cleanup.Push(hook.Close)
+	}
+	rep, err := o.usageReporter(reg, cfg.Usage, cfg.ReplicaID)
+	if err != nil {
+		return err
+	}
+	if rep != nil { // a nil *Reporter in the interface would not be nil
+		cfg.UsageReporter = rep
+	}
 	srv, err = server.New(cfg, sock.Conn)
 	if err != nil {
 		return err
@@ -136,9 +168,57 @@ func (o *Options) Run(ctx context.Context) error {
 	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
 	return o.Serve(ctx, cli.Serving{
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
-		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id),
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
 	})
 }
+
+// authHook returns the hook of --auth-hook (nil: none).
+func (o *Options) authHook(reg prometheus.Registerer) (*authhook.Hook, error) {
+	if o.AuthHook == "" {
+		return nil, nil
+	}
+	var token string
+	if o.AuthHookTokenFile != "" {
+		b, err := cli.ReadSecretFile("auth-hook-token-file", o.AuthHookTokenFile, 1)
+		if err != nil {
+			return nil, err
+		}
+		token = string(b)
+	}
+	return authhook.New(authhook.Config{URL: o.AuthHook, BearerToken: token, Timeout: o.AuthHookTimeout,
+		MaxInFlight: o.AuthHookMaxInFlight, TTL: o.AuthHookTTL, NegativeTTL: o.AuthHookNegativeTTL,
+		Calls: metrics.NewAuthHookCalls(reg)})
+}
+
+// usageReporter returns the reporter of --usage-report-url (nil: none).
+func (o *Options) usageReporter(reg prometheus.Registerer, l *usage.Ledger, replicaID string) (*report.Reporter, error) {
+	if o.UsageReportURL == "" {
+		return nil, nil
+	}
+	var token string
+	if o.UsageReportTokenFile != "" {
+		b, err := cli.ReadSecretFile("usage-report-token-file", o.UsageReportTokenFile, 1)
+		if err != nil {
+			return nil, err
+		}
+		token = string(b)
+	}
+	return report.New(report.Config{
+		URL: o.UsageReportURL, BearerToken: token, Interval: o.UsageReportInterval, Threshold: o.UsageReportBytes,
+		Server: replicaID, Events: metrics.NewUsageReports(reg, report.Results()),
+		Source: func() []report.Totals {
+			snap := l.Snapshot()
+			out := make([]report.Totals, 0, len(snap))
+			for _, u := range snap {
+				out = append(out, report.Totals{Identity: u.Identity, BytesUpstream: u.BytesUpstream, BytesDownstream: u.BytesDownstream})
+			}
+			return out
+		},
+	})
+}
+
+// UsageFile is the accounting's state file in --state-dir.
+const UsageFile = "usage.json"
 
 // listenTCP opens the TCP listener for clients whose UDP is blocked
 // (--tcp-listen-on): by default on the QUIC socket's address, udp; nil for
@@ -241,7 +321,7 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen", "rate-limit", "default-rate-limit", "quota", "default-quota"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
 // rules and the secret files read again (its keys may change under the
@@ -257,6 +337,8 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 	rules, deny, allowFor := o.Allow, o.Deny, o.AllowFor
 	remote, reverseOn := o.AllowRemoteListen, len(o.AllowRemoteListen) > 0
 	stateDir := o.StateDir // a new --state-dir takes a restart (its reset and ticket keys)
+	caps, capDefaultSpec := o.RateLimits, o.DefaultRateLimit
+	quotaSpecs, quotaDefaultSpec := o.Quotas, o.DefaultQuota
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
 		newCert, err := transport.LoadCertificate(stateDir, next.CertFile, next.KeyFile)
@@ -278,6 +360,18 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 		remoteAll, remoteFor, err := parseRemoteListen(next.AllowRemoteListen)
 		if err != nil {
 			return nil, err
+		}
+		capRules, capDefault, err := parseRateLimits(next.RateLimits, next.DefaultRateLimit)
+		if err != nil {
+			return nil, err
+		}
+		quotaRules, quotaDefault, err := parseQuotas(next.Quotas, next.DefaultQuota)
+		if err != nil {
+			return nil, err
+		}
+		capsChanged := !slices.Equal(caps, next.RateLimits) || capDefaultSpec != next.DefaultRateLimit
+		if capsChanged && srv.RateLimits() == nil {
+			return nil, errors.New("--rate-limit/--default-rate-limit: the server started without caps; adding them takes a restart")
 		}
 		// Reverse forwards off at start stay off until a restart (their
 		// metrics and limits are set up at start).
@@ -343,6 +437,18 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			keys = apply
 			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
 		}
+		var capsAdded, capsRemoved []string
+		if capsChanged {
+			srv.RateLimits().Set(capRules, capDefault)
+			capsAdded, capsRemoved = cli.Diff(append(slices.Clone(caps), "default="+capDefaultSpec), append(slices.Clone(next.RateLimits), "default="+next.DefaultRateLimit))
+			caps, capDefaultSpec = next.RateLimits, next.DefaultRateLimit
+		}
+		quotasAdded, quotasRemoved := cli.Diff(append(slices.Clone(quotaSpecs), "default="+quotaDefaultSpec),
+			append(slices.Clone(next.Quotas), "default="+next.DefaultQuota))
+		if len(quotasAdded)+len(quotasRemoved) > 0 {
+			srv.Usage().SetQuotas(quotaRules, quotaDefault)
+			quotaSpecs, quotaDefaultSpec = next.Quotas, next.DefaultQuota
+		}
 		remoteAdded, remoteRemoved := cli.Diff(remote, next.AllowRemoteListen)
 		var reverseClosed any // logged when the reload closed listeners
 		if len(remoteAdded)+len(remoteRemoved) > 0 && !remoteModeChange {
@@ -360,9 +466,10 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 		cli.LogApplied(klog.Background(), note,
 			"allowAdded", added, "allowRemoved", removed,
 			"denyAdded", deniedAdded, "denyRemoved", deniedRemoved, "allowForAdded", forAdded, "allowForRemoved", forRemoved,
-			"keysAdded", keysAdded, "keysRemoved", keysRemoved, "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
+			"keysAdded", capList(keysAdded), "keysRemoved", capList(keysRemoved), "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
 			"certificateReplaced", certReplaced, "clientCAsReplaced", caReplaced,
-			"allowRemoteListenAdded", remoteAdded, "allowRemoteListenRemoved", remoteRemoved, "reverseForwardsClosed", reverseClosed)
+			"allowRemoteListenAdded", remoteAdded, "allowRemoteListenRemoved", remoteRemoved, "reverseForwardsClosed", reverseClosed,
+			"rateLimitsAdded", capsAdded, "rateLimitsRemoved", capsRemoved, "quotasAdded", quotasAdded, "quotasRemoved", quotasRemoved)
 		return applied, nil
 	}
 }
@@ -413,11 +520,26 @@ func (o *Options) warnUnmatchedIdentities(logger klog.Logger, keys *proto.Keyrin
 	}
 }
 
+// maxLoggedKeys bounds the keys a reload's log line names one by one.
+const maxLoggedKeys = 20
+
+// capList returns vs for a log line: the first maxLoggedKeys, then how many
+// more (a --keys-file of thousands of keys must not make a line of them).
+func capList(vs []string) []string {
+	if len(vs) <= maxLoggedKeys {
+		return vs
+	}
+	return append(slices.Clip(vs[:maxLoggedKeys]), fmt.Sprintf("... and %d more", len(vs)-maxLoggedKeys))
+}
+
 // keyLabels names the keys of kr for logs, "NAME (ID)" (the ID alone for
 // the unnamed key), so a secret replaced under the same name shows too.
-func keyLabels(kr *proto.Keyring) []string {
-	var out []string
-	for _, k := range kr.Keys() {
+func keyLabels(kr *proto.Keyring) []string { return keyLabelsOf(kr.Keys()) }
+
+// keyLabelsOf is keyLabels of keys.
+func keyLabelsOf(keys []proto.Key) []string {
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
 		if k.Name == "" {
 			out = append(out, k.ID.String())
 			continue

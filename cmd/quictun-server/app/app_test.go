@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -45,6 +46,39 @@ func TestValidate(t *testing.T) {
 		{"replica ID with a space", func(o *Options) { o.Server.ReplicaID = "replica a" }, []string{"--replica-id must be at most 253 bytes without spaces"}},
 		{"replica ID too long", func(o *Options) { o.Server.ReplicaID = strings.Repeat("a", 254) }, []string{"--replica-id must be at most 253 bytes"}},
 
+		{"metrics identities", func(o *Options) { o.MetricsIdentities = []string{"key=alice", "CN=bob", "CN=c,key=d", "anonymous"} }, nil},
+		{"bad metrics identity", func(o *Options) { o.MetricsIdentities = []string{"alice"} }, []string{`--metrics-identity "alice": an identity is key=NAME`}},
+		{"too many metrics identities", func(o *Options) {
+			for i := range maxMetricsIdentities + 1 {
+				o.MetricsIdentities = append(o.MetricsIdentities, fmt.Sprintf("key=u%d", i))
+			}
+		}, []string{"--metrics-identity names 257 identities, at most 256"}},
+		{"usage save interval too short", func(o *Options) { o.UsageSaveInterval = 100 * time.Millisecond }, []string{"--usage-save-interval must be between 1s and 1h"}},
+		{"rate limits", func(o *Options) {
+			o.RateLimits, o.DefaultRateLimit = []string{"key=alice=20Mbit/5Mbit", "CN=bob=1MiB", "anonymous=0/100kbit"}, "50Mbit"
+		}, nil},
+		{"bad rate limits", func(o *Options) {
+			o.RateLimits, o.DefaultRateLimit = []string{"alice=20Mbit", "key=a=20", "key=b=1Mbit", "key=b=2Mbit", "key=c=4bit"}, "fast"
+		}, []string{`--rate-limit "alice=20Mbit": an identity is`, `--rate-limit "key=a=20": rate "20": a number and a unit`,
+			`"key=b=2Mbit": key=b has a cap already`, `"key=c=4bit": rate "4bit": at least 8kbit`, `--default-rate-limit: rate "fast"`}},
+		{"rate limits with reno", func(o *Options) { o.RateLimits, o.Congestion = []string{"key=a=1Mbit"}, "reno" }, []string{"use --congestion bbr or cubic"}},
+		{"quotas", func(o *Options) {
+			o.Quotas, o.DefaultQuota = []string{"key=alice=100GiB/30d", "CN=bob=1TB/7d"}, "10GiB/1d"
+		}, nil},
+		{"bad quotas", func(o *Options) {
+			o.Quotas, o.DefaultQuota = []string{"alice=1GiB/1d", "key=a=1GiB", "key=b=1GiB/1d", "key=b=2GiB/1d"}, "lots"
+		}, []string{`--quota "alice=1GiB/1d": an identity is`, `--quota "key=a=1GiB": quota "1GiB": want BYTES/WINDOW`,
+			`"key=b=2GiB/1d": key=b has a quota already`, `--default-quota: quota "lots"`}},
+		{"usage report", func(o *Options) { o.UsageReportURL, o.UsageReportTokenFile = "https://billing.example/usage", "/t" }, nil},
+		{"usage report to a local agent", func(o *Options) { o.UsageReportURL = "http://127.0.0.1:9000/usage" }, nil},
+		{"usage report in clear", func(o *Options) { o.UsageReportURL = "http://billing.example/usage" }, []string{"use https (http only to a loopback address)"}},
+		{"usage report token without URL", func(o *Options) { o.UsageReportTokenFile = "/t" }, []string{"--usage-report-token-file needs --usage-report-url"}},
+		{"auth hook", func(o *Options) { o.AuthHook = "https://auth.example/keys" }, nil},
+		{"auth hook in clear", func(o *Options) { o.AuthHook = "http://auth.example/keys" }, []string{"--auth-hook \"http://auth.example/keys\": use https"}},
+		{"auth hook without shared secrets", func(o *Options) {
+			o.AuthHook, o.SecretFile, o.ClientCAFile = "https://auth.example/keys", "", "/ca.pem"
+		}, []string{"--auth-hook answers the secrets of key IDs: it needs shared-secret authentication"}},
+		{"auth hook bounds", func(o *Options) { o.AuthHook, o.AuthHookMaxInFlight = "https://auth.example/keys", 0 }, []string{"--auth-hook-max-in-flight at least 1"}},
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},
 		{"bad deny rule", func(o *Options) { o.Deny = []string{"tcp:10.0.0.1/8:*"} }, []string{`--allow/--deny: invalid rule: deny rule 0 "tcp:10.0.0.1/8:*": prefix 10.0.0.1/8 has host bits set`}},

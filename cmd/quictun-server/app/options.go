@@ -4,6 +4,8 @@ package app
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -13,9 +15,13 @@ import (
 
 	"github.com/quictun/quictun/cmd/internal/cli"
 
+	"github.com/quictun/quictun/pkg/authhook"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/ratecap"
+	"github.com/quictun/quictun/pkg/report"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/pkg/usage"
 	"github.com/quictun/quictun/server"
 )
 
@@ -56,6 +62,33 @@ type Options struct {
 	MaxStreamsPerConn int64
 	Disable0RTT       bool
 
+	// MetricsIdentities are the identities with quictun_server_identity_*
+	// series of their own (the others share "other").
+	MetricsIdentities []string
+	// RateLimits are the --rate-limit caps, IDENTITY=DOWN[/UP];
+	// DefaultRateLimit those of every other identity.
+	RateLimits       []string
+	DefaultRateLimit string
+	// Quotas are the --quota rules, IDENTITY=BYTES/WINDOW; DefaultQuota
+	// that of every other identity.
+	Quotas       []string
+	DefaultQuota string
+	// UsageReportURL receives the usage batches; the rest tune them.
+	UsageReportURL       string
+	UsageReportInterval  time.Duration
+	UsageReportBytes     int64
+	UsageReportTokenFile string
+	// AuthHook is the --auth-hook URL; the rest tune it.
+	AuthHook            string
+	AuthHookTokenFile   string
+	AuthHookTimeout     time.Duration
+	AuthHookMaxInFlight int
+	AuthHookTTL         time.Duration
+	AuthHookNegativeTTL time.Duration
+	// UsageSaveInterval is how often the accounting is written to
+	// --state-dir.
+	UsageSaveInterval time.Duration
+
 	// UDPSocketMemoryMiB: 0 means udpflow.MaxSocketMemory
 	// (Server.UDPSocketMemory in bytes).
 	UDPSocketMemoryMiB int64
@@ -85,6 +118,14 @@ func NewOptions() *Options {
 		StateDir:          "/var/lib/quictun-server",
 		TokenParserPlugin: token.PluginCleartext,
 		MaxStreamsPerConn: q.MaxIncomingStreams,
+		UsageSaveInterval: usage.DefaultSaveInterval,
+
+		AuthHookTimeout:     authhook.DefaultTimeout,
+		AuthHookMaxInFlight: authhook.DefaultMaxInFlight,
+		AuthHookTTL:         authhook.DefaultTTL,
+		AuthHookNegativeTTL: authhook.DefaultNegativeTTL,
+		UsageReportInterval: report.DefaultInterval,
+		UsageReportBytes:    report.DefaultThreshold,
 	}
 }
 
@@ -94,6 +135,8 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "replica-id", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
+	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit", "quota", "default-quota", "usage-report-url", "usage-report-interval", "usage-report-bytes", "usage-report-token-file",
+		"auth-hook", "auth-hook-token-file", "auth-hook-timeout", "auth-hook-max-in-flight", "auth-hook-ttl", "auth-hook-negative-ttl"}},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
@@ -116,6 +159,22 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.AllowFor, "allow-for", o.AllowFor, "destinations only some clients may reach, IDENTITY=RULE (repeatable): CN=NAME for a client certificate's common name (needs --client-ca-file), key=NAME for a --keys-file key; e.g. CN=ci-runner=tcp:10.0.0.5:5432. Added to --allow for that client; --deny still wins")
 	fs.StringSliceVar(&o.AllowRemoteListen, "allow-remote-listen", o.AllowRemoteListen, "addresses clients may ask this server to listen on for their reverse forwards (quictun-client --remote-forward), repeatable: LISTEN for every client, or IDENTITY=LISTEN for one (CN=NAME or key=NAME, as --allow-for); LISTEN in --allow's forms with IP addresses, matched as written: tcp:0.0.0.0:8022 (every IPv4 address, port 8022), tcp:127.0.0.1:9000-9100, udp:0.0.0.0:5353, unix:/run/quictun/rev/*; e.g. key=laptop=tcp:0.0.0.0:8022. Each connection accepted there goes to the client, which dials only what its --remote-forward declares. Default: none, reverse forwards are refused")
 	fs.BoolVar(&o.Server.AuditLog, "audit-log", o.Server.AuditLog, "log one line per tunnel at -v 0 once its client is authenticated: identity, remote address, destination, result, bytes, duration (--audit-log=false turns it off)")
+	fs.StringSliceVar(&o.MetricsIdentities, "metrics-identity", o.MetricsIdentities, "identities whose usage gets quictun_server_identity_* series of their own (repeatable, at most 256): key=NAME of a --keys-file key, CN=NAME of a client certificate, or anonymous; every other identity is counted under identity=\"other\" (GET /identities on the admin API lists them all)")
+	fs.DurationVar(&o.UsageSaveInterval, "usage-save-interval", o.UsageSaveInterval, "how often the accounting by identity (bytes, tunnels, connections, refused destinations, suspensions) is written to usage.json in --state-dir (atomically); a SIGKILL or crash loses at most this much plus a second, a clean stop none")
+	fs.StringSliceVar(&o.RateLimits, "rate-limit", o.RateLimits, "cap one identity's rates, IDENTITY=DOWN[/UP] (repeatable; reloadable with SIGHUP), e.g. key=alice=20Mbit/5Mbit: DOWN is what the server sends it, paced in the server's sender across all its connections (needs --congestion bbr or cubic on the server; the client's --congestion does not matter), UP what it reads from it (flow control holds the client back); units bit, kbit, Mbit, Gbit, B, kB, MB, GB, KiB, MiB, GiB per second; UP defaults to DOWN; 0 = no cap")
+	fs.StringVar(&o.DefaultRateLimit, "default-rate-limit", o.DefaultRateLimit, "the caps, DOWN[/UP], of every identity without a --rate-limit of its own (reloadable); each identity gets the whole rate (it is not split between them); empty = none")
+	fs.StringSliceVar(&o.Quotas, "quota", o.Quotas, "cap what one identity moves (up and down together) in a rolling window, IDENTITY=BYTES/WINDOW (repeatable; reloadable), e.g. key=alice=100GiB/30d: the window is the last WINDOW (days d or hours h, 1h to 366d), counted in thirtieths (a day for 30d); once it holds BYTES, the identity's new tunnels are refused with quota (logged once at -v 0) until the window rolls past enough of them; open tunnels run on; kept in --state-dir")
+	fs.StringVar(&o.DefaultQuota, "default-quota", o.DefaultQuota, "the quota, BYTES/WINDOW, of every identity without a --quota of its own (each its own; reloadable); empty = none")
+	fs.StringVar(&o.UsageReportURL, "usage-report-url", o.UsageReportURL, "post each identity's bytes to this URL (https, or http to a loopback address), as JSON batches {id, server, from, to, identities: [{identity, bytesUpstream, bytesDownstream}]}: every --usage-report-interval, sooner once an identity has moved --usage-report-bytes; retried with backoff (at least once: drop a batch id seen before), at most 64 waiting (the oldest dropped); never holds up tunnels; empty = none")
+	fs.DurationVar(&o.UsageReportInterval, "usage-report-interval", o.UsageReportInterval, "the longest an identity's bytes wait before they are posted to --usage-report-url")
+	fs.Int64Var(&o.UsageReportBytes, "usage-report-bytes", o.UsageReportBytes, "post to --usage-report-url early once one identity has moved this many bytes unreported")
+	fs.StringVar(&o.UsageReportTokenFile, "usage-report-token-file", o.UsageReportTokenFile, "file holding a bearer token sent to --usage-report-url (Authorization: Bearer)")
+	fs.StringVar(&o.AuthHook, "auth-hook", o.AuthHook, "ask this URL (https, or http to a loopback address) for the secret of a key ID the server does not hold: POST {\"keyId\": HEX} answered 200 {\"name\": NAME, \"secret\": BASE64} (the client is then key=NAME, with the --allow-for, --rate-limit and --quota of key=NAME) or 404; cached (--auth-hook-ttl, refusals --auth-hook-negative-ttl); the hook down or slow refuses the stream with overloaded within --auth-hook-timeout (fail closed); needs --keys-file or --secret-file; SECURITY.md")
+	fs.StringVar(&o.AuthHookTokenFile, "auth-hook-token-file", o.AuthHookTokenFile, "file holding a bearer token sent to --auth-hook")
+	fs.DurationVar(&o.AuthHookTimeout, "auth-hook-timeout", o.AuthHookTimeout, "how long a call to --auth-hook may take; then the stream is refused (overloaded)")
+	fs.IntVar(&o.AuthHookMaxInFlight, "auth-hook-max-in-flight", o.AuthHookMaxInFlight, "calls to --auth-hook at once; past it, streams with unknown key IDs are refused at once (overloaded), so a flood of random key IDs cannot make the server flood the hook")
+	fs.DurationVar(&o.AuthHookTTL, "auth-hook-ttl", o.AuthHookTTL, "how long a key --auth-hook answered is used without asking again (a key revoked at the hook works this long)")
+	fs.DurationVar(&o.AuthHookNegativeTTL, "auth-hook-negative-ttl", o.AuthHookNegativeTTL, "how long a key ID --auth-hook did not know (404) is refused without asking again")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
@@ -252,6 +311,47 @@ func (o *Options) Validate() error {
 	if o.Server.MaxConcurrentDials < 1 {
 		add("--max-concurrent-dials must be at least 1")
 	}
+	if _, _, err := parseRateLimits(o.RateLimits, o.DefaultRateLimit); err != nil {
+		errs = append(errs, err)
+	} else if (len(o.RateLimits) > 0 || o.DefaultRateLimit != "") && o.Congestion == "reno" {
+		add("--rate-limit and --default-rate-limit pace downloads in the server's congestion controller: use --congestion bbr or cubic (reno is quic-go's own, which has no hook)")
+	}
+	if _, _, err := parseQuotas(o.Quotas, o.DefaultQuota); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validateReportURL("usage-report-url", o.UsageReportURL); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validateReportURL("auth-hook", o.AuthHook); err != nil {
+		errs = append(errs, err)
+	}
+	if o.AuthHook != "" {
+		if o.SecretFile == "" && o.KeysFile == "" {
+			add("--auth-hook answers the secrets of key IDs: it needs shared-secret authentication (--keys-file or --secret-file)")
+		}
+		if o.AuthHookTimeout <= 0 || o.AuthHookMaxInFlight < 1 || o.AuthHookTTL <= 0 || o.AuthHookNegativeTTL <= 0 {
+			add("--auth-hook-timeout, --auth-hook-ttl and --auth-hook-negative-ttl must be positive, --auth-hook-max-in-flight at least 1")
+		}
+	} else if o.AuthHookTokenFile != "" {
+		add("--auth-hook-token-file needs --auth-hook")
+	}
+	if o.UsageReportURL != "" && (o.UsageReportInterval < time.Second || o.UsageReportBytes < 1) {
+		add("--usage-report-interval must be at least 1s and --usage-report-bytes at least 1")
+	}
+	if o.UsageReportTokenFile != "" && o.UsageReportURL == "" {
+		add("--usage-report-token-file needs --usage-report-url")
+	}
+	if o.UsageSaveInterval < time.Second || o.UsageSaveInterval > time.Hour {
+		add("--usage-save-interval must be between 1s and 1h (it is how much accounting a crash can lose), got %s", o.UsageSaveInterval)
+	}
+	if len(o.MetricsIdentities) > maxMetricsIdentities {
+		add("--metrics-identity names %d identities, at most %d (each one adds 8 series; the others are counted under %q)", len(o.MetricsIdentities), maxMetricsIdentities, usage.Other)
+	}
+	for _, id := range o.MetricsIdentities {
+		if !validIdentity(id) {
+			add("--metrics-identity %q: an identity is key=NAME (a --keys-file key), CN=NAME (a client certificate), both comma-separated, or %q", id, usage.Anonymous)
+		}
+	}
 	errs = append(errs, o.DaemonFlags.Validate()...)
 	return errors.Join(errs...)
 }
@@ -275,3 +375,103 @@ const maxReplicaID = 253
 
 // TCPListenOff is the --tcp-listen-on value for no TCP listener.
 const TCPListenOff = "off"
+
+// maxMetricsIdentities bounds --metrics-identity: the series of the
+// identity metrics.
+const maxMetricsIdentities = 256
+
+// validIdentity reports whether id names an identity as the server shows
+// them: key=NAME, CN=NAME, both comma-separated, or usage.Anonymous.
+func validIdentity(id string) bool {
+	if id == usage.Anonymous {
+		return true
+	}
+	parts := strings.Split(id, ",")
+	if len(parts) > 2 {
+		return false
+	}
+	for _, p := range parts {
+		kind, name, ok := strings.Cut(p, "=")
+		if !ok || name == "" || (kind != "key" && kind != "CN") {
+			return false
+		}
+	}
+	return true
+}
+
+// parseRateLimits parses --rate-limit rules and --default-rate-limit.
+func parseRateLimits(specs []string, def string) ([]ratecap.Rule, ratecap.Rate, error) {
+	var errs []error
+	rules := make([]ratecap.Rule, 0, len(specs))
+	seen := map[string]bool{}
+	for _, spec := range specs {
+		r, err := ratecap.ParseRule(spec)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !validIdentity(r.Identity):
+			errs = append(errs, fmt.Errorf("--rate-limit %q: an identity is key=NAME, CN=NAME, both comma-separated, or %q", spec, usage.Anonymous))
+		case seen[r.Identity]:
+			errs = append(errs, fmt.Errorf("--rate-limit %q: %s has a cap already", spec, r.Identity))
+		default:
+			seen[r.Identity] = true
+			rules = append(rules, r)
+		}
+	}
+	var rate ratecap.Rate
+	if def != "" {
+		var err error
+		if rate, err = ratecap.ParseRate(def); err != nil {
+			errs = append(errs, fmt.Errorf("--default-rate-limit: %w", err))
+		}
+	}
+	return rules, rate, errors.Join(errs...)
+}
+
+// parseQuotas parses --quota rules and --default-quota.
+func parseQuotas(specs []string, def string) (map[string]usage.Quota, usage.Quota, error) {
+	var errs []error
+	rules := make(map[string]usage.Quota, len(specs))
+	for _, spec := range specs {
+		id, q, err := usage.ParseQuota(spec)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !validIdentity(id):
+			errs = append(errs, fmt.Errorf("--quota %q: an identity is key=NAME, CN=NAME, both comma-separated, or %q", spec, usage.Anonymous))
+		case rules[id] != (usage.Quota{}):
+			errs = append(errs, fmt.Errorf("--quota %q: %s has a quota already", spec, id))
+		default:
+			rules[id] = q
+		}
+	}
+	var dq usage.Quota
+	if def != "" {
+		var err error
+		if dq, err = usage.ParseQuotaValue(def); err != nil {
+			errs = append(errs, fmt.Errorf("--default-quota: %w", err))
+		}
+	}
+	return rules, dq, errors.Join(errs...)
+}
+
+// validateReportURL checks the URL of --flag (--usage-report-url,
+// --auth-hook): https, or http to a loopback address (a local agent); the
+// usage of every identity, or secrets, are not sent in clear across a
+// network.
+func validateReportURL(flag, s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("--%s %q: not an absolute URL", flag, s)
+	}
+	switch {
+	case u.Scheme == "https":
+		return nil
+	case u.Scheme == "http" && (u.Hostname() == "localhost" || net.ParseIP(u.Hostname()) != nil && net.ParseIP(u.Hostname()).IsLoopback()):
+		return nil
+	}
+	return fmt.Errorf("--%s %q: use https (http only to a loopback address)", flag, s)
+}

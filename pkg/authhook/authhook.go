@@ -1,0 +1,253 @@
+package authhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+// Defaults of Config.
+const (
+	DefaultTimeout     = 2 * time.Second
+	DefaultMaxInFlight = 16
+	DefaultTTL         = 5 * time.Minute
+	DefaultNegativeTTL = 30 * time.Second
+	DefaultMaxEntries  = 100_000
+	// failureTTL is how long a failed lookup (hook down) is remembered, so
+	// a flood of one ID does not become a flood of calls.
+	failureTTL = time.Second
+	// minSecret is the shortest secret the hook may answer (as --keys-file).
+	minSecret = 16
+)
+
+// ErrBusy is returned by Lookup while MaxInFlight lookups are running: the
+// stream is refused at once, never queued.
+var ErrBusy = errors.New("auth hook: too many lookups in flight")
+
+// Config are a Hook's settings.
+type Config struct {
+	URL         string
+	BearerToken string
+	Timeout     time.Duration
+	MaxInFlight int
+	TTL         time.Duration
+	NegativeTTL time.Duration
+	MaxEntries  int
+	// Client makes the calls (nil: one with Timeout).
+	Client *http.Client
+	// Calls, if set, is told of each call to the hook by result: ok,
+	// unknown, error (for the daemon's metrics).
+	Calls func(result string)
+	Now   func() time.Time
+}
+
+// Hook looks key IDs up. Safe for concurrent use.
+type Hook struct {
+	cfg   Config
+	slots chan struct{}
+
+	mu       sync.Mutex
+	cache    map[proto.KeyID]entry
+	inFlight map[proto.KeyID]*call
+	// calls are the lookups running (Close waits for them).
+	calls sync.WaitGroup
+}
+
+// Close waits for the lookups running (each ends within Timeout).
+func (h *Hook) Close() { h.calls.Wait() }
+
+type entry struct {
+	key     proto.Key
+	err     error // proto.ErrUnknownKey, or the failure
+	expires time.Time
+}
+
+type call struct {
+	done chan struct{}
+	e    entry
+}
+
+// New returns a Hook for cfg.
+func New(cfg Config) (*Hook, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("auth hook: URL is required")
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.NegativeTTL <= 0 {
+		cfg.NegativeTTL = DefaultNegativeTTL
+	}
+	if cfg.MaxEntries <= 0 {
+		cfg.MaxEntries = DefaultMaxEntries
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Calls == nil {
+		cfg.Calls = func(string) {}
+	}
+	return &Hook{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight), cache: map[proto.KeyID]entry{}, inFlight: map[proto.KeyID]*call{}}, nil
+}
+
+// Lookup returns the key of id: from the cache, or from the hook within
+// Timeout. Errors: one wrapping proto.ErrUnknownKey (the hook has no such
+// key), ErrBusy, or the hook's failure (down, slow, a bad answer).
+func (h *Hook) Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error) {
+	now := h.cfg.Now()
+	h.mu.Lock()
+	if e, ok := h.cache[id]; ok && now.Before(e.expires) {
+		h.mu.Unlock()
+		return e.key, e.err
+	}
+	c, running := h.inFlight[id]
+	if !running {
+		select {
+		case h.slots <- struct{}{}:
+		default:
+			h.mu.Unlock()
+			return proto.Key{}, ErrBusy
+		}
+		c = &call{done: make(chan struct{})}
+		h.inFlight[id] = c
+	}
+	h.mu.Unlock()
+	if !running {
+		h.calls.Go(func() { h.run(id, c) }) // bounded by slots; ends within Timeout
+	}
+	select {
+	case <-c.done:
+		return c.e.key, c.e.err
+	case <-ctx.Done():
+		return proto.Key{}, fmt.Errorf("auth hook: %w", ctx.Err())
+	}
+}
+
+// run makes one call and caches its answer.
+func (h *Hook) run(id proto.KeyID, c *call) {
+	defer func() { <-h.slots }()
+	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Timeout)
+	defer cancel()
+	key, err := h.call(ctx, id)
+	ttl := h.cfg.TTL
+	switch {
+	case err == nil:
+		h.cfg.Calls("ok")
+	case errors.Is(err, proto.ErrUnknownKey):
+		h.cfg.Calls("unknown")
+		ttl = h.cfg.NegativeTTL
+	default:
+		h.cfg.Calls("error")
+		ttl = failureTTL
+	}
+	c.e = entry{key: key, err: err, expires: h.cfg.Now().Add(ttl)}
+	h.mu.Lock()
+	if len(h.cache) >= h.cfg.MaxEntries {
+		h.evict()
+	}
+	h.cache[id] = c.e
+	delete(h.inFlight, id)
+	h.mu.Unlock()
+	close(c.done)
+}
+
+// evict drops expired entries, or if none, an arbitrary tenth. Call with mu.
+func (h *Hook) evict() {
+	now := h.cfg.Now()
+	for id, e := range h.cache {
+		if !now.Before(e.expires) {
+			delete(h.cache, id)
+		}
+	}
+	n := len(h.cache) / 10
+	for id := range h.cache {
+		if len(h.cache) < h.cfg.MaxEntries || n <= 0 {
+			break
+		}
+		delete(h.cache, id)
+		n--
+	}
+}
+
+// answer is the hook's 200 body.
+type answer struct {
+	Name   string `json:"name"`
+	Secret string `json:"secret"`
+}
+
+// call asks the hook about id.
+func (h *Hook) call(ctx context.Context, id proto.KeyID) (proto.Key, error) {
+	body, _ := json.Marshal(map[string]string{"keyId": id.String()})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.cfg.URL, bytes.NewReader(body))
+	if err != nil {
+		return proto.Key{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if h.cfg.BearerToken != "" {
+		req.Header.Set("Authorization", "Bearer "+h.cfg.BearerToken)
+	}
+	resp, err := h.cfg.Client.Do(req)
+	if err != nil {
+		return proto.Key{}, fmt.Errorf("auth hook: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return proto.Key{}, fmt.Errorf("auth hook: %w", err)
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		return proto.Key{}, fmt.Errorf("auth hook: %w", proto.ErrUnknownKey)
+	default:
+		return proto.Key{}, fmt.Errorf("auth hook: status %d", resp.StatusCode)
+	}
+	var a answer
+	if err := json.Unmarshal(b, &a); err != nil {
+		return proto.Key{}, fmt.Errorf("auth hook: answer: %w", err)
+	}
+	secret, err := base64.StdEncoding.DecodeString(a.Secret)
+	switch {
+	case err != nil || len(secret) < minSecret:
+		return proto.Key{}, fmt.Errorf("auth hook: answer: the secret is not base64 of at least %d bytes", minSecret)
+	case !validName(a.Name):
+		return proto.Key{}, fmt.Errorf("auth hook: answer: name %q: use letters, digits, '.', '_' and '-'", a.Name)
+	case proto.KeyIDOf(secret) != id:
+		return proto.Key{}, errors.New("auth hook: answer: the secret's key ID is not the one asked about")
+	}
+	kr, err := proto.NewKeyring(proto.Key{Name: a.Name, Secret: secret})
+	if err != nil {
+		return proto.Key{}, fmt.Errorf("auth hook: answer: %w", err)
+	}
+	return kr.Keys()[0], nil
+}
+
+func validName(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}

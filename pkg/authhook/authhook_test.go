@@ -1,0 +1,213 @@
+package authhook
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// hookServer answers for the secrets it holds, counting calls and the most
+// in flight at once; delay holds each answer.
+type hookServer struct {
+	secrets  map[proto.KeyID][]byte
+	names    map[proto.KeyID]string
+	delay    time.Duration
+	calls    atomic.Int64
+	inFlight atomic.Int64
+	maxSeen  atomic.Int64
+	wrongID  bool
+}
+
+func newHookServer(n int) *hookServer {
+	h := &hookServer{secrets: map[proto.KeyID][]byte{}, names: map[proto.KeyID]string{}}
+	for i := range n {
+		s := fmt.Appendf(nil, "hook secret of user %d, long", i)
+		id := proto.KeyIDOf(s)
+		h.secrets[id], h.names[id] = s, fmt.Sprintf("user-%d", i)
+	}
+	return h
+}
+
+func (h *hookServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.calls.Add(1)
+	n := h.inFlight.Add(1)
+	defer h.inFlight.Add(-1)
+	for m := h.maxSeen.Load(); n > m && !h.maxSeen.CompareAndSwap(m, n); m = h.maxSeen.Load() {
+	}
+	if h.delay > 0 {
+		select {
+		case <-time.After(h.delay):
+		case <-r.Context().Done():
+			return
+		}
+	}
+	var q struct{ KeyID string }
+	_ = json.NewDecoder(r.Body).Decode(&q)
+	for id, s := range h.secrets {
+		if id.String() == q.KeyID {
+			if h.wrongID {
+				s = []byte("another secret entirely, long enough")
+			}
+			_ = json.NewEncoder(w).Encode(map[string]string{"name": h.names[id], "secret": base64.StdEncoding.EncodeToString(s)})
+			return
+		}
+	}
+	http.NotFound(w, r)
+}
+
+func newHook(t *testing.T, hs *hookServer, mutate func(*Config)) *Hook {
+	t.Helper()
+	srv := httptest.NewServer(hs)
+	t.Cleanup(srv.Close)
+	cfg := Config{URL: srv.URL}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	h, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(h.Close)
+	return h
+}
+
+// TestLookupCaches: a known key is answered and cached (one call for many
+// lookups); an unknown one is refused and cached too.
+func TestLookupCaches(t *testing.T) {
+	t.Parallel()
+	hs := newHookServer(3)
+	h := newHook(t, hs, nil)
+	var known proto.KeyID
+	for id := range hs.secrets {
+		known = id
+		break
+	}
+	for range 10 {
+		k, err := h.Lookup(context.Background(), known)
+		require.NoError(t, err)
+		assert.Equal(t, hs.names[known], k.Name)
+		assert.Equal(t, known, k.ID)
+	}
+	assert.Equal(t, int64(1), hs.calls.Load(), "cached")
+	unknown := proto.KeyIDOf([]byte("nobody's secret, long enough"))
+	for range 10 {
+		_, err := h.Lookup(context.Background(), unknown)
+		require.ErrorIs(t, err, proto.ErrUnknownKey)
+	}
+	assert.Equal(t, int64(2), hs.calls.Load(), "negative answers cached")
+}
+
+// TestLookupBoundsInFlight: a flood of distinct unknown key IDs makes at
+// most MaxInFlight calls at once; the others fail at once with ErrBusy; one
+// ID asked many times at once makes one call.
+func TestLookupBoundsInFlight(t *testing.T) {
+	t.Parallel()
+	hs := newHookServer(0)
+	hs.delay = 2 * time.Second
+	h := newHook(t, hs, func(c *Config) { c.MaxInFlight, c.Timeout = 4, 5*time.Second })
+	var wg sync.WaitGroup
+	var busy atomic.Int64
+	for i := range 1000 {
+		wg.Go(func() {
+			_, err := h.Lookup(context.Background(), proto.KeyIDOf(fmt.Appendf(nil, "random %d", i%500)))
+			if err == ErrBusy {
+				busy.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	assert.GreaterOrEqual(t, busy.Load(), int64(1000-4*2), "all but the first four IDs (asked twice each) refused at once")
+	assert.LessOrEqual(t, hs.maxSeen.Load(), int64(4))
+	assert.LessOrEqual(t, hs.calls.Load(), int64(4))
+}
+
+// TestLookupFailsClosed: a slow hook fails the lookup within Timeout, a
+// down one at once; an answer whose secret is not the asked ID's is
+// refused.
+func TestLookupFailsClosed(t *testing.T) {
+	t.Parallel()
+	hs := newHookServer(1)
+	hs.delay = 3 * time.Second // slower than the timeout
+	h := newHook(t, hs, func(c *Config) { c.Timeout = 100 * time.Millisecond })
+	var id proto.KeyID
+	for k := range hs.secrets {
+		id = k
+	}
+	start := time.Now()
+	_, err := h.Lookup(context.Background(), id)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, proto.ErrUnknownKey)
+	assert.Less(t, time.Since(start), 5*time.Second)
+
+	down, err := New(Config{URL: "http://127.0.0.1:1/hook"})
+	require.NoError(t, err)
+	defer down.Close()
+	_, err = down.Lookup(context.Background(), id)
+	require.Error(t, err)
+
+	wrong := newHookServer(1)
+	wrong.wrongID = true
+	hw := newHook(t, wrong, nil)
+	for k := range wrong.secrets {
+		_, err = hw.Lookup(context.Background(), k)
+	}
+	require.ErrorContains(t, err, "the secret's key ID is not the one asked about")
+}
+
+// TestLookupAtScale (issue 35's hook targets, at the package level): 1,000
+// distinct keys answered by a local hook, each asked twice (the second from
+// the cache: 1,000 calls); then 10,000 random unknown key IDs with at most
+// MaxInFlight calls at the hook at once and the cache within MaxEntries.
+func TestLookupAtScale(t *testing.T) {
+	t.Parallel()
+	hs := newHookServer(1000)
+	h := newHook(t, hs, func(c *Config) { c.MaxInFlight, c.MaxEntries = 16, 2000 })
+	for range 2 {
+		for id, name := range hs.names {
+			k, err := h.Lookup(context.Background(), id)
+			require.NoError(t, err)
+			require.Equal(t, name, k.Name)
+		}
+	}
+	assert.Equal(t, int64(1000), hs.calls.Load(), "the second round from the cache")
+
+	var wg sync.WaitGroup
+	var busy, unknown atomic.Int64
+	for w := range 64 {
+		wg.Go(func() {
+			for i := range 10_000 / 64 {
+				_, err := h.Lookup(context.Background(), proto.KeyIDOf(fmt.Appendf(nil, "random %d/%d", w, i)))
+				switch {
+				case errors.Is(err, ErrBusy):
+					busy.Add(1)
+				case errors.Is(err, proto.ErrUnknownKey):
+					unknown.Add(1)
+				default:
+					t.Errorf("lookup: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("10,000 unknown key IDs: %d refused by the hook, %d refused at once (busy); at most %d calls in flight",
+		unknown.Load(), busy.Load(), hs.maxSeen.Load())
+	assert.LessOrEqual(t, hs.maxSeen.Load(), int64(16))
+	h.mu.Lock()
+	n := len(h.cache)
+	h.mu.Unlock()
+	assert.LessOrEqual(t, n, 2000, "the cache stays within MaxEntries")
+}

@@ -1,0 +1,96 @@
+package ratecap
+
+import (
+	"sync/atomic"
+
+	qc "github.com/quic-go/quic-go/congestion"
+
+	"github.com/quictun/quictun/pkg/congestion"
+)
+
+// Controller wraps a connection's congestion controller and paces its
+// packets by the Bucket of the connection's identity as well (Bind): a
+// packet leaves when both the controller beneath and the identity's
+// budget let it, so the identity's connections together send no faster
+// than its download cap. Unbound it only passes through. Its methods are
+// called by quic-go from the connection's run loop; Bind from anywhere.
+type Controller struct {
+	inner qc.Controller
+	down  atomic.Pointer[Bucket]
+}
+
+// Wrap returns a Controller over inner.
+func Wrap(inner qc.Controller) *Controller { return &Controller{inner: inner} }
+
+// Factory wraps every controller newController makes (nil: nil, quic-go's
+// own NewReno, which has no hook and so no download cap).
+func Factory(newController qc.NewController) qc.NewController {
+	if newController == nil {
+		return nil
+	}
+	return func(info qc.Info) qc.Controller { return Wrap(newController(info)) }
+}
+
+// Bind paces the connection by b from now on (nil: no cap).
+func (c *Controller) Bind(b *Bucket) { c.down.Store(b) }
+
+// Bound reports whether Bind gave the controller a Bucket.
+func (c *Controller) Bound() bool { return c.down.Load() != nil }
+
+// OnPacketSent implements qc.Controller: the identity's budget is charged
+// with the packet's bytes.
+func (c *Controller) OnPacketSent(p qc.SentPacket) {
+	c.inner.OnPacketSent(p)
+	if b := c.down.Load(); b != nil && p.AckEliciting {
+		b.sent(int64(p.Time), p.Bytes)
+	}
+}
+
+// OnEvent implements qc.Controller.
+func (c *Controller) OnEvent(e *qc.Event) { c.inner.OnEvent(e) }
+
+// OnAppLimited implements qc.Controller.
+func (c *Controller) OnAppLimited(bytesInFlight int) { c.inner.OnAppLimited(bytesInFlight) }
+
+// SetMaxDatagramSize implements qc.Controller.
+func (c *Controller) SetMaxDatagramSize(n int) { c.inner.SetMaxDatagramSize(n) }
+
+// CanSend implements qc.Controller.
+func (c *Controller) CanSend(bytesInFlight int) bool { return c.inner.CanSend(bytesInFlight) }
+
+// HasPacingBudget implements qc.Controller: the controller's pacer and the
+// identity's budget must both let the packet go.
+func (c *Controller) HasPacingBudget(now qc.Time) bool {
+	if !c.inner.HasPacingBudget(now) {
+		return false
+	}
+	b := c.down.Load()
+	return b == nil || b.ready(int64(now))
+}
+
+// TimeUntilSend implements qc.Controller: the later of the two pacers'.
+func (c *Controller) TimeUntilSend(bytesInFlight int) qc.Time {
+	t := c.inner.TimeUntilSend(bytesInFlight)
+	if b := c.down.Load(); b != nil {
+		if n := qc.Time(b.next()); n > t {
+			return n
+		}
+	}
+	return t
+}
+
+// CongestionWindow implements qc.Controller.
+func (c *Controller) CongestionWindow() int { return c.inner.CongestionWindow() }
+
+// InSlowStart implements qc.Controller.
+func (c *Controller) InSlowStart() bool { return c.inner.InSlowStart() }
+
+// InRecovery implements qc.Controller.
+func (c *Controller) InRecovery() bool { return c.inner.InRecovery() }
+
+// Stats implements congestion.StatsReporter with the state of the
+// controller beneath.
+func (c *Controller) Stats() congestion.Stats {
+	s, _ := congestion.StatsOf(c.inner)
+	return s
+}

@@ -1,0 +1,86 @@
+package ratecap
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseRate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   string
+		want Rate
+		err  string
+	}{
+		{"20Mbit", Rate{Down: 2.5e6, Up: 2.5e6}, ""},
+		{"20Mbit/5Mbit", Rate{Down: 2.5e6, Up: 625e3}, ""},
+		{"1MiB/0", Rate{Down: 1 << 20}, ""},
+		{"0/1GB", Rate{Up: 1e9}, ""},
+		{"1.5Gbit", Rate{Down: 187.5e6, Up: 187.5e6}, ""},
+		{"100kB", Rate{Down: 1e5, Up: 1e5}, ""},
+		{"20", Rate{}, "a number and a unit"},
+		{"-1Mbit", Rate{}, "a number and a unit"},
+		{"4bit", Rate{}, "at least 8kbit"},
+		{"20Mbit/x", Rate{}, `rate "x"`},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			t.Parallel()
+			got, err := ParseRate(tc.in)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.InDelta(t, tc.want.Down, got.Down, 1e-6)
+			assert.InDelta(t, tc.want.Up, got.Up, 1e-6)
+		})
+	}
+	r, err := ParseRule("CN=a,key=b=1Mbit")
+	require.NoError(t, err)
+	assert.Equal(t, "CN=a,key=b", r.Identity, "the last = splits")
+	_, err = ParseRule("1Mbit")
+	require.ErrorContains(t, err, "want IDENTITY=DOWN[/UP]")
+}
+
+// TestGCRA: a budget lets a burst go, then one rate's worth per second.
+func TestGCRA(t *testing.T) {
+	t.Parallel()
+	var g gcra
+	g.setRate(1e6) // 1 MB/s: 1 µs a byte; burst 12 KB (8 packets) > 5 ms
+	now := int64(time.Hour)
+	sent := 0
+	for g.ready(now) {
+		g.take(now, 1500)
+		sent += 1500
+	}
+	assert.Equal(t, 13500, sent, "the burst: up to tau ahead")
+	assert.Equal(t, now+int64(13500*time.Microsecond)-g.tau, g.next())
+	// Over a second, the rate.
+	for t := now; t < now+int64(time.Second); t += int64(time.Millisecond) {
+		for g.ready(t) {
+			g.take(t, 1500)
+			sent += 1500
+		}
+	}
+	assert.InDelta(t, 1e6+13500, sent, 3000)
+	g.setRate(0)
+	assert.True(t, g.ready(now), "no cap")
+	assert.Zero(t, g.next())
+}
+
+// TestTableReload: a reload changes the rates of the budgets in use.
+func TestTableReload(t *testing.T) {
+	t.Parallel()
+	tb := NewTable([]Rule{{Identity: "key=a", Rate: Rate{Down: 1e6}}}, Rate{Up: 5e5})
+	a, other := tb.For("key=a"), tb.For("key=z")
+	assert.Same(t, a, tb.For("key=a"), "one budget per identity")
+	assert.True(t, a.Down.Capped())
+	assert.False(t, a.Up.Capped(), "its own rule, not the default")
+	assert.True(t, other.Up.Capped(), "the default")
+	tb.Set(nil, Rate{})
+	assert.False(t, a.Down.Capped(), "lifted by the reload")
+	assert.False(t, other.Up.Capped())
+}

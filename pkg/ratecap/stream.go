@@ -1,0 +1,78 @@
+package ratecap
+
+import (
+	"context"
+	"time"
+
+	"github.com/quictun/quictun/pkg/splice"
+)
+
+// maxRead bounds one read of a capped stream, so that a read never books
+// much more than a burst at a time.
+const maxRead = 16 << 10
+
+// Stream is a tunnel stream whose reads (the client's upload) go no faster
+// than up allows, and, when down is set, whose writes (toward the client)
+// no faster than down (for connections whose sender has no Controller: the
+// TCP fallback). After each read or write it waits for the budget the
+// bytes took; QUIC's (or tcpmux's) flow control holds the client back
+// meanwhile. A wait ends early when ctx does (the connection's end).
+type Stream struct {
+	splice.Stream
+	ctx      context.Context
+	up, down *Bucket
+}
+
+// NewStream caps str by up (reads) and down (writes; nil: not capped here).
+func NewStream(ctx context.Context, str splice.Stream, up, down *Bucket) *Stream {
+	return &Stream{Stream: str, ctx: ctx, up: up, down: down}
+}
+
+// Read implements io.Reader.
+func (s *Stream) Read(p []byte) (int, error) {
+	if s.up == nil {
+		return s.Stream.Read(p)
+	}
+	n, err := s.Stream.Read(p[:min(len(p), maxRead)])
+	if n > 0 {
+		s.wait(s.up.delay(monoNow(), n))
+	}
+	return n, err
+}
+
+// Write implements io.Writer.
+func (s *Stream) Write(p []byte) (int, error) {
+	if s.down == nil {
+		return s.Stream.Write(p)
+	}
+	written := 0
+	for len(p) > 0 {
+		chunk := p[:min(len(p), maxRead)]
+		n, err := s.Stream.Write(chunk)
+		written += n
+		if err != nil {
+			return written, err
+		}
+		p = p[n:]
+		s.wait(s.down.delay(monoNow(), n))
+	}
+	return written, nil
+}
+
+func (s *Stream) wait(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.ctx.Done():
+	}
+}
+
+// epoch anchors monoNow.
+var epoch = time.Now()
+
+// monoNow is a monotonic clock in nanoseconds for the stream budgets.
+func monoNow() int64 { return int64(time.Since(epoch)) }

@@ -1,0 +1,175 @@
+package integration
+
+import (
+	"io"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/congestion"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/ratecap"
+	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/pkg/usage"
+	"github.com/quictun/quictun/server"
+)
+
+// startCappedServer runs a server with alice's and bob's keys, accounting
+// and the caps of rules.
+func startCappedServer(t *testing.T, allow string, rules ...ratecap.Rule) *testutil.Server {
+	t.Helper()
+	ledger, err := usage.New(usage.Config{Path: filepath.Join(t.TempDir(), "usage.json")})
+	require.NoError(t, err)
+	keys, err := proto.NewKeyring(proto.Key{Name: "alice", Secret: aliceSecret}, proto.Key{Name: "bob", Secret: bobSecret})
+	require.NoError(t, err)
+	return testutil.StartServer(t, testutil.ServerOptions{Allow: []string{allow}, Mutate: func(c *server.Config) {
+		c.Keys, c.Usage, c.RateLimits = keys, ledger, ratecap.NewTable(rules, ratecap.Rate{})
+	}})
+}
+
+// measure counts the bytes add reports from warm until warm+window and
+// returns the rate in bytes per second.
+func measure(counter *atomic.Int64, warm, window time.Duration) float64 {
+	time.Sleep(warm) // a rate is bytes over wall-clock time: no event to wait for
+	start, n0 := time.Now(), counter.Load()
+	time.Sleep(window)
+	return float64(counter.Load()-n0) / time.Since(start).Seconds()
+}
+
+// TestDownloadCapSharedByConnections (issue 35 item 2): a 20 Mbit/s
+// download cap holds within 5 % for one identity's four downloads over two
+// connections, whatever congestion controller the client runs; another
+// identity is not capped by it.
+func TestDownloadCapSharedByConnections(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures a rate for seconds")
+	}
+	const capBytes = 20e6 / 8
+	var got atomic.Int64
+	source := testutil.ServeTCP(t, func(c net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	srv := startCappedServer(t, "tcp:"+source, ratecap.Rule{Identity: "key=alice", Rate: ratecap.Rate{Down: capBytes}})
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	for _, cc := range []congestion.Algorithm{congestion.Cubic, congestion.Reno} {
+		cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + source, Secret: aliceSecret, WaitReady: true,
+			QUIC: func(o *transport.QUICOptions) { o.Congestion = cc }})
+		for range 2 {
+			c := dial(t, cl.Addr)
+			conns = append(conns, c)
+			wg.Go(func() { _, _ = io.Copy(counterWriter{&got}, c) })
+		}
+	}
+	rate := measure(&got, 1500*time.Millisecond, 3*time.Second)
+	t.Logf("alice's four downloads over two connections: %.2f Mbit/s (cap 20)", rate*8/1e6)
+	assert.InEpsilon(t, capBytes, rate, 0.05, "the cap holds within 5 %% (%.0f B/s)", rate)
+
+	// bob is not capped: he gets clearly more than alice's cap.
+	var bobGot atomic.Int64
+	bob := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + source, Secret: bobSecret, WaitReady: true})
+	bc := dial(t, bob.Addr)
+	wg.Go(func() { _, _ = io.Copy(counterWriter{&bobGot}, bc) })
+	bobRate := measure(&bobGot, 500*time.Millisecond, time.Second)
+	t.Logf("bob, uncapped, beside her: %.2f Mbit/s", bobRate*8/1e6)
+	assert.Greater(t, bobRate, 2*capBytes)
+	for _, c := range append(conns, bc) {
+		_ = c.Close()
+	}
+	wg.Wait()
+}
+
+// TestUploadCap (issue 35 item 2): a 20 Mbit/s upload cap holds within 5 %:
+// the server reads alice's streams no faster, flow control holds her back.
+func TestUploadCap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures a rate for seconds")
+	}
+	const capBytes = 20e6 / 8
+	var got atomic.Int64
+	sink := testutil.ServeTCP(t, func(c net.Conn) { _, _ = io.Copy(counterWriter{&got}, c) })
+	srv := startCappedServer(t, "tcp:"+sink, ratecap.Rule{Identity: "key=alice", Rate: ratecap.Rate{Up: capBytes}})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + sink, Secret: aliceSecret, WaitReady: true})
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	for range 2 {
+		c := dial(t, cl.Addr)
+		conns = append(conns, c)
+		wg.Go(func() {
+			buf := make([]byte, 32<<10)
+			for {
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+			}
+		})
+	}
+	rate := measure(&got, 1500*time.Millisecond, 3*time.Second)
+	t.Logf("alice's two uploads: %.2f Mbit/s (cap 20)", rate*8/1e6)
+	assert.InEpsilon(t, capBytes, rate, 0.05)
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	wg.Wait()
+}
+
+// counterWriter counts what is written to it.
+type counterWriter struct{ n *atomic.Int64 }
+
+func (w counterWriter) Write(p []byte) (int, error) { w.n.Add(int64(len(p))); return len(p), nil }
+
+// TestTwoDownloadCapsAtOnce (issue 35 targets): alice capped at 20 Mbit/s
+// and bob at 40 Mbit/s download at the same time; both caps hold within
+// 5 % (of application bytes: a cap counts packet bytes, about 2-3 % more).
+func TestTwoDownloadCapsAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures a rate for seconds")
+	}
+	source := testutil.ServeTCP(t, func(c net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	srv := startCappedServer(t, "tcp:"+source,
+		ratecap.Rule{Identity: "key=alice", Rate: ratecap.Rate{Down: 20e6 / 8}},
+		ratecap.Rule{Identity: "key=bob", Rate: ratecap.Rate{Down: 40e6 / 8}})
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	counters := map[string]*atomic.Int64{"alice": {}, "bob": {}}
+	for name, secret := range map[string][]byte{"alice": aliceSecret, "bob": bobSecret} {
+		cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + source, Secret: secret, WaitReady: true})
+		for range 2 {
+			c := dial(t, cl.Addr)
+			conns = append(conns, c)
+			wg.Go(func() { _, _ = io.Copy(counterWriter{counters[name]}, c) })
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // a rate is bytes over wall-clock time
+	start := time.Now()
+	a0, b0 := counters["alice"].Load(), counters["bob"].Load()
+	time.Sleep(3 * time.Second)
+	secs := time.Since(start).Seconds()
+	alice, bob := float64(counters["alice"].Load()-a0)/secs, float64(counters["bob"].Load()-b0)/secs
+	t.Logf("at once: alice %.2f Mbit/s (cap 20), bob %.2f Mbit/s (cap 40)", alice*8/1e6, bob*8/1e6)
+	assert.InEpsilon(t, 20e6/8, alice, 0.05)
+	assert.InEpsilon(t, 40e6/8, bob, 0.05)
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	wg.Wait()
+}
