@@ -105,13 +105,13 @@ func ParseRule(spec string) (Rule, error) {
 // MB, GB (bytes per second) or KiB, MiB, GiB; 0 is no cap.
 func ParseRate(s string) (Rate, error) {
 	down, up, hasUp := strings.Cut(s, "/")
-	d, err := parseBytesPerSec(down)
+	d, err := ParseBytesPerSecond(down)
 	if err != nil {
 		return Rate{}, err
 	}
 	u := d
 	if hasUp {
-		if u, err = parseBytesPerSec(up); err != nil {
+		if u, err = ParseBytesPerSecond(up); err != nil {
 			return Rate{}, err
 		}
 	}
@@ -127,7 +127,9 @@ var units = []struct {
 	{"GB", 1e9}, {"MB", 1e6}, {"kB", 1e3}, {"B", 1},
 }
 
-func parseBytesPerSec(s string) (float64, error) {
+// ParseBytesPerSecond parses one rate, a number with a unit (see ParseRate),
+// into bytes per second; "0" is 0.
+func ParseBytesPerSecond(s string) (float64, error) {
 	if s == "0" {
 		return 0, nil
 	}

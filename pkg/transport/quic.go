@@ -35,6 +35,8 @@ type QUICOptions struct {
 	// direction; LossThreshold tunes bbr.
 	Congestion    congestion.Algorithm
 	LossThreshold float64
+	// Rate is the fixed controller's goodput in bytes/s (--rate).
+	Rate float64
 	// MaxProbeTimeout caps QUIC's backed-off probe timeout (quic-go: 60 s).
 	MaxProbeTimeout time.Duration
 	// FullReceiveWindows starts the receive windows at their maximum (6 MiB
@@ -77,7 +79,7 @@ func QUICConfig(o QUICOptions) *quic.Config {
 		MaxStreamReceiveWindow:         6 << 20,
 		InitialConnectionReceiveWindow: 1 << 20,
 		MaxConnectionReceiveWindow:     15 << 20,
-		Congestion:                     congestion.Factory(o.Congestion, congestion.Options{LossThreshold: o.LossThreshold}),
+		Congestion:                     congestion.Factory(o.Congestion, congestion.Options{LossThreshold: o.LossThreshold, Rate: o.Rate}),
 		MaxProbeTimeout:                o.MaxProbeTimeout,
 	}
 	if o.FullReceiveWindows {

@@ -54,6 +54,11 @@ func TestValidate(t *testing.T) {
 			}
 		}, []string{"--metrics-identity names 257 identities, at most 256"}},
 		{"usage save interval too short", func(o *Options) { o.UsageSaveInterval = 100 * time.Millisecond }, []string{"--usage-save-interval must be between 1s and 1h"}},
+		{"fixed rate", func(o *Options) { o.Congestion, o.Rate = "fixed", "50Mbit" }, nil},
+		{"fixed without a rate", func(o *Options) { o.Congestion = "fixed" }, []string{"--congestion fixed needs --rate"}},
+		{"fixed with a bad rate", func(o *Options) { o.Congestion, o.Rate = "fixed", "fast" }, []string{`--rate "fast": rate "fast": a number and a unit`}},
+		{"fixed with rate 0", func(o *Options) { o.Congestion, o.Rate = "fixed", "0" }, []string{`--rate "0": must be above 0`}},
+		{"a rate without fixed", func(o *Options) { o.Rate = "50Mbit" }, []string{"--rate 50Mbit: only --congestion fixed sends at a set rate"}},
 		{"rate limits", func(o *Options) {
 			o.RateLimits, o.DefaultRateLimit = []string{"key=alice=20Mbit/5Mbit", "CN=bob=1MiB", "anonymous=0/100kbit"}, "50Mbit"
 		}, nil},
