@@ -31,7 +31,11 @@ if [ "${BENCH_PIN:-1}" != 0 ] && [ "$bench_ncpu" -ge 2 ] && command -v taskset >
   if [ $((bench_ncpu - bench_half)) -eq 1 ]; then bench_pin_server=(taskset -c "$bench_half"); else bench_pin_server=(taskset -c "$bench_half-$((bench_ncpu - 1))"); fi
 fi
 bench_describe() {
-  echo "runtime env added to the daemons: ${bench_env[*]:-none (Go's defaults unless set)}"
+  if [ ${#bench_env[@]} -gt 0 ]; then
+    echo "runtime env added to the daemons: ${bench_env[*]} (BENCH_RUNTIME_ENV)"
+  else
+    echo "runtime env added to the daemons: none (Go's defaults unless set)"
+  fi
   if [ ${#bench_pin_client[@]} -gt 0 ]; then
     echo "CPU pinning: client side (client daemon, load) ${bench_pin_client[*]}, server side (server daemon, echo server) ${bench_pin_server[*]} (BENCH_PIN=0: off)"
   else
