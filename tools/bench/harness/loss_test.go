@@ -133,7 +133,8 @@ func TestRuntimeRowsInReport(t *testing.T) {
 }
 
 // TestRunLoss runs the loss scenario end to end (smoke profile: one level,
-// two 1 s runs) with direct TCP, quictun and a tuned quictun variant:
+// two 1 s runs) with direct TCP, quictun, a second build (--bin-b, here
+// the same binaries) and a tuned variant of each build:
 // every variant restarted and measured, the minimum recorded, the tuned
 // variant named after its environment and run with it, the plain one with
 // the inherited environment, each side pinned, a timeline chart drawn.
@@ -141,9 +142,12 @@ func TestRuntimeRowsInReport(t *testing.T) {
 func TestRunLoss(t *testing.T) {
 	t.Setenv("GOMAXPROCS", "")
 	require.NoError(t, os.Unsetenv("GOMAXPROCS"))
-	res, dir, p := runTunnelSmoke(t, "hl", func(o *Options) { o.RuntimeEnv = []string{"GOMAXPROCS=1"} }, ScLoss)
+	res, dir, p := runTunnelSmoke(t, "hl", func(o *Options) {
+		o.RuntimeEnv = []string{"GOMAXPROCS=1"}
+		o.BinDirB = o.BinDir
+	}, ScLoss)
 	tuned := "quictun-env(GOMAXPROCS=1)"
-	require.Equal(t, []string{"direct", "quictun", tuned}, res.Variants, "notes %v", res.Notes)
+	require.Equal(t, []string{"direct", "quictun", "quictun-b", tuned, "quictun-b-env(GOMAXPROCS=1)"}, res.Variants, "notes %v", res.Notes)
 	n := map[string]int{}
 	for _, s := range res.Samples {
 		require.Equal(t, ScLoss, s.Scenario)
