@@ -28,7 +28,7 @@ const lossBinWidth = 500 * time.Millisecond
 // lossDrainLimit bounds the wait, after a run's window, for the end of its
 // download (the data the sender had buffered): a slow lossy path may take
 // longer to drain than is worth waiting for, and the figure is the window's.
-const lossDrainLimit = 5 * time.Second
+const lossDrainLimit = 3 * time.Second
 
 // lossRunName is the case of run i (0-based).
 func lossRunName(i int) string { return "run " + strconv.Itoa(i+1) }
