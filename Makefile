@@ -160,7 +160,7 @@ BENCH_ARGS ?=
 bench-run: build
 	$(GO) run ./tools/bench run --profile $(PROFILE) --bin bin --out bench/runs $(BENCH_ARGS)
 
-## bench-loss: issue 31's heavy-loss profile (0-50 % random loss, 100 Mbit/s, 25 ms RTT; ~50 minutes, root): make bench-run PROFILE=loss
+## bench-loss: issue 31's heavy-loss profile (0-50 % random loss, 100 Mbit/s, 25 ms RTT; ~55 minutes, root): make bench-run PROFILE=loss
 bench-loss:
 	$(MAKE) bench-run PROFILE=loss
 

@@ -111,7 +111,7 @@ func newRunCommand() *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout), cc (~15 minutes: bulk under loss, fairness, blackout under load, per congestion controller), loss (~50 minutes, issue 31: 100 Mbit/s, 25 ms RTT, 0-50 % random loss, three successive 10 s downloads per fresh tunnel, direct TCP BBR and Cubic, kcptun, quictun; fairness beside Cubic on a 30 and a 50 ms queue), stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) or full (every scenario)")
+	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout), cc (~15 minutes: bulk under loss, fairness, blackout under load, per congestion controller), loss (~55 minutes, issue 31: 100 Mbit/s, 25 ms RTT, 0-50 % random loss, three successive 10 s downloads per fresh tunnel, direct TCP BBR and Cubic, kcptun, quictun; fairness beside Cubic on a 30 and a 50 ms queue), stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) or full (every scenario)")
 	fs.StringVar(&binDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
 	fs.StringVar(&binDirB, "bin-b", "", "directory of another build of the daemons, run as variant quictun-b beside quictun (before/after in one run; select it with --variants ...,quictun-b)")
 	fs.StringVar(&out, "out", "bench/results", "results directory; each run writes <out>/<UTC date>/")

@@ -399,9 +399,9 @@ func Profiles(name string) (Profile, error) {
 		// repetition and variant, fresh daemons and three successive 10 s
 		// downloads on one tunnel connection (the minimum is the figure),
 		// then one quictun download beside one TCP Cubic flow on a 30 ms
-		// and a 50 ms queue. About 50 minutes with the four default
-		// variants, 3 repetitions (each loss run ~34 s: restart, 3 x 10 s,
-		// drain); +12 minutes with --bin-b, +12 per --runtime-env variant.
+		// and a 50 ms queue. About 55 minutes with the four default
+		// variants, 3 repetitions (each loss sample ~36 s: restart, 3 x 10 s,
+		// drains); +13 minutes with --bin-b, +13 per --runtime-env variant.
 		return Profile{
 			Name: "loss", Reps: 3,
 			Scenarios: []string{ScLoss, ScFair},
