@@ -19,7 +19,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # make image's tag is IMAGE_REPO:VERSION (no leading v: the Helm chart's appVersion); deploy/helm's image.repository
 IMAGE_REPO ?= quictun
 
-.PHONY: all docs quic-go test-quic-go build cross release image test-release demo test test-short check vet lint fmt fmt-check fuzz fuzz-ci bench bench-full bench-floor bench-compare bench-scale bench-idle bench-scale-report bench-reference e2e soak deploy-check clean
+.PHONY: all docs quic-go test-quic-go build cross release image test-release demo test test-short check vet lint fmt fmt-check fuzz fuzz-ci bench bench-full bench-run bench-loss bench-floor bench-compare bench-scale bench-idle bench-scale-report bench-reference e2e soak deploy-check clean
 
 # golangci-lint, pinned; installed from the module proxy into GOPATH/bin under a versioned name (about
 # 2 minutes the first time), so every clone on the machine (CI's fresh ones too) shares one build
@@ -159,11 +159,21 @@ bench: build
 bench-full: build
 	$(GO) run ./tools/bench run --profile full --bin bin
 
+## bench-run PROFILE=quick|cc|loss|stn|full: one profile of the emulated-link harness (root), written to bench/runs/ (git-ignored); BENCH_ARGS adds flags, e.g. --bin-b OLD/bin, --reps 1, --runtime-env 'GOMAXPROCS=1 GODEBUG=schedtrace=2147483647', --pin=false
+PROFILE ?= quick
+BENCH_ARGS ?=
+bench-run: build
+	$(GO) run ./tools/bench run --profile $(PROFILE) --bin bin --out bench/runs $(BENCH_ARGS)
+
+## bench-loss: issue 31's heavy-loss profile (0-50 % random loss, 100 Mbit/s, 25 ms RTT; ~55 minutes, root): make bench-run PROFILE=loss
+bench-loss:
+	$(MAKE) bench-run PROFILE=loss
+
 ## bench-floor: quictun beside tools/floortun, the simplest tunnel on the same quic-go (issue 13's floor): loopback cases and the LAN link (root)
 bench-floor: build
 	$(GO) build -trimpath -o bin/floor/quictun-server ./tools/floortun
 	$(GO) build -trimpath -o bin/floor/quictun-client ./tools/floortun
-	$(GO) run ./tools/bench loopback --bin bin --bin-b bin/floor --quictun-env GODEBUG=schedtrace=2147483647
+	$(GO) run ./tools/bench loopback --bin bin --bin-b bin/floor
 	scripts/floor-lan.sh
 
 ## bench-scale N=1000: N emulated clients against bin/quictun-server (tools/bench/loadgen/README.md): handshakes/s, RSS/goroutines/CPU per idle client, restarts (SIGTERM, SIGKILL), leaks; LOADGEN_ARGS adds flags

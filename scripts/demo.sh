@@ -6,8 +6,9 @@
 # through the tunnel (scripts/demo-lossy.sh): the case the tunnel exists for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# bench_env: the Go runtime settings the documented figures were measured with (docs/tuning.md);
-# GOMAXPROCS=$(nproc) GODEBUG=schedtrace=0 make demo runs the daemons with Go's defaults.
+# The daemons run with your environment (Go's defaults unless set); BENCH_RUNTIME_ENV='GOMAXPROCS=1 ...'
+# adds settings (a tuned run), BENCH_PIN=0 turns off the CPU pinning (client side on the first half
+# of the CPUs, server side on the second): lib/bench-env.sh.
 # shellcheck source=scripts/lib/bench-env.sh
 . scripts/lib/bench-env.sh
 BIN=${BIN:-bin}
@@ -71,12 +72,13 @@ if [[ $(id -u) == 0 && -x $BIN/linkem && -c /dev/net/tun ]] && command -v ip >/d
 fi
 
 (umask 077; head -c 32 /dev/urandom | base64 > "$work/secret")   # mode 0600: the daemons refuse a secret others can read
-"$BIN/latency-client" serve --listen 127.0.0.1:$ECHO_PORT >"$work/echo.log" 2>&1 & pids+=($!)
+bench_describe
+"${bench_pin_server[@]}" "$BIN/latency-client" serve --listen 127.0.0.1:$ECHO_PORT >"$work/echo.log" 2>&1 & pids+=($!)
 fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
-env "${bench_env[@]}" "$BIN/quictun-server" --listen-on 127.0.0.1:$SERVER_PORT --state-dir "$work/state" \
+"${bench_pin_server[@]}" env "${bench_env[@]}" "$BIN/quictun-server" --listen-on 127.0.0.1:$SERVER_PORT --state-dir "$work/state" \
   --secret-file "$work/secret" --allow tcp:127.0.0.1:$ECHO_PORT --httpd-listen-on 127.0.0.1:0 \
   -v 2 >"$work/server.log" 2>&1 & pids+=($!)
-env "${bench_env[@]}" "$BIN/quictun-client" --server-endpoint 127.0.0.1:$SERVER_PORT \
+"${bench_pin_client[@]}" env "${bench_env[@]}" "$BIN/quictun-client" --server-endpoint 127.0.0.1:$SERVER_PORT \
   --server-fingerprint "$fp" --secret-file "$work/secret" --forward tcp:127.0.0.1:$CLIENT_PORT=tcp:127.0.0.1:$ECHO_PORT \
   --httpd-listen-on 127.0.0.1:0 -v 2 >"$work/client.log" 2>&1 & pids+=($!)
 wait_tcp $ECHO_PORT
@@ -93,10 +95,10 @@ client_admin=$(admin_address "$work/client.log")
 server_admin=$(admin_address "$work/server.log")
 
 echo "== Direct TCP to the echo server (127.0.0.1:$ECHO_PORT), $NUMBER x $SIZE B"
-"$BIN/latency-client" --server-host 127.0.0.1 --server-port $ECHO_PORT --number "$NUMBER" --size "$SIZE"
+"${bench_pin_client[@]}" "$BIN/latency-client" --server-host 127.0.0.1 --server-port $ECHO_PORT --number "$NUMBER" --size "$SIZE"
 echo
 echo "== Through quictun (client 127.0.0.1:$CLIENT_PORT -> server 127.0.0.1:$SERVER_PORT -> echo), $NUMBER x $SIZE B"
-"$BIN/latency-client" --server-host 127.0.0.1 --server-port $CLIENT_PORT --number "$NUMBER" --size "$SIZE"
+"${bench_pin_client[@]}" "$BIN/latency-client" --server-host 127.0.0.1 --server-port $CLIENT_PORT --number "$NUMBER" --size "$SIZE"
 echo
 echo "This is loopback: the tunnel can only add cost here."
 if [[ -n $lossy_shown ]]; then

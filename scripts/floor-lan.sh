@@ -17,10 +17,10 @@ go build -trimpath -o "$work/floor/quictun-server" ./tools/floortun
 go build -trimpath -o "$work/floor/quictun-client" ./tools/floortun
 emulated_link
 echo_tunnel
-# The floor runs with the same Go runtime settings as quictun's daemons (bench_env).
-ip netns exec "$SNS" env "${bench_env[@]}" "$work/floor/quictun-server" --listen-on "$SERVER_IP:7600" --allow tcp:127.0.0.1:15676 \
+# The floor runs with the same environment and CPUs as quictun's daemons (bench_env, bench_pin_*).
+ip netns exec "$SNS" "${bench_pin_server[@]}" env "${bench_env[@]}" "$work/floor/quictun-server" --listen-on "$SERVER_IP:7600" --allow tcp:127.0.0.1:15676 \
   >"$work/floor-server.log" 2>&1 & pids+=($!)
-ip netns exec "$CNS" env "${bench_env[@]}" "$work/floor/quictun-client" --server-endpoint "$SERVER_IP:7600" \
+ip netns exec "$CNS" "${bench_pin_client[@]}" env "${bench_env[@]}" "$work/floor/quictun-client" --server-endpoint "$SERVER_IP:7600" \
   --forward tcp:127.0.0.1:6600=tcp:127.0.0.1:15676 >"$work/floor-client.log" 2>&1 & pids+=($!)
 for _ in $(seq 100); do ip netns exec "$CNS" bash -c "exec 3<>/dev/tcp/127.0.0.1/6600" 2>/dev/null && break; sleep 0.1; done
 ip netns exec "$CNS" bash -c "exec 3<>/dev/tcp/127.0.0.1/6600" 2>/dev/null || { cat "$work"/floor-*.log; exit 1; }

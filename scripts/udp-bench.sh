@@ -43,7 +43,7 @@
 #                        [TRACE=0] [GAP=] [BIN=bin] [KEEP=]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# bench_env: the Go runtime settings the daemons are measured with (docs/tuning.md).
+# bench_env, bench_pin_*: the daemons' added environment (none unless BENCH_RUNTIME_ENV) and CPUs (lib/bench-env.sh).
 # shellcheck source=scripts/lib/bench-env.sh
 . scripts/lib/bench-env.sh
 RATE=${RATE:-50M} LEN=${LEN:-1200} DURATION=${DURATION:-10} LOSSES=${LOSSES:-"0 1 5"} REPS=${REPS:-3}
@@ -72,12 +72,12 @@ pids+=($!)
 head -c 32 /dev/urandom | base64 >"$work/secret"
 chmod 600 "$work/secret"
 fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
-ip netns exec $SNS env "${bench_env[@]}" "$BIN/quictun-server" --listen-on $SERVER_IP:7500 --state-dir "$work/state" \
+ip netns exec $SNS "${bench_pin_server[@]}" env "${bench_env[@]}" "$BIN/quictun-server" --listen-on $SERVER_IP:7500 --state-dir "$work/state" \
   --secret-file "$work/secret" --allow tcp:127.0.0.1:5201,udp:127.0.0.1:5201 \
   --httpd-listen-on 127.0.0.1:8086 -v 2 >"$work/server.log" 2>&1 &
 spid=$!
 pids+=($spid)
-ip netns exec $CNS env "${bench_env[@]}" "$BIN/quictun-client" --server-endpoint $SERVER_IP:7500 --server-fingerprint "$fp" \
+ip netns exec $CNS "${bench_pin_client[@]}" env "${bench_env[@]}" "$BIN/quictun-client" --server-endpoint $SERVER_IP:7500 --server-fingerprint "$fp" \
   --secret-file "$work/secret" --httpd-listen-on 127.0.0.1:8087 \
   --forward tcp:127.0.0.1:5202=tcp:127.0.0.1:5201 --forward udp:127.0.0.1:5202=udp:127.0.0.1:5201 \
   -v 2 >"$work/client.log" 2>&1 &

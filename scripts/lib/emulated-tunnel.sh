@@ -36,10 +36,10 @@ emulated_tunnel() {
   (umask 077; head -c 32 /dev/urandom | base64 >"$work/secret")
   local fp
   fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
-  ip netns exec "$SNS" env "${bench_env[@]}" "$BIN/quictun-server" --listen-on "$SERVER_IP:7500" --state-dir "$work/state" \
+  ip netns exec "$SNS" "${bench_pin_server[@]}" env "${bench_env[@]}" "$BIN/quictun-server" --listen-on "$SERVER_IP:7500" --state-dir "$work/state" \
     --secret-file "$work/secret" --audit-log=false "${server_args[@]}" >"$work/server.log" 2>&1 &
   pids+=($!)
-  ip netns exec "$CNS" env "${bench_env[@]}" "$BIN/quictun-client" --server-endpoint "$SERVER_IP:7500" --server-fingerprint "$fp" \
+  ip netns exec "$CNS" "${bench_pin_client[@]}" env "${bench_env[@]}" "$BIN/quictun-client" --server-endpoint "$SERVER_IP:7500" --server-fingerprint "$fp" \
     --secret-file "$work/secret" --httpd-listen-on 127.0.0.1:8087 "${client_args[@]}" >"$work/client.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do ip netns exec "$CNS" curl -fsS http://127.0.0.1:8087/readyz >/dev/null 2>&1 && break; sleep 0.1; done

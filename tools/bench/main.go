@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/pprof/profile"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/tools/bench/harness"
@@ -58,6 +59,8 @@ func newRunCommand() *cobra.Command {
 		tcpCC                    string
 		spin, maxDuration        time.Duration
 		blackoutBulk             []time.Duration
+		runtimeEnv               string
+		pin                      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -74,6 +77,10 @@ func newRunCommand() *cobra.Command {
 			if len(blackoutBulk) > 0 {
 				p.BlackoutBulkDurations = blackoutBulk
 			}
+			renv, err := harness.ParseRuntimeEnv(runtimeEnv)
+			if err != nil {
+				return fmt.Errorf("--runtime-env: %w", err)
+			}
 			valid := map[string]bool{}
 			for _, s := range harness.AllScenarios() {
 				valid[s] = true
@@ -87,6 +94,7 @@ func newRunCommand() *cobra.Command {
 				Profile: p, BinDir: binDir, BinDirB: binDirB, ResultsDir: out, Prefix: prefix,
 				Variants: variants, Scenarios: scenarios, Reps: reps,
 				ServerArgs: serverArgs, ClientArgs: clientArgs, SkipChecks: skipChecks, Spin: spin, TCPCC: tcpCC,
+				RuntimeEnv: renv, NoPin: !pin,
 			}
 			// Set but empty means "no per-controller variants"; unset means the profile's.
 			if cmd.Flags().Changed("congestion") {
@@ -105,13 +113,13 @@ func newRunCommand() *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout), cc (~15 minutes: bulk under loss, fairness, blackout under load, per congestion controller) stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) or full (every scenario)")
+	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout), cc (~15 minutes: bulk under loss, fairness, blackout under load, per congestion controller), loss (~55 minutes, issue 31: 100 Mbit/s, 25 ms RTT, 0-50 % random loss, three successive 10 s downloads per fresh tunnel, direct TCP BBR and Cubic, kcptun, quictun; fairness beside Cubic on a 30 and a 50 ms queue), stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) or full (every scenario)")
 	fs.StringVar(&binDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
 	fs.StringVar(&binDirB, "bin-b", "", "directory of another build of the daemons, run as variant quictun-b beside quictun (before/after in one run; select it with --variants ...,quictun-b)")
 	fs.StringVar(&out, "out", "bench/runs", "results directory; each run writes <out>/<UTC date>/")
 	fs.StringVar(&prefix, "prefix", "qb", "network namespace prefix (<prefix>-c, <prefix>-s)")
 	fs.StringSliceVar(&variants, "variants", nil, "variants to run, by name (direct-cubic, quictun-bbr) or family (direct, kcptun, quictun); default: the profile's (stn: direct,quictun), else every available one. Opt-in: quictun-socks5 (the quictun daemons probed through a --proxy socks5: entry point), quictun-reverse (a reverse tunnel, --remote-forward, probed from the server host; latency scenario only)")
-	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,after-idle,bulk,fairness,echo-tps,request-size,connrate,blackout,blackout-bulk,scale,flood,stn-short,stn-sizes,stn-blackout,failover); default: the profile's")
+	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,after-idle,bulk,loss-bulk,fairness,echo-tps,request-size,connrate,blackout,blackout-bulk,scale,flood,stn-short,stn-sizes,stn-blackout,failover); default: the profile's")
 	fs.StringSliceVar(&congestion, "congestion", nil, "quictun --congestion values, one variant quictun-<cc> each, e.g. bbr,cubic,reno (default: the profile's; cc: bbr,cubic,reno, others none); --congestion= runs one quictun without the flag")
 	fs.StringSliceVar(&directCC, "direct-cc", nil, "TCP congestion controls of direct TCP, one variant direct-<cc> each (server side set per route in the namespaces), e.g. cubic,bbr (default: the profile's; cc: cubic,bbr, others none: one direct with the namespaces' default)")
 	fs.IntVar(&reps, "reps", 0, "repetitions per case (0: the profile's)")
@@ -122,11 +130,25 @@ func newRunCommand() *cobra.Command {
 	fs.DurationVar(&spin, "spin", time.Millisecond, "emulator spin window (see tools/linkem)")
 	fs.DurationSliceVar(&blackoutBulk, "blackout-bulk-durations", nil, "blackout-bulk scenario: how long the link goes dark, e.g. 60s (default: the profile's)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
+	addRuntimeFlags(fs, &runtimeEnv, &pin)
 	return cmd
 }
 
+// addRuntimeFlags adds --runtime-env and --pin (issue 32).
+func addRuntimeFlags(fs *pflag.FlagSet, runtimeEnv *string, pin *bool) {
+	fs.StringVar(runtimeEnv, "runtime-env", "", "also run a tuned variant of each quictun build with these NAME=VALUE settings added to the daemons' environment, "+
+		"named after them (quictun-env(GOMAXPROCS=1,...)), e.g. '"+harness.TunedRuntimeEnv+"' (what every figure before issue 32 silently had); "+
+		"the plain variants always run with this process's environment (Go's defaults unless set)")
+	fs.BoolVar(pin, "pin", true, "pin the client side (tunnel client daemon, load generator) and the server side (tunnel server daemon, echo/sink server) "+
+		"to separate halves of the CPUs with taskset (2 CPUs: 0 and 1); --pin=false leaves placement to the kernel")
+}
+
 func newLoopbackCommand() *cobra.Command {
-	var o harness.LoopbackOptions
+	var (
+		o          harness.LoopbackOptions
+		runtimeEnv string
+		pin        bool
+	)
 	cmd := &cobra.Command{
 		Use:   "loopback",
 		Short: "Measure direct TCP and quictun on this host's loopback (no emulated link) and write bench/runs/loopback-<date>/",
@@ -136,6 +158,11 @@ func newLoopbackCommand() *cobra.Command {
 			"within each repetition; the daemons' CPU time is recorded beside each figure.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			renv, err := harness.ParseRuntimeEnv(runtimeEnv)
+			if err != nil {
+				return fmt.Errorf("--runtime-env: %w", err)
+			}
+			o.RuntimeEnv, o.NoPin = renv, !pin
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			dir, err := harness.RunLoopback(ctx, o)
@@ -153,8 +180,9 @@ func newLoopbackCommand() *cobra.Command {
 	fs.StringSliceVar(&o.Cases, "cases", nil, "cases to run (default: all): "+strings.Join(harness.LoopbackCases(), ","))
 	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable)")
 	fs.StringSliceVar(&o.ClientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")
-	fs.StringSliceVar(&o.Env, "quictun-env", nil, "extra environment of both daemons, e.g. GOMAXPROCS=2 (repeatable); without GOMAXPROCS and GODEBUG here or in this environment the daemons get GOMAXPROCS at half the CPUs and GODEBUG="+harness.SysmonPolling+" (GODEBUG=schedtrace=0: Go's default)")
+	fs.StringSliceVar(&o.Env, "quictun-env", nil, "extra environment of every quictun variant's daemons, e.g. GOMAXPROCS=2 (repeatable); nothing else is added (Go's defaults unless set); for a labelled tuned variant use --runtime-env")
 	fs.StringSliceVar(&o.EnvB, "quictun-env-b", nil, "extra environment of quictun-b's daemons only (with --bin-b, or alone: the same build with another environment)")
+	addRuntimeFlags(fs, &runtimeEnv, &pin)
 	return cmd
 }
 
@@ -200,7 +228,7 @@ func newLoadgenCommand() *cobra.Command {
 	fs.DurationVar(&o.LeaveWait, "leave-wait", o.LeaveWait, "read the server's memory once more this long after every client left (e.g. 2m30s: past the 2-minute replay window, with time for Go's scavenger): what stays for good; 0 (default): not")
 	fs.DurationVar(&o.GCWait, "gc-wait", o.GCWait, "after every client left, wait up to this long for the server's own next garbage collection (Go forces one every 2m) before reading its memory; 0 (default): ask the server for two collections at once (/debug/pprof/heap?gc=1)")
 	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable), e.g. --quictun-server-arg=--handshake-rate=5")
-	fs.StringSliceVar(&o.ServerEnv, "quictun-env", nil, "extra environment of the server, e.g. GOMAXPROCS=2 (repeatable); without GOMAXPROCS and GODEBUG the server gets GOMAXPROCS at half the CPUs and GODEBUG="+harness.SysmonPolling+", as in every harness run")
+	fs.StringSliceVar(&o.ServerEnv, "quictun-env", nil, "extra environment of the server, e.g. GOMAXPROCS=2 (repeatable); nothing else is added (Go's defaults unless set)")
 	return cmd
 }
 

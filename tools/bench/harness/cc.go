@@ -218,7 +218,9 @@ func (r *Runner) fairness(ctx context.Context) error {
 	}
 	against := net.JoinHostPort(ip, strconv.Itoa(SinkPort))
 	r.sweep(ctx, p.FairLinks, 1, func(link LinkSpec, _, rep int, v Variant) {
-		r.fairOne(ctx, link, v, rep, against)
+		if variantSelected(v.Name(), p.FairVariants) {
+			r.fairOne(ctx, link, v, rep, against)
+		}
 	})
 	return nil
 }

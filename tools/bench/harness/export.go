@@ -12,8 +12,8 @@ func StartProcEnv(name, ns, logPath string, env []string, bin string, args ...st
 }
 
 // DaemonEnv returns what the harness adds to the environment of a quictun
-// daemon it starts: extra, with GOMAXPROCS at half the CPUs and GODEBUG with
-// SysmonPolling unless this process's environment or extra sets them.
+// daemon it starts: extra and nothing else (nil when empty), so the daemon
+// runs with the environment its user gave (issue 32).
 func DaemonEnv(extra []string) []string { return benchDaemonEnv(extra) }
 
 // MachineInfo describes this host (CPUs, model, memory, kernel, load).

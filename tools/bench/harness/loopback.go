@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,10 +55,14 @@ type LoopbackOptions struct {
 	Cases      []string
 	// ServerArgs and ClientArgs are extra daemon flags; Env extra
 	// environment of the daemons (e.g. GOMAXPROCS=2). They apply to every
-	// quictun variant. The daemons also get the Go runtime settings of
-	// daemonEnv (GOMAXPROCS at half the CPUs, GODEBUG with SysmonPolling)
-	// unless Env or the harness's environment sets them.
+	// quictun variant. Nothing else is added: the daemons run with the
+	// harness's environment (Go's defaults unless set).
 	ServerArgs, ClientArgs, Env []string
+	// RuntimeEnv, when set, adds a tuned variant of each build, named
+	// after it (runtimeEnvName), with these settings after Env.
+	RuntimeEnv []string
+	// NoPin leaves every process unpinned (see cpuPin).
+	NoPin bool
 	// EnvB is extra environment of quictun-b's daemons only (after Env).
 	EnvB []string
 	// Smoke divides every case's work by 20 (the harness's own tests).
@@ -83,6 +88,7 @@ type lbRun struct {
 	echo    *Proc
 	redis   *Proc
 	tunnels []*lbTunnel
+	pin     cpuPin
 }
 
 // Loopback services (destinations behind the tunnel).
@@ -134,6 +140,9 @@ func RunLoopback(ctx context.Context, opts LoopbackOptions) (dir string, err err
 	if opts.BinDirB != "" {
 		r.res.Tools["quictun-b"] = toolVersions(ctx, opts.BinDirB)["quictun-server"]
 	}
+	var pinDesc string
+	r.pin, pinDesc = hostPinPlan(!opts.NoPin, runtime.NumCPU())
+	r.res.Runtime = runtimeInfo(os.Environ(), opts.RuntimeEnv, pinDesc)
 	r.res.Notes = append(r.res.Notes, "daemon env: "+strings.Join(opts.Env, " "), "quictun-b env: "+strings.Join(opts.EnvB, " "),
 		"server args: "+strings.Join(opts.ServerArgs, " "), "client args: "+strings.Join(opts.ClientArgs, " "))
 	defer func() {
@@ -167,8 +176,13 @@ func RunLoopback(ctx context.Context, opts LoopbackOptions) (dir string, err err
 		bin := cmp.Or(opts.BinDirB, opts.BinDir)
 		builds = append(builds, build{"quictun-b", bin, benchDaemonEnv(append(slices.Clone(opts.Env), opts.EnvB...))})
 	}
+	if len(opts.RuntimeEnv) > 0 {
+		for _, b := range slices.Clone(builds) {
+			builds = append(builds, build{runtimeEnvName(b.name, opts.RuntimeEnv), b.bin, append(slices.Clone(b.env), opts.RuntimeEnv...)})
+		}
+	}
 	for _, b := range builds {
-		r.res.Notes = append(r.res.Notes, b.name+" daemons' env: "+strings.Join(b.env, " "))
+		r.res.Notes = append(r.res.Notes, b.name+" daemons' env added: "+cmp.Or(strings.Join(b.env, " "), "none"))
 	}
 	for _, b := range builds {
 		t, err := r.startTunnel(ctx, work, b.name, b.bin, b.env)
@@ -235,8 +249,8 @@ func (r *lbRun) startServers(ctx context.Context, work string) error {
 			return err
 		}
 	}
-	r.echo, err = StartProc("echo", "", filepath.Join(r.logDir, "echo.log"), filepath.Join(r.opts.BinDir, "latency-client"),
-		"serve", "--listen", r.dst[svcEcho], "--sink-listen", r.dst[svcSink])
+	bin, args := r.pin.wrap(sideServer, filepath.Join(r.opts.BinDir, "latency-client"), []string{"serve", "--listen", r.dst[svcEcho], "--sink-listen", r.dst[svcSink]})
+	r.echo, err = StartProc("echo", "", filepath.Join(r.logDir, "echo.log"), bin, args...)
 	if err != nil {
 		return err
 	}
@@ -252,8 +266,8 @@ func (r *lbRun) startServers(ctx context.Context, work string) error {
 		return err
 	}
 	_, port, _ := net.SplitHostPort(r.dst[svcRedis])
-	r.redis, err = StartProc("redis", "", filepath.Join(r.logDir, "redis.log"), rs,
-		"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--dir", work, "--protected-mode", "yes")
+	bin, args = r.pin.wrap(sideServer, rs, []string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--dir", work, "--protected-mode", "yes"})
+	r.redis, err = StartProc("redis", "", filepath.Join(r.logDir, "redis.log"), bin, args...)
 	if err != nil {
 		return err
 	}
@@ -298,14 +312,14 @@ func (r *lbRun) startTunnel(ctx context.Context, work, name, bin string, env []s
 	}
 	sargs := append([]string{"--listen-on", udp, "--state-dir", state, "--secret-file", secret,
 		"--allow", strings.Join(allow, ","), "--httpd-listen-on", "", "--audit-log=false"}, r.opts.ServerArgs...)
-	if t.server, err = startProcEnv(name+"-server", "", filepath.Join(r.logDir, name+"-server.log"), env,
-		filepath.Join(bin, "quictun-server"), sargs...); err != nil {
+	sbin, sargs := r.pin.wrap(sideServer, filepath.Join(bin, "quictun-server"), sargs)
+	if t.server, err = startProcEnv(name+"-server", "", filepath.Join(r.logDir, name+"-server.log"), env, sbin, sargs...); err != nil {
 		return nil, err
 	}
 	cargs := append(append([]string{"--server-endpoint", udp, "--server-fingerprint", fp, "--secret-file", secret,
 		"--httpd-listen-on", ""}, fwds...), r.opts.ClientArgs...)
-	if t.client, err = startProcEnv(name+"-client", "", filepath.Join(r.logDir, name+"-client.log"), env,
-		filepath.Join(bin, "quictun-client"), cargs...); err != nil {
+	cbin, cargs := r.pin.wrap(sideClient, filepath.Join(bin, "quictun-client"), cargs)
+	if t.client, err = startProcEnv(name+"-client", "", filepath.Join(r.logDir, name+"-client.log"), env, cbin, cargs...); err != nil {
 		t.server.Stop(time.Second)
 		return nil, err
 	}
@@ -466,13 +480,14 @@ func (r *lbRun) sample(ctx context.Context, c, v string, rep int) Sample {
 func (r *lbRun) runTool(ctx context.Context, timeout time.Duration, bin string, args ...string) ([]byte, float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	fmt.Fprintf(r.lcLog, "# %s %s\n", bin, strings.Join(args, " "))
+	bin, args = r.pin.wrap(sideClient, bin, args)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, r.lcLog
-	fmt.Fprintf(r.lcLog, "# %s %s\n", bin, strings.Join(args, " "))
 	err := cmd.Run()
 	var cpu float64
 	if cmd.ProcessState != nil {
@@ -543,6 +558,13 @@ func writeLoopbackReport(dir string, res *Results) error {
 		res.Started.Format("2006-01-02 15:04:05"), res.Finished.Format("15:04:05"))
 	fmt.Fprintf(&b, "| | |\n|---|---|\n| host | %s |\n| kernel | %s |\n| CPU | %s × %d |\n| load at start | %s |\n",
 		res.Machine.Hostname, res.Machine.Kernel, res.Machine.CPUModel, res.Machine.CPUs, res.Machine.Load)
+	if rt := res.Runtime; rt != nil {
+		fmt.Fprintf(&b, "| daemons' Go runtime environment (every variant, inherited) | %s |\n", rt.Inherited)
+		if rt.Tuned != "" {
+			fmt.Fprintf(&b, "| tuned variants (`--runtime-env`, named `…-env(…)`; not the headline) | %s added |\n", rt.Tuned)
+		}
+		fmt.Fprintf(&b, "| CPU pinning | %s |\n", rt.Pinning)
+	}
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
 		for k := range res.Tools {
 			if !yield(k) {

@@ -2,7 +2,9 @@ package harness
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,17 +37,31 @@ func TestLoopbackSmoke(t *testing.T) {
 	}
 	bin := buildBins(t, "tools/latency-client", "cmd/quictun-server", "cmd/quictun-client")
 	out := t.TempDir()
+	t.Setenv("GOMAXPROCS", "")
+	require.NoError(t, os.Unsetenv("GOMAXPROCS"))
 	dir, err := RunLoopback(t.Context(), LoopbackOptions{BinDir: bin, ResultsDir: out, Reps: 1, Smoke: true,
-		EnvB: []string{"GOMAXPROCS=1"}})
+		EnvB: []string{"GOMAXPROCS=2"}, RuntimeEnv: []string{"GOMAXPROCS=1"}})
 	require.NoError(t, err)
 	res, err := LoadResults(dir)
 	require.NoError(t, err)
-	assert.Equal(t, []string{"direct", "quictun", "quictun-b"}, res.Variants)
-	// The daemons ran with the harness's runtime settings (daemonEnv), quictun-b with its own GOMAXPROCS.
-	for name, want := range map[string]string{"quictun-server.log": SysmonPolling, "quictun-b-client.log": "gomaxprocs=1 gomaxprocsFromEnv=true"} {
+	assert.Equal(t, []string{"direct", "quictun", "quictun-b", "quictun-env(GOMAXPROCS=1)", "quictun-b-env(GOMAXPROCS=1)"}, res.Variants)
+	// The plain daemons ran with the inherited environment (Go's defaults:
+	// nothing added), quictun-b with its own GOMAXPROCS, the tuned ones
+	// with the --runtime-env setting; pinned with taskset where the host
+	// has two CPUs or more.
+	for name, want := range map[string]string{"quictun-client.log": "gomaxprocsFromEnv=false", "quictun-b-client.log": "gomaxprocs=2 gomaxprocsFromEnv=true",
+		"quictun-env(GOMAXPROCS=1)-client.log": "gomaxprocs=1 gomaxprocsFromEnv=true"} {
 		b, err := os.ReadFile(filepath.Join(dir, "raw", name))
 		require.NoError(t, err)
 		assert.Contains(t, string(b), want, name)
+		assert.NotContains(t, string(b), SysmonPolling, name)
+	}
+	require.NotNil(t, res.Runtime)
+	assert.Equal(t, "GOMAXPROCS=1", res.Runtime.Tuned)
+	if _, err := exec.LookPath("taskset"); err == nil && runtime.NumCPU() >= 2 {
+		b, err := os.ReadFile(filepath.Join(dir, "raw", "quictun-server.log"))
+		require.NoError(t, err)
+		assert.Contains(t, string(b), "taskset -c "+cpuRange(runtime.NumCPU()/2, runtime.NumCPU()), "the server side is pinned")
 	}
 	cases := map[string]bool{}
 	for _, s := range res.Samples {
@@ -75,8 +91,8 @@ func TestLoopbackSmoke(t *testing.T) {
 			row = strings.Split(strings.Trim(l, "| "), " | ")
 		}
 	}
-	require.Len(t, row, 7, "case, metric, direct, then each tunnel and its ratio: %q", row)
-	for _, ratio := range []string{row[4], row[6]} {
+	require.Len(t, row, 11, "case, metric, direct, then each of the four tunnels and its ratio: %q", row)
+	for _, ratio := range []string{row[4], row[6], row[8], row[10]} {
 		_, err := strconv.ParseFloat(ratio, 64)
 		assert.NoError(t, err, "ratio %q", ratio)
 	}

@@ -37,11 +37,14 @@ const (
 	// ScFailover: a quictun client of two servers (failover mode) while an
 	// application opens tunnels; the active server is killed or stopped.
 	ScFailover = "failover"
+	// ScLoss: heavy random loss both ways (issue 31); successive
+	// downloads on one tunnel connection, the minimum is the figure.
+	ScLoss = "loss-bulk"
 )
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
-	return []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
+	return []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScLoss, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
 		ScSTNShort, ScSTNSizes, ScSTNBlackout, ScFailover}
 }
 
@@ -120,6 +123,16 @@ type Profile struct {
 	FairDuration time.Duration
 	FairWarmup   time.Duration
 	FairAgainst  string // TCP congestion control of the competing flow (cubic)
+	// FairVariants restricts the scenario to these variants (a name or a
+	// family); empty: all.
+	FairVariants []string
+
+	// Loss (issue 31): on each of LossLinks, per repetition and variant,
+	// fresh daemons (started on the clean link), then LossRuns successive
+	// downloads of LossDuration each on the same tunnel connection.
+	LossLinks    []LinkSpec
+	LossRuns     int
+	LossDuration time.Duration
 
 	// Blackout with bulk: a download and an interactive echo through the
 	// same tunnel connection; the link is cut for each of
@@ -353,6 +366,7 @@ func Profiles(name string) (Profile, error) {
 			STNSweepLinks:   []LinkSpec{LinkOf("LAN", LANDelay, 0, "")},
 			STNRequestSizes: []string{"16KiB"}, STNResponseSizes: []string{"64KiB"}, STNSweepNumber: 2,
 			STNBlackoutLink: LinkOf("LAN", LANDelay, 0, ""), STNBlackouts: []time.Duration{time.Second}, STNBlackoutTimeout: 20 * time.Second,
+			LossLinks: lossLinks(0.1), LossRuns: 2, LossDuration: time.Second,
 			MaxDuration: 5 * time.Minute,
 		}, nil
 	case "cc":
@@ -379,6 +393,26 @@ func Profiles(name string) (Profile, error) {
 			Congestion:           []string{"bbr", "cubic", "reno"},
 			DirectCC:             []string{"cubic", "bbr"},
 			MaxDuration:          30 * time.Minute,
+		}, nil
+	case "loss":
+		// Issue 31: 100 Mbit/s, 25 ms RTT, random loss both ways; per level,
+		// repetition and variant, fresh daemons and three successive 10 s
+		// downloads on one tunnel connection (the minimum is the figure),
+		// then one quictun download beside one TCP Cubic flow on a 30 ms
+		// and a 50 ms queue. About 55 minutes with the four default
+		// variants, 3 repetitions (each loss sample ~36 s: restart, 3 x 10 s,
+		// drains); +13 minutes with --bin-b, +13 per --runtime-env variant.
+		return Profile{
+			Name: "loss", Reps: 3,
+			Scenarios: []string{ScLoss, ScFair},
+			LossLinks: lossLinks(0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5),
+			LossRuns:  3, LossDuration: 10 * time.Second,
+			FairLinks: []LinkSpec{withQueue(LinkOf("WAN", WANDelay, 0, "100mbit"), 30*time.Millisecond),
+				withQueue(LinkOf("WAN", WANDelay, 0, "100mbit"), 50*time.Millisecond)},
+			FairDuration: 30 * time.Second, FairWarmup: 10 * time.Second, FairAgainst: "cubic",
+			FairVariants: []string{"quictun"},
+			DirectCC:     []string{"bbr", "cubic"},
+			MaxDuration:  100 * time.Minute,
 		}, nil
 	case "stn":
 		// Seed 000 (Mars STN benchmark), direct TCP against quictun: short
@@ -408,7 +442,7 @@ func Profiles(name string) (Profile, error) {
 			MaxDuration:        40 * time.Minute,
 		}, nil
 	default:
-		return Profile{}, fmt.Errorf("profile %q: want quick, full, cc, stn or smoke", name)
+		return Profile{}, fmt.Errorf("profile %q: want quick, full, cc, loss, stn or smoke", name)
 	}
 }
 

@@ -50,7 +50,8 @@ func Scenarios() map[string]ScenarioInfo {
 		ScBulk: {"2. Bulk throughput", "Download (server to client) from `latency-client serve`'s sink for a fixed time, by the harness's own sink-protocol client (it stops with a byte, not a half-close, which kcptun does not carry); byte count and CRC-32C verified, 1 or 4 parallel connections. ×V: this variant's median over V's on the same link. " + usageText,
 			append([]Metric{{"mbit_per_s", "Mbit/s", true}}, usageColumns...),
 			[]string{"mbit_per_s", "cpu_client_s_per_gb"}},
-		ScFair: {"2b. Fairness against direct TCP Cubic", "One download through the variant and one over direct TCP (server side Cubic, set per route) start together on the same link and run for the same time. Share: each flow's goodput after the profile's warm-up (start-up excluded; the whole run's shares in the last columns) in % of the link rate (of their sum on an unlimited link); Jain: Jain's index of the two rates (1 = equal, 0.5 = one flow has everything). direct-cubic against Cubic is the reference of two equal flows. CPU and emulator columns as in the bulk section, over both flows.",
+		ScLoss: lossInfo(),
+		ScFair: {"2b. Fairness against direct TCP Cubic", "One download through the variant and one over direct TCP (server side Cubic, set per route) start together on the same link and run for the same time. Share: each flow's goodput after the profile's warm-up (start-up excluded; the whole run's shares in the last columns) in % of the link rate (of their sum on an unlimited link); Jain: Jain's index of the two rates (1 = equal, 0.5 = one flow has everything). direct-cubic against Cubic is the reference of two equal flows. A link named `queue Q` has a rate-limiter queue of Q at its rate (emulator `queue-bytes`, tail drop), a shallow queue; the others the emulator's default, 50 ms. CPU and emulator columns as in the bulk section, over both flows.",
 			append([]Metric{{"mbit_per_s", "flow Mbit/s", true}, {"against_mbit_per_s", "Cubic Mbit/s", true}, {"share_pct", "flow % of link", true},
 				{"against_share_pct", "Cubic % of link", true}, {"jain", "Jain", true},
 				{"whole_share_pct", "flow % whole run", true}, {"whole_against_share_pct", "Cubic % whole run", true}}, usageColumns[:7]...),
@@ -328,6 +329,7 @@ func WriteReport(dir string, res *Results) error {
 	for _, k := range tools {
 		w.printf("| %s | %s |\n", k, res.Tools[k])
 	}
+	writeRuntimeRows(w, res.Runtime)
 	w.printf("\n## Method\n\n")
 	w.printf("- Two network namespaces (client host 198.18.0.1, server host 198.18.0.2) joined by TUN devices and the userspace link emulator `tools/linkem` running inside the harness; the same delay, loss and rate apply to each direction, except where a link lists `c2s-` (client to server, up) or `s2c-` (server to client, down) parameters.\n")
 	w.printf("- Variants: %s. `direct` connects to the echo server across the link; tunnels listen on the client host's loopback and reach the echo server on the server host's loopback. All variants run on the same link in the same run, interleaved (the first variant rotates).\n", strings.Join(res.Variants, ", "))
@@ -370,6 +372,8 @@ func WriteReport(dir string, res *Results) error {
 			writeFloodTables(w, res, rows, agg)
 		case ScBulk:
 			writeRowTable(w, sc, si, rows, res.Variants, agg, directVariants(res.Variants))
+		case ScLoss:
+			writeLossTables(w, res, rows, agg)
 		case ScFair, ScBlackoutBulk, ScSTNBlackout:
 			writeRowTable(w, sc, si, rows, res.Variants, agg, nil)
 		case ScSTNShort, ScSTNSizes:
@@ -377,7 +381,13 @@ func WriteReport(dir string, res *Results) error {
 		default:
 			writeScenarioTable(w, sc, si, rows, res.Variants, agg)
 		}
-		charts, err := writeCharts(dir, sc, si, rows, res.Variants, agg)
+		var charts []string
+		var err error
+		if sc == ScLoss {
+			charts, err = writeLossCharts(dir, res, rows)
+		} else {
+			charts, err = writeCharts(dir, sc, si, rows, res.Variants, agg)
+		}
 		if err != nil {
 			w.printf("\n(chart failed: %v)\n", err)
 		}
@@ -402,6 +412,19 @@ func WriteReport(dir string, res *Results) error {
 	}
 	w.printf("\n## Reproduce\n\n```\nmake build && go run ./tools/bench run --profile %s\ngo run ./tools/bench compare OLD_DIR NEW_DIR\n```\n", res.Profile)
 	return w.err
+}
+
+// writeRuntimeRows adds the daemons' environment and CPU placement to the
+// machine table of the report's header.
+func writeRuntimeRows(w *errWriter, rt *RuntimeInfo) {
+	if rt == nil {
+		return
+	}
+	w.printf("| daemons' Go runtime environment (every variant, inherited from the harness) | %s |\n", rt.Inherited)
+	if rt.Tuned != "" {
+		w.printf("| tuned variants (`--runtime-env`, named `…-env(…)`; not the headline) | %s added |\n", rt.Tuned)
+	}
+	w.printf("| CPU pinning | %s |\n", rt.Pinning)
 }
 
 // writeScenarioTable writes the generic table of a scenario: one row per

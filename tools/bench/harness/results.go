@@ -66,6 +66,24 @@ type Results struct {
 	Checks   []Check           `json:"validation"`
 	Samples  []Sample          `json:"samples"`
 	Notes    []string          `json:"notes,omitempty"`
+	// Runtime: the daemons' environment and CPU placement (issue 32).
+	Runtime *RuntimeInfo `json:"runtime,omitempty"`
+}
+
+// RuntimeInfo is how the run started the daemons.
+type RuntimeInfo struct {
+	// Inherited: the Go runtime settings every variant's daemons got from
+	// the harness's environment ("Go's defaults" when none).
+	Inherited string `json:"inherited"`
+	// Tuned: the --runtime-env settings of the tuned variants (named
+	// after them); empty: no tuned variant.
+	Tuned string `json:"tuned,omitempty"`
+	// Pinning describes the CPU placement.
+	Pinning string `json:"pinning"`
+}
+
+func runtimeInfo(environ, tuned []string, pinning string) *RuntimeInfo {
+	return &RuntimeInfo{Inherited: inheritedRuntimeEnv(environ, nil), Tuned: strings.Join(tuned, " "), Pinning: pinning}
 }
 
 // Save writes r as indented JSON.

@@ -41,7 +41,14 @@ type Options struct {
 	// direct-<cc> each (nil: the profile's; empty, not nil: one "direct").
 	DirectCC []string
 	Spin     time.Duration
-	Now      func() time.Time
+	// RuntimeEnv, when set, adds a tuned variant of each quictun build:
+	// the same daemons with these NAME=VALUE settings added to their
+	// environment, named after them (runtimeEnvName). The plain variants
+	// run with the harness's own environment (Go's defaults unless set).
+	RuntimeEnv []string
+	// NoPin leaves every process unpinned (see cpuPin).
+	NoPin bool
+	Now   func() time.Time
 }
 
 // Runner holds a run's state.
@@ -108,6 +115,9 @@ func Run(ctx context.Context, opts Options) (dir string, err error) {
 
 	r.res = &Results{Version: 1, Profile: r.prof.Name, Started: r.started.UTC(), Machine: machineInfo(),
 		Tools: toolVersions(ctx, opts.BinDir), Reps: r.prof.Reps}
+	var pinDesc string
+	r.env.Pin, pinDesc = hostPinPlan(!opts.NoPin, runtime.NumCPU())
+	r.res.Runtime = runtimeInfo(os.Environ(), opts.RuntimeEnv, pinDesc+"; the harness (emulator and download readers) is not pinned")
 	defer func() {
 		r.res.Finished = opts.Now().UTC()
 		if err != nil {
@@ -129,7 +139,7 @@ func Run(ctx context.Context, opts Options) (dir string, err error) {
 	}
 	r.topo = topo
 	r.env = Env{ClientNS: topo.Client.NS, ServerNS: topo.Server.NS, ServerIP: netns.ServerIP,
-		BinDir: opts.BinDir, WorkDir: work, LogDir: raw}
+		BinDir: opts.BinDir, WorkDir: work, LogDir: raw, Pin: r.env.Pin}
 	c2s, s2c := emu.NewLink(emu.DefaultParams(), 1), emu.NewLink(emu.DefaultParams(), 2)
 	r.ctl = emu.NewControl(c2s, s2c, emu.RealClock())
 	fwd := emu.NewForwarder(topo.Client.TUN, topo.Server.TUN, c2s, s2c)
@@ -211,9 +221,9 @@ func (r *Runner) preflight() error {
 // startEndpoints starts the echo/sink server and every variant.
 func (r *Runner) startEndpoints(ctx context.Context) error {
 	var err error
-	r.echo, err = StartProc("latency-client-serve", r.env.ServerNS, filepath.Join(r.env.LogDir, "latency-client-serve.log"),
-		r.env.bin("latency-client"), "serve", "--listen", fmt.Sprintf("0.0.0.0:%d", EchoPort),
-		"--sink-listen", fmt.Sprintf("0.0.0.0:%d", SinkPort), "--max-connections", "8192")
+	bin, args := r.env.Pin.wrap(sideServer, r.env.bin("latency-client"), []string{"serve", "--listen", fmt.Sprintf("0.0.0.0:%d", EchoPort),
+		"--sink-listen", fmt.Sprintf("0.0.0.0:%d", SinkPort), "--max-connections", "8192"})
+	r.echo, err = StartProc("latency-client-serve", r.env.ServerNS, filepath.Join(r.env.LogDir, "latency-client-serve.log"), bin, args...)
 	if err != nil {
 		return err
 	}
@@ -288,7 +298,6 @@ func (r *Runner) candidates(ctx context.Context) ([]Variant, error) {
 	if len(ccs) == 0 {
 		ccs = []string{""}
 	}
-	r.res.Notes = append(r.res.Notes, "quictun daemons' env: "+strings.Join(benchDaemonEnv(nil), " "))
 	for i, cc := range ccs {
 		q := &quictun{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs, Congestion: cc, Instance: i}
 		cands = append(cands, q)
@@ -313,7 +322,34 @@ func (r *Runner) candidates(ctx context.Context) ([]Variant, error) {
 		cands = append(cands, &quictun{ServerArgs: r.opts.ServerArgs, ClientArgs: r.opts.ClientArgs, Congestion: ccs[0],
 			Instance: len(ccs), BinDir: r.opts.BinDirB, Label: "quictun-b"})
 	}
-	return cands, nil
+	return append(cands, r.tunedVariants(cands)...), nil
+}
+
+// tunedVariants returns, with --runtime-env, a copy of the first quictun
+// variant of each build among cands with the tuned environment and its
+// own ports (instance), named after the environment.
+func (r *Runner) tunedVariants(cands []Variant) []Variant {
+	if len(r.opts.RuntimeEnv) == 0 {
+		return nil
+	}
+	var out []Variant
+	next, seen := 0, map[string]bool{}
+	for _, c := range cands {
+		if q, ok := c.(*quictun); ok {
+			next = max(next, q.Instance+1)
+		}
+	}
+	for _, c := range cands {
+		q, ok := c.(*quictun)
+		if !ok || seen[q.BinDir] {
+			continue
+		}
+		seen[q.BinDir] = true
+		out = append(out, &quictun{ServerArgs: q.ServerArgs, ClientArgs: q.ClientArgs, Congestion: q.Congestion,
+			Instance: next, BinDir: q.BinDir, Label: q.Label, Env: r.opts.RuntimeEnv})
+		next++
+	}
+	return out
 }
 
 func prefixed(p string, names []string) []string {

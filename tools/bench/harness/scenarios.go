@@ -94,6 +94,8 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.afterIdle(ctx)
 	case ScFair:
 		return r.fairness(ctx)
+	case ScLoss:
+		return r.lossBulk(ctx)
 	case ScBlackoutBulk:
 		return r.blackoutBulk(ctx)
 	case ScSTNShort:

@@ -35,6 +35,9 @@ type Env struct {
 	WorkDir            string // scratch: state dirs, secrets
 	LogDir             string // process logs
 
+	// Pin: the CPUs of the client and server sides (see cpuPin).
+	Pin cpuPin
+
 	mu      sync.Mutex
 	ccAddrs map[string]string // TCP congestion control -> server address (see CCServerIP)
 }
@@ -192,15 +195,15 @@ func (k *kcptun) Start(ctx context.Context, env *Env) error {
 	}{{"echo", kcpEchoUDP, kcpEchoLocal, EchoPort}, {"sink", kcpSinkUDP, kcpSinkLocal, SinkPort}} {
 		// Defaults of the Debian build: mode fast, FEC 10/3, aes; no compression
 		// (the payload is random anyway).
-		srv, err := StartProc("kcptun-server-"+svc.name, env.ServerNS, filepath.Join(env.LogDir, "kcptun-server-"+svc.name+".log"),
-			"kcptun-server", "-l", net.JoinHostPort(env.ServerIP, strconv.Itoa(svc.udp)),
-			"-t", "127.0.0.1:"+strconv.Itoa(svc.local2), "--mode", "fast", "--nocomp", "--quiet")
+		sbin, sargs := env.Pin.wrap(sideServer, "kcptun-server", []string{"-l", net.JoinHostPort(env.ServerIP, strconv.Itoa(svc.udp)),
+			"-t", "127.0.0.1:" + strconv.Itoa(svc.local2), "--mode", "fast", "--nocomp", "--quiet"})
+		srv, err := StartProc("kcptun-server-"+svc.name, env.ServerNS, filepath.Join(env.LogDir, "kcptun-server-"+svc.name+".log"), sbin, sargs...)
 		if err != nil {
 			return err
 		}
-		cli, err := StartProc("kcptun-client-"+svc.name, env.ClientNS, filepath.Join(env.LogDir, "kcptun-client-"+svc.name+".log"),
-			"kcptun-client", "-l", "127.0.0.1:"+strconv.Itoa(svc.local),
-			"-r", net.JoinHostPort(env.ServerIP, strconv.Itoa(svc.udp)), "--mode", "fast", "--nocomp", "--quiet")
+		cbin, cargs := env.Pin.wrap(sideClient, "kcptun-client", []string{"-l", "127.0.0.1:" + strconv.Itoa(svc.local),
+			"-r", net.JoinHostPort(env.ServerIP, strconv.Itoa(svc.udp)), "--mode", "fast", "--nocomp", "--quiet"})
+		cli, err := StartProc("kcptun-client-"+svc.name, env.ClientNS, filepath.Join(env.LogDir, "kcptun-client-"+svc.name+".log"), cbin, cargs...)
 		if err != nil {
 			srv.Stop(time.Second)
 			return err
@@ -287,8 +290,8 @@ func helpHasFlag(help, flag string) bool {
 // 127.0.0.2 go to the echo server, every other one to the sink, so a
 // download and an interactive echo can share one QUIC connection).
 // Instance k of a run uses its own ports, so several instances (one per
-// congestion controller) run side by side. The daemons run with the Go
-// runtime settings of daemonEnv unless the harness's environment sets them.
+// congestion controller) run side by side. The daemons run with the
+// harness's environment plus Env (a tuned variant, named after it).
 type quictun struct {
 	ServerArgs, ClientArgs []string // extra flags
 	// Congestion is the --congestion value passed to both daemons; "" passes none.
@@ -300,8 +303,11 @@ type quictun struct {
 	// BinDir, if set, holds this instance's daemons instead of Env.BinDir,
 	// and Label names it: another build beside the first (before/after).
 	BinDir, Label string
-	server        *Proc
-	clients       map[string]*Proc
+	// Env is added to the daemons' inherited environment (--runtime-env);
+	// it shows in the name (runtimeEnvName).
+	Env     []string
+	server  *Proc
+	clients map[string]*Proc
 }
 
 // bin is the path of one of this instance's daemons.
@@ -326,13 +332,14 @@ const (
 )
 
 func (q *quictun) Name() string {
-	if q.Label != "" {
-		return q.Label
+	base := "quictun-" + q.Congestion
+	switch {
+	case q.Label != "":
+		base = q.Label
+	case q.Congestion == "":
+		base = "quictun"
 	}
-	if q.Congestion == "" {
-		return "quictun"
-	}
-	return "quictun-" + q.Congestion
+	return runtimeEnvName(base, q.Env)
 }
 
 func (q *quictun) udpPort() int { return qtUDPPort + q.Instance }
@@ -390,8 +397,9 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 		"--httpd-listen-on", q.local(qtServerAdminPort),
 	}, q.ccArgs()...)
 	args = append(args, q.ServerArgs...)
-	denv := benchDaemonEnv(nil)
-	q.server, err = startProcEnv(q.file("quictun-server"), env.ServerNS, filepath.Join(env.LogDir, q.file("quictun-server.log")), denv, q.bin(env, "quictun-server"), args...)
+	denv := benchDaemonEnv(q.Env)
+	sbin, sargs := env.Pin.wrap(sideServer, q.bin(env, "quictun-server"), args)
+	q.server, err = startProcEnv(q.file("quictun-server"), env.ServerNS, filepath.Join(env.LogDir, q.file("quictun-server.log")), denv, sbin, sargs...)
 	if err != nil {
 		return err
 	}
@@ -416,7 +424,8 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 			args = append(args, "--proxy", "socks5:"+q.local(qtSOCKSLocal))
 		}
 		args = append(args, q.ClientArgs...)
-		p, err := startProcEnv(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), denv, q.bin(env, "quictun-client"), args...)
+		cbin, cargs := env.Pin.wrap(sideClient, q.bin(env, "quictun-client"), args)
+		p, err := startProcEnv(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), denv, cbin, cargs...)
 		if err != nil {
 			return err
 		}

@@ -63,7 +63,7 @@ type Options struct {
 	// each restart, leave); Timeout bounds the whole run.
 	PhaseTimeout, Timeout time.Duration
 	// ServerArgs are extra quictun-server flags; ServerEnv extra environment
-	// (the server also gets harness.DaemonEnv's Go runtime settings).
+	// (nothing else is added: the server runs with this process's environment).
 	ServerArgs, ServerEnv []string
 	// Command is the command line, for the report.
 	Command string
