@@ -65,8 +65,13 @@ type Config struct {
 	// while QUIC cannot get through), TransportQUIC or TransportTCP.
 	Transport string
 	// TCPServerAddr is the server's TCP host:port (its --tcp-listen-on);
-	// "": ServerAddr.
+	// "": ServerAddr. With several servers it is the first one's.
 	TCPServerAddr string
+	// TCPServers are the TCP host:port of servers whose TCP listener is
+	// not at their QUIC host:port, by endpoint as written in Servers (as
+	// ServerTLS); TCPServerAddr is the first server's. The fallback dials
+	// the servers in turn: one that fails passes to the next.
+	TCPServers map[string]string
 	// FallbackDelay is how long QUIC may fail to connect before new tunnels
 	// go over TCP (0: DefaultFallbackDelay).
 	FallbackDelay time.Duration
@@ -197,6 +202,16 @@ func orDefault[T int | time.Duration](v *T, def T) {
 func DefaultBackoff() *backoff.Backoff {
 	return &backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2,
 		StableAfter: 30 * time.Second, Clock: backoff.RealClock()}
+}
+
+// authBackoff is the pacing of redials after the server refused our
+// credentials (auth_failed): bo's jittered exponential backoff, but from
+// 2 s and up to three times bo's longest delay (30 s by default), so a
+// client with a wrong secret makes about eight attempts a minute. Only a
+// new secret (a reload, which cuts the wait short) or the server's keys
+// change the answer.
+func authBackoff(bo *backoff.Backoff) *backoff.Backoff {
+	return &backoff.Backoff{Initial: 2 * time.Second, Max: 3 * bo.Max, Multiplier: 2, Clock: bo.Clock, Rand: bo.Rand}
 }
 
 // Client is a quictun client. Create it with New and call Run once.
@@ -432,7 +447,7 @@ func (c *Client) Ready() bool {
 	defer c.mu.Unlock()
 	for _, m := range c.members {
 		l := m.cur
-		if l.live() && !m.srv.authRefused.Load() && isClosed(l.Conn.HandshakeComplete()) && (noSecret || l.confirmed.Load()) {
+		if l.live() && !m.srv.authRefused.Load() && isClosed(l.conn.HandshakeComplete()) && (noSecret || l.confirmed.Load()) {
 			return true
 		}
 	}
@@ -452,7 +467,7 @@ type session = ingress.Session
 func (c *Client) newSession(conn *quic.Conn) *session {
 	prober := liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness).
 		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-	return &session{Conn: conn, Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
+	return &session{Conn: ingress.OverQUIC(conn), Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -482,7 +497,7 @@ func (c *Client) ConnStats() []transport.ConnStats {
 	var live []lc
 	for _, m := range c.members {
 		if m.cur != nil {
-			live = append(live, lc{m.label, m.cur.Conn})
+			live = append(live, lc{m.label, m.cur.conn})
 		}
 	}
 	c.mu.Unlock()
@@ -490,8 +505,8 @@ func (c *Client) ConnStats() []transport.ConnStats {
 	for _, l := range live {
 		out = append(out, transport.ConnStatsOf(l.label, l.conn))
 	}
-	if t := c.fb.session(); t != nil && t.TCP.Context().Err() == nil {
-		out = append(out, transport.TCPConnStats(transport.TransportTCP, t.TCP.RemoteAddr(), t.TCP.LocalAddr()))
+	if t := c.fb.conn(); t != nil && t.Context().Err() == nil {
+		out = append(out, transport.TCPConnStats(transport.TransportTCP, t.RemoteAddr(), t.LocalAddr()))
 	}
 	return out
 }
@@ -503,7 +518,7 @@ func (c *Client) conns() []*quic.Conn {
 	var out []*quic.Conn
 	for _, m := range c.members {
 		if m.cur.live() {
-			out = append(out, m.cur.Conn)
+			out = append(out, m.cur.conn)
 		}
 	}
 	return out
@@ -585,7 +600,7 @@ func (c *Client) Run(ctx context.Context) error {
 func (c *Client) setSession(m *member, sess *session) *link {
 	var l *link
 	if sess != nil {
-		l = &link{session: sess, m: m}
+		l = &link{session: sess, conn: sess.Conn.QUIC(), m: m}
 		c.links.Store(sess, l)
 	}
 	c.mu.Lock()
@@ -608,6 +623,7 @@ func (c *Client) sessionsChanged() {
 	c.mu.Lock()
 	close(c.changed)
 	c.changed = make(chan struct{})
+	c.steerLocked(time.Now())
 	c.mu.Unlock()
 	c.updateSessionUp()
 }
@@ -665,9 +681,11 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 	dialFailed := func(err error) {
 		srv.markBad(time.Now())
 		var kv []any
+		authFailed := false
 		if code, ok := proto.FromError(err); ok && code == proto.CodeAuthFailed {
 			met.DialsTotal.WithLabelValues("auth_failed").Inc()
 			srv.authRefused.Store(true)
+			authFailed = true
 		} else if certRejected(err) {
 			met.DialsTotal.WithLabelValues("cert_rejected").Inc()
 			if fp := presentedFingerprint(err); fp != "" {
@@ -682,6 +700,11 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 		} else {
 			logger.V(2).Info("Could not connect to server", "address", srv.addr, "attempt", bo.Attempts()+1, "err", err)
 		}
+		if authFailed {
+			c.waitAuthBackoff(ctx, m)
+			return
+		}
+		c.fb.quicRefused(m, false)
 		c.waitBackoff(ctx, m)
 	}
 	for ctx.Err() == nil {
@@ -765,15 +788,21 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 		}
 		cause := context.Cause(conn.Context())
 		spreadWait := reconnectWait(cause)
+		if code, ok := proto.FromError(cause); !ok || code != proto.CodeAuthFailed {
+			c.fb.quicRefused(m, false)
+			m.authBo.Reset()
+		}
 		met.ReconnectsTotal.Inc()
 		bo.Failure(time.Now())
+		authFailed := false
 		if code, ok := proto.FromError(cause); ok && code == proto.CodeAuthFailed {
+			authFailed = true
 			srv.authRefused.Store(true)
 			if msg := cause.Error(); c.refusedBefore(msg) {
 				logger.V(2).Info("Server rejected our credentials again", "connID", id, "err", cause)
 			} else {
 				logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id,
-					"fix", "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)")
+					"fix", authFix)
 			}
 		} else if now := time.Now(); lostLoggedAt.IsZero() || now.Sub(lostLoggedAt) >= lostLogInterval {
 			lostLoggedAt, loggedFailure = now, true
@@ -791,6 +820,8 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 		// attempt count grows only in a wait, so without one that would be
 		// a reconnect loop without any delay.
 		switch {
+		case authFailed:
+			c.waitAuthBackoff(ctx, m)
 		case spreadWait > 0:
 			c.waitSpread(ctx, spreadWait)
 		case bo.Attempts() > 0 || time.Since(upSince) < shortConnection:
@@ -857,10 +888,23 @@ func sleep(ctx context.Context, d time.Duration) {
 // errRedial cuts a reconnect backoff short.
 var errRedial = errors.New("credentials changed")
 
+// waitAuthBackoff waits for m's next delay after a refusal of our
+// credentials (authBackoff), or until the credentials change. The server
+// answered over UDP: the fallback dials no TCP meanwhile (it would be
+// refused too).
+func (c *Client) waitAuthBackoff(ctx context.Context, m *member) {
+	c.fb.quicRefused(m, true)
+	m.authBo.Failure(time.Now())
+	c.waitOn(ctx, m, m.authBo)
+}
+
 // waitBackoff waits for m's next backoff delay, or until the credentials
 // change (SetSecret): then it returns at once and starts the backoff afresh.
-func (c *Client) waitBackoff(ctx context.Context, m *member) {
-	bo := m.bo
+func (c *Client) waitBackoff(ctx context.Context, m *member) { c.waitOn(ctx, m, m.bo) }
+
+// waitOn waits for bo's next delay, or until the credentials change
+// (SetSecret): then it returns at once and starts bo afresh.
+func (c *Client) waitOn(ctx context.Context, m *member, bo *backoff.Backoff) {
 	select {
 	case <-m.redial: // changed before the wait
 		bo.Reset()

@@ -36,7 +36,7 @@ const suspectLateEchoes = 5 * time.Second
 
 func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 	sess := l.session
-	conn := sess.Conn
+	conn := l.conn
 	defer l.stalled.Store(false)
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -376,6 +376,7 @@ func (c *Client) deadAfter() time.Duration { return 3 * c.cfg.RescueAfter }
 func (c *Client) steerLink(logger klog.Logger, l *link, now time.Time, quiet time.Duration) {
 	stalled := quiet > c.cfg.RescueAfter
 	was := l.stalled.Swap(stalled)
+	defer c.resteer()
 	if !stalled {
 		if was {
 			logger.V(2).Info("Server answers heartbeats again", "server", l.m.srv.label)

@@ -258,8 +258,8 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	}
 	// A TCP session has no datagrams: the flow stays on its stream.
 	var dc udpflow.DatagramConn
-	if sess.Conn != nil {
-		dc = sess.Conn
+	if q := sess.Conn.QUIC(); q != nil {
+		dc = q
 	}
 	r.Sender = udpflow.NewSender(id, dc, str, r.Up)
 	remove, _ := sess.Flows.Add(id, 0, r.FromDatagram) // stream IDs are unique on a connection

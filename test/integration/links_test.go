@@ -1,0 +1,172 @@
+package integration
+
+import (
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/internal/testutil"
+)
+
+// killableProxy relays TCP connections to target until kill, which closes
+// its listener and resets every connection at once: to the client, the
+// server behind it died (kill -9: its port refuses, its connections end).
+type killableProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newKillableProxy(t *testing.T, target string) *killableProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &killableProxy{ln: ln}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			p.wg.Go(func() { _, _ = io.Copy(s, c); _ = s.Close() })
+			p.wg.Go(func() { _, _ = io.Copy(c, s); _ = c.Close() })
+		}
+	})
+	t.Cleanup(p.kill)
+	return p
+}
+
+func (p *killableProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *killableProxy) kill() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		_ = c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// TestTCPFailoverAcrossServers (issue 33): two servers, UDP blocked from
+// the start: tunnels go over TCP to the first; when it dies (its TCP port
+// refuses, its connection is reset) a new tunnel succeeds over TCP to the
+// second, within 3 s.
+func TestTCPFailoverAcrossServers(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	state := t.TempDir()
+	var srv [2]*testutil.Server
+	var proxy [2]*killableProxy
+	tcpAddrs := map[string]string{}
+	var addrs []string
+	for i := range srv {
+		srv[i] = testutil.StartServer(t, testutil.ServerOptions{StateDir: state, TCP: true, Allow: []string{"tcp:" + echo}})
+		proxy[i] = newKillableProxy(t, srv[i].TCPAddr)
+		addrs = append(addrs, srv[i].Addr)
+		tcpAddrs[srv[i].Addr] = proxy[i].addr()
+	}
+	gate := &udpGate{}
+	gate.blocked.Store(true)
+	cl := testutil.StartClient(t, srv[0], testutil.ClientOptions{Token: "tcp:" + echo, WrapConn: gate.wrap,
+		Mutate: func(c *client.Config) {
+			c.Servers, c.TCPServers = addrs, tcpAddrs
+			c.DrainTimeout = 500 * time.Millisecond
+		}})
+	require.NoError(t, tcpEcho(cl.Addr, "first", 20*time.Second), "the first tunnel, over TCP")
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv[0].Metrics.ActiveTCPConnections), "to the first server")
+	assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.Transport.WithLabelValues("tcp")))
+
+	proxy[0].kill()
+	killed := time.Now()
+	// A tunnel opened before the client has read the reset goes on the
+	// dead connection and is reset too: try until one gets through.
+	require.Eventually(t, func() bool { return tcpEcho(cl.Addr, "after", 2*time.Second) == nil }, 10*time.Second, 10*time.Millisecond,
+		"a new tunnel after the first server died")
+	took := time.Since(killed)
+	t.Logf("a new tunnel over TCP to the second server %v after the first died", took.Round(time.Millisecond))
+	assert.Less(t, took, 3*time.Second)
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv[1].Metrics.ActiveTCPConnections), "over TCP to the second server")
+	for _, tn := range cl.Client.Registry().List(time.Now()) {
+		assert.Equal(t, "tcp", tn.Transport)
+	}
+}
+
+// TestTCPModeSeveralServers (issue 33): --transport tcp with two servers
+// carries tunnels over TCP and fails over to the second when the first
+// dies.
+func TestTCPModeSeveralServers(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	state := t.TempDir()
+	var srv [2]*testutil.Server
+	var proxy [2]*killableProxy
+	tcpAddrs := map[string]string{}
+	var addrs []string
+	for i := range srv {
+		srv[i] = testutil.StartServer(t, testutil.ServerOptions{StateDir: state, TCP: true, Allow: []string{"tcp:" + echo}})
+		proxy[i] = newKillableProxy(t, srv[i].TCPAddr)
+		addrs = append(addrs, srv[i].Addr)
+		tcpAddrs[srv[i].Addr] = proxy[i].addr()
+	}
+	cl := testutil.StartClient(t, srv[0], testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true,
+		Mutate: func(c *client.Config) {
+			c.Servers, c.TCPServers, c.Transport = addrs, tcpAddrs, client.TransportTCP
+		}})
+	require.NoError(t, tcpEcho(cl.Addr, "first", 10*time.Second))
+	proxy[0].kill()
+	require.Eventually(t, func() bool { return tcpEcho(cl.Addr, "after", 2*time.Second) == nil }, 10*time.Second, 10*time.Millisecond,
+		"a new tunnel after the first server died")
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv[1].Metrics.ActiveTCPConnections))
+	assert.Zero(t, promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("ok")), "no QUIC with --transport tcp")
+}
+
+// TestWrongSecretAttempts (issue 33): a client with a wrong secret and
+// UDP open backs off (a few attempts, QUIC and TCP together, not a
+// reconnect loop), never falls back to TCP (the server answered over UDP),
+// and says so once at -v 0, naming the fix.
+func TestWrongSecretAttempts(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo}})
+	var logs logLines
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: []byte("not-the-right-secret-at-all"),
+		Logger: logs.logger(), Mutate: func(c *client.Config) { c.TCPServerAddr = srv.TCPAddr }})
+	const window = 6 * time.Second
+	time.Sleep(window) // what happens in a fixed window of wall time is what is counted
+	var quic, tcp float64
+	for _, r := range []string{"ok", "ok_0rtt", "0rtt_rejected", "error", "auth_failed", "cert_rejected"} {
+		quic += promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues(r))
+	}
+	for _, r := range []string{"ok", "error", "cert_rejected"} {
+		tcp += promtest.ToFloat64(cl.Metrics.TCPDialsTotal.WithLabelValues(r))
+	}
+	t.Logf("in %v: %v QUIC attempts, %v TCP attempts; log:\n%s", window, quic, tcp, &logs)
+	assert.LessOrEqual(t, quic+tcp, 5.0, "attempts in %v (2 s doubling, full jitter)", window)
+	assert.GreaterOrEqual(t, quic, 1.0)
+	assert.Zero(t, tcp, "no TCP fallback: the server answered over UDP")
+	assert.Equal(t, 1, logs.count("Server rejected our credentials", "same secret as the server's --secret-file"), "logs: %s", &logs)
+	lines := strings.Count(logs.String(), "\n")
+	assert.LessOrEqual(t, lines, 5, "lines at -v 0: %s", &logs)
+}
