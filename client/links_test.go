@@ -42,7 +42,7 @@ func (fakeConn) QUIC() *quic.Conn                                       { return
 func fakeClient(t *testing.T, mode Mode, n int, labels ...string) *Client {
 	t.Helper()
 	c := &Client{cfg: Config{Mode: mode, FailbackAfter: 10 * time.Second, Metrics: NewMetrics(prometheus.NewRegistry())},
-		changed: make(chan struct{}), logger: klog.Background()}
+		changed: make(chan struct{}), logger: klog.Background(), tcpTickets: tls.NewLRUClientSessionCache(0)}
 	for i, l := range labels {
 		c.servers = append(c.servers, &server{idx: i, addr: l, label: l})
 	}

@@ -71,18 +71,6 @@ func (c overTCP) verified(maxStreams int64) {
 	c.OpenReceiveWindows()
 }
 
-// quicOf is the QUIC connection behind c (a tunnelConn or a bare
-// *quic.Conn), nil for a TCP one.
-func quicOf(c egress.Conn) *quic.Conn {
-	switch c := c.(type) {
-	case tunnelConn:
-		return c.asQUIC()
-	case *quic.Conn:
-		return c
-	}
-	return nil
-}
-
 // ingressOf is c as ingress opens streams on it (a reverse forward's toward
 // the client): QUIC or TCP; nil for anything else.
 func ingressOf(c egress.Conn) ingress.Conn {

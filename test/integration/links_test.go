@@ -57,6 +57,12 @@ func (p *killableProxy) addr() string { return p.ln.Addr().String() }
 
 func (p *killableProxy) kill() {
 	_ = p.ln.Close()
+	p.cut()
+	p.wg.Wait()
+}
+
+// cut resets the connections relayed now; new ones are still accepted.
+func (p *killableProxy) cut() {
 	p.mu.Lock()
 	for _, c := range p.conns {
 		if tc, ok := c.(*net.TCPConn); ok {
@@ -66,7 +72,6 @@ func (p *killableProxy) kill() {
 	}
 	p.conns = nil
 	p.mu.Unlock()
-	p.wg.Wait()
 }
 
 // TestTCPFailoverAcrossServers (issue 33): two servers, UDP blocked from
@@ -152,12 +157,19 @@ func TestWrongSecretAttempts(t *testing.T) {
 	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo}})
 	var logs logLines
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: []byte("not-the-right-secret-at-all"),
-		Logger: logs.logger(), Mutate: func(c *client.Config) { c.TCPServerAddr = srv.TCPAddr }})
+		Logger: logs.logger(), Mutate: func(c *client.Config) {
+			c.TCPServerAddr = srv.TCPAddr
+			c.Backoff = client.DefaultBackoff() // the binary's pacing, not the tests' quicker one
+		}})
 	const window = 6 * time.Second
 	time.Sleep(window) // what happens in a fixed window of wall time is what is counted
+	// Each attempt counts once (0rtt_rejected marks an attempt counted as
+	// ok too).
 	var quic, tcp float64
-	for _, r := range []string{"ok", "ok_0rtt", "0rtt_rejected", "error", "auth_failed", "cert_rejected"} {
-		quic += promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues(r))
+	for _, r := range []string{"ok", "ok_0rtt", "error", "auth_failed", "cert_rejected"} {
+		n := promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues(r))
+		t.Logf("QUIC attempts %s: %v", r, n)
+		quic += n
 	}
 	for _, r := range []string{"ok", "error", "cert_rejected"} {
 		tcp += promtest.ToFloat64(cl.Metrics.TCPDialsTotal.WithLabelValues(r))
@@ -169,4 +181,24 @@ func TestWrongSecretAttempts(t *testing.T) {
 	assert.Equal(t, 1, logs.count("Server rejected our credentials", "same secret as the server's --secret-file"), "logs: %s", &logs)
 	lines := strings.Count(logs.String(), "\n")
 	assert.LessOrEqual(t, lines, 5, "lines at -v 0: %s", &logs)
+}
+
+// TestTCPReconnectResumes (issue 33): a TCP connection that comes back
+// after a loss resumes its TLS session (a ticket the client kept for that
+// server): one round trip and no certificate chain less.
+func TestTCPReconnectResumes(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo}})
+	proxy := newKillableProxy(t, srv.TCPAddr)
+	logs := &logLines{verbosity: 2}
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Logger: logs.logger(),
+		Mutate: func(c *client.Config) { c.Transport, c.TCPServerAddr = client.TransportTCP, proxy.addr() }})
+	require.NoError(t, tcpEcho(cl.Addr, "first", 10*time.Second))
+	assert.Equal(t, 1, logs.count("Connected to server over TCP", `"resumed"=false`), "the first handshake is a full one: %s", logs)
+	proxy.cut()
+	require.Eventually(t, func() bool { return logs.count("Connected to server over TCP") == 2 }, 10*time.Second, 10*time.Millisecond,
+		"the client reconnects: %s", logs)
+	assert.Equal(t, 1, logs.count("Connected to server over TCP", `"resumed"=true`), "the reconnect resumes: %s", logs)
+	require.Eventually(t, func() bool { return tcpEcho(cl.Addr, "after", 2*time.Second) == nil }, 10*time.Second, 10*time.Millisecond)
 }

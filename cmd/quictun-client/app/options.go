@@ -154,6 +154,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 }
 
 // Validate returns every problem at once.
+//
+//nolint:funlen // a flat list of independent checks, each naming its flag (errors.Join)
 func (o *Options) Validate() error {
 	var errs []error
 	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
