@@ -792,10 +792,18 @@ func (q *quicLink) dialFailed(ctx context.Context, err error) {
 	} else {
 		met.DialsTotal.WithLabelValues("error").Inc()
 	}
-	if msg := err.Error(); msg != q.lastDialErr {
+	var idle *quic.IdleTimeoutError
+	var hs *quic.HandshakeTimeoutError
+	overTCP := c.fb.carrying() == TransportTCP && (errors.As(err, &idle) || errors.As(err, &hs) || errors.Is(err, context.DeadlineExceeded))
+	switch msg := err.Error(); {
+	case overTCP:
+		// Tunnels go over TCP, which the -v 0 log said (UDP blocked?): a
+		// QUIC attempt with no answer is no news.
+		q.logger.V(2).Info("Could not connect to server over QUIC; tunnels go over TCP", "address", srv.addr, "err", err)
+	case msg != q.lastDialErr:
 		q.lastDialErr, q.loggedFailure = msg, true
 		q.logger.Error(err, "Could not connect to server; retrying", append([]any{"address", srv.addr, "fix", DialErrorFix(srv.addr, err)}, kv...)...)
-	} else {
+	default:
 		q.logger.V(2).Info("Could not connect to server", "address", srv.addr, "attempt", m.bo.Attempts()+1, "err", err)
 	}
 	if authFailed {

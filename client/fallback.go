@@ -272,6 +272,14 @@ func (f *fallback) active() bool {
 	return f.sess != nil && f.mode == TransportAuto
 }
 
+// carrying is the transport the links' health says carries new tunnels
+// ("" before any link came up; see carryLocked).
+func (f *fallback) carrying() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.carrier
+}
+
 // conn is the TCP session's connection, or nil.
 func (f *fallback) conn() *tcpmux.Conn {
 	f.mu.Lock()

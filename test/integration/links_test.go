@@ -202,3 +202,23 @@ func TestTCPReconnectResumes(t *testing.T) {
 	assert.Equal(t, 1, logs.count("Connected to server over TCP", `"resumed"=true`), "the reconnect resumes: %s", logs)
 	require.Eventually(t, func() bool { return tcpEcho(cl.Addr, "after", 2*time.Second) == nil }, 10*time.Second, 10*time.Millisecond)
 }
+
+// TestUDPBlockedSaidAtOnce (issue 33): with UDP blocked from the start the
+// -v 0 log says tunnels go over TCP as soon as its connection is up, and
+// the transport gauge says so, before any tunnel; the QUIC attempts that
+// get no answer meanwhile are not errors at -v 0.
+func TestUDPBlockedSaidAtOnce(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true})
+	gate := &udpGate{}
+	gate.blocked.Store(true)
+	var logs logLines
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", WrapConn: gate.wrap, Logger: logs.logger(),
+		Mutate: func(c *client.Config) { c.TCPServerAddr = srv.TCPAddr }})
+	require.Eventually(t, func() bool { return logs.count("New tunnels go over TCP") == 1 }, 20*time.Second, 10*time.Millisecond,
+		"said with no tunnel opened: %s", &logs)
+	assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.Transport.WithLabelValues("tcp")))
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("error")) >= 1 },
+		20*time.Second, 10*time.Millisecond, "a QUIC attempt timed out")
+	assert.Zero(t, logs.count("Could not connect to server"), "logs: %s", &logs)
+}
