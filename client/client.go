@@ -452,7 +452,7 @@ func (c *Client) Ready() bool {
 		return false
 	}
 	noSecret := len(*c.secret.Load()) == 0
-	if c.fb.session() != nil && !c.fb.authRefused.Load() && (noSecret || c.fb.confirmed.Load()) {
+	if c.fb.ready(!noSecret) {
 		return true // over TCP (fallback.go)
 	}
 	c.mu.Lock()
@@ -517,8 +517,10 @@ func (c *Client) ConnStats() []transport.ConnStats {
 	for _, l := range live {
 		out = append(out, transport.ConnStatsOf(l.label, l.conn))
 	}
-	if t := c.fb.conn(); t != nil && t.Context().Err() == nil {
-		out = append(out, transport.TCPConnStats(transport.TransportTCP, t.RemoteAddr(), t.LocalAddr()))
+	for _, t := range c.fb.conns() {
+		if t.Context().Err() == nil {
+			out = append(out, transport.TCPConnStats(transport.TransportTCP, t.RemoteAddr(), t.LocalAddr()))
+		}
 	}
 	return out
 }
@@ -646,7 +648,7 @@ func (c *Client) sessionsChanged() {
 func (c *Client) updateSessionUp() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cfg.Metrics.SessionUp.Set(boolGauge(c.up > 0 || c.fb.session() != nil))
+	c.cfg.Metrics.SessionUp.Set(boolGauge(c.up > 0 || c.fb.anyTCP()))
 }
 
 // supervise owns m's QUIC connection: one link loop, dial -> hello ->

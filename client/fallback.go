@@ -71,9 +71,11 @@ type fallback struct {
 	answering func()
 
 	mu sync.Mutex
-	// sess is the TCP session, nil if none; tcp its connection.
-	sess *session
-	tcp  *tcpmux.Conn
+	// slots are the TCP connections' places, one per tcpLink: one (the
+	// servers in turn) in auto mode and with one server, one per server
+	// with --transport tcp and several (as QUIC's links: failover or
+	// spread).
+	slots []*tcpSlot
 	// downSince is when QUIC stopped being usable (zero: usable, or no
 	// attempt yet). up and suspect are per QUIC connection (a member of the
 	// client's, one per server and --connections): up, its handshake done;
@@ -96,12 +98,22 @@ type fallback struct {
 	// connection came up meanwhile; until then new tunnels wait for QUIC
 	// rather than go over TCP (see choose).
 	quicGraceUntil time.Time
+}
 
-	// confirmed: the server accepted our hello on the current TCP session;
+// tcpSlot is one TCP link's current session (sess, tcp: nil when none,
+// guarded by fallback.mu) and its server's answer to our hello.
+type tcpSlot struct {
+	sess *session
+	tcp  *tcpmux.Conn
+	// confirmed: the server accepted our hello on the current session;
 	// authRefused: it refused our credentials there (Client.Ready).
 	confirmed   atomic.Bool
 	authRefused atomic.Bool
 }
+
+// liveLocked reports whether the slot has a session whose connection has
+// not ended.
+func (s *tcpSlot) liveLocked() bool { return s.sess != nil && s.sess.Conn.Context().Err() == nil }
 
 func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
 	if mode == "" {
@@ -110,8 +122,15 @@ func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
 	if delay <= 0 {
 		delay = DefaultFallbackDelay
 	}
-	f := &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1),
+	n := 1
+	if c != nil && mode == TransportTCP {
+		n = len(c.servers)
+	}
+	f := &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1), slots: make([]*tcpSlot, n),
 		up: map[any]bool{}, suspect: map[any]bool{}, refused: map[any]bool{}, pending: map[any]rxCounter{}}
+	for i := range f.slots {
+		f.slots[i] = &tcpSlot{}
+	}
 	if c != nil {
 		f.heartbeat, f.answering = c.cfg.HeartbeatInterval, c.sessionsChanged
 	}
@@ -173,7 +192,7 @@ func (f *fallback) quicUsable(k any, up bool) {
 	delete(f.suspect, k)
 	if f.usableLocked() {
 		f.downSince = time.Time{}
-		if f.sess == nil {
+		if !f.anyTCPLocked() {
 			f.carryLocked(TransportQUIC)
 		}
 	} else if f.downSince.IsZero() {
@@ -269,7 +288,54 @@ func (f *fallback) wantedLocked(now time.Time) (bool, time.Time) {
 func (f *fallback) active() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.sess != nil && f.mode == TransportAuto
+	return f.anyTCPLocked() && f.mode == TransportAuto
+}
+
+// anyTCPLocked reports whether a TCP session is there.
+func (f *fallback) anyTCPLocked() bool {
+	for _, s := range f.slots {
+		if s.sess != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// ready reports whether a TCP session is up whose server did not refuse
+// our credentials and, with a secret (confirmedNeeded), accepted our hello.
+func (f *fallback) ready(confirmedNeeded bool) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.slots {
+		if s.sess != nil && !s.authRefused.Load() && (!confirmedNeeded || s.confirmed.Load()) {
+			return true
+		}
+	}
+	return false
+}
+
+// tcpLocked is the TCP session a new tunnel goes on (nil: none live): with
+// one slot its session; with one per server (--transport tcp), as QUIC's
+// links are placed: failover, the first server's in order; spread, the
+// one with the fewest streams.
+func (f *fallback) tcpLocked() *session {
+	var best *tcpSlot
+	for _, s := range f.slots {
+		if !s.liveLocked() {
+			continue
+		}
+		if best == nil || (f.c != nil && f.c.cfg.Mode == ModeSpread && s.tcp != nil && best.tcp != nil &&
+			s.tcp.NumStreams() < best.tcp.NumStreams()) {
+			best = s
+		}
+		if f.c == nil || f.c.cfg.Mode != ModeSpread {
+			break
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	return best.sess
 }
 
 // carrying is the transport the links' health says carries new tunnels
@@ -280,18 +346,24 @@ func (f *fallback) carrying() string {
 	return f.carrier
 }
 
-// conn is the TCP session's connection, or nil.
-func (f *fallback) conn() *tcpmux.Conn {
+// conns are the TCP sessions' connections.
+func (f *fallback) conns() []*tcpmux.Conn {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.tcp
+	var out []*tcpmux.Conn
+	for _, s := range f.slots {
+		if s.tcp != nil {
+			out = append(out, s.tcp)
+		}
+	}
+	return out
 }
 
-// session is the TCP session, or nil.
-func (f *fallback) session() *session {
+// anyTCP reports whether a TCP session is there.
+func (f *fallback) anyTCP() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.sess
+	return f.anyTCPLocked()
 }
 
 // choose returns the session a new tunnel goes on: QUIC's (cur) while it
@@ -306,10 +378,7 @@ func (f *fallback) session() *session {
 func (f *fallback) choose(cur *session, now time.Time) (s *session, retry time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	tcp := f.sess
-	if tcp != nil && tcp.Conn.Context().Err() != nil {
-		tcp = nil
-	}
+	tcp := f.tcpLocked()
 	quicOK := cur != nil && cur.Conn.Context().Err() == nil
 	switch f.pickLocked(quicOK, tcp != nil, now) {
 	case TransportQUIC:
@@ -400,18 +469,18 @@ func boolGauge(b bool) float64 {
 // setSession replaces the TCP session and wakes ingress's waiters; a new
 // one that took took to connect holds new tunnels back for a silent QUIC
 // connection for quicGrace(took) (choose).
-func (f *fallback) setSession(s *session, tcp *tcpmux.Conn, took time.Duration, addr ...string) {
+func (f *fallback) setSession(slot *tcpSlot, s *session, tcp *tcpmux.Conn, took time.Duration, addr ...string) {
 	f.mu.Lock()
-	f.sess, f.tcp = s, tcp
+	slot.sess, slot.tcp = s, tcp
 	if len(addr) > 0 {
 		f.addr = addr[0]
 	}
 	if s != nil {
 		f.carryLocked(TransportTCP)
-	} else if f.usableLocked() {
+	} else if f.usableLocked() && !f.anyTCPLocked() {
 		f.carryLocked(TransportQUIC)
 	}
-	f.confirmed.Store(false)
+	slot.confirmed.Store(false)
 	f.quicGraceUntil = time.Time{}
 	if s != nil && f.mode == TransportAuto {
 		f.quicGraceUntil = time.Now().Add(f.quicGrace(took))
@@ -425,9 +494,19 @@ func (f *fallback) run(ctx context.Context) {
 	if f.mode == TransportQUIC {
 		return
 	}
-	t := &tcpLink{f: f, logger: klog.FromContext(ctx), stopReverse: func() {},
-		bo:     &backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Clock: backoff.RealClock()},
-		authBo: authBackoff(f.c.cfg.Backoff)}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i, slot := range f.slots {
+		t := &tcpLink{f: f, slot: slot, logger: klog.FromContext(ctx), stopReverse: func() {},
+			bo:     &backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Clock: backoff.RealClock()},
+			authBo: authBackoff(f.c.cfg.Backoff), target: i, fixed: len(f.slots) > 1}
+		wg.Go(func() { t.run(ctx) })
+	}
+}
+
+// run keeps t's TCP connection while it is wanted, until ctx ends.
+func (t *tcpLink) run(ctx context.Context) {
+	f := t.f
 	defer t.hellos.Wait()
 	defer t.close()
 	for ctx.Err() == nil {
@@ -456,8 +535,12 @@ type tcpLink struct {
 	// bo paces dials that fail and connections that end at once; authBo
 	// those the server refused our credentials on.
 	bo, authBo *backoff.Backoff
-	// target is the index of the server dialed next (Client.servers).
+	// slot is where its session is published (fallback.slots).
+	slot *tcpSlot
+	// target is the index of the server dialed next (Client.servers);
+	// fixed: always that one (a link per server, --transport tcp).
 	target int
+	fixed  bool
 	conn   *tcpmux.Conn
 	// srv is conn's server, upSince when it came up.
 	srv     *server
@@ -481,7 +564,7 @@ func (t *tcpLink) close() {
 	t.stopReverse()
 	if t.conn != nil {
 		_ = t.conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
-		t.f.setSession(nil, nil, 0)
+		t.f.setSession(t.slot, nil, nil, 0)
 	}
 }
 
@@ -505,9 +588,9 @@ func (t *tcpLink) connect(ctx context.Context) {
 	s := &session{Conn: ingress.OverTCP(conn), Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop)}
 	t.logger.V(2).Info("Connected to server over TCP", "address", addr, "localAddress", conn.LocalAddr().String(),
 		"resumed", conn.TLS().DidResume, "handshakeDuration", time.Since(dialed))
-	f.authRefused.Store(false)
-	f.setSession(s, conn, time.Since(dialed), addr) // before the hello: it clears what the hello confirms
-	t.hellos.Go(func() { c.helloTCP(ctx, s) })
+	t.slot.authRefused.Store(false)
+	f.setSession(t.slot, s, conn, time.Since(dialed), addr) // before the hello: it clears what the hello confirms
+	t.hellos.Go(func() { c.helloTCP(ctx, s, t.slot) })
 	rctx, stop := context.WithCancel(ctx)
 	t.stopReverse = stop
 	t.hellos.Go(func() { c.reverseOn(rctx, s, conn, srv) })
@@ -528,7 +611,9 @@ func (t *tcpLink) dialFailed(ctx context.Context, srv *server, addr string, err 
 		m.TCPDialsTotal.WithLabelValues("error").Inc()
 	}
 	t.logger.V(2).Info("Could not connect to server over TCP", "address", addr, "err", err)
-	t.target++
+	if !t.fixed {
+		t.target++
+	}
 	_ = t.bo.Wait(ctx)
 }
 
@@ -542,10 +627,10 @@ func (t *tcpLink) lost(ctx context.Context) {
 	_ = t.conn.CloseWithError(0, "")
 	t.conn = nil
 	t.stopReverse()
-	f.setSession(nil, nil, 0)
+	f.setSession(t.slot, nil, nil, 0)
 	addr := f.addrOf(t.srv)
 	code, remote := proto.FromError(cause)
-	if (remote && code == proto.CodeAuthFailed) || f.authRefused.Load() {
+	if (remote && code == proto.CodeAuthFailed) || t.slot.authRefused.Load() {
 		t.srv.authRefused.Store(true)
 		if c.refusedBefore(cause.Error()) {
 			t.logger.V(2).Info("Server rejected our credentials again over TCP", "address", addr, "err", cause)
@@ -594,8 +679,10 @@ func (t *tcpLink) idle(ctx context.Context, wanted bool, at time.Time) {
 			t.logger.V(2).Info("Closed TCP connection to server: QUIC carries new tunnels", "address", f.addrOf(t.srv))
 			_ = t.conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "back on QUIC")
 			t.conn = nil
-			t.target = 0 // the next fallback starts with the first server again
-			f.setSession(nil, nil, 0)
+			if !t.fixed {
+				t.target = 0 // the next fallback starts with the first server again
+			}
+			f.setSession(t.slot, nil, nil, 0)
 			return
 		}
 		timer = time.NewTimer(time.Second) // its tunnels finish there
@@ -682,8 +769,9 @@ func withServerName(conf *tls.Config, s *server, several bool) *tls.Config {
 	return conf
 }
 
-// helloTCP is hello for a TCP session (see hello.go).
-func (c *Client) helloTCP(ctx context.Context, sess *session) {
+// helloTCP is hello for a TCP session (see hello.go); slot records the
+// answer.
+func (c *Client) helloTCP(ctx context.Context, sess *session, slot *tcpSlot) {
 	secret := *c.secret.Load()
 	if len(secret) == 0 {
 		return
@@ -703,10 +791,10 @@ func (c *Client) helloTCP(ctx context.Context, sess *session) {
 	code, remote := proto.FromError(err)
 	switch {
 	case err == nil, remote && code != proto.CodeAuthFailed && code != proto.CodeOverloaded:
-		c.fb.authRefused.Store(false)
-		c.fb.confirmed.Store(true)
+		slot.authRefused.Store(false)
+		slot.confirmed.Store(true)
 	case remote && code == proto.CodeAuthFailed:
-		c.fb.authRefused.Store(true)
+		slot.authRefused.Store(true)
 	default:
 		klog.FromContext(ctx).V(2).Info("Server did not answer our hello over TCP", "err", err)
 	}

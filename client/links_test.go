@@ -185,10 +185,10 @@ func TestTransportGaugeFollowsHealth(t *testing.T) {
 	gauge := func(tr string) float64 { return promtest.ToFloat64(c.cfg.Metrics.Transport.WithLabelValues(tr)) }
 	f := c.fb
 	f.quicDialing()
-	f.setSession(&session{Conn: fakeConn{t.Context()}}, nil, time.Millisecond, "a")
+	f.setSession(f.slots[0], &session{Conn: fakeConn{t.Context()}}, nil, time.Millisecond, "a")
 	assert.Equal(t, 1.0, gauge(TransportTCP), "TCP up")
 	assert.Zero(t, gauge(TransportQUIC))
-	f.setSession(nil, nil, 0)
+	f.setSession(f.slots[0], nil, nil, 0)
 	f.quicUsable("m", true)
 	assert.Equal(t, 1.0, gauge(TransportQUIC), "QUIC usable, no TCP")
 	assert.Zero(t, gauge(TransportTCP))

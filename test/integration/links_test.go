@@ -140,11 +140,50 @@ func TestTCPModeSeveralServers(t *testing.T) {
 			c.Servers, c.TCPServers, c.Transport = addrs, tcpAddrs, client.TransportTCP
 		}})
 	require.NoError(t, tcpEcho(cl.Addr, "first", 10*time.Second))
+	// A TCP link per server, as QUIC's: the second one is a warm standby.
+	require.Eventually(t, func() bool { return promtest.ToFloat64(srv[1].Metrics.ActiveTCPConnections) == 1 }, 10*time.Second,
+		10*time.Millisecond, "the standby's TCP connection")
+	long := dial(t, cl.Addr)
+	echoOnce(t, long, "held open")
+	require.Eventually(t, func() bool { return active(srv[0]) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"failover: tunnels on the first server")
+	assert.Zero(t, active(srv[1]))
 	proxy[0].kill()
 	require.Eventually(t, func() bool { return tcpEcho(cl.Addr, "after", 2*time.Second) == nil }, 10*time.Second, 10*time.Millisecond,
 		"a new tunnel after the first server died")
 	assert.Equal(t, 1.0, promtest.ToFloat64(srv[1].Metrics.ActiveTCPConnections))
 	assert.Zero(t, promtest.ToFloat64(cl.Metrics.DialsTotal.WithLabelValues("ok")), "no QUIC with --transport tcp")
+}
+
+// TestTCPModeSpread (issue 33): --transport tcp with two servers in spread
+// mode places tunnels on both servers' TCP connections, as QUIC's links.
+func TestTCPModeSpread(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	state := t.TempDir()
+	var srv [2]*testutil.Server
+	var addrs []string
+	tcpAddrs := map[string]string{}
+	for i := range srv {
+		srv[i] = testutil.StartServer(t, testutil.ServerOptions{StateDir: state, TCP: true, Allow: []string{"tcp:" + echo}})
+		addrs = append(addrs, srv[i].Addr)
+		tcpAddrs[srv[i].Addr] = srv[i].TCPAddr
+	}
+	cl := testutil.StartClient(t, srv[0], testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true,
+		Mutate: func(c *client.Config) {
+			c.Servers, c.TCPServers, c.Transport, c.Mode = addrs, tcpAddrs, client.TransportTCP, client.ModeSpread
+		}})
+	for i := range srv {
+		require.Eventually(t, func() bool { return promtest.ToFloat64(srv[i].Metrics.ActiveTCPConnections) == 1 }, 10*time.Second,
+			10*time.Millisecond, "server %d's TCP connection", i)
+	}
+	for i := range 10 {
+		echoOnce(t, dial(t, cl.Addr), "held open "+string(rune('a'+i))) // held open until the test ends
+	}
+	require.Eventually(t, func() bool { return active(srv[0])+active(srv[1]) == 10 }, 10*time.Second, 10*time.Millisecond)
+	a, b := active(srv[0]), active(srv[1])
+	t.Logf("10 tunnels: %d on the first server, %d on the second", a, b)
+	assert.InDelta(t, 5, a, 1, "spread by streams")
 }
 
 // TestWrongSecretAttempts (issue 33): a client with a wrong secret and
