@@ -205,13 +205,19 @@ func DefaultBackoff() *backoff.Backoff {
 }
 
 // authBackoff is the pacing of redials after the server refused our
-// credentials (auth_failed): bo's jittered exponential backoff, but from
-// 2 s and up to three times bo's longest delay (30 s by default), so a
-// client with a wrong secret makes about eight attempts a minute. Only a
-// new secret (a reload, which cuts the wait short) or the server's keys
-// change the answer.
+// credentials (auth_failed): a jittered exponential backoff from 2 s up to
+// three times bo's longest delay (30 s by default), each delay between half
+// its ceiling and the ceiling ("equal jitter"), so a client with a wrong
+// secret makes at most eight attempts a minute (about six). Only a new
+// secret (a reload, which cuts the wait short) or the server's keys change
+// the answer.
 func authBackoff(bo *backoff.Backoff) *backoff.Backoff {
-	return &backoff.Backoff{Initial: 2 * time.Second, Max: 3 * bo.Max, Multiplier: 2, Clock: bo.Clock, Rand: bo.Rand}
+	r := bo.Rand
+	if r == nil {
+		r = rand.Float64
+	}
+	return &backoff.Backoff{Initial: 2 * time.Second, Max: 3 * bo.Max, Multiplier: 2, Clock: bo.Clock,
+		Rand: func() float64 { return 0.5 + 0.5*r() }}
 }
 
 // Client is a quictun client. Create it with New and call Run once.

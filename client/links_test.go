@@ -195,18 +195,20 @@ func TestTransportGaugeFollowsHealth(t *testing.T) {
 }
 
 // TestAuthBackoffPace: after refusals of our credentials the redials are
-// paced from 2 s up to 30 s (jittered): even at the mean of the jitter, a
-// minute holds fewer than 10 attempts.
+// paced from 2 s up to 30 s, each delay at least half its ceiling: even
+// with the shortest delays the jitter can draw, a minute holds at most 8
+// attempts (the target: 10).
 func TestAuthBackoffPace(t *testing.T) {
 	t.Parallel()
-	bo := authBackoff(DefaultBackoff())
-	bo.Rand = func() float64 { return 0.5 }
+	base := DefaultBackoff()
+	base.Rand = func() float64 { return 0 } // the shortest delays
+	bo := authBackoff(base)
 	var elapsed time.Duration
 	attempts := 1
 	for elapsed += bo.Next(); elapsed < time.Minute; elapsed += bo.Next() {
 		attempts++
 	}
-	assert.LessOrEqual(t, attempts, 10)
+	assert.LessOrEqual(t, attempts, 8)
 	assert.Equal(t, 30*time.Second, bo.Ceiling())
 
 	quick := authBackoff(&backoff.Backoff{Initial: time.Millisecond, Max: 50 * time.Millisecond})
