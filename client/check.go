@@ -15,8 +15,8 @@ import (
 // e.g. after a 0-RTT rejection).
 func (c *Client) settled(ctx context.Context, l *link) bool {
 	select {
-	case <-l.Conn.HandshakeComplete():
-	case <-l.Conn.Context().Done():
+	case <-l.conn.HandshakeComplete():
+	case <-l.conn.Context().Done():
 		return false
 	case <-ctx.Done():
 		return false

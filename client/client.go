@@ -65,8 +65,13 @@ type Config struct {
 	// while QUIC cannot get through), TransportQUIC or TransportTCP.
 	Transport string
 	// TCPServerAddr is the server's TCP host:port (its --tcp-listen-on);
-	// "": ServerAddr.
+	// "": ServerAddr. With several servers it is the first one's.
 	TCPServerAddr string
+	// TCPServers are the TCP host:port of servers whose TCP listener is
+	// not at their QUIC host:port, by endpoint as written in Servers (as
+	// ServerTLS); TCPServerAddr is the first server's. The fallback dials
+	// the servers in turn: one that fails passes to the next.
+	TCPServers map[string]string
 	// FallbackDelay is how long QUIC may fail to connect before new tunnels
 	// go over TCP (0: DefaultFallbackDelay).
 	FallbackDelay time.Duration
@@ -199,6 +204,22 @@ func DefaultBackoff() *backoff.Backoff {
 		StableAfter: 30 * time.Second, Clock: backoff.RealClock()}
 }
 
+// authBackoff is the pacing of redials after the server refused our
+// credentials (auth_failed): a jittered exponential backoff from 2 s up to
+// three times bo's longest delay (30 s by default), each delay between half
+// its ceiling and the ceiling ("equal jitter"), so a client with a wrong
+// secret makes at most eight attempts a minute (about six). Only a new
+// secret (a reload, which cuts the wait short) or the server's keys change
+// the answer.
+func authBackoff(bo *backoff.Backoff) *backoff.Backoff {
+	r := bo.Rand
+	if r == nil {
+		r = rand.Float64
+	}
+	return &backoff.Backoff{Initial: 2 * time.Second, Max: 3 * bo.Max, Multiplier: 2, Clock: bo.Clock,
+		Rand: func() float64 { return 0.5 + 0.5*r() }}
+}
+
 // Client is a quictun client. Create it with New and call Run once.
 type Client struct {
 	cfg Config
@@ -241,6 +262,8 @@ type Client struct {
 	secret atomic.Pointer[[]byte]
 	// tlsConf is Config.TLS and Config.ServerTLS, replaced by SetTLS.
 	tlsConf atomic.Pointer[tlsConfigs]
+	// tcpTickets are the session tickets of the TCP connections (tcpTLS).
+	tcpTickets tls.ClientSessionCache
 	// tokens holds Config.Tokens, replaced by SetTokens.
 	tokens atomic.Pointer[TokenSource]
 	// ingress carries the local connections over the current session.
@@ -322,20 +345,17 @@ func (c *Client) SetSecret(secret []byte) {
 	}
 }
 
-// New checks cfg and returns a Client that dials from pc. The caller keeps
-// ownership of pc and closes it after Run returns.
-func New(cfg Config, pc net.PacketConn) (*Client, error) {
+// complete checks cfg and fills the fields left zero with their defaults.
+func (cfg *Config) complete() error {
 	switch {
 	case cfg.ServerAddr == "" && len(cfg.Servers) == 0:
-		return nil, errors.New("client: server address is required")
+		return errors.New("client: server address is required")
 	case cfg.TLS == nil && len(cfg.ServerTLS) == 0:
-		return nil, errors.New("client: TLS config is required")
+		return errors.New("client: TLS config is required")
 	case cfg.Tokens == nil && len(cfg.Listeners) > 0:
-		return nil, errors.New("client: token source is required for Listeners")
+		return errors.New("client: token source is required for Listeners")
 	case cfg.Metrics == nil:
-		return nil, errors.New("client: metrics are required")
-	case pc == nil:
-		return nil, errors.New("client: packet conn is required")
+		return errors.New("client: metrics are required")
 	}
 	def := DefaultConfig()
 	orDefault(&cfg.SessionWait, def.SessionWait)
@@ -359,17 +379,30 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		cfg.Transport = TransportAuto
 	case TransportAuto, TransportQUIC, TransportTCP:
 	default:
-		return nil, errNoTransport
+		return errNoTransport
 	}
 	if cfg.Mode == "" {
 		cfg.Mode = def.Mode
 	}
 	if _, err := ParseMode(string(cfg.Mode)); err != nil {
-		return nil, fmt.Errorf("client: %w", err)
+		return fmt.Errorf("client: %w", err)
 	}
 	orDefault(&cfg.ConnectionsPerServer, 1)
 	orDefault(&cfg.FailbackAfter, def.FailbackAfter)
-	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), logger: klog.Background()}
+	return nil
+}
+
+// New checks cfg and returns a Client that dials from pc. The caller keeps
+// ownership of pc and closes it after Run returns.
+func New(cfg Config, pc net.PacketConn) (*Client, error) {
+	if pc == nil {
+		return nil, errors.New("client: packet conn is required")
+	}
+	if err := cfg.complete(); err != nil {
+		return nil, err
+	}
+	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), logger: klog.Background(),
+		tcpTickets: tls.NewLRUClientSessionCache(0)}
 	if len(cfg.Servers) == 0 {
 		c.servers = []*server{{addr: cfg.ServerAddr, label: cfg.ServerAddr}}
 	} else {
@@ -425,14 +458,14 @@ func (c *Client) Ready() bool {
 		return false
 	}
 	noSecret := len(*c.secret.Load()) == 0
-	if c.fb.session() != nil && !c.fb.authRefused.Load() && (noSecret || c.fb.confirmed.Load()) {
+	if c.fb.ready(!noSecret) {
 		return true // over TCP (fallback.go)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, m := range c.members {
 		l := m.cur
-		if l.live() && !m.srv.authRefused.Load() && isClosed(l.Conn.HandshakeComplete()) && (noSecret || l.confirmed.Load()) {
+		if l.live() && !m.srv.authRefused.Load() && isClosed(l.conn.HandshakeComplete()) && (noSecret || l.confirmed.Load()) {
 			return true
 		}
 	}
@@ -452,7 +485,7 @@ type session = ingress.Session
 func (c *Client) newSession(conn *quic.Conn) *session {
 	prober := liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness).
 		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-	return &session{Conn: conn, Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
+	return &session{Conn: ingress.OverQUIC(conn), Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -482,7 +515,7 @@ func (c *Client) ConnStats() []transport.ConnStats {
 	var live []lc
 	for _, m := range c.members {
 		if m.cur != nil {
-			live = append(live, lc{m.label, m.cur.Conn})
+			live = append(live, lc{m.label, m.cur.conn})
 		}
 	}
 	c.mu.Unlock()
@@ -490,8 +523,10 @@ func (c *Client) ConnStats() []transport.ConnStats {
 	for _, l := range live {
 		out = append(out, transport.ConnStatsOf(l.label, l.conn))
 	}
-	if t := c.fb.session(); t != nil && t.TCP.Context().Err() == nil {
-		out = append(out, transport.TCPConnStats(transport.TransportTCP, t.TCP.RemoteAddr(), t.TCP.LocalAddr()))
+	for _, t := range c.fb.conns() {
+		if t.Context().Err() == nil {
+			out = append(out, transport.TCPConnStats(transport.TransportTCP, t.RemoteAddr(), t.LocalAddr()))
+		}
 	}
 	return out
 }
@@ -503,7 +538,7 @@ func (c *Client) conns() []*quic.Conn {
 	var out []*quic.Conn
 	for _, m := range c.members {
 		if m.cur.live() {
-			out = append(out, m.cur.Conn)
+			out = append(out, m.cur.conn)
 		}
 	}
 	return out
@@ -585,7 +620,7 @@ func (c *Client) Run(ctx context.Context) error {
 func (c *Client) setSession(m *member, sess *session) *link {
 	var l *link
 	if sess != nil {
-		l = &link{session: sess, m: m}
+		l = &link{session: sess, conn: sess.Conn.QUIC(), m: m}
 		c.links.Store(sess, l)
 	}
 	c.mu.Lock()
@@ -608,6 +643,7 @@ func (c *Client) sessionsChanged() {
 	c.mu.Lock()
 	close(c.changed)
 	c.changed = make(chan struct{})
+	c.steerLocked(time.Now())
 	c.mu.Unlock()
 	c.updateSessionUp()
 }
@@ -618,184 +654,270 @@ func (c *Client) sessionsChanged() {
 func (c *Client) updateSessionUp() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cfg.Metrics.SessionUp.Set(boolGauge(c.up > 0 || c.fb.session() != nil))
+	c.cfg.Metrics.SessionUp.Set(boolGauge(c.up > 0 || c.fb.anyTCP()))
 }
 
-// supervise owns m's QUIC connection: dial, wait for its end, redial.
+// supervise owns m's QUIC connection: one link loop, dial -> hello ->
+// serve -> backoff (quicLink), until ctx ends.
 func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 	logger := klog.FromContext(ctx)
 	if len(c.members) > 1 {
 		logger = klog.LoggerWithValues(logger, "server", m.srv.label, "conn", m.idx)
 		ctx = klog.NewContext(ctx, logger)
 	}
-	srv := m.srv
-	bo := m.bo
-	met := c.cfg.Metrics
-	// A failed dial is an error at -v 0 when its message differs from the
-	// previous failure's (a server that is down is not logged every second);
-	// the first connection, and the first after such an error, are logged at
-	// -v 0 too, so the default log says when the tunnel works. A refusal of
-	// our credentials is logged the same way, once until the server accepts
-	// them again (confirm logs that at -v 0); the reconnects in between are
-	// logged at -v 2, so the default log does not alternate "Connected" and
-	// "rejected" at every retry.
-	lastDialErr, connectedBefore, loggedFailure := "", false, false
-	// A lost connection is logged at -v 0 (and the reconnect after it), at
-	// most once per lostLogInterval: a server restart shows in the default
-	// log, a connection that keeps dropping does not fill it.
-	var lostLoggedAt time.Time
+	q := &quicLink{c: c, m: m, tr: tr, logger: logger}
 	// Each connection's hello (hello.go) runs beside it; all have ended
 	// when supervise returns (they end with their connection).
-	var hellos sync.WaitGroup
-	defer hellos.Wait()
-	startHello := func(l *link) {
-		hellos.Go(func() {
-			c.hello(ctx, l)
-			c.checkDestinations(ctx, l)
-		})
-		if l.m.idx == 0 {
-			// Reverse forwards are bound once per server (on its first
-			// connection: another would be refused addr_in_use), on every
-			// server, so they work whichever one a peer reaches.
-			hellos.Go(func() { c.serveReverse(ctx, l) })
-		}
-	}
-	// dialFailed counts and logs a connection attempt that did not complete
-	// its handshake, and waits for the next one.
-	dialFailed := func(err error) {
-		srv.markBad(time.Now())
-		var kv []any
-		if code, ok := proto.FromError(err); ok && code == proto.CodeAuthFailed {
-			met.DialsTotal.WithLabelValues("auth_failed").Inc()
-			srv.authRefused.Store(true)
-		} else if certRejected(err) {
-			met.DialsTotal.WithLabelValues("cert_rejected").Inc()
-			if fp := presentedFingerprint(err); fp != "" {
-				kv = append(kv, "presentedFingerprint", fp)
-			}
-		} else {
-			met.DialsTotal.WithLabelValues("error").Inc()
-		}
-		if msg := err.Error(); msg != lastDialErr {
-			lastDialErr, loggedFailure = msg, true
-			logger.Error(err, "Could not connect to server; retrying", append([]any{"address", srv.addr, "fix", DialErrorFix(srv.addr, err)}, kv...)...)
-		} else {
-			logger.V(2).Info("Could not connect to server", "address", srv.addr, "attempt", bo.Attempts()+1, "err", err)
-		}
-		c.waitBackoff(ctx, m)
-	}
+	defer q.hellos.Wait()
 	for ctx.Err() == nil {
-		start := time.Now()
-		c.fb.quicDialing()
-		conn, err := c.dial(ctx, tr, m)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			dialFailed(err)
+		l, start, ok := q.connect(ctx)
+		if !ok {
 			continue
 		}
-		id := c.nextConnID.Add(1)
-		l := c.setSession(m, c.newSession(conn)) // usable at once: with a session ticket, streams go out as 0-RTT data
-		startHello(l)
-		if !isClosed(conn.HandshakeComplete()) {
-			c.fb.quicPending(m, quicRx{conn})
-			select {
-			case <-conn.HandshakeComplete():
-			case <-conn.Context().Done():
-			case <-ctx.Done():
-			}
-			if conn.Context().Err() == nil && ctx.Err() == nil && !conn.ConnectionState().Used0RTT {
-				// The server rejected 0-RTT: its data was dropped; handlers re-send (earlyPhase).
-				met.DialsTotal.WithLabelValues("0rtt_rejected").Inc()
-				if next, err := conn.NextConnection(ctx); err == nil {
-					conn = next
-					l = c.setSession(m, c.newSession(conn))
-					startHello(l)
-				}
-			}
-		}
-		if ctx.Err() == nil && !isClosed(conn.HandshakeComplete()) {
-			// A resumed attempt whose handshake did not complete (the
-			// handshake timeout, a refusal): a failed dial, not a connection.
-			c.setSession(m, nil)
-			c.fb.quicUsable(m, false)
-			dialFailed(fmt.Errorf("dial %s: %w", srv.addr, context.Cause(conn.Context())))
-			continue
-		}
-		if conn.Context().Err() == nil && isClosed(conn.HandshakeComplete()) {
-			l.readyAt.Store(time.Now().UnixNano())
-		}
-		used0RTT := conn.ConnectionState().Used0RTT
-		if used0RTT {
-			met.DialsTotal.WithLabelValues("ok_0rtt").Inc()
-		} else {
-			met.DialsTotal.WithLabelValues("ok").Inc()
-		}
-		met.HandshakeDuration.Observe(time.Since(start).Seconds())
-		if conn.Context().Err() == nil {
-			c.fb.quicUsable(m, true)
-		}
-		level, msg := 2, "Connected to server"
-		if !connectedBefore || loggedFailure {
-			level = 0
-		}
-		if connectedBefore && loggedFailure {
-			msg = "Reconnected to server"
-		}
-		connectedBefore, loggedFailure, lastDialErr = true, false, ""
-		logger.V(level).Info(msg, "address", srv.addr, "connID", id,
-			"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT,
-			"serverFingerprint", serverFingerprint(conn))
-		upSince := time.Now()
-		bo.Success(upSince)
-
+		upSince := q.up(l, start)
 		c.monitor(ctx, tr, l) // returns when the connection or ctx ends
+		q.down(ctx, l, upSince)
+	}
+}
+
+// quicLink is the state of one member's QUIC link loop, one method per
+// step: connect (dial, the handshake, 0-RTT), up, down (log, backoff),
+// dialFailed.
+//
+// A failed dial is an error at -v 0 when its message differs from the
+// previous failure's (a server that is down is not logged every second);
+// the first connection, and the first after such an error, are logged at
+// -v 0 too, so the default log says when the tunnel works. A refusal of
+// our credentials is logged the same way, once until the server accepts
+// them again (confirm logs that at -v 0); the reconnects in between are
+// logged at -v 2, so the default log does not alternate "Connected" and
+// "rejected" at every retry. A lost connection is logged at -v 0 (and the
+// reconnect after it), at most once per lostLogInterval: a server restart
+// shows in the default log, a connection that keeps dropping does not
+// fill it.
+type quicLink struct {
+	c      *Client
+	m      *member
+	tr     *quic.Transport
+	logger klog.Logger
+
+	lastDialErr                    string
+	connID                         uint64 // the current connection's, for the log
+	connectedBefore, loggedFailure bool
+	lostLoggedAt                   time.Time
+	hellos                         sync.WaitGroup
+}
+
+// startHello starts l's hello and destination checks, and on each server's
+// first connection its reverse forwards (bound once per server: another
+// connection would be refused addr_in_use; on every server, so they work
+// whichever one a peer reaches).
+func (q *quicLink) startHello(ctx context.Context, l *link) {
+	q.hellos.Go(func() {
+		q.c.hello(ctx, l)
+		q.c.checkDestinations(ctx, l)
+	})
+	if l.m.idx == 0 {
+		q.hellos.Go(func() { q.c.serveReverse(ctx, l) })
+	}
+}
+
+// connect dials m's server and returns its link once the handshake is done
+// (a resumed connection is m's link at once: with a session ticket,
+// streams go out as 0-RTT data). ok is false after a failed attempt,
+// counted, logged and waited for.
+func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bool) {
+	c, m := q.c, q.m
+	start = time.Now()
+	c.fb.quicDialing()
+	conn, err := c.dial(ctx, q.tr, m)
+	if err != nil {
+		if ctx.Err() == nil {
+			q.dialFailed(ctx, err)
+		}
+		return nil, start, false
+	}
+	q.connID = c.nextConnID.Add(1)
+	l = c.setSession(m, c.newSession(conn))
+	q.startHello(ctx, l)
+	if !isClosed(conn.HandshakeComplete()) {
+		l = q.handshake(ctx, l)
+	}
+	if ctx.Err() == nil && !isClosed(l.conn.HandshakeComplete()) {
+		// A resumed attempt whose handshake did not complete (the
+		// handshake timeout, a refusal): a failed dial, not a connection.
 		c.setSession(m, nil)
 		c.fb.quicUsable(m, false)
-		srv.markBad(time.Now())
-		if ctx.Err() != nil {
-			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+		q.dialFailed(ctx, fmt.Errorf("dial %s: %w", m.srv.addr, context.Cause(l.conn.Context())))
+		return nil, start, false
+	}
+	return l, start, true
+}
+
+// handshake waits for the handshake of l, a resumed connection, and
+// returns the link that goes on: l, or after a rejection of 0-RTT (its
+// data was dropped; handlers re-send, ingress's earlyPhase) the link of
+// the connection without it.
+func (q *quicLink) handshake(ctx context.Context, l *link) *link {
+	c, conn := q.c, l.conn
+	c.fb.quicPending(q.m, quicRx{conn})
+	select {
+	case <-conn.HandshakeComplete():
+	case <-conn.Context().Done():
+	case <-ctx.Done():
+	}
+	if conn.Context().Err() != nil || ctx.Err() != nil || conn.ConnectionState().Used0RTT {
+		return l
+	}
+	c.cfg.Metrics.DialsTotal.WithLabelValues("0rtt_rejected").Inc()
+	next, err := conn.NextConnection(ctx)
+	if err != nil {
+		return l
+	}
+	l = c.setSession(q.m, c.newSession(next))
+	q.startHello(ctx, l)
+	return l
+}
+
+// dialFailed counts and logs a connection attempt that did not complete
+// its handshake, and waits for the next one: after a refusal of our
+// credentials the slower authBackoff, with no TCP meanwhile.
+func (q *quicLink) dialFailed(ctx context.Context, err error) {
+	c, m, srv := q.c, q.m, q.m.srv
+	met := c.cfg.Metrics
+	srv.markBad(time.Now())
+	var kv []any
+	authFailed := false
+	if code, ok := proto.FromError(err); ok && code == proto.CodeAuthFailed {
+		met.DialsTotal.WithLabelValues("auth_failed").Inc()
+		srv.authRefused.Store(true)
+		authFailed = true
+	} else if certRejected(err) {
+		met.DialsTotal.WithLabelValues("cert_rejected").Inc()
+		if fp := presentedFingerprint(err); fp != "" {
+			kv = append(kv, "presentedFingerprint", fp)
 		}
-		if c.cfg.QUICStat != nil {
-			c.cfg.QUICStat.Closed(conn.ConnectionStats())
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		cause := context.Cause(conn.Context())
-		spreadWait := reconnectWait(cause)
-		met.ReconnectsTotal.Inc()
-		bo.Failure(time.Now())
-		if code, ok := proto.FromError(cause); ok && code == proto.CodeAuthFailed {
-			srv.authRefused.Store(true)
-			if msg := cause.Error(); c.refusedBefore(msg) {
-				logger.V(2).Info("Server rejected our credentials again", "connID", id, "err", cause)
-			} else {
-				logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", id,
-					"fix", "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)")
-			}
-		} else if now := time.Now(); lostLoggedAt.IsZero() || now.Sub(lostLoggedAt) >= lostLogInterval {
-			lostLoggedAt, loggedFailure = now, true
-			logger.Info("Lost connection to server; reconnecting (tunnels opened meanwhile wait for the new connection)",
-				"address", srv.addr, "connID", id, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause,
-				"reconnectIn", spreadWait.Round(time.Millisecond))
-		} else {
-			logger.V(2).Info("Lost connection to server", "connID", id, "err", cause, "reconnectIn", spreadWait.Round(time.Millisecond))
-		}
-		// Reconnect at once after a connection that was up for a while (a
-		// server restart: streams opened meanwhile go out as 0-RTT data on
-		// the new connection and wait for the server there). Back off after
-		// failed attempts, and after a connection that ended right after it
-		// came up (the server refused our hello, or closes at once): the
-		// attempt count grows only in a wait, so without one that would be
-		// a reconnect loop without any delay.
-		switch {
-		case spreadWait > 0:
-			c.waitSpread(ctx, spreadWait)
-		case bo.Attempts() > 0 || time.Since(upSince) < shortConnection:
-			c.waitBackoff(ctx, m)
-		}
+	} else {
+		met.DialsTotal.WithLabelValues("error").Inc()
+	}
+	var idle *quic.IdleTimeoutError
+	var hs *quic.HandshakeTimeoutError
+	overTCP := c.fb.carrying() == TransportTCP && (errors.As(err, &idle) || errors.As(err, &hs) || errors.Is(err, context.DeadlineExceeded))
+	switch msg := err.Error(); {
+	case overTCP:
+		// Tunnels go over TCP, which the -v 0 log said (UDP blocked?): a
+		// QUIC attempt with no answer is no news.
+		q.logger.V(2).Info("Could not connect to server over QUIC; tunnels go over TCP", "address", srv.addr, "err", err)
+	case msg != q.lastDialErr:
+		q.lastDialErr, q.loggedFailure = msg, true
+		q.logger.Error(err, "Could not connect to server; retrying", append([]any{"address", srv.addr, "fix", DialErrorFix(srv.addr, err)}, kv...)...)
+	default:
+		q.logger.V(2).Info("Could not connect to server", "address", srv.addr, "attempt", m.bo.Attempts()+1, "err", err)
+	}
+	if authFailed {
+		c.waitAuthBackoff(ctx, m)
+		return
+	}
+	c.fb.quicRefused(m, false)
+	c.waitBackoff(ctx, m)
+}
+
+// up records l, its handshake done, as up: counted, told to the fallback,
+// logged (at -v 0 the first time and after a failure), the backoff
+// reset. It returns when.
+func (q *quicLink) up(l *link, start time.Time) time.Time {
+	c, conn, met := q.c, l.conn, q.c.cfg.Metrics
+	if conn.Context().Err() == nil && isClosed(conn.HandshakeComplete()) {
+		l.readyAt.Store(time.Now().UnixNano())
+	}
+	used0RTT := conn.ConnectionState().Used0RTT
+	if used0RTT {
+		met.DialsTotal.WithLabelValues("ok_0rtt").Inc()
+	} else {
+		met.DialsTotal.WithLabelValues("ok").Inc()
+	}
+	met.HandshakeDuration.Observe(time.Since(start).Seconds())
+	if conn.Context().Err() == nil {
+		c.fb.quicUsable(q.m, true)
+	}
+	level, msg := 2, "Connected to server"
+	if !q.connectedBefore || q.loggedFailure {
+		level = 0
+	}
+	if q.connectedBefore && q.loggedFailure {
+		msg = "Reconnected to server"
+	}
+	q.connectedBefore, q.loggedFailure, q.lastDialErr = true, false, ""
+	q.logger.V(level).Info(msg, "address", q.m.srv.addr, "connID", q.connID,
+		"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT,
+		"serverFingerprint", serverFingerprint(conn))
+	upSince := time.Now()
+	q.m.bo.Success(upSince)
+	return upSince
+}
+
+// down handles the end of l, up since upSince: it is no longer m's link;
+// the reason is logged (a refusal of our credentials once, a loss at most
+// once per lostLogInterval at -v 0) and the next dial waits: after a
+// refusal authBackoff; the spread a server shutting down asked for; the
+// backoff after failed attempts, and after a connection that ended right
+// after it came up (the server refused our hello, or closes at once: the
+// attempt count grows only in a wait, so without one that would be a
+// reconnect loop without any delay). A connection that was up for a while
+// (a server restart) is redialed at once: streams opened meanwhile go out
+// as 0-RTT data on the new connection and wait for the server there.
+func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
+	c, m, conn := q.c, q.m, l.conn
+	c.setSession(m, nil)
+	c.fb.quicUsable(m, false)
+	m.srv.markBad(time.Now())
+	if ctx.Err() != nil {
+		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+	}
+	if c.cfg.QUICStat != nil {
+		c.cfg.QUICStat.Closed(conn.ConnectionStats())
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	cause := context.Cause(conn.Context())
+	spreadWait := reconnectWait(cause)
+	c.cfg.Metrics.ReconnectsTotal.Inc()
+	m.bo.Failure(time.Now())
+	code, remote := proto.FromError(cause)
+	authFailed := remote && code == proto.CodeAuthFailed
+	if authFailed {
+		m.srv.authRefused.Store(true)
+	} else {
+		c.fb.quicRefused(m, false)
+		m.authBo.Reset()
+	}
+	q.logDown(cause, authFailed, upSince, spreadWait)
+	switch {
+	case authFailed:
+		c.waitAuthBackoff(ctx, m)
+	case spreadWait > 0:
+		c.waitSpread(ctx, spreadWait)
+	case m.bo.Attempts() > 0 || time.Since(upSince) < shortConnection:
+		c.waitBackoff(ctx, m)
+	}
+}
+
+// logDown logs why a connection up since upSince ended (see down).
+func (q *quicLink) logDown(cause error, authFailed bool, upSince time.Time, spreadWait time.Duration) {
+	switch now := time.Now(); {
+	case authFailed && q.c.refusedBefore(cause.Error()):
+		q.logger.V(2).Info("Server rejected our credentials again", "connID", q.connID, "err", cause)
+	case authFailed:
+		q.logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", q.connID,
+			"fix", authFix)
+	case q.lostLoggedAt.IsZero() || now.Sub(q.lostLoggedAt) >= lostLogInterval:
+		q.lostLoggedAt, q.loggedFailure = now, true
+		q.logger.Info("Lost connection to server; reconnecting (tunnels opened meanwhile wait for the new connection)",
+			"address", q.m.srv.addr, "connID", q.connID, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause,
+			"reconnectIn", spreadWait.Round(time.Millisecond))
+	default:
+		q.logger.V(2).Info("Lost connection to server", "connID", q.connID, "err", cause, "reconnectIn", spreadWait.Round(time.Millisecond))
 	}
 }
 
@@ -857,10 +979,23 @@ func sleep(ctx context.Context, d time.Duration) {
 // errRedial cuts a reconnect backoff short.
 var errRedial = errors.New("credentials changed")
 
+// waitAuthBackoff waits for m's next delay after a refusal of our
+// credentials (authBackoff), or until the credentials change. The server
+// answered over UDP: the fallback dials no TCP meanwhile (it would be
+// refused too).
+func (c *Client) waitAuthBackoff(ctx context.Context, m *member) {
+	c.fb.quicRefused(m, true)
+	m.authBo.Failure(time.Now())
+	c.waitOn(ctx, m, m.authBo)
+}
+
 // waitBackoff waits for m's next backoff delay, or until the credentials
 // change (SetSecret): then it returns at once and starts the backoff afresh.
-func (c *Client) waitBackoff(ctx context.Context, m *member) {
-	bo := m.bo
+func (c *Client) waitBackoff(ctx context.Context, m *member) { c.waitOn(ctx, m, m.bo) }
+
+// waitOn waits for bo's next delay, or until the credentials change
+// (SetSecret): then it returns at once and starts bo afresh.
+func (c *Client) waitOn(ctx context.Context, m *member, bo *backoff.Backoff) {
 	select {
 	case <-m.redial: // changed before the wait
 		bo.Reset()

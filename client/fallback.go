@@ -15,6 +15,7 @@ import (
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/tcpmux"
+	"github.com/quictun/quictun/pkg/udpflow"
 )
 
 // Transports a client may carry tunnels on (Config.Transport, --transport).
@@ -70,8 +71,11 @@ type fallback struct {
 	answering func()
 
 	mu sync.Mutex
-	// sess is the TCP session, nil if none.
-	sess *session
+	// slots are the TCP connections' places, one per tcpLink: one (the
+	// servers in turn) in auto mode and with one server, one per server
+	// with --transport tcp and several (as QUIC's links: failover or
+	// spread).
+	slots []*tcpSlot
 	// downSince is when QUIC stopped being usable (zero: usable, or no
 	// attempt yet). up and suspect are per QUIC connection (a member of the
 	// client's, one per server and --connections): up, its handshake done;
@@ -80,21 +84,36 @@ type fallback struct {
 	downSince time.Time
 	up        map[any]bool
 	suspect   map[any]bool
+	// refused is each connection whose server refused our credentials
+	// over QUIC (its last attempt): UDP gets through, and TCP would be
+	// refused too.
+	refused map[any]bool
 	// pending is each connection still in its handshake (a resumed one,
 	// which the client holds before the handshake completes).
 	pending map[any]rxCounter
-	// using is the transport new tunnels went on last ("" before any).
-	using string
+	// using is the transport new tunnels went on last ("" before any);
+	// carrier the one the links' health says carries them (carryLocked).
+	using, carrier string
 	// quicGraceUntil: a QUIC connection that was up went silent and the TCP
 	// connection came up meanwhile; until then new tunnels wait for QUIC
 	// rather than go over TCP (see choose).
 	quicGraceUntil time.Time
+}
 
-	// confirmed: the server accepted our hello on the current TCP session;
+// tcpSlot is one TCP link's current session (sess, tcp: nil when none,
+// guarded by fallback.mu) and its server's answer to our hello.
+type tcpSlot struct {
+	sess *session
+	tcp  *tcpmux.Conn
+	// confirmed: the server accepted our hello on the current session;
 	// authRefused: it refused our credentials there (Client.Ready).
 	confirmed   atomic.Bool
 	authRefused atomic.Bool
 }
+
+// liveLocked reports whether the slot has a session whose connection has
+// not ended.
+func (s *tcpSlot) liveLocked() bool { return s.sess != nil && s.sess.Conn.Context().Err() == nil }
 
 func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
 	if mode == "" {
@@ -103,8 +122,15 @@ func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
 	if delay <= 0 {
 		delay = DefaultFallbackDelay
 	}
-	f := &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1),
-		up: map[any]bool{}, suspect: map[any]bool{}, pending: map[any]rxCounter{}}
+	n := 1
+	if c != nil && mode == TransportTCP {
+		n = len(c.servers)
+	}
+	f := &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1), slots: make([]*tcpSlot, n),
+		up: map[any]bool{}, suspect: map[any]bool{}, refused: map[any]bool{}, pending: map[any]rxCounter{}}
+	for i := range f.slots {
+		f.slots[i] = &tcpSlot{}
+	}
 	if c != nil {
 		f.heartbeat, f.answering = c.cfg.HeartbeatInterval, c.sessionsChanged
 	}
@@ -166,6 +192,9 @@ func (f *fallback) quicUsable(k any, up bool) {
 	delete(f.suspect, k)
 	if f.usableLocked() {
 		f.downSince = time.Time{}
+		if !f.anyTCPLocked() {
+			f.carryLocked(TransportQUIC)
+		}
 	} else if f.downSince.IsZero() {
 		f.downSince = time.Now()
 	}
@@ -193,6 +222,22 @@ func (f *fallback) quicSuspect(k any, s bool) {
 	}
 }
 
+// quicRefused: QUIC connection k's server refused our credentials (true),
+// or its last attempt ended otherwise (false).
+func (f *fallback) quicRefused(k any, r bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refused[k] == r {
+		return
+	}
+	if r {
+		f.refused[k] = true
+	} else {
+		delete(f.refused, k)
+	}
+	f.signalLocked()
+}
+
 // anyUpLocked: a QUIC connection has completed its handshake and not ended.
 func (f *fallback) anyUpLocked() bool { return len(f.up) > 0 }
 
@@ -217,8 +262,8 @@ func (f *fallback) wantedLocked(now time.Time) (bool, time.Time) {
 	case TransportQUIC:
 		return false, time.Time{}
 	}
-	if f.usableLocked() {
-		return false, time.Time{}
+	if f.usableLocked() || len(f.refused) > 0 {
+		return false, time.Time{} // QUIC works, or reaches a server that refuses our credentials
 	}
 	if f.anyUpLocked() { // up, but every path has gone silent
 		return true, time.Time{}
@@ -243,14 +288,82 @@ func (f *fallback) wantedLocked(now time.Time) (bool, time.Time) {
 func (f *fallback) active() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.sess != nil && f.mode == TransportAuto
+	return f.anyTCPLocked() && f.mode == TransportAuto
 }
 
-// session is the TCP session, or nil.
-func (f *fallback) session() *session {
+// anyTCPLocked reports whether a TCP session is there.
+func (f *fallback) anyTCPLocked() bool {
+	for _, s := range f.slots {
+		if s.sess != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// ready reports whether a TCP session is up whose server did not refuse
+// our credentials and, with a secret (confirmedNeeded), accepted our hello.
+func (f *fallback) ready(confirmedNeeded bool) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.sess
+	for _, s := range f.slots {
+		if s.sess != nil && !s.authRefused.Load() && (!confirmedNeeded || s.confirmed.Load()) {
+			return true
+		}
+	}
+	return false
+}
+
+// tcpLocked is the TCP session a new tunnel goes on (nil: none live): with
+// one slot its session; with one per server (--transport tcp), as QUIC's
+// links are placed: failover, the first server's in order; spread, the
+// one with the fewest streams.
+func (f *fallback) tcpLocked() *session {
+	var best *tcpSlot
+	for _, s := range f.slots {
+		if !s.liveLocked() {
+			continue
+		}
+		if best == nil || (f.c != nil && f.c.cfg.Mode == ModeSpread && s.tcp != nil && best.tcp != nil &&
+			s.tcp.NumStreams() < best.tcp.NumStreams()) {
+			best = s
+		}
+		if f.c == nil || f.c.cfg.Mode != ModeSpread {
+			break
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	return best.sess
+}
+
+// carrying is the transport the links' health says carries new tunnels
+// ("" before any link came up; see carryLocked).
+func (f *fallback) carrying() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.carrier
+}
+
+// conns are the TCP sessions' connections.
+func (f *fallback) conns() []*tcpmux.Conn {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*tcpmux.Conn
+	for _, s := range f.slots {
+		if s.tcp != nil {
+			out = append(out, s.tcp)
+		}
+	}
+	return out
+}
+
+// anyTCP reports whether a TCP session is there.
+func (f *fallback) anyTCP() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.anyTCPLocked()
 }
 
 // choose returns the session a new tunnel goes on: QUIC's (cur) while it
@@ -265,10 +378,7 @@ func (f *fallback) session() *session {
 func (f *fallback) choose(cur *session, now time.Time) (s *session, retry time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	tcp := f.sess
-	if tcp != nil && tcp.TCP.Context().Err() != nil {
-		tcp = nil
-	}
+	tcp := f.tcpLocked()
 	quicOK := cur != nil && cur.Conn.Context().Err() == nil
 	switch f.pickLocked(quicOK, tcp != nil, now) {
 	case TransportQUIC:
@@ -313,24 +423,39 @@ func (f *fallback) quicGrace(took time.Duration) time.Duration {
 // minQUICGrace is quicGrace's floor.
 const minQUICGrace = 300 * time.Millisecond
 
+// useLocked records the transport a new tunnel went on (-v 2).
 func (f *fallback) useLocked(transport string) {
 	if f.using == transport {
 		return
 	}
-	prev := f.using
 	f.using = transport
+	if f.c != nil {
+		f.c.logger.V(2).Info("A new tunnel goes over "+transport, "address", f.addr)
+	}
+}
+
+// carryLocked records which transport carries new tunnels by the health
+// of the links, not by where the last tunnel went: TCP as soon as its
+// connection is up, QUIC as soon as a QUIC connection is usable with no
+// TCP one (or the TCP one is no longer wanted). It sets the transport
+// gauge and says each change at -v 0.
+func (f *fallback) carryLocked(transport string) {
+	if f.carrier == transport || f.c == nil {
+		return
+	}
+	prev := f.carrier
+	f.carrier = transport
 	m := f.c.cfg.Metrics
 	m.Transport.WithLabelValues(TransportQUIC).Set(boolGauge(transport == TransportQUIC))
 	m.Transport.WithLabelValues(TransportTCP).Set(boolGauge(transport == TransportTCP))
 	switch {
-	case prev == "" && transport == TransportQUIC:
-	case prev == "" || transport == TransportTCP:
-		if f.mode == TransportAuto {
-			f.c.logger.Info("New tunnels go over TCP: QUIC does not get through (UDP blocked?); UDP is tried again in the background",
-				"address", f.addr)
-		}
-	default:
-		f.c.logger.Info("New tunnels go over QUIC again; those opened over TCP finish there", "address", f.c.cfg.ServerAddr)
+	case transport == TransportTCP && f.mode == TransportTCP:
+		f.c.logger.Info("Tunnels go over TCP (--transport tcp)", "address", f.addr)
+	case transport == TransportTCP:
+		f.c.logger.Info("New tunnels go over TCP: QUIC does not get through (UDP blocked?); UDP is tried again in the background",
+			"address", f.addr)
+	case prev == TransportTCP:
+		f.c.logger.Info("New tunnels go over QUIC again; those opened over TCP finish there")
 	}
 }
 
@@ -344,10 +469,18 @@ func boolGauge(b bool) float64 {
 // setSession replaces the TCP session and wakes ingress's waiters; a new
 // one that took took to connect holds new tunnels back for a silent QUIC
 // connection for quicGrace(took) (choose).
-func (f *fallback) setSession(s *session, took time.Duration) {
+func (f *fallback) setSession(slot *tcpSlot, s *session, tcp *tcpmux.Conn, took time.Duration, addr ...string) {
 	f.mu.Lock()
-	f.sess = s
-	f.confirmed.Store(false)
+	slot.sess, slot.tcp = s, tcp
+	if len(addr) > 0 {
+		f.addr = addr[0]
+	}
+	if s != nil {
+		f.carryLocked(TransportTCP)
+	} else if f.usableLocked() && !f.anyTCPLocked() {
+		f.carryLocked(TransportQUIC)
+	}
+	slot.confirmed.Store(false)
 	f.quicGraceUntil = time.Time{}
 	if s != nil && f.mode == TransportAuto {
 		f.quicGraceUntil = time.Now().Add(f.quicGrace(took))
@@ -361,109 +494,237 @@ func (f *fallback) run(ctx context.Context) {
 	if f.mode == TransportQUIC {
 		return
 	}
-	logger := klog.FromContext(ctx)
-	bo := &backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Clock: backoff.RealClock()}
-	// A refused server certificate is logged at -v 0 (once per message, as
-	// supervise does for QUIC): it does not go away by itself.
-	lastRejected := ""
-	var hellos sync.WaitGroup
-	defer hellos.Wait()
-	var conn *tcpmux.Conn
-	// unwanted is when the TCP connection stopped being wanted (zero:
-	// wanted): it is closed once no tunnel uses it, a second later at the
-	// earliest, so a tunnel that chose it just before is not cut.
-	var unwanted time.Time
-	defer func() {
-		if conn != nil {
-			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
-			f.setSession(nil, 0)
-		}
-	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i, slot := range f.slots {
+		t := &tcpLink{f: f, slot: slot, logger: klog.FromContext(ctx), stopReverse: func() {},
+			bo:     &backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Clock: backoff.RealClock()},
+			authBo: authBackoff(f.c.cfg.Backoff), target: i, fixed: len(f.slots) > 1}
+		wg.Go(func() { t.run(ctx) })
+	}
+}
+
+// run keeps t's TCP connection while it is wanted, until ctx ends.
+func (t *tcpLink) run(ctx context.Context) {
+	f := t.f
+	defer t.hellos.Wait()
+	defer t.close()
 	for ctx.Err() == nil {
 		f.mu.Lock()
 		wanted, at := f.wantedLocked(time.Now())
 		f.mu.Unlock()
-		if conn != nil && conn.Context().Err() != nil {
-			cause := context.Cause(conn.Context())
-			wait := reconnectWait(cause) // as over QUIC
-			logger.Info("Lost TCP connection to server", "address", f.addr, "err", cause, "reconnectIn", wait.Round(time.Millisecond))
-			_ = conn.CloseWithError(0, "")
-			conn = nil
-			f.setSession(nil, 0)
-			sleep(ctx, wait)
-			continue
-		}
-		if wanted || conn == nil {
-			unwanted = time.Time{}
-		} else if unwanted.IsZero() {
-			unwanted = time.Now()
-		}
-		var timer *time.Timer
 		switch {
-		case wanted && conn == nil:
-			dialed := time.Now()
-			c, err := f.dial(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				if certRejected(err) {
-					f.c.cfg.Metrics.TCPDialsTotal.WithLabelValues("cert_rejected").Inc()
-					if msg := err.Error(); msg != lastRejected {
-						lastRejected = msg
-						logger.Error(err, "Could not connect to server over TCP; retrying", "address", f.addr,
-							"presentedFingerprint", presentedFingerprint(err), "fix", DialErrorFix(f.c.servers[0].addr, err))
-					}
-				} else {
-					f.c.cfg.Metrics.TCPDialsTotal.WithLabelValues("error").Inc()
-				}
-				logger.V(2).Info("Could not connect to server over TCP", "address", f.addr, "err", err)
-				_ = bo.Wait(ctx)
-				continue
-			}
-			f.c.cfg.Metrics.TCPDialsTotal.WithLabelValues("ok").Inc()
-			bo.Success(time.Now())
-			conn = c
-			s := &session{TCP: c}
-			logger.V(2).Info("Connected to server over TCP", "address", f.addr, "localAddress", c.LocalAddr().String())
-			hellos.Go(func() { f.c.helloTCP(ctx, s) })
-			f.setSession(s, time.Since(dialed))
-			continue
-		case !wanted && conn != nil:
-			if conn.NumStreams() == 0 && time.Since(unwanted) >= time.Second {
-				logger.V(2).Info("Closed TCP connection to server: QUIC carries new tunnels", "address", f.addr)
-				_ = conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "back on QUIC")
-				conn = nil
-				f.setSession(nil, 0)
-				continue
-			}
-			timer = time.NewTimer(time.Second) // its tunnels finish there
-		case !at.IsZero():
-			timer = time.NewTimer(time.Until(at))
-		}
-		var poll <-chan time.Time
-		if timer != nil {
-			poll = timer.C
-		}
-		var closed <-chan struct{}
-		if conn != nil {
-			closed = conn.Context().Done()
-		}
-		select {
-		case <-ctx.Done():
-		case <-f.wake:
-		case <-poll:
-		case <-closed:
-		}
-		if timer != nil {
-			timer.Stop()
+		case t.conn != nil && t.conn.Context().Err() != nil:
+			t.lost(ctx)
+		case wanted && t.conn == nil:
+			t.connect(ctx)
+		default:
+			t.idle(ctx, wanted, at)
 		}
 	}
 }
 
-// dial connects to the server over TCP with the client's TLS config (the
-// same pins or CAs as QUIC: the first server's, see fallbackTLS).
-func (f *fallback) dial(ctx context.Context) (*tcpmux.Conn, error) {
+// tcpLink is the fallback's TCP connection, one step per event: connect
+// (dial, hello, reverse forwards), lost (log, backoff), idle (wait for a
+// change; close the connection once no longer wanted and unused). It
+// dials the servers in turn: a failed dial moves to the next one, so with
+// several servers a dead one is passed over (TCP for every server).
+type tcpLink struct {
+	f      *fallback
+	logger klog.Logger
+	// bo paces dials that fail and connections that end at once; authBo
+	// those the server refused our credentials on.
+	bo, authBo *backoff.Backoff
+	// slot is where its session is published (fallback.slots).
+	slot *tcpSlot
+	// target is the index of the server dialed next (Client.servers);
+	// fixed: always that one (a link per server, --transport tcp).
+	target int
+	fixed  bool
+	conn   *tcpmux.Conn
+	// srv is conn's server, upSince when it came up.
+	srv     *server
+	upSince time.Time
+	// unwanted is when the connection stopped being wanted (zero:
+	// wanted): it is closed once no tunnel uses it, a second later at the
+	// earliest, so a tunnel that chose it just before is not cut.
+	unwanted time.Time
+	// lastRejected is the refused certificate last logged at -v 0 (it
+	// does not go away by itself); lostLoggedAt when a loss last was.
+	lastRejected string
+	lostLoggedAt time.Time
+	// stopReverse ends the reverse forwards bound over TCP (their bind
+	// streams would keep an unwanted connection open).
+	stopReverse context.CancelFunc
+	hellos      sync.WaitGroup
+}
+
+// close ends the connection on shutdown.
+func (t *tcpLink) close() {
+	t.stopReverse()
+	if t.conn != nil {
+		_ = t.conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+		t.f.setSession(t.slot, nil, nil, 0)
+	}
+}
+
+// connect dials the target server; on success the connection carries new
+// tunnels at once (its hello and reverse forwards run beside it).
+func (t *tcpLink) connect(ctx context.Context) {
+	f, c := t.f, t.f.c
+	srv := c.servers[t.target%len(c.servers)]
+	addr := f.addrOf(srv)
+	dialed := time.Now()
+	conn, err := f.dial(ctx, srv, addr)
+	if err != nil {
+		if ctx.Err() == nil {
+			t.dialFailed(ctx, srv, addr, err)
+		}
+		return
+	}
+	c.cfg.Metrics.TCPDialsTotal.WithLabelValues("ok").Inc()
+	t.bo.Success(time.Now())
+	t.conn, t.srv, t.upSince, t.unwanted = conn, srv, time.Now(), time.Time{}
+	s := &session{Conn: ingress.OverTCP(conn), Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop)}
+	t.logger.V(2).Info("Connected to server over TCP", "address", addr, "localAddress", conn.LocalAddr().String(),
+		"resumed", conn.TLS().DidResume, "handshakeDuration", time.Since(dialed))
+	t.slot.authRefused.Store(false)
+	f.setSession(t.slot, s, conn, time.Since(dialed), addr) // before the hello: it clears what the hello confirms
+	t.hellos.Go(func() { c.helloTCP(ctx, s, t.slot) })
+	rctx, stop := context.WithCancel(ctx)
+	t.stopReverse = stop
+	t.hellos.Go(func() { c.reverseOn(rctx, s, conn, srv) })
+}
+
+// dialFailed counts and logs a failed dial, moves to the next server and
+// waits for the next attempt.
+func (t *tcpLink) dialFailed(ctx context.Context, srv *server, addr string, err error) {
+	m := t.f.c.cfg.Metrics
+	if certRejected(err) {
+		m.TCPDialsTotal.WithLabelValues("cert_rejected").Inc()
+		if msg := err.Error(); msg != t.lastRejected {
+			t.lastRejected = msg
+			t.logger.Error(err, "Could not connect to server over TCP; retrying", "address", addr,
+				"presentedFingerprint", presentedFingerprint(err), "fix", DialErrorFix(srv.addr, err))
+		}
+	} else {
+		m.TCPDialsTotal.WithLabelValues("error").Inc()
+	}
+	t.logger.V(2).Info("Could not connect to server over TCP", "address", addr, "err", err)
+	if !t.fixed {
+		t.target++
+	}
+	_ = t.bo.Wait(ctx)
+}
+
+// lost handles the end of the connection: a refusal of our credentials
+// is said once (as over QUIC) and waits authBackoff; a connection that
+// ended at once waits the backoff; another is redialed at once (after the
+// spread a server shutting down asked for).
+func (t *tcpLink) lost(ctx context.Context) {
+	f, c := t.f, t.f.c
+	cause := context.Cause(t.conn.Context())
+	_ = t.conn.CloseWithError(0, "")
+	t.conn = nil
+	t.stopReverse()
+	f.setSession(t.slot, nil, nil, 0)
+	addr := f.addrOf(t.srv)
+	code, remote := proto.FromError(cause)
+	if (remote && code == proto.CodeAuthFailed) || t.slot.authRefused.Load() {
+		t.srv.authRefused.Store(true)
+		if c.refusedBefore(cause.Error()) {
+			t.logger.V(2).Info("Server rejected our credentials again over TCP", "address", addr, "err", cause)
+		} else {
+			t.logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "address", addr,
+				"fix", authFix)
+		}
+		t.authBo.Failure(time.Now())
+		_ = t.authBo.Wait(ctx)
+		return
+	}
+	t.authBo.Reset()
+	wait := reconnectWait(cause) // as over QUIC
+	if now := time.Now(); t.lostLoggedAt.IsZero() || now.Sub(t.lostLoggedAt) >= lostLogInterval {
+		t.lostLoggedAt = now
+		t.logger.Info("Lost TCP connection to server", "address", addr, "err", cause, "reconnectIn", wait.Round(time.Millisecond))
+	} else {
+		t.logger.V(2).Info("Lost TCP connection to server", "address", addr, "err", cause, "reconnectIn", wait.Round(time.Millisecond))
+	}
+	switch {
+	case wait > 0:
+		sleep(ctx, wait)
+	case time.Since(t.upSince) < shortConnection:
+		t.bo.Failure(time.Now())
+		_ = t.bo.Wait(ctx)
+	}
+}
+
+// idle waits for a change of what is wanted (or the time at), and closes a
+// connection no longer wanted once no tunnel uses it.
+func (t *tcpLink) idle(ctx context.Context, wanted bool, at time.Time) {
+	f := t.f
+	if wanted || t.conn == nil {
+		t.unwanted = time.Time{}
+	} else if t.unwanted.IsZero() {
+		t.unwanted = time.Now()
+		t.stopReverse()
+		f.mu.Lock()
+		f.carryLocked(TransportQUIC) // QUIC works again
+		f.mu.Unlock()
+	}
+	var timer *time.Timer
+	switch {
+	case !wanted && t.conn != nil:
+		if t.conn.NumStreams() == 0 && time.Since(t.unwanted) >= time.Second {
+			t.logger.V(2).Info("Closed TCP connection to server: QUIC carries new tunnels", "address", f.addrOf(t.srv))
+			_ = t.conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "back on QUIC")
+			t.conn = nil
+			if !t.fixed {
+				t.target = 0 // the next fallback starts with the first server again
+			}
+			f.setSession(t.slot, nil, nil, 0)
+			return
+		}
+		timer = time.NewTimer(time.Second) // its tunnels finish there
+	case !at.IsZero():
+		timer = time.NewTimer(time.Until(at))
+	}
+	var poll <-chan time.Time
+	if timer != nil {
+		defer timer.Stop()
+		poll = timer.C
+	}
+	var closed <-chan struct{}
+	if t.conn != nil {
+		closed = t.conn.Context().Done()
+	}
+	select {
+	case <-ctx.Done():
+	case <-f.wake:
+	case <-poll:
+	case <-closed:
+	}
+}
+
+// authFix is what to do when the server refuses our credentials.
+const authFix = "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)"
+
+// addrOf is the TCP address of server s: its Config.TCPServers entry,
+// Config.TCPServerAddr for the first server, else its QUIC host:port.
+func (f *fallback) addrOf(s *server) string {
+	cfg := f.c.cfg
+	if a := cfg.TCPServers[s.addr]; a != "" {
+		return a
+	}
+	if s.idx == 0 && cfg.TCPServerAddr != "" {
+		return cfg.TCPServerAddr
+	}
+	return s.addr
+}
+
+// dial connects to s at addr over TCP with s's TLS configuration (the
+// same pins or CAs as its QUIC dials, tcpTLS).
+func (f *fallback) dial(ctx context.Context, s *server, addr string) (*tcpmux.Conn, error) {
 	c := f.c
 	timeout := 10 * time.Second
 	var cfg tcpmux.Config
@@ -475,17 +736,26 @@ func (f *fallback) dial(ctx context.Context) (*tcpmux.Conn, error) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return tcpmux.Dial(dctx, f.addr, c.fallbackTLS(), &cfg)
+	return tcpmux.Dial(dctx, addr, c.tcpTLS(s), &cfg)
 }
 
-// fallbackTLS is the TLS configuration of the TCP fallback, which reaches
-// the first server: that server's, and, with several servers and no name
-// in it, that server's host as the name verified (a CA, --ca-file), as its
-// QUIC dials have it (tlsFor). Without it crypto/tls refuses to verify a
-// chain (no ServerName) and the fallback never connects.
-func (c *Client) fallbackTLS() *tls.Config {
-	s := c.servers[0]
-	return withServerName(c.serverTLS(s), s, len(c.servers) > 1)
+// tcpTLS is the TLS configuration of a TCP dial to s: s's, and, with
+// several servers and no name in it, s's host as the name verified (a CA,
+// --ca-file), as its QUIC dials have it (tlsFor). Without it crypto/tls
+// refuses to verify a chain (no ServerName) and the fallback never
+// connects.
+//
+// Its session tickets are kept apart from the QUIC connections' (one
+// in-memory cache for TCP, keyed per server), so a TCP reconnect resumes:
+// one round trip less, and no certificate chain to send and verify.
+func (c *Client) tcpTLS(s *server) *tls.Config {
+	conf := c.serverTLS(s)
+	tc := withServerName(conf, s, len(c.servers) > 1)
+	if tc == conf {
+		tc = conf.Clone()
+	}
+	tc.ClientSessionCache = prefixedCache{c.tcpTickets, "tcp|" + s.label + "|"}
+	return tc
 }
 
 // withServerName is conf, or, when several servers share it and it names
@@ -499,8 +769,9 @@ func withServerName(conf *tls.Config, s *server, several bool) *tls.Config {
 	return conf
 }
 
-// helloTCP is hello for a TCP session (see hello.go).
-func (c *Client) helloTCP(ctx context.Context, sess *session) {
+// helloTCP is hello for a TCP session (see hello.go); slot records the
+// answer.
+func (c *Client) helloTCP(ctx context.Context, sess *session, slot *tcpSlot) {
 	secret := *c.secret.Load()
 	if len(secret) == 0 {
 		return
@@ -509,21 +780,21 @@ func (c *Client) helloTCP(ctx context.Context, sess *session) {
 	if err != nil {
 		return
 	}
-	hctx, cancel := context.WithTimeout(sess.TCP.Context(), helloTimeout)
+	hctx, cancel := context.WithTimeout(sess.Conn.Context(), helloTimeout)
 	defer cancel()
 	stop := context.AfterFunc(ctx, cancel)
 	defer stop()
-	str, err := sess.TCP.OpenStreamSync(hctx)
+	str, err := sess.Conn.OpenStreamSync(hctx)
 	if err == nil {
 		err = askOn(hctx, str, h, secret)
 	}
 	code, remote := proto.FromError(err)
 	switch {
 	case err == nil, remote && code != proto.CodeAuthFailed && code != proto.CodeOverloaded:
-		c.fb.authRefused.Store(false)
-		c.fb.confirmed.Store(true)
+		slot.authRefused.Store(false)
+		slot.confirmed.Store(true)
 	case remote && code == proto.CodeAuthFailed:
-		c.fb.authRefused.Store(true)
+		slot.authRefused.Store(true)
 	default:
 		klog.FromContext(ctx).V(2).Info("Server did not answer our hello over TCP", "err", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/proto"
 )
 
@@ -90,7 +91,7 @@ func (c *Client) hello(ctx context.Context, l *link) {
 
 // sayHello sends one hello on conn and returns the server's answer: nil for
 // CodeOK, a *proto.RemoteError or quic error otherwise.
-func sayHello(conn *quic.Conn, secret []byte) error {
+func sayHello(conn ingress.Conn, secret []byte) error {
 	h, err := proto.NewHello(time.Now())
 	if err != nil {
 		return err
@@ -101,7 +102,7 @@ func sayHello(conn *quic.Conn, secret []byte) error {
 // ask sends h, a header nothing follows (a hello, a check), on a new stream
 // of conn and returns the server's answer: nil for CodeOK, a
 // *proto.RemoteError or quic error otherwise.
-func ask(conn *quic.Conn, h *proto.Header, secret []byte) error {
+func ask(conn ingress.Conn, h *proto.Header, secret []byte) error {
 	ctx, cancel := context.WithTimeout(conn.Context(), helloTimeout)
 	defer cancel()
 	str, err := conn.OpenStreamSync(ctx)
@@ -116,6 +117,7 @@ func ask(conn *quic.Conn, h *proto.Header, secret []byte) error {
 func (c *Client) confirm(l *link) {
 	l.m.srv.authRefused.Store(false)
 	l.confirmed.Store(true)
+	c.resteer()
 	if c.lastRefusal.Swap(nil) != nil {
 		c.logger.Info("Server accepted our credentials")
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/tunnel"
 )
 
 // monitor runs the session's datagram receiver, tail prober and heartbeats,
@@ -35,8 +36,7 @@ import (
 const suspectLateEchoes = 5 * time.Second
 
 func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
-	sess := l.session
-	conn := sess.Conn
+	conn := l.conn
 	defer l.stalled.Store(false)
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -60,8 +60,8 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 		return
 	}
 	recv := liveness.NewReceiver(conn, false, 0, &c.liveness)
-	wg.Go(func() { dgram.Serve(mctx, conn, recv.Invalid, c.cfg.Metrics.UDP.ReceiveQueueDrops, recv, sess.Flows) })
-	wg.Go(func() { sess.Prober.Run(mctx) })
+	wg.Go(func() { dgram.Serve(mctx, conn, recv.Invalid, c.cfg.Metrics.UDP.ReceiveQueueDrops, recv, l.Flows) })
+	wg.Go(func() { l.Prober.Run(mctx) })
 	if c.cfg.HeartbeatInterval <= 0 {
 		<-mctx.Done()
 		return
@@ -76,194 +76,280 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 		}
 		r.close()
 	}()
+	w := newWatch(c, l, recv, r, &wg, klog.FromContext(ctx))
+	defer w.tick.Stop()
+	defer w.rescuing.Wait()
 	roam := c.watchRoute(mctx, &wg, conn) // route changes (roam.go); nil when off
-	var moveTo *routeChange               // a route change waiting for the rescue or move in progress
-	interval := c.cfg.HeartbeatInterval
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	var seq uint64
-	var rescuing sync.WaitGroup
-	defer rescuing.Wait()
-	busy := false
-	done := make(chan struct{}, 1)
-	var sending atomic.Bool // a heartbeat is being handed to quic-go
-	heartbeat := func() {
-		seq++
-		if sending.CompareAndSwap(false, true) {
-			// Never block the loop: a stuck send skips heartbeats
-			// rather than the rescue and the shutdown.
-			n := seq
-			wg.Go(func() {
-				defer sending.Store(false)
-				_ = liveness.SendHeartbeat(conn, n, &c.liveness)
-			})
-		}
-	}
-	// Heartbeats go out only while the connection has work: a tunnel
-	// opening, bytes moving in the last IdleAfter, a rescue, or no recent
-	// echo. Idle, the ticker slows to the keep-alive period and the
-	// session's Waker is armed: the data path wakes the loop as a tunnel
-	// opens or bytes move (an idle ssh session that comes back to life), and
-	// one keep-alive datagram a period (liveness.SendKeepAlive: padded so a
-	// restarted server answers it with a stateless reset, which quic-go's
-	// own PING is too short to draw) is all that crosses the network: it
-	// goes every nine tenths of the period, before quic-go's own keep-alive
-	// (the period after the last packet received) would, whose timer its
-	// acknowledgement restarts. watching is when the heartbeats last
-	// started: a path that died while idle is rescued RescueAfter after the
-	// work began, not at once for the old echo.
-	logger := klog.FromContext(ctx)
-	var keepAlivePeriod time.Duration
-	if c.cfg.QUIC != nil {
-		keepAlivePeriod = c.cfg.QUIC.KeepAlivePeriod
-	}
-	keepAlive := func() {
-		if sending.CompareAndSwap(false, true) {
-			wg.Go(func() {
-				defer sending.Store(false)
-				_ = liveness.SendKeepAlive(conn, &c.liveness)
-			})
-		}
-	}
-	var ackDue bool          // idle: a keep-alive is waiting for any packet from the server
-	var rxAtKeepAlive uint64 // packets received when it went out
-	mark := c.cfg.Registry.Activity()
-	lastWork, watching := time.Now(), time.Now()
-	active := true
-	// suspectSince: the path went silent and no echo came since (zero:
-	// none). lastRx is the count of packets received, lastRxAt when it last
-	// grew (or the heartbeats started).
-	var suspectSince time.Time
-	var lastRx uint64
-	var lastRxAt time.Time
-	var tickC <-chan time.Time = tick.C
-	move := func() {
-		if moveTo != nil && !busy {
-			// The route changed: validate a path the new way and switch to it now.
-			busy, lastWork = true, time.Now()
-			ch := *moveTo
-			moveTo = nil
-			rescuing.Go(func() {
-				r.migrate(mctx, ch)
-				done <- struct{}{}
-			})
-		}
-	}
 	for {
 		select {
 		case <-mctx.Done():
 			return
 		case ch := <-roam:
-			moveTo = &ch
-			move()
-		case <-done:
-			busy = false
-			move()
-		case <-sess.Waker.C():
-			now := time.Now()
-			lastWork, mark = now, c.cfg.Registry.Activity()
-			if !active { // (a Wake between an Arm and its Disarm finds it active)
-				active, tickC, watching, ackDue = true, tick.C, now, false
-				tick.Reset(interval)
-				heartbeat()
-				logger.V(4).Info("Connection has work; heartbeats on")
-			}
-		case now := <-tickC:
-			if !active {
-				m := c.cfg.Registry.Activity()
-				switch {
-				case m != mark:
-					// Bytes moved and did not wake us (a closed tunnel's).
-				case ackDue && conn.ConnectionStats().PacketsReceived > rxAtKeepAlive:
-					ackDue = false // the keep-alive was answered
-					tick.Reset(max(keepAlivePeriod*9/10-c.cfg.RescueAfter, keepAlivePeriod/10, time.Millisecond))
-					continue
-				case !ackDue:
-					// A keep-alive period passed without work. Nothing
-					// answered in RescueAfter means a dead path or a
-					// restarted server whose reset was lost (quic-go sends
-					// one per packet only while its queue, 256 with our
-					// patch 0010, has room): heartbeats then, each padded
-					// to draw a reset.
-					keepAlive()
-					ackDue, rxAtKeepAlive = true, conn.ConnectionStats().PacketsReceived
-					tick.Reset(c.cfg.RescueAfter)
-					continue
-				default:
-					logger.V(2).Info("Keep-alive not answered; heartbeats on", "waited", c.cfg.RescueAfter)
-				}
-				sess.Waker.Disarm()
-				ackDue = false
-				active, watching = true, now
-				tick.Reset(interval)
-			}
-			if m := c.cfg.Registry.Activity(); m != mark {
-				mark, lastWork = m, now
-			}
-			// An echo since the path went silent clears the suspicion
-			// before anything else: the tick that finds the path answering
-			// after a blackout may also find the connection idle, and a
-			// suspicion left standing through the idle spell would send the
-			// next new tunnel over TCP (fallback.go).
-			heard := recv.LastEcho()
-			if !suspectSince.IsZero() && heard.After(suspectSince) {
-				suspectSince = time.Time{}
-				c.fb.quicSuspect(l.m, false) // the path answers again
-			}
-			echo := heard
-			if echo.Before(watching) {
-				echo = watching
-			}
-			c.steerLink(logger, l, now, now.Sub(echo))
-			// Idle also needs an echo since the heartbeats started, recent
-			// enough that no rescue is due: a tunnel that opened onto a path
-			// that died while idle moves no bytes, and must not send the
-			// heartbeats back to sleep before its rescue.
-			if !busy && now.Sub(lastWork) > c.cfg.IdleAfter && heard.After(watching) && now.Sub(heard) < c.cfg.RescueAfter {
-				// Arm first, then look once more: work that began before
-				// the Waker was armed shows in the mark, work after it wakes.
-				sess.Waker.Arm()
-				if m := c.cfg.Registry.Activity(); m != mark {
-					sess.Waker.Disarm()
-					mark, lastWork = m, now
-				} else {
-					active = false
-					if keepAlivePeriod > 0 {
-						ackDue = false
-						tick.Reset(max(keepAlivePeriod*9/10, time.Millisecond))
-					} else {
-						tickC = nil
-						tick.Stop()
-					}
-					logger.V(4).Info("Connection idle; heartbeats off", "idleFor", now.Sub(lastWork))
-					continue
-				}
-			}
-			heartbeat()
-			if rx := conn.ConnectionStats().PacketsReceived; rx != lastRx || lastRxAt.Before(watching) {
-				lastRx, lastRxAt = rx, now
-			}
-			// New tunnels go over TCP (fallback.go) while the path is
-			// silent: no echo and not a single packet for RescueAfter. A
-			// server that still sends something (acknowledgements, late
-			// echoes) is reached over UDP but slow, a crowd reconnecting
-			// after its restart: a TCP and TLS handshake of every client
-			// would only add to its load. Echoes late beyond
-			// suspectLateEchoes count as silence (UDP throttled to a trickle).
-			if silentFor, lateFor := now.Sub(lastRxAt), now.Sub(echo); suspectSince.IsZero() && lateFor > c.cfg.RescueAfter &&
-				(silentFor > c.cfg.RescueAfter || lateFor > suspectLateEchoes) {
-				suspectSince = now
-				c.fb.quicSuspect(l.m, true)
-			}
-			if !busy && now.Sub(echo) > c.cfg.RescueAfter && now.Sub(r.lastSwitch) > c.cfg.RescueAfter {
-				busy = true
-				lastWork = now
-				rescuing.Go(func() {
-					r.rescue(mctx, recv)
-					done <- struct{}{}
-				})
-			}
+			w.routeChanged(mctx, ch)
+		case <-w.done:
+			w.rescueDone(mctx)
+		case <-l.Waker.C():
+			w.workSeen(time.Now())
+		case now := <-w.tickC:
+			w.tickAt(mctx, now)
 		}
+	}
+}
+
+// watch is the liveness state of one QUIC link, owned by monitor's loop,
+// which calls one method per event: workSeen (the data path woke an idle
+// link), tickAt (heartbeat or keep-alive tick: echoes, stall, suspicion,
+// rescue), routeChanged and rescueDone.
+//
+// Heartbeats go out only while the connection has work: a tunnel opening,
+// bytes moving in the last IdleAfter, a rescue, or no recent echo. Idle,
+// the ticker slows to the keep-alive period and the session's Waker is
+// armed: the data path wakes the loop as a tunnel opens or bytes move (an
+// idle ssh session that comes back to life), and one keep-alive datagram a
+// period (liveness.SendKeepAlive: padded so a restarted server answers it
+// with a stateless reset, which quic-go's own PING is too short to draw)
+// is all that crosses the network: it goes every nine tenths of the
+// period, before quic-go's own keep-alive (the period after the last
+// packet received) would, whose timer its acknowledgement restarts.
+// watching is when the heartbeats last started: a path that died while
+// idle is rescued RescueAfter after the work began, not at once for the
+// old echo.
+type watch struct {
+	c      *Client
+	l      *link
+	conn   *quic.Conn
+	recv   *liveness.Receiver
+	r      *rescuer
+	wg     *sync.WaitGroup // the sends, owned by monitor
+	logger klog.Logger
+
+	interval, keepAlivePeriod time.Duration
+	tick                      *time.Ticker
+	tickC                     <-chan time.Time // nil: stopped (idle without keep-alives)
+
+	seq     uint64
+	sending atomic.Bool // a heartbeat or keep-alive is being handed to quic-go
+
+	// busy: a rescue or move runs (under rescuing) and reports on done;
+	// moveTo is a route change waiting for it.
+	busy     bool
+	rescuing sync.WaitGroup
+	done     chan struct{}
+	moveTo   *routeChange
+
+	active bool // heartbeats on
+	// ackDue: idle, a keep-alive is waiting for any packet from the
+	// server, which had received rxAtKeepAlive when it went out.
+	ackDue        bool
+	rxAtKeepAlive uint64
+	mark          tunnel.Activity // the registry's activity mark last seen
+	lastWork      time.Time
+	watching      time.Time
+	// suspectSince: the path went silent and no echo came since (zero:
+	// none). lastRx is the count of packets received, lastRxAt when it
+	// last grew (or the heartbeats started).
+	suspectSince time.Time
+	lastRx       uint64
+	lastRxAt     time.Time
+}
+
+func newWatch(c *Client, l *link, recv *liveness.Receiver, r *rescuer, wg *sync.WaitGroup, logger klog.Logger) *watch {
+	w := &watch{c: c, l: l, conn: l.conn, recv: recv, r: r, wg: wg, logger: logger,
+		interval: c.cfg.HeartbeatInterval, done: make(chan struct{}, 1), active: true,
+		mark: c.cfg.Registry.Activity(), lastWork: time.Now(), watching: time.Now()}
+	if c.cfg.QUIC != nil {
+		w.keepAlivePeriod = c.cfg.QUIC.KeepAlivePeriod
+	}
+	w.tick = time.NewTicker(w.interval)
+	w.tickC = w.tick.C
+	return w
+}
+
+// send hands one datagram to quic-go on a goroutine: never block the
+// loop, a stuck send skips heartbeats rather than the rescue and the
+// shutdown.
+func (w *watch) send(f func()) {
+	if w.sending.CompareAndSwap(false, true) {
+		w.wg.Go(func() {
+			defer w.sending.Store(false)
+			f()
+		})
+	}
+}
+
+func (w *watch) heartbeat() {
+	w.seq++
+	n := w.seq
+	w.send(func() { _ = liveness.SendHeartbeat(w.conn, n, &w.c.liveness) })
+}
+
+func (w *watch) keepAlive() {
+	w.send(func() { _ = liveness.SendKeepAlive(w.conn, &w.c.liveness) })
+}
+
+// workSeen: the data path woke an idle link (a Wake between an Arm and
+// its Disarm finds it active).
+func (w *watch) workSeen(now time.Time) {
+	w.lastWork, w.mark = now, w.c.cfg.Registry.Activity()
+	if !w.active {
+		w.active, w.tickC, w.watching, w.ackDue = true, w.tick.C, now, false
+		w.tick.Reset(w.interval)
+		w.heartbeat()
+		w.logger.V(4).Info("Connection has work; heartbeats on")
+	}
+}
+
+// routeChanged: the route to the server changed; the path moves as soon
+// as no rescue or move runs.
+func (w *watch) routeChanged(ctx context.Context, ch routeChange) {
+	w.moveTo = &ch
+	w.move(ctx)
+}
+
+// rescueDone: the rescue or move in progress ended.
+func (w *watch) rescueDone(ctx context.Context) {
+	w.busy = false
+	w.move(ctx)
+}
+
+// move validates a path the new way and switches to it now, if a route
+// change waits and nothing else runs.
+func (w *watch) move(ctx context.Context) {
+	if w.moveTo == nil || w.busy {
+		return
+	}
+	w.busy, w.lastWork = true, time.Now()
+	ch := *w.moveTo
+	w.moveTo = nil
+	w.rescuing.Go(func() {
+		w.r.migrate(ctx, ch)
+		w.done <- struct{}{}
+	})
+}
+
+// tickAt: a tick of the ticker. Idle, it runs the keep-alive (idleTick);
+// with heartbeats on it looks at the echoes (echoSeen, steerLink), goes
+// idle when there has been no work for IdleAfter (sleep), else sends a
+// heartbeat, then tells the fallback whether the path is silent (suspect)
+// and starts a rescue when no echo came for RescueAfter.
+func (w *watch) tickAt(ctx context.Context, now time.Time) {
+	if !w.active && !w.idleTick(now) {
+		return
+	}
+	if m := w.c.cfg.Registry.Activity(); m != w.mark {
+		w.mark, w.lastWork = m, now
+	}
+	heard := w.recv.LastEcho()
+	w.echoSeen(heard)
+	echo := heard
+	if echo.Before(w.watching) {
+		echo = w.watching
+	}
+	w.c.steerLink(w.logger, w.l, now, now.Sub(echo))
+	if w.sleep(now, heard) {
+		return
+	}
+	w.heartbeat()
+	if rx := w.conn.ConnectionStats().PacketsReceived; rx != w.lastRx || w.lastRxAt.Before(w.watching) {
+		w.lastRx, w.lastRxAt = rx, now
+	}
+	w.suspect(now, echo)
+	if !w.busy && now.Sub(echo) > w.c.cfg.RescueAfter && now.Sub(w.r.lastSwitch) > w.c.cfg.RescueAfter {
+		w.busy, w.lastWork = true, now
+		w.rescuing.Go(func() {
+			w.r.rescue(ctx, w.recv)
+			w.done <- struct{}{}
+		})
+	}
+}
+
+// idleTick is a tick of an idle link: it sends a keep-alive, notes its
+// answer, and reports whether the heartbeats start again (bytes moved, or
+// the keep-alive was not answered in RescueAfter).
+func (w *watch) idleTick(now time.Time) bool {
+	c := w.c
+	switch {
+	case c.cfg.Registry.Activity() != w.mark:
+		// Bytes moved and did not wake us (a closed tunnel's).
+	case w.ackDue && w.conn.ConnectionStats().PacketsReceived > w.rxAtKeepAlive:
+		w.ackDue = false // the keep-alive was answered
+		w.tick.Reset(max(w.keepAlivePeriod*9/10-c.cfg.RescueAfter, w.keepAlivePeriod/10, time.Millisecond))
+		return false
+	case !w.ackDue:
+		// A keep-alive period passed without work. Nothing answered in
+		// RescueAfter means a dead path or a restarted server whose reset
+		// was lost (quic-go sends one per packet only while its queue, 256
+		// with our patch 0010, has room): heartbeats then, each padded to
+		// draw a reset.
+		w.keepAlive()
+		w.ackDue, w.rxAtKeepAlive = true, w.conn.ConnectionStats().PacketsReceived
+		w.tick.Reset(c.cfg.RescueAfter)
+		return false
+	default:
+		w.logger.V(2).Info("Keep-alive not answered; heartbeats on", "waited", c.cfg.RescueAfter)
+	}
+	w.l.Waker.Disarm()
+	w.ackDue = false
+	w.active, w.watching = true, now
+	w.tick.Reset(w.interval)
+	return true
+}
+
+// echoSeen: an echo since the path went silent clears the suspicion
+// before anything else: the tick that finds the path answering after a
+// blackout may also find the connection idle, and a suspicion left
+// standing through the idle spell would send the next new tunnel over TCP
+// (fallback.go).
+func (w *watch) echoSeen(heard time.Time) {
+	if !w.suspectSince.IsZero() && heard.After(w.suspectSince) {
+		w.suspectSince = time.Time{}
+		w.c.fb.quicSuspect(w.l.m, false) // the path answers again
+	}
+}
+
+// sleep stops the heartbeats and reports true when the link has had no
+// work for IdleAfter and an echo since the heartbeats started, recent
+// enough that no rescue is due: a tunnel that opened onto a path that died
+// while idle moves no bytes, and must not send the heartbeats back to
+// sleep before its rescue.
+func (w *watch) sleep(now, heard time.Time) bool {
+	c := w.c
+	if w.busy || now.Sub(w.lastWork) <= c.cfg.IdleAfter || !heard.After(w.watching) || now.Sub(heard) >= c.cfg.RescueAfter {
+		return false
+	}
+	// Arm first, then look once more: work that began before the Waker
+	// was armed shows in the mark, work after it wakes.
+	w.l.Waker.Arm()
+	if m := c.cfg.Registry.Activity(); m != w.mark {
+		w.l.Waker.Disarm()
+		w.mark, w.lastWork = m, now
+		return false
+	}
+	w.active = false
+	if w.keepAlivePeriod > 0 {
+		w.ackDue = false
+		w.tick.Reset(max(w.keepAlivePeriod*9/10, time.Millisecond))
+	} else {
+		w.tickC = nil
+		w.tick.Stop()
+	}
+	w.logger.V(4).Info("Connection idle; heartbeats off", "idleFor", now.Sub(w.lastWork))
+	return true
+}
+
+// suspect tells the fallback the path is silent: no echo and not a single
+// packet for RescueAfter. New tunnels then go over TCP (fallback.go). A
+// server that still sends something (acknowledgements, late echoes) is
+// reached over UDP but slow, a crowd reconnecting after its restart: a TCP
+// and TLS handshake of every client would only add to its load. Echoes
+// late beyond suspectLateEchoes count as silence (UDP throttled to a
+// trickle).
+func (w *watch) suspect(now, echo time.Time) {
+	after := w.c.cfg.RescueAfter
+	silentFor, lateFor := now.Sub(w.lastRxAt), now.Sub(echo)
+	if w.suspectSince.IsZero() && lateFor > after && (silentFor > after || lateFor > suspectLateEchoes) {
+		w.suspectSince = now
+		w.c.fb.quicSuspect(w.l.m, true)
 	}
 }
 
@@ -376,6 +462,7 @@ func (c *Client) deadAfter() time.Duration { return 3 * c.cfg.RescueAfter }
 func (c *Client) steerLink(logger klog.Logger, l *link, now time.Time, quiet time.Duration) {
 	stalled := quiet > c.cfg.RescueAfter
 	was := l.stalled.Swap(stalled)
+	defer c.resteer()
 	if !stalled {
 		if was {
 			logger.V(2).Info("Server answers heartbeats again", "server", l.m.srv.label)

@@ -8,12 +8,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/backoff"
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/proto"
 )
 
@@ -86,11 +86,8 @@ func (p boundParser) Parse(token string) (endpoint.Endpoint, error) {
 	return p[id].Destination, nil
 }
 
-// serveReverse runs the reverse forwards on sess's connection once its
-// handshake is done: it asks the server to listen for each (bind), and
-// serves the streams the server opens (egress, toward the declared
-// destinations only) until the connection ends. Without remote forwards it
-// returns at once.
+// serveReverse runs the reverse forwards on l's connection once its
+// handshake is done (reverseOn). Without remote forwards it returns at once.
 func (c *Client) serveReverse(ctx context.Context, l *link) {
 	if c.reverse == nil {
 		return
@@ -98,7 +95,18 @@ func (c *Client) serveReverse(ctx context.Context, l *link) {
 	if !c.settled(ctx, l) {
 		return // ended, or replaced (0-RTT rejected): the new session binds
 	}
-	sess := l.session
+	c.reverseOn(ctx, l.session, l.conn, l.m.srv)
+}
+
+// reverseOn runs the reverse forwards on sess, a connection to srv over
+// QUIC or TCP (raw is its connection as egress sees it): it asks the server
+// to listen for each (bind), and serves the streams the server opens
+// (egress, toward the declared destinations only) until the connection
+// ends.
+func (c *Client) reverseOn(ctx context.Context, sess *session, raw egress.Conn, srv *server) {
+	if c.reverse == nil {
+		return
+	}
 	conn := sess.Conn
 	state := c.reverse.NewConn()
 	var wg sync.WaitGroup
@@ -110,12 +118,12 @@ func (c *Client) serveReverse(ctx context.Context, l *link) {
 				return
 			}
 			wg.Go(func() {
-				c.reverse.Serve(ctx, egress.Stream{Conn: conn, Stream: str, Prober: sess.Prober, Conn0: state, Flows: sess.Flows, Source: "server"})
+				c.reverse.Serve(ctx, egress.Stream{Conn: raw, Stream: str, Prober: sess.Prober, Conn0: state, Flows: sess.Flows, Source: "server"})
 			})
 		}
 	})
 	for i, f := range c.cfg.RemoteForwards {
-		wg.Go(func() { c.bind(ctx, sess, bindKey{l.m.srv, i}, f) })
+		wg.Go(func() { c.bind(ctx, sess, bindKey{srv, i}, f) })
 	}
 }
 
@@ -128,14 +136,16 @@ func (c *Client) serveReverse(ctx context.Context, l *link) {
 func (c *Client) bind(ctx context.Context, sess *session, key bindKey, f RemoteForward) {
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "remoteForward", f.String())
 	conn := sess.Conn
-	// wctx ends with the connection or the client's drain.
+	// wctx ends with the connection, the client's drain or ctx (a TCP
+	// connection no longer wanted: QUIC carries the tunnels again).
 	wctx, cancel := context.WithCancel(conn.Context())
 	defer cancel()
 	defer context.AfterFunc(c.unbinding, cancel)()
+	defer context.AfterFunc(ctx, cancel)()
 	retry := backoff.Backoff{Initial: bindRetry, Max: bindRetryMax}
 	refused := backoff.Backoff{Initial: bindRetryRefused, Max: bindRetryRefused}
 	for wctx.Err() == nil {
-		bound, err := c.bindOnce(conn, key, f, logger)
+		bound, err := c.bindOnce(ctx, conn, key, f, logger)
 		code, remote := proto.FromError(err)
 		var wait time.Duration
 		switch {
@@ -174,8 +184,9 @@ func (c *Client) bind(ctx context.Context, sess *session, key bindKey, f RemoteF
 }
 
 // bindOnce sends one bind and, once the server listens, holds it until the
-// stream ends (bound true): the client never ends it but when it drains.
-func (c *Client) bindOnce(conn *quic.Conn, key bindKey, f RemoteForward, logger klog.Logger) (bound bool, err error) {
+// stream ends (bound true): the client ends it only when it drains, or
+// when ctx ends (its TCP connection is no longer wanted).
+func (c *Client) bindOnce(ctx context.Context, conn ingress.Conn, key bindKey, f RemoteForward, logger klog.Logger) (bound bool, err error) {
 	h, err := proto.NewBind(proto.Bind{ID: key.id, Listen: f.Listen.String()}, time.Now())
 	if err != nil {
 		return false, err
@@ -210,6 +221,10 @@ func (c *Client) bindOnce(conn *quic.Conn, key bindKey, f RemoteForward, logger 
 		str.CancelRead(proto.CodeShutdown.StreamErrorCode())
 	})
 	defer stop()
+	defer context.AfterFunc(ctx, func() {
+		str.CancelWrite(proto.CodeOK.StreamErrorCode())
+		str.CancelRead(proto.CodeOK.StreamErrorCode())
+	})()
 	_, err = io.Copy(io.Discard, io.LimitReader(str, 1<<10))
 	str.CancelRead(proto.CodeOK.StreamErrorCode())
 	str.CancelWrite(proto.CodeOK.StreamErrorCode())

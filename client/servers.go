@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/quictun/quictun/pkg/backoff"
 	"github.com/quictun/quictun/pkg/metrics"
 )
@@ -78,6 +80,10 @@ type member struct {
 	idx   int
 	label string // the "conn" label of its QUIC metrics
 	bo    *backoff.Backoff
+	// authBo paces redials after the server refused our credentials
+	// (authBackoff): slower than bo, as only a new secret (a reload, which
+	// cuts it short) or the server's keys can change the answer.
+	authBo *backoff.Backoff
 	// redial cuts the reconnect backoff short (SetSecret).
 	redial chan struct{}
 	cur    *link // guarded by Client.mu
@@ -87,7 +93,9 @@ type member struct {
 // about it.
 type link struct {
 	*session
-	m *member
+	// conn is the session's QUIC connection.
+	conn *quic.Conn
+	m    *member
 	// readyAt is when its handshake completed (UnixNano; 0: not yet): a
 	// resumed connection carries 0-RTT data before, but a server that may
 	// not be there is not preferred until it answered.
@@ -215,7 +223,7 @@ func newMembers(servers []*server, n int, bo *backoff.Backoff) []*member {
 				nb.Reset()
 				b = &nb
 			}
-			m := &member{srv: s, idx: i, label: label, bo: b, redial: make(chan struct{}, 1)}
+			m := &member{srv: s, idx: i, label: label, bo: b, authBo: authBackoff(bo), redial: make(chan struct{}, 1)}
 			s.members = append(s.members, m)
 			all = append(all, m)
 		}
@@ -374,10 +382,43 @@ func (c *Client) steer(now time.Time) *server {
 	return next
 }
 
+// steerLocked moves failover's active server by the links' health now
+// (steer), so its log lines and server_active follow health, not the next
+// tunnel placed. Callers hold c.mu.
+//
+// Before the first choice it waits for the servers ahead of the first
+// healthy one to have an outcome (healthy, or a failure seen), so a later
+// server whose handshake happened to finish first does not take the role
+// for a moment (and a failback line follow at once).
+func (c *Client) steerLocked(now time.Time) {
+	if c.cfg.Mode != ModeFailover {
+		return
+	}
+	if c.active == nil {
+		for _, s := range c.servers {
+			if serverHealthy(s) {
+				break
+			}
+			if s.lastBad.Load() == 0 {
+				return // no outcome yet
+			}
+		}
+	}
+	c.steer(now)
+}
+
+// resteer is steerLocked without c.mu held.
+func (c *Client) resteer() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.steerLocked(time.Now())
+}
+
 // ServerStats returns each server's state for metrics (at scrape time).
 func (c *Client) ServerStats() []metrics.ServerStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.steerLocked(time.Now())
 	out := make([]metrics.ServerStats, 0, len(c.servers))
 	for _, s := range c.servers {
 		st := metrics.ServerStats{Label: s.label, Healthy: serverHealthy(s), Active: c.cfg.Mode == ModeFailover && s == c.active}

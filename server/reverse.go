@@ -10,7 +10,6 @@ import (
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/egress"
@@ -60,7 +59,9 @@ const (
 	// RemoteListenIdentityLimit: the client's identity holds
 	// MaxRemoteListensPerIdentity (overloaded).
 	RemoteListenIdentityLimit = "identity_limit"
-	// RemoteListenNeedsQUIC: the client came over TCP (unsupported).
+	// RemoteListenNeedsQUIC: the client's connection carries no streams
+	// toward it (none does now: reverse forwards run over QUIC and TCP;
+	// kept so the series stays).
 	RemoteListenNeedsQUIC = "needs_quic"
 	// RemoteListenBadAddress: the listen address does not parse (bad_token).
 	RemoteListenBadAddress = "bad_address"
@@ -144,8 +145,9 @@ func (b *binder) init(s *Server) {
 	b.refusals = lograte.New(egress.LogInterval, 64)
 }
 
-// errReverseNeedsQUIC refuses a reverse forward asked for over TCP.
-var errReverseNeedsQUIC = errors.New("reverse forwards need QUIC")
+// errReverseNeedsQUIC refuses a reverse forward on a connection that is
+// neither QUIC nor TCP (none is).
+var errReverseNeedsQUIC = errors.New("reverse forwards need a QUIC or TCP connection")
 
 // refusal is a refused reverse forward request: the code its client is
 // told, the metric's reason, and the log line.
@@ -219,12 +221,10 @@ func (b *binder) reservedPort(ep endpoint.Endpoint) (uint16, bool) {
 // Bind implements egress.Binder.
 func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), error) {
 	st := req.Stream
-	qc := quicOf(st.Conn)
-	if qc == nil {
-		// The server opens the reverse forward's streams toward the client,
-		// which accepts them on its QUIC connection only.
+	ic := ingressOf(st.Conn)
+	if ic == nil { // unreachable: every connection is QUIC or TCP
 		return nil, b.refuse(req, refusal{code: proto.CodeUnsupported, reason: RemoteListenNeedsQUIC, err: errReverseNeedsQUIC,
-			msg: "Refused a reverse forward: it needs a QUIC connection, and this client came over TCP (its UDP is blocked)"})
+			msg: "Refused a reverse forward: its connection can carry no streams toward the client"})
 	}
 	ep, err := endpoint.Parse(req.Bind.Listen)
 	if err != nil {
@@ -245,7 +245,7 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 		return nil, b.refuse(req, refusal{code: proto.CodeInternal, reason: RemoteListenFailed, err: err,
 			msg: "Refused a reverse forward: could not listen at its address"})
 	}
-	unbind, err := b.serve(ctx, req, qc, ep, ln, pc)
+	unbind, err := b.serve(ctx, req, ic, ep, ln, pc)
 	if err != nil {
 		release()
 		return nil, err
@@ -330,13 +330,13 @@ func (b *binder) unhold(key string, connID uint64, account string) {
 }
 
 // serve carries the connections (or UDP flows) ln or pc accepts toward the
-// client on qc until unbind, which returns once the listener is closed and
+// client on ic (QUIC or TCP) until unbind, which returns once the listener is closed and
 // what it started has ended; a drain closes the listener and tells the
 // client (shutdown). It closes ln or pc.
-func (b *binder) serve(ctx context.Context, req egress.BindRequest, qc *quic.Conn, ep endpoint.Endpoint, ln net.Listener, pc *net.UDPConn) (unbind func(), err error) {
+func (b *binder) serve(ctx context.Context, req egress.BindRequest, ic ingress.Conn, ep endpoint.Endpoint, ln net.Listener, pc *net.UDPConn) (unbind func(), err error) {
 	st := req.Stream
 	h, err := ingress.New(b.s.cfg.Reverse, ingress.Links{
-		Sessions: connSession{&ingress.Session{Conn: qc, Prober: st.Prober, Flows: st.Flows}},
+		Sessions: connSession{&ingress.Session{Conn: ic, Prober: st.Prober, Flows: st.Flows}},
 		Tokens:   func() ingress.TokenSource { return boundToken(proto.BoundToken(req.Bind.ID)) },
 		Secret:   func() []byte { return nil }, // TLS authenticated the server to the client
 	})

@@ -282,6 +282,8 @@ func DefaultReplicaID() string {
 
 // New checks cfg and returns a Server that will serve on pc. The caller keeps
 // ownership of pc and closes it after Run returns.
+//
+//nolint:funlen // TODO(#33): split the defaults from the wiring as client.New does (left to the server half's owner)
 func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	def := DefaultConfig()
 	cfg.DrainTimeout = max(cfg.DrainTimeout, 0)
@@ -514,6 +516,8 @@ func (s *Server) ConnStats() []transport.ConnStats {
 // connections, refuses new streams, waits up to DrainTimeout for open tunnels,
 // aborts the rest and closes every connection. It returns after every goroutine
 // it started has ended.
+//
+//nolint:funlen // the shutdown order of STYLE.md step by step (stop, unready, drain, close): one sequence to read
 func (s *Server) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	tr := &quic.Transport{

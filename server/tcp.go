@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/egress"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/tcpmux"
 )
@@ -70,14 +71,18 @@ func (c overTCP) verified(maxStreams int64) {
 	c.OpenReceiveWindows()
 }
 
-// quicOf is the QUIC connection behind c (a tunnelConn or a bare
-// *quic.Conn), nil for a TCP one.
-func quicOf(c egress.Conn) *quic.Conn {
+// ingressOf is c as ingress opens streams on it (a reverse forward's toward
+// the client): QUIC or TCP; nil for anything else.
+func ingressOf(c egress.Conn) ingress.Conn {
 	switch c := c.(type) {
-	case tunnelConn:
-		return c.asQUIC()
+	case overQUIC:
+		return ingress.OverQUIC(c.Conn)
+	case overTCP:
+		return ingress.OverTCP(c.Conn)
 	case *quic.Conn:
-		return c
+		return ingress.OverQUIC(c)
+	case *tcpmux.Conn:
+		return ingress.OverTCP(c)
 	}
 	return nil
 }

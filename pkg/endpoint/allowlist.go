@@ -344,6 +344,7 @@ func DefaultAllowList() *AllowList {
 		"loopback4-udp=udp:127.0.0.0/8:*", "loopback6-udp=udp:[::1]:*")
 }
 
+//nolint:funlen // one rule grammar parsed top to bottom, each branch returning its own error
 func parseRule(kind, namePrefix string, i int, s string) (rule, error) {
 	bad := func(format string, args ...any) (rule, error) {
 		return rule{}, fmt.Errorf("%w: %s rule %d %q: %s", ErrInvalidRule, kind, i, s, fmt.Sprintf(format, args...))

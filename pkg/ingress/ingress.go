@@ -38,13 +38,12 @@ type TokenSource interface {
 	Token(ctx context.Context, clientAddr net.Addr) (string, error)
 }
 
-// Session is one QUIC connection to the server, its tail prober and the
-// table its UDP flow datagrams are routed by; or, when UDP is blocked, one
-// TCP connection (TCP set, Conn nil: no datagrams, no 0-RTT, no prober).
+// Session is one connection to the peer (QUIC or TCP: Conn), its tail
+// prober and the table its UDP flow datagrams are routed by (on TCP: no
+// datagrams, no 0-RTT; Prober may be nil).
 type Session struct {
-	Conn *quic.Conn
-	// TCP is the session's connection over TCP (the fallback), else nil.
-	TCP    *tcpmux.Conn
+	// Conn carries the session's streams: OverQUIC or OverTCP.
+	Conn   Conn
 	Prober *liveness.TailProber
 	Flows  *udpflow.Table
 	// Waker, if set, is woken as a stream or flow is about to be opened on
@@ -59,11 +58,68 @@ type Session struct {
 }
 
 // Transport names the session's transport: "quic" or "tcp".
-func (s *Session) Transport() string {
-	if s.TCP != nil {
-		return "tcp"
+func (s *Session) Transport() string { return s.Conn.Transport() }
+
+// Conn is what ingress uses of a connection, QUIC or TCP (as the server's
+// tunnelConn): streams both ways, its end, and the QUIC connection behind
+// it for 0-RTT and datagrams.
+type Conn interface {
+	// OpenStream opens a stream at once; it fails with a stream-limit
+	// error (quic.StreamLimitReachedError, tcpmux.ErrStreamLimit) while
+	// the peer's limit is reached.
+	OpenStream() (Stream, error)
+	// OpenStreamSync waits for stream credit until ctx ends.
+	OpenStreamSync(ctx context.Context) (Stream, error)
+	// AcceptStream returns the next stream the peer opened.
+	AcceptStream(ctx context.Context) (Stream, error)
+	// Context ends with the connection.
+	Context() context.Context
+	CloseWithError(code quic.ApplicationErrorCode, msg string) error
+	// Transport is "quic" or "tcp".
+	Transport() string
+	// QUIC is the QUIC connection, nil on TCP.
+	QUIC() *quic.Conn
+}
+
+// OverQUIC is c as a Conn.
+func OverQUIC(c *quic.Conn) Conn { return overQUIC{c} }
+
+// OverTCP is c (the TCP fallback, pkg/tcpmux) as a Conn.
+func OverTCP(c *tcpmux.Conn) Conn { return overTCP{c} }
+
+type overQUIC struct{ *quic.Conn }
+
+func (c overQUIC) OpenStream() (Stream, error) { return nilIfErr(c.Conn.OpenStream()) }
+func (c overQUIC) OpenStreamSync(ctx context.Context) (Stream, error) {
+	return nilIfErr(c.Conn.OpenStreamSync(ctx))
+}
+
+func (c overQUIC) AcceptStream(ctx context.Context) (Stream, error) {
+	return nilIfErr(c.Conn.AcceptStream(ctx))
+}
+func (overQUIC) Transport() string  { return "quic" }
+func (c overQUIC) QUIC() *quic.Conn { return c.Conn }
+
+type overTCP struct{ *tcpmux.Conn }
+
+func (c overTCP) OpenStream() (Stream, error) { return nilIfErr(c.Conn.OpenStream()) }
+func (c overTCP) OpenStreamSync(ctx context.Context) (Stream, error) {
+	return nilIfErr(c.Conn.OpenStreamSync(ctx))
+}
+
+func (c overTCP) AcceptStream(ctx context.Context) (Stream, error) {
+	return nilIfErr(c.Conn.AcceptStream(ctx))
+}
+func (overTCP) Transport() string { return "tcp" }
+func (overTCP) QUIC() *quic.Conn  { return nil }
+
+// nilIfErr returns s as a Stream, or a nil interface (not a typed nil
+// pointer) with err.
+func nilIfErr[S Stream](s S, err error) (Stream, error) {
+	if err != nil {
+		return nil, err
 	}
-	return "quic"
+	return s, nil
 }
 
 // Stream is a tunnel stream: a *quic.Stream, or a *tcpmux.Stream on a TCP
@@ -376,31 +432,17 @@ var errStreamCredit = errors.New("server stream limit")
 // stream credit if the server's limit is reached (the error then wraps
 // errStreamCredit).
 func (h *Handler) openStream(ctx context.Context, sess *Session) (Stream, error) {
-	if sess.TCP != nil {
-		return h.openTCPStream(ctx, sess.TCP)
+	if sess.Waker != nil {
+		sess.Waker.Wake()
 	}
-	sess.Waker.Wake()
-	str, err := sess.Conn.OpenStream()
-	if err == nil || !isStreamLimit(err) {
-		return str, err
-	}
-	octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
-	defer cancel()
-	str, err = sess.Conn.OpenStreamSync(octx)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errStreamCredit, err)
-	}
-	return str, nil
+	return h.openOn(ctx, sess.Conn)
 }
 
-// openTCPStream is openStream on a TCP session.
-func (h *Handler) openTCPStream(ctx context.Context, c *tcpmux.Conn) (Stream, error) {
+// openOn is openStream on c.
+func (h *Handler) openOn(ctx context.Context, c Conn) (Stream, error) {
 	str, err := c.OpenStream()
-	if err == nil {
-		return str, nil
-	}
-	if !errors.Is(err, tcpmux.ErrStreamLimit) {
-		return nil, err
+	if err == nil || !isStreamLimit(err) {
+		return str, err
 	}
 	octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
 	defer cancel()
@@ -417,7 +459,7 @@ func (h *Handler) openTCPStream(ctx context.Context, c *tcpmux.Conn) (Stream, er
 func isStreamLimit(err error) bool {
 	var v quic.StreamLimitReachedError
 	var p *quic.StreamLimitReachedError
-	return errors.As(err, &v) || errors.As(err, &p)
+	return errors.As(err, &v) || errors.As(err, &p) || errors.Is(err, tcpmux.ErrStreamLimit)
 }
 
 // maxEarlyBytes bounds the application bytes kept for a re-send while a
@@ -467,48 +509,24 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	}
 	str.CancelRead(0) // discarded with the rest of the 0-RTT data
 	str.CancelWrite(0)
-	var next *quic.Conn
-	var nextTCP *tcpmux.Conn
+	var next Conn
 	if conn.Context().Err() == nil {
 		// Rejected: the same connection goes on without 0-RTT.
 		n, err := conn.NextConnection(ctx)
 		if err != nil {
 			return nil, "", fmt.Errorf("connection after 0-RTT rejection: %w", err)
 		}
-		next = n
+		next = OverQUIC(n)
 	} else {
 		// The server never answered (it may still be down): wait for the
-		// supervisor's next connection, with its handshake done.
-		for next == nil && nextTCP == nil {
-			sess, release, err := h.links.Sessions.Wait(ctx)
-			release() // counted where it was first placed
-			if err != nil {
-				return nil, "", fmt.Errorf("connection died before its handshake: %w", err)
-			}
-			if sess.TCP != nil { // UDP is blocked: the fallback carries it
-				nextTCP = sess.TCP
-				break
-			}
-			select {
-			case <-sess.Conn.HandshakeComplete():
-				if sess.Conn.Context().Err() == nil {
-					next = sess.Conn
-				}
-			case <-sess.Conn.Context().Done():
-			case <-ctx.Done():
-				return nil, "", ctx.Err()
-			}
+		// client's next connection, with its handshake done.
+		n, err := h.nextSession(ctx)
+		if err != nil {
+			return nil, "", err
 		}
+		next = n
 	}
-	var nstr Stream
-	var err error
-	if nextTCP != nil {
-		nstr, err = h.openTCPStream(ctx, nextTCP)
-	} else {
-		octx, cancel := context.WithTimeout(ctx, h.cfg.StreamOpenTimeout)
-		defer cancel()
-		nstr, err = next.OpenStreamSync(octx)
-	}
+	nstr, err := h.openOn(ctx, next)
 	if err != nil {
 		return nil, "", fmt.Errorf("stream after 0-RTT rejection: %w", err)
 	}
@@ -522,4 +540,29 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		return nil, "", fmt.Errorf("re-send after 0-RTT rejection: %w", err)
 	}
 	return nstr, id, nil
+}
+
+// nextSession waits for a connection whose handshake is done: a QUIC one
+// that completed it, or a TCP one (UDP is blocked: the fallback carries it).
+func (h *Handler) nextSession(ctx context.Context) (Conn, error) {
+	for {
+		sess, release, err := h.links.Sessions.Wait(ctx)
+		release() // counted where it was first placed
+		if err != nil {
+			return nil, fmt.Errorf("connection died before its handshake: %w", err)
+		}
+		q := sess.Conn.QUIC()
+		if q == nil {
+			return sess.Conn, nil
+		}
+		select {
+		case <-q.HandshakeComplete():
+			if q.Context().Err() == nil {
+				return sess.Conn, nil
+			}
+		case <-q.Context().Done():
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }

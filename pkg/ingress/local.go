@@ -218,7 +218,7 @@ func (l *local) sendHeader(ctx context.Context) *localFailure {
 		l.str.CancelWrite(proto.CodeInternal.StreamErrorCode())
 		return &localFailure{proto.CodeConnReset.String(), "Could not write stream header", err}
 	}
-	conn := l.sess.Conn // nil on a TCP session: no 0-RTT
+	conn := l.sess.Conn.QUIC() // nil on a TCP session: no 0-RTT
 	if conn != nil && !isClosed(conn.HandshakeComplete()) {
 		if l.str, tunnelID, err = l.h.earlyPhase(ctx, conn, l.sc, l.str, l.token, l.early, tunnelID); err != nil {
 			return &localFailure{proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err}

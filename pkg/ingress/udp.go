@@ -204,6 +204,47 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		fail(code.String(), "Could not open a stream for a UDP flow", err)
 		return
 	}
+	hdr, err := h.writeFlowHeader(str, token)
+	if err != nil {
+		fail(proto.CodeConnReset.String(), "Could not write a UDP flow's header", err)
+		return
+	}
+	id := uint64(str.StreamID())
+	logger = klog.LoggerWithValues(logger, "streamID", int64(id))
+	r := h.flowRelay(sess, str, pc, f, token, start, logger)
+	// A TCP session has no datagrams: the flow stays on its stream.
+	var dc udpflow.DatagramConn
+	if q := sess.Conn.QUIC(); q != nil {
+		dc = q
+	}
+	r.Sender = udpflow.NewSender(id, dc, str, r.Up)
+	remove, _ := sess.Flows.Add(id, 0, r.FromDatagram) // stream IDs are unique on a connection
+	defer remove()
+	t := &tunnel.Tunnel{
+		UUID:        hdr.TunnelID(),
+		StreamID:    int64(id),
+		Endpoint:    "udp:" + pc.LocalAddr().String(),
+		Source:      f.src.String(),
+		Destination: token,
+		Datagram:    true,
+		Transport:   sess.Transport(),
+		Direction:   h.direction(),
+		CreatedAt:   start,
+		Upstream:    &r.Up.Bytes,
+		Downstream:  &r.Down.Bytes,
+	}
+	logger.V(4).Info("Opened UDP flow", "destination", token)
+	result, err := h.cfg.Registry.Run(t, r, udpflow.FlowTunnels{Events: ev})
+	logger.V(4).Info("Closed UDP flow", "bytesUpstream", t.Upstream.Load(), "bytesDownstream", t.Downstream.Load(),
+		"packetsUpstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
+		"packetsDownstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),
+		"duration", time.Since(start), "result", result, "err", err)
+	h.audit(klog.FromContext(ctx), f.src.String(), token, result, t.Upstream.Load(), t.Downstream.Load(), start)
+}
+
+// writeFlowHeader writes a UDP flow's header for token on str (the stream
+// is reset if it cannot be written).
+func (h *Handler) writeFlowHeader(str Stream, token string) (*proto.Header, error) {
 	hdr, err := proto.NewHeader(token, time.Now())
 	var hb []byte
 	if err == nil {
@@ -216,11 +257,17 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 	if err != nil {
 		str.CancelRead(proto.CodeInternal.StreamErrorCode())
 		str.CancelWrite(proto.CodeInternal.StreamErrorCode())
-		fail(proto.CodeConnReset.String(), "Could not write a UDP flow's header", err)
-		return
+		return nil, err
 	}
-	id := uint64(str.StreamID())
-	r := &udpflow.Relay{
+	return hdr, nil
+}
+
+// flowRelay is the relay of flow f on str (its Sender is set by the
+// caller): packets both ways, counted and waking the session's liveness
+// checks, the server's reply recorded and its refusals logged.
+func (h *Handler) flowRelay(sess *Session, str Stream, pc *net.UDPConn, f *udpFlow, token string, start time.Time, logger klog.Logger) *udpflow.Relay {
+	ev := h.cfg.Events
+	return &udpflow.Relay{
 		Stream:     str,
 		Up:         &udpflow.Counters{OnPacket: wakeOnPacket(sess, ev.UDPPackets(true))},
 		Down:       &udpflow.Counters{OnPacket: wakeOnPacket(sess, ev.UDPPackets(false))},
@@ -256,33 +303,4 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		IdleTimeout: h.cfg.UDPIdleTimeout,
 		Drop:        ev.UDPDropped,
 	}
-	// A TCP session has no datagrams: the flow stays on its stream.
-	var dc udpflow.DatagramConn
-	if sess.Conn != nil {
-		dc = sess.Conn
-	}
-	r.Sender = udpflow.NewSender(id, dc, str, r.Up)
-	remove, _ := sess.Flows.Add(id, 0, r.FromDatagram) // stream IDs are unique on a connection
-	defer remove()
-	t := &tunnel.Tunnel{
-		UUID:        hdr.TunnelID(),
-		StreamID:    int64(id),
-		Endpoint:    "udp:" + pc.LocalAddr().String(),
-		Source:      f.src.String(),
-		Destination: token,
-		Datagram:    true,
-		Transport:   sess.Transport(),
-		Direction:   h.direction(),
-		CreatedAt:   start,
-		Upstream:    &r.Up.Bytes,
-		Downstream:  &r.Down.Bytes,
-	}
-	logger = klog.LoggerWithValues(logger, "streamID", int64(id))
-	logger.V(4).Info("Opened UDP flow", "destination", token)
-	result, err := h.cfg.Registry.Run(t, r, udpflow.FlowTunnels{Events: ev})
-	logger.V(4).Info("Closed UDP flow", "bytesUpstream", t.Upstream.Load(), "bytesDownstream", t.Downstream.Load(),
-		"packetsUpstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
-		"packetsDownstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),
-		"duration", time.Since(start), "result", result, "err", err)
-	h.audit(klog.FromContext(ctx), f.src.String(), token, result, t.Upstream.Load(), t.Downstream.Load(), start)
 }

@@ -369,15 +369,13 @@ func (c *Conn) writePreface() error {
 }
 
 // tlsConfig is base for a tcpmux connection: TLS 1.3 with ALPN, also in
-// the configs a server's GetConfigForClient returns; no session
-// resumption on the client (tickets are the QUIC connections').
+// the configs a server's GetConfigForClient returns. A client resumes
+// with base's ClientSessionCache: give it a cache for TCP of its own, not
+// the QUIC connections' (a TCP resumption carries no early data).
 func tlsConfig(base *tls.Config, isClient bool) *tls.Config {
 	conf := base.Clone()
 	conf.NextProtos = []string{ALPN}
 	conf.MinVersion = tls.VersionTLS13
-	if isClient {
-		conf.ClientSessionCache = nil
-	}
 	if get := conf.GetConfigForClient; get != nil {
 		conf.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
 			hc, err := get(hello)

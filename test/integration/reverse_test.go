@@ -482,3 +482,37 @@ func TestReverseForwardCutOnKeyRemoval(t *testing.T) {
 	echoCheck(t, dialWhenListening(t, lb), 64<<10)
 	assert.False(t, listening(la))
 }
+
+// TestReverseForwardOverTCP (issue 33): with --transport tcp the reverse
+// forward is bound over the TCP connection and its connections ping-pong
+// through it; the server opened the listener for a client that came over
+// TCP (it refused that with needs_quic before).
+func TestReverseForwardOverTCP(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	listen := testutil.FreeAddr(t, "tcp")
+	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Mutate: func(c *server.Config) {
+		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:" + listen)
+		c.Reverse.Events = server.NewReverseMetrics(prometheus.NewRegistry())
+	}})
+	c := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", WaitReady: true,
+		Mutate: func(c *client.Config) {
+			c.Transport, c.TCPServerAddr = client.TransportTCP, srv.TCPAddr
+			withRemoteForwards(t, c, "tcp:"+listen+"=tcp:"+echo)
+		}})
+	for i := range 3 {
+		conn := dialWhenListening(t, listen)
+		msg := []byte("ping " + string(rune('0'+i)))
+		_, err := conn.Write(msg)
+		require.NoError(t, err)
+		got := make([]byte, len(msg))
+		_, err = io.ReadFull(conn, got)
+		require.NoError(t, err)
+		assert.Equal(t, msg, got)
+		list := c.Client.Registry().List(time.Now())
+		require.NotEmpty(t, list)
+		assert.Equal(t, "tcp", list[0].Transport, "the reverse tunnel runs over TCP")
+		_ = conn.Close()
+	}
+	assert.Equal(t, 1.0, promtest.ToFloat64(srv.Metrics.ActiveTCPConnections))
+}

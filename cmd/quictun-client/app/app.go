@@ -59,6 +59,8 @@ where UDP is blocked) to quictun-server, which connects it to the destination it
 // over. It builds in steps: TLS and credentials, then the admin listener,
 // the local entry points and the UDP socket (each pushed on one Cleanup),
 // the client, then serves it (cli.DaemonFlags.Serve).
+//
+//nolint:funlen // the build steps in order with one cleanup path; split, the order would be spread over helpers
 func (o *Options) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	for _, ep := range o.ServerEndpoint {

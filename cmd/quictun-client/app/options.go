@@ -125,7 +125,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Client.ConnectionsPerServer, "connections", o.Client.ConnectionsPerServer, "QUIC connections to each server, each reconnecting on its own; new tunnels go to the one with the fewest active streams")
 	fs.DurationVar(&o.Client.FailbackAfter, "server-failback-after", o.Client.FailbackAfter, "failover mode: how long a server earlier in --server-endpoint must have answered again before new tunnels move back to it (hysteresis against flapping)")
 	fs.StringVar(&o.Client.Transport, "transport", o.Client.Transport, "what carries tunnels: auto (QUIC; while QUIC does not get through, UDP blocked, new tunnels go over TCP, TLS 1.3 to the server's --tcp-listen-on, and back to QUIC as soon as it works), quic, or tcp")
-	fs.StringVar(&o.Client.TCPServerAddr, "tcp-server-endpoint", o.Client.TCPServerAddr, "quictun-server TCP address for --transport auto or tcp (its --tcp-listen-on); empty = --server-endpoint")
+	fs.StringVar(&o.Client.TCPServerAddr, "tcp-server-endpoint", o.Client.TCPServerAddr, "quictun-server TCP address for --transport auto or tcp (its --tcp-listen-on); with several --server-endpoint, the first server's (the others are reached on TCP at their --server-endpoint host:port); empty = --server-endpoint")
 	fs.StringVar(&o.TokenSourcePlugin, "token-source-plugin", o.TokenSourcePlugin, "how the destination token is chosen: Fixed (--token-source is the token), File (--token-source is a file of 'IP-or-CIDR token' lines), Http (--token-source is a URL, GET ?addr=<client IP> returns {\"token\": ...})")
 	fs.StringSliceVar(&o.Proxy, "proxy", o.Proxy, "a local entry point where each application names its destination, repeatable: socks5:127.0.0.1:1080 (SOCKS5 CONNECT and UDP ASSOCIATE; curl --socks5-hostname, ssh -o ProxyCommand='nc -X 5 -x ...') or http-connect:127.0.0.1:8080 (HTTP CONNECT; curl -x, git, https_proxy); each destination is checked by the server's --allow rules, and a refusal is answered as SOCKS 'not allowed by ruleset' or HTTP 403")
 	fs.StringVar(&o.ProxyCredentials, "proxy-credentials-file", o.ProxyCredentials, "file (mode 0600) of USER:PASSWORD lines that every --proxy client must present: SOCKS5 username/password (RFC 1929), HTTP CONNECT Proxy-Authorization: Basic (407 otherwise); re-read on SIGHUP; empty: none, any local process may use the proxies")
@@ -154,6 +154,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 }
 
 // Validate returns every problem at once.
+//
+//nolint:funlen // a flat list of independent checks, each naming its flag (errors.Join)
 func (o *Options) Validate() error {
 	var errs []error
 	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }

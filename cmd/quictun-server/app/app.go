@@ -332,6 +332,8 @@ var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "key
 // rules, closing the reverse forward listeners they no longer admit
 // (enabling reverse forwards on a server started without them takes a
 // restart). Everything is read and checked before anything is applied.
+//
+//nolint:funlen // read and check everything, then apply: the two halves must stay side by side to keep a reload whole or nothing
 func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 	keys, cert := id.keys, id.cert
 	rules, deny, allowFor := o.Allow, o.Deny, o.AllowFor

@@ -230,6 +230,8 @@ func addShares(add func(string, ...any), name, what, fraction string, total, per
 }
 
 // Validate returns every problem at once.
+//
+//nolint:funlen // a flat list of independent checks, each naming its flag (errors.Join)
 func (o *Options) Validate() error {
 	var errs []error
 	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
