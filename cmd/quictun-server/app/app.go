@@ -136,6 +136,25 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	logger.V(1).Info("Replica ID: the session tickets of this server carry it, and it accepts 0-RTT only with its own; servers sharing --state-dir's keys need distinct ones",
 		"replicaID", cfg.ReplicaID)
+	if err := o.manyUsers(&cfg, reg, &cleanup); err != nil {
+		return err
+	}
+	srv, err = server.New(cfg, sock.Conn)
+	if err != nil {
+		return err
+	}
+	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
+	return o.Serve(ctx, cli.Serving{
+		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
+	})
+}
+
+// manyUsers sets up what one server shared by many users needs: the
+// accounting per identity (kept in --state-dir), quotas, rate caps, the
+// auth hook and the usage reports (docs/many-users.md).
+func (o *Options) manyUsers(cfg *server.Config, reg prometheus.Registerer, cleanup *cli.Cleanup) error {
+	var err error
 	if cfg.Usage, err = usage.New(usage.Config{Path: filepath.Join(o.StateDir, UsageFile), SaveInterval: o.UsageSaveInterval,
 		Labeled: o.MetricsIdentities}); err != nil {
 		return err
@@ -161,15 +180,7 @@ func (o *Options) Run(ctx context.Context) error {
 	if rep != nil { // a nil *Reporter in the interface would not be nil
 		cfg.UsageReporter = rep
 	}
-	srv, err = server.New(cfg, sock.Conn)
-	if err != nil {
-		return err
-	}
-	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
-	return o.Serve(ctx, cli.Serving{
-		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
-		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
-	})
+	return nil
 }
 
 // authHook returns the hook of --auth-hook (nil: none).
