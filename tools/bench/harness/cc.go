@@ -357,13 +357,7 @@ func (r *Runner) blackoutBulkOne(ctx context.Context, link LinkSpec, v Variant, 
 		s.Error = "warm-up round trip: " + err.Error()
 		return
 	}
-	reconnects := func() float64 {
-		if sr, ok := v.(serviceReconnecter); ok {
-			return sr.ServiceReconnects(ctx, &r.env, "sink")
-		}
-		return -1
-	}
-	rec0 := reconnects()
+	rec0 := r.sinkReconnects(ctx, v)
 	cp, sp := v.EndpointPIDs("sink")
 	u0 := r.usage(cp, sp)
 
@@ -489,7 +483,7 @@ wait:
 		s.Metrics["bulk_verified"] = 1
 	}
 	if rec0 >= 0 {
-		if rec1 := reconnects(); rec1 >= 0 {
+		if rec1 := r.sinkReconnects(ctx, v); rec1 >= 0 {
 			s.Metrics["reconnects"] = rec1 - rec0
 			s.Metrics["tunnel_survived"] = 0
 			if rec1 == rec0 {

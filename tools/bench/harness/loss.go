@@ -142,13 +142,7 @@ func (r *Runner) lossOne(ctx context.Context, link LinkSpec, v Variant, rep, i i
 	d := r.prof.LossDuration
 	s := Sample{Scenario: ScLoss, Link: link.Name, Case: lossRunName(i), Variant: v.Name(), Rep: rep, Started: time.Now().UTC(),
 		Metrics: map[string]float64{"mbit_per_s": 0}}
-	reconnects := func() float64 {
-		if sr, ok := v.(serviceReconnecter); ok {
-			return sr.ServiceReconnects(ctx, &r.env, "sink")
-		}
-		return -1
-	}
-	rec0 := reconnects()
+	rec0 := r.sinkReconnects(ctx, v)
 	cp, sp := v.EndpointPIDs("sink")
 	u0 := r.usage(cp, sp)
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -182,7 +176,7 @@ func (r *Runner) lossOne(ctx context.Context, link LinkSpec, v Variant, rep, i i
 	}
 	maps.Copy(s.Metrics, usageMetrics(u0, u1, st.ReaderCPU, len(cp)+len(sp) > 0))
 	if rec0 >= 0 {
-		if rec1 := reconnects(); rec1 >= 0 {
+		if rec1 := r.sinkReconnects(ctx, v); rec1 >= 0 {
 			s.Metrics["reconnects"] = rec1 - rec0
 		}
 	}
