@@ -444,7 +444,10 @@ func (b *BBRController) endRound() {
 	b.checkStartupQueue()
 	sent := b.roundAckedPackets + b.roundLostPackets
 	tooMuchLoss := b.congestiveRound(queued, sent)
-	b.learnRandomLoss(queued)
+	// Below-model packets are a clean sample only while no queue shows at
+	// all: a queue filled by another flow drops them too (a shallow one
+	// drains between that flow's losses, so the gain cycle may not show it).
+	b.learnRandomLoss(queued || b.queueAt(b.roundMinRTT, 5, 4))
 	switch {
 	case tooMuchLoss:
 		base := b.roundMaxInFlight
