@@ -142,13 +142,18 @@ func New(cfg Config) (*Reporter, error) {
 func (r *Reporter) Run(ctx context.Context) {
 	sendCtx, stopSend := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
-	go func() { defer close(done); r.send(sendCtx, ctx) }()
+	// flushed is closed once the last batch is queued: the sender ends when
+	// the queue is empty after that, not when ctx ends (it would race the
+	// last collect and drop the final batch).
+	flushed := make(chan struct{})
+	go func() { defer close(done); r.send(sendCtx, klog.FromContext(ctx), flushed) }()
 	t := time.NewTicker(r.tick)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			r.collect(time.Now(), true)
+			close(flushed)
 			timer := time.AfterFunc(5*time.Second, stopSend)
 			<-done
 			timer.Stop()
@@ -212,9 +217,9 @@ func (r *Reporter) enqueue(b Batch) {
 }
 
 // send posts the queued batches in order until ctx ends, retrying a failed
-// one with backoff; once stop is done it returns when the queue is empty.
-func (r *Reporter) send(ctx, stop context.Context) {
-	logger := klog.FromContext(stop)
+// one with backoff; once flushed is closed (the last batch queued) it returns
+// when the queue is empty.
+func (r *Reporter) send(ctx context.Context, logger klog.Logger, flushed <-chan struct{}) {
 	delay := r.retry
 	for {
 		r.mu.Lock()
@@ -225,13 +230,15 @@ func (r *Reporter) send(ctx, stop context.Context) {
 		}
 		r.mu.Unlock()
 		if !queued {
-			if stop.Err() != nil {
+			select {
+			case <-flushed:
 				return
+			default:
 			}
 			select {
 			case <-r.wake:
 				continue
-			case <-stop.Done():
+			case <-flushed:
 				continue
 			case <-ctx.Done():
 				return
