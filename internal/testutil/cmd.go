@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,8 +58,56 @@ func WriteFile(t testing.TB, name, content string) string {
 
 // FreeAddr returns a loopback address, "127.0.0.1:PORT", that was free on
 // network ("tcp" or "udp") a moment ago: the caller binds it (or hands it to
-// a daemon) itself, and another process may take it first.
+// a daemon) itself. The port is drawn below Linux's ephemeral range
+// (32768-60999), which the kernel never hands to a bind of port 0 or to an
+// outgoing connection, so that no other test's listener or dial takes it in
+// between (as one did under make test's load, and a reverse forward's test
+// then dialed another test's listener), and no port is handed out twice in
+// one test binary.
 func FreeAddr(t testing.TB, network string) string {
+	t.Helper()
+	freeMu.Lock()
+	defer freeMu.Unlock()
+	for range 200 {
+		port := freeLow + rand.IntN(freeHigh-freeLow)
+		if freeGiven[port] {
+			continue
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		if bindable(network, addr) {
+			freeGiven[port] = true
+			return addr
+		}
+	}
+	return anyFreeAddr(t, network) // a crowded range: the kernel's choice
+}
+
+// The range FreeAddr draws from, and the ports it handed out.
+const freeLow, freeHigh = 20000, 32768
+
+var (
+	freeMu    sync.Mutex
+	freeGiven = map[int]bool{}
+)
+
+// bindable reports whether addr can be bound on network now.
+func bindable(network, addr string) bool {
+	if network == "udp" {
+		c, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return false
+		}
+		return c.Close() == nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	return l.Close() == nil
+}
+
+// anyFreeAddr is a port the kernel picks (from the ephemeral range).
+func anyFreeAddr(t testing.TB, network string) string {
 	t.Helper()
 	if network == "udp" {
 		c, err := net.ListenPacket("udp", "127.0.0.1:0")
