@@ -288,26 +288,8 @@ func (b *BBRController) OnEvent(e *qc.Event) {
 	if n := len(e.Acked); n > 0 {
 		rttSample = e.Time.Sub(e.Acked[n-1].SentTime)
 	}
-	var lostBytes int
-	for i := range e.Lost {
-		l := &e.Lost[i]
-		below := false
-		if s := b.pkts.get(l.PacketNumber); s != nil {
-			below = s.belowModel
-			b.pkts.remove(s)
-		}
-		if l.MTUProbe || l.ByPTO {
-			continue
-		}
-		if below {
-			b.belowSent++
-			b.belowLost++
-		}
-		lostBytes += l.Bytes
-		b.roundLostPackets++
-	}
+	b.countLost(e.Lost)
 	b.roundDelivered += ackedBytes
-	b.roundLost += lostBytes
 	if b.appLimitedUntil != 0 && b.delivered > b.appLimitedUntil {
 		b.appLimitedUntil = 0
 	}
@@ -339,6 +321,29 @@ func (b *BBRController) OnEvent(e *qc.Event) {
 	b.setPacingRate()
 	b.setCwnd(ackedBytes)
 	b.publish()
+}
+
+// countLost forgets the lost packets and counts them in the round's loss
+// (and, sent below the model, in the random-loss sample); MTU probes and
+// packets declared lost by a probe timeout are not the path's loss.
+func (b *BBRController) countLost(lost []qc.LostPacket) {
+	for i := range lost {
+		l := &lost[i]
+		below := false
+		if s := b.pkts.get(l.PacketNumber); s != nil {
+			below = s.belowModel
+			b.pkts.remove(s)
+		}
+		if l.MTUProbe || l.ByPTO {
+			continue
+		}
+		if below {
+			b.belowSent++
+			b.belowLost++
+		}
+		b.roundLost += l.Bytes
+		b.roundLostPackets++
+	}
 }
 
 func (b *BBRController) updateAckAggregation(now qc.Time, roundStart bool, acked int) {
