@@ -68,6 +68,10 @@ type congestionState struct {
 	// RandomLossRate is bbr's estimate of the path's random loss (loss
 	// that is not congestion), measured on packets sent below its model.
 	RandomLossRate float64 `json:"randomLossRate"`
+	// RoundTrips counts bbr's round trips, CongestiveRoundTrips those whose
+	// loss it took for congestion (each capped bytes in flight).
+	RoundTrips           int64 `json:"roundTrips,omitempty"`
+	CongestiveRoundTrips int64 `json:"congestiveRoundTrips,omitempty"`
 }
 
 func congestionStateOf(s *congestion.Stats) *congestionState {
@@ -78,7 +82,7 @@ func congestionStateOf(s *congestion.Stats) *congestionState {
 		Algorithm: string(s.Algorithm), State: s.State, CongestionWindow: s.CongestionWindowBytes,
 		PacingRate: s.PacingRateBytesPerSecond, BandwidthEstimate: s.BandwidthBytesPerSecond,
 		MinRTTSeconds: s.MinRTT.Seconds(), InflightCap: s.InflightCap, LossRateLastRoundTrip: s.LossRate,
-		RandomLossRate: s.RandomLoss,
+		RandomLossRate: s.RandomLoss, RoundTrips: s.RoundTrips, CongestiveRoundTrips: s.CongestiveRoundTrips,
 	}
 }
 

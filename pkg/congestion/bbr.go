@@ -32,6 +32,8 @@ const (
 	rttJumpFactor       = 4
 	rttJumpRoundsNeeded = 3
 	startupQueueRounds  = 2
+	renoRounds          = 64
+	renoTime            = 2500 * time.Millisecond
 	// appLimitedGap is the least idle time after which a sender that had
 	// nothing to send counts as application limited (settleAppLimited).
 	appLimitedGap = time.Millisecond
@@ -157,6 +159,12 @@ type BBRController struct {
 	pacingRate float64
 	inflightHi int // 0: no cap
 	hiGrowth   int // packets added to inflightHi per round while probing
+	// lastCongestion is when the last congestive round ended (its round
+	// number and time): for renoRounds rounds or renoTime after it,
+	// whichever ends first, the cap grows by a packet per round only.
+	lastCongestionRound int64
+	lastCongestionTime  qc.Time
+	congestiveRounds    int64
 
 	mu    sync.Mutex
 	stats Stats
@@ -210,7 +218,7 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 	}
 	b.pkts.add(p.PacketNumber, sentState{
 		appLimited:    b.appLimitedUntil != 0,
-		belowModel:    b.sendingBelowModel(),
+		belowModel:    b.sendingBelowModel(p.BytesInFlight),
 		bytes:         p.Bytes,
 		txInFlight:    p.BytesInFlight,
 		delivered:     b.delivered,
@@ -461,10 +469,12 @@ func (b *BBRController) endRound() {
 		}
 		b.inflightHi = max(int(lossBeta*float64(base)), b.minWindow())
 		b.hiGrowth = 1
+		b.lastCongestionRound, b.lastCongestionTime = b.round, b.deliveredTime
+		b.congestiveRounds++
 		if b.state == bbrProbeBW && b.pacingGain > 1 {
 			b.advanceCycle(b.deliveredTime)
 		}
-	case b.inflightHi > 0 && b.queueAt(b.lastCycleMinRTT, 3, 2):
+	case b.inflightHi > 0 && (b.queueAt(b.lastCycleMinRTT, 3, 2) || b.recentCongestion()):
 		// Sharing a queue with other flows: raise the cap by a packet per
 		// round, as Reno and Cubic's friendly region do, so that the flows
 		// converge to their shares instead of bbr taking the queue back.
@@ -497,10 +507,30 @@ func (b *BBRController) endRound() {
 	b.roundMinRTT = 0
 }
 
-// sendingBelowModel tells whether bbr now sends below its model of the
-// path (ProbeBW's down phase, ProbeRTT), where no bottleneck overflows.
-func (b *BBRController) sendingBelowModel() bool {
-	return (b.state == bbrProbeBW && b.pacingGain < 1) || b.state == bbrProbeRTT
+// recentCongestion tells whether the last congestive round is recent:
+// within renoRounds rounds or renoTime, whichever ends first (BBRv3's
+// bound on how long it cruises before probing again, so that it probes no
+// faster than a Reno or Cubic flow beside it regrows). Until then the cap
+// grows as theirs does, a packet per round; a shallow queue shows no delay
+// to say it is shared, so the doubling regrowth would take the queue back
+// from them within ten rounds.
+func (b *BBRController) recentCongestion() bool {
+	return b.lastCongestionRound > 0 && b.round-b.lastCongestionRound < renoRounds &&
+		b.deliveredTime.Sub(b.lastCongestionTime) < renoTime
+}
+
+// sendingBelowModel tells whether a packet sent now with inFlight bytes in
+// flight goes below bbr's model of the path (ProbeBW's down phase,
+// ProbeRTT), where no bottleneck overflows. The down phase paces below the
+// estimate, but a sender held by its window (the cap after congestion is
+// 0.7 of what was in flight, which may be more than the BDP) keeps the same
+// bytes in flight, and a shallow buffer as full, as before: its packets
+// are below the model only while the window leaves room (an eighth). (Not
+// inFlight <= BDP: at 50 % loss the lost packets stay in flight until
+// declared lost, and no packet would qualify.)
+func (b *BBRController) sendingBelowModel(inFlight int) bool {
+	down := (b.state == bbrProbeBW && b.pacingGain < 1) || b.state == bbrProbeRTT
+	return down && inFlight < b.cwnd-b.cwnd/8
 }
 
 // learnRandomLoss folds the fate of the packets sent below the model into
@@ -573,7 +603,15 @@ func (b *BBRController) congestiveRound(queued bool, sent int) bool {
 	case b.lossSent > 0 && b.roundMaxInFlight > b.bdp(1)+3*b.datagram:
 		// No queue shows, but bbr pushed beyond its BDP: loss that rises
 		// with inflight is a buffer too shallow to show as delay (judged
-		// once the random rate has been measured).
+		// once the random rate has been measured). The estimate is itself
+		// a sample (of lossSent packets), so its error counts too: early
+		// on, or at 30 % loss, a round judged against a rate a few points
+		// low looks congestive (in the simulator at 30 %, four such rounds
+		// in the first two seconds). The rate is taken with one loss and
+		// one delivery added (Laplace), never 0 from a short clean sample.
+		p := (b.lossLost + 1) / (b.lossSent + 2)
+		expected := p * float64(sent)
+		sd := math.Sqrt(expected * (1 - p) * (1 + float64(sent)/b.lossSent))
 		return float64(b.roundLostPackets) > expected+3*sd+2
 	}
 	return false
@@ -775,6 +813,8 @@ func (b *BBRController) publish() {
 		InflightCap:              b.inflightHi,
 		LossRate:                 b.lossRate,
 		RandomLoss:               b.randomLoss,
+		RoundTrips:               b.round,
+		CongestiveRoundTrips:     b.congestiveRounds,
 	}
 	b.mu.Unlock()
 }

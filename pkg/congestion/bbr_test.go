@@ -273,3 +273,54 @@ func TestBBRAppLimitedOnlyAfterAnIdleGap(t *testing.T) {
 	require.NotZero(t, b.appLimitedUntil, "idle for 20 ms")
 	require.True(t, b.pkts.get(4).appLimited)
 }
+
+// After a congestive round the cap grows back by a packet per round, as a
+// Reno or Cubic flow beside bbr regrows, for renoRounds rounds or renoTime,
+// whichever ends first; then it doubles each clean round. Before, it
+// doubled at once and was gone within ten rounds: on a 30 ms queue beside
+// kernel Cubic (the bench) Cubic kept 16-21 % of the link.
+func TestBBRRegrowsAsRenoAfterCongestion(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	s := newLinkSim(b, rtt, 100*mbit, 12500*time.Microsecond, 0, 16)
+	s.run(2 * time.Second)
+	var lastRound int64
+	var lastTime qc.Time
+	checked := 0
+	for range 800 {
+		hi, round, cong := b.inflightHi, b.round, b.congestiveRounds
+		s.run(5 * time.Millisecond)
+		if b.congestiveRounds != cong {
+			lastRound, lastTime = b.round, s.now
+			continue
+		}
+		if lastRound == 0 || hi == 0 || b.inflightHi == 0 || b.round == round {
+			continue
+		}
+		if b.round-lastRound < renoRounds && s.now.Sub(lastTime) < renoTime {
+			require.LessOrEqual(t, b.inflightHi-hi, int(b.round-round)*b.datagram,
+				"a packet per round, %d rounds after congestion", b.round-lastRound)
+			checked++
+		}
+	}
+	require.Greater(t, checked, 50, "rounds with a cap after congestion")
+}
+
+// congestiveRound judges a round's loss against the random rate's estimate
+// and that estimate's own error: the same round (330 packets, 115 lost) is
+// congestion against 0.25 measured on 5,000 packets, not against 0.25
+// measured on 40.
+func TestBBRJudgesLossAgainstTheEstimatesError(t *testing.T) {
+	for _, tc := range []struct {
+		lossSent   float64
+		congestive bool
+	}{{40, false}, {5000, true}} {
+		b, _ := newTestBBR(Options{})
+		b.state, b.maxBW, b.minRTT = bbrProbeBW, 100*mbit, 25*time.Millisecond
+		b.lossSent, b.lossLost = tc.lossSent, tc.lossSent/4
+		b.randomLoss = 0.25
+		b.roundMaxInFlight = 2 * b.bdp(1)
+		b.roundLostPackets, b.roundAckedPackets = 115, 215
+		b.lossRate = 115.0 / 330
+		require.Equal(t, tc.congestive, b.congestiveRound(false, 330), "estimate from %.0f packets", tc.lossSent)
+	}
+}

@@ -98,6 +98,9 @@ type Stats struct {
 	// RandomLoss is bbr's estimate of the path's random loss rate (loss that
 	// is not congestion; see the package doc).
 	RandomLoss float64
+	// RoundTrips counts bbr's round trips, CongestiveRoundTrips those it
+	// took for congestion (their loss capped bytes in flight).
+	RoundTrips, CongestiveRoundTrips int64
 }
 
 // StatsReporter is implemented by this package's controllers; Stats is safe

@@ -22,16 +22,25 @@
 //     shallow for a queue to show as delay, overflow comes when bbr sends
 //     beyond its BDP (ProbeBW's up phase): a round that had more than the
 //     BDP in flight and lost significantly more than the random rate (three
-//     binomial standard deviations) is congestion.
+//     standard deviations of a binomial draw, widened by the estimate's own
+//     error: it is a sample too, and early on or at 30 % loss a few points
+//     off) is congestion.
 //   - The random rate is measured only on packets sent below the model
-//     (ProbeBW's down phase, ProbeRTT), where no bottleneck overflows, as a
-//     packet-weighted moving average. Measured on every packet, the overflow
+//     (ProbeBW's down phase, ProbeRTT, while the window leaves room: a
+//     sender held by its cap keeps a shallow buffer full whatever its
+//     pacing), where no bottleneck overflows, as a packet-weighted moving
+//     average. Measured on every packet, the overflow
 //     of a shallow buffer would pass for random loss, raise the estimate,
 //     the estimate the pacing rate, and the pacing rate the overflow.
 //
 // Congestive rounds cap bytes in flight at 0.7 of what was in flight
-// (BBRv3's inflight_hi); the cap grows back by a packet per round beside
-// other flows and doubles back when alone. The bandwidth estimate is the
+// (BBRv3's inflight_hi); the cap grows back by a packet per round, as a
+// Reno or Cubic flow beside it regrows, for 64 rounds or 2.5 s after the
+// last congestive round (whichever ends first: BBRv3's bound on how long
+// it cruises before it probes again) and while a queue shows; after that
+// it doubles each clean round. A shallow queue shows no delay to say it is
+// shared: doubling at once took it back from a kernel Cubic flow within
+// ten rounds (on the bench's 30 ms queue Cubic kept 16-21 % of the link). The bandwidth estimate is the
 // delivery rate divided by (1 - random loss rate), at most Options.
 // LossThreshold (75 %), which is also the loss rate beyond which a round is
 // congestion whatever the queue shows. Startup never ends on loss alone

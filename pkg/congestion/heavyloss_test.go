@@ -113,9 +113,9 @@ func TestHeavyLossTrace(t *testing.T) {
 			g := atomic.LoadInt64(&got)
 			if b, c := ctl.Load(), sc.Load(); b != nil && c != nil {
 				st, cs := b.Stats(), c.ConnectionStats()
-				t.Logf("t=%4.1fs %5.1f Mbit/s %s cwnd=%d pacing=%.1f bw=%.1f Mbit/s cap=%d round loss=%.2f random=%.2f sent=%d lost=%d srtt=%s",
+				t.Logf("t=%4.1fs %5.1f Mbit/s %s cwnd=%d pacing=%.1f bw=%.1f Mbit/s cap=%d round loss=%.2f random=%.2f sent=%d lost=%d srtt=%s round trips=%d congestive=%d",
 					float64(i)/2, float64(g-last)*16/1e6, st.State, st.CongestionWindowBytes, st.PacingRateBytesPerSecond*8/1e6,
-					st.BandwidthBytesPerSecond*8/1e6, st.InflightCap, st.LossRate, st.RandomLoss, cs.PacketsSent, cs.PacketsLost, cs.SmoothedRTT)
+					st.BandwidthBytesPerSecond*8/1e6, st.InflightCap, st.LossRate, st.RandomLoss, cs.PacketsSent, cs.PacketsLost, cs.SmoothedRTT, st.RoundTrips, st.CongestiveRoundTrips)
 			}
 			last = g
 		}
