@@ -235,8 +235,12 @@ func downloadWith(ctx context.Context, t *testing.T, cconn, sconn *simnet.SimCon
 
 // Two downloads share the bottleneck: bbr against cubic (our own, the
 // stand-in for a TCP Cubic flow here), on a queue of 1.2 and of 2 BDP (30
-// and 50 ms at 100 Mbit/s). Cubic keeps at least a quarter of the link (the
-// issue's fairness target), and bbr at least a fifth.
+// and 50 ms at 100 Mbit/s). Cubic keeps at least a quarter of the link on
+// each (the target beside kernel Cubic), and bbr at least a fifth;
+// over the queues Cubic averages at least 42 %. Before bbr regrew its cap as
+// Reno does after congestion, Cubic averaged 31.5-36.3 % here (two runs: the
+// simulator's goroutines make runs differ); after, 48-57 % over four seeds
+// (QUICTUN_SIM_SEED), 51 % on the one queue run under the race detector.
 func TestFairnessBBRAgainstCubicSimnet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("moves tens of MB through quic-go")
@@ -247,6 +251,7 @@ func TestFairnessBBRAgainstCubicSimnet(t *testing.T) {
 	if raceEnabled {
 		dur, warmup, queues = 12*time.Second, 4*time.Second, queues[:1]
 	}
+	var cubicSum float64
 	for _, queue := range queues {
 		spec := linkSpec{rateBitsPerSecond: rate, oneWay: 12500 * time.Microsecond, queuePackets: queue}
 		synctest.Test(t, func(t *testing.T) {
@@ -265,6 +270,8 @@ func TestFairnessBBRAgainstCubicSimnet(t *testing.T) {
 			t.Logf("queue %d packets: bbr %.1f Mbit/s, cubic %.1f Mbit/s (link 100)", queue, bbr/1e6, cubic/1e6)
 			require.Greater(t, bbr, 0.2*rate, "bbr's share")
 			require.Greater(t, cubic, 0.25*rate, "cubic's share")
+			cubicSum += cubic
 		})
 	}
+	require.Greater(t, cubicSum/float64(len(queues)), 0.42*rate, "cubic's mean share over the queues")
 }
