@@ -34,6 +34,7 @@ port=$((20000 + RANDOM % 20000))
 fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
 "$BIN/latency-client" serve --listen "$host:$port" >"$work/echo.log" 2>&1 &
 echo_pid=$!
+for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null && break; sleep 0.1; done
 
 ticks() { local t=0 f; for p in "$@"; do read -r -a f </proc/"$p"/stat; t=$((t + f[13] + f[14])); done; echo "$t"; }
 vcsw() { for p in "$@"; do cat /proc/"$p"/task/*/status; done 2>/dev/null | awk '/^voluntary_ctxt_switches/ { v += $2 } END { print v + 0 }'; }
