@@ -1,0 +1,253 @@
+package client
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/pkg/ingress"
+	"github.com/quictun/quictun/pkg/tcpmux"
+)
+
+// tcpFake is a fake TCP connection: it lives until closed (or its
+// server is killed).
+type tcpFake struct {
+	fakeConn
+	cancel context.CancelFunc
+}
+
+func (f *tcpFake) CloseWithError(quic.ApplicationErrorCode, string) error { f.cancel(); return nil }
+func (*tcpFake) Transport() string                                        { return TransportTCP }
+
+// fakeDialer dials fake TCP connections after took; a server marked down
+// refuses them. It records each dial's server and time.
+type fakeDialer struct {
+	took  time.Duration
+	mu    sync.Mutex
+	down  map[string]bool
+	live  map[string]*tcpFake
+	dials []string
+}
+
+func newFakeDialer(took time.Duration) *fakeDialer {
+	return &fakeDialer{took: took, down: map[string]bool{}, live: map[string]*tcpFake{}}
+}
+
+func (d *fakeDialer) dialTCP(ctx context.Context, s *server) (ingress.Conn, *tcpmux.Conn, error) {
+	sleep(ctx, d.took)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.dials = append(d.dials, s.label)
+	if d.down[s.label] {
+		return nil, nil, net.ErrClosed
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	f := &tcpFake{fakeConn{cctx}, cancel}
+	d.live[s.label] = f
+	return f, nil, nil
+}
+
+// kill stops server label: its TCP connection ends, new dials fail.
+func (d *fakeDialer) kill(label string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.down[label] = true
+	if f, ok := d.live[label]; ok {
+		f.cancel()
+	}
+}
+
+func (d *fakeDialer) revive(label string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.down[label] = false
+}
+
+func (d *fakeDialer) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.dials)
+}
+
+// runLoops starts c's TCP links on d in the bubble; the returned stop
+// ends them and waits.
+func runLoops(t *testing.T, c *Client, d *fakeDialer) (stop func()) {
+	t.Helper()
+	c.tcpDialer = d
+	c.cfg.Backoff = DefaultBackoff()
+	c.cfg.SessionWait = time.Minute
+	c.SetSecret(nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { c.runTCP(ctx) })
+	return func() { cancel(); wg.Wait() }
+}
+
+// placed places a new tunnel as ingress does (waitSession) and returns
+// its session and how long it waited.
+func placed(t *testing.T, c *Client) (*session, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	s, release, err := c.waitSession(t.Context())
+	require.NoError(t, err)
+	release()
+	return s, time.Since(start)
+}
+
+// quicDown marks every QUIC row of c down since now, as quicLink.connect
+// does when it starts dialing a server that never answers.
+func quicDown(c *Client) {
+	for _, m := range c.members {
+		c.markRow(m, func(m *member) { m.downSince = time.Now() })
+	}
+}
+
+// TestLoopTCPWhenQUICNeverAnswers: QUIC dials to the server never answer
+// (UDP blocked): the TCP link dials once the fallback delay has passed,
+// not before, and a tunnel waiting meanwhile goes over TCP.
+func TestLoopTCPWhenQUICNeverAnswers(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a")
+		c.cfg.FallbackDelay = time.Second
+		d := newFakeDialer(20 * time.Millisecond)
+		quicDown(c)
+		stop := runLoops(t, c, d)
+		defer stop()
+
+		time.Sleep(900 * time.Millisecond)
+		synctest.Wait()
+		assert.Zero(t, d.count(), "no TCP dial within the fallback delay")
+		s, waited := placed(t, c)
+		assert.Equal(t, TransportTCP, s.Transport())
+		assert.Equal(t, 120*time.Millisecond, waited, "placed as the TCP connection came up: delay + dial")
+		assert.Equal(t, []string{"a"}, d.dials)
+	})
+}
+
+// TestLoopFailoverTwoServers: with UDP blocked each server has its own TCP
+// row; new tunnels go to the first; when it dies they go to the second at
+// once, and back to the first once it is up again (its row redials).
+func TestLoopFailoverTwoServers(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a", "b")
+		d := newFakeDialer(10 * time.Millisecond)
+		quicDown(c)
+		stop := runLoops(t, c, d)
+		defer stop()
+
+		s, _ := placed(t, c)
+		synctest.Wait()
+		d.mu.Lock()
+		a, b := d.live["a"], d.live["b"]
+		d.mu.Unlock()
+		require.NotNil(t, a, "a's row dialed")
+		require.NotNil(t, b, "b's row dialed: a warm standby")
+		assert.Same(t, a, s.Conn, "failover: the first server")
+
+		d.kill("a")
+		synctest.Wait()
+		s, waited := placed(t, c)
+		assert.Same(t, b, s.Conn, "a died: b")
+		assert.Zero(t, waited, "at once")
+
+		d.revive("a")
+		time.Sleep(15 * time.Second) // a's row redials within its backoff
+		synctest.Wait()
+		s, _ = placed(t, c)
+		d.mu.Lock()
+		a = d.live["a"]
+		d.mu.Unlock()
+		assert.Same(t, a, s.Conn, "a back: the first server again")
+	})
+}
+
+// TestLoopBlackoutGrace: a TCP connection that came up while a QUIC link
+// that was up has only gone silent holds new tunnels back for quicGrace:
+// a QUIC link that answers within it takes them (and the TCP connection,
+// no longer wanted and unused, is closed); one that stays silent hands
+// them to TCP when the grace ends.
+func TestLoopBlackoutGrace(t *testing.T) {
+	t.Parallel()
+	const heartbeat, took = 200 * time.Millisecond, 50 * time.Millisecond
+	grace := quicGrace(heartbeat, took) // 450 ms
+	for _, tc := range []struct {
+		name      string
+		answersAt time.Duration // 0: stays silent
+		transport string
+		waited    time.Duration
+	}{
+		{name: "QUIC answers within the grace", answersAt: 100 * time.Millisecond, transport: TransportQUIC, waited: 100 * time.Millisecond},
+		{name: "QUIC stays silent", transport: TransportTCP, waited: grace},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				c := fakeClient(t, ModeFailover, 1, "a")
+				c.cfg.HeartbeatInterval = heartbeat
+				d := newFakeDialer(took)
+				l, _ := up(t, c, c.members[0], time.Now())
+				stop := runLoops(t, c, d)
+				defer stop()
+
+				synctest.Wait()
+				assert.Zero(t, d.count(), "QUIC answers: no TCP")
+				l.suspect.Store(true) // the path went silent (watch.suspect)
+				c.sessionsChanged()
+				time.Sleep(took) // the TCP connection comes up at once
+				synctest.Wait()
+				require.Equal(t, 1, d.count())
+				if tc.answersAt > 0 {
+					go func() {
+						time.Sleep(tc.answersAt)
+						l.suspect.Store(false) // an echo (watch.echoSeen)
+						c.sessionsChanged()
+					}()
+				}
+				s, waited := placed(t, c)
+				assert.Equal(t, tc.transport, s.Transport())
+				assert.Equal(t, tc.waited, waited)
+				if tc.answersAt > 0 {
+					time.Sleep(2 * time.Second)
+					synctest.Wait()
+					d.mu.Lock()
+					closed := d.live["a"].ctx.Err() != nil
+					d.mu.Unlock()
+					assert.True(t, closed, "TCP no longer wanted and unused: closed")
+				}
+			})
+		})
+	}
+}
+
+// TestLoopPlacement: a tunnel that arrives before any row is live waits
+// and goes on the first that comes up; once a QUIC link answers, new
+// tunnels go over QUIC, not over the TCP row that carried them.
+func TestLoopPlacement(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a")
+		c.cfg.FallbackDelay = time.Second
+		d := newFakeDialer(10 * time.Millisecond)
+		quicDown(c)
+		stop := runLoops(t, c, d)
+		defer stop()
+
+		s, waited := placed(t, c)
+		assert.Equal(t, TransportTCP, s.Transport(), "UDP blocked: TCP")
+		assert.Equal(t, 1010*time.Millisecond, waited)
+
+		l, _ := up(t, c, c.members[0], time.Now())
+		s, waited = placed(t, c)
+		assert.Same(t, l.session, s, "QUIC answers: QUIC at once")
+		assert.Zero(t, waited)
+	})
+}
