@@ -34,6 +34,7 @@ type fakeDialer struct {
 	down  map[string]bool
 	live  map[string]*tcpFake
 	dials []string
+	times []time.Time // when each dial ended
 }
 
 func newFakeDialer(took time.Duration) *fakeDialer {
@@ -45,6 +46,7 @@ func (d *fakeDialer) dialTCP(ctx context.Context, s *server) (ingress.Conn, *tcp
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.dials = append(d.dials, s.label)
+	d.times = append(d.times, time.Now())
 	if d.down[s.label] {
 		return nil, nil, net.ErrClosed
 	}
@@ -144,8 +146,9 @@ func TestLoopFailoverTwoServers(t *testing.T) {
 		stop := runLoops(t, c, d)
 		defer stop()
 
-		s, _ := placed(t, c)
+		time.Sleep(DefaultFallbackDelay + 20*time.Millisecond) // both rows dial
 		synctest.Wait()
+		s, _ := placed(t, c)
 		d.mu.Lock()
 		a, b := d.live["a"], d.live["b"]
 		d.mu.Unlock()
@@ -250,4 +253,53 @@ func TestLoopPlacement(t *testing.T) {
 		assert.Same(t, l.session, s, "QUIC answers: QUIC at once")
 		assert.Zero(t, waited)
 	})
+}
+
+// TestLoopNoTCPWhileTheServerAnswersOverUDP: a server that answered over
+// UDP is not a blocked path, and its TCP row dials nothing: while it
+// refuses our credentials (TCP would be refused too), and while it asked
+// us to wait before reconnecting (a restart's spread; the fallback delay
+// counts from its end).
+func TestLoopNoTCPWhileTheServerAnswersOverUDP(t *testing.T) {
+	t.Parallel()
+	const spread = 4 * time.Second
+	for _, tc := range []struct {
+		name   string
+		mark   func(m *member)
+		spread bool          // the server's close asked us to wait (quicLink.down: waitSpread)
+		dialAt time.Duration // 0: never within a minute
+	}{
+		{name: "credentials refused", mark: func(m *member) { m.refused, m.downSince = true, time.Now() }},
+		{name: "reconnect spread", mark: func(m *member) { m.downSince = time.Now() }, spread: true, dialAt: spread + time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				c := fakeClient(t, ModeFailover, 1, "a")
+				c.cfg.FallbackDelay = time.Second
+				d := newFakeDialer(0)
+				c.markRow(c.members[0], tc.mark) // as quicLink.down does
+				stop := runLoops(t, c, d)
+				defer stop()
+				var spreading sync.WaitGroup
+				defer spreading.Wait()
+				if tc.spread {
+					spreading.Go(func() { c.waitSpread(t.Context(), c.members[0], spread) })
+				}
+
+				start := time.Now()
+				for d.count() == 0 && time.Since(start) < time.Minute {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if tc.dialAt == 0 {
+					assert.Zero(t, d.count(), "no TCP dial in a minute")
+					return
+				}
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				require.NotEmpty(t, d.times, "a TCP dial after the spread")
+				assert.Equal(t, tc.dialAt, d.times[0].Sub(start), "the first TCP dial: the fallback delay after the spread")
+			})
+		})
+	}
 }
