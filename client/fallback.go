@@ -48,7 +48,7 @@ const fallbackProbeMax = 5 * time.Second
 // client's handshake timeout, after which the dial is tried afresh.
 const answeringGrace = 3 * time.Second
 
-// answeringPoll is how often the fallback looks again at a handshake the
+// answeringPoll is how often a TCP row looks again at a handshake the
 // server answers, within answeringGrace.
 const answeringPoll = 250 * time.Millisecond
 
