@@ -256,9 +256,10 @@ type Client struct {
 	// carrier the one the links' health says carries them (carryLocked).
 	// Guarded by mu.
 	using, carrier string
-	// tcpDialer dials the TCP rows (nil: the Client, dialTCP; a fake in
-	// tests).
-	tcpDialer tcpDialer
+	// tcpDialer dials the TCP rows, quicDialer the QUIC ones (nil: the
+	// Client, dialTCP and dialQUIC; fakes in tests).
+	tcpDialer  tcpDialer
+	quicDialer quicDialer
 	// logger is Run's logger, for what is logged outside its goroutines'
 	// contexts (confirm from ingress); set before Run starts any.
 	logger klog.Logger
@@ -753,7 +754,11 @@ func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bo
 			m.downSince = start
 		}
 	})
-	conn, err := c.dial(ctx, q.tr, m)
+	var d quicDialer = c
+	if c.quicDialer != nil {
+		d = c.quicDialer
+	}
+	conn, err := d.dialQUIC(ctx, q.tr, m)
 	if err != nil {
 		if ctx.Err() == nil {
 			q.dialFailed(ctx, err)
@@ -1045,7 +1050,15 @@ func (c *Client) waitOn(ctx context.Context, m *member, bo *backoff.Backoff) {
 	}
 }
 
-func (c *Client) dial(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error) {
+// quicDialer dials a member's QUIC connection: the Client itself, or a
+// fake whose dials fail, so that the QUIC link's failure steps (backoff,
+// the row's downSince and refused) run without a network.
+type quicDialer interface {
+	dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error)
+}
+
+// dialQUIC dials m's server from tr, within one handshake timeout.
+func (c *Client) dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error) {
 	srv := m.srv
 	ua, err := srv.resolve(ctx)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/pkg/ingress"
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/tcpmux"
 )
 
@@ -302,4 +303,86 @@ func TestLoopNoTCPWhileTheServerAnswersOverUDP(t *testing.T) {
 			})
 		})
 	}
+}
+
+// failingQUIC is a QUIC dialer whose dials fail with err after took, as a
+// blocked path (a handshake timeout) or a server that refuses our
+// credentials does; it counts them.
+type failingQUIC struct {
+	took time.Duration
+	err  error
+	mu   sync.Mutex
+	n    int
+}
+
+func (f *failingQUIC) dialQUIC(ctx context.Context, _ *quic.Transport, _ *member) (*quic.Conn, error) {
+	sleep(ctx, f.took)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n++
+	return nil, f.err
+}
+
+func (f *failingQUIC) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
+}
+
+// runQUIC starts c's QUIC links (supervise) on q in the bubble, beside
+// its TCP links on d; the returned stop ends them all and waits.
+func runQUIC(t *testing.T, c *Client, q *failingQUIC, d *fakeDialer) (stop func()) {
+	t.Helper()
+	c.quicDialer = q
+	stopTCP := runLoops(t, c, d)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	for _, m := range c.members {
+		wg.Go(func() { c.supervise(ctx, nil, m) })
+	}
+	return func() { cancel(); wg.Wait(); stopTCP() }
+}
+
+// TestLoopsUDPBlocked: both loops of a server, QUIC and TCP, on fakes: the
+// QUIC dials time out (UDP blocked), the TCP row dials once QUIC has been
+// down for the fallback delay, and a tunnel goes over TCP then; QUIC is
+// tried again in the background, and one TCP connection carries on.
+func TestLoopsUDPBlocked(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a")
+		c.cfg.FallbackDelay = time.Second
+		q := &failingQUIC{took: 3 * time.Second, err: &quic.HandshakeTimeoutError{}}
+		d := newFakeDialer(10 * time.Millisecond)
+		stop := runQUIC(t, c, q, d)
+		defer stop()
+
+		s, waited := placed(t, c)
+		assert.Equal(t, TransportTCP, s.Transport())
+		assert.Equal(t, 1010*time.Millisecond, waited, "the fallback delay, then the TCP dial")
+		time.Sleep(time.Minute)
+		assert.GreaterOrEqual(t, q.count(), 3, "QUIC tried again while TCP carries tunnels")
+		assert.Equal(t, 1, d.count(), "one TCP connection")
+	})
+}
+
+// TestLoopsWrongSecret: the server refuses our credentials over QUIC (it
+// answered over UDP): in a minute the QUIC link makes at most 8 attempts
+// (authBackoff) and the TCP row dials nothing (it would be refused too).
+func TestLoopsWrongSecret(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a")
+		c.cfg.FallbackDelay = time.Second
+		refused := &quic.ApplicationError{Remote: true, ErrorCode: proto.CodeAuthFailed.ApplicationErrorCode()}
+		q := &failingQUIC{took: time.Millisecond, err: refused}
+		d := newFakeDialer(10 * time.Millisecond)
+		stop := runQUIC(t, c, q, d)
+		defer stop()
+
+		time.Sleep(time.Minute)
+		assert.LessOrEqual(t, q.count(), 8, "QUIC attempts in a minute")
+		assert.GreaterOrEqual(t, q.count(), 3)
+		assert.Zero(t, d.count(), "no TCP dial")
+	})
 }
