@@ -67,6 +67,9 @@ type tcpRow struct {
 	// unwanted: its server's QUIC answers again; the connection carries no
 	// new tunnel and is closed once its last one ends.
 	unwanted bool
+	// dialing: a dial is in progress; tried: a dial has ended, either way
+	// (pickTCPLocked).
+	dialing, tried bool
 	// confirmed: the server accepted our hello on the current session;
 	// authRefused: it refused our credentials there (Client.Ready).
 	confirmed   atomic.Bool
@@ -167,12 +170,18 @@ func (c *Client) tcpWantedLocked(s *server, now time.Time) (bool, time.Time) {
 
 // pickTCPLocked is the TCP row a new tunnel may go on (nil: none live):
 // failover, the first server's in order; spread, the one with the fewest
-// streams.
+// streams. In failover mode a server's first dial holds the servers after
+// it back (nil) until it has an outcome, so that the tunnels of a client
+// that starts with UDP blocked go to the first server, not to whichever
+// TCP handshake happened to finish first (as steerLocked waits over QUIC).
 func (c *Client) pickTCPLocked() *tcpRow {
 	var best *tcpRow
 	for _, s := range c.servers {
 		r := s.tcp
 		if !r.liveLocked() {
+			if r != nil && r.dialing && !r.tried && c.cfg.Mode != ModeSpread {
+				return nil
+			}
 			continue
 		}
 		if best == nil || (r.tcp != nil && best.tcp != nil && r.tcp.NumStreams() < best.tcp.NumStreams()) {
@@ -425,7 +434,9 @@ func (t *tcpLink) connect(ctx context.Context) {
 	if t.dialer != nil {
 		d = t.dialer
 	}
+	t.setDialing(true)
 	conn, raw, err := d.dialTCP(ctx, srv)
+	t.setDialing(false)
 	if err != nil {
 		if ctx.Err() == nil {
 			t.dialFailed(ctx, addr, err)
@@ -447,6 +458,20 @@ func (t *tcpLink) connect(ctx context.Context) {
 	t.stopReverse = stop
 	if raw != nil {
 		t.hellos.Go(func() { c.reverseOn(rctx, s, raw, srv) })
+	}
+}
+
+// setDialing marks the row's dial in progress (true) or ended (false; it
+// then counts as tried, and the table's waiters wake: pickTCPLocked may
+// have held them back for it).
+func (t *tcpLink) setDialing(on bool) {
+	c, r := t.c, t.srv.tcp
+	c.mu.Lock()
+	r.dialing = on
+	r.tried = r.tried || !on
+	c.mu.Unlock()
+	if !on {
+		c.sessionsChanged()
 	}
 }
 

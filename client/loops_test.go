@@ -30,12 +30,13 @@ func (*tcpFake) Transport() string                                        { retu
 // fakeDialer dials fake TCP connections after took; a server marked down
 // refuses them. It records each dial's server and time.
 type fakeDialer struct {
-	took  time.Duration
-	mu    sync.Mutex
-	down  map[string]bool
-	live  map[string]*tcpFake
-	dials []string
-	times []time.Time // when each dial ended
+	took    time.Duration
+	tookFor map[string]time.Duration // by server label, instead of took
+	mu      sync.Mutex
+	down    map[string]bool
+	live    map[string]*tcpFake
+	dials   []string
+	times   []time.Time // when each dial ended
 }
 
 func newFakeDialer(took time.Duration) *fakeDialer {
@@ -43,7 +44,11 @@ func newFakeDialer(took time.Duration) *fakeDialer {
 }
 
 func (d *fakeDialer) dialTCP(ctx context.Context, s *server) (ingress.Conn, *tcpmux.Conn, error) {
-	sleep(ctx, d.took)
+	took := d.took
+	if v, ok := d.tookFor[s.label]; ok {
+		took = v
+	}
+	sleep(ctx, took)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.dials = append(d.dials, s.label)
@@ -136,20 +141,21 @@ func TestLoopTCPWhenQUICNeverAnswers(t *testing.T) {
 }
 
 // TestLoopFailoverTwoServers: with UDP blocked each server has its own TCP
-// row; new tunnels go to the first; when it dies they go to the second at
-// once, and back to the first once it is up again (its row redials).
+// row; new tunnels go to the first, even when the second's TCP handshake
+// ends first; when it dies they go to the second at once, and back to the
+// first once it is up again (its row redials).
 func TestLoopFailoverTwoServers(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		c := fakeClient(t, ModeFailover, 1, "a", "b")
-		d := newFakeDialer(10 * time.Millisecond)
+		d := newFakeDialer(20 * time.Millisecond)
+		d.tookFor = map[string]time.Duration{"b": 5 * time.Millisecond} // b's handshake ends first
 		quicDown(c)
 		stop := runLoops(t, c, d)
 		defer stop()
 
-		time.Sleep(DefaultFallbackDelay + 20*time.Millisecond) // both rows dial
+		s, _ := placed(t, c) // waits for the rows
 		synctest.Wait()
-		s, _ := placed(t, c)
 		d.mu.Lock()
 		a, b := d.live["a"], d.live["b"]
 		d.mu.Unlock()
