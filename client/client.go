@@ -69,8 +69,8 @@ type Config struct {
 	TCPServerAddr string
 	// TCPServers are the TCP host:port of servers whose TCP listener is
 	// not at their QUIC host:port, by endpoint as written in Servers (as
-	// ServerTLS); TCPServerAddr is the first server's. The fallback dials
-	// the servers in turn: one that fails passes to the next.
+	// ServerTLS); TCPServerAddr is the first server's. Each server has
+	// its own TCP link, dialed while no QUIC link to it answers.
 	TCPServers map[string]string
 	// FallbackDelay is how long QUIC may fail to connect before new tunnels
 	// go over TCP (0: DefaultFallbackDelay).
@@ -252,8 +252,14 @@ type Client struct {
 	// nil once the server accepted them again (confirm), so each distinct
 	// refusal, and the recovery, is logged once.
 	lastRefusal atomic.Pointer[string]
-	// fb carries tunnels over TCP while QUIC cannot (fallback.go).
-	fb *fallback
+	// using is the transport new tunnels went on last ("" before any);
+	// carrier the one the links' health says carries them (carryLocked).
+	// Guarded by mu.
+	using, carrier string
+	// tcpDialer dials the TCP rows, quicDialer the QUIC ones (nil: the
+	// Client, dialTCP and dialQUIC; fakes in tests).
+	tcpDialer  tcpDialer
+	quicDialer quicDialer
 	// logger is Run's logger, for what is logged outside its goroutines'
 	// contexts (confirm from ingress); set before Run starts any.
 	logger klog.Logger
@@ -412,7 +418,11 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	if c.cfg.TCPServerAddr == "" { // the first server's, at the QUIC port
 		c.cfg.TCPServerAddr = c.servers[0].addr
 	}
-	c.fb = newFallback(c, c.cfg.Transport, c.cfg.TCPServerAddr, c.cfg.FallbackDelay)
+	if c.cfg.Transport != TransportQUIC {
+		for _, s := range c.servers {
+			s.tcp = &tcpRow{} // a TCP row per server (fallback.go)
+		}
+	}
 	c.SetSecret(cfg.Secret)
 	c.SetTokens(cfg.Tokens)
 	if err := c.SetTLS(cfg.TLS, cfg.ServerTLS); err != nil {
@@ -458,7 +468,7 @@ func (c *Client) Ready() bool {
 		return false
 	}
 	noSecret := len(*c.secret.Load()) == 0
-	if c.fb.ready(!noSecret) {
+	if c.tcpReady(!noSecret) {
 		return true // over TCP (fallback.go)
 	}
 	c.mu.Lock()
@@ -504,8 +514,8 @@ func (c *Client) LivenessStats() *liveness.Stats { return &c.liveness }
 func (c *Client) Registry() *tunnel.Registry { return c.cfg.Registry }
 
 // ConnStats returns the statistics of the live QUIC connections, labelled
-// by connection index ("0"; with several servers "ENDPOINT#0"), and the TCP
-// fallback connection's ("tcp") while there is one.
+// by connection index ("0"; with several servers "ENDPOINT#0"), and each
+// TCP row's connection ("tcp") while there is one.
 func (c *Client) ConnStats() []transport.ConnStats {
 	c.mu.Lock()
 	type lc struct {
@@ -523,7 +533,7 @@ func (c *Client) ConnStats() []transport.ConnStats {
 	for _, l := range live {
 		out = append(out, transport.ConnStatsOf(l.label, l.conn))
 	}
-	for _, t := range c.fb.conns() {
+	for _, t := range c.tcpConns() {
 		if t.Context().Err() == nil {
 			out = append(out, transport.TCPConnStats(transport.TransportTCP, t.RemoteAddr(), t.LocalAddr()))
 		}
@@ -565,7 +575,7 @@ func (c *Client) Run(ctx context.Context) error {
 			wg.Go(func() { c.supervise(sessCtx, tr, m) })
 		}
 	}
-	wg.Go(func() { c.fb.run(sessCtx) })
+	wg.Go(func() { c.runTCP(sessCtx) })
 
 	var handlers sync.WaitGroup
 	for _, ln := range c.cfg.Listeners {
@@ -616,6 +626,15 @@ func (c *Client) Run(ctx context.Context) error {
 	return nil
 }
 
+// markRow changes m's row of the link table (f, under c.mu) and wakes
+// the table's waiters (sessionsChanged).
+func (c *Client) markRow(m *member, f func(m *member)) {
+	c.mu.Lock()
+	f(m)
+	c.mu.Unlock()
+	c.sessionsChanged()
+}
+
 // setSession makes sess m's link (nil: none) and returns it.
 func (c *Client) setSession(m *member, sess *session) *link {
 	var l *link
@@ -644,6 +663,7 @@ func (c *Client) sessionsChanged() {
 	close(c.changed)
 	c.changed = make(chan struct{})
 	c.steerLocked(time.Now())
+	c.carryLocked()
 	c.mu.Unlock()
 	c.updateSessionUp()
 }
@@ -654,7 +674,7 @@ func (c *Client) sessionsChanged() {
 func (c *Client) updateSessionUp() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cfg.Metrics.SessionUp.Set(boolGauge(c.up > 0 || c.fb.anyTCP()))
+	c.cfg.Metrics.SessionUp.Set(boolGauge(c.up > 0 || c.anyTCPLocked()))
 }
 
 // supervise owns m's QUIC connection: one link loop, dial -> hello ->
@@ -729,8 +749,16 @@ func (q *quicLink) startHello(ctx context.Context, l *link) {
 func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bool) {
 	c, m := q.c, q.m
 	start = time.Now()
-	c.fb.quicDialing()
-	conn, err := c.dial(ctx, q.tr, m)
+	c.markRow(m, func(m *member) {
+		if m.downSince.IsZero() {
+			m.downSince = start
+		}
+	})
+	var d quicDialer = c
+	if c.quicDialer != nil {
+		d = c.quicDialer
+	}
+	conn, err := d.dialQUIC(ctx, q.tr, m)
 	if err != nil {
 		if ctx.Err() == nil {
 			q.dialFailed(ctx, err)
@@ -747,7 +775,6 @@ func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bo
 		// A resumed attempt whose handshake did not complete (the
 		// handshake timeout, a refusal): a failed dial, not a connection.
 		c.setSession(m, nil)
-		c.fb.quicUsable(m, false)
 		q.dialFailed(ctx, fmt.Errorf("dial %s: %w", m.srv.addr, context.Cause(l.conn.Context())))
 		return nil, start, false
 	}
@@ -760,7 +787,6 @@ func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bo
 // the connection without it.
 func (q *quicLink) handshake(ctx context.Context, l *link) *link {
 	c, conn := q.c, l.conn
-	c.fb.quicPending(q.m, quicRx{conn})
 	select {
 	case <-conn.HandshakeComplete():
 	case <-conn.Context().Done():
@@ -802,7 +828,7 @@ func (q *quicLink) dialFailed(ctx context.Context, err error) {
 	}
 	var idle *quic.IdleTimeoutError
 	var hs *quic.HandshakeTimeoutError
-	overTCP := c.fb.carrying() == TransportTCP && (errors.As(err, &idle) || errors.As(err, &hs) || errors.Is(err, context.DeadlineExceeded))
+	overTCP := c.overTCP() && (errors.As(err, &idle) || errors.As(err, &hs) || errors.Is(err, context.DeadlineExceeded))
 	switch msg := err.Error(); {
 	case overTCP:
 		// Tunnels go over TCP, which the -v 0 log said (UDP blocked?): a
@@ -818,11 +844,11 @@ func (q *quicLink) dialFailed(ctx context.Context, err error) {
 		c.waitAuthBackoff(ctx, m)
 		return
 	}
-	c.fb.quicRefused(m, false)
+	c.markRow(m, func(m *member) { m.refused = false })
 	c.waitBackoff(ctx, m)
 }
 
-// up records l, its handshake done, as up: counted, told to the fallback,
+// up records l, its handshake done, as up: counted, its row answering,
 // logged (at -v 0 the first time and after a failure), the backoff
 // reset. It returns when.
 func (q *quicLink) up(l *link, start time.Time) time.Time {
@@ -837,9 +863,7 @@ func (q *quicLink) up(l *link, start time.Time) time.Time {
 		met.DialsTotal.WithLabelValues("ok").Inc()
 	}
 	met.HandshakeDuration.Observe(time.Since(start).Seconds())
-	if conn.Context().Err() == nil {
-		c.fb.quicUsable(q.m, true)
-	}
+	c.markRow(q.m, func(m *member) { m.downSince = time.Time{} }) // its row answers
 	level, msg := 2, "Connected to server"
 	if !q.connectedBefore || q.loggedFailure {
 		level = 0
@@ -869,7 +893,7 @@ func (q *quicLink) up(l *link, start time.Time) time.Time {
 func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 	c, m, conn := q.c, q.m, l.conn
 	c.setSession(m, nil)
-	c.fb.quicUsable(m, false)
+	c.markRow(m, func(m *member) { m.downSince = time.Now() })
 	m.srv.markBad(time.Now())
 	if ctx.Err() != nil {
 		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
@@ -889,7 +913,7 @@ func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 	if authFailed {
 		m.srv.authRefused.Store(true)
 	} else {
-		c.fb.quicRefused(m, false)
+		c.markRow(m, func(m *member) { m.refused = false })
 		m.authBo.Reset()
 	}
 	q.logDown(cause, authFailed, upSince, spreadWait)
@@ -897,7 +921,7 @@ func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 	case authFailed:
 		c.waitAuthBackoff(ctx, m)
 	case spreadWait > 0:
-		c.waitSpread(ctx, spreadWait)
+		c.waitSpread(ctx, m, spreadWait)
 	case m.bo.Attempts() > 0 || time.Since(upSince) < shortConnection:
 		c.waitBackoff(ctx, m)
 	}
@@ -949,10 +973,11 @@ func (c *Client) refusedBefore(msg string) bool {
 }
 
 // waitSpread waits d before a reconnect, as a server shutting down asked
-// (proto.ReconnectSpread). The fallback dials no TCP meanwhile: the server
-// restarts, UDP is not blocked.
-func (c *Client) waitSpread(ctx context.Context, d time.Duration) {
-	c.fb.quicAway(time.Now().Add(d))
+// (proto.ReconnectSpread). m's server's TCP row dials no TCP meanwhile
+// (the fallback delay counts from its end): the server restarts, UDP is
+// not blocked.
+func (c *Client) waitSpread(ctx context.Context, m *member, d time.Duration) {
+	c.markRow(m, func(m *member) { m.downSince = time.Now().Add(d) })
 	sleep(ctx, d)
 }
 
@@ -981,10 +1006,10 @@ var errRedial = errors.New("credentials changed")
 
 // waitAuthBackoff waits for m's next delay after a refusal of our
 // credentials (authBackoff), or until the credentials change. The server
-// answered over UDP: the fallback dials no TCP meanwhile (it would be
+// answered over UDP: its TCP row dials no TCP meanwhile (it would be
 // refused too).
 func (c *Client) waitAuthBackoff(ctx context.Context, m *member) {
-	c.fb.quicRefused(m, true)
+	c.markRow(m, func(m *member) { m.refused = true })
 	m.authBo.Failure(time.Now())
 	c.waitOn(ctx, m, m.authBo)
 }
@@ -1003,7 +1028,7 @@ func (c *Client) waitOn(ctx context.Context, m *member, bo *backoff.Backoff) {
 	default:
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
-	if c.fb.active() {
+	if c.overTCP() {
 		// Tunnels go over TCP meanwhile: try UDP again soon.
 		var stop context.CancelFunc
 		wctx, stop = context.WithTimeout(wctx, fallbackProbeMax)
@@ -1025,7 +1050,15 @@ func (c *Client) waitOn(ctx context.Context, m *member, bo *backoff.Backoff) {
 	}
 }
 
-func (c *Client) dial(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error) {
+// quicDialer dials a member's QUIC connection: the Client itself, or a
+// fake whose dials fail, so that the QUIC link's failure steps (backoff,
+// the row's downSince and refused) run without a network.
+type quicDialer interface {
+	dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error)
+}
+
+// dialQUIC dials m's server from tr, within one handshake timeout.
+func (c *Client) dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error) {
 	srv := m.srv
 	ua, err := srv.resolve(ctx)
 	if err != nil {
@@ -1049,11 +1082,6 @@ func (c *Client) dial(ctx context.Context, tr *quic.Transport, m *member) (*quic
 	return conn, nil
 }
 
-// quicRx is a QUIC connection's count of packets received.
-type quicRx struct{ *quic.Conn }
-
-func (q quicRx) PacketsReceived() uint64 { return q.ConnectionStats().PacketsReceived }
-
 // sessions is the Client as ingress sees it.
 type sessions struct{ c *Client }
 
@@ -1067,27 +1095,20 @@ func (s sessions) Wait(ctx context.Context) (*session, func(), error) {
 	return sess, release, nil
 }
 
-// waitSession picks the session a new tunnel goes on, waiting up to
-// SessionWait for one: a QUIC link (counted on it until release), or the TCP
-// session while QUIC does not get through (fallback.go).
+// waitSession places a new tunnel (pick, one step over the link table),
+// waiting up to SessionWait for a row: a QUIC link (counted on it until
+// release), or a TCP row while QUIC does not get through (fallback.go).
 func (c *Client) waitSession(ctx context.Context) (*session, func(), error) {
 	t := time.NewTimer(c.cfg.SessionWait)
 	defer t.Stop()
 	for {
 		c.mu.Lock()
-		l, ch := c.pick(time.Now()), c.changed
+		s, l, retry := c.pick(time.Now())
+		ch := c.changed
 		c.mu.Unlock()
-		var quic *session
 		if l != nil {
-			quic = l.session
-		}
-		s, retry := c.fb.choose(quic, time.Now())
-		switch {
-		case s != nil && l != nil && s == l.session:
 			var once sync.Once
 			return s, func() { once.Do(func() { l.active.Add(-1) }) }, nil
-		case l != nil:
-			l.active.Add(-1) // counted by pick, but the tunnel goes over TCP
 		}
 		if s != nil {
 			return s, func() {}, nil

@@ -48,310 +48,177 @@ const fallbackProbeMax = 5 * time.Second
 // client's handshake timeout, after which the dial is tried afresh.
 const answeringGrace = 3 * time.Second
 
-// answeringPoll is how often the fallback looks again at a handshake the
+// answeringPoll is how often a TCP row looks again at a handshake the
 // server answers, within answeringGrace.
 const answeringPoll = 250 * time.Millisecond
 
-// fallback keeps a TCP connection to the server while QUIC cannot carry
-// new tunnels, and none while it can: the client's supervisor tells it how
-// QUIC is doing (quicDialing, quicUsable, quicSuspect), ingress asks it
-// which session a new tunnel goes on (choose). Tunnels stay on the
-// connection they started on; a TCP connection no longer wanted is closed
-// once its last tunnel has ended. Its goroutine (run) owns the TCP
-// connection.
-type fallback struct {
-	c     *Client
-	mode  string
-	addr  string
-	delay time.Duration
-	wake  chan struct{} // capacity 1: the state changed
-	// heartbeat is the client's heartbeat interval (quicGrace); answering
-	// wakes the new tunnels waiting for QUIC (c.sessionsChanged; nil: none).
-	heartbeat time.Duration
-	answering func()
-
-	mu sync.Mutex
-	// slots are the TCP connections' places, one per tcpLink: one (the
-	// servers in turn) in auto mode and with one server, one per server
-	// with --transport tcp and several (as QUIC's links: failover or
-	// spread).
-	slots []*tcpSlot
-	// downSince is when QUIC stopped being usable (zero: usable, or no
-	// attempt yet). up and suspect are per QUIC connection (a member of the
-	// client's, one per server and --connections): up, its handshake done;
-	// suspect, its path went silent. QUIC is usable while one connection is
-	// up and not suspect.
-	downSince time.Time
-	up        map[any]bool
-	suspect   map[any]bool
-	// refused is each connection whose server refused our credentials
-	// over QUIC (its last attempt): UDP gets through, and TCP would be
-	// refused too.
-	refused map[any]bool
-	// pending is each connection still in its handshake (a resumed one,
-	// which the client holds before the handshake completes).
-	pending map[any]rxCounter
-	// using is the transport new tunnels went on last ("" before any);
-	// carrier the one the links' health says carries them (carryLocked).
-	using, carrier string
-	// quicGraceUntil: a QUIC connection that was up went silent and the TCP
-	// connection came up meanwhile; until then new tunnels wait for QUIC
-	// rather than go over TCP (see choose).
-	quicGraceUntil time.Time
-}
-
-// tcpSlot is one TCP link's current session (sess, tcp: nil when none,
-// guarded by fallback.mu) and its server's answer to our hello.
-type tcpSlot struct {
+// tcpRow is a server's TCP link in the client's link table (server.tcp),
+// beside its QUIC links (server.members): its current session (sess, tcp:
+// nil when none) and the server's answer to our hello. Its loop (tcpLink)
+// writes it; placement (pick) and the carrier read it. sess, tcp,
+// graceUntil and unwanted are guarded by Client.mu.
+type tcpRow struct {
 	sess *session
 	tcp  *tcpmux.Conn
+	// graceUntil: the connection came up while a QUIC link that was up had
+	// gone silent; until then new tunnels wait for QUIC rather than go
+	// over TCP (pick).
+	graceUntil time.Time
+	// unwanted: its server's QUIC answers again; the connection carries no
+	// new tunnel and is closed once its last one ends.
+	unwanted bool
+	// dialing: a dial is in progress; tried: a dial has ended, either way
+	// (pickTCPLocked).
+	dialing, tried bool
 	// confirmed: the server accepted our hello on the current session;
 	// authRefused: it refused our credentials there (Client.Ready).
 	confirmed   atomic.Bool
 	authRefused atomic.Bool
 }
 
-// liveLocked reports whether the slot has a session whose connection has
-// not ended.
-func (s *tcpSlot) liveLocked() bool { return s.sess != nil && s.sess.Conn.Context().Err() == nil }
-
-func newFallback(c *Client, mode, addr string, delay time.Duration) *fallback {
-	if mode == "" {
-		mode = TransportAuto
-	}
-	if delay <= 0 {
-		delay = DefaultFallbackDelay
-	}
-	n := 1
-	if c != nil && mode == TransportTCP {
-		n = len(c.servers)
-	}
-	f := &fallback{c: c, mode: mode, addr: addr, delay: delay, wake: make(chan struct{}, 1), slots: make([]*tcpSlot, n),
-		up: map[any]bool{}, suspect: map[any]bool{}, refused: map[any]bool{}, pending: map[any]rxCounter{}}
-	for i := range f.slots {
-		f.slots[i] = &tcpSlot{}
-	}
-	if c != nil {
-		f.heartbeat, f.answering = c.cfg.HeartbeatInterval, c.sessionsChanged
-	}
-	return f
+// liveLocked reports whether the row has a session whose connection has
+// not ended and that may take new tunnels.
+func (r *tcpRow) liveLocked() bool {
+	return r != nil && r.sess != nil && !r.unwanted && r.sess.Conn.Context().Err() == nil
 }
 
-// rxCounter counts the packets a connection received (a *quic.Conn's
-// ConnectionStats().PacketsReceived).
+// answers reports whether l is up (its handshake done, not ended) and its
+// path answers (not suspect).
+func (l *link) answers() bool { return l.live() && l.readyAt.Load() != 0 && !l.suspect.Load() }
+
+// rxCounter counts the packets a connection received (a fake's; a QUIC
+// link reads its quic.Conn's statistics).
 type rxCounter interface{ PacketsReceived() uint64 }
 
-func (f *fallback) signal() {
-	select {
-	case f.wake <- struct{}{}:
-	default:
+// packetsReceived is how many packets l's connection received.
+func (l *link) packetsReceived() uint64 {
+	if l.conn != nil {
+		return l.conn.ConnectionStats().PacketsReceived
 	}
+	if r, ok := l.Conn.(rxCounter); ok {
+		return r.PacketsReceived()
+	}
+	return 0
 }
 
-// quicDialing: a supervisor starts a QUIC dial.
-func (f *fallback) quicDialing() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.anyUpLocked() && f.downSince.IsZero() {
-		f.downSince = time.Now()
-		f.signalLocked()
-	}
+// quicState is what the table says of s's QUIC links for its TCP row:
+// answers (one is up and its path answers), up (one is up), refused (a
+// member's last attempt was refused our credentials), since (when QUIC
+// stopped being usable, or a server shutting down asked us to wait
+// until), rx (a handshake in progress received packets).
+type quicState struct {
+	answers, up, refused, rx bool
+	since                    time.Time
 }
 
-// quicAway: a QUIC connection's server said it shuts down and asked the
-// client to wait until until before it reconnects: no TCP meanwhile (the
-// server restarts, UDP is not blocked), and the fallback delay counts from
-// then.
-func (f *fallback) quicAway(until time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.downSince.Before(until) {
-		f.downSince = until
-	}
-	f.signalLocked()
-}
-
-// quicPending: QUIC connection k is in its handshake, and rx counts what
-// it received (quicUsable ends that).
-func (f *fallback) quicPending(k any, rx rxCounter) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.pending[k] = rx
-}
-
-// quicUsable: QUIC connection k completed its handshake (up), or ended.
-func (f *fallback) quicUsable(k any, up bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.pending, k)
-	if up {
-		f.up[k] = true
-	} else {
-		delete(f.up, k)
-	}
-	delete(f.suspect, k)
-	if f.usableLocked() {
-		f.downSince = time.Time{}
-		if !f.anyTCPLocked() {
-			f.carryLocked(TransportQUIC)
+// quicStateLocked reads s's QUIC rows. Callers hold c.mu.
+func quicStateLocked(s *server) quicState {
+	var q quicState
+	for _, m := range s.members {
+		l := m.cur
+		q.refused = q.refused || m.refused
+		if m.downSince.After(q.since) {
+			q.since = m.downSince
 		}
-	} else if f.downSince.IsZero() {
-		f.downSince = time.Now()
-	}
-	f.signalLocked()
-}
-
-// quicSuspect: nothing came back on QUIC connection k's path for the
-// rescue delay, not even a packet, or no heartbeat echo for
-// suspectLateEchoes (true); or it answers again (false), which wakes the
-// new tunnels waiting for it (choose).
-func (f *fallback) quicSuspect(k any, s bool) {
-	f.mu.Lock()
-	changed := f.suspect[k] != s
-	if changed {
-		if s {
-			f.suspect[k] = true
-		} else {
-			delete(f.suspect, k)
-		}
-		f.signalLocked()
-	}
-	f.mu.Unlock()
-	if changed && !s && f.answering != nil {
-		f.answering()
-	}
-}
-
-// quicRefused: QUIC connection k's server refused our credentials (true),
-// or its last attempt ended otherwise (false).
-func (f *fallback) quicRefused(k any, r bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.refused[k] == r {
-		return
-	}
-	if r {
-		f.refused[k] = true
-	} else {
-		delete(f.refused, k)
-	}
-	f.signalLocked()
-}
-
-// anyUpLocked: a QUIC connection has completed its handshake and not ended.
-func (f *fallback) anyUpLocked() bool { return len(f.up) > 0 }
-
-// usableLocked: a QUIC connection is up and its path answers.
-func (f *fallback) usableLocked() bool {
-	for k := range f.up {
-		if !f.suspect[k] {
-			return true
+		switch {
+		case l.answers():
+			q.answers, q.up = true, true
+		case l.live() && l.readyAt.Load() != 0:
+			q.up = true
+		case l.live() && l.packetsReceived() > 0:
+			q.rx = true // in its handshake, and the server answers
 		}
 	}
-	return false
+	return q
 }
 
-func (f *fallback) signalLocked() { f.signal() }
-
-// wantedLocked reports whether a TCP connection should be kept, and if not
-// yet, when to look again (zero: at the next change).
-func (f *fallback) wantedLocked(now time.Time) (bool, time.Time) {
-	switch f.mode {
+// tcpWantedLocked reports whether s's TCP row should hold a connection,
+// and if not yet, when to look again (zero: at the next change): with
+// --transport tcp always, with quic never; in auto mode while no QUIC link
+// to s answers: at once when one that was up went silent, else once QUIC
+// has been down for the fallback delay (answeringGrace more while a
+// handshake the server answers is in progress); never while s refused our
+// credentials over QUIC (UDP gets through, TCP would be refused too).
+func (c *Client) tcpWantedLocked(s *server, now time.Time) (bool, time.Time) {
+	switch c.cfg.Transport {
 	case TransportTCP:
 		return true, time.Time{}
 	case TransportQUIC:
 		return false, time.Time{}
 	}
-	if f.usableLocked() || len(f.refused) > 0 {
-		return false, time.Time{} // QUIC works, or reaches a server that refuses our credentials
-	}
-	if f.anyUpLocked() { // up, but every path has gone silent
+	q := quicStateLocked(s)
+	switch {
+	case q.answers || q.refused:
+		return false, time.Time{}
+	case q.up: // up, but every path has gone silent
 		return true, time.Time{}
-	}
-	if f.downSince.IsZero() {
+	case q.since.IsZero():
 		return false, time.Time{}
 	}
-	if at := f.downSince.Add(f.delay); now.Before(at) {
+	delay := c.cfg.FallbackDelay
+	if delay <= 0 {
+		delay = DefaultFallbackDelay
+	}
+	if at := q.since.Add(delay); now.Before(at) {
 		return false, at
 	}
-	if now.Before(f.downSince.Add(f.delay + answeringGrace)) {
-		for _, rx := range f.pending {
-			if rx.PacketsReceived() > 0 {
-				return false, now.Add(answeringPoll) // UDP gets through: the server is slow
-			}
-		}
+	if q.rx && now.Before(q.since.Add(delay+answeringGrace)) {
+		return false, now.Add(answeringPoll) // UDP gets through: the server is slow
 	}
 	return true, time.Time{}
 }
 
-// active reports whether new tunnels go over TCP now.
-func (f *fallback) active() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.anyTCPLocked() && f.mode == TransportAuto
-}
-
-// anyTCPLocked reports whether a TCP session is there.
-func (f *fallback) anyTCPLocked() bool {
-	for _, s := range f.slots {
-		if s.sess != nil {
-			return true
-		}
-	}
-	return false
-}
-
-// ready reports whether a TCP session is up whose server did not refuse
-// our credentials and, with a secret (confirmedNeeded), accepted our hello.
-func (f *fallback) ready(confirmedNeeded bool) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, s := range f.slots {
-		if s.sess != nil && !s.authRefused.Load() && (!confirmedNeeded || s.confirmed.Load()) {
-			return true
-		}
-	}
-	return false
-}
-
-// tcpLocked is the TCP session a new tunnel goes on (nil: none live): with
-// one slot its session; with one per server (--transport tcp), as QUIC's
-// links are placed: failover, the first server's in order; spread, the
-// one with the fewest streams.
-func (f *fallback) tcpLocked() *session {
-	var best *tcpSlot
-	for _, s := range f.slots {
-		if !s.liveLocked() {
+// pickTCPLocked is the TCP row a new tunnel may go on (nil: none live):
+// failover, the first server's in order; spread, the one with the fewest
+// streams. In failover mode a server's first dial holds the servers after
+// it back (nil) until it has an outcome, so that the tunnels of a client
+// that starts with UDP blocked go to the first server, not to whichever
+// TCP handshake happened to finish first (as steerLocked waits over QUIC).
+func (c *Client) pickTCPLocked() *tcpRow {
+	var best *tcpRow
+	for _, s := range c.servers {
+		r := s.tcp
+		if !r.liveLocked() {
+			if r != nil && r.dialing && !r.tried && c.cfg.Mode != ModeSpread {
+				return nil
+			}
 			continue
 		}
-		if best == nil || (f.c != nil && f.c.cfg.Mode == ModeSpread && s.tcp != nil && best.tcp != nil &&
-			s.tcp.NumStreams() < best.tcp.NumStreams()) {
-			best = s
+		if best == nil || (r.tcp != nil && best.tcp != nil && r.tcp.NumStreams() < best.tcp.NumStreams()) {
+			best = r
 		}
-		if f.c == nil || f.c.cfg.Mode != ModeSpread {
+		if c.cfg.Mode != ModeSpread {
 			break
 		}
 	}
-	if best == nil {
-		return nil
+	return best
+}
+
+// anyQUICUpLocked reports whether a QUIC link is up (handshake done, not
+// ended).
+func (c *Client) anyQUICUpLocked() bool {
+	for _, m := range c.members {
+		if m.cur.live() && m.cur.readyAt.Load() != 0 {
+			return true
+		}
 	}
-	return best.sess
+	return false
 }
 
-// carrying is the transport the links' health says carries new tunnels
-// ("" before any link came up; see carryLocked).
-func (f *fallback) carrying() string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.carrier
+// anyTCPLocked reports whether a TCP row has a session.
+func (c *Client) anyTCPLocked() bool {
+	for _, s := range c.servers {
+		if s.tcp != nil && s.tcp.sess != nil {
+			return true
+		}
+	}
+	return false
 }
 
-// conns are the TCP sessions' connections.
-func (f *fallback) conns() []*tcpmux.Conn {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []*tcpmux.Conn
-	for _, s := range f.slots {
+// tcpRows are the servers' TCP rows (none with --transport quic).
+func (c *Client) tcpRows() []*tcpRow {
+	var out []*tcpRow
+	for _, s := range c.servers {
 		if s.tcp != nil {
 			out = append(out, s.tcp)
 		}
@@ -359,103 +226,93 @@ func (f *fallback) conns() []*tcpmux.Conn {
 	return out
 }
 
-// anyTCP reports whether a TCP session is there.
-func (f *fallback) anyTCP() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.anyTCPLocked()
-}
-
-// choose returns the session a new tunnel goes on: QUIC's (cur) while it
-// works, else the TCP one, else QUIC's (a handshake in progress); nil if
-// there is none, or if the tunnel should wait for QUIC until retry (nonzero):
-// when the TCP connection came up while a QUIC connection that was up had
-// merely gone silent, the link is back (TCP got through) and QUIC answers
-// within a heartbeat or a rescue probe unless UDP is blocked, so for
-// quicGrace new tunnels wait for QUIC rather than start on TCP, where
-// they would stay, at TCP's mercy in the next blackout. It logs each change
-// of transport at -v 0.
-func (f *fallback) choose(cur *session, now time.Time) (s *session, retry time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	tcp := f.tcpLocked()
-	quicOK := cur != nil && cur.Conn.Context().Err() == nil
-	switch f.pickLocked(quicOK, tcp != nil, now) {
-	case TransportQUIC:
-		s = cur
-	case TransportTCP:
-		s = tcp
-	case "":
-		if quicOK && tcp != nil {
-			return nil, f.quicGraceUntil
+// tcpReady reports whether a TCP session is up whose server did not refuse
+// our credentials and, with a secret (confirmedNeeded), accepted our hello.
+func (c *Client) tcpReady(confirmedNeeded bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.tcpRows() {
+		if r.sess != nil && !r.authRefused.Load() && (!confirmedNeeded || r.confirmed.Load()) {
+			return true
 		}
-		return nil, time.Time{}
 	}
-	f.useLocked(s.Transport())
-	return s, time.Time{}
+	return false
 }
 
-// pickLocked is choose's decision, given whether the QUIC and TCP
-// sessions are there: the transport, or "" for none yet.
-func (f *fallback) pickLocked(quicOK, tcpOK bool, now time.Time) string {
-	switch {
-	case quicOK && (!tcpOK || f.usableLocked()):
-		return TransportQUIC
-	case tcpOK && quicOK && f.anyUpLocked() && now.Before(f.quicGraceUntil):
-		return "" // wait for QUIC
-	case tcpOK:
-		return TransportTCP
-	case quicOK:
-		return TransportQUIC
+// tcpConns are the TCP rows' connections.
+func (c *Client) tcpConns() []*tcpmux.Conn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*tcpmux.Conn
+	for _, r := range c.tcpRows() {
+		if r.tcp != nil {
+			out = append(out, r.tcp)
+		}
 	}
-	return ""
+	return out
+}
+
+// overTCP reports whether new tunnels go over TCP while QUIC does not get
+// through (auto mode; the links' health, carryLocked).
+func (c *Client) overTCP() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.carrier == TransportTCP && c.cfg.Transport == TransportAuto
 }
 
 // quicGrace is how long new tunnels wait for a silent QUIC connection
-// once the TCP connection is up (took: its TCP and TLS handshake, about
+// once a TCP connection is up (took: its TCP and TLS handshake, about
 // two round trips): two heartbeat intervals (a heartbeat and a rescue
 // probe go out each) and that handshake's time for the echo, at least
 // minQUICGrace.
-func (f *fallback) quicGrace(took time.Duration) time.Duration {
-	return max(2*f.heartbeat+took, minQUICGrace)
+func quicGrace(heartbeat, took time.Duration) time.Duration {
+	return max(2*heartbeat+took, minQUICGrace)
 }
 
 // minQUICGrace is quicGrace's floor.
 const minQUICGrace = 300 * time.Millisecond
 
 // useLocked records the transport a new tunnel went on (-v 2).
-func (f *fallback) useLocked(transport string) {
-	if f.using == transport {
+func (c *Client) useLocked(transport string) {
+	if c.using == transport {
 		return
 	}
-	f.using = transport
-	if f.c != nil {
-		f.c.logger.V(2).Info("A new tunnel goes over "+transport, "address", f.addr)
-	}
+	c.using = transport
+	c.logger.V(2).Info("A new tunnel goes over " + transport)
 }
 
 // carryLocked records which transport carries new tunnels by the health
-// of the links, not by where the last tunnel went: TCP as soon as its
-// connection is up, QUIC as soon as a QUIC connection is usable with no
-// TCP one (or the TCP one is no longer wanted). It sets the transport
-// gauge and says each change at -v 0.
-func (f *fallback) carryLocked(transport string) {
-	if f.carrier == transport || f.c == nil {
+// of the links, not by where the last tunnel went: QUIC while a QUIC link
+// answers, else TCP while a TCP row is live. It sets the transport gauge
+// and says each change at -v 0. Callers hold c.mu.
+func (c *Client) carryLocked() {
+	transport, addr := "", ""
+	for _, s := range c.servers {
+		if transport == "" && s.tcp.liveLocked() {
+			transport, addr = TransportTCP, c.tcpAddrOf(s)
+		}
+	}
+	for _, m := range c.members {
+		if m.cur.answers() {
+			transport = TransportQUIC
+		}
+	}
+	if transport == "" || c.carrier == transport {
 		return
 	}
-	prev := f.carrier
-	f.carrier = transport
-	m := f.c.cfg.Metrics
+	prev := c.carrier
+	c.carrier = transport
+	m := c.cfg.Metrics
 	m.Transport.WithLabelValues(TransportQUIC).Set(boolGauge(transport == TransportQUIC))
 	m.Transport.WithLabelValues(TransportTCP).Set(boolGauge(transport == TransportTCP))
 	switch {
-	case transport == TransportTCP && f.mode == TransportTCP:
-		f.c.logger.Info("Tunnels go over TCP (--transport tcp)", "address", f.addr)
+	case transport == TransportTCP && c.cfg.Transport == TransportTCP:
+		c.logger.Info("Tunnels go over TCP (--transport tcp)", "address", addr)
 	case transport == TransportTCP:
-		f.c.logger.Info("New tunnels go over TCP: QUIC does not get through (UDP blocked?); UDP is tried again in the background",
-			"address", f.addr)
+		c.logger.Info("New tunnels go over TCP: QUIC does not get through (UDP blocked?); UDP is tried again in the background",
+			"address", addr)
 	case prev == TransportTCP:
-		f.c.logger.Info("New tunnels go over QUIC again; those opened over TCP finish there")
+		c.logger.Info("New tunnels go over QUIC again; those opened over TCP finish there")
 	}
 }
 
@@ -466,89 +323,81 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-// setSession replaces the TCP session and wakes ingress's waiters; a new
-// one that took took to connect holds new tunnels back for a silent QUIC
-// connection for quicGrace(took) (choose).
-func (f *fallback) setSession(slot *tcpSlot, s *session, tcp *tcpmux.Conn, took time.Duration, addr ...string) {
-	f.mu.Lock()
-	slot.sess, slot.tcp = s, tcp
-	if len(addr) > 0 {
-		f.addr = addr[0]
+// setTCP makes s the session of t's row (nil: none) and wakes the table's
+// waiters; a new one that took took to connect holds new tunnels back
+// for a silent QUIC link for quicGrace (pick).
+func (t *tcpLink) setTCP(s *session, conn *tcpmux.Conn, took time.Duration) {
+	c, r := t.c, t.srv.tcp
+	c.mu.Lock()
+	r.sess, r.tcp, r.unwanted, r.graceUntil = s, conn, false, time.Time{}
+	r.confirmed.Store(false)
+	if s != nil && c.cfg.Transport == TransportAuto {
+		r.graceUntil = time.Now().Add(quicGrace(c.cfg.HeartbeatInterval, took))
 	}
-	if s != nil {
-		f.carryLocked(TransportTCP)
-	} else if f.usableLocked() && !f.anyTCPLocked() {
-		f.carryLocked(TransportQUIC)
-	}
-	slot.confirmed.Store(false)
-	f.quicGraceUntil = time.Time{}
-	if s != nil && f.mode == TransportAuto {
-		f.quicGraceUntil = time.Now().Add(f.quicGrace(took))
-	}
-	f.mu.Unlock()
-	f.c.sessionsChanged()
+	c.mu.Unlock()
+	c.sessionsChanged()
 }
 
-// run keeps the TCP connection while it is wanted, until ctx ends.
-func (f *fallback) run(ctx context.Context) {
-	if f.mode == TransportQUIC {
-		return
-	}
+// runTCP runs a TCP link per server, each keeping its row's connection
+// while it is wanted (tcpWantedLocked), until ctx ends.
+func (c *Client) runTCP(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for i, slot := range f.slots {
-		t := &tcpLink{f: f, slot: slot, logger: klog.FromContext(ctx), stopReverse: func() {},
+	for _, srv := range c.servers {
+		if srv.tcp == nil {
+			continue
+		}
+		t := &tcpLink{c: c, srv: srv, dialer: c.tcpDialer, logger: klog.FromContext(ctx), stopReverse: func() {},
 			bo:     &backoff.Backoff{Initial: 100 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Clock: backoff.RealClock()},
-			authBo: authBackoff(f.c.cfg.Backoff), target: i, fixed: len(f.slots) > 1}
+			authBo: authBackoff(c.cfg.Backoff)}
+		if len(c.servers) > 1 {
+			t.logger = klog.LoggerWithValues(t.logger, "server", srv.label)
+		}
 		wg.Go(func() { t.run(ctx) })
 	}
 }
 
 // run keeps t's TCP connection while it is wanted, until ctx ends.
 func (t *tcpLink) run(ctx context.Context) {
-	f := t.f
+	c := t.c
 	defer t.hellos.Wait()
 	defer t.close()
 	for ctx.Err() == nil {
-		f.mu.Lock()
-		wanted, at := f.wantedLocked(time.Now())
-		f.mu.Unlock()
+		c.mu.Lock()
+		wanted, at := c.tcpWantedLocked(t.srv, time.Now())
+		changed := c.changed
+		c.mu.Unlock()
 		switch {
 		case t.conn != nil && t.conn.Context().Err() != nil:
 			t.lost(ctx)
 		case wanted && t.conn == nil:
 			t.connect(ctx)
 		default:
-			t.idle(ctx, wanted, at)
+			t.idle(ctx, wanted, at, changed)
 		}
 	}
 }
 
-// tcpLink is the fallback's TCP connection, one step per event: connect
-// (dial, hello, reverse forwards), lost (log, backoff), idle (wait for a
-// change; close the connection once no longer wanted and unused). It
-// dials the servers in turn: a failed dial moves to the next one, so with
-// several servers a dead one is passed over (TCP for every server).
+// tcpLink is the loop of one server's TCP row, one step per event:
+// connect (dial, hello, reverse forwards), lost (log, backoff), idle (wait
+// for a change of the table; close the connection once no longer wanted
+// and unused).
 type tcpLink struct {
-	f      *fallback
+	c      *Client
+	srv    *server
 	logger klog.Logger
 	// bo paces dials that fail and connections that end at once; authBo
 	// those the server refused our credentials on.
 	bo, authBo *backoff.Backoff
-	// slot is where its session is published (fallback.slots).
-	slot *tcpSlot
-	// target is the index of the server dialed next (Client.servers);
-	// fixed: always that one (a link per server, --transport tcp).
-	target int
-	fixed  bool
-	conn   *tcpmux.Conn
-	// srv is conn's server, upSince when it came up.
-	srv     *server
-	upSince time.Time
-	// unwanted is when the connection stopped being wanted (zero:
-	// wanted): it is closed once no tunnel uses it, a second later at the
-	// earliest, so a tunnel that chose it just before is not cut.
-	unwanted time.Time
+	// dialer connects (nil: tcpmux over TLS, Client.dialTCP;
+	// Client.tcpDialer in tests).
+	dialer tcpDialer
+	conn   ingress.Conn
+	raw    *tcpmux.Conn // conn's tcpmux connection (nil on a fake)
+	// upSince is when conn came up; unwanted when it stopped being wanted
+	// (zero: wanted): it is closed once no tunnel uses it, a second later
+	// at the earliest, so a tunnel that chose it just before is not cut.
+	upSince, unwanted time.Time
 	// lastRejected is the refused certificate last logged at -v 0 (it
 	// does not go away by itself); lostLoggedAt when a loss last was.
 	lastRejected string
@@ -559,61 +408,87 @@ type tcpLink struct {
 	hellos      sync.WaitGroup
 }
 
+// tcpDialer connects a TCP row to its server: the Client itself (tcpmux
+// over TLS), or a fake, so that the TCP links run without a network (the
+// raw *tcpmux.Conn is then nil).
+type tcpDialer interface {
+	dialTCP(ctx context.Context, s *server) (ingress.Conn, *tcpmux.Conn, error)
+}
+
 // close ends the connection on shutdown.
 func (t *tcpLink) close() {
 	t.stopReverse()
 	if t.conn != nil {
 		_ = t.conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
-		t.f.setSession(t.slot, nil, nil, 0)
+		t.setTCP(nil, nil, 0)
 	}
 }
 
-// connect dials the target server; on success the connection carries new
+// connect dials the row's server; on success the connection carries new
 // tunnels at once (its hello and reverse forwards run beside it).
 func (t *tcpLink) connect(ctx context.Context) {
-	f, c := t.f, t.f.c
-	srv := c.servers[t.target%len(c.servers)]
-	addr := f.addrOf(srv)
+	c, srv := t.c, t.srv
+	addr := c.tcpAddrOf(srv)
 	dialed := time.Now()
-	conn, err := f.dial(ctx, srv, addr)
+	var d tcpDialer = c
+	if t.dialer != nil {
+		d = t.dialer
+	}
+	t.setDialing(true)
+	conn, raw, err := d.dialTCP(ctx, srv)
+	t.setDialing(false)
 	if err != nil {
 		if ctx.Err() == nil {
-			t.dialFailed(ctx, srv, addr, err)
+			t.dialFailed(ctx, addr, err)
 		}
 		return
 	}
 	c.cfg.Metrics.TCPDialsTotal.WithLabelValues("ok").Inc()
 	t.bo.Success(time.Now())
-	t.conn, t.srv, t.upSince, t.unwanted = conn, srv, time.Now(), time.Time{}
-	s := &session{Conn: ingress.OverTCP(conn), Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop)}
-	t.logger.V(2).Info("Connected to server over TCP", "address", addr, "localAddress", conn.LocalAddr().String(),
-		"resumed", conn.TLS().DidResume, "handshakeDuration", time.Since(dialed))
-	t.slot.authRefused.Store(false)
-	f.setSession(t.slot, s, conn, time.Since(dialed), addr) // before the hello: it clears what the hello confirms
-	t.hellos.Go(func() { c.helloTCP(ctx, s, t.slot) })
+	t.conn, t.raw, t.upSince, t.unwanted = conn, raw, time.Now(), time.Time{}
+	s := &session{Conn: conn, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop)}
+	if raw != nil {
+		t.logger.V(2).Info("Connected to server over TCP", "address", addr, "localAddress", raw.LocalAddr().String(),
+			"resumed", raw.TLS().DidResume, "handshakeDuration", time.Since(dialed))
+	}
+	srv.tcp.authRefused.Store(false)
+	t.setTCP(s, raw, time.Since(dialed)) // before the hello: it clears what the hello confirms
+	t.hellos.Go(func() { c.helloTCP(ctx, s, srv.tcp) })
 	rctx, stop := context.WithCancel(ctx)
 	t.stopReverse = stop
-	t.hellos.Go(func() { c.reverseOn(rctx, s, conn, srv) })
+	if raw != nil {
+		t.hellos.Go(func() { c.reverseOn(rctx, s, raw, srv) })
+	}
 }
 
-// dialFailed counts and logs a failed dial, moves to the next server and
-// waits for the next attempt.
-func (t *tcpLink) dialFailed(ctx context.Context, srv *server, addr string, err error) {
-	m := t.f.c.cfg.Metrics
+// setDialing marks the row's dial in progress (true) or ended (false; it
+// then counts as tried, and the table's waiters wake: pickTCPLocked may
+// have held them back for it).
+func (t *tcpLink) setDialing(on bool) {
+	c, r := t.c, t.srv.tcp
+	c.mu.Lock()
+	r.dialing = on
+	r.tried = r.tried || !on
+	c.mu.Unlock()
+	if !on {
+		c.sessionsChanged()
+	}
+}
+
+// dialFailed counts and logs a failed dial and waits for the next attempt.
+func (t *tcpLink) dialFailed(ctx context.Context, addr string, err error) {
+	m := t.c.cfg.Metrics
 	if certRejected(err) {
 		m.TCPDialsTotal.WithLabelValues("cert_rejected").Inc()
 		if msg := err.Error(); msg != t.lastRejected {
 			t.lastRejected = msg
 			t.logger.Error(err, "Could not connect to server over TCP; retrying", "address", addr,
-				"presentedFingerprint", presentedFingerprint(err), "fix", DialErrorFix(srv.addr, err))
+				"presentedFingerprint", presentedFingerprint(err), "fix", DialErrorFix(t.srv.addr, err))
 		}
 	} else {
 		m.TCPDialsTotal.WithLabelValues("error").Inc()
 	}
 	t.logger.V(2).Info("Could not connect to server over TCP", "address", addr, "err", err)
-	if !t.fixed {
-		t.target++
-	}
 	_ = t.bo.Wait(ctx)
 }
 
@@ -622,15 +497,15 @@ func (t *tcpLink) dialFailed(ctx context.Context, srv *server, addr string, err 
 // ended at once waits the backoff; another is redialed at once (after the
 // spread a server shutting down asked for).
 func (t *tcpLink) lost(ctx context.Context) {
-	f, c := t.f, t.f.c
+	c := t.c
 	cause := context.Cause(t.conn.Context())
 	_ = t.conn.CloseWithError(0, "")
 	t.conn = nil
 	t.stopReverse()
-	f.setSession(t.slot, nil, nil, 0)
-	addr := f.addrOf(t.srv)
+	t.setTCP(nil, nil, 0)
+	addr := c.tcpAddrOf(t.srv)
 	code, remote := proto.FromError(cause)
-	if (remote && code == proto.CodeAuthFailed) || t.slot.authRefused.Load() {
+	if (remote && code == proto.CodeAuthFailed) || t.srv.tcp.authRefused.Load() {
 		t.srv.authRefused.Store(true)
 		if c.refusedBefore(cause.Error()) {
 			t.logger.V(2).Info("Server rejected our credentials again over TCP", "address", addr, "err", cause)
@@ -659,30 +534,24 @@ func (t *tcpLink) lost(ctx context.Context) {
 	}
 }
 
-// idle waits for a change of what is wanted (or the time at), and closes a
-// connection no longer wanted once no tunnel uses it.
-func (t *tcpLink) idle(ctx context.Context, wanted bool, at time.Time) {
-	f := t.f
+// idle waits for a change of the table (changed closes) or the time at,
+// and closes a connection no longer wanted once no tunnel uses it.
+func (t *tcpLink) idle(ctx context.Context, wanted bool, at time.Time, changed <-chan struct{}) {
 	if wanted || t.conn == nil {
 		t.unwanted = time.Time{}
 	} else if t.unwanted.IsZero() {
 		t.unwanted = time.Now()
 		t.stopReverse()
-		f.mu.Lock()
-		f.carryLocked(TransportQUIC) // QUIC works again
-		f.mu.Unlock()
+		t.markUnwanted()
 	}
 	var timer *time.Timer
 	switch {
 	case !wanted && t.conn != nil:
-		if t.conn.NumStreams() == 0 && time.Since(t.unwanted) >= time.Second {
-			t.logger.V(2).Info("Closed TCP connection to server: QUIC carries new tunnels", "address", f.addrOf(t.srv))
+		if (t.raw == nil || t.raw.NumStreams() == 0) && time.Since(t.unwanted) >= time.Second {
+			t.logger.V(2).Info("Closed TCP connection to server: QUIC carries new tunnels", "address", t.c.tcpAddrOf(t.srv))
 			_ = t.conn.CloseWithError(proto.CodeOK.ApplicationErrorCode(), "back on QUIC")
 			t.conn = nil
-			if !t.fixed {
-				t.target = 0 // the next fallback starts with the first server again
-			}
-			f.setSession(t.slot, nil, nil, 0)
+			t.setTCP(nil, nil, 0)
 			return
 		}
 		timer = time.NewTimer(time.Second) // its tunnels finish there
@@ -700,19 +569,29 @@ func (t *tcpLink) idle(ctx context.Context, wanted bool, at time.Time) {
 	}
 	select {
 	case <-ctx.Done():
-	case <-f.wake:
+	case <-changed:
 	case <-poll:
 	case <-closed:
 	}
 }
 
+// markUnwanted takes the row out of placement: its server's QUIC answers
+// again.
+func (t *tcpLink) markUnwanted() {
+	c := t.c
+	c.mu.Lock()
+	t.srv.tcp.unwanted = true
+	c.carryLocked()
+	c.mu.Unlock()
+}
+
 // authFix is what to do when the server refuses our credentials.
 const authFix = "give --secret-file the same secret as the server's --secret-file (or a certificate its --client-ca-file accepts)"
 
-// addrOf is the TCP address of server s: its Config.TCPServers entry,
+// tcpAddrOf is the TCP address of server s: its Config.TCPServers entry,
 // Config.TCPServerAddr for the first server, else its QUIC host:port.
-func (f *fallback) addrOf(s *server) string {
-	cfg := f.c.cfg
+func (c *Client) tcpAddrOf(s *server) string {
+	cfg := c.cfg
 	if a := cfg.TCPServers[s.addr]; a != "" {
 		return a
 	}
@@ -722,10 +601,9 @@ func (f *fallback) addrOf(s *server) string {
 	return s.addr
 }
 
-// dial connects to s at addr over TCP with s's TLS configuration (the
-// same pins or CAs as its QUIC dials, tcpTLS).
-func (f *fallback) dial(ctx context.Context, s *server, addr string) (*tcpmux.Conn, error) {
-	c := f.c
+// dialTCP connects to s over TCP with s's TLS configuration (the same
+// pins or CAs as its QUIC dials, tcpTLS).
+func (c *Client) dialTCP(ctx context.Context, s *server) (ingress.Conn, *tcpmux.Conn, error) {
 	timeout := 10 * time.Second
 	var cfg tcpmux.Config
 	if q := c.cfg.QUIC; q != nil {
@@ -736,7 +614,11 @@ func (f *fallback) dial(ctx context.Context, s *server, addr string) (*tcpmux.Co
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return tcpmux.Dial(dctx, addr, c.tcpTLS(s), &cfg)
+	conn, err := tcpmux.Dial(dctx, c.tcpAddrOf(s), c.tcpTLS(s), &cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ingress.OverTCP(conn), conn, nil
 }
 
 // tcpTLS is the TLS configuration of a TCP dial to s: s's, and, with
@@ -769,9 +651,9 @@ func withServerName(conf *tls.Config, s *server, several bool) *tls.Config {
 	return conf
 }
 
-// helloTCP is hello for a TCP session (see hello.go); slot records the
-// answer.
-func (c *Client) helloTCP(ctx context.Context, sess *session, slot *tcpSlot) {
+// helloTCP is hello for a TCP session (see hello.go); slot, its row,
+// records the answer.
+func (c *Client) helloTCP(ctx context.Context, sess *session, slot *tcpRow) {
 	secret := *c.secret.Load()
 	if len(secret) == 0 {
 		return

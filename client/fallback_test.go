@@ -1,136 +1,184 @@
 package client
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
-// TestFallbackWanted: when a TCP connection is kept, by mode and by what
-// the supervisor reported about QUIC.
-func TestFallbackWanted(t *testing.T) {
+// rxConn is a fakeConn in its handshake that received rx packets.
+type rxConn struct {
+	fakeConn
+	rx *uint64
+}
+
+func (r rxConn) PacketsReceived() uint64 { return *r.rx }
+
+// tcpUp gives s's TCP row a live session that holds new tunnels back
+// until graceUntil; its cancel ends it.
+func tcpUp(t *testing.T, c *Client, s *server, graceUntil time.Time) (*session, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	sess := &session{Conn: fakeConn{ctx}}
+	c.mu.Lock()
+	s.tcp.sess, s.tcp.graceUntil = sess, graceUntil
+	c.mu.Unlock()
+	c.sessionsChanged()
+	return sess, cancel
+}
+
+func wanted(c *Client, s *server, now time.Time) (bool, time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tcpWantedLocked(s, now)
+}
+
+// TestTCPWanted: when a server's TCP row holds a connection, by mode and
+// by what its QUIC rows of the table say.
+func TestTCPWanted(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	delay := time.Second
 	for _, tc := range []struct {
-		name      string
-		mode      string
-		downSince time.Time
-		quicUp    bool
-		suspect   bool
-		want      bool
-		lookAt    time.Time
+		name            string
+		mode            string
+		downSince       time.Time
+		quicUp, suspect bool
+		refused         bool
+		want            bool
+		lookAt          time.Time
 	}{
 		{name: "tcp mode", mode: TransportTCP, want: true},
 		{name: "quic mode, QUIC down for long", mode: TransportQUIC, downSince: now.Add(-time.Hour)},
 		{name: "auto, before any dial", mode: TransportAuto},
-		{name: "auto, QUIC dialing for less than the delay", mode: TransportAuto, downSince: now, lookAt: now.Add(delay)},
-		{name: "auto, QUIC down for the delay", mode: TransportAuto, downSince: now.Add(-delay), want: true},
+		{name: "auto, QUIC dialing for less than the delay", mode: TransportAuto, downSince: now, lookAt: now.Add(time.Second)},
+		{name: "auto, QUIC down for the delay", mode: TransportAuto, downSince: now.Add(-time.Second), want: true},
 		{name: "auto, QUIC up", mode: TransportAuto, quicUp: true},
 		{name: "auto, QUIC up but its path silent", mode: TransportAuto, quicUp: true, suspect: true, want: true},
+		{name: "auto, credentials refused over QUIC", mode: TransportAuto, downSince: now.Add(-time.Hour), refused: true},
 	} {
-		// connection 1 of several (a member: a server, --connections)
-		f := newFallback(nil, tc.mode, "", delay)
-		f.downSince = tc.downSince
-		if tc.quicUp {
-			f.up[1] = true
-		}
-		if tc.suspect {
-			f.suspect[1] = true
-		}
-		got, at := f.wantedLocked(now)
-		assert.Equal(t, tc.want, got, tc.name)
-		assert.Equal(t, tc.lookAt, at, tc.name)
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := fakeClient(t, ModeFailover, 1, "a")
+			c.cfg.Transport = tc.mode
+			m := c.members[0]
+			m.downSince, m.refused = tc.downSince, tc.refused
+			if tc.quicUp {
+				l, _ := up(t, c, m, now)
+				l.suspect.Store(tc.suspect)
+			}
+			got, at := wanted(c, c.servers[0], now)
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.lookAt, at)
+		})
 	}
 }
 
-// TestFallbackSeveralConnections: QUIC is usable while one of the client's
-// connections (servers, --connections) is up with a path that answers.
-func TestFallbackSeveralConnections(t *testing.T) {
+// TestTCPWantedPerServer: a server's TCP row is wanted while no QUIC link
+// to that server answers, whatever the other server's do; with several
+// connections to a server, one that answers is enough.
+func TestTCPWantedPerServer(t *testing.T) {
 	t.Parallel()
-	f := newFallback(nil, TransportAuto, "", time.Second)
-	f.quicDialing()
-	f.quicUsable("a", true)
-	f.quicUsable("b", true)
-	want := func() bool { w, _ := f.wantedLocked(time.Now()); return w }
-	assert.False(t, want(), "two connections up")
-	f.quicSuspect("a", true)
-	assert.False(t, want(), "b still answers")
-	f.quicSuspect("b", true)
-	assert.True(t, want(), "every path silent")
-	f.quicSuspect("a", false)
-	assert.False(t, want(), "a answers again")
-	f.quicUsable("a", false)
-	assert.True(t, want(), "a ended, b silent")
-	f.quicUsable("b", false)
-	assert.False(t, want(), "all ended: wait for the delay first")
-	f.downSince = time.Now().Add(-2 * time.Second)
-	assert.True(t, want(), "all ended for longer than the delay")
-	f.quicUsable("b", true)
-	assert.False(t, want(), "b back")
-	assert.True(t, f.downSince.IsZero())
+	c := fakeClient(t, ModeFailover, 2, "a", "b")
+	now := time.Now()
+	a0, _ := up(t, c, c.members[0], now)
+	a1, _ := up(t, c, c.members[1], now)
+	c.members[2].downSince = now.Add(-time.Hour) // b: QUIC down for long
+	want := func(s *server) bool { w, _ := wanted(c, s, now); return w }
+	assert.False(t, want(c.servers[0]), "a answers")
+	assert.True(t, want(c.servers[1]), "b's QUIC down: TCP for b")
+	a0.suspect.Store(true)
+	assert.False(t, want(c.servers[0]), "a's second connection still answers")
+	a1.suspect.Store(true)
+	assert.True(t, want(c.servers[0]), "every path to a silent")
+	a1.suspect.Store(false)
+	assert.False(t, want(c.servers[0]), "a answers again")
 }
 
-type fakeRx uint64
-
-func (r *fakeRx) PacketsReceived() uint64 { return uint64(*r) }
-
-// TestFallbackWaitsForAnsweringHandshake: a QUIC handshake the server
-// answers over UDP (a slow server, not a blocked path) holds the TCP
-// fallback back for answeringGrace past the delay; a silent one does not.
-func TestFallbackWaitsForAnsweringHandshake(t *testing.T) {
+// TestTCPWaitsForAnsweringHandshake: a QUIC handshake the server answers
+// over UDP (a slow server, not a blocked path) holds the TCP row back for
+// answeringGrace past the delay; a silent one does not.
+func TestTCPWaitsForAnsweringHandshake(t *testing.T) {
 	t.Parallel()
-	f := newFallback(nil, TransportAuto, "", time.Second)
-	f.quicDialing()
-	var rx fakeRx
-	f.quicPending("a", &rx)
-	start := f.downSince
-	got, at := f.wantedLocked(start.Add(500 * time.Millisecond))
+	c := fakeClient(t, ModeFailover, 1, "a")
+	start := time.Now()
+	m := c.members[0]
+	m.downSince = start
+	var rx uint64
+	c.setSession(m, &session{Conn: rxConn{fakeConn{t.Context()}, &rx}}) // in its handshake
+	got, at := wanted(c, c.servers[0], start.Add(500*time.Millisecond))
 	assert.False(t, got, "within the delay")
 	assert.Equal(t, start.Add(time.Second), at)
 
-	got, _ = f.wantedLocked(start.Add(1500 * time.Millisecond))
+	got, _ = wanted(c, c.servers[0], start.Add(1500*time.Millisecond))
 	assert.True(t, got, "nothing came back over UDP: blocked, TCP")
 
 	rx = 3 // the server answered the handshake
 	now := start.Add(1500 * time.Millisecond)
-	got, at = f.wantedLocked(now)
+	got, at = wanted(c, c.servers[0], now)
 	assert.False(t, got, "UDP gets through: wait for the handshake")
 	assert.Equal(t, now.Add(answeringPoll), at, "and look again soon")
-	got, _ = f.wantedLocked(start.Add(time.Second + answeringGrace))
+	got, _ = wanted(c, c.servers[0], start.Add(time.Second+answeringGrace))
 	assert.True(t, got, "not for longer than answeringGrace")
-
-	f.quicUsable("a", false) // the attempt ended: no longer pending
-	assert.Empty(t, f.pending)
 }
 
-// TestFallbackWaitsForQUICAfterBlackout: when the TCP connection comes up
-// while a QUIC connection that was up has only gone silent (a blackout,
-// which TCP crossed as the link came back), new tunnels wait for QUIC
-// for the grace, then take TCP (UDP blocked); a QUIC connection that
-// answers is taken at once. Without a QUIC connection that was up (UDP
-// blocked from the start) TCP is taken at once.
-func TestFallbackWaitsForQUICAfterBlackout(t *testing.T) {
+// TestPickWaitsForQUICAfterBlackout: when the TCP row came up while a
+// QUIC link that was up has only gone silent (a blackout, which TCP
+// crossed as the link came back), new tunnels wait for QUIC until the
+// row's grace ends, then take TCP (UDP blocked); a QUIC link that answers
+// is taken at once. Without a QUIC link that was up (UDP blocked from the
+// start) TCP is taken at once.
+func TestPickWaitsForQUICAfterBlackout(t *testing.T) {
 	t.Parallel()
-	f := newFallback(nil, TransportAuto, "", time.Second)
-	f.heartbeat = 200 * time.Millisecond
-	now := time.Now()
-	f.quicDialing()
-	assert.Equal(t, TransportTCP, f.pickLocked(true, true, now), "QUIC never up: TCP at once")
+	assert.Equal(t, 500*time.Millisecond, quicGrace(200*time.Millisecond, 100*time.Millisecond), "two heartbeats and the TCP handshake")
+	assert.Equal(t, minQUICGrace, quicGrace(0, 0))
 
-	f.quicUsable("a", true)
-	f.quicSuspect("a", true)
-	f.quicGraceUntil = now.Add(f.quicGrace(100 * time.Millisecond))
-	assert.Equal(t, 500*time.Millisecond, f.quicGrace(100*time.Millisecond), "two heartbeats and the TCP handshake")
-	assert.Equal(t, 400*time.Millisecond, f.quicGrace(0))
-	f.heartbeat = 0
-	assert.Equal(t, minQUICGrace, f.quicGrace(0))
-	f.heartbeat = 200 * time.Millisecond
-	assert.Empty(t, f.pickLocked(true, true, now), "silent QUIC, TCP just up: wait")
-	assert.Equal(t, TransportTCP, f.pickLocked(true, true, now.Add(500*time.Millisecond)), "QUIC still silent after the grace: TCP")
-	assert.Equal(t, TransportQUIC, f.pickLocked(true, false, now), "no TCP: the silent QUIC connection")
-	f.quicSuspect("a", false)
-	assert.Equal(t, TransportQUIC, f.pickLocked(true, true, now), "QUIC answers: QUIC")
-	assert.Empty(t, f.pickLocked(false, false, now), "nothing")
+	c := fakeClient(t, ModeFailover, 1, "a")
+	now := time.Now()
+	pick := func(at time.Time) (*session, *link, time.Time) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.pick(at)
+	}
+	grace := now.Add(500 * time.Millisecond)
+	tcp, _ := tcpUp(t, c, c.servers[0], grace)
+	s, l, _ := pick(now)
+	assert.Same(t, tcp, s, "QUIC never up: TCP at once")
+	assert.Nil(t, l)
+
+	q, _ := up(t, c, c.members[0], now)
+	q.suspect.Store(true)
+	s, _, retry := pick(now)
+	assert.Nil(t, s, "silent QUIC, TCP just up: wait")
+	assert.Equal(t, grace, retry)
+	s, _, _ = pick(grace)
+	assert.Same(t, tcp, s, "QUIC still silent after the grace: TCP")
+
+	q.suspect.Store(false)
+	s, l, _ = pick(now)
+	assert.Same(t, q.session, s, "QUIC answers: QUIC")
+	assert.Same(t, q, l)
+	assert.Equal(t, int64(1), q.active.Load(), "counted on the QUIC link")
+}
+
+// TestPickTCPRowsPerServer: with UDP blocked, each server's TCP row is a
+// row of the table: failover takes the first live one in order, and the
+// next one once the first ends.
+func TestPickTCPRowsPerServer(t *testing.T) {
+	t.Parallel()
+	c := fakeClient(t, ModeFailover, 1, "a", "b")
+	now := time.Now()
+	ta, endA := tcpUp(t, c, c.servers[0], time.Time{})
+	tb, _ := tcpUp(t, c, c.servers[1], time.Time{})
+	c.mu.Lock()
+	s, _, _ := c.pick(now)
+	c.mu.Unlock()
+	require.Same(t, ta, s)
+	endA()
+	c.mu.Lock()
+	s, _, _ = c.pick(now)
+	c.mu.Unlock()
+	assert.Same(t, tb, s, "a's TCP connection ended: b's")
 }

@@ -47,7 +47,10 @@ func fakeClient(t *testing.T, mode Mode, n int, labels ...string) *Client {
 		c.servers = append(c.servers, &server{idx: i, addr: l, label: l})
 	}
 	c.members = newMembers(c.servers, n, DefaultBackoff())
-	c.fb = newFallback(c, TransportAuto, "", 0)
+	c.cfg.Transport = TransportAuto
+	for _, s := range c.servers {
+		s.tcp = &tcpRow{}
+	}
 	return c
 }
 
@@ -58,6 +61,7 @@ func up(t *testing.T, c *Client, m *member, readyAt time.Time) (*link, context.C
 	ctx, cancel := context.WithCancel(t.Context())
 	l := c.setSession(m, &session{Conn: fakeConn{ctx}})
 	l.readyAt.Store(readyAt.UnixNano())
+	c.sessionsChanged() // as quicLink.up does
 	return l, cancel
 }
 
@@ -65,7 +69,8 @@ func up(t *testing.T, c *Client, m *member, readyAt time.Time) (*link, context.C
 func place(c *Client, now time.Time) *link {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.pick(now)
+	_, l, _ := c.pick(now)
+	return l
 }
 
 func activeServer(c *Client) string {
@@ -160,22 +165,6 @@ func TestSteerWaitsForFirstOutcome(t *testing.T) {
 	assert.Zero(t, c.Switches(), "the first choice is no switch")
 }
 
-// TestFallbackNotWantedWhenCredentialsRefused: a server that refuses our
-// credentials over QUIC answered over UDP: no TCP connection is made (it
-// would be refused too), however long QUIC has been down.
-func TestFallbackNotWantedWhenCredentialsRefused(t *testing.T) {
-	t.Parallel()
-	f := newFallback(nil, TransportAuto, "", time.Second)
-	f.quicDialing()
-	f.downSince = time.Now().Add(-time.Hour)
-	want := func() bool { w, _ := f.wantedLocked(time.Now()); return w }
-	require.True(t, want(), "QUIC down for long: TCP")
-	f.quicRefused("a", true)
-	assert.False(t, want(), "refused over QUIC: no TCP")
-	f.quicRefused("a", false)
-	assert.True(t, want())
-}
-
 // TestTransportGaugeFollowsHealth: the transport gauge says TCP as soon as
 // the TCP connection is up and QUIC as soon as a QUIC connection is usable
 // without one, with no tunnel placed.
@@ -183,14 +172,12 @@ func TestTransportGaugeFollowsHealth(t *testing.T) {
 	t.Parallel()
 	c := fakeClient(t, ModeFailover, 1, "a")
 	gauge := func(tr string) float64 { return promtest.ToFloat64(c.cfg.Metrics.Transport.WithLabelValues(tr)) }
-	f := c.fb
-	f.quicDialing()
-	f.setSession(f.slots[0], &session{Conn: fakeConn{t.Context()}}, nil, time.Millisecond, "a")
+	_, endTCP := tcpUp(t, c, c.servers[0], time.Time{})
 	assert.Equal(t, 1.0, gauge(TransportTCP), "TCP up")
 	assert.Zero(t, gauge(TransportQUIC))
-	f.setSession(f.slots[0], nil, nil, 0)
-	f.quicUsable("m", true)
-	assert.Equal(t, 1.0, gauge(TransportQUIC), "QUIC usable, no TCP")
+	endTCP()
+	_, _ = up(t, c, c.members[0], time.Now())
+	assert.Equal(t, 1.0, gauge(TransportQUIC), "QUIC usable")
 	assert.Zero(t, gauge(TransportTCP))
 }
 
@@ -213,24 +200,4 @@ func TestAuthBackoffPace(t *testing.T) {
 
 	quick := authBackoff(&backoff.Backoff{Initial: time.Millisecond, Max: 50 * time.Millisecond})
 	assert.Equal(t, 2*time.Second, quick.Ceiling(), "never faster than 2 s, whatever --reconnect-max-delay says")
-}
-
-// TestTCPLinkDialsServersInTurn: a TCP dial that fails moves the next
-// dial to the next server, so a dead server is passed over.
-func TestTCPLinkDialsServersInTurn(t *testing.T) {
-	t.Parallel()
-	c := fakeClient(t, ModeFailover, 1, "a", "b")
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := dead.Addr().String()
-	require.NoError(t, dead.Close()) // refuses from now on
-	c.cfg.TCPServers = map[string]string{"a": addr, "b": addr}
-	c.tlsConf.Store(&tlsConfigs{all: &tls.Config{MinVersion: tls.VersionTLS13}})
-	l := &tcpLink{f: c.fb, logger: klog.Background(), stopReverse: func() {},
-		bo: &backoff.Backoff{Initial: time.Millisecond, Max: time.Millisecond}, authBo: authBackoff(DefaultBackoff())}
-	l.connect(t.Context())
-	assert.Equal(t, 1, l.target, "a refused: b next")
-	l.connect(t.Context())
-	assert.Equal(t, 2, l.target, "b refused: a again (modulo the servers)")
-	assert.Equal(t, 2.0, promtest.ToFloat64(c.cfg.Metrics.TCPDialsTotal.WithLabelValues("error")))
 }

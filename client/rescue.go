@@ -230,7 +230,7 @@ func (w *watch) move(ctx context.Context) {
 // tickAt: a tick of the ticker. Idle, it runs the keep-alive (idleTick);
 // with heartbeats on it looks at the echoes (echoSeen, steerLink), goes
 // idle when there has been no work for IdleAfter (sleep), else sends a
-// heartbeat, then tells the fallback whether the path is silent (suspect)
+// heartbeat, then marks the link whether the path is silent (suspect)
 // and starts a rescue when no echo came for RescueAfter.
 func (w *watch) tickAt(ctx context.Context, now time.Time) {
 	if !w.active && !w.idleTick(now) {
@@ -303,7 +303,8 @@ func (w *watch) idleTick(now time.Time) bool {
 func (w *watch) echoSeen(heard time.Time) {
 	if !w.suspectSince.IsZero() && heard.After(w.suspectSince) {
 		w.suspectSince = time.Time{}
-		w.c.fb.quicSuspect(w.l.m, false) // the path answers again
+		w.l.suspect.Store(false) // the path answers again
+		w.c.sessionsChanged()
 	}
 }
 
@@ -337,8 +338,9 @@ func (w *watch) sleep(now, heard time.Time) bool {
 	return true
 }
 
-// suspect tells the fallback the path is silent: no echo and not a single
-// packet for RescueAfter. New tunnels then go over TCP (fallback.go). A
+// suspect marks the link's path silent (link.suspect): no echo and not a
+// single packet for RescueAfter. Its server's TCP row is then wanted, and
+// new tunnels go over TCP (fallback.go, pick). A
 // server that still sends something (acknowledgements, late echoes) is
 // reached over UDP but slow, a crowd reconnecting after its restart: a TCP
 // and TLS handshake of every client would only add to its load. Echoes
@@ -349,7 +351,8 @@ func (w *watch) suspect(now, echo time.Time) {
 	silentFor, lateFor := now.Sub(w.lastRxAt), now.Sub(echo)
 	if w.suspectSince.IsZero() && lateFor > after && (silentFor > after || lateFor > suspectLateEchoes) {
 		w.suspectSince = now
-		w.c.fb.quicSuspect(w.l.m, true)
+		w.l.suspect.Store(true)
+		w.c.sessionsChanged()
 	}
 }
 

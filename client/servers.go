@@ -59,10 +59,13 @@ type server struct {
 	// nth, for the i-th address of such a name, is i: each dial resolves
 	// the name again and takes the i-th address in sorted order, so the
 	// server follows the replicas when their addresses change.
-	nth     int
-	lookup  func(ctx context.Context, host string) ([]string, error)
-	port    string
+	nth    int
+	lookup func(ctx context.Context, host string) ([]string, error)
+	port   string
+	// members are its QUIC rows of the link table (one per connection
+	// slot), tcp its TCP row (nil with --transport quic).
 	members []*member
+	tcp     *tcpRow
 	// authRefused is set when this server refused our credentials (an
 	// auth_failed close or dial), cleared when it accepts a stream header.
 	authRefused atomic.Bool
@@ -87,6 +90,13 @@ type member struct {
 	// redial cuts the reconnect backoff short (SetSecret).
 	redial chan struct{}
 	cur    *link // guarded by Client.mu
+	// downSince is when the member stopped having a usable link, pushed
+	// to the end of the wait a server shutting down asked for (zero: up,
+	// or no attempt yet); refused: its last attempt was refused our
+	// credentials over QUIC. Both guarded by Client.mu; its server's TCP
+	// row reads them (tcpWantedLocked).
+	downSince time.Time
+	refused   bool
 }
 
 // link is one QUIC connection of a member, with what steering needs to know
@@ -105,6 +115,11 @@ type link struct {
 	// stalled: no heartbeat echo for RescueAfter while it has work (the
 	// condition that starts a path rescue); set and cleared by monitor.
 	stalled atomic.Bool
+	// suspect: nothing came back on its path for RescueAfter, not even a
+	// packet, or no echo for suspectLateEchoes (watch.suspect); its
+	// server's TCP row is then wanted, and a TCP row takes new tunnels
+	// before it (pick).
+	suspect atomic.Bool
 	// active counts the tunnels (and UDP flows) placed on it and not ended.
 	active atomic.Int64
 }
@@ -276,9 +291,41 @@ func (p prefixedCache) Put(key string, cs *tls.ClientSessionState) {
 	p.ClientSessionCache.Put(p.prefix+key, cs)
 }
 
-// pick chooses the link a new tunnel goes on and counts the tunnel on it;
-// nil when no connection is live. Callers hold c.mu.
-func (c *Client) pick(now time.Time) *link {
+// pick is the one placement step over the link table: it returns the
+// session a new tunnel goes on, and its QUIC link (nil for a TCP row),
+// on which the tunnel is counted. The QUIC link chosen by the steering
+// (pickQUICLocked) while it answers; else a live TCP row (pickTCPLocked),
+// unless that row came up while a QUIC link that was up has merely gone
+// silent: then, until retry, the tunnel waits for QUIC rather than start
+// on TCP, where it would stay, at TCP's mercy in the next blackout (the
+// link is back, TCP got through, and QUIC answers within a heartbeat or a
+// rescue probe unless UDP is blocked); else the QUIC link chosen (a
+// handshake in progress, a silent path). All nil when no row is live.
+// Callers hold c.mu.
+func (c *Client) pick(now time.Time) (sess *session, l *link, retry time.Time) {
+	l = c.pickQUICLocked(now)
+	if !l.answers() {
+		if r := c.pickTCPLocked(); r != nil {
+			if l != nil && now.Before(r.graceUntil) && c.anyQUICUpLocked() {
+				return nil, nil, r.graceUntil
+			}
+			c.useLocked(TransportTCP)
+			return r.sess, nil, time.Time{}
+		}
+	}
+	if l == nil {
+		return nil, nil, time.Time{}
+	}
+	l.active.Add(1)
+	c.useLocked(TransportQUIC)
+	return l.session, l, time.Time{}
+}
+
+// pickQUICLocked chooses the QUIC link a new tunnel goes on: failover, the
+// steered server's least active healthy link; spread (or no healthy
+// server), the least active healthy link; else any live one; nil when none
+// is live.
+func (c *Client) pickQUICLocked(now time.Time) *link {
 	var best *link
 	better := func(l *link) {
 		if best == nil || l.active.Load() < best.active.Load() {
@@ -307,9 +354,6 @@ func (c *Client) pick(now time.Time) *link {
 				better(m.cur)
 			}
 		}
-	}
-	if best != nil {
-		best.active.Add(1)
 	}
 	return best
 }

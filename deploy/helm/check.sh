@@ -54,7 +54,7 @@ done
 
 log "invalid values are refused"
 if helm template quictun "$chart" --set clientExample.enabled=true >/dev/null 2>&1; then
-  echo "helm template accepted the client example without a token source" >&2
+  echo "helm template accepted the client example without a destination" >&2
   exit 1
 fi
 

@@ -281,14 +281,17 @@ func (h *Handler) direction() string {
 	return tunnel.Forward
 }
 
-// audit writes a tunnel's audit line (AuditLog).
-func (h *Handler) audit(logger klog.Logger, source, token, result string, up, down int64, start time.Time) {
+// audit writes a tunnel's audit line (AuditLog). A reverse forward's
+// destination is the address it was bound to (bound, "tcp:HOST:PORT"):
+// its token is an internal one ("bound/1/ID"), and where the client
+// takes it the server does not know.
+func (h *Handler) audit(logger klog.Logger, source, token, bound, result string, up, down int64, start time.Time) {
 	if !h.cfg.AuditLog {
 		return
 	}
 	dest := LoggableToken(token)
 	if h.cfg.Reverse {
-		dest = token // a binding ("bound/1/ID"), no secret
+		dest = bound
 	}
 	logger.Info("Closed tunnel", "direction", h.direction(), "source", source, "destination", dest, "result", result,
 		"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(start).Round(time.Millisecond))

@@ -309,7 +309,7 @@ func (l *local) splice(toServer splice.Stream) {
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	l.logRefusal(err)
 	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(l.start), "result", result, "err", err)
-	h.audit(l.logger, l.nc.RemoteAddr().String(), l.token, result, up, down, l.start)
+	h.audit(l.logger, l.nc.RemoteAddr().String(), l.token, "tcp:"+l.listenAddr, result, up, down, l.start)
 }
 
 // logRefusal logs a tunnel the server ended with a code of its own (not a

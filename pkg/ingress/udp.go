@@ -239,7 +239,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		"packetsUpstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
 		"packetsDownstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),
 		"duration", time.Since(start), "result", result, "err", err)
-	h.audit(klog.FromContext(ctx), f.src.String(), token, result, t.Upstream.Load(), t.Downstream.Load(), start)
+	h.audit(klog.FromContext(ctx), f.src.String(), token, t.Endpoint, result, t.Upstream.Load(), t.Downstream.Load(), start)
 }
 
 // writeFlowHeader writes a UDP flow's header for token on str (the stream

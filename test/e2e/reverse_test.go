@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -201,6 +202,10 @@ func TestReverseForwards(t *testing.T) {
 		assert.Contains(t, d.log(), `"Closed tunnel" `, d.name)
 		assert.Contains(t, d.log(), `direction="reverse"`, d.name)
 	}
+	// The server's line names the address the forward is bound to, not
+	// the binding's internal token.
+	assert.Regexp(t, `"Closed tunnel" [^\n]*direction="reverse"[^\n]* destination="tcp:`+regexp.QuoteMeta(modeL)+`"`, srv.log())
+	assert.NotRegexp(t, `"Closed tunnel" [^\n]*destination="bound/`, srv.log())
 }
 
 // TestReverseForwardReload: a SIGHUP that removes an --allow-remote-listen
