@@ -341,7 +341,7 @@ func TestHelmFullValues(t *testing.T) {
 	for _, a := range dig(side, "args").([]any) {
 		args = append(args, str(a))
 	}
-	assert.Contains(t, args, "--token-source="+echoToken)
+	assert.Contains(t, args, "--forward=tcp:127.0.0.1:6500="+echoToken, "the example leads with --forward")
 	assert.Contains(t, args, "--server-endpoint=quictun-server-replicas.quictun.svc.cluster.local:7500", "every replica, by the headless Service")
 	assert.Contains(t, args, "--server-mode=failover")
 	out, err = checkConfig(t, "quictun-client", args...)
