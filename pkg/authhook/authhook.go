@@ -65,6 +65,15 @@ type Hook struct {
 // Close waits for the lookups running (each ends within Timeout).
 func (h *Hook) Close() { h.calls.Wait() }
 
+// Len returns the number of answers cached (at most Config.MaxEntries) and
+// of lookups running (at most Config.MaxInFlight): the state a flood of key
+// IDs can make the Hook hold.
+func (h *Hook) Len() (cached, running int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.cache), len(h.inFlight)
+}
+
 type entry struct {
 	key     proto.Key
 	err     error // proto.ErrUnknownKey, or the failure
