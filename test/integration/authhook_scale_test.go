@@ -116,14 +116,13 @@ func (h *scaleHook) callsOf(secret []byte) (calls, most int) {
 // hookFixture is a server (alice's key its only one) asking a scaleHook
 // for other key IDs, and a peer that dials it.
 type hookFixture struct {
-	hs     *scaleHook
-	http   *httptest.Server
-	hook   *authhook.Hook
-	calls  *prometheus.Registry // quictun_server_auth_hook_calls_total, as the daemon registers it
-	srv    *testutil.Server
-	echo   string
-	tls    *tls.Config
-	cancel context.CancelFunc
+	hs    *scaleHook
+	http  *httptest.Server
+	hook  *authhook.Hook
+	calls *prometheus.Registry // quictun_server_auth_hook_calls_total, as the daemon registers it
+	srv   *testutil.Server
+	echo  string
+	tls   *tls.Config
 }
 
 func newHookFixture(t *testing.T, hs *scaleHook, mutate func(*authhook.Config)) *hookFixture {
