@@ -153,7 +153,6 @@ func (h *Hook) Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error) {
 
 // run makes one call and caches its answer.
 func (h *Hook) run(id proto.KeyID, c *call) {
-	defer func() { <-h.slots }()
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Timeout)
 	defer cancel()
 	key, err := h.call(ctx, id)
@@ -173,6 +172,7 @@ func (h *Hook) run(id proto.KeyID, c *call) {
 	h.store(id, c.e)
 	delete(h.inFlight, id)
 	h.mu.Unlock()
+	<-h.slots // before the waiters wake: their next lookup finds it free
 	close(c.done)
 }
 

@@ -243,3 +243,23 @@ func TestEvictionAmortized(t *testing.T) {
 	}
 	t.Logf("1,000 entries past a full cache of 1,000: %d scans", h.scans)
 }
+
+// TestLookupFreesItsSlotBeforeAnswering: one caller looking key IDs up one
+// after the other never finds the lookups all taken, even with one: a
+// lookup's slot is free once its answer is. Before, the slot was freed
+// after the waiters were woken, so the next lookup could be refused busy.
+func TestLookupFreesItsSlotBeforeAnswering(t *testing.T) {
+	t.Parallel()
+	hs := newHookServer(0)
+	h := newHook(t, hs, func(c *Config) { c.MaxInFlight = 1 })
+	busy := 0
+	for i := range 500 {
+		_, err := h.Lookup(context.Background(), proto.KeyIDOf(fmt.Appendf(nil, "unknown %d", i)))
+		if errors.Is(err, ErrBusy) {
+			busy++
+			continue
+		}
+		require.ErrorIs(t, err, proto.ErrUnknownKey)
+	}
+	assert.Zero(t, busy, "sequential lookups refused busy")
+}
