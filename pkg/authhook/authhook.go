@@ -58,12 +58,22 @@ type Hook struct {
 	mu       sync.Mutex
 	cache    map[proto.KeyID]entry
 	inFlight map[proto.KeyID]*call
+	scans    int // of the whole cache by evict
 	// calls are the lookups running (Close waits for them).
 	calls sync.WaitGroup
 }
 
 // Close waits for the lookups running (each ends within Timeout).
 func (h *Hook) Close() { h.calls.Wait() }
+
+// Len returns the number of answers cached (at most Config.MaxEntries) and
+// of lookups running (at most Config.MaxInFlight): the state a flood of key
+// IDs can make the Hook hold.
+func (h *Hook) Len() (cached, running int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.cache), len(h.inFlight)
+}
 
 type entry struct {
 	key     proto.Key
@@ -143,7 +153,6 @@ func (h *Hook) Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error) {
 
 // run makes one call and caches its answer.
 func (h *Hook) run(id proto.KeyID, c *call) {
-	defer func() { <-h.slots }()
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Timeout)
 	defer cancel()
 	key, err := h.call(ctx, id)
@@ -160,30 +169,41 @@ func (h *Hook) run(id proto.KeyID, c *call) {
 	}
 	c.e = entry{key: key, err: err, expires: h.cfg.Now().Add(ttl)}
 	h.mu.Lock()
-	if len(h.cache) >= h.cfg.MaxEntries {
-		h.evict()
-	}
-	h.cache[id] = c.e
+	h.store(id, c.e)
 	delete(h.inFlight, id)
 	h.mu.Unlock()
+	<-h.slots // before the waiters wake: their next lookup finds it free
 	close(c.done)
 }
 
-// evict drops expired entries, or if none, an arbitrary tenth. Call with mu.
+// store caches e for id, evicting first when the cache is full. Call with mu.
+func (h *Hook) store(id proto.KeyID, e entry) {
+	if len(h.cache) >= h.cfg.MaxEntries {
+		h.evict()
+	}
+	h.cache[id] = e
+}
+
+// evict drops the expired entries, then arbitrary ones, until the cache is
+// at most nine tenths full: a scan of the whole cache (under mu) is then
+// followed by at least a tenth of MaxEntries answers before the next.
+// (It used to stop as soon as the cache was under MaxEntries: one entry
+// freed, so once full, every answer, say to a flood of unknown key IDs,
+// scanned the whole cache under mu.) Call with mu.
 func (h *Hook) evict() {
+	h.scans++
 	now := h.cfg.Now()
+	low := h.cfg.MaxEntries - max(h.cfg.MaxEntries/10, 1)
 	for id, e := range h.cache {
 		if !now.Before(e.expires) {
 			delete(h.cache, id)
 		}
 	}
-	n := len(h.cache) / 10
 	for id := range h.cache {
-		if len(h.cache) < h.cfg.MaxEntries || n <= 0 {
+		if len(h.cache) <= low {
 			break
 		}
 		delete(h.cache, id)
-		n--
 	}
 }
 

@@ -211,3 +211,55 @@ func TestLookupAtScale(t *testing.T) {
 	h.mu.Unlock()
 	assert.LessOrEqual(t, n, 2000, "the cache stays within MaxEntries")
 }
+
+// TestEvictionAmortized: with the cache full and its entries expiring one
+// by one as new ones come (a flood of unknown key IDs at a steady rate), a
+// scan of the whole cache is followed by at least a tenth of MaxEntries
+// new entries before the next, and the cache stays within MaxEntries.
+// Before, evict freed a single entry once the cache was full (its loop
+// over "an arbitrary tenth" stopped as soon as the cache was under
+// MaxEntries), so every answer past a full cache scanned the whole cache
+// under the Hook's lock: 2 scans by entry 1,001 here, one per entry after.
+func TestEvictionAmortized(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	h, err := New(Config{URL: "http://127.0.0.1:1/", MaxEntries: 1000, Now: func() time.Time { return now }})
+	require.NoError(t, err)
+	const ttl = 1000 * time.Millisecond
+	for i := range 2000 {
+		if i >= 1000 {
+			now = now.Add(time.Millisecond) // one entry expires per new one
+		}
+		h.mu.Lock()
+		h.store(proto.KeyIDOf(fmt.Appendf(nil, "unknown key %d", i)), entry{err: proto.ErrUnknownKey, expires: now.Add(ttl)})
+		n, scans := len(h.cache), h.scans
+		h.mu.Unlock()
+		require.LessOrEqual(t, n, 1000, "entry %d", i)
+		allowed := 0
+		if i >= 1000 {
+			allowed = 1 + (i-1000)/100
+		}
+		require.LessOrEqual(t, scans, allowed, "entry %d: scans of the whole cache", i)
+	}
+	t.Logf("1,000 entries past a full cache of 1,000: %d scans", h.scans)
+}
+
+// TestLookupFreesItsSlotBeforeAnswering: one caller looking key IDs up one
+// after the other never finds the lookups all taken, even with one: a
+// lookup's slot is free once its answer is. Before, the slot was freed
+// after the waiters were woken, so the next lookup could be refused busy.
+func TestLookupFreesItsSlotBeforeAnswering(t *testing.T) {
+	t.Parallel()
+	hs := newHookServer(0)
+	h := newHook(t, hs, func(c *Config) { c.MaxInFlight = 1 })
+	busy := 0
+	for i := range 500 {
+		_, err := h.Lookup(context.Background(), proto.KeyIDOf(fmt.Appendf(nil, "unknown %d", i)))
+		if errors.Is(err, ErrBusy) {
+			busy++
+			continue
+		}
+		require.ErrorIs(t, err, proto.ErrUnknownKey)
+	}
+	assert.Zero(t, busy, "sequential lookups refused busy")
+}
