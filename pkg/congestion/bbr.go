@@ -521,16 +521,19 @@ func (b *BBRController) recentCongestion() bool {
 
 // sendingBelowModel tells whether a packet sent now with inFlight bytes in
 // flight goes below bbr's model of the path (ProbeBW's down phase,
-// ProbeRTT), where no bottleneck overflows. The down phase paces below the
-// estimate, but a sender held by its window (the cap after congestion is
-// 0.7 of what was in flight, which may be more than the BDP) keeps the same
-// bytes in flight, and a shallow buffer as full, as before: its packets
-// are below the model only while the window leaves room (an eighth). (Not
-// inFlight <= BDP: at 50 % loss the lost packets stay in flight until
-// declared lost, and no packet would qualify.)
+// ProbeRTT), where no bottleneck overflows. ProbeRTT holds half a BDP in
+// flight. The down phase paces below the estimate, but a sender held by its
+// window (the cap after congestion is 0.7 of what was in flight, which may
+// be more than the BDP) keeps the same bytes in flight, and a shallow
+// buffer as full, as before: its packets are below the model only while
+// the window leaves room (an eighth). (Not inFlight <= BDP: at 50 % loss
+// the lost packets stay in flight until declared lost, and no packet would
+// qualify.)
 func (b *BBRController) sendingBelowModel(inFlight int) bool {
-	down := (b.state == bbrProbeBW && b.pacingGain < 1) || b.state == bbrProbeRTT
-	return down && inFlight < b.cwnd-b.cwnd/8
+	if b.state == bbrProbeRTT {
+		return true
+	}
+	return b.state == bbrProbeBW && b.pacingGain < 1 && inFlight < b.cwnd-b.cwnd/8
 }
 
 // learnRandomLoss folds the fate of the packets sent below the model into
