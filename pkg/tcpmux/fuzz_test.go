@@ -69,9 +69,10 @@ func FuzzFrameSequences(f *testing.F) {
 // fuzzPeer is the raw peer's end of the pipe; its reader drops what the
 // connection writes, and tells sync when its PING comes back.
 type fuzzPeer struct {
-	w    net.Conn
-	pong chan struct{}
-	wg   sync.WaitGroup
+	w      net.Conn
+	pong   chan struct{}
+	closed chan struct{} // the connection closed its end: the reader returned
+	wg     sync.WaitGroup
 }
 
 var syncPing = [8]byte{'s', 'y', 'n', 'c'}
@@ -80,8 +81,9 @@ var syncPing = [8]byte{'s', 'y', 'n', 'c'}
 // subject), with the preface exchange done.
 func fuzzConn(t *testing.T) (*Conn, *fuzzPeer) {
 	srv, cli := net.Pipe()
-	p := &fuzzPeer{w: cli, pong: make(chan struct{}, 1)}
+	p := &fuzzPeer{w: cli, pong: make(chan struct{}, 1), closed: make(chan struct{})}
 	p.wg.Go(func() {
+		defer close(p.closed)
 		fr := http2.NewFramer(nil, cli)
 		for {
 			f, err := fr.ReadFrame()
@@ -117,6 +119,7 @@ func (p *fuzzPeer) sync(fw *http2.Framer) {
 	defer t.Stop()
 	select {
 	case <-p.pong:
+	case <-p.closed:
 	case <-t.C:
 	}
 }
