@@ -249,7 +249,15 @@ func (b *BBRController) settleAppLimited(now qc.Time) {
 	}
 	b.appLimitedPending = false
 	gap := 4 * time.Duration(float64(b.datagram)/max(b.pacingRate, 1)*float64(time.Second))
-	if b.lastSentTime.IsZero() || now.Sub(b.lastSentTime) > max(gap, appLimitedGap) {
+	// At most an eighth of the path's RTT: on loopback (RTT ~0.2 ms) a
+	// lull of 1 ms is five round trips of a sender with nothing to send,
+	// and counting its samples as the path's held bulk to 1.1 Gbit/s
+	// (2.9 with every report counted at once).
+	idle := appLimitedGap
+	if b.minRTT > 0 {
+		idle = min(idle, b.minRTT/8)
+	}
+	if b.lastSentTime.IsZero() || now.Sub(b.lastSentTime) > max(gap, idle) {
 		b.appLimitedUntil = max(b.delivered+int64(b.appLimitedInflight), 1)
 	}
 }

@@ -324,3 +324,24 @@ func TestBBRJudgesLossAgainstTheEstimatesError(t *testing.T) {
 		require.Equal(t, tc.congestive, b.congestiveRound(false, 330), "estimate from %.0f packets", tc.lossSent)
 	}
 }
+
+// On a path whose RTT is a fraction of a millisecond (loopback), a lull of
+// an eighth of the RTT is already idle time: the report counts. Counting
+// only lulls over 1 ms there held loopback bulk to 1.1 Gbit/s (3.5 after).
+func TestBBRAppLimitedGapFollowsAShortRTT(t *testing.T) {
+	b, _ := newTestBBR(Options{})
+	b.minRTT, b.pacingRate = 200*time.Microsecond, 400e6 // 3.2 Gbit/s: four packets in 12.5 us
+	now := qc.Time(time.Second)
+	send := func(pn int64) {
+		b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: pn, Bytes: datagram, BytesInFlight: datagram, AckEliciting: true})
+	}
+	send(1)
+	b.OnAppLimited(datagram)
+	now = now.Add(10 * time.Microsecond)
+	send(2)
+	require.Zero(t, b.appLimitedUntil, "a lull of 10 us, under an eighth of the RTT")
+	b.OnAppLimited(datagram)
+	now = now.Add(100 * time.Microsecond)
+	send(3)
+	require.NotZero(t, b.appLimitedUntil, "idle for 100 us, half the RTT")
+}
