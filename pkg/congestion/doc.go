@@ -48,7 +48,8 @@
 // plateau or when its own queue shows through two whole rounds. quic-go
 // reports the sender application limited whenever it finds nothing to
 // pack, also between two writes of a bulk sender; bbr counts it only when
-// the sender then stays idle for over a millisecond (or four packets at the
+// the sender then stays idle for over a millisecond or an eighth of the RTT,
+// whichever is shorter (or four packets at the
 // pacing rate), so that such lulls do not keep Startup from ending.
 //
 // The figures (pkg/congestion TestHeavyLossSimnet, 100 Mbit/s, 25 ms RTT,
