@@ -257,19 +257,16 @@ func TestBBRShallowBufferOverflowIsCongestion(t *testing.T) {
 func TestBBRAppLimitedOnlyAfterAnIdleGap(t *testing.T) {
 	b, _ := newTestBBR(Options{})
 	now := qc.Time(time.Second)
-	send := func(pn int64) {
-		b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: pn, Bytes: datagram, BytesInFlight: datagram, AckEliciting: true})
-	}
-	send(1)
+	sendOne(b, now, 1)
 	b.OnAppLimited(datagram)
 	now = now.Add(100 * time.Microsecond)
 	b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: 2, Bytes: 40}) // an ACK: decides nothing
-	send(3)
+	sendOne(b, now, 3)
 	require.Zero(t, b.appLimitedUntil, "a lull of 100 us between writes")
 	require.False(t, b.pkts.get(3).appLimited)
 	b.OnAppLimited(datagram)
 	now = now.Add(20 * time.Millisecond)
-	send(4)
+	sendOne(b, now, 4)
 	require.NotZero(t, b.appLimitedUntil, "idle for 20 ms")
 	require.True(t, b.pkts.get(4).appLimited)
 }
@@ -332,16 +329,19 @@ func TestBBRAppLimitedGapFollowsAShortRTT(t *testing.T) {
 	b, _ := newTestBBR(Options{})
 	b.minRTT, b.pacingRate = 200*time.Microsecond, 400e6 // 3.2 Gbit/s: four packets in 12.5 us
 	now := qc.Time(time.Second)
-	send := func(pn int64) {
-		b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: pn, Bytes: datagram, BytesInFlight: datagram, AckEliciting: true})
-	}
-	send(1)
+	sendOne(b, now, 1)
 	b.OnAppLimited(datagram)
 	now = now.Add(10 * time.Microsecond)
-	send(2)
+	sendOne(b, now, 2)
 	require.Zero(t, b.appLimitedUntil, "a lull of 10 us, under an eighth of the RTT")
 	b.OnAppLimited(datagram)
 	now = now.Add(100 * time.Microsecond)
-	send(3)
+	sendOne(b, now, 3)
 	require.NotZero(t, b.appLimitedUntil, "idle for 100 us, half the RTT")
+}
+
+// sendOne reports one full-size ack-eliciting packet pn sent at now with
+// only itself in flight.
+func sendOne(b *BBRController, now qc.Time, pn int64) {
+	b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: pn, Bytes: datagram, BytesInFlight: datagram, AckEliciting: true})
 }
