@@ -68,6 +68,10 @@ type congestionState struct {
 	// RandomLossRate is bbr's estimate of the path's random loss (loss
 	// that is not congestion), measured on packets sent below its model.
 	RandomLossRate float64 `json:"randomLossRate"`
+	// PacketLossRate is bbr's share of all packets lost over about the
+	// last 100, random or not: above 2 % (and without a recent congestive
+	// round) the last packet before the sender runs dry is sent again.
+	PacketLossRate float64 `json:"packetLossRate"`
 	// RoundTrips counts bbr's round trips, CongestiveRoundTrips those whose
 	// loss it took for congestion (each capped bytes in flight).
 	RoundTrips           int64 `json:"roundTrips,omitempty"`
@@ -82,7 +86,7 @@ func congestionStateOf(s *congestion.Stats) *congestionState {
 		Algorithm: string(s.Algorithm), State: s.State, CongestionWindow: s.CongestionWindowBytes,
 		PacingRate: s.PacingRateBytesPerSecond, BandwidthEstimate: s.BandwidthBytesPerSecond,
 		MinRTTSeconds: s.MinRTT.Seconds(), InflightCap: s.InflightCap, LossRateLastRoundTrip: s.LossRate,
-		RandomLossRate: s.RandomLoss, RoundTrips: s.RoundTrips, CongestiveRoundTrips: s.CongestiveRoundTrips,
+		RandomLossRate: s.RandomLoss, PacketLossRate: s.PacketLoss, RoundTrips: s.RoundTrips, CongestiveRoundTrips: s.CongestiveRoundTrips,
 	}
 }
 
@@ -151,6 +155,8 @@ func Handler(o Options) http.Handler {
 				PacketsSent        uint64  `json:"packetsSent"`
 				PacketsReceived    uint64  `json:"packetsReceived"`
 				PacketsLost        uint64  `json:"packetsLost"`
+				// TailCopiesSent counts copies of tail packets (bbr on a lossy path).
+				TailCopiesSent uint64 `json:"tailCopiesSent"`
 				// Congestion is quictun's controller's state; absent with reno (quic-go's own).
 				Congestion *congestionState `json:"congestion,omitempty"`
 			}
@@ -175,7 +181,7 @@ func Handler(o Options) http.Handler {
 						LatestRTTSeconds: s.LatestRTT.Seconds(), RTTVarianceSeconds: s.MeanDeviation.Seconds(),
 						CongestionWindow: uint64(s.CongestionWindow), BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
 						BytesLost: s.BytesLost, PacketsSent: s.PacketsSent, PacketsReceived: s.PacketsReceived, PacketsLost: s.PacketsLost,
-						Congestion: congestionStateOf(c.Congestion),
+						TailCopiesSent: s.TailCopiesSent, Congestion: congestionStateOf(c.Congestion),
 					}
 				}
 				out = append(out, e)

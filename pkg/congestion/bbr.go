@@ -121,6 +121,8 @@ type BBRController struct {
 	// many packets as it had.
 	randomLoss         float64
 	lossLost, lossSent float64
+	// loss is the share of all ack-eliciting packets lost (TailCopies).
+	loss packetLoss
 	// belowSent and belowLost count the reported packets that were sent
 	// below the model, since the last sample (learnRandomLoss).
 	belowSent, belowLost int
@@ -293,6 +295,7 @@ func (b *BBRController) OnEvent(e *qc.Event) {
 		b.deliveredTime = e.Time
 		ackedBytes += s.bytes
 		b.roundAckedPackets++
+		b.loss.add(false)
 		if s.belowModel {
 			b.belowSent++
 		}
@@ -349,6 +352,9 @@ func (b *BBRController) countLost(lost []qc.LostPacket) {
 		if s := b.pkts.get(l.PacketNumber); s != nil {
 			below = s.belowModel
 			b.pkts.remove(s)
+			if !l.MTUProbe {
+				b.loss.add(true) // a packet given up by a probe timeout too: a lost tail
+			}
 		}
 		if l.MTUProbe || l.ByPTO {
 			continue
@@ -824,6 +830,7 @@ func (b *BBRController) publish() {
 		InflightCap:              b.inflightHi,
 		LossRate:                 b.lossRate,
 		RandomLoss:               b.randomLoss,
+		PacketLoss:               b.loss.rate,
 		RoundTrips:               b.round,
 		CongestiveRoundTrips:     b.congestiveRounds,
 	}

@@ -98,6 +98,9 @@ type Stats struct {
 	// RandomLoss is bbr's estimate of the path's random loss rate (loss that
 	// is not congestion; see the package doc).
 	RandomLoss float64
+	// PacketLoss is bbr's estimate of the share of all packets lost, random
+	// or not, over about the last 100 (tail copies follow it).
+	PacketLoss float64
 	// RoundTrips counts bbr's round trips, CongestiveRoundTrips those it
 	// took for congestion (their loss capped bytes in flight).
 	RoundTrips, CongestiveRoundTrips int64

@@ -271,7 +271,7 @@ func stats(n uint64, srtt time.Duration) quic.ConnectionStats {
 		PacketsSent: n, PacketsReceived: 2 * n, PacketsLost: n / 10,
 		BytesSent: 1000 * n, BytesReceived: 2000 * n, BytesLost: 100 * n,
 		SmoothedRTT: srtt, MinRTT: srtt / 2, LatestRTT: srtt + time.Millisecond, MeanDeviation: srtt / 4,
-		CongestionWindow: 12000 + n,
+		CongestionWindow: 12000 + n, TailCopiesSent: n / 50,
 	}
 }
 
@@ -285,6 +285,7 @@ func TestQUICCollectorCounters(t *testing.T) {
 	counters := []string{
 		"quictun_quic_packets_sent_total", "quictun_quic_packets_received_total", "quictun_quic_packets_lost_total",
 		"quictun_quic_sent_bytes_total", "quictun_quic_received_bytes_total", "quictun_quic_lost_bytes_total",
+		"quictun_quic_tail_copies_sent_total",
 	}
 	snapshot := func() map[string]float64 {
 		out := map[string]float64{}
@@ -308,6 +309,7 @@ func TestQUICCollectorCounters(t *testing.T) {
 	assert.InDelta(t, 150000, s1["quictun_quic_sent_bytes_total"], 0)
 	assert.InDelta(t, 300000, s1["quictun_quic_received_bytes_total"], 0)
 	assert.InDelta(t, 15000, s1["quictun_quic_lost_bytes_total"], 0)
+	assert.InDelta(t, 3, s1["quictun_quic_tail_copies_sent_total"], 0)
 	assert.Equal(t, map[string]float64{"": 2}, values(t, reg, "quictun_quic_connections"))
 	assert.Equal(t, map[string]float64{"": 2}, values(t, reg, "quictun_quic_connection_smoothed_rtt_seconds"))
 

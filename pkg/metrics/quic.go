@@ -52,6 +52,7 @@ type QUICCollector struct {
 	conns                                 *prometheus.Desc
 	pktSent, pktRecv, pktLost             *prometheus.Desc
 	bytesSent, bytesRecv, bytesLost       *prometheus.Desc
+	tailCopies                            *prometheus.Desc
 }
 
 // NewQUICCollector returns a collector for side ("client" or "server") over the
@@ -83,6 +84,7 @@ func NewQUICCollector(side string, perConn bool, live func() []Conn) *QUICCollec
 		bytesSent:   d("sent_bytes_total", "QUIC bytes sent, including headers and retransmissions."),
 		bytesRecv:   d("received_bytes_total", "QUIC bytes received."),
 		bytesLost:   d("lost_bytes_total", "QUIC bytes declared lost."),
+		tailCopies:  d("tail_copies_sent_total", "Copies of a tail packet (the last before the sender ran out of data) sent because bbr measured loss on the path: see docs/how-it-works.md."),
 	}
 }
 
@@ -100,13 +102,14 @@ func addStats(dst *quic.ConnectionStats, s quic.ConnectionStats) {
 	dst.BytesSent += s.BytesSent
 	dst.BytesReceived += s.BytesReceived
 	dst.BytesLost += s.BytesLost
+	dst.TailCopiesSent += s.TailCopiesSent
 }
 
 // Describe implements prometheus.Collector.
 func (c *QUICCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.srtt, c.minRTT, c.latestRTT, c.rttVar, c.cwnd, c.rttHist, c.conns,
 		c.pacingRate, c.bwEstimate, c.inflightCap, c.ccState, c.ccStates,
-		c.pktSent, c.pktRecv, c.pktLost, c.bytesSent, c.bytesRecv, c.bytesLost} {
+		c.pktSent, c.pktRecv, c.pktLost, c.bytesSent, c.bytesRecv, c.bytesLost, c.tailCopies} {
 		ch <- d
 	}
 }
@@ -129,6 +132,7 @@ func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
 	total.BytesSent = max(total.BytesSent, c.last.BytesSent)
 	total.BytesReceived = max(total.BytesReceived, c.last.BytesReceived)
 	total.BytesLost = max(total.BytesLost, c.last.BytesLost)
+	total.TailCopiesSent = max(total.TailCopiesSent, c.last.TailCopiesSent)
 	c.last = total
 	c.mu.Unlock()
 	buckets := make(map[float64]uint64, len(rttBuckets))
@@ -180,6 +184,7 @@ func (c *QUICCollector) Collect(ch chan<- prometheus.Metric) {
 	cnt(c.bytesSent, total.BytesSent)
 	cnt(c.bytesRecv, total.BytesReceived)
 	cnt(c.bytesLost, total.BytesLost)
+	cnt(c.tailCopies, total.TailCopiesSent)
 }
 
 // typeCounters is a collector of one counter vector by "type", read at
