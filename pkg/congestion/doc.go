@@ -62,17 +62,19 @@
 //
 // # Tail copies
 //
-// A request's or a reply's last packet has no later packet whose
-// acknowledgement reveals its loss; lost, it waits for a probe timeout. bbr
+// A request's or a reply's last packets have no later packet whose
+// acknowledgement reveals their loss soon; a lost one waits for a probe
+// timeout, or for the next packet's acknowledgement and 9/8 RTT. bbr
 // measures the share of all its packets lost (about the last 100, Stats.
 // PacketLoss) and asks quic-go (patch 0011, congestion.TailCopier) for
-// copies of the last packet with stream data before the sender runs dry:
-// as many as bring its loss to 2 % (1 above 2 %, 2 above 14 %, 3 above 27 %),
-// an eighth of the minimum RTT after it (1-10 ms), none while a congestive
-// round is recent. A bulk sender's next packet follows sooner, so it sends
-// none. In the simulator (TestTailCopiesShortExchangesAtHeavyLoss, 30 %
-// loss each way, RTT 100 ms) a 16 B request with a 1000 B reply takes
-// 116 ms instead of 246 on average.
+// copies of the last packets with stream data (up to 4, each sent within
+// the delay of the one before) once the sender runs dry: as many copies of
+// each as bring its loss to 2 % (1 above 2 %, 2 above 14 %, 3 above 27 %),
+// an eighth of the minimum RTT after the last (1-10 ms), none while a
+// congestive round is recent. A bulk sender's next packet follows sooner,
+// so it sends none. In the simulator (TestTailCopiesShortExchangesAtHeavyLoss,
+// 30 % loss each way, RTT 100 ms) a 16 B request with a 1000 B reply takes
+// 116 ms instead of 227 on average.
 //
 //   - cubic: RFC 9438 CUBIC with RFC 9002 recovery and this package's pacer.
 //   - reno: quic-go's built-in NewReno, untouched (Factory returns nil).
