@@ -492,10 +492,10 @@ func (c *Client) current(m *member) *link {
 // session is one QUIC connection with its tail prober.
 type session = ingress.Session
 
-func (c *Client) newSession(conn *quic.Conn) *session {
+func (c *Client) newSession(conn quicConn) *session {
 	prober := liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness).
 		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-	return &session{Conn: ingress.OverQUIC(conn), Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
+	return &session{Conn: conn.streams(), Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -524,8 +524,8 @@ func (c *Client) ConnStats() []transport.ConnStats {
 	}
 	var live []lc
 	for _, m := range c.members {
-		if m.cur != nil {
-			live = append(live, lc{m.label, m.cur.conn})
+		if m.cur != nil && m.cur.Conn.QUIC() != nil { // nil: a fake (tests)
+			live = append(live, lc{m.label, m.cur.Conn.QUIC()})
 		}
 	}
 	c.mu.Unlock()
@@ -547,8 +547,8 @@ func (c *Client) conns() []*quic.Conn {
 	defer c.mu.Unlock()
 	var out []*quic.Conn
 	for _, m := range c.members {
-		if m.cur.live() {
-			out = append(out, m.cur.conn)
+		if m.cur.live() && m.cur.Conn.QUIC() != nil {
+			out = append(out, m.cur.Conn.QUIC())
 		}
 	}
 	return out
@@ -635,11 +635,11 @@ func (c *Client) markRow(m *member, f func(m *member)) {
 	c.sessionsChanged()
 }
 
-// setSession makes sess m's link (nil: none) and returns it.
-func (c *Client) setSession(m *member, sess *session) *link {
+// setSession makes sess, over conn, m's link (nil: none) and returns it.
+func (c *Client) setSession(m *member, sess *session, conn quicConn) *link {
 	var l *link
 	if sess != nil {
-		l = &link{session: sess, conn: sess.Conn.QUIC(), m: m}
+		l = &link{session: sess, conn: conn, m: m}
 		c.links.Store(sess, l)
 	}
 	c.mu.Lock()
@@ -766,7 +766,7 @@ func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bo
 		return nil, start, false
 	}
 	q.connID = c.nextConnID.Add(1)
-	l = c.setSession(m, c.newSession(conn))
+	l = c.setSession(m, c.newSession(conn), conn)
 	q.startHello(ctx, l)
 	if !isClosed(conn.HandshakeComplete()) {
 		l = q.handshake(ctx, l)
@@ -774,7 +774,7 @@ func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bo
 	if ctx.Err() == nil && !isClosed(l.conn.HandshakeComplete()) {
 		// A resumed attempt whose handshake did not complete (the
 		// handshake timeout, a refusal): a failed dial, not a connection.
-		c.setSession(m, nil)
+		c.setSession(m, nil, nil)
 		q.dialFailed(ctx, fmt.Errorf("dial %s: %w", m.srv.addr, context.Cause(l.conn.Context())))
 		return nil, start, false
 	}
@@ -796,11 +796,11 @@ func (q *quicLink) handshake(ctx context.Context, l *link) *link {
 		return l
 	}
 	c.cfg.Metrics.DialsTotal.WithLabelValues("0rtt_rejected").Inc()
-	next, err := conn.NextConnection(ctx)
+	next, err := conn.nextConnection(ctx)
 	if err != nil {
 		return l
 	}
-	l = c.setSession(q.m, c.newSession(next))
+	l = c.setSession(q.m, c.newSession(next), next)
 	q.startHello(ctx, l)
 	return l
 }
@@ -892,7 +892,7 @@ func (q *quicLink) up(l *link, start time.Time) time.Time {
 // as 0-RTT data on the new connection and wait for the server there.
 func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 	c, m, conn := q.c, q.m, l.conn
-	c.setSession(m, nil)
+	c.setSession(m, nil, nil)
 	c.markRow(m, func(m *member) { m.downSince = time.Now() })
 	m.srv.markBad(time.Now())
 	if ctx.Err() != nil {
@@ -948,7 +948,7 @@ func (q *quicLink) logDown(cause error, authFailed bool, upSince time.Time, spre
 // serverFingerprint is the fingerprint of the certificate the client
 // verified on conn (for a resumed session, that of the handshake that made
 // its ticket).
-func serverFingerprint(conn *quic.Conn) string {
+func serverFingerprint(conn quicConn) string {
 	certs := conn.ConnectionState().TLS.PeerCertificates
 	if len(certs) == 0 {
 		return ""
@@ -1051,14 +1051,15 @@ func (c *Client) waitOn(ctx context.Context, m *member, bo *backoff.Backoff) {
 }
 
 // quicDialer dials a member's QUIC connection: the Client itself, or a
-// fake whose dials fail, so that the QUIC link's failure steps (backoff,
-// the row's downSince and refused) run without a network.
+// fake (a quicConn), so that the whole QUIC link loop, dial -> hello ->
+// serve (monitor, its watch and rescues) -> lost -> backoff, runs without
+// a network in the package's tests.
 type quicDialer interface {
-	dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error)
+	dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (quicConn, error)
 }
 
 // dialQUIC dials m's server from tr, within one handshake timeout.
-func (c *Client) dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error) {
+func (c *Client) dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (quicConn, error) {
 	srv := m.srv
 	ua, err := srv.resolve(ctx)
 	if err != nil {
@@ -1079,7 +1080,7 @@ func (c *Client) dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", srv.addr, err)
 	}
-	return conn, nil
+	return overQUIC{conn}, nil
 }
 
 // sessions is the Client as ingress sees it.

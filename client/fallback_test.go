@@ -107,7 +107,7 @@ func TestTCPWaitsForAnsweringHandshake(t *testing.T) {
 	m := c.members[0]
 	m.downSince = start
 	var rx uint64
-	c.setSession(m, &session{Conn: rxConn{fakeConn{t.Context()}, &rx}}) // in its handshake
+	c.setSession(m, &session{Conn: rxConn{fakeConn{t.Context()}, &rx}}, nil) // in its handshake
 	got, at := wanted(c, c.servers[0], start.Add(500*time.Millisecond))
 	assert.False(t, got, "within the delay")
 	assert.Equal(t, start.Add(time.Second), at)

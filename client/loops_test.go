@@ -321,7 +321,7 @@ type failingQUIC struct {
 	n    int
 }
 
-func (f *failingQUIC) dialQUIC(ctx context.Context, _ *quic.Transport, _ *member) (*quic.Conn, error) {
+func (f *failingQUIC) dialQUIC(ctx context.Context, _ *quic.Transport, _ *member) (quicConn, error) {
 	sleep(ctx, f.took)
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/quic-go/quic-go"
-
 	"github.com/quictun/quictun/pkg/backoff"
 	"github.com/quictun/quictun/pkg/metrics"
 )
@@ -103,8 +101,9 @@ type member struct {
 // about it.
 type link struct {
 	*session
-	// conn is the session's QUIC connection.
-	conn *quic.Conn
+	// conn is the session's QUIC connection (quicConn: a *quic.Conn, or a
+	// fake in tests).
+	conn quicConn
 	m    *member
 	// readyAt is when its handshake completed (UnixNano; 0: not yet): a
 	// resumed connection carries 0-RTT data before, but a server that may
