@@ -234,8 +234,9 @@ type Client struct {
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced whenever a member's link changes
 	// active is failover mode's server (steer); switches counts its moves.
-	active   *server
-	switches atomic.Uint64
+	// tcpActive is its TCP row's server (failoverTCPLocked).
+	active, tcpActive *server
+	switches          atomic.Uint64
 	// up counts the members with a link (quictun_client_session_up).
 	up int
 

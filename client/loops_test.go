@@ -392,3 +392,48 @@ func TestLoopsWrongSecret(t *testing.T) {
 		assert.Zero(t, d.count(), "no TCP dial")
 	})
 }
+
+// TestLoopTCPFailbackAfter: failover's hysteresis holds over TCP rows as
+// over QUIC links: UDP blocked, two servers; the first dies, tunnels go
+// to the second; when the first's row is up again, new tunnels go back
+// to it only once it has been up for FailbackAfter.
+func TestLoopTCPFailbackAfter(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a", "b")
+		d := newFakeDialer(20 * time.Millisecond)
+		quicDown(c)
+		stop := runLoops(t, c, d)
+		defer stop()
+
+		s, _ := placed(t, c)
+		synctest.Wait()
+		d.mu.Lock()
+		a, b := d.live["a"], d.live["b"]
+		d.mu.Unlock()
+		assert.Same(t, a, s.Conn, "the first server")
+		time.Sleep(time.Minute)
+		d.kill("a")
+		synctest.Wait()
+		s, _ = placed(t, c)
+		assert.Same(t, b, s.Conn, "a died: b")
+
+		d.revive("a")
+		var upAt time.Time
+		eventually(t, 15*time.Second, "a's row up again", func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			upAt = c.servers[0].tcp.upAt
+			return c.servers[0].tcp.liveLocked()
+		})
+		time.Sleep(time.Until(upAt.Add(c.cfg.FailbackAfter - time.Millisecond)))
+		s, _ = placed(t, c)
+		assert.Same(t, b, s.Conn, "a up for less than FailbackAfter: still b")
+		time.Sleep(time.Millisecond)
+		s, _ = placed(t, c)
+		d.mu.Lock()
+		a = d.live["a"]
+		d.mu.Unlock()
+		assert.Same(t, a, s.Conn, "a up for FailbackAfter: back to a")
+	})
+}

@@ -304,7 +304,7 @@ func (p prefixedCache) Put(key string, cs *tls.ClientSessionState) {
 func (c *Client) pick(now time.Time) (sess *session, l *link, retry time.Time) {
 	l = c.pickQUICLocked(now)
 	if !l.answers() {
-		if r := c.pickTCPLocked(); r != nil {
+		if r := c.pickTCPLocked(now); r != nil {
 			if l != nil && now.Before(r.graceUntil) && c.anyQUICUpLocked() {
 				return nil, nil, r.graceUntil
 			}
