@@ -46,6 +46,9 @@ type Config struct {
 	Metrics *metrics.Client
 
 	// ServerAddr is the server's UDP host:port (one server; see Servers).
+	//
+	// Deprecated: set Servers (the app does); kept for the callers that
+	// still set it (internal/testutil, tools/bench).
 	ServerAddr string
 	// Servers are several servers' UDP host:port, in order of preference;
 	// when set, ServerAddr is ignored. A name resolving to several
@@ -228,8 +231,6 @@ type Client struct {
 	// servers, in order of preference, and every connection slot of them.
 	servers []*server
 	members []*member
-	// links maps each live session to its link (ingress.Config.Accepted).
-	links sync.Map
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced whenever a member's link changes
@@ -246,9 +247,9 @@ type Client struct {
 	draining   atomic.Bool
 	// staleLogged is set once a header refused as stale was logged at -v 0.
 	staleLogged atomic.Bool
-	// refusedDests holds the destinations of Config.Check the server
-	// refused at its last answer (string -> true).
-	refusedDests sync.Map
+	// said is what was logged, so each outcome is said once: destinations
+	// refused, reverse bindings' outcomes.
+	said logMemory
 	// lastRefusal is the refusal of our credentials last logged at -v 0;
 	// nil once the server accepted them again (confirm), so each distinct
 	// refusal, and the recovery, is logged once.
@@ -276,13 +277,10 @@ type Client struct {
 	// ingress carries the local connections over the current session.
 	ingress *ingress.Handler
 	// reverse serves the streams the server opens for RemoteForwards (nil:
-	// none); unbinding ends the bindings when the client drains, and
-	// bindOutcomes holds the outcome last logged per binding and server
-	// (bindKey -> string, logBind).
-	reverse      *egress.Handler
-	unbinding    context.Context
-	stopBinding  context.CancelFunc
-	bindOutcomes sync.Map
+	// none); unbinding ends the bindings when the client drains.
+	reverse     *egress.Handler
+	unbinding   context.Context
+	stopBinding context.CancelFunc
 }
 
 // SetTokens replaces the token source for local connections accepted from
@@ -434,8 +432,8 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		Tokens:   func() TokenSource { return *c.tokens.Load() },
 		Secret:   func() []byte { return *c.secret.Load() },
 		Accepted: func(sess *session) {
-			if l, ok := c.links.Load(sess); ok {
-				c.confirm(l.(*link))
+			if l := c.linkOf(sess); l != nil {
+				c.confirm(l)
 			}
 		},
 	})
@@ -481,6 +479,19 @@ func (c *Client) Ready() bool {
 		}
 	}
 	return false
+}
+
+// linkOf is the QUIC link whose session sess is (nil: none, a TCP
+// session or one replaced).
+func (c *Client) linkOf(sess *session) *link {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.members {
+		if m.cur != nil && m.cur.session == sess {
+			return m.cur
+		}
+	}
+	return nil
 }
 
 // current returns m's link (nil: none).
@@ -641,11 +652,9 @@ func (c *Client) setSession(m *member, sess *session, conn quicConn) *link {
 	var l *link
 	if sess != nil {
 		l = &link{session: sess, conn: conn, m: m}
-		c.links.Store(sess, l)
 	}
 	c.mu.Lock()
-	if old := m.cur; old != nil {
-		c.links.Delete(old.session)
+	if m.cur != nil {
 		c.up--
 	}
 	m.cur = l
