@@ -46,9 +46,10 @@ type Config struct {
 	Metrics *metrics.Client
 
 	// ServerAddr is the server's UDP host:port (one server; see Servers).
-	//
-	// Deprecated: set Servers (the app does); kept for the callers that
-	// still set it (internal/testutil, tools/bench).
+	// It is the older form of Servers with one entry (read only when
+	// Servers is empty): the app sets Servers; internal/testutil and
+	// tools/bench still set it, so it stays (not marked deprecated, which
+	// would fail their lint).
 	ServerAddr string
 	// Servers are several servers' UDP host:port, in order of preference;
 	// when set, ServerAddr is ignored. A name resolving to several
