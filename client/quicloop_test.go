@@ -154,11 +154,12 @@ type fakeQUICServer struct {
 // marked down fails after handshakeTimeout (as over a blocked path);
 // each dial's server and end time are recorded.
 type quicServers struct {
-	mu    sync.Mutex
-	srv   map[string]*fakeQUICServer
-	live  map[string]*quicFake
-	dials []string
-	times []time.Time
+	tookFor map[string]time.Duration // a handshake's time by server (default 10 ms)
+	mu      sync.Mutex
+	srv     map[string]*fakeQUICServer
+	live    map[string]*quicFake
+	dials   []string
+	times   []time.Time
 }
 
 const handshakeTimeout = 3 * time.Second
@@ -175,6 +176,8 @@ func (q *quicServers) dialQUIC(ctx context.Context, _ *quic.Transport, m *member
 	s := q.srv[m.srv.label]
 	if s.down.Load() {
 		sleep(ctx, handshakeTimeout)
+	} else if took, ok := q.tookFor[m.srv.label]; ok {
+		sleep(ctx, took)
 	} else {
 		sleep(ctx, 10*time.Millisecond) // one round trip
 	}
@@ -323,8 +326,7 @@ func TestQUICLoopFailoverFailback(t *testing.T) {
 		defer stop()
 
 		// Both handshakes end at one instant; a tunnel placed before a's
-		// link is up would go to b (see the notes: pick does not wait for
-		// the first server's outcome as steerLocked does).
+		// link is up goes on b's (TestQUICLoopRoleAtStart).
 		eventually(t, time.Second, "both links up", func() bool {
 			return c.current(c.members[0]).healthy() && c.current(c.members[1]).healthy()
 		})
@@ -412,5 +414,34 @@ func TestQUICLoopRescue(t *testing.T) {
 		d.mu.Unlock()
 		assert.Error(t, tcpConn.ctx.Err(), "the unused TCP connection is closed")
 		assert.Equal(t, 1, q.count("a"), "the same QUIC connection throughout")
+	})
+}
+
+// TestQUICLoopRoleAtStart: two servers, the second's handshake ends
+// first: a tunnel waiting meanwhile goes on the second's link (the only
+// one up), but the role waits for the first's outcome: once it is up it
+// is the active server with no failover or failback counted (before, the
+// second took the role with that tunnel and the first took it back at
+// once: a "Failing back" line at every start).
+func TestQUICLoopRoleAtStart(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a", "b")
+		quicOnly(c)
+		q := newQUICServers("a", "b")
+		q.tookFor = map[string]time.Duration{"a": 50 * time.Millisecond, "b": 10 * time.Millisecond}
+		stop := runLinks(t, c, q, newFakeDialer(0), nil)
+		defer stop()
+
+		s, waited := placed(t, c)
+		assert.Same(t, q.conn("b"), s.Conn, "the only link up")
+		assert.Equal(t, 10*time.Millisecond, waited)
+		assert.Empty(t, activeServer(c), "no role before the first server's outcome")
+		time.Sleep(50 * time.Millisecond)
+		synctest.Wait()
+		assert.Equal(t, "a", activeServer(c))
+		s, _ = placed(t, c)
+		assert.Same(t, q.conn("a"), s.Conn)
+		assert.Zero(t, c.Switches(), "no failover, no failback")
 	})
 }

@@ -331,7 +331,7 @@ func (c *Client) pickQUICLocked(now time.Time) *link {
 			best = l
 		}
 	}
-	if c.cfg.Mode == ModeFailover || len(c.servers) == 1 {
+	if (c.cfg.Mode == ModeFailover || len(c.servers) == 1) && !c.roleOpenLocked() {
 		if s := c.steer(now); s != nil {
 			for _, m := range s.members {
 				if m.cur.healthy() {
@@ -434,20 +434,32 @@ func (c *Client) steer(now time.Time) *server {
 // server whose handshake happened to finish first does not take the role
 // for a moment (and a failback line follow at once).
 func (c *Client) steerLocked(now time.Time) {
-	if c.cfg.Mode != ModeFailover {
+	if c.cfg.Mode != ModeFailover || c.roleOpenLocked() {
 		return
 	}
-	if c.active == nil {
-		for _, s := range c.servers {
-			if serverHealthy(s) {
-				break
-			}
-			if s.lastBad.Load() == 0 {
-				return // no outcome yet
-			}
+	c.steer(now)
+}
+
+// roleOpenLocked reports whether failover's role is not given yet and
+// waits for an outcome (healthy, or a failure seen) of a server ahead of
+// the first healthy one. Meanwhile a new tunnel goes on a healthy link
+// of any server (pickQUICLocked) without giving that server the role, so
+// the role, its log line and server_active follow health once known, and
+// a client whose first server's handshake merely ends second does not
+// log a failback at start.
+func (c *Client) roleOpenLocked() bool {
+	if c.active != nil {
+		return false
+	}
+	for _, s := range c.servers {
+		if serverHealthy(s) {
+			return false
+		}
+		if s.lastBad.Load() == 0 {
+			return true // no outcome yet
 		}
 	}
-	c.steer(now)
+	return false
 }
 
 // resteer is steerLocked without c.mu held.
