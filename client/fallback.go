@@ -191,8 +191,12 @@ func (c *Client) pickTCPLocked(now time.Time) *tcpRow {
 }
 
 // failoverTCPLocked is failover mode's TCP row, by steer's rule over the
-// TCP rows: the active row (c.tcpActive) while it is live; when it is
-// not, the first live row in order; a row earlier in order takes the role
+// TCP rows (its moves counted and logged as steer's, moved; it runs on
+// placement over TCP, at scrape and, while TCP carries, in each TCP
+// row's loop at every table change and at the failback moment,
+// tcpRoleLocked, so the role follows health): the active row
+// (c.tcpActive) while it is live; when it is not, the first live row in
+// order; a row earlier in order takes the role
 // back only once it has been up for FailbackAfter since it was last lost
 // or failed a dial (hysteresis: a server that comes and goes does not
 // make the tunnels flap), at once if it never was.
@@ -210,10 +214,33 @@ func (c *Client) failoverTCPLocked(now time.Time) *tcpRow {
 		if curOK && s != cur && now.Sub(r.stableSince()) < c.cfg.FailbackAfter {
 			return cur.tcp // s earlier in order, not up for long enough
 		}
-		c.tcpActive = s
+		if s != cur {
+			c.tcpActive = s
+			c.moved(s, cur, curOK, TransportTCP)
+		}
 		return r
 	}
 	return nil
+}
+
+// tcpRoleLocked moves the TCP rows' role by their health while TCP
+// carries new tunnels in failover mode (failoverTCPLocked), and returns
+// when s's row, up and earlier in order than the role's, will have been
+// up for FailbackAfter (zero: no such moment), so that s's loop looks
+// again then and the failback follows health, not the next tunnel.
+func (c *Client) tcpRoleLocked(s *server, now time.Time) time.Time {
+	if c.carrier != TransportTCP || c.cfg.Mode == ModeSpread {
+		return time.Time{}
+	}
+	c.failoverTCPLocked(now)
+	cur := c.tcpActive
+	if cur == nil || s.idx >= cur.idx || !s.tcp.liveLocked() {
+		return time.Time{}
+	}
+	if at := s.tcp.stableSince().Add(c.cfg.FailbackAfter); at.After(now) {
+		return at
+	}
+	return time.Time{}
 }
 
 // stableSince is when the row's session came up after its last loss or
@@ -398,7 +425,11 @@ func (t *tcpLink) run(ctx context.Context) {
 	defer t.close()
 	for ctx.Err() == nil {
 		c.mu.Lock()
-		wanted, at := c.tcpWantedLocked(t.srv, time.Now())
+		now := time.Now()
+		wanted, at := c.tcpWantedLocked(t.srv, now)
+		if fb := c.tcpRoleLocked(t.srv, now); !fb.IsZero() && (at.IsZero() || fb.Before(at)) {
+			at = fb
+		}
 		changed := c.changed
 		c.mu.Unlock()
 		switch {
@@ -470,9 +501,9 @@ func (t *tcpLink) connect(ctx context.Context) {
 	}
 	t.setDialing(true)
 	conn, raw, err := d.dialTCP(ctx, srv)
-	t.setDialing(false)
 	if err != nil {
 		t.markBad()
+		t.setDialing(false)
 		if ctx.Err() == nil {
 			t.dialFailed(ctx, addr, err)
 		}
@@ -488,6 +519,9 @@ func (t *tcpLink) connect(ctx context.Context) {
 	}
 	srv.tcp.authRefused.Store(false)
 	t.setTCP(s, raw, time.Since(dialed)) // before the hello: it clears what the hello confirms
+	// The dial's outcome is known once the row is live: a later row's
+	// waiters (pickTCPLocked) and the role (failoverTCPLocked) see it up.
+	t.setDialing(false)
 	t.hellos.Go(func() { c.helloTCP(ctx, s, srv.tcp) })
 	rctx, stop := context.WithCancel(ctx)
 	t.stopReverse = stop

@@ -437,3 +437,30 @@ func TestLoopTCPFailbackAfter(t *testing.T) {
 		assert.Same(t, a, s.Conn, "a up for FailbackAfter: back to a")
 	})
 }
+
+// TestLoopTCPRoleFollowsHealth: while TCP carries new tunnels (UDP
+// blocked), failover's role is the TCP rows' and follows their health,
+// not the next tunnel: server_active names the first server, then, once
+// it died and before any tunnel, the second, with the move counted; and
+// the first again once its row has been up for FailbackAfter.
+func TestLoopTCPRoleFollowsHealth(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a", "b")
+		d := newFakeDialer(20 * time.Millisecond)
+		quicDown(c)
+		stop := runLoops(t, c, d)
+		defer stop()
+
+		time.Sleep(time.Minute)
+		assert.Equal(t, "a", activeServer(c))
+		d.kill("a")
+		synctest.Wait()
+		assert.Equal(t, uint64(1), c.Switches(), "moved with no tunnel placed nor scrape")
+		assert.Equal(t, "b", activeServer(c), "a died: b")
+		d.revive("a")
+		time.Sleep(time.Minute)
+		assert.Equal(t, uint64(2), c.Switches(), "moved back with no tunnel placed nor scrape")
+		assert.Equal(t, "a", activeServer(c), "a up again for FailbackAfter")
+	})
+}

@@ -410,19 +410,27 @@ func (c *Client) steer(now time.Time) *server {
 	}
 	if next != cur && next != nil {
 		c.active = next
-		if cur != nil && len(c.servers) > 1 {
-			c.switches.Add(1)
-			what := "Failing over to another server: new tunnels go there"
-			if next.idx < cur.idx {
-				what = "Failing back to a preferred server: new tunnels go there"
-			}
-			c.logger.Info(what, "server", next.label, "from", cur.label, "fromHealthy", curOK)
-		}
+		c.moved(next, cur, curOK, TransportQUIC)
 	}
 	if next == nil {
 		return nil
 	}
 	return next
+}
+
+// moved counts and logs a move of failover's role from cur to next (no
+// line for the first choice, nor with one server). over is the transport
+// of the rows the role moved between.
+func (c *Client) moved(next, cur *server, curOK bool, over string) {
+	if cur == nil || len(c.servers) < 2 {
+		return
+	}
+	c.switches.Add(1)
+	what := "Failing over to another server: new tunnels go there"
+	if next.idx < cur.idx {
+		what = "Failing back to a preferred server: new tunnels go there"
+	}
+	c.logger.Info(what, "server", next.label, "from", cur.label, "fromHealthy", curOK, "transport", over)
 }
 
 // steerLocked moves failover's active server by the links' health now
@@ -462,6 +470,16 @@ func (c *Client) roleOpenLocked() bool {
 	return false
 }
 
+// roleLocked is the server with failover's role: the TCP rows' role
+// (failoverTCPLocked) while TCP carries new tunnels, else the steering's
+// active server. Callers hold c.mu.
+func (c *Client) roleLocked() *server {
+	if c.carrier == TransportTCP {
+		return c.tcpActive
+	}
+	return c.active
+}
+
 // resteer is steerLocked without c.mu held.
 func (c *Client) resteer() {
 	c.mu.Lock()
@@ -474,9 +492,10 @@ func (c *Client) ServerStats() []metrics.ServerStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.steerLocked(time.Now())
+	c.tcpRoleLocked(c.servers[0], time.Now())
 	out := make([]metrics.ServerStats, 0, len(c.servers))
 	for _, s := range c.servers {
-		st := metrics.ServerStats{Label: s.label, Healthy: serverHealthy(s), Active: c.cfg.Mode == ModeFailover && s == c.active}
+		st := metrics.ServerStats{Label: s.label, Healthy: serverHealthy(s), Active: c.cfg.Mode == ModeFailover && s == c.roleLocked()}
 		for _, m := range s.members {
 			if m.cur.live() && m.cur.readyAt.Load() != 0 {
 				st.Connections++
