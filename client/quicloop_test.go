@@ -99,6 +99,9 @@ func (f *quicFake) OpenStreamSync(context.Context) (ingress.Stream, error) {
 	}
 	var b bytes.Buffer
 	_ = proto.WriteReply(&b, f.srv.reply)
+	if f.srv.reply == proto.CodeAuthFailed { // the server closes the connection too
+		f.cancel(&quic.ApplicationError{Remote: true, ErrorCode: proto.CodeAuthFailed.ApplicationErrorCode()})
+	}
 	return &replyStream{&b}, nil
 }
 
@@ -443,5 +446,34 @@ func TestQUICLoopRoleAtStart(t *testing.T) {
 		s, _ = placed(t, c)
 		assert.Same(t, q.conn("a"), s.Conn)
 		assert.Zero(t, c.Switches(), "no failover, no failback")
+	})
+}
+
+// TestQUICLoopHelloRefused: the server completes the handshake but
+// refuses our hello (a wrong secret) and closes the connection: in a
+// minute the QUIC link makes 3 to 8 attempts (authBackoff), the client
+// is never ready, and the TCP row dials nothing (UDP gets through; TCP
+// would be refused too).
+func TestQUICLoopHelloRefused(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a")
+		c.cfg.FallbackDelay = time.Second
+		q := newQUICServers("a")
+		q.srv["a"].reply = proto.CodeAuthFailed
+		d := newFakeDialer(10 * time.Millisecond)
+		stop := runLinks(t, c, q, d, nil)
+		defer stop()
+
+		ready := false
+		for range 600 {
+			time.Sleep(100 * time.Millisecond)
+			ready = ready || c.Ready()
+		}
+		assert.False(t, ready, "never ready")
+		assert.GreaterOrEqual(t, q.count("a"), 3, "QUIC attempts in a minute")
+		assert.LessOrEqual(t, q.count("a"), 8)
+		assert.Zero(t, d.count(), "no TCP dial")
+		assert.GreaterOrEqual(t, promtest.ToFloat64(c.cfg.Metrics.ReconnectsTotal), 2.0)
 	})
 }
