@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -53,13 +54,13 @@ func (c *Client) checkDestinations(ctx context.Context, l *link) {
 		code, remote := proto.FromError(err)
 		switch {
 		case err == nil:
-			if c.refusedDests.CompareAndDelete(dest, true) {
+			if c.said.allowed(dest) {
 				logger.Info("Server now allows a destination it refused before", "destination", ingress.LoggableToken(dest))
 			} else {
 				logger.V(4).Info("Server allows the destination", "destination", ingress.LoggableToken(dest))
 			}
 		case remote && code == proto.CodeRefused:
-			if _, seen := c.refusedDests.Swap(dest, true); !seen {
+			if c.said.refused(dest) {
 				logger.Info("Server refuses a destination this client forwards to: every connection to it will be reset; "+
 					"allow it on the server (its log names the rule to add), or fix the destination here",
 					"destination", ingress.LoggableToken(dest))
@@ -71,4 +72,51 @@ func (c *Client) checkDestinations(ctx context.Context, l *link) {
 			logger.V(2).Info("Server did not answer a destination check", "destination", ingress.LoggableToken(dest), "err", err)
 		}
 	}
+}
+
+// logMemory is what the client logged, so that each outcome is said once:
+// the destinations of Config.Check the server refused at its last answer,
+// and the outcome last logged per reverse binding and server (logBind).
+type logMemory struct {
+	mu       sync.Mutex
+	refusals map[string]bool
+	outcomes map[bindKey]string
+}
+
+// refused records that the server refuses dest; it reports whether that
+// is news (dest was not refused at the last answer).
+func (m *logMemory) refused(dest string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.refusals[dest] {
+		return false
+	}
+	if m.refusals == nil {
+		m.refusals = map[string]bool{}
+	}
+	m.refusals[dest] = true
+	return true
+}
+
+// allowed records that the server allows dest; it reports whether it
+// refused it at the last answer.
+func (m *logMemory) allowed(dest string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	was := m.refusals[dest]
+	delete(m.refusals, dest)
+	return was
+}
+
+// bindOutcome records outcome as key's last; it reports whether it
+// differs from the one before.
+func (m *logMemory) bindOutcome(key bindKey, outcome string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.outcomes == nil {
+		m.outcomes = map[bindKey]string{}
+	}
+	prev, seen := m.outcomes[key]
+	m.outcomes[key] = outcome
+	return !seen || prev != outcome
 }

@@ -46,6 +46,10 @@ type Config struct {
 	Metrics *metrics.Client
 
 	// ServerAddr is the server's UDP host:port (one server; see Servers).
+	// It is the older form of Servers with one entry (read only when
+	// Servers is empty): the app sets Servers; internal/testutil and
+	// tools/bench still set it, so it stays (not marked deprecated, which
+	// would fail their lint).
 	ServerAddr string
 	// Servers are several servers' UDP host:port, in order of preference;
 	// when set, ServerAddr is ignored. A name resolving to several
@@ -228,14 +232,13 @@ type Client struct {
 	// servers, in order of preference, and every connection slot of them.
 	servers []*server
 	members []*member
-	// links maps each live session to its link (ingress.Config.Accepted).
-	links sync.Map
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced whenever a member's link changes
 	// active is failover mode's server (steer); switches counts its moves.
-	active   *server
-	switches atomic.Uint64
+	// tcpActive is its TCP row's server (failoverTCPLocked).
+	active, tcpActive *server
+	switches          atomic.Uint64
 	// up counts the members with a link (quictun_client_session_up).
 	up int
 
@@ -245,9 +248,9 @@ type Client struct {
 	draining   atomic.Bool
 	// staleLogged is set once a header refused as stale was logged at -v 0.
 	staleLogged atomic.Bool
-	// refusedDests holds the destinations of Config.Check the server
-	// refused at its last answer (string -> true).
-	refusedDests sync.Map
+	// said is what was logged, so each outcome is said once: destinations
+	// refused, reverse bindings' outcomes.
+	said logMemory
 	// lastRefusal is the refusal of our credentials last logged at -v 0;
 	// nil once the server accepted them again (confirm), so each distinct
 	// refusal, and the recovery, is logged once.
@@ -275,13 +278,10 @@ type Client struct {
 	// ingress carries the local connections over the current session.
 	ingress *ingress.Handler
 	// reverse serves the streams the server opens for RemoteForwards (nil:
-	// none); unbinding ends the bindings when the client drains, and
-	// bindOutcomes holds the outcome last logged per binding and server
-	// (bindKey -> string, logBind).
-	reverse      *egress.Handler
-	unbinding    context.Context
-	stopBinding  context.CancelFunc
-	bindOutcomes sync.Map
+	// none); unbinding ends the bindings when the client drains.
+	reverse     *egress.Handler
+	unbinding   context.Context
+	stopBinding context.CancelFunc
 }
 
 // SetTokens replaces the token source for local connections accepted from
@@ -433,8 +433,8 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		Tokens:   func() TokenSource { return *c.tokens.Load() },
 		Secret:   func() []byte { return *c.secret.Load() },
 		Accepted: func(sess *session) {
-			if l, ok := c.links.Load(sess); ok {
-				c.confirm(l.(*link))
+			if l := c.linkOf(sess); l != nil {
+				c.confirm(l)
 			}
 		},
 	})
@@ -482,6 +482,19 @@ func (c *Client) Ready() bool {
 	return false
 }
 
+// linkOf is the QUIC link whose session sess is (nil: none, a TCP
+// session or one replaced).
+func (c *Client) linkOf(sess *session) *link {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.members {
+		if m.cur != nil && m.cur.session == sess {
+			return m.cur
+		}
+	}
+	return nil
+}
+
 // current returns m's link (nil: none).
 func (c *Client) current(m *member) *link {
 	c.mu.Lock()
@@ -492,10 +505,10 @@ func (c *Client) current(m *member) *link {
 // session is one QUIC connection with its tail prober.
 type session = ingress.Session
 
-func (c *Client) newSession(conn *quic.Conn) *session {
+func (c *Client) newSession(conn quicConn) *session {
 	prober := liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness).
 		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-	return &session{Conn: ingress.OverQUIC(conn), Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
+	return &session{Conn: conn.streams(), Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -524,8 +537,8 @@ func (c *Client) ConnStats() []transport.ConnStats {
 	}
 	var live []lc
 	for _, m := range c.members {
-		if m.cur != nil {
-			live = append(live, lc{m.label, m.cur.conn})
+		if m.cur != nil && m.cur.Conn.QUIC() != nil { // nil: a fake (tests)
+			live = append(live, lc{m.label, m.cur.Conn.QUIC()})
 		}
 	}
 	c.mu.Unlock()
@@ -547,8 +560,8 @@ func (c *Client) conns() []*quic.Conn {
 	defer c.mu.Unlock()
 	var out []*quic.Conn
 	for _, m := range c.members {
-		if m.cur.live() {
-			out = append(out, m.cur.conn)
+		if m.cur.live() && m.cur.Conn.QUIC() != nil {
+			out = append(out, m.cur.Conn.QUIC())
 		}
 	}
 	return out
@@ -635,16 +648,14 @@ func (c *Client) markRow(m *member, f func(m *member)) {
 	c.sessionsChanged()
 }
 
-// setSession makes sess m's link (nil: none) and returns it.
-func (c *Client) setSession(m *member, sess *session) *link {
+// setSession makes sess, over conn, m's link (nil: none) and returns it.
+func (c *Client) setSession(m *member, sess *session, conn quicConn) *link {
 	var l *link
 	if sess != nil {
-		l = &link{session: sess, conn: sess.Conn.QUIC(), m: m}
-		c.links.Store(sess, l)
+		l = &link{session: sess, conn: conn, m: m}
 	}
 	c.mu.Lock()
-	if old := m.cur; old != nil {
-		c.links.Delete(old.session)
+	if m.cur != nil {
 		c.up--
 	}
 	m.cur = l
@@ -766,7 +777,7 @@ func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bo
 		return nil, start, false
 	}
 	q.connID = c.nextConnID.Add(1)
-	l = c.setSession(m, c.newSession(conn))
+	l = c.setSession(m, c.newSession(conn), conn)
 	q.startHello(ctx, l)
 	if !isClosed(conn.HandshakeComplete()) {
 		l = q.handshake(ctx, l)
@@ -774,7 +785,7 @@ func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bo
 	if ctx.Err() == nil && !isClosed(l.conn.HandshakeComplete()) {
 		// A resumed attempt whose handshake did not complete (the
 		// handshake timeout, a refusal): a failed dial, not a connection.
-		c.setSession(m, nil)
+		c.setSession(m, nil, nil)
 		q.dialFailed(ctx, fmt.Errorf("dial %s: %w", m.srv.addr, context.Cause(l.conn.Context())))
 		return nil, start, false
 	}
@@ -796,11 +807,11 @@ func (q *quicLink) handshake(ctx context.Context, l *link) *link {
 		return l
 	}
 	c.cfg.Metrics.DialsTotal.WithLabelValues("0rtt_rejected").Inc()
-	next, err := conn.NextConnection(ctx)
+	next, err := conn.nextConnection(ctx)
 	if err != nil {
 		return l
 	}
-	l = c.setSession(q.m, c.newSession(next))
+	l = c.setSession(q.m, c.newSession(next), next)
 	q.startHello(ctx, l)
 	return l
 }
@@ -892,7 +903,7 @@ func (q *quicLink) up(l *link, start time.Time) time.Time {
 // as 0-RTT data on the new connection and wait for the server there.
 func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 	c, m, conn := q.c, q.m, l.conn
-	c.setSession(m, nil)
+	c.setSession(m, nil, nil)
 	c.markRow(m, func(m *member) { m.downSince = time.Now() })
 	m.srv.markBad(time.Now())
 	if ctx.Err() != nil {
@@ -948,7 +959,7 @@ func (q *quicLink) logDown(cause error, authFailed bool, upSince time.Time, spre
 // serverFingerprint is the fingerprint of the certificate the client
 // verified on conn (for a resumed session, that of the handshake that made
 // its ticket).
-func serverFingerprint(conn *quic.Conn) string {
+func serverFingerprint(conn quicConn) string {
 	certs := conn.ConnectionState().TLS.PeerCertificates
 	if len(certs) == 0 {
 		return ""
@@ -1051,14 +1062,15 @@ func (c *Client) waitOn(ctx context.Context, m *member, bo *backoff.Backoff) {
 }
 
 // quicDialer dials a member's QUIC connection: the Client itself, or a
-// fake whose dials fail, so that the QUIC link's failure steps (backoff,
-// the row's downSince and refused) run without a network.
+// fake (a quicConn), so that the whole QUIC link loop, dial -> hello ->
+// serve (monitor, its watch and rescues) -> lost -> backoff, runs without
+// a network in the package's tests.
 type quicDialer interface {
-	dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error)
+	dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (quicConn, error)
 }
 
 // dialQUIC dials m's server from tr, within one handshake timeout.
-func (c *Client) dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*quic.Conn, error) {
+func (c *Client) dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (quicConn, error) {
 	srv := m.srv
 	ua, err := srv.resolve(ctx)
 	if err != nil {
@@ -1079,7 +1091,7 @@ func (c *Client) dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (*
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", srv.addr, err)
 	}
-	return conn, nil
+	return overQUIC{conn}, nil
 }
 
 // sessions is the Client as ingress sees it.

@@ -70,6 +70,10 @@ type tcpRow struct {
 	// dialing: a dial is in progress; tried: a dial has ended, either way
 	// (pickTCPLocked).
 	dialing, tried bool
+	// upAt: when sess came up; lastBad: when the row last lost its
+	// session or failed a dial (zero: never). Failover's hysteresis
+	// (failoverTCPLocked).
+	upAt, lastBad time.Time
 	// confirmed: the server accepted our hello on the current session;
 	// authRefused: it refused our credentials there (Client.Ready).
 	confirmed   atomic.Bool
@@ -86,19 +90,13 @@ func (r *tcpRow) liveLocked() bool {
 // path answers (not suspect).
 func (l *link) answers() bool { return l.live() && l.readyAt.Load() != 0 && !l.suspect.Load() }
 
-// rxCounter counts the packets a connection received (a fake's; a QUIC
-// link reads its quic.Conn's statistics).
-type rxCounter interface{ PacketsReceived() uint64 }
-
-// packetsReceived is how many packets l's connection received.
+// packetsReceived is how many packets l's connection received (0 for a
+// link of the steering tests, which has no quicConn).
 func (l *link) packetsReceived() uint64 {
-	if l.conn != nil {
-		return l.conn.ConnectionStats().PacketsReceived
+	if l.conn == nil {
+		return 0
 	}
-	if r, ok := l.Conn.(rxCounter); ok {
-		return r.PacketsReceived()
-	}
-	return 0
+	return l.conn.ConnectionStats().PacketsReceived
 }
 
 // quicState is what the table says of s's QUIC links for its TCP row:
@@ -169,29 +167,89 @@ func (c *Client) tcpWantedLocked(s *server, now time.Time) (bool, time.Time) {
 }
 
 // pickTCPLocked is the TCP row a new tunnel may go on (nil: none live):
-// failover, the first server's in order; spread, the one with the fewest
-// streams. In failover mode a server's first dial holds the servers after
-// it back (nil) until it has an outcome, so that the tunnels of a client
-// that starts with UDP blocked go to the first server, not to whichever
-// TCP handshake happened to finish first (as steerLocked waits over QUIC).
-func (c *Client) pickTCPLocked() *tcpRow {
+// spread, the one with the fewest streams; failover, the active row
+// (failoverTCPLocked). In failover mode a server's first dial holds the
+// servers after it back (nil) until it has an outcome, so that the
+// tunnels of a client that starts with UDP blocked go to the first
+// server, not to whichever TCP handshake happened to finish first (as
+// steerLocked waits over QUIC).
+func (c *Client) pickTCPLocked(now time.Time) *tcpRow {
+	if c.cfg.Mode != ModeSpread {
+		return c.failoverTCPLocked(now)
+	}
 	var best *tcpRow
 	for _, s := range c.servers {
 		r := s.tcp
 		if !r.liveLocked() {
-			if r != nil && r.dialing && !r.tried && c.cfg.Mode != ModeSpread {
-				return nil
-			}
 			continue
 		}
 		if best == nil || (r.tcp != nil && best.tcp != nil && r.tcp.NumStreams() < best.tcp.NumStreams()) {
 			best = r
 		}
-		if c.cfg.Mode != ModeSpread {
-			break
-		}
 	}
 	return best
+}
+
+// failoverTCPLocked is failover mode's TCP row, by steer's rule over the
+// TCP rows (its moves counted and logged as steer's, moved; it runs on
+// placement over TCP, at scrape and, while TCP carries, in each TCP
+// row's loop at every table change and at the failback moment,
+// tcpRoleLocked, so the role follows health): the active row
+// (c.tcpActive) while it is live; when it is not, the first live row in
+// order; a row earlier in order takes the role
+// back only once it has been up for FailbackAfter since it was last lost
+// or failed a dial (hysteresis: a server that comes and goes does not
+// make the tunnels flap), at once if it never was.
+func (c *Client) failoverTCPLocked(now time.Time) *tcpRow {
+	cur := c.tcpActive
+	curOK := cur != nil && cur.tcp.liveLocked()
+	for _, s := range c.servers {
+		r := s.tcp
+		if !r.liveLocked() {
+			if r != nil && r.dialing && !r.tried {
+				return nil
+			}
+			continue
+		}
+		if curOK && s != cur && now.Sub(r.stableSince()) < c.cfg.FailbackAfter {
+			return cur.tcp // s earlier in order, not up for long enough
+		}
+		if s != cur {
+			c.tcpActive = s
+			c.moved(s, cur, curOK, TransportTCP)
+		}
+		return r
+	}
+	return nil
+}
+
+// tcpRoleLocked moves the TCP rows' role by their health while TCP
+// carries new tunnels in failover mode (failoverTCPLocked), and returns
+// when s's row, up and earlier in order than the role's, will have been
+// up for FailbackAfter (zero: no such moment), so that s's loop looks
+// again then and the failback follows health, not the next tunnel.
+func (c *Client) tcpRoleLocked(s *server, now time.Time) time.Time {
+	if c.carrier != TransportTCP || c.cfg.Mode == ModeSpread {
+		return time.Time{}
+	}
+	c.failoverTCPLocked(now)
+	cur := c.tcpActive
+	if cur == nil || s.idx >= cur.idx || !s.tcp.liveLocked() {
+		return time.Time{}
+	}
+	if at := s.tcp.stableSince().Add(c.cfg.FailbackAfter); at.After(now) {
+		return at
+	}
+	return time.Time{}
+}
+
+// stableSince is when the row's session came up after its last loss or
+// failed dial (zero: it never had one).
+func (r *tcpRow) stableSince() time.Time {
+	if r.lastBad.IsZero() {
+		return time.Time{}
+	}
+	return r.upAt
 }
 
 // anyQUICUpLocked reports whether a QUIC link is up (handshake done, not
@@ -329,6 +387,9 @@ func boolGauge(b bool) float64 {
 func (t *tcpLink) setTCP(s *session, conn *tcpmux.Conn, took time.Duration) {
 	c, r := t.c, t.srv.tcp
 	c.mu.Lock()
+	if s != nil {
+		r.upAt = time.Now()
+	}
 	r.sess, r.tcp, r.unwanted, r.graceUntil = s, conn, false, time.Time{}
 	r.confirmed.Store(false)
 	if s != nil && c.cfg.Transport == TransportAuto {
@@ -364,7 +425,11 @@ func (t *tcpLink) run(ctx context.Context) {
 	defer t.close()
 	for ctx.Err() == nil {
 		c.mu.Lock()
-		wanted, at := c.tcpWantedLocked(t.srv, time.Now())
+		now := time.Now()
+		wanted, at := c.tcpWantedLocked(t.srv, now)
+		if fb := c.tcpRoleLocked(t.srv, now); !fb.IsZero() && (at.IsZero() || fb.Before(at)) {
+			at = fb
+		}
 		changed := c.changed
 		c.mu.Unlock()
 		switch {
@@ -436,8 +501,9 @@ func (t *tcpLink) connect(ctx context.Context) {
 	}
 	t.setDialing(true)
 	conn, raw, err := d.dialTCP(ctx, srv)
-	t.setDialing(false)
 	if err != nil {
+		t.markBad()
+		t.setDialing(false)
 		if ctx.Err() == nil {
 			t.dialFailed(ctx, addr, err)
 		}
@@ -453,6 +519,9 @@ func (t *tcpLink) connect(ctx context.Context) {
 	}
 	srv.tcp.authRefused.Store(false)
 	t.setTCP(s, raw, time.Since(dialed)) // before the hello: it clears what the hello confirms
+	// The dial's outcome is known once the row is live: a later row's
+	// waiters (pickTCPLocked) and the role (failoverTCPLocked) see it up.
+	t.setDialing(false)
 	t.hellos.Go(func() { c.helloTCP(ctx, s, srv.tcp) })
 	rctx, stop := context.WithCancel(ctx)
 	t.stopReverse = stop
@@ -502,6 +571,7 @@ func (t *tcpLink) lost(ctx context.Context) {
 	_ = t.conn.CloseWithError(0, "")
 	t.conn = nil
 	t.stopReverse()
+	t.markBad()
 	t.setTCP(nil, nil, 0)
 	addr := c.tcpAddrOf(t.srv)
 	code, remote := proto.FromError(cause)
@@ -573,6 +643,14 @@ func (t *tcpLink) idle(ctx context.Context, wanted bool, at time.Time, changed <
 	case <-poll:
 	case <-closed:
 	}
+}
+
+// markBad records that the row lost its session or failed a dial
+// (failoverTCPLocked's hysteresis).
+func (t *tcpLink) markBad() {
+	t.c.mu.Lock()
+	t.srv.tcp.lastBad = time.Now()
+	t.c.mu.Unlock()
 }
 
 // markUnwanted takes the row out of placement: its server's QUIC answers

@@ -9,14 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// rxConn is a fakeConn in its handshake that received rx packets.
-type rxConn struct {
-	fakeConn
-	rx *uint64
-}
-
-func (r rxConn) PacketsReceived() uint64 { return *r.rx }
-
 // tcpUp gives s's TCP row a live session that holds new tunnels back
 // until graceUntil; its cancel ends it.
 func tcpUp(t *testing.T, c *Client, s *server, graceUntil time.Time) (*session, context.CancelFunc) {
@@ -106,8 +98,8 @@ func TestTCPWaitsForAnsweringHandshake(t *testing.T) {
 	start := time.Now()
 	m := c.members[0]
 	m.downSince = start
-	var rx uint64
-	c.setSession(m, &session{Conn: rxConn{fakeConn{t.Context()}, &rx}}) // in its handshake
+	f := &quicFake{fakeConn: fakeConn{t.Context()}, hs: make(chan struct{})} // in its handshake
+	c.setSession(m, &session{Conn: f}, f)
 	got, at := wanted(c, c.servers[0], start.Add(500*time.Millisecond))
 	assert.False(t, got, "within the delay")
 	assert.Equal(t, start.Add(time.Second), at)
@@ -115,7 +107,7 @@ func TestTCPWaitsForAnsweringHandshake(t *testing.T) {
 	got, _ = wanted(c, c.servers[0], start.Add(1500*time.Millisecond))
 	assert.True(t, got, "nothing came back over UDP: blocked, TCP")
 
-	rx = 3 // the server answered the handshake
+	f.rx.Store(3) // the server answered the handshake
 	now := start.Add(1500 * time.Millisecond)
 	got, at = wanted(c, c.servers[0], now)
 	assert.False(t, got, "UDP gets through: wait for the handshake")

@@ -59,7 +59,7 @@ func fakeClient(t *testing.T, mode Mode, n int, labels ...string) *Client {
 func up(t *testing.T, c *Client, m *member, readyAt time.Time) (*link, context.CancelFunc) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	l := c.setSession(m, &session{Conn: fakeConn{ctx}})
+	l := c.setSession(m, &session{Conn: fakeConn{ctx}}, nil)
 	l.readyAt.Store(readyAt.UnixNano())
 	c.sessionsChanged() // as quicLink.up does
 	return l, cancel
@@ -144,7 +144,7 @@ func TestServerActiveFollowsHealth(t *testing.T) {
 	assert.Equal(t, "a", activeServer(c))
 	endA()
 	c.servers[0].markBad(time.Now())
-	c.setSession(c.members[0], nil)
+	c.setSession(c.members[0], nil, nil)
 	assert.Equal(t, "b", activeServer(c), "a's link ended: b is active before any tunnel")
 	assert.Equal(t, uint64(1), c.Switches())
 }

@@ -321,7 +321,7 @@ type failingQUIC struct {
 	n    int
 }
 
-func (f *failingQUIC) dialQUIC(ctx context.Context, _ *quic.Transport, _ *member) (*quic.Conn, error) {
+func (f *failingQUIC) dialQUIC(ctx context.Context, _ *quic.Transport, _ *member) (quicConn, error) {
 	sleep(ctx, f.took)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -390,5 +390,77 @@ func TestLoopsWrongSecret(t *testing.T) {
 		assert.LessOrEqual(t, q.count(), 8, "QUIC attempts in a minute")
 		assert.GreaterOrEqual(t, q.count(), 3)
 		assert.Zero(t, d.count(), "no TCP dial")
+	})
+}
+
+// TestLoopTCPFailbackAfter: failover's hysteresis holds over TCP rows as
+// over QUIC links: UDP blocked, two servers; the first dies, tunnels go
+// to the second; when the first's row is up again, new tunnels go back
+// to it only once it has been up for FailbackAfter.
+func TestLoopTCPFailbackAfter(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a", "b")
+		d := newFakeDialer(20 * time.Millisecond)
+		quicDown(c)
+		stop := runLoops(t, c, d)
+		defer stop()
+
+		s, _ := placed(t, c)
+		synctest.Wait()
+		d.mu.Lock()
+		a, b := d.live["a"], d.live["b"]
+		d.mu.Unlock()
+		assert.Same(t, a, s.Conn, "the first server")
+		time.Sleep(time.Minute)
+		d.kill("a")
+		synctest.Wait()
+		s, _ = placed(t, c)
+		assert.Same(t, b, s.Conn, "a died: b")
+
+		d.revive("a")
+		var upAt time.Time
+		eventually(t, 15*time.Second, "a's row up again", func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			upAt = c.servers[0].tcp.upAt
+			return c.servers[0].tcp.liveLocked()
+		})
+		time.Sleep(time.Until(upAt.Add(c.cfg.FailbackAfter - time.Millisecond)))
+		s, _ = placed(t, c)
+		assert.Same(t, b, s.Conn, "a up for less than FailbackAfter: still b")
+		time.Sleep(time.Millisecond)
+		s, _ = placed(t, c)
+		d.mu.Lock()
+		a = d.live["a"]
+		d.mu.Unlock()
+		assert.Same(t, a, s.Conn, "a up for FailbackAfter: back to a")
+	})
+}
+
+// TestLoopTCPRoleFollowsHealth: while TCP carries new tunnels (UDP
+// blocked), failover's role is the TCP rows' and follows their health,
+// not the next tunnel: server_active names the first server, then, once
+// it died and before any tunnel, the second, with the move counted; and
+// the first again once its row has been up for FailbackAfter.
+func TestLoopTCPRoleFollowsHealth(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a", "b")
+		d := newFakeDialer(20 * time.Millisecond)
+		quicDown(c)
+		stop := runLoops(t, c, d)
+		defer stop()
+
+		time.Sleep(time.Minute)
+		assert.Equal(t, "a", activeServer(c))
+		d.kill("a")
+		synctest.Wait()
+		assert.Equal(t, uint64(1), c.Switches(), "moved with no tunnel placed nor scrape")
+		assert.Equal(t, "b", activeServer(c), "a died: b")
+		d.revive("a")
+		time.Sleep(time.Minute)
+		assert.Equal(t, uint64(2), c.Switches(), "moved back with no tunnel placed nor scrape")
+		assert.Equal(t, "a", activeServer(c), "a up again for FailbackAfter")
 	})
 }

@@ -79,7 +79,7 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 	w := newWatch(c, l, recv, r, &wg, klog.FromContext(ctx))
 	defer w.tick.Stop()
 	defer w.rescuing.Wait()
-	roam := c.watchRoute(mctx, &wg, conn) // route changes (roam.go); nil when off
+	roam := c.watchRoute(mctx, &wg, conn.RemoteAddr()) // route changes (roam.go); nil when off
 	for {
 		select {
 		case <-mctx.Done():
@@ -117,7 +117,7 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 type watch struct {
 	c      *Client
 	l      *link
-	conn   *quic.Conn
+	conn   quicConn
 	recv   *liveness.Receiver
 	r      *rescuer
 	wg     *sync.WaitGroup // the sends, owned by monitor
@@ -361,7 +361,7 @@ func (w *watch) suspect(now, echo time.Time) {
 // ever used it.
 type rescuer struct {
 	c          *Client
-	conn       *quic.Conn
+	conn       quicConn
 	transports []*quic.Transport // [0] dialed the connection; at most one more
 	udp        []*net.UDPConn
 	active     int
@@ -415,7 +415,7 @@ func (r *rescuer) rescue(ctx context.Context, recv *liveness.Receiver) {
 		logger.Error(err, "Could not open a socket for path rescue")
 		return
 	}
-	path, err := r.conn.AddPath(r.transports[idx])
+	path, err := r.conn.addPath(r.transports[idx])
 	if err != nil {
 		m.PathRescuesTotal.WithLabelValues("error").Inc()
 		logger.V(2).Info("Could not add a path", "err", err)

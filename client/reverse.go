@@ -243,7 +243,7 @@ type bindKey struct {
 // server's outcome does not hide another's), else at -v 2.
 func (c *Client) logBind(logger klog.Logger, key bindKey, outcome, msg string, kv ...any) {
 	lvl := 2
-	if prev, _ := c.bindOutcomes.Swap(key, outcome); prev != outcome {
+	if c.said.bindOutcome(key, outcome) {
 		lvl = 0
 	}
 	logger.V(lvl).Info(msg, kv...)

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/metrics"
@@ -57,17 +56,17 @@ type routeChange struct {
 	at     time.Time  // when the first change of its burst arrived
 }
 
-// watchRoute starts, under wg, a watcher of the route to conn's server when
+// watchRoute starts, under wg, a watcher of the route to the server at remote when
 // Config.RouteWatch is on and the platform has one. The channel it returns
 // carries each change of the route; it holds only the latest. It returns nil
 // (a channel that never delivers) when the watcher is off; the watcher stops
 // when ctx ends.
-func (c *Client) watchRoute(ctx context.Context, wg *sync.WaitGroup, conn *quic.Conn) <-chan routeChange {
+func (c *Client) watchRoute(ctx context.Context, wg *sync.WaitGroup, remote net.Addr) <-chan routeChange {
 	if !c.cfg.RouteWatch || !route.Supported {
 		return nil
 	}
 	logger := klog.FromContext(ctx)
-	ua, ok := conn.RemoteAddr().(*net.UDPAddr)
+	ua, ok := remote.(*net.UDPAddr)
 	if !ok {
 		return nil
 	}
@@ -166,7 +165,7 @@ func (r *rescuer) migrate(ctx context.Context, change routeChange) {
 		fail("Could not open a socket for a path switch", err)
 		return
 	}
-	path, err := r.conn.AddPath(r.transports[idx])
+	path, err := r.conn.addPath(r.transports[idx])
 	if err != nil {
 		fail("Could not add a path", err)
 		return

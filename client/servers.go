@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/quic-go/quic-go"
-
 	"github.com/quictun/quictun/pkg/backoff"
 	"github.com/quictun/quictun/pkg/metrics"
 )
@@ -103,8 +101,9 @@ type member struct {
 // about it.
 type link struct {
 	*session
-	// conn is the session's QUIC connection.
-	conn *quic.Conn
+	// conn is the session's QUIC connection (quicConn: a *quic.Conn, or a
+	// fake in tests).
+	conn quicConn
 	m    *member
 	// readyAt is when its handshake completed (UnixNano; 0: not yet): a
 	// resumed connection carries 0-RTT data before, but a server that may
@@ -305,7 +304,7 @@ func (p prefixedCache) Put(key string, cs *tls.ClientSessionState) {
 func (c *Client) pick(now time.Time) (sess *session, l *link, retry time.Time) {
 	l = c.pickQUICLocked(now)
 	if !l.answers() {
-		if r := c.pickTCPLocked(); r != nil {
+		if r := c.pickTCPLocked(now); r != nil {
 			if l != nil && now.Before(r.graceUntil) && c.anyQUICUpLocked() {
 				return nil, nil, r.graceUntil
 			}
@@ -332,7 +331,7 @@ func (c *Client) pickQUICLocked(now time.Time) *link {
 			best = l
 		}
 	}
-	if c.cfg.Mode == ModeFailover || len(c.servers) == 1 {
+	if (c.cfg.Mode == ModeFailover || len(c.servers) == 1) && !c.roleOpenLocked() {
 		if s := c.steer(now); s != nil {
 			for _, m := range s.members {
 				if m.cur.healthy() {
@@ -411,19 +410,27 @@ func (c *Client) steer(now time.Time) *server {
 	}
 	if next != cur && next != nil {
 		c.active = next
-		if cur != nil && len(c.servers) > 1 {
-			c.switches.Add(1)
-			what := "Failing over to another server: new tunnels go there"
-			if next.idx < cur.idx {
-				what = "Failing back to a preferred server: new tunnels go there"
-			}
-			c.logger.Info(what, "server", next.label, "from", cur.label, "fromHealthy", curOK)
-		}
+		c.moved(next, cur, curOK, TransportQUIC)
 	}
 	if next == nil {
 		return nil
 	}
 	return next
+}
+
+// moved counts and logs a move of failover's role from cur to next (no
+// line for the first choice, nor with one server). over is the transport
+// of the rows the role moved between.
+func (c *Client) moved(next, cur *server, curOK bool, over string) {
+	if cur == nil || len(c.servers) < 2 {
+		return
+	}
+	c.switches.Add(1)
+	what := "Failing over to another server: new tunnels go there"
+	if next.idx < cur.idx {
+		what = "Failing back to a preferred server: new tunnels go there"
+	}
+	c.logger.Info(what, "server", next.label, "from", cur.label, "fromHealthy", curOK, "transport", over)
 }
 
 // steerLocked moves failover's active server by the links' health now
@@ -435,20 +442,42 @@ func (c *Client) steer(now time.Time) *server {
 // server whose handshake happened to finish first does not take the role
 // for a moment (and a failback line follow at once).
 func (c *Client) steerLocked(now time.Time) {
-	if c.cfg.Mode != ModeFailover {
+	if c.cfg.Mode != ModeFailover || c.roleOpenLocked() {
 		return
 	}
-	if c.active == nil {
-		for _, s := range c.servers {
-			if serverHealthy(s) {
-				break
-			}
-			if s.lastBad.Load() == 0 {
-				return // no outcome yet
-			}
+	c.steer(now)
+}
+
+// roleOpenLocked reports whether failover's role is not given yet and
+// waits for an outcome (healthy, or a failure seen) of a server ahead of
+// the first healthy one. Meanwhile a new tunnel goes on a healthy link
+// of any server (pickQUICLocked) without giving that server the role, so
+// the role, its log line and server_active follow health once known, and
+// a client whose first server's handshake merely ends second does not
+// log a failback at start.
+func (c *Client) roleOpenLocked() bool {
+	if c.active != nil {
+		return false
+	}
+	for _, s := range c.servers {
+		if serverHealthy(s) {
+			return false
+		}
+		if s.lastBad.Load() == 0 {
+			return true // no outcome yet
 		}
 	}
-	c.steer(now)
+	return false
+}
+
+// roleLocked is the server with failover's role: the TCP rows' role
+// (failoverTCPLocked) while TCP carries new tunnels, else the steering's
+// active server. Callers hold c.mu.
+func (c *Client) roleLocked() *server {
+	if c.carrier == TransportTCP {
+		return c.tcpActive
+	}
+	return c.active
 }
 
 // resteer is steerLocked without c.mu held.
@@ -463,9 +492,10 @@ func (c *Client) ServerStats() []metrics.ServerStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.steerLocked(time.Now())
+	c.tcpRoleLocked(c.servers[0], time.Now())
 	out := make([]metrics.ServerStats, 0, len(c.servers))
 	for _, s := range c.servers {
-		st := metrics.ServerStats{Label: s.label, Healthy: serverHealthy(s), Active: c.cfg.Mode == ModeFailover && s == c.active}
+		st := metrics.ServerStats{Label: s.label, Healthy: serverHealthy(s), Active: c.cfg.Mode == ModeFailover && s == c.roleLocked()}
 		for _, m := range s.members {
 			if m.cur.live() && m.cur.readyAt.Load() != 0 {
 				st.Connections++

@@ -281,10 +281,19 @@ func (h *Handler) direction() string {
 	return tunnel.Forward
 }
 
-// audit writes a tunnel's audit line (AuditLog). A reverse forward's
-// destination is the address it was bound to (bound, "tcp:HOST:PORT"):
-// its token is an internal one ("bound/1/ID"), and where the client
-// takes it the server does not know.
+// logDestination is how the log names a tunnel's destination: token, or
+// for a reverse forward the address it was bound to (bound,
+// "tcp:HOST:PORT", "udp:HOST:PORT"): its token is an internal one
+// ("bound/1/ID"), and where the client takes it the server does not know.
+func (h *Handler) logDestination(token, bound string) string {
+	if h.cfg.Reverse {
+		return bound
+	}
+	return token
+}
+
+// audit writes a tunnel's audit line (AuditLog), naming its destination
+// as logDestination does.
 func (h *Handler) audit(logger klog.Logger, source, token, bound, result string, up, down int64, start time.Time) {
 	if !h.cfg.AuditLog {
 		return

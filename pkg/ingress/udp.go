@@ -233,7 +233,7 @@ func (h *Handler) serveFlow(ctx context.Context, pc *net.UDPConn, f *udpFlow, to
 		Upstream:    &r.Up.Bytes,
 		Downstream:  &r.Down.Bytes,
 	}
-	logger.V(4).Info("Opened UDP flow", "destination", token)
+	logger.V(4).Info("Opened UDP flow", "destination", h.logDestination(token, t.Endpoint))
 	result, err := h.cfg.Registry.Run(t, r, udpflow.FlowTunnels{Events: ev})
 	logger.V(4).Info("Closed UDP flow", "bytesUpstream", t.Upstream.Load(), "bytesDownstream", t.Downstream.Load(),
 		"packetsUpstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
@@ -289,7 +289,8 @@ func (h *Handler) flowRelay(sess *Session, str Stream, pc *net.UDPConn, f *udpFl
 				}
 			} else if code, ok := proto.FromError(err); ok {
 				if code != proto.CodeRefused || !h.logRefused(klog.LoggerWithValues(logger, "listenAddress", pc.LocalAddr().String()), token) {
-					logger.V(2).Info("Server refused UDP flow", "code", code.String(), "destination", token)
+					logger.V(2).Info("Server refused UDP flow", "code", code.String(), "destination",
+						h.logDestination(token, "udp:"+pc.LocalAddr().String()))
 				}
 				// A server from before stream kinds cannot read the header
 				// (bad_header); one that knows kinds but not UDP answers

@@ -206,6 +206,7 @@ func TestReverseForwards(t *testing.T) {
 	// the binding's internal token.
 	assert.Regexp(t, `"Closed tunnel" [^\n]*direction="reverse"[^\n]* destination="tcp:`+regexp.QuoteMeta(modeL)+`"`, srv.log())
 	assert.NotRegexp(t, `"Closed tunnel" [^\n]*destination="bound/`, srv.log())
+	assert.NotContains(t, srv.log(), `destination="bound/`, "no line names a reverse forward by its internal token (the -v 4 \"Opened UDP flow\" did)")
 }
 
 // TestReverseForwardReload: a SIGHUP that removes an --allow-remote-listen
