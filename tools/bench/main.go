@@ -59,6 +59,7 @@ func newRunCommand() *cobra.Command {
 		tcpCC                    string
 		spin, maxDuration        time.Duration
 		blackoutBulk             []time.Duration
+		lossLevels               []float64
 		runtimeEnv               string
 		pin                      bool
 	)
@@ -76,6 +77,11 @@ func newRunCommand() *cobra.Command {
 			}
 			if len(blackoutBulk) > 0 {
 				p.BlackoutBulkDurations = blackoutBulk
+			}
+			if len(lossLevels) > 0 {
+				if p.LossLinks, err = harness.LossLinks(lossLevels...); err != nil {
+					return fmt.Errorf("--loss-levels: %w", err)
+				}
 			}
 			renv, err := harness.ParseRuntimeEnv(runtimeEnv)
 			if err != nil {
@@ -129,6 +135,7 @@ func newRunCommand() *cobra.Command {
 	fs.StringVar(&tcpCC, "tcp-cc", "", "TCP congestion control in both namespaces, e.g. cubic or bbr (default: the kernel's, recorded in the report)")
 	fs.DurationVar(&spin, "spin", time.Millisecond, "emulator spin window (see tools/linkem)")
 	fs.DurationSliceVar(&blackoutBulk, "blackout-bulk-durations", nil, "blackout-bulk scenario: how long the link goes dark, e.g. 60s (default: the profile's)")
+	fs.Float64SliceVar(&lossLevels, "loss-levels", nil, "loss scenario: the random loss rates of its links as fractions, e.g. 0,0.01 (default: the profile's: 0-0.5)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
 	addRuntimeFlags(fs, &runtimeEnv, &pin)
 	return cmd

@@ -45,6 +45,17 @@ func withQueue(link LinkSpec, q time.Duration) LinkSpec {
 
 // lossLinks are the loss profile's links: 100 Mbit/s, 12.5 ms one-way,
 // random loss both ways at each level.
+// LossLinks is lossLinks for levels given by the user (--loss-levels),
+// each a fraction in [0, 1).
+func LossLinks(levels ...float64) ([]LinkSpec, error) {
+	for _, l := range levels {
+		if l < 0 || l >= 1 {
+			return nil, fmt.Errorf("loss rate %v is not a fraction in [0, 1)", l)
+		}
+	}
+	return lossLinks(levels...), nil
+}
+
 func lossLinks(levels ...float64) []LinkSpec {
 	out := make([]LinkSpec, 0, len(levels))
 	for _, l := range levels {

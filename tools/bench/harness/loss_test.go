@@ -185,3 +185,16 @@ func TestRunLoss(t *testing.T) {
 	assert.Contains(t, string(md), "| CPU pinning |")
 	assert.FileExists(t, filepath.Join(dir, "loss-bulk-timeline-"+chartSlug(p.LossLinks[0].Name)+".png"))
 }
+
+// TestLossLinksFromLevels: --loss-levels gives the loss scenario its links,
+// each a fraction; anything else is refused.
+func TestLossLinksFromLevels(t *testing.T) {
+	links, err := LossLinks(0, 0.01)
+	require.NoError(t, err)
+	require.Len(t, links, 2)
+	assert.Equal(t, "0.01", links[1].Params["loss"])
+	for _, bad := range []float64{-0.1, 1, 30} {
+		_, err := LossLinks(bad)
+		assert.Error(t, err, "%v", bad)
+	}
+}
