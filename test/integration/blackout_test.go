@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,4 +106,81 @@ func TestBlackoutRecovery(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestConnStatsDuringPathRescue: the connection statistics that a metrics
+// scrape reads (Client.ConnStats: the QUIC connection's addresses among
+// them) are read over and over while a path rescue switches the connection
+// to a new socket (the old one stays dark), and name the new path's local
+// address after it. quic-go replaces the connection's send path on its run
+// loop when it switches; before quic-go patch 0012 the addresses were read
+// without synchronisation (the race test/e2e TestBlackoutIsNotBlockedUDP's
+// client reported in CI, where the test scrapes the client's metrics every
+// 50 ms as the link returns).
+func TestConnStatsDuringPathRescue(t *testing.T) {
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
+	var darkPort atomic.Int64 // the client's port whose packets are dropped (0: none)
+	proxy := portDarkProxy(t, srv, &darkPort)
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: proxy, WaitReady: true,
+		Mutate: func(c *client.Config) { c.Transport = client.TransportQUIC }})
+	echoCheck(t, dial(t, cl.Addr), 1000) // work: heartbeats on
+	local := func() string {
+		for _, s := range cl.ConnStats() {
+			return s.LocalAddress
+		}
+		return ""
+	}
+	before := local()
+	ua, err := net.ResolveUDPAddr("udp", before)
+	require.NoError(t, err)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(stop)
+	wg.Go(func() { // scrapes, back to back
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = cl.ConnStats()
+			runtime.Gosched()
+		}
+	})
+	darkPort.Store(int64(ua.Port)) // the path dies; a rescue's new socket gets through
+	switched := cl.Metrics.PathRescuesTotal.WithLabelValues("switched")
+	require.Eventually(t, func() bool { return promtest.ToFloat64(switched) >= 1 }, 10*time.Second, 10*time.Millisecond,
+		"a rescue switches to a new path after RescueAfter")
+	// The connection moves at its run loop's next turn (a heartbeat at the latest).
+	require.Eventually(t, func() bool { return local() != before }, 5*time.Second, 10*time.Millisecond,
+		"the statistics name the new path's socket")
+	time.Sleep(100 * time.Millisecond) // scrapes after the switch
+	assert.Zero(t, promtest.ToFloat64(cl.Metrics.ReconnectsTotal), "the same connection")
+}
+
+// portDarkProxy puts a UDP proxy in front of srv that drops the packets from
+// and to the client port *dark (none while 0).
+func portDarkProxy(t *testing.T, srv *testutil.Server, dark *atomic.Int64) string {
+	t.Helper()
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	sa, err := net.ResolveUDPAddr("udp", srv.Addr)
+	require.NoError(t, err)
+	p := &quicproxy.Proxy{
+		Conn: pc, ServerAddr: sa,
+		DropPacket: func(d quicproxy.Direction, from, to net.Addr, _ []byte) bool {
+			client := to
+			if d == quicproxy.DirectionIncoming {
+				client = from
+			}
+			ua, ok := client.(*net.UDPAddr)
+			return ok && int64(ua.Port) == dark.Load()
+		},
+	}
+	require.NoError(t, p.Start())
+	t.Cleanup(func() { _ = p.Close(); _ = pc.Close() })
+	return pc.LocalAddr().String()
 }
