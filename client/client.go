@@ -718,7 +718,10 @@ func (c *Client) supervise(ctx context.Context, tr *quic.Transport, m *member) {
 // A failed dial is an error at -v 0 when its message differs from the
 // previous failure's (a server that is down is not logged every second);
 // the first connection, and the first after such an error, are logged at
-// -v 0 too, so the default log says when the tunnel works. A refusal of
+// -v 0 too, so the default log says when the tunnel works: with a shared
+// secret once the server accepted our hello (a wrong secret never logs
+// "Connected", its first line is the refusal and its fix), at -v 2 at the
+// handshake (announceConnected). A refusal of
 // our credentials is logged the same way, once until the server accepts
 // them again (confirm logs that at -v 0); the reconnects in between are
 // logged at -v 2, so the default log does not alternate "Connected" and
@@ -732,11 +735,15 @@ type quicLink struct {
 	tr     *quic.Transport
 	logger klog.Logger
 
-	lastDialErr                    string
-	connID                         uint64 // the current connection's, for the log
+	lastDialErr  string
+	connID       uint64 // the current connection's, for the log
+	lostLoggedAt time.Time
+	hellos       sync.WaitGroup
+
+	// logMu guards connectedBefore and loggedFailure: the connected line
+	// is logged on the hello's goroutine (announceConnected).
+	logMu                          sync.Mutex
 	connectedBefore, loggedFailure bool
-	lostLoggedAt                   time.Time
-	hellos                         sync.WaitGroup
 }
 
 // startHello starts l's hello and destination checks, and on each server's
@@ -846,7 +853,8 @@ func (q *quicLink) dialFailed(ctx context.Context, err error) {
 		// QUIC attempt with no answer is no news.
 		q.logger.V(2).Info("Could not connect to server over QUIC; tunnels go over TCP", "address", srv.addr, "err", err)
 	case msg != q.lastDialErr:
-		q.lastDialErr, q.loggedFailure = msg, true
+		q.lastDialErr = msg
+		q.failureLogged()
 		q.logger.Error(err, "Could not connect to server; retrying", append([]any{"address", srv.addr, "fix", DialErrorFix(srv.addr, err)}, kv...)...)
 	default:
 		q.logger.V(2).Info("Could not connect to server", "address", srv.addr, "attempt", m.bo.Attempts()+1, "err", err)
@@ -860,8 +868,7 @@ func (q *quicLink) dialFailed(ctx context.Context, err error) {
 }
 
 // up records l, its handshake done, as up: counted, its row answering,
-// logged (at -v 0 the first time and after a failure), the backoff
-// reset. It returns when.
+// logged (announceConnected), the backoff reset. It returns when.
 func (q *quicLink) up(l *link, start time.Time) time.Time {
 	c, conn, met := q.c, l.conn, q.c.cfg.Metrics
 	if conn.Context().Err() == nil && isClosed(conn.HandshakeComplete()) {
@@ -875,6 +882,39 @@ func (q *quicLink) up(l *link, start time.Time) time.Time {
 	}
 	met.HandshakeDuration.Observe(time.Since(start).Seconds())
 	c.markRow(q.m, func(m *member) { m.downSince = time.Time{} }) // its row answers
+	q.lastDialErr = ""
+	q.announceConnected(l, []any{"address", q.m.srv.addr, "connID", q.connID,
+		"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT,
+		"serverFingerprint", serverFingerprint(conn)})
+	upSince := time.Now()
+	q.m.bo.Success(upSince)
+	return upSince
+}
+
+// announceConnected logs l's connection, its handshake done, with kv. At
+// -v 0 (the first connection, and the first after a failure logged at -v
+// 0) it waits for the server to accept our hello when there is one (a
+// shared secret), as Ready does: a wrong secret then never says
+// "Connected", only the refusal with its fix; the handshake is logged at
+// -v 2 meanwhile. Without a secret (mutual TLS, --insecure-no-auth) there
+// is no hello: the handshake is the connection's line.
+func (q *quicLink) announceConnected(l *link, kv []any) {
+	if len(*q.c.secret.Load()) == 0 {
+		q.logConnected(kv)
+		return
+	}
+	q.logger.V(2).Info("Completed handshake with server; waiting for the answer to our hello", kv...)
+	announce := func() { q.logConnected(kv) }
+	l.announce.Store(&announce)
+	l.announceIfDue()
+}
+
+// logConnected logs a connection, up and accepted, with kv: at -v 0 the
+// first time and after a failure logged at -v 0 ("Reconnected" when one
+// came before), else at -v 2. Safe for concurrent use.
+func (q *quicLink) logConnected(kv []any) {
+	q.logMu.Lock()
+	defer q.logMu.Unlock()
 	level, msg := 2, "Connected to server"
 	if !q.connectedBefore || q.loggedFailure {
 		level = 0
@@ -882,13 +922,16 @@ func (q *quicLink) up(l *link, start time.Time) time.Time {
 	if q.connectedBefore && q.loggedFailure {
 		msg = "Reconnected to server"
 	}
-	q.connectedBefore, q.loggedFailure, q.lastDialErr = true, false, ""
-	q.logger.V(level).Info(msg, "address", q.m.srv.addr, "connID", q.connID,
-		"localAddress", conn.LocalAddr().String(), "handshakeDuration", time.Since(start), "used0RTT", used0RTT,
-		"serverFingerprint", serverFingerprint(conn))
-	upSince := time.Now()
-	q.m.bo.Success(upSince)
-	return upSince
+	q.connectedBefore, q.loggedFailure = true, false
+	q.logger.V(level).Info(msg, kv...)
+}
+
+// failureLogged records that a failure was logged at -v 0: the next
+// connection is logged at -v 0 too (logConnected).
+func (q *quicLink) failureLogged() {
+	q.logMu.Lock()
+	defer q.logMu.Unlock()
+	q.loggedFailure = true
 }
 
 // down handles the end of l, up since upSince: it is no longer m's link;
@@ -947,7 +990,8 @@ func (q *quicLink) logDown(cause error, authFailed bool, upSince time.Time, spre
 		q.logger.Error(cause, "Server rejected our credentials; check --secret-file or the client certificate", "connID", q.connID,
 			"fix", authFix)
 	case q.lostLoggedAt.IsZero() || now.Sub(q.lostLoggedAt) >= lostLogInterval:
-		q.lostLoggedAt, q.loggedFailure = now, true
+		q.lostLoggedAt = now
+		q.failureLogged()
 		q.logger.Info("Lost connection to server; reconnecting (tunnels opened meanwhile wait for the new connection)",
 			"address", q.m.srv.addr, "connID", q.connID, "uptime", now.Sub(upSince).Round(time.Millisecond), "err", cause,
 			"reconnectIn", spreadWait.Round(time.Millisecond))

@@ -113,14 +113,18 @@ func ask(conn ingress.Conn, h *proto.Header, secret []byte) error {
 }
 
 // confirm records that the server accepted a stream header on l (Ready),
-// and says so at -v 0 when it had refused our credentials before.
+// and says so at -v 0 when it had refused our credentials before; then
+// the connection's "Connected to server" line is due (announceIfDue),
+// logged before Ready says so.
 func (c *Client) confirm(l *link) {
 	l.m.srv.authRefused.Store(false)
-	l.confirmed.Store(true)
-	c.resteer()
 	if c.lastRefusal.Swap(nil) != nil {
 		c.logger.Info("Server accepted our credentials")
 	}
+	l.accepted.Store(true)
+	l.announceIfDue()
+	l.confirmed.Store(true)
+	c.resteer()
 }
 
 // logHeaderStale logs once at -v 0 that the server refused our header as

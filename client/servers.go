@@ -111,6 +111,13 @@ type link struct {
 	readyAt atomic.Int64
 	// confirmed: the server accepted a stream header on it (hello.go).
 	confirmed atomic.Bool
+	// accepted is set by confirm before confirmed (so the line is written
+	// before Ready says so); announce is its connection's "Connected to
+	// server" line, set by quicLink.up once the handshake is done. The line
+	// is logged by whichever of the two comes second (announceIfDue), once
+	// (announced).
+	accepted, announced atomic.Bool
+	announce            atomic.Pointer[func()]
 	// stalled: no heartbeat echo for RescueAfter while it has work (the
 	// condition that starts a path rescue); set and cleared by monitor.
 	stalled atomic.Bool
@@ -121,6 +128,17 @@ type link struct {
 	suspect atomic.Bool
 	// active counts the tunnels (and UDP flows) placed on it and not ended.
 	active atomic.Int64
+}
+
+// announceIfDue logs l's connected line (announce) once its handshake is
+// done and the server accepted our hello (accepted), if not logged yet.
+// Safe for concurrent use.
+func (l *link) announceIfDue() {
+	f := l.announce.Load()
+	if f == nil || !l.accepted.Load() || !l.announced.CompareAndSwap(false, true) {
+		return
+	}
+	(*f)()
 }
 
 // live reports whether the link's connection has not ended.

@@ -282,9 +282,31 @@ func DefaultReplicaID() string {
 
 // New checks cfg and returns a Server that will serve on pc. The caller keeps
 // ownership of pc and closes it after Run returns.
-//
-//nolint:funlen // TODO(#33): split the defaults from the wiring as client.New does (left to the server half's owner)
 func New(cfg Config, pc net.PacketConn) (*Server, error) {
+	cfg.fillDefaults()
+	if err := cfg.validate(pc); err != nil {
+		return nil, err
+	}
+	cfg.refuseSelf(pc)
+	if err := cfg.wireAccounts(); err != nil {
+		return nil, err
+	}
+	cfg.tagTickets()
+	raiseStreamsTo := cfg.unverifiedStreamCredit()
+	cfg.tcpMuxLimits()
+	bind, err := cfg.reverseBinder()
+	if err != nil {
+		return nil, err
+	}
+	return newServer(cfg, pc, raiseStreamsTo, bind)
+}
+
+// fillDefaults sets the limits and timeouts left zero to those of
+// DefaultConfig (or derived from other fields), and the optional parts left
+// nil to their stand-ins: a new tunnel registry, the metrics as the egress
+// events, the host's replica name. The reverse forward limits are filled by
+// reverseBinder, only when reverse forwards are allowed.
+func (cfg *Config) fillDefaults() {
 	def := DefaultConfig()
 	cfg.DrainTimeout = max(cfg.DrainTimeout, 0)
 	cfg.TailProbes = max(cfg.TailProbes, 0)
@@ -297,19 +319,43 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	orDefault(&cfg.MaxUnverifiedStreamsPerSource, DefaultUnverifiedStreamsPerSource(cfg.MaxUnverifiedStreams, cfg.MaxUnverifiedStreamsPerConn))
 	orDefault(&cfg.AuthTimeout, def.AuthTimeout)
 	orDefault(&cfg.IdleAuthTimeout, def.IdleAuthTimeout)
+	if cfg.Registry == nil {
+		cfg.Registry = tunnel.NewRegistry()
+	}
+	if cfg.ShutdownHandshakeRate <= 0 {
+		cfg.ShutdownHandshakeRate = DefaultShutdownHandshakeRate * float64(runtime.GOMAXPROCS(0))
+	}
+	if cfg.Events == nil {
+		cfg.Events = cfg.Metrics
+	}
+	if cfg.ReplicaID == "" {
+		cfg.ReplicaID = DefaultReplicaID()
+	}
+}
+
+// validate returns an error naming the first required part that is missing:
+// the TLS config, the token parser, the allow-list, the metrics, the packet
+// conn.
+func (cfg *Config) validate(pc net.PacketConn) error {
 	switch {
 	case cfg.TLS == nil:
-		return nil, errors.New("server: TLS config is required")
+		return errors.New("server: TLS config is required")
 	case cfg.Parser == nil:
-		return nil, errors.New("server: token parser is required")
+		return errors.New("server: token parser is required")
 	case cfg.Allow == nil:
-		return nil, errNoAllowList
+		return errNoAllowList
 	case cfg.Metrics == nil:
-		return nil, errors.New("server: metrics are required")
+		return errors.New("server: metrics are required")
 	case pc == nil:
-		return nil, errors.New("server: packet conn is required")
+		return errors.New("server: packet conn is required")
 	}
-	// The server's own listeners are refused whatever the rules say.
+	return nil
+}
+
+// refuseSelf adds the server's own listeners (pc, the TCP listener, the
+// SelfAddrs) to the destinations refused whatever the rules say (cfg.Self),
+// and names the listener in the tunnel registry (cfg.Endpoint).
+func (cfg *Config) refuseSelf(pc net.PacketConn) {
 	selfAddrs := append([]net.Addr{pc.LocalAddr()}, cfg.SelfAddrs...)
 	if cfg.TCP != nil {
 		selfAddrs = append(selfAddrs, cfg.TCP.Addr())
@@ -322,18 +368,17 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 			cfg.Self = append(cfg.Self, ap)
 		}
 	}
-	if cfg.Registry == nil {
-		cfg.Registry = tunnel.NewRegistry()
-	}
-	if cfg.ShutdownHandshakeRate <= 0 {
-		cfg.ShutdownHandshakeRate = DefaultShutdownHandshakeRate * float64(runtime.GOMAXPROCS(0))
-	}
-	if cfg.Events == nil {
-		cfg.Events = cfg.Metrics
-	}
+	cfg.Endpoint = pc.LocalAddr().String()
+}
+
+// wireAccounts wraps the congestion controller with the per-identity rate
+// caps (RateLimits; on a clone of cfg.QUIC) and gives the egress the usage
+// ledger as its accounts. Rate limits without Usage, or without a congestion
+// controller of ours, are an error.
+func (cfg *Config) wireAccounts() error {
 	if cfg.RateLimits != nil {
 		if cfg.Usage == nil || cfg.QUIC == nil || cfg.QUIC.Congestion == nil {
-			return nil, errors.New("server: rate limits need Usage and a congestion controller of ours (bbr or cubic; reno is quic-go's own, which has no hook)")
+			return errors.New("server: rate limits need Usage and a congestion controller of ours (bbr or cubic; reno is quic-go's own, which has no hook)")
 		}
 		cfg.QUIC = cfg.QUIC.Clone()
 		cfg.QUIC.Congestion = ratecap.Factory(cfg.QUIC.Congestion)
@@ -341,40 +386,53 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.Usage != nil {
 		cfg.Accounts = ledgerAccounts{l: cfg.Usage, caps: cfg.RateLimits}
 	}
-	if cfg.ReplicaID == "" {
-		cfg.ReplicaID = DefaultReplicaID()
-	}
+	return nil
+}
+
+// tagTickets makes the session tickets the server issues carry its
+// ReplicaID (and counts them when the metrics have the counter), so that
+// it accepts 0-RTT data only with its own (transport.TagTickets).
+func (cfg *Config) tagTickets() {
 	var ticketSeen func(string)
 	if cfg.Metrics.SessionTicketsTotal != nil {
 		ticketSeen = cfg.Metrics.SessionTicket
 	}
 	cfg.TLS = transport.TagTickets(cfg.TLS, cfg.ReplicaID, ticketSeen)
-	cfg.Endpoint = pc.LocalAddr().String()
-	// With a shared secret the handshake proves nothing about the peer: give
-	// it the unverified budget as its stream credit, and the configured limit
-	// once it has presented a verified header (Conn.RaiseMaxIncomingStreams,
-	// our quic-go patch 0005). The limit is the same for every connection, so
-	// the credit a session ticket remembers for 0-RTT never shrinks.
-	var raiseStreamsTo int64
-	if cfg.Keys.Len() > 0 {
-		q := &quic.Config{}
-		if cfg.QUIC != nil {
-			q = cfg.QUIC.Clone()
-		}
-		full := q.MaxIncomingStreams
-		if full == 0 {
-			full = quicDefaultMaxIncomingStreams
-		}
-		if pre := int64(cfg.MaxUnverifiedStreamsPerConn); full > pre {
-			q.MaxIncomingStreams, raiseStreamsTo = pre, full
-		}
-		cfg.QUIC = q
+}
+
+// unverifiedStreamCredit returns the stream limit a connection is raised to
+// once verified (0: none; Server.raiseStreamsTo), and lowers cfg.QUIC's
+// (a clone's) to the unverified budget. With a shared secret the handshake
+// proves nothing about the peer: it gets MaxUnverifiedStreamsPerConn as its
+// stream credit, and the configured limit once it has presented a verified
+// header (Conn.RaiseMaxIncomingStreams, our quic-go patch 0005). The limit
+// is the same for every connection, so the credit a session ticket
+// remembers for 0-RTT never shrinks. Without a secret nothing changes.
+func (cfg *Config) unverifiedStreamCredit() (raiseStreamsTo int64) {
+	if cfg.Keys.Len() == 0 {
+		return 0
 	}
-	// TCP connections get QUIC's stream limits (the pre-authentication
-	// budget, then the full limit) and idle timeout, and with a secret
-	// small receive windows until the peer has proven it, so that what an
-	// unauthenticated connection can make the server buffer is 128 KiB,
-	// not 16 MiB.
+	q := &quic.Config{}
+	if cfg.QUIC != nil {
+		q = cfg.QUIC.Clone()
+	}
+	full := q.MaxIncomingStreams
+	if full == 0 {
+		full = quicDefaultMaxIncomingStreams
+	}
+	if pre := int64(cfg.MaxUnverifiedStreamsPerConn); full > pre {
+		q.MaxIncomingStreams, raiseStreamsTo = pre, full
+	}
+	cfg.QUIC = q
+	return raiseStreamsTo
+}
+
+// tcpMuxLimits gives TCP connections QUIC's stream limits (the
+// pre-authentication budget, then the full limit: run it after
+// unverifiedStreamCredit) and idle timeout, and with a secret small receive
+// windows until the peer has proven it, so that what an unauthenticated
+// connection can make the server buffer is 128 KiB, not 16 MiB.
+func (cfg *Config) tcpMuxLimits() {
 	cfg.TCPMux.MaxIncomingStreams = quicDefaultMaxIncomingStreams
 	if cfg.QUIC != nil && cfg.QUIC.MaxIncomingStreams > 0 {
 		cfg.TCPMux.MaxIncomingStreams = cfg.QUIC.MaxIncomingStreams
@@ -386,28 +444,43 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.TCPMux.IdleTimeout <= 0 && cfg.QUIC != nil {
 		cfg.TCPMux.IdleTimeout = cfg.QUIC.MaxIdleTimeout
 	}
-	var bind *binder
-	if cfg.AllowRemoteListen != nil || len(cfg.AllowRemoteListenFor) > 0 {
-		if cfg.Reverse.Events == nil {
-			return nil, errors.New("server: Reverse.Events are required with AllowRemoteListen")
-		}
-		orDefault(&cfg.MaxRemoteListens, DefaultMaxRemoteListens)
-		orDefault(&cfg.MaxRemoteListensPerConn, DefaultMaxRemoteListensPerConn)
-		orDefault(&cfg.MaxRemoteListensPerIdentity, DefaultRemoteListensPerIdentity(cfg.MaxRemoteListens, cfg.MaxRemoteListensPerConn))
-		if cfg.RemoteListenMetrics == nil {
-			cfg.RemoteListenMetrics = NewRemoteListenMetrics(nil) // counted, not exported
-		}
-		if cfg.ListenRemote == nil {
-			cfg.ListenRemote = ListenRemote
-		}
-		orDefault(&cfg.Reverse.MaxConnections, DefaultReverseConnections)
-		if cfg.Reverse.UDPQueueMemory <= 0 {
-			cfg.Reverse.UDPQueueMemory = DefaultReverseUDPQueueMemory
-		}
-		cfg.Reverse.Reverse, cfg.Reverse.Registry = true, cfg.Registry
-		bind = &binder{}
-		cfg.Binder = bind
+}
+
+// reverseBinder returns the binder of reverse forward listeners (set as
+// cfg.Binder; newServer ties it to the server), or nil when no reverse
+// forward is allowed (AllowRemoteListen and AllowRemoteListenFor empty). It
+// fills the listener limits and the Reverse ingress defaults; Reverse.Events
+// are required.
+func (cfg *Config) reverseBinder() (*binder, error) {
+	if cfg.AllowRemoteListen == nil && len(cfg.AllowRemoteListenFor) == 0 {
+		return nil, nil // no binder: reverse forwards are refused
 	}
+	if cfg.Reverse.Events == nil {
+		return nil, errors.New("server: Reverse.Events are required with AllowRemoteListen")
+	}
+	orDefault(&cfg.MaxRemoteListens, DefaultMaxRemoteListens)
+	orDefault(&cfg.MaxRemoteListensPerConn, DefaultMaxRemoteListensPerConn)
+	orDefault(&cfg.MaxRemoteListensPerIdentity, DefaultRemoteListensPerIdentity(cfg.MaxRemoteListens, cfg.MaxRemoteListensPerConn))
+	if cfg.RemoteListenMetrics == nil {
+		cfg.RemoteListenMetrics = NewRemoteListenMetrics(nil) // counted, not exported
+	}
+	if cfg.ListenRemote == nil {
+		cfg.ListenRemote = ListenRemote
+	}
+	orDefault(&cfg.Reverse.MaxConnections, DefaultReverseConnections)
+	if cfg.Reverse.UDPQueueMemory <= 0 {
+		cfg.Reverse.UDPQueueMemory = DefaultReverseUDPQueueMemory
+	}
+	cfg.Reverse.Reverse, cfg.Reverse.Registry = true, cfg.Registry
+	bind := &binder{}
+	cfg.Binder = bind
+	return bind, nil
+}
+
+// newServer builds the Server from the completed cfg: the egress handler
+// (whose filled defaults cfg then takes), the source limits, the budget of
+// unverified streams, the TCP handshake slots, and the binder (nil: none).
+func newServer(cfg Config, pc net.PacketConn, raiseStreamsTo int64, bind *binder) (*Server, error) {
 	eg, err := egress.New(cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)

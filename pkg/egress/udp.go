@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,98 +18,155 @@ import (
 
 // serveUDP serves a UDP flow (a stream of kind UDP): a connected UDP socket
 // to the destination, relayed to the flow's datagrams and stream until the
-// flow ends (see package udpflow).
-//
-//nolint:funlen // TODO(#33): split into named steps as stream.serve is (left to the server half's owner)
+// flow ends (see package udpflow). Each step is a method of Handler; the
+// first that fails returns a *failure, and what the earlier ones took is
+// given back in reverse order.
 func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
+	release, fail := e.admitUDPFlow(f)
+	if fail != nil {
+		return fail
+	}
+	defer release()
+	sock, fail := e.udpSocket(ctx, f)
+	if fail != nil {
+		return fail
+	}
+	defer sock.release()
+	r := e.udpRelay(f, sock)
+	remove, fail := e.registerUDPFlow(f, r, sock)
+	if fail != nil {
+		return fail
+	}
+	defer remove()
+	return e.runUDPFlow(f, r, sock)
+}
+
+// admitUDPFlow counts the flow against its identity's share of the
+// server's flows (MaxUDPFlowsPerIdentity, by flowAccount) and then against
+// the server-wide count (MaxUDPFlows): the share first, so that an identity
+// over it does not touch the server-wide count. release gives both back.
+func (e *Handler) admitUDPFlow(f *stream) (release func(), _ *failure) {
 	ev := e.cfg.Events
-	st, str := f.st, f.str
-	// account is whom the flow counts against for MaxUDPFlowsPerIdentity.
-	account := flowAccount(f.peer, f.key, st)
-	// The identity's share first, so that an identity over it does not
-	// touch the server-wide count.
+	account := flowAccount(f.peer, f.key, f.st)
 	if open, ok := e.flowShares.take(account, e.cfg.MaxUDPFlowsPerIdentity); !ok {
 		ev.UDPDropped(udpflow.DropIdentityFlowLimit)
-		return failed(proto.CodeOverloaded, "Refused UDP flow: this client identity holds its share of the server's flows; raise --max-udp-flows-per-identity if it needs more",
+		return nil, failed(proto.CodeOverloaded, "Refused UDP flow: this client identity holds its share of the server's flows; raise --max-udp-flows-per-identity if it needs more",
 			"account", account, "open", open, "limit", e.cfg.MaxUDPFlowsPerIdentity)
 	}
-	defer e.flowShares.release(account)
 	if n := e.udpFlows.Add(1); n > int64(e.cfg.MaxUDPFlows) {
 		e.udpFlows.Add(-1)
+		e.flowShares.release(account)
 		ev.UDPDropped(udpflow.DropFlowLimit)
-		return failed(proto.CodeOverloaded, "Refused UDP flow: the server is at its flow limit; raise --max-udp-flows if clients need more",
+		return nil, failed(proto.CodeOverloaded, "Refused UDP flow: the server is at its flow limit; raise --max-udp-flows if clients need more",
 			"limit", e.cfg.MaxUDPFlows)
 	}
-	defer e.udpFlows.Add(-1)
+	return func() {
+		e.udpFlows.Add(-1)
+		e.flowShares.release(account)
+	}, nil
+}
 
-	// Connecting a UDP socket sends nothing; the checked dialer refuses an
-	// address the rules do not allow, as for TCP.
+// udpSocket is a UDP flow's connected socket to its destination.
+type udpSocket struct {
+	net.Conn
+	// observe is told the size of each packet read (the buffer sizer's
+	// Observe, or nothing when the socket's buffer is not sized).
+	observe func(int)
+	// release gives the socket's buffer back to the server's budget (the
+	// sizer's Close, or nothing); it does not close the socket.
+	release func()
+}
+
+// udpSocket connects a UDP socket to the flow's destination within
+// DialTimeout. Connecting sends nothing; the checked dialer refuses an
+// address the rules do not allow, as for TCP. The socket's receive buffer
+// starts small and grows with the flow's rate, within the server's budget
+// (udpflow.Sizer); the Relay reads it whether or not the client takes the
+// packets, so a stalled flow drops packets rather than holding the host's
+// UDP memory. A socket the budget has no room for is closed and refused.
+func (e *Handler) udpSocket(ctx context.Context, f *stream) (udpSocket, *failure) {
 	dctx, cancel := context.WithTimeout(ctx, e.cfg.DialTimeout)
 	nc, err := e.cfg.Dialer.DialContext(dctx, f.target.Network, f.target.Address)
 	cancel()
 	if errors.Is(err, endpoint.ErrForbidden) {
-		return f.refused(err)
+		return udpSocket{}, f.refused(err)
 	}
 	if err != nil {
-		return failed(proto.CodeDialFailed, "UDP socket for the destination failed", "destination", f.dest.String(), "err", err)
+		return udpSocket{}, failed(proto.CodeDialFailed, "UDP socket for the destination failed", "destination", f.dest.String(), "err", err)
 	}
-	// The socket's receive buffer starts small and grows with the flow's
-	// rate, within the server's budget (udpflow.Sizer); the Relay reads it
-	// whether or not the client takes the packets, so a stalled flow drops
-	// packets rather than holding the host's UDP memory.
-	observe := func(int) {}
+	sock := udpSocket{Conn: nc, observe: func(int) {}, release: func() {}}
 	if bc, ok := nc.(udpflow.BufferedConn); ok {
 		sizer, err := udpflow.NewSizer(bc, e.udpSockets, nil)
 		if err != nil {
 			_ = nc.Close()
-			ev.UDPDropped(udpflow.DropFlowLimit)
-			return failed(proto.CodeOverloaded, "Refused UDP flow: its socket buffer would exceed the server's UDP socket memory; raise --udp-socket-memory-mib (and net.ipv4.udp_mem) if clients need more flows",
+			e.cfg.Events.UDPDropped(udpflow.DropFlowLimit)
+			return udpSocket{}, failed(proto.CodeOverloaded, "Refused UDP flow: its socket buffer would exceed the server's UDP socket memory; raise --udp-socket-memory-mib (and net.ipv4.udp_mem) if clients need more flows",
 				"limit", e.udpSockets.Limit(), "err", err)
 		}
-		defer sizer.Close()
-		observe = sizer.Observe
+		sock.observe, sock.release = sizer.Observe, sizer.Close
 	}
-	id := uint64(str.StreamID())
+	return sock, nil
+}
+
+// udpRelay returns the relay between the flow's stream (and its
+// connection's datagrams) and sock; the relay closes sock when the flow
+// ends. The server's Up is the tunnel's downstream: toward the client.
+// Without datagrams (a TCP connection) the flow stays on its stream.
+func (e *Handler) udpRelay(f *stream, sock udpSocket) *udpflow.Relay {
+	ev := e.cfg.Events
 	r := &udpflow.Relay{
-		Stream: str,
+		Stream: f.str,
 		Up:     &udpflow.Counters{OnPacket: ev.UDPPackets(false)},
 		Down:   &udpflow.Counters{OnPacket: ev.UDPPackets(true)},
 		Recv: func(buf []byte) ([]byte, error) {
 			for {
-				n, err := nc.Read(buf)
+				n, err := sock.Read(buf)
 				if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
 					continue // ICMP port unreachable for an earlier packet: UDP goes on
 				}
-				observe(n)
+				sock.observe(n)
 				return buf[:n], err
 			}
 		},
 		Deliver: func(p []byte) error {
-			_, err := nc.Write(p)
+			_, err := sock.Write(p)
 			return err
 		},
-		CloseLocal:  func() { _ = nc.Close() },
+		CloseLocal:  func() { _ = sock.Close() },
 		Queue:       udpflow.NewQueue(udpflow.DefaultQueueBytes, e.udpQueues),
 		IdleTimeout: e.cfg.UDPIdleTimeout,
 		Drop:        ev.UDPDropped,
 	}
-	// The server's Up is the tunnel's downstream: toward the client.
-	// Without datagrams (a TCP connection) the flow stays on its stream.
 	var dc udpflow.DatagramConn
-	if d, ok := st.Conn.(udpflow.DatagramConn); ok {
+	if d, ok := f.st.Conn.(udpflow.DatagramConn); ok {
 		dc = d
 	}
-	r.Sender = udpflow.NewSender(id, dc, str, r.Up)
-	remove, ok := st.Flows.Add(id, e.cfg.MaxUDPFlowsPerConn, r.FromDatagram)
+	r.Sender = udpflow.NewSender(uint64(f.str.StreamID()), dc, f.str, r.Up)
+	return r
+}
+
+// registerUDPFlow adds the flow to its connection's flows, by its stream
+// ID, so that the connection's datagrams for it reach r
+// (MaxUDPFlowsPerConn); remove takes it off. Past the limit sock is closed
+// and the flow refused.
+func (e *Handler) registerUDPFlow(f *stream, r *udpflow.Relay, sock udpSocket) (remove func(), _ *failure) {
+	remove, ok := f.st.Flows.Add(uint64(f.str.StreamID()), e.cfg.MaxUDPFlowsPerConn, r.FromDatagram)
 	if !ok {
-		_ = nc.Close()
-		ev.UDPDropped(udpflow.DropFlowLimit)
-		return failed(proto.CodeOverloaded, "Refused UDP flow: too many flows on this connection; raise --max-udp-flows-per-conn if clients need more",
+		_ = sock.Close()
+		e.cfg.Events.UDPDropped(udpflow.DropFlowLimit)
+		return nil, failed(proto.CodeOverloaded, "Refused UDP flow: too many flows on this connection; raise --max-udp-flows-per-conn if clients need more",
 			"limit", e.cfg.MaxUDPFlowsPerConn)
 	}
-	defer remove()
+	return remove, nil
+}
+
+// runUDPFlow answers the client with CodeOK and relays the flow until it
+// ends (or its key is cut), registered for /tunnels and the drain; then
+// the lines of its end and the audit line.
+func (e *Handler) runUDPFlow(f *stream, r *udpflow.Relay, sock udpSocket) *failure {
+	str, st := f.str, f.st
 	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
-		_ = nc.Close()
+		_ = sock.Close()
 		return failed(proto.CodeConnReset, "Could not write reply", "err", err)
 	}
 	// The client has the flow from its first byte on: datagrams from now.
@@ -128,10 +186,10 @@ func (e *Handler) serveUDP(ctx context.Context, f *stream) *failure {
 		Upstream:    &r.Down.Bytes,
 		Downstream:  &r.Up.Bytes,
 	}
-	f.logger.V(4).Info("Opened UDP flow", "destination", f.target.String(), "rule", f.rule, "local", nc.LocalAddr().String())
+	f.logger.V(4).Info("Opened UDP flow", "destination", f.target.String(), "rule", f.rule, "local", sock.LocalAddr().String())
 	defer cutOnRemoval(f.keyLife, r, f.logger, "UDP flow")()
 	defer f.track(t.Upstream, t.Downstream)()
-	result, err := e.cfg.Registry.Run(t, r, udpflow.FlowTunnels{Events: ev})
+	result, err := e.cfg.Registry.Run(t, r, udpflow.FlowTunnels{Events: e.cfg.Events})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	f.logger.V(4).Info("Closed UDP flow", "destination", f.target.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"packetsUpstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),

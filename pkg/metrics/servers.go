@@ -7,12 +7,15 @@ import "github.com/prometheus/client_golang/prometheus"
 // resolved to at start).
 type ServerStats struct {
 	Label string
-	// Healthy: a connection to it is up and answers heartbeats.
+	// Healthy: a QUIC connection to it has completed its handshake, has
+	// not ended, answers heartbeats, and the server does not refuse our
+	// credentials. A TCP fallback connection does not count.
 	Healthy bool
 	// Active: failover mode puts new tunnels on it.
 	Active bool
-	// Connections are its established QUIC connections (handshake done);
-	// Streams the tunnels and UDP flows on its live ones.
+	// Connections are its established QUIC connections (handshake done,
+	// not ended; stalled ones included); Streams the tunnels and UDP flows
+	// on them. TCP fallback connections, and what they carry, do not count.
 	Connections int
 	Streams     int64
 }
@@ -32,10 +35,10 @@ func NewServerCollector(live func() []ServerStats, switches func() uint64) *Serv
 	}
 	return &ServerCollector{
 		live: live, switches: switches,
-		healthy: d("server_healthy", "1 while a connection to the server is up and answers heartbeats.", "server"),
+		healthy: d("server_healthy", "1 while a QUIC connection to the server is up (handshake done), answers heartbeats, and the server does not refuse our credentials; TCP fallback connections do not count.", "server"),
 		active:  d("server_active", "1 for the server failover mode puts new tunnels on.", "server"),
-		conns:   d("server_connections", "Live QUIC connections to the server.", "server"),
-		streams: d("server_active_streams", "Tunnels and UDP flows on the server's connections.", "server"),
+		conns:   d("server_connections", "QUIC connections to the server whose handshake completed and that have not ended (stalled ones included); TCP fallback connections do not count.", "server"),
+		streams: d("server_active_streams", "Tunnels and UDP flows on the server's QUIC connections (not those over a TCP fallback connection).", "server"),
 		moved:   d("server_switches_total", "Moves of failover mode's active server (failovers and failbacks)."),
 	}
 }

@@ -103,7 +103,8 @@ func TestReverseForwardTransportTCP(t *testing.T) {
 // TestWrongSecretAttemptsAndLines (issue 33): a client with a wrong secret
 // for 60 s: at most 10 connection attempts (QUIC and TCP together) and at
 // most 5 lines at -v 0 (after the 4 start-up lines every client logs), the
-// first about the failure naming the fix.
+// first naming the fix, and no "Connected to server" (that line waits for
+// the server to accept our hello).
 func TestWrongSecretAttemptsAndLines(t *testing.T) {
 	if testing.Short() {
 		t.Skip("60 s")
@@ -135,6 +136,9 @@ func TestWrongSecretAttemptsAndLines(t *testing.T) {
 	assert.LessOrEqual(t, attempts, 10.0)
 	assert.LessOrEqual(t, len(lines), 5)
 	require.NotEmpty(t, lines)
+	t.Logf("first line: %s", lines[0])
+	assert.Contains(t, lines[0], `fix="`, "the first line names the fix")
+	assert.Zero(t, count(cl.log(), "Connected to server"), "not connected while the server refuses our hello")
 	for _, l := range lines {
 		if strings.Contains(l, "rejected") || strings.Contains(l, "Could not") || strings.Contains(l, "Lost") {
 			assert.Contains(t, l, `fix="`, "the first line about the failure names the fix")

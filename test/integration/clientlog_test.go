@@ -57,6 +57,22 @@ next:
 	return n
 }
 
+// first returns the first line that contains none of skip ("" when none).
+func (l *logLines) first(skip ...string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+next:
+	for _, line := range l.lines {
+		for _, s := range skip {
+			if strings.Contains(line, s) {
+				continue next
+			}
+		}
+		return line
+	}
+	return ""
+}
+
 func (l *logLines) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -201,9 +217,11 @@ func TestHelloAnswers(t *testing.T) {
 }
 
 // TestRefusedCredentialsLoggedOnce: a client with a wrong secret reconnects
-// again and again (each hello is refused), but its default log says
-// "Connected" and the refusal once each, not at every retry; once the
-// secret is fixed it says once that the server accepted it.
+// again and again (each hello is refused), but its default log says the
+// refusal once, not at every retry, and never "Connected": that line waits
+// for the server to accept our hello, so the first line is the refusal,
+// with its fix. Once the secret is fixed it says once that the server
+// accepted it, and that it is connected.
 func TestRefusedCredentialsLoggedOnce(t *testing.T) {
 	echo := testutil.EchoServer(t)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}})
@@ -214,9 +232,13 @@ func TestRefusedCredentialsLoggedOnce(t *testing.T) {
 		"the client reconnects after each refusal")
 	refusedRead(t, cl.Addr) // an application's attempt is refused too
 	require.Eventually(t, func() bool { return promtest.ToFloat64(cl.Metrics.ReconnectsTotal) >= 6 }, 10*time.Second, 5*time.Millisecond)
-	assert.Equal(t, 1, logs.count("Server rejected our credentials", "same secret as the server's --secret-file"), "logs: %s", &logs)
-	assert.Equal(t, 1, logs.count("Connected to server"), "reconnects after a refusal are logged at -v 2: %s", &logs)
+	fix := "same secret as the server's --secret-file"
+	assert.Equal(t, 1, logs.count("Server rejected our credentials", fix), "logs: %s", &logs)
+	assert.Zero(t, logs.count("Connected to server"), "not connected while the server refuses our hello: %s", &logs)
+	assert.Zero(t, logs.count("Reconnected to server"), "logs: %s", &logs)
 	assert.Zero(t, logs.count("Server accepted our credentials"))
+	first := logs.first("Listening for local connections") // the start-up line, the same for every client
+	assert.Contains(t, first, fix, "the first line names the fix: %s", &logs)
 
 	cl.SetSecret(testutil.Secret)
 	require.Eventually(t, cl.Client.Ready, 5*time.Second, 5*time.Millisecond)
@@ -224,7 +246,8 @@ func TestRefusedCredentialsLoggedOnce(t *testing.T) {
 		"the recovery is logged: %s", &logs)
 	require.NoError(t, echoOK(cl.Addr))
 	assert.Equal(t, 1, logs.count("Server rejected our credentials"), "logs: %s", &logs)
-	assert.Equal(t, 1, logs.count("Connected to server"), "logs: %s", &logs)
+	require.Eventually(t, func() bool { return logs.count("Connected to server") == 1 }, 5*time.Second, 5*time.Millisecond,
+		"connected once the server accepts our hello: %s", &logs)
 }
 
 // TestOldServerRefusingUDPFlowLoggedOnce: UDP flows to a server that cannot
