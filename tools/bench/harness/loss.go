@@ -43,8 +43,6 @@ func withQueue(link LinkSpec, q time.Duration) LinkSpec {
 	return LinkSpec{Name: link.Name + " queue " + q.String(), Params: p}
 }
 
-// lossLinks are the loss profile's links: 100 Mbit/s, 12.5 ms one-way,
-// random loss both ways at each level.
 // LossLinks is lossLinks for levels given by the user (--loss-levels),
 // each a fraction in [0, 1).
 func LossLinks(levels ...float64) ([]LinkSpec, error) {
@@ -56,6 +54,8 @@ func LossLinks(levels ...float64) ([]LinkSpec, error) {
 	return lossLinks(levels...), nil
 }
 
+// lossLinks are the loss profile's links: 100 Mbit/s, 12.5 ms one-way,
+// random loss both ways at each level.
 func lossLinks(levels ...float64) []LinkSpec {
 	out := make([]LinkSpec, 0, len(levels))
 	for _, l := range levels {
