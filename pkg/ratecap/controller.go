@@ -17,6 +17,21 @@ import (
 type Controller struct {
 	inner qc.Controller
 	down  atomic.Pointer[Bucket]
+	// offset is quic-go's clock (qc.Time) less the budgets' (monoNow), as
+	// last seen: a Bucket is kept in monoNow's time, because the TCP
+	// fallback's capped streams book the same identity's download budget.
+	// (quic-go's clock starts an hour before its package loaded: booking
+	// the budget in both clocks made a TCP stream beside a QUIC connection
+	// wait about an hour, and the cap not hold across them.)
+	offset atomic.Int64
+}
+
+// budgetTime is now on the budgets' clock; it learns the offset of
+// quic-go's clock from now, a qc.Time quic-go just read.
+func (c *Controller) budgetTime(now qc.Time) int64 {
+	m := monoNow()
+	c.offset.Store(int64(now) - m)
+	return m
 }
 
 // Wrap returns a Controller over inner.
@@ -42,7 +57,7 @@ func (c *Controller) Bound() bool { return c.down.Load() != nil }
 func (c *Controller) OnPacketSent(p qc.SentPacket) {
 	c.inner.OnPacketSent(p)
 	if b := c.down.Load(); b != nil && p.AckEliciting {
-		b.sent(int64(p.Time), p.Bytes)
+		b.sent(c.budgetTime(p.Time), p.Bytes)
 	}
 }
 
@@ -65,15 +80,17 @@ func (c *Controller) HasPacingBudget(now qc.Time) bool {
 		return false
 	}
 	b := c.down.Load()
-	return b == nil || b.ready(int64(now))
+	return b == nil || b.ready(c.budgetTime(now))
 }
 
 // TimeUntilSend implements qc.Controller: the later of the two pacers'.
 func (c *Controller) TimeUntilSend(bytesInFlight int) qc.Time {
 	t := c.inner.TimeUntilSend(bytesInFlight)
 	if b := c.down.Load(); b != nil {
-		if n := qc.Time(b.next()); n > t {
-			return n
+		if next := b.next(); next != 0 {
+			if n := qc.Time(next + c.offset.Load()); n > t {
+				return n
+			}
 		}
 	}
 	return t

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	qc "github.com/quic-go/quic-go/congestion"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -83,4 +84,47 @@ func TestTableReload(t *testing.T) {
 	tb.Set(nil, Rate{})
 	assert.False(t, a.Down.Capped(), "lifted by the reload")
 	assert.False(t, other.Up.Capped())
+}
+
+// openController is an inner controller that always lets packets go.
+type openController struct{}
+
+func (openController) OnPacketSent(qc.SentPacket)   {}
+func (openController) OnEvent(*qc.Event)            {}
+func (openController) OnAppLimited(int)             {}
+func (openController) SetMaxDatagramSize(int)       {}
+func (openController) CanSend(int) bool             { return true }
+func (openController) HasPacingBudget(qc.Time) bool { return true }
+func (openController) TimeUntilSend(int) qc.Time    { return 0 }
+func (openController) CongestionWindow() int        { return 1 << 20 }
+func (openController) InSlowStart() bool            { return false }
+func (openController) InRecovery() bool             { return false }
+
+// TestControllerSharesBudgetWithStreams: an identity's download budget is
+// booked by its QUIC connections' controllers (in quic-go's clock, which
+// starts an hour before its package loads) and by its TCP fallback
+// streams (Stream.Write): both in one clock, so neither makes the other
+// wait for nothing, and bookings add up. Before, a TCP stream beside a
+// QUIC connection waited about an hour after the connection's first
+// packet.
+func TestControllerSharesBudgetWithStreams(t *testing.T) {
+	t.Parallel()
+	const quicAhead = int64(time.Hour) // quic-go's monotime origin
+	qnow := func() qc.Time { return qc.Time(monoNow() + quicAhead) }
+	var b Bucket
+	b.SetRate(1e6) // 1 MB/s, 1 µs a byte
+	c := Wrap(openController{})
+	c.Bind(&b)
+	require.True(t, c.HasPacingBudget(qnow()))
+	c.OnPacketSent(qc.SentPacket{Time: qnow(), Bytes: 1200, AckEliciting: true})
+	// A TCP stream of the same identity writes 1,000 B now: it may wait
+	// for what the two booked (2.2 ms at 1 MB/s), not an hour.
+	d := b.delay(monoNow(), 1000)
+	assert.Less(t, d, 50*time.Millisecond, "a stream's wait after a packet booked the budget")
+	// Many bytes booked by streams hold the controller back, and its next
+	// send time is in quic-go's clock, about when the budget frees.
+	b.delay(monoNow(), 100_000) // 100 ms of budget
+	assert.False(t, c.HasPacingBudget(qnow()), "the streams' bookings count for the controller")
+	until := time.Duration(int64(c.TimeUntilSend(0)) - int64(qnow()))
+	assert.InDelta(t, 100*time.Millisecond, until, float64(50*time.Millisecond), "next send in quic-go's clock")
 }
