@@ -17,21 +17,32 @@ import (
 type Controller struct {
 	inner qc.Controller
 	down  atomic.Pointer[Bucket]
-	// offset is quic-go's clock (qc.Time) less the budgets' (monoNow), as
-	// last seen: a Bucket is kept in monoNow's time, because the TCP
-	// fallback's capped streams book the same identity's download budget.
-	// (quic-go's clock starts an hour before its package loaded: booking
-	// the budget in both clocks made a TCP stream beside a QUIC connection
-	// wait about an hour, and the cap not hold across them.)
-	offset atomic.Int64
+	// offset is quic-go's clock (qc.Time) less the budgets' (monoNow): a
+	// Bucket is kept in monoNow's time, because the TCP fallback's capped
+	// streams book the same identity's download budget. (quic-go's clock
+	// starts an hour before its package loaded: booking the budget in both
+	// clocks made a TCP stream beside a QUIC connection wait about an hour,
+	// and the cap not hold across them.) Both clocks are monotonic, so the
+	// offset is a constant, learnt from the first offsetSamples times
+	// quic-go passes (each at most the true offset: quic-go read it just
+	// before), then used without reading the clock.
+	offset  atomic.Int64
+	samples atomic.Int32
 }
 
-// budgetTime is now on the budgets' clock; it learns the offset of
-// quic-go's clock from now, a qc.Time quic-go just read.
+// offsetSamples is how many of quic-go's times the offset is learnt from.
+const offsetSamples = 16
+
+// budgetTime is now, a qc.Time quic-go just read, on the budgets' clock.
 func (c *Controller) budgetTime(now qc.Time) int64 {
-	m := monoNow()
-	c.offset.Store(int64(now) - m)
-	return m
+	if n := c.samples.Load(); n < offsetSamples {
+		off := int64(now) - monoNow()
+		if n == 0 || off > c.offset.Load() {
+			c.offset.Store(off)
+		}
+		c.samples.Add(1)
+	}
+	return int64(now) - c.offset.Load()
 }
 
 // Wrap returns a Controller over inner.
