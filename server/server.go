@@ -331,6 +331,7 @@ func New(cfg Config, pc net.PacketConn) (*Server, error) {
 	if cfg.Events == nil {
 		cfg.Events = cfg.Metrics
 	}
+	withHookLimits(&cfg)
 	if cfg.RateLimits != nil {
 		if cfg.Usage == nil || cfg.QUIC == nil || cfg.QUIC.Congestion == nil {
 			return nil, errors.New("server: rate limits need Usage and a congestion controller of ours (bbr or cubic; reno is quic-go's own, which has no hook)")

@@ -1,6 +1,7 @@
 package ratecap
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -127,4 +128,32 @@ func TestControllerSharesBudgetWithStreams(t *testing.T) {
 	assert.False(t, c.HasPacingBudget(qnow()), "the streams' bookings count for the controller")
 	until := time.Duration(int64(c.TimeUntilSend(0)) - int64(qnow()))
 	assert.InDelta(t, 100*time.Millisecond, until, float64(50*time.Millisecond), "next send in quic-go's clock")
+}
+
+// TestTableHooked: caps from an auth hook's answer apply to an identity
+// with no rule of its own, at once to its budgets in use; a rule wins over
+// them; an answer without caps gives the default back; their number is
+// bounded (a full table drops a tenth).
+func TestTableHooked(t *testing.T) {
+	t.Parallel()
+	tb := NewTable([]Rule{{Identity: "key=ruled", Rate: Rate{Down: 1e6}}}, Rate{Down: 5e5})
+	carol := tb.For("key=carol")
+	assert.Equal(t, Rate{Down: 5e5}, tb.Rate("key=carol"), "the default before an answer")
+	tb.SetHooked("key=carol", Rate{Down: 2.5e6, Up: 6.25e5}, true)
+	assert.Equal(t, Rate{Down: 2.5e6, Up: 6.25e5}, tb.Rate("key=carol"))
+	assert.True(t, carol.Up.Capped(), "the budget in use takes the hook's caps at once")
+	tb.SetHooked("key=ruled", Rate{Down: 9e9}, true)
+	assert.Equal(t, Rate{Down: 1e6}, tb.Rate("key=ruled"), "the operator's rule wins")
+	tb.Set(nil, Rate{})
+	assert.Equal(t, Rate{Down: 9e9}, tb.Rate("key=ruled"), "a reload keeps the hook's caps")
+	assert.Equal(t, Rate{Down: 2.5e6, Up: 6.25e5}, tb.Rate("key=carol"))
+	tb.SetHooked("key=carol", Rate{}, false)
+	assert.Equal(t, Rate{}, tb.Rate("key=carol"), "an answer without caps: the default again")
+	assert.False(t, carol.Up.Capped())
+
+	for i := range MaxHooked + 1 {
+		tb.SetHooked("key=user-"+strconv.Itoa(i), Rate{Down: 1e6}, true)
+	}
+	assert.LessOrEqual(t, tb.Hooked(), MaxHooked, "bounded")
+	assert.Greater(t, tb.Hooked(), MaxHooked*8/10)
 }
