@@ -179,6 +179,7 @@ func newLoopbackCommand() *cobra.Command {
 	fs.IntVar(&o.Reps, "reps", 3, "repetitions per case")
 	fs.StringSliceVar(&o.Cases, "cases", nil, "cases to run (default: all): "+strings.Join(harness.LoopbackCases(), ","))
 	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable)")
+	fs.StringSliceVar(&o.ServerArgsB, "quictun-server-arg-b", nil, "extra quictun-server flag of quictun-b only (repeatable; with --bin-b, or alone: the same build with another configuration), e.g. --quictun-server-arg-b=--default-rate-limit=100Gbit")
 	fs.StringSliceVar(&o.ClientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")
 	fs.StringSliceVar(&o.Env, "quictun-env", nil, "extra environment of every quictun variant's daemons, e.g. GOMAXPROCS=2 (repeatable); nothing else is added (Go's defaults unless set); for a labelled tuned variant use --runtime-env")
 	fs.StringSliceVar(&o.EnvB, "quictun-env-b", nil, "extra environment of quictun-b's daemons only (with --bin-b, or alone: the same build with another environment)")
