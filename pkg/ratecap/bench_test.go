@@ -118,18 +118,20 @@ func streamPair(tb testing.TB, ctx context.Context, cli, srv *quic.Conn) (c, s *
 // BenchmarkControllerPerPacket is what the cap adds to each packet the
 // server sends: the controller's pacing check, the booking of the packet
 // in the identity's budget and the next send time, against the inner
-// controller alone (caps=off: not bound, as on a server without caps).
+// controller alone (caps=off: not bound, a server without caps) and bound
+// to a budget without a cap (caps=none: an identity without a cap on a
+// server with caps or an auth hook).
 func BenchmarkControllerPerPacket(b *testing.B) {
-	for _, capped := range []bool{false, true} {
-		name := "caps=off"
-		if capped {
-			name = "caps=100Gbit"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		bind bool
+		rate float64
+	}{{"caps=off", false, 0}, {"caps=none", true, 0}, {"caps=100Gbit", true, farAbove}} {
+		b.Run(tc.name, func(b *testing.B) {
 			c := Wrap(openController{})
-			if capped {
+			if tc.bind {
 				var bk Bucket
-				bk.SetRate(farAbove)
+				bk.SetRate(tc.rate)
 				c.Bind(&bk)
 			}
 			now := qc.Time(time.Hour)

@@ -67,7 +67,7 @@ func (c *Controller) Bound() bool { return c.down.Load() != nil }
 // with the packet's bytes.
 func (c *Controller) OnPacketSent(p qc.SentPacket) {
 	c.inner.OnPacketSent(p)
-	if b := c.down.Load(); b != nil && p.AckEliciting {
+	if b := c.down.Load(); b != nil && p.AckEliciting && b.Capped() {
 		b.sent(c.budgetTime(p.Time), p.Bytes)
 	}
 }
@@ -91,13 +91,13 @@ func (c *Controller) HasPacingBudget(now qc.Time) bool {
 		return false
 	}
 	b := c.down.Load()
-	return b == nil || b.ready(c.budgetTime(now))
+	return b == nil || !b.Capped() || b.ready(c.budgetTime(now))
 }
 
 // TimeUntilSend implements qc.Controller: the later of the two pacers'.
 func (c *Controller) TimeUntilSend(bytesInFlight int) qc.Time {
 	t := c.inner.TimeUntilSend(bytesInFlight)
-	if b := c.down.Load(); b != nil {
+	if b := c.down.Load(); b != nil && b.Capped() {
 		if next := b.next(); next != 0 {
 			if n := qc.Time(next + c.offset.Load()); n > t {
 				return n

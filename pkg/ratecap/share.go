@@ -3,6 +3,7 @@ package ratecap
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -59,6 +60,10 @@ func (g *gcra) next() int64 {
 type Bucket struct {
 	mu sync.Mutex
 	g  gcra
+	// capped mirrors g.nsPerByte > 0 without the lock: an uncapped
+	// identity's packets and reads skip the budget (a server with caps,
+	// or an auth hook, has a budget for every identity).
+	capped atomic.Bool
 }
 
 // SetRate sets the cap in bytes per second (<= 0: none).
@@ -66,14 +71,11 @@ func (b *Bucket) SetRate(bytesPerSec float64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.g.setRate(bytesPerSec)
+	b.capped.Store(b.g.nsPerByte > 0)
 }
 
 // Capped reports whether the bucket has a cap.
-func (b *Bucket) Capped() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.g.nsPerByte > 0
-}
+func (b *Bucket) Capped() bool { return b.capped.Load() }
 
 // sent books n bytes at now (monotonic nanoseconds).
 func (b *Bucket) sent(now int64, n int) {

@@ -30,7 +30,7 @@ func NewStream(ctx context.Context, str splice.Stream, up, down *Bucket) *Stream
 
 // Read implements io.Reader.
 func (s *Stream) Read(p []byte) (int, error) {
-	if s.up == nil {
+	if s.up == nil || !s.up.Capped() {
 		return s.Stream.Read(p)
 	}
 	n, err := s.Stream.Read(p[:min(len(p), maxRead)])
@@ -42,7 +42,7 @@ func (s *Stream) Read(p []byte) (int, error) {
 
 // Write implements io.Writer.
 func (s *Stream) Write(p []byte) (int, error) {
-	if s.down == nil {
+	if s.down == nil || !s.down.Capped() {
 		return s.Stream.Write(p)
 	}
 	written := 0
