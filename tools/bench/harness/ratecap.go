@@ -95,14 +95,19 @@ func (r *Runner) rateCap(ctx context.Context) error {
 	case len(p.ClientCC) == 0:
 		return skip("the profile names no client congestion controller")
 	}
+	builds := []string{""}
+	if r.opts.BinDirB != "" {
+		builds = append(builds, r.opts.BinDirB) // quictun-b, interleaved
+	}
 	r.setLink(ctx, p.Link)
 	for rep := range r.prof.Reps {
-		for k := range p.ClientCC {
+		for k := range len(p.ClientCC) * len(builds) {
 			if ctx.Err() != nil {
 				return nil
 			}
-			i := (k + rep) % len(p.ClientCC)
-			q := r.rateCapVariant(p.ClientCC[i], i)
+			j := (k + rep) % (len(p.ClientCC) * len(builds))
+			i, bin := j/len(builds), builds[j%len(builds)]
+			q := r.rateCapVariant(p.ClientCC[i], i, bin)
 			err := q.Start(ctx, &r.env)
 			if err == nil {
 				for _, dir := range []string{rateCapDown, rateCapUp} {
@@ -120,16 +125,21 @@ func (r *Runner) rateCap(ctx context.Context) error {
 }
 
 // rateCapVariant is the quictun instance whose client runs cc against a
-// server that caps it.
-func (r *Runner) rateCapVariant(cc string, k int) *quictun {
+// server that caps it; binDir, if set, holds the daemons (quictun-b's,
+// --bin-b: labelled quictun-b-client-CC, its own ports).
+func (r *Runner) rateCapVariant(cc string, k int, binDir string) *quictun {
 	p := r.prof.RateCap
 	sargs := append(slices.Clone(r.opts.ServerArgs), "--congestion", p.ServerCC)
 	cargs := append(slices.Clone(r.opts.ClientArgs), "--congestion", cc)
 	if cc == "fixed" {
 		cargs = append(cargs, "--rate", p.FixedRate)
 	}
-	return &quictun{ServerArgs: sargs, ClientArgs: cargs, Instance: rateCapInstance + k, Label: "quictun-client-" + cc,
+	q := &quictun{ServerArgs: sargs, ClientArgs: cargs, Instance: rateCapInstance + k, Label: "quictun-client-" + cc,
 		RateLimit: fmt.Sprintf("%gMbit/%gMbit", p.DownMbit, p.UpMbit)}
+	if binDir != "" {
+		q.BinDir, q.Label, q.Instance = binDir, "quictun-b-client-"+cc, rateCapInstance+10+k
+	}
+	return q
 }
 
 // rateCapCase names a direction's case with its cap.
