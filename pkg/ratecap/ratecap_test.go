@@ -2,6 +2,7 @@ package ratecap
 
 import (
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,27 +51,46 @@ func TestParseRate(t *testing.T) {
 // TestGCRA: a budget lets a burst go, then one rate's worth per second.
 func TestGCRA(t *testing.T) {
 	t.Parallel()
-	var g gcra
-	g.setRate(1e6) // 1 MB/s: 1 µs a byte; burst 12 KB (8 packets) > 5 ms
+	var g Bucket
+	g.SetRate(1e6) // 1 MB/s: 1 µs a byte; burst 12 KB (8 packets) > 5 ms
+	tau := g.rate.Load().tau
 	now := int64(time.Hour)
 	sent := 0
 	for g.ready(now) {
-		g.take(now, 1500)
+		g.sent(now, 1500)
 		sent += 1500
 	}
 	assert.Equal(t, 13500, sent, "the burst: up to tau ahead")
-	assert.Equal(t, now+int64(13500*time.Microsecond)-g.tau, g.next())
+	assert.Equal(t, now+int64(13500*time.Microsecond)-tau, g.next())
 	// Over a second, the rate.
 	for t := now; t < now+int64(time.Second); t += int64(time.Millisecond) {
 		for g.ready(t) {
-			g.take(t, 1500)
+			g.sent(t, 1500)
 			sent += 1500
 		}
 	}
 	assert.InDelta(t, 1e6+13500, sent, 3000)
-	g.setRate(0)
+	g.SetRate(0)
 	assert.True(t, g.ready(now), "no cap")
 	assert.Zero(t, g.next())
+	assert.Zero(t, g.delay(now, 1<<20))
+}
+
+// TestBucketConcurrent: bookings from many goroutines at once all count.
+func TestBucketConcurrent(t *testing.T) {
+	t.Parallel()
+	var b Bucket
+	b.SetRate(1e9) // 1 ns a byte
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				b.sent(0, 1000)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int64(8*1000*1000), b.tat.Load(), "no booking lost")
 }
 
 // TestTableReload: a reload changes the rates of the budgets in use.
