@@ -76,6 +76,27 @@ func TestGCRA(t *testing.T) {
 	assert.Zero(t, g.delay(now, 1<<20))
 }
 
+// TestBucketChunk: a capped stream moves at most a burst's worth at once,
+// and never less than maxRead.
+func TestBucketChunk(t *testing.T) {
+	t.Parallel()
+	var b Bucket
+	for _, tc := range []struct {
+		rate float64
+		want int
+	}{
+		{20e6 / 8, maxRead},     // 5 ms = 12,500 B
+		{100e6 / 8, 62_500},     // 5 ms at 100 Mbit/s
+		{100e9 / 8, 62_500_000}, // 5 ms at 100 Gbit/s
+		{1e3, maxRead},          // the 8-packet minimum burst, 12 KB
+	} {
+		b.SetRate(tc.rate)
+		assert.Equal(t, tc.want, b.chunk(), "rate %.0f B/s", tc.rate)
+	}
+	b.SetRate(0)
+	assert.Greater(t, b.chunk(), 1<<30, "no cap: no bound")
+}
+
 // TestBucketConcurrent: bookings from many goroutines at once all count.
 func TestBucketConcurrent(t *testing.T) {
 	t.Parallel()

@@ -49,6 +49,18 @@ func (b *Bucket) SetRate(bytesPerSec float64) {
 // Capped reports whether the bucket has a cap.
 func (b *Bucket) Capped() bool { return b.rate.Load() != nil }
 
+// chunk is the most one read or write of a capped stream moves at once: a
+// burst's worth (tau at the rate), at least maxRead. A high cap thus does
+// not cut reads below the copy's buffer (at 100 Gbit/s a 32 KiB buffer
+// cut to 16 KiB doubled the reads, and the writes onward).
+func (b *Bucket) chunk() int {
+	r := b.rate.Load()
+	if r == nil {
+		return math.MaxInt
+	}
+	return max(maxRead, int(min(float64(r.tau)/r.nsPerByte, math.MaxInt32)))
+}
+
 // take books n bytes moved at now and returns the new arrival time.
 func (b *Bucket) take(r *gcraRate, now int64, n int) int64 {
 	add := int64(float64(n) * r.nsPerByte)
