@@ -372,10 +372,11 @@ func (cfg *Config) refuseSelf(pc net.PacketConn) {
 }
 
 // wireAccounts wraps the congestion controller with the per-identity rate
-// caps (RateLimits; on a clone of cfg.QUIC) and gives the egress the usage
-// ledger as its accounts. Rate limits without Usage, or without a congestion
-// controller of ours, are an error.
+// caps (RateLimits, and those an auth hook answers; on a clone of cfg.QUIC)
+// and gives the egress the usage ledger as its accounts. Rate limits
+// without Usage, or without a congestion controller of ours, are an error.
 func (cfg *Config) wireAccounts() error {
+	withHookLimits(cfg)
 	if cfg.RateLimits != nil {
 		if cfg.Usage == nil || cfg.QUIC == nil || cfg.QUIC.Congestion == nil {
 			return errors.New("server: rate limits need Usage and a congestion controller of ours (bbr or cubic; reno is quic-go's own, which has no hook)")

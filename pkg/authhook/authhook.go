@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/ratecap"
+	"github.com/quictun/quictun/pkg/usage"
 )
 
 // Defaults of Config.
@@ -77,8 +79,24 @@ func (h *Hook) Len() (cached, running int) {
 
 type entry struct {
 	key     proto.Key
+	limits  Limits
 	err     error // proto.ErrUnknownKey, or the failure
 	expires time.Time
+}
+
+// Limits are the caps and quota a hook's answer gives its key's identity
+// (key=NAME), each optional: the server applies them as if configured with
+// --rate-limit and --quota for that identity (where the operator configured
+// none of its own; without them the defaults apply).
+type Limits struct {
+	// Rate is the answer's "rateLimit", DOWN[/UP] as --rate-limit's
+	// (ratecap.ParseRate); HasRate tells it was given.
+	Rate    ratecap.Rate
+	HasRate bool
+	// Quota is the answer's "quota", BYTES/WINDOW as --quota's
+	// (usage.ParseQuotaValue); HasQuota tells it was given.
+	Quota    usage.Quota
+	HasQuota bool
 }
 
 type call struct {
@@ -122,11 +140,17 @@ func New(cfg Config) (*Hook, error) {
 // Timeout. Errors: one wrapping proto.ErrUnknownKey (the hook has no such
 // key), ErrBusy, or the hook's failure (down, slow, a bad answer).
 func (h *Hook) Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error) {
+	k, _, err := h.Answer(ctx, id)
+	return k, err
+}
+
+// Answer is Lookup with the limits the hook's answer gave the key.
+func (h *Hook) Answer(ctx context.Context, id proto.KeyID) (proto.Key, Limits, error) {
 	now := h.cfg.Now()
 	h.mu.Lock()
 	if e, ok := h.cache[id]; ok && now.Before(e.expires) {
 		h.mu.Unlock()
-		return e.key, e.err
+		return e.key, e.limits, e.err
 	}
 	c, running := h.inFlight[id]
 	if !running {
@@ -134,7 +158,7 @@ func (h *Hook) Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error) {
 		case h.slots <- struct{}{}:
 		default:
 			h.mu.Unlock()
-			return proto.Key{}, ErrBusy
+			return proto.Key{}, Limits{}, ErrBusy
 		}
 		c = &call{done: make(chan struct{})}
 		h.inFlight[id] = c
@@ -145,9 +169,9 @@ func (h *Hook) Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error) {
 	}
 	select {
 	case <-c.done:
-		return c.e.key, c.e.err
+		return c.e.key, c.e.limits, c.e.err
 	case <-ctx.Done():
-		return proto.Key{}, fmt.Errorf("auth hook: %w", ctx.Err())
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: %w", ctx.Err())
 	}
 }
 
@@ -155,7 +179,7 @@ func (h *Hook) Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error) {
 func (h *Hook) run(id proto.KeyID, c *call) {
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Timeout)
 	defer cancel()
-	key, err := h.call(ctx, id)
+	key, limits, err := h.call(ctx, id)
 	ttl := h.cfg.TTL
 	switch {
 	case err == nil:
@@ -167,7 +191,7 @@ func (h *Hook) run(id proto.KeyID, c *call) {
 		h.cfg.Calls("error")
 		ttl = failureTTL
 	}
-	c.e = entry{key: key, err: err, expires: h.cfg.Now().Add(ttl)}
+	c.e = entry{key: key, limits: limits, err: err, expires: h.cfg.Now().Add(ttl)}
 	h.mu.Lock()
 	h.store(id, c.e)
 	delete(h.inFlight, id)
@@ -211,14 +235,37 @@ func (h *Hook) evict() {
 type answer struct {
 	Name   string `json:"name"`
 	Secret string `json:"secret"`
+	// RateLimit and Quota are optional (see Limits).
+	RateLimit string `json:"rateLimit"`
+	Quota     string `json:"quota"`
+}
+
+// limits parses the answer's optional caps and quota, with the bounds of
+// --rate-limit and --quota.
+func (a answer) limits() (Limits, error) {
+	var l Limits
+	var err error
+	if a.RateLimit != "" {
+		if l.Rate, err = ratecap.ParseRate(a.RateLimit); err != nil {
+			return Limits{}, fmt.Errorf("rateLimit: %w", err)
+		}
+		l.HasRate = true
+	}
+	if a.Quota != "" {
+		if l.Quota, err = usage.ParseQuotaValue(a.Quota); err != nil {
+			return Limits{}, fmt.Errorf("quota: %w", err)
+		}
+		l.HasQuota = true
+	}
+	return l, nil
 }
 
 // call asks the hook about id.
-func (h *Hook) call(ctx context.Context, id proto.KeyID) (proto.Key, error) {
+func (h *Hook) call(ctx context.Context, id proto.KeyID) (proto.Key, Limits, error) {
 	body, _ := json.Marshal(map[string]string{"keyId": id.String()})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.cfg.URL, bytes.NewReader(body))
 	if err != nil {
-		return proto.Key{}, err
+		return proto.Key{}, Limits{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if h.cfg.BearerToken != "" {
@@ -226,38 +273,42 @@ func (h *Hook) call(ctx context.Context, id proto.KeyID) (proto.Key, error) {
 	}
 	resp, err := h.cfg.Client.Do(req)
 	if err != nil {
-		return proto.Key{}, fmt.Errorf("auth hook: %w", err)
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: %w", err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
-		return proto.Key{}, fmt.Errorf("auth hook: %w", err)
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: %w", err)
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusNotFound:
-		return proto.Key{}, fmt.Errorf("auth hook: %w", proto.ErrUnknownKey)
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: %w", proto.ErrUnknownKey)
 	default:
-		return proto.Key{}, fmt.Errorf("auth hook: status %d", resp.StatusCode)
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: status %d", resp.StatusCode)
 	}
 	var a answer
 	if err := json.Unmarshal(b, &a); err != nil {
-		return proto.Key{}, fmt.Errorf("auth hook: answer: %w", err)
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: answer: %w", err)
 	}
 	secret, err := base64.StdEncoding.DecodeString(a.Secret)
 	switch {
 	case err != nil || len(secret) < minSecret:
-		return proto.Key{}, fmt.Errorf("auth hook: answer: the secret is not base64 of at least %d bytes", minSecret)
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: answer: the secret is not base64 of at least %d bytes", minSecret)
 	case !validName(a.Name):
-		return proto.Key{}, fmt.Errorf("auth hook: answer: name %q: use letters, digits, '.', '_' and '-'", a.Name)
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: answer: name %q: use letters, digits, '.', '_' and '-'", a.Name)
 	case proto.KeyIDOf(secret) != id:
-		return proto.Key{}, errors.New("auth hook: answer: the secret's key ID is not the one asked about")
+		return proto.Key{}, Limits{}, errors.New("auth hook: answer: the secret's key ID is not the one asked about")
+	}
+	limits, err := a.limits()
+	if err != nil {
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: answer: %w", err)
 	}
 	kr, err := proto.NewKeyring(proto.Key{Name: a.Name, Secret: secret})
 	if err != nil {
-		return proto.Key{}, fmt.Errorf("auth hook: answer: %w", err)
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: answer: %w", err)
 	}
-	return kr.Keys()[0], nil
+	return kr.Keys()[0], limits, nil
 }
 
 func validName(s string) bool {

@@ -18,6 +18,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/ratecap"
+	"github.com/quictun/quictun/pkg/usage"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -262,4 +264,67 @@ func TestLookupFreesItsSlotBeforeAnswering(t *testing.T) {
 		require.ErrorIs(t, err, proto.ErrUnknownKey)
 	}
 	assert.Zero(t, busy, "sequential lookups refused busy")
+}
+
+// TestAnswerCarriesLimits: an answer's optional rateLimit and quota are
+// parsed with --rate-limit's and --quota's syntax and bounds and cached
+// with the key; a bad one fails the lookup (fail closed), as a bad secret.
+func TestAnswerCarriesLimits(t *testing.T) {
+	t.Parallel()
+	secret := []byte("carol's secret, known to the hook")
+	id := proto.KeyIDOf(secret)
+	for _, tc := range []struct {
+		name      string
+		extra     map[string]string
+		want      Limits
+		wantError string
+	}{
+		{name: "none", want: Limits{}},
+		{name: "rate", extra: map[string]string{"rateLimit": "20Mbit/5Mbit"},
+			want: Limits{Rate: ratecap.Rate{Down: 20e6 / 8, Up: 5e6 / 8}, HasRate: true}},
+		{name: "rate both ways", extra: map[string]string{"rateLimit": "1MiB"},
+			want: Limits{Rate: ratecap.Rate{Down: 1 << 20, Up: 1 << 20}, HasRate: true}},
+		{name: "no cap", extra: map[string]string{"rateLimit": "0"}, want: Limits{HasRate: true}},
+		{name: "quota", extra: map[string]string{"quota": "100GiB/30d"},
+			want: Limits{Quota: usage.Quota{Bytes: 100 << 30, Window: 30 * 24 * time.Hour}, HasQuota: true}},
+		{name: "both", extra: map[string]string{"rateLimit": "40Mbit", "quota": "1GB/1h"},
+			want: Limits{Rate: ratecap.Rate{Down: 5e6, Up: 5e6}, HasRate: true, Quota: usage.Quota{Bytes: 1e9, Window: time.Hour}, HasQuota: true}},
+		{name: "rate without a unit", extra: map[string]string{"rateLimit": "20"}, wantError: "rateLimit"},
+		{name: "rate under the floor", extra: map[string]string{"rateLimit": "4bit"}, wantError: "at least 8kbit"},
+		{name: "quota without a window", extra: map[string]string{"quota": "10GiB"}, wantError: "quota"},
+		{name: "quota window too long", extra: map[string]string{"quota": "10GiB/400d"}, wantError: "quota"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				calls.Add(1)
+				a := map[string]string{"name": "carol", "secret": base64.StdEncoding.EncodeToString(secret)}
+				for k, v := range tc.extra {
+					a[k] = v
+				}
+				_ = json.NewEncoder(w).Encode(a)
+			}))
+			t.Cleanup(srv.Close)
+			h, err := New(Config{URL: srv.URL})
+			require.NoError(t, err)
+			t.Cleanup(h.Close)
+			for range 3 {
+				k, l, err := h.Answer(context.Background(), id)
+				if tc.wantError != "" {
+					require.ErrorContains(t, err, tc.wantError)
+					assert.NotErrorIs(t, err, proto.ErrUnknownKey, "a bad answer is a failure, not an unknown key")
+					continue
+				}
+				require.NoError(t, err)
+				assert.Equal(t, "carol", k.Name)
+				assert.Equal(t, tc.want, l)
+			}
+			if tc.wantError == "" {
+				assert.Equal(t, int64(1), calls.Load(), "the limits are cached with the key")
+			}
+			_, err = h.Lookup(context.Background(), id)
+			assert.Equal(t, tc.wantError == "", err == nil, "Lookup agrees with Answer")
+		})
+	}
 }

@@ -105,3 +105,20 @@ func NewAuthHookCalls(reg prometheus.Registerer) func(result string) {
 	reg.MustRegister(c)
 	return func(result string) { c.WithLabelValues(result).Inc() }
 }
+
+// NewAuthHookState registers two gauges read at scrape time from state
+// (pkg/authhook's Hook.Len): quictun_server_auth_hook_cache_entries, the
+// answers cached (keys, 404s and failures, at most the cache's bound), and
+// quictun_server_auth_hook_lookups_in_flight, the calls to the hook running
+// (at most --auth-hook-max-in-flight).
+func NewAuthHookState(reg prometheus.Registerer, state func() (cached, running int)) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: "server", Name: "auth_hook_cache_entries",
+			Help: "Answers of --auth-hook cached: keys (--auth-hook-ttl), unknown key IDs (--auth-hook-negative-ttl) and failed calls (1s); bounded at 100,000, a full cache is cut to nine tenths.",
+		}, func() float64 { c, _ := state(); return float64(c) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: "server", Name: "auth_hook_lookups_in_flight",
+			Help: "Calls to --auth-hook running (at most --auth-hook-max-in-flight; a lookup past it is refused at once).",
+		}, func() float64 { _, r := state(); return float64(r) }))
+}

@@ -51,6 +51,10 @@ func TestMetricsLint(t *testing.T) {
 			metrics.NewReload(r, "server")
 			metrics.NewAdminRefused(r, "server", []string{"host", "origin"})
 		}},
+		{"auth hook", func(r *prometheus.Registry) {
+			metrics.NewAuthHookCalls(r)
+			metrics.NewAuthHookState(r, func() (int, int) { return 0, 0 })
+		}},
 		{"quic and liveness", func(r *prometheus.Registry) {
 			r.MustRegister(metrics.NewQUICCollector("client", true, func() []metrics.Conn {
 				return []metrics.Conn{
@@ -421,6 +425,27 @@ func TestTypeCollectorsReadAtScrape(t *testing.T) {
 	assert.InDelta(t, 2, values(t, reg, "quictun_fec_datagrams_total")["type=recovered"], 0)
 	live.Add(10)
 	assert.InDelta(t, 11, values(t, reg, "quictun_quic_datagrams_total")["type=invalid"], 0)
+}
+
+// TestAuthHookStateReadAtScrape: the hook's cache and in-flight gauges
+// read its state when scraped.
+func TestAuthHookStateReadAtScrape(t *testing.T) {
+	t.Parallel()
+	var cached, running atomic.Int64
+	reg := prometheus.NewPedanticRegistry()
+	metrics.NewAuthHookState(reg, func() (int, int) { return int(cached.Load()), int(running.Load()) })
+	cached.Store(760)
+	running.Store(4)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP quictun_server_auth_hook_cache_entries Answers of --auth-hook cached: keys (--auth-hook-ttl), unknown key IDs (--auth-hook-negative-ttl) and failed calls (1s); bounded at 100,000, a full cache is cut to nine tenths.
+# TYPE quictun_server_auth_hook_cache_entries gauge
+quictun_server_auth_hook_cache_entries 760
+# HELP quictun_server_auth_hook_lookups_in_flight Calls to --auth-hook running (at most --auth-hook-max-in-flight; a lookup past it is refused at once).
+# TYPE quictun_server_auth_hook_lookups_in_flight gauge
+quictun_server_auth_hook_lookups_in_flight 4
+`), "quictun_server_auth_hook_cache_entries", "quictun_server_auth_hook_lookups_in_flight"))
+	cached.Store(0)
+	assert.InDelta(t, 0, values(t, reg, "quictun_server_auth_hook_cache_entries")[""], 0)
 }
 
 // TestTunnels: a daemon's Tunnels count open tunnels, results and (for

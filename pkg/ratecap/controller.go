@@ -17,6 +17,32 @@ import (
 type Controller struct {
 	inner qc.Controller
 	down  atomic.Pointer[Bucket]
+	// offset is quic-go's clock (qc.Time) less the budgets' (monoNow): a
+	// Bucket is kept in monoNow's time, because the TCP fallback's capped
+	// streams book the same identity's download budget. (quic-go's clock
+	// starts an hour before its package loaded: booking the budget in both
+	// clocks made a TCP stream beside a QUIC connection wait about an hour,
+	// and the cap not hold across them.) Both clocks are monotonic, so the
+	// offset is a constant, learnt from the first offsetSamples times
+	// quic-go passes (each at most the true offset: quic-go read it just
+	// before), then used without reading the clock.
+	offset  atomic.Int64
+	samples atomic.Int32
+}
+
+// offsetSamples is how many of quic-go's times the offset is learnt from.
+const offsetSamples = 16
+
+// budgetTime is now, a qc.Time quic-go just read, on the budgets' clock.
+func (c *Controller) budgetTime(now qc.Time) int64 {
+	if n := c.samples.Load(); n < offsetSamples {
+		off := int64(now) - monoNow()
+		if n == 0 || off > c.offset.Load() {
+			c.offset.Store(off)
+		}
+		c.samples.Add(1)
+	}
+	return int64(now) - c.offset.Load()
 }
 
 // Wrap returns a Controller over inner.
@@ -41,8 +67,8 @@ func (c *Controller) Bound() bool { return c.down.Load() != nil }
 // with the packet's bytes.
 func (c *Controller) OnPacketSent(p qc.SentPacket) {
 	c.inner.OnPacketSent(p)
-	if b := c.down.Load(); b != nil && p.AckEliciting {
-		b.sent(int64(p.Time), p.Bytes)
+	if b := c.down.Load(); b != nil && p.AckEliciting && b.Capped() {
+		b.sent(c.budgetTime(p.Time), p.Bytes)
 	}
 }
 
@@ -65,15 +91,17 @@ func (c *Controller) HasPacingBudget(now qc.Time) bool {
 		return false
 	}
 	b := c.down.Load()
-	return b == nil || b.ready(int64(now))
+	return b == nil || !b.Capped() || b.ready(c.budgetTime(now))
 }
 
 // TimeUntilSend implements qc.Controller: the later of the two pacers'.
 func (c *Controller) TimeUntilSend(bytesInFlight int) qc.Time {
 	t := c.inner.TimeUntilSend(bytesInFlight)
-	if b := c.down.Load(); b != nil {
-		if n := qc.Time(b.next()); n > t {
-			return n
+	if b := c.down.Load(); b != nil && b.Capped() {
+		if next := b.next(); next != 0 {
+			if n := qc.Time(next + c.offset.Load()); n > t {
+				return n
+			}
 		}
 	}
 	return t

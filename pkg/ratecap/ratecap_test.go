@@ -1,9 +1,12 @@
 package ratecap
 
 import (
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
+	qc "github.com/quic-go/quic-go/congestion"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -48,27 +51,67 @@ func TestParseRate(t *testing.T) {
 // TestGCRA: a budget lets a burst go, then one rate's worth per second.
 func TestGCRA(t *testing.T) {
 	t.Parallel()
-	var g gcra
-	g.setRate(1e6) // 1 MB/s: 1 µs a byte; burst 12 KB (8 packets) > 5 ms
+	var g Bucket
+	g.SetRate(1e6) // 1 MB/s: 1 µs a byte; burst 12 KB (8 packets) > 5 ms
+	tau := g.rate.Load().tau
 	now := int64(time.Hour)
 	sent := 0
 	for g.ready(now) {
-		g.take(now, 1500)
+		g.sent(now, 1500)
 		sent += 1500
 	}
 	assert.Equal(t, 13500, sent, "the burst: up to tau ahead")
-	assert.Equal(t, now+int64(13500*time.Microsecond)-g.tau, g.next())
+	assert.Equal(t, now+int64(13500*time.Microsecond)-tau, g.next())
 	// Over a second, the rate.
 	for t := now; t < now+int64(time.Second); t += int64(time.Millisecond) {
 		for g.ready(t) {
-			g.take(t, 1500)
+			g.sent(t, 1500)
 			sent += 1500
 		}
 	}
 	assert.InDelta(t, 1e6+13500, sent, 3000)
-	g.setRate(0)
+	g.SetRate(0)
 	assert.True(t, g.ready(now), "no cap")
 	assert.Zero(t, g.next())
+	assert.Zero(t, g.delay(now, 1<<20))
+}
+
+// TestBucketChunk: a capped stream moves at most a burst's worth at once,
+// and never less than maxRead.
+func TestBucketChunk(t *testing.T) {
+	t.Parallel()
+	var b Bucket
+	for _, tc := range []struct {
+		rate float64
+		want int
+	}{
+		{20e6 / 8, maxRead},     // 5 ms = 12,500 B
+		{100e6 / 8, 62_500},     // 5 ms at 100 Mbit/s
+		{100e9 / 8, 62_500_000}, // 5 ms at 100 Gbit/s
+		{1e3, maxRead},          // the 8-packet minimum burst, 12 KB
+	} {
+		b.SetRate(tc.rate)
+		assert.Equal(t, tc.want, b.chunk(), "rate %.0f B/s", tc.rate)
+	}
+	b.SetRate(0)
+	assert.Greater(t, b.chunk(), 1<<30, "no cap: no bound")
+}
+
+// TestBucketConcurrent: bookings from many goroutines at once all count.
+func TestBucketConcurrent(t *testing.T) {
+	t.Parallel()
+	var b Bucket
+	b.SetRate(1e9) // 1 ns a byte
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				b.sent(0, 1000)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int64(8*1000*1000), b.tat.Load(), "no booking lost")
 }
 
 // TestTableReload: a reload changes the rates of the budgets in use.
@@ -83,4 +126,75 @@ func TestTableReload(t *testing.T) {
 	tb.Set(nil, Rate{})
 	assert.False(t, a.Down.Capped(), "lifted by the reload")
 	assert.False(t, other.Up.Capped())
+}
+
+// openController is an inner controller that always lets packets go.
+type openController struct{}
+
+func (openController) OnPacketSent(qc.SentPacket)   {}
+func (openController) OnEvent(*qc.Event)            {}
+func (openController) OnAppLimited(int)             {}
+func (openController) SetMaxDatagramSize(int)       {}
+func (openController) CanSend(int) bool             { return true }
+func (openController) HasPacingBudget(qc.Time) bool { return true }
+func (openController) TimeUntilSend(int) qc.Time    { return 0 }
+func (openController) CongestionWindow() int        { return 1 << 20 }
+func (openController) InSlowStart() bool            { return false }
+func (openController) InRecovery() bool             { return false }
+
+// TestControllerSharesBudgetWithStreams: an identity's download budget is
+// booked by its QUIC connections' controllers (in quic-go's clock, which
+// starts an hour before its package loads) and by its TCP fallback
+// streams (Stream.Write): both in one clock, so neither makes the other
+// wait for nothing, and bookings add up. Before, a TCP stream beside a
+// QUIC connection waited about an hour after the connection's first
+// packet.
+func TestControllerSharesBudgetWithStreams(t *testing.T) {
+	t.Parallel()
+	const quicAhead = int64(time.Hour) // quic-go's monotime origin
+	qnow := func() qc.Time { return qc.Time(monoNow() + quicAhead) }
+	var b Bucket
+	b.SetRate(1e6) // 1 MB/s, 1 µs a byte
+	c := Wrap(openController{})
+	c.Bind(&b)
+	require.True(t, c.HasPacingBudget(qnow()))
+	c.OnPacketSent(qc.SentPacket{Time: qnow(), Bytes: 1200, AckEliciting: true})
+	// A TCP stream of the same identity writes 1,000 B now: it may wait
+	// for what the two booked (2.2 ms at 1 MB/s), not an hour.
+	d := b.delay(monoNow(), 1000)
+	assert.Less(t, d, 50*time.Millisecond, "a stream's wait after a packet booked the budget")
+	// Many bytes booked by streams hold the controller back, and its next
+	// send time is in quic-go's clock, about when the budget frees.
+	b.delay(monoNow(), 100_000) // 100 ms of budget
+	assert.False(t, c.HasPacingBudget(qnow()), "the streams' bookings count for the controller")
+	until := time.Duration(int64(c.TimeUntilSend(0)) - int64(qnow()))
+	assert.InDelta(t, 100*time.Millisecond, until, float64(50*time.Millisecond), "next send in quic-go's clock")
+}
+
+// TestTableHooked: caps from an auth hook's answer apply to an identity
+// with no rule of its own, at once to its budgets in use; a rule wins over
+// them; an answer without caps gives the default back; their number is
+// bounded (a full table drops a tenth).
+func TestTableHooked(t *testing.T) {
+	t.Parallel()
+	tb := NewTable([]Rule{{Identity: "key=ruled", Rate: Rate{Down: 1e6}}}, Rate{Down: 5e5})
+	carol := tb.For("key=carol")
+	assert.Equal(t, Rate{Down: 5e5}, tb.Rate("key=carol"), "the default before an answer")
+	tb.SetHooked("key=carol", Rate{Down: 2.5e6, Up: 6.25e5}, true)
+	assert.Equal(t, Rate{Down: 2.5e6, Up: 6.25e5}, tb.Rate("key=carol"))
+	assert.True(t, carol.Up.Capped(), "the budget in use takes the hook's caps at once")
+	tb.SetHooked("key=ruled", Rate{Down: 9e9}, true)
+	assert.Equal(t, Rate{Down: 1e6}, tb.Rate("key=ruled"), "the operator's rule wins")
+	tb.Set(nil, Rate{})
+	assert.Equal(t, Rate{Down: 9e9}, tb.Rate("key=ruled"), "a reload keeps the hook's caps")
+	assert.Equal(t, Rate{Down: 2.5e6, Up: 6.25e5}, tb.Rate("key=carol"))
+	tb.SetHooked("key=carol", Rate{}, false)
+	assert.Equal(t, Rate{}, tb.Rate("key=carol"), "an answer without caps: the default again")
+	assert.False(t, carol.Up.Capped())
+
+	for i := range MaxHooked + 1 {
+		tb.SetHooked("key=user-"+strconv.Itoa(i), Rate{Down: 1e6}, true)
+	}
+	assert.LessOrEqual(t, tb.Hooked(), MaxHooked, "bounded")
+	assert.Greater(t, tb.Hooked(), MaxHooked*8/10)
 }

@@ -7,8 +7,9 @@ import (
 	"github.com/quictun/quictun/pkg/splice"
 )
 
-// maxRead bounds one read of a capped stream, so that a read never books
-// much more than a burst at a time.
+// maxRead bounds one read or write of a capped stream at low rates, so
+// that it never books much more than a burst at a time; at high rates a
+// burst's worth (Bucket.chunk) is the bound.
 const maxRead = 16 << 10
 
 // Stream is a tunnel stream whose reads (the client's upload) go no faster
@@ -30,10 +31,10 @@ func NewStream(ctx context.Context, str splice.Stream, up, down *Bucket) *Stream
 
 // Read implements io.Reader.
 func (s *Stream) Read(p []byte) (int, error) {
-	if s.up == nil {
+	if s.up == nil || !s.up.Capped() {
 		return s.Stream.Read(p)
 	}
-	n, err := s.Stream.Read(p[:min(len(p), maxRead)])
+	n, err := s.Stream.Read(p[:min(len(p), s.up.chunk())])
 	if n > 0 {
 		s.wait(s.up.delay(monoNow(), n))
 	}
@@ -42,12 +43,12 @@ func (s *Stream) Read(p []byte) (int, error) {
 
 // Write implements io.Writer.
 func (s *Stream) Write(p []byte) (int, error) {
-	if s.down == nil {
+	if s.down == nil || !s.down.Capped() {
 		return s.Stream.Write(p)
 	}
 	written := 0
 	for len(p) > 0 {
-		chunk := p[:min(len(p), maxRead)]
+		chunk := p[:min(len(p), s.down.chunk())]
 		n, err := s.Stream.Write(chunk)
 		written += n
 		if err != nil {

@@ -30,11 +30,20 @@ type Table struct {
 	rules  map[string]Rate
 	def    Rate
 	shares map[string]*Shares
+	// hooked are the caps an auth hook's answers gave identities
+	// (SetHooked), below rules and above def; at most MaxHooked.
+	hooked map[string]Rate
 }
+
+// MaxHooked bounds the identities with caps from an auth hook (the hook's
+// own cache holds at most as many answers). Past it, a tenth of them is
+// dropped: those identities get the default until the hook answers for
+// them again (within its TTL).
+const MaxHooked = 100_000
 
 // NewTable returns a Table of rules and the default def.
 func NewTable(rules []Rule, def Rate) *Table {
-	t := &Table{shares: map[string]*Shares{}}
+	t := &Table{shares: map[string]*Shares{}, hooked: map[string]Rate{}}
 	t.Set(rules, def)
 	return t
 }
@@ -64,7 +73,56 @@ func (t *Table) rateOf(identity string) Rate {
 	if r, ok := t.rules[identity]; ok {
 		return r
 	}
+	if r, ok := t.hooked[identity]; ok {
+		return r
+	}
 	return t.def
+}
+
+// SetHooked sets the caps an auth hook's answer gives identity (ok false:
+// the answer gave none, the default applies again). A cap configured for
+// identity (--rate-limit) wins over it. Its budgets in use take the rate
+// at once.
+func (t *Table) SetHooked(identity string, r Rate, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, had := t.hooked[identity]
+	if had == ok && old == r {
+		return // the common case: the same answer, from the hook's cache
+	}
+	if !ok {
+		delete(t.hooked, identity)
+	} else {
+		if !had && len(t.hooked) >= MaxHooked {
+			t.dropHooked()
+		}
+		t.hooked[identity] = r
+	}
+	if s := t.shares[identity]; s != nil {
+		t.apply(identity, s)
+	}
+}
+
+// dropHooked drops a tenth of the hooked caps (arbitrary ones), so the map
+// is scanned once per MaxHooked/10 new identities. Call with mu.
+func (t *Table) dropHooked() {
+	low := MaxHooked - MaxHooked/10
+	for id := range t.hooked {
+		if len(t.hooked) <= low {
+			break
+		}
+		delete(t.hooked, id)
+		if s := t.shares[id]; s != nil {
+			t.apply(id, s)
+		}
+	}
+}
+
+// Hooked returns the number of identities with caps from a hook.
+func (t *Table) Hooked() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.hooked)
 }
 
 func (t *Table) apply(identity string, s *Shares) {

@@ -27,7 +27,15 @@ type quotas struct {
 	mu    sync.RWMutex
 	rules map[string]Quota
 	def   Quota
+	// hooked are the quotas an auth hook's answers gave identities
+	// (SetHookedQuota), below rules and above def; at most MaxHooked.
+	hooked map[string]Quota
 }
+
+// MaxHooked bounds the identities with a quota from an auth hook. Past it,
+// a tenth of them is dropped: those identities get the default until the
+// hook answers for them again (within its TTL).
+const MaxHooked = 100_000
 
 func (q *quotas) of(identity string) Quota {
 	q.mu.RLock()
@@ -35,7 +43,49 @@ func (q *quotas) of(identity string) Quota {
 	if r, ok := q.rules[identity]; ok {
 		return r
 	}
+	if r, ok := q.hooked[identity]; ok {
+		return r
+	}
 	return q.def
+}
+
+// SetHookedQuota sets the quota an auth hook's answer gives identity (ok
+// false: the answer gave none, the default applies again). A quota
+// configured for identity (--quota) wins over it. It applies from the next
+// tick (a second), as a reload's.
+func (l *Ledger) SetHookedQuota(identity string, quota Quota, ok bool) {
+	q := &l.quotas
+	q.mu.RLock()
+	old, had := q.hooked[identity]
+	q.mu.RUnlock()
+	if had == ok && old == quota {
+		return // the common case: the same answer, from the hook's cache
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !ok {
+		delete(q.hooked, identity)
+		return
+	}
+	if q.hooked == nil {
+		q.hooked = map[string]Quota{}
+	}
+	if _, had := q.hooked[identity]; !had && len(q.hooked) >= MaxHooked {
+		for id := range q.hooked { // a tenth, arbitrary ones
+			if len(q.hooked) <= MaxHooked-MaxHooked/10 {
+				break
+			}
+			delete(q.hooked, id)
+		}
+	}
+	q.hooked[identity] = quota
+}
+
+// HookedQuotas returns the number of identities with a quota from a hook.
+func (l *Ledger) HookedQuotas() int {
+	l.quotas.mu.RLock()
+	defer l.quotas.mu.RUnlock()
+	return len(l.quotas.hooked)
 }
 
 // SetQuotas replaces the quotas (a reload): rules by identity and def for

@@ -2,6 +2,7 @@ package usage
 
 import (
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -109,4 +110,31 @@ func TestQuotaSurvivesRestart(t *testing.T) {
 	up2.Add(100)
 	l2.tickAll(clk.Now(), Hooks{})
 	assert.True(t, l2.Get("key=alice").OverQuota(), "900 before the restart + 100 after")
+}
+
+// TestHookedQuota: a quota from an auth hook's answer applies to an
+// identity without a --quota of its own, survives a reload, gives way to
+// the default when an answer carries none, and is bounded in number.
+func TestHookedQuota(t *testing.T) {
+	t.Parallel()
+	l, err := New(Config{})
+	require.NoError(t, err)
+	def := Quota{Bytes: 1 << 30, Window: 24 * time.Hour}
+	own := Quota{Bytes: 5 << 30, Window: 24 * time.Hour}
+	l.SetQuotas(map[string]Quota{"key=ruled": own}, def)
+	hooked := Quota{Bytes: 100 << 30, Window: 30 * 24 * time.Hour}
+	l.SetHookedQuota("key=carol", hooked, true)
+	l.SetHookedQuota("key=ruled", hooked, true)
+	assert.Equal(t, hooked, l.quotas.of("key=carol"))
+	assert.Equal(t, own, l.quotas.of("key=ruled"), "the operator's --quota wins")
+	assert.Equal(t, def, l.quotas.of("key=dave"))
+	l.SetQuotas(nil, def)
+	assert.Equal(t, hooked, l.quotas.of("key=carol"), "a reload keeps the hook's quota")
+	l.SetHookedQuota("key=carol", Quota{}, false)
+	assert.Equal(t, def, l.quotas.of("key=carol"), "an answer without a quota: the default again")
+	for i := range MaxHooked + 1 {
+		l.SetHookedQuota("key=user-"+strconv.Itoa(i), hooked, true)
+	}
+	assert.LessOrEqual(t, l.HookedQuotas(), MaxHooked, "bounded")
+	assert.Greater(t, l.HookedQuotas(), MaxHooked*8/10)
 }

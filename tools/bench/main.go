@@ -119,13 +119,13 @@ func newRunCommand() *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout), cc (~15 minutes: bulk under loss, fairness, blackout under load, per congestion controller), loss (~55 minutes, issue 31: 100 Mbit/s, 25 ms RTT, 0-50 % random loss, three successive 10 s downloads per fresh tunnel, direct TCP BBR and Cubic, kcptun, quictun; fairness beside Cubic on a 30 and a 50 ms queue), stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) or full (every scenario)")
+	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout), cc (~17 minutes: bulk under loss, fairness, rate caps per client congestion controller, blackout under load, per congestion controller), loss (~55 minutes, issue 31: 100 Mbit/s, 25 ms RTT, 0-50 % random loss, three successive 10 s downloads per fresh tunnel, direct TCP BBR and Cubic, kcptun, quictun; fairness beside Cubic on a 30 and a 50 ms queue), stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) or full (every scenario)")
 	fs.StringVar(&binDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
 	fs.StringVar(&binDirB, "bin-b", "", "directory of another build of the daemons, run as variant quictun-b beside quictun (before/after in one run; select it with --variants ...,quictun-b)")
 	fs.StringVar(&out, "out", "bench/runs", "results directory; each run writes <out>/<UTC date>/")
 	fs.StringVar(&prefix, "prefix", "qb", "network namespace prefix (<prefix>-c, <prefix>-s)")
 	fs.StringSliceVar(&variants, "variants", nil, "variants to run, by name (direct-cubic, quictun-bbr) or family (direct, kcptun, quictun); default: the profile's (stn: direct,quictun), else every available one. Opt-in: quictun-socks5 (the quictun daemons probed through a --proxy socks5: entry point), quictun-reverse (a reverse tunnel, --remote-forward, probed from the server host; latency scenario only)")
-	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,after-idle,bulk,loss-bulk,fairness,echo-tps,request-size,connrate,blackout,blackout-bulk,scale,flood,stn-short,stn-sizes,stn-blackout,failover); default: the profile's")
+	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,after-idle,bulk,loss-bulk,fairness,ratecap,echo-tps,request-size,connrate,blackout,blackout-bulk,scale,flood,stn-short,stn-sizes,stn-blackout,failover); default: the profile's")
 	fs.StringSliceVar(&congestion, "congestion", nil, "quictun --congestion values, one variant quictun-<cc> each, e.g. bbr,cubic,reno (default: the profile's; cc: bbr,cubic,reno, others none); --congestion= runs one quictun without the flag")
 	fs.StringSliceVar(&directCC, "direct-cc", nil, "TCP congestion controls of direct TCP, one variant direct-<cc> each (server side set per route in the namespaces), e.g. cubic,bbr (default: the profile's; cc: cubic,bbr, others none: one direct with the namespaces' default)")
 	fs.IntVar(&reps, "reps", 0, "repetitions per case (0: the profile's)")
@@ -186,6 +186,7 @@ func newLoopbackCommand() *cobra.Command {
 	fs.IntVar(&o.Reps, "reps", 3, "repetitions per case")
 	fs.StringSliceVar(&o.Cases, "cases", nil, "cases to run (default: all): "+strings.Join(harness.LoopbackCases(), ","))
 	fs.StringSliceVar(&o.ServerArgs, "quictun-server-arg", nil, "extra quictun-server flag (repeatable)")
+	fs.StringSliceVar(&o.ServerArgsB, "quictun-server-arg-b", nil, "extra quictun-server flag of quictun-b only (repeatable; with --bin-b, or alone: the same build with another configuration), e.g. --quictun-server-arg-b=--default-rate-limit=100Gbit")
 	fs.StringSliceVar(&o.ClientArgs, "quictun-client-arg", nil, "extra quictun-client flag (repeatable)")
 	fs.StringSliceVar(&o.Env, "quictun-env", nil, "extra environment of every quictun variant's daemons, e.g. GOMAXPROCS=2 (repeatable); nothing else is added (Go's defaults unless set); for a labelled tuned variant use --runtime-env")
 	fs.StringSliceVar(&o.EnvB, "quictun-env-b", nil, "extra environment of quictun-b's daemons only (with --bin-b, or alone: the same build with another environment)")

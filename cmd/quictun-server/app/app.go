@@ -196,9 +196,14 @@ func (o *Options) authHook(reg prometheus.Registerer) (*authhook.Hook, error) {
 		}
 		token = string(b)
 	}
-	return authhook.New(authhook.Config{URL: o.AuthHook, BearerToken: token, Timeout: o.AuthHookTimeout,
+	h, err := authhook.New(authhook.Config{URL: o.AuthHook, BearerToken: token, Timeout: o.AuthHookTimeout,
 		MaxInFlight: o.AuthHookMaxInFlight, TTL: o.AuthHookTTL, NegativeTTL: o.AuthHookNegativeTTL,
 		Calls: metrics.NewAuthHookCalls(reg)})
+	if err != nil {
+		return nil, err
+	}
+	metrics.NewAuthHookState(reg, h.Len)
+	return h, nil
 }
 
 // usageReporter returns the reporter of --usage-report-url (nil: none).

@@ -65,6 +65,9 @@ type LoopbackOptions struct {
 	NoPin bool
 	// EnvB is extra environment of quictun-b's daemons only (after Env).
 	EnvB []string
+	// ServerArgsB are extra flags of quictun-b's server only (after
+	// ServerArgs): the same build with another configuration, e.g. caps.
+	ServerArgsB []string
 	// Smoke divides every case's work by 20 (the harness's own tests).
 	Smoke bool
 	Now   func() time.Time
@@ -144,7 +147,7 @@ func RunLoopback(ctx context.Context, opts LoopbackOptions) (dir string, err err
 	r.pin, pinDesc = hostPinPlan(!opts.NoPin, runtime.NumCPU())
 	r.res.Runtime = runtimeInfo(os.Environ(), opts.RuntimeEnv, pinDesc)
 	r.res.Notes = append(r.res.Notes, "daemon env: "+strings.Join(opts.Env, " "), "quictun-b env: "+strings.Join(opts.EnvB, " "),
-		"server args: "+strings.Join(opts.ServerArgs, " "), "client args: "+strings.Join(opts.ClientArgs, " "))
+		"server args: "+strings.Join(opts.ServerArgs, " "), "quictun-b server args: "+strings.Join(opts.ServerArgsB, " "), "client args: "+strings.Join(opts.ClientArgs, " "))
 	defer func() {
 		for _, t := range r.tunnels {
 			t.client.Stop(5 * time.Second)
@@ -168,24 +171,24 @@ func RunLoopback(ctx context.Context, opts LoopbackOptions) (dir string, err err
 	}
 	r.res.Variants = []string{"direct"}
 	type build struct {
-		name, bin string
-		env       []string
+		name, bin   string
+		env, sflags []string
 	}
-	builds := []build{{"quictun", opts.BinDir, benchDaemonEnv(opts.Env)}}
-	if opts.BinDirB != "" || len(opts.EnvB) > 0 {
+	builds := []build{{"quictun", opts.BinDir, benchDaemonEnv(opts.Env), nil}}
+	if opts.BinDirB != "" || len(opts.EnvB) > 0 || len(opts.ServerArgsB) > 0 {
 		bin := cmp.Or(opts.BinDirB, opts.BinDir)
-		builds = append(builds, build{"quictun-b", bin, benchDaemonEnv(append(slices.Clone(opts.Env), opts.EnvB...))})
+		builds = append(builds, build{"quictun-b", bin, benchDaemonEnv(append(slices.Clone(opts.Env), opts.EnvB...)), opts.ServerArgsB})
 	}
 	if len(opts.RuntimeEnv) > 0 {
 		for _, b := range slices.Clone(builds) {
-			builds = append(builds, build{runtimeEnvName(b.name, opts.RuntimeEnv), b.bin, append(slices.Clone(b.env), opts.RuntimeEnv...)})
+			builds = append(builds, build{runtimeEnvName(b.name, opts.RuntimeEnv), b.bin, append(slices.Clone(b.env), opts.RuntimeEnv...), b.sflags})
 		}
 	}
 	for _, b := range builds {
 		r.res.Notes = append(r.res.Notes, b.name+" daemons' env added: "+cmp.Or(strings.Join(b.env, " "), "none"))
 	}
 	for _, b := range builds {
-		t, err := r.startTunnel(ctx, work, b.name, b.bin, b.env)
+		t, err := r.startTunnel(ctx, work, b.name, b.bin, b.env, b.sflags)
 		if t != nil {
 			r.tunnels = append(r.tunnels, t)
 		}
@@ -275,8 +278,8 @@ func (r *lbRun) startServers(ctx context.Context, work string) error {
 }
 
 // startTunnel starts one server and client pair of the binaries in bin,
-// with a forward for each service.
-func (r *lbRun) startTunnel(ctx context.Context, work, name, bin string, env []string) (*lbTunnel, error) {
+// with a forward for each service; sflags are added to the server's flags.
+func (r *lbRun) startTunnel(ctx context.Context, work, name, bin string, env, sflags []string) (*lbTunnel, error) {
 	state := filepath.Join(work, name+"-state")
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		return nil, err
@@ -312,6 +315,7 @@ func (r *lbRun) startTunnel(ctx context.Context, work, name, bin string, env []s
 	}
 	sargs := append([]string{"--listen-on", udp, "--state-dir", state, "--secret-file", secret,
 		"--allow", strings.Join(allow, ","), "--httpd-listen-on", "", "--audit-log=false"}, r.opts.ServerArgs...)
+	sargs = append(sargs, sflags...)
 	sbin, sargs := r.pin.wrap(sideServer, filepath.Join(bin, "quictun-server"), sargs)
 	if t.server, err = startProcEnv(name+"-server", "", filepath.Join(r.logDir, name+"-server.log"), env, sbin, sargs...); err != nil {
 		return nil, err

@@ -40,11 +40,15 @@ const (
 	// ScLoss: heavy random loss both ways (issue 31); successive
 	// downloads on one tunnel connection, the minimum is the figure.
 	ScLoss = "loss-bulk"
+	// ScRateCap: the server caps the client's identity (--rate-limit);
+	// downloads and uploads through the tunnel per client congestion
+	// controller, against the cap (issue 35).
+	ScRateCap = "ratecap"
 )
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
-	return []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScLoss, ScFair, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
+	return []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScLoss, ScFair, ScRateCap, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
 		ScSTNShort, ScSTNSizes, ScSTNBlackout, ScFailover}
 }
 
@@ -133,6 +137,9 @@ type Profile struct {
 	LossLinks    []LinkSpec
 	LossRuns     int
 	LossDuration time.Duration
+
+	// RateCap sizes the rate-cap scenario (see RateCapSpec).
+	RateCap RateCapSpec
 
 	// Blackout with bulk: a download and an interactive echo through the
 	// same tunnel connection; the link is cut for each of
@@ -321,6 +328,7 @@ func Profiles(name string) (Profile, error) {
 			FloodProbeNumber: 1000, FloodProbeSize: 1000,
 			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.01, "100mbit")},
 			FairDuration: 40 * time.Second, FairWarmup: 10 * time.Second, FairAgainst: "cubic",
+			RateCap:               rateCapSpec(10*time.Second, 2*time.Second),
 			BlackoutBulkLinks:     []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.1, "100mbit")},
 			BlackoutBulkDurations: []time.Duration{10 * time.Second, 30 * time.Second},
 			BlackoutBulkWarmup:    3 * time.Second, BlackoutBulkRecovery: recoveryLimit,
@@ -358,6 +366,7 @@ func Profiles(name string) (Profile, error) {
 			FloodProbeNumber: 50, FloodProbeSize: 1000,
 			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit")},
 			FairDuration: time.Second, FairWarmup: 300 * time.Millisecond, FairAgainst: "cubic",
+			RateCap:               rateCapSpec(2*time.Second, 500*time.Millisecond),
 			BlackoutBulkLinks:     []LinkSpec{LinkOf("LAN", LANDelay, 0, "100mbit")},
 			BlackoutBulkDurations: []time.Duration{time.Second},
 			BlackoutBulkWarmup:    500 * time.Millisecond, BlackoutBulkRecovery: 20 * time.Second,
@@ -371,19 +380,21 @@ func Profiles(name string) (Profile, error) {
 		}, nil
 	case "cc":
 		// Congestion control: bulk under random loss, fairness against TCP
-		// Cubic, blackouts under load; about 15 minutes with one repetition.
+		// Cubic, rate caps per client controller, blackouts under load;
+		// about 17 minutes with one repetition.
 		var bulk []LinkSpec
 		for _, loss := range []float64{0, 0.01, 0.02, 0.05} {
 			bulk = append(bulk, LinkOf("WAN", WANDelay, loss, "100mbit"))
 		}
 		return Profile{
 			Name: "cc", Reps: 1,
-			Scenarios:    []string{ScBulk, ScFair, ScBlackoutBulk},
+			Scenarios:    []string{ScBulk, ScFair, ScRateCap, ScBlackoutBulk},
 			BulkLinks:    bulk,
 			BulkParallel: []int{1},
 			BulkDuration: 8 * time.Second,
 			FairLinks:    []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit")},
 			FairDuration: 30 * time.Second, FairWarmup: 10 * time.Second, FairAgainst: "cubic",
+			RateCap:               rateCapSpec(10*time.Second, 2*time.Second),
 			BlackoutBulkLinks:     []LinkSpec{LinkOf("WAN", WANDelay, 0, "100mbit"), LinkOf("WAN", WANDelay, 0.1, "100mbit")},
 			BlackoutBulkDurations: []time.Duration{10 * time.Second, 30 * time.Second},
 			BlackoutBulkWarmup:    2 * time.Second, BlackoutBulkRecovery: 30 * time.Second,

@@ -56,6 +56,11 @@ func Scenarios() map[string]ScenarioInfo {
 				{"against_share_pct", "Cubic % of link", true}, {"jain", "Jain", true},
 				{"whole_share_pct", "flow % whole run", true}, {"whole_against_share_pct", "Cubic % whole run", true}}, usageColumns[:7]...),
 			[]string{"share_pct", "against_share_pct"}},
+		ScRateCap: {"2c. Rate caps the client cannot dodge (issue 35)", "The server caps the client's identity (`--rate-limit key=ID=DOWN/UP`; its own `--congestion bbr`, which the download cap paces) on a link much faster than the caps; per congestion controller of the client (`fixed` at a `--rate` far above the cap) fresh daemons, then parallel downloads, then as many uploads, through the tunnel for the profile's time each. Mbit/s: the server's own count of the identity's application bytes in that direction (GET /identities/ID, the relays' live counters) from the warm-up to the end, and in % of the cap; the download cap counts QUIC packet bytes, so its goodput runs 2-3 % below the cap. Client Mbit/s: download, what the harness received over the whole transfer (start-up and drain included); upload, what it wrote in the time, including what the local and QUIC buffers took in at first (above the cap: that is buffering, not a leak). Uploads end with a reset, so their buffered bytes are dropped, and each sample waits for the identity's tunnels to close. CPU and emulator columns as in the bulk section.",
+			[]Metric{{"cap_pct", "% of cap", false}, {"mbit_per_s", "Mbit/s (server count)", true}, {"cap_mbit_per_s", "cap Mbit/s", false},
+				{"client_mbit_per_s", "client Mbit/s", true}, {"cpu_client_pct", "client CPU %", false}, {"cpu_server_pct", "server CPU %", false},
+				{"emu_cpu_pct", "emulator CPU %", false}, {"emu_queue_drops", "emulator queue drops", false}, {"emu_late_pct", "emulator late %", false}},
+			[]string{"cap_pct"}},
 		ScBlackoutBulk: {"5b. Blackout under load", "A download runs and an interactive 1000 B echo connection is open through the same tunnel connection (quictun: the sink client's QUIC connection, the echo connecting from 127.0.0.2, which its File token source sends to the echo server; direct TCP and kcptun: separate connections); after the warm-up, 100 % loss both ways for the given time on top of the link's background loss, and an echo request is sent just after the cut. Echo after: seconds from the end of the cut to the echo. Bulk flowing after: seconds from the end of the cut until 1 MiB of new download data has arrived (first byte: the first of it). Before/after Mbit/s: download rate in the second half of the warm-up, and in the second after it flowed again. Bulk kept: the download connection was still up when the harness stopped it (not reset); its end is then awaited for 5 s and, when it arrives, count and CRC-32C are verified (results.json: bulk_verified; a slow lossy download may still be draining its buffers then, which is not an error). Tunnel survived: the sink client's QUIC connection was not replaced (quictun reconnect counter unchanged). Recovery is awaited for a bounded time (profile); a missing value is a recovery that did not happen within it (see errors). Emulator columns as in the bulk section, over the whole sample.",
 			[]Metric{{"echo_after_s", "echo after s", false}, {"bulk_flowing_after_s", "bulk flowing after s", false}, {"bulk_first_byte_after_s", "bulk first byte after s", false},
 				{"tunnel_survived", "tunnel survived", true}, {"bulk_survived", "bulk kept", true}, {"bulk_before_mbit_per_s", "before Mbit/s", true},
@@ -376,6 +381,8 @@ func WriteReport(dir string, res *Results) error {
 			writeLossTables(w, res, rows, agg)
 		case ScFair, ScBlackoutBulk, ScSTNBlackout:
 			writeRowTable(w, sc, si, rows, res.Variants, agg, nil)
+		case ScRateCap:
+			writeRowTable(w, sc, si, rows, scenarioVariants(res.Samples, sc), agg, nil)
 		case ScSTNShort, ScSTNSizes:
 			writeRowTable(w, sc, si, rows, res.Variants, agg, directVariants(res.Variants))
 		default:
@@ -385,6 +392,8 @@ func WriteReport(dir string, res *Results) error {
 		var err error
 		if sc == ScLoss {
 			charts, err = writeLossCharts(dir, res, rows)
+		} else if sc == ScRateCap {
+			charts, err = writeCharts(dir, sc, si, rows, scenarioVariants(res.Samples, sc), agg)
 		} else {
 			charts, err = writeCharts(dir, sc, si, rows, res.Variants, agg)
 		}
@@ -412,6 +421,19 @@ func WriteReport(dir string, res *Results) error {
 	}
 	w.printf("\n## Reproduce\n\n```\nmake build && go run ./tools/bench run --profile %s\ngo run ./tools/bench compare OLD_DIR NEW_DIR\n```\n", res.Profile)
 	return w.err
+}
+
+// scenarioVariants are the variants of sc's samples, in the order first
+// seen: the rate-cap scenario runs daemons of its own, not the run's
+// variants.
+func scenarioVariants(samples []Sample, sc string) []string {
+	var out []string
+	for _, s := range samples {
+		if s.Scenario == sc && !slices.Contains(out, s.Variant) {
+			out = append(out, s.Variant)
+		}
+	}
+	return out
 }
 
 // writeRuntimeRows adds the daemons' environment and CPU placement to the

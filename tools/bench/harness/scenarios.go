@@ -96,6 +96,8 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.fairness(ctx)
 	case ScLoss:
 		return r.lossBulk(ctx)
+	case ScRateCap:
+		return r.rateCap(ctx)
 	case ScBlackoutBulk:
 		return r.blackoutBulk(ctx)
 	case ScSTNShort:

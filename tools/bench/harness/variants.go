@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/tools/linkem/netns"
 )
 
@@ -264,14 +265,19 @@ func QuictunAvailable(binDir string) bool {
 // flag (e.g. "--congestion"), from their --help.
 func QuictunHasFlag(ctx context.Context, binDir, flag string) bool {
 	for _, b := range []string{"quictun-server", "quictun-client"} {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		out, err := exec.CommandContext(cctx, filepath.Join(binDir, b), "--help").CombinedOutput()
-		cancel()
-		if err != nil || !helpHasFlag(string(out), flag) {
+		if !binHasFlag(ctx, filepath.Join(binDir, b), flag) {
 			return false
 		}
 	}
 	return true
+}
+
+// binHasFlag tells whether the binary at path accepts flag, from its --help.
+func binHasFlag(ctx context.Context, path, flag string) bool {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, path, "--help").CombinedOutput()
+	return err == nil && helpHasFlag(string(out), flag)
 }
 
 // helpHasFlag tells whether a --help text lists flag.
@@ -305,10 +311,19 @@ type quictun struct {
 	BinDir, Label string
 	// Env is added to the daemons' inherited environment (--runtime-env);
 	// it shows in the name (runtimeEnvName).
-	Env     []string
-	server  *Proc
-	clients map[string]*Proc
+	Env []string
+	// RateLimit, if set, caps the client's identity on the server
+	// (--rate-limit key=ID=RateLimit: DOWN[/UP]); the identity is the
+	// secret's key ID (Identity).
+	RateLimit string
+	identity  string
+	server    *Proc
+	clients   map[string]*Proc
 }
+
+// Identity is the identity the server gives this instance's clients
+// (key=<the secret's key ID>), known once Start has written the secret.
+func (q *quictun) Identity() string { return q.identity }
 
 // bin is the path of one of this instance's daemons.
 func (q *quictun) bin(env *Env, name string) string {
@@ -372,9 +387,12 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 	secret := filepath.Join(env.WorkDir, q.file("quictun-secret"))
 	raw := make([]byte, 32)
 	_, _ = rand.Read(raw)
-	if err := os.WriteFile(secret, []byte(base64.StdEncoding.EncodeToString(raw)+"\n"), 0o600); err != nil {
+	text := base64.StdEncoding.EncodeToString(raw)
+	if err := os.WriteFile(secret, []byte(text+"\n"), 0o600); err != nil {
 		return fmt.Errorf("quictun secret: %w", err)
 	}
+	// The daemons read the file's trimmed text as the secret.
+	q.identity = "key=" + proto.KeyIDOf([]byte(text)).String()
 	tokens := filepath.Join(env.WorkDir, q.file("quictun-tokens"))
 	if err := os.WriteFile(tokens, []byte(muxTokenFile()), 0o600); err != nil {
 		return fmt.Errorf("quictun token file: %w", err)
@@ -396,6 +414,9 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 		"--allow", fmt.Sprintf("tcp:127.0.0.1:%d,tcp:127.0.0.1:%d", EchoPort, SinkPort),
 		"--httpd-listen-on", q.local(qtServerAdminPort),
 	}, q.ccArgs()...)
+	if q.RateLimit != "" {
+		args = append(args, "--rate-limit", q.identity+"="+q.RateLimit)
+	}
 	args = append(args, q.ServerArgs...)
 	denv := benchDaemonEnv(q.Env)
 	sbin, sargs := env.Pin.wrap(sideServer, q.bin(env, "quictun-server"), args)
