@@ -1,0 +1,228 @@
+package resume
+
+import (
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+// Serve runs the tunnel on att until the tunnel ends (nil, or the
+// *splice.AbortedError or *GaveUpError OnEnd was given, after OnEnd), its
+// connection is lost (ErrParked: it waits for the next Serve within the
+// window), another Serve takes over (ErrTakenOver), or it had ended
+// before (ErrEnded: att's stream is left to the caller, which refuses it).
+// A Serve while another runs stops that one first (its
+// stream is cancelled) and waits for it: the offsets reported are final.
+func (p *Pipe) Serve(att *Attachment) error {
+	a, err := p.claim(att)
+	if err != nil {
+		return err
+	}
+	lost := p.run(a)
+	p.mu.Lock()
+	p.cur = nil
+	switch {
+	case a.preempted:
+		p.state = stateIdle // the claimant waiting for a.done takes it
+		p.mu.Unlock()
+		close(a.done)
+		return ErrTakenOver
+	case p.abortErr == nil && lost:
+		p.state = stateParked
+		p.timer = time.AfterFunc(p.cfg.Window, p.expire)
+		p.mu.Unlock()
+		close(a.done)
+		p.cfg.Events.TunnelParked()
+		return ErrParked
+	}
+	p.state = stateEnded
+	p.mu.Unlock()
+	close(a.done)
+	p.end()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.abortErr != nil {
+		if p.gaveUp != "" {
+			return &GaveUpError{Reason: p.gaveUp, Abort: p.abortErr}
+		}
+		return p.abortErr
+	}
+	return nil
+}
+
+// claim makes att the current attachment, stopping the running one.
+func (p *Pipe) claim(att *Attachment) (*attachment, error) {
+	a := &attachment{Attachment: att, stop: make(chan struct{}), done: make(chan struct{})}
+	p.mu.Lock()
+	for p.state == stateRunning {
+		old := p.cur
+		old.preempted = true
+		p.mu.Unlock()
+		old.cancel(codeDetached)
+		<-old.done
+		p.mu.Lock()
+	}
+	if p.state == stateEnded || p.abortErr != nil {
+		p.mu.Unlock()
+		return nil, ErrEnded
+	}
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	a.resumed = p.state == stateParked || att.Reply || att.PeerOffset > 0
+	p.state, p.cur = stateRunning, a
+	p.mu.Unlock()
+	return a, nil
+}
+
+// run carries the tunnel on a's stream until both directions ended (false)
+// or the stream is lost (true). An abort is recorded in p.abortErr.
+func (p *Pipe) run(a *attachment) (lost bool) {
+	var prefix []byte
+	if a.Reply {
+		prefix = AppendReply(nil, p.recv.Load())
+	}
+	if err := p.out.Rewind(a.PeerOffset); err != nil {
+		p.abort(proto.CodeResumeRefused, err, GaveUpOffset)
+		a.cancel(proto.CodeResumeRefused)
+		return false
+	}
+	if a.resumed {
+		_, _, end := p.out.Offsets()
+		p.cfg.Events.TunnelResumed(int64(end - a.PeerOffset))
+	}
+	wlost := make(chan bool, 1)
+	go func() { wlost <- p.write(a, prefix) }()
+	rl := p.readStream(a)
+	if rl {
+		a.cancel(codeDetached)
+	}
+	wl := <-wlost
+	return rl || wl
+}
+
+// write sends prefix, then the Buffer from the peer's offset on, then FIN
+// once the application ended. It returns true when the stream was lost.
+func (p *Pipe) write(a *attachment, prefix []byte) (lost bool) {
+	str := a.Stream
+	if len(prefix) > 0 {
+		if _, err := str.Write(prefix); err != nil {
+			return p.streamFailed(a, err)
+		}
+	}
+	for {
+		b, eof, wait := p.out.Peek()
+		switch {
+		case len(b) > 0:
+			n, err := str.Write(b)
+			p.out.Advance(n)
+			if err != nil {
+				return p.streamFailed(a, err)
+			}
+			continue
+		case eof:
+			_ = str.Close()
+			return false
+		}
+		select {
+		case <-wait:
+		case <-a.stop:
+			return true
+		case <-a.Done:
+			a.cancel(codeDetached)
+			return true
+		}
+	}
+}
+
+// readStream copies the stream to the application until EOF (false) or
+// the stream is lost (true).
+func (p *Pipe) readStream(a *attachment) (lost bool) {
+	var cb copyBuf
+	defer cb.release()
+	for {
+		n, rerr := a.Stream.Read(cb.buf())
+		if n > 0 {
+			buf := cb.buf()
+			if _, werr := p.conn.Write(buf[:n]); werr != nil {
+				p.abort(proto.CodeConnReset, werr, "")
+				a.cancel(proto.CodeConnReset)
+				return false
+			}
+			p.recv.Add(uint64(n))
+			p.FromStream.Add(int64(n))
+			cb.adapt(n)
+		}
+		if rerr == nil {
+			continue
+		}
+		if errors.Is(rerr, io.EOF) {
+			p.mu.Lock()
+			done := p.downDone
+			p.downDone = true
+			p.mu.Unlock()
+			if !done {
+				if err := p.conn.CloseWrite(); err != nil {
+					p.abort(proto.CodeConnReset, err, "")
+					a.cancel(proto.CodeConnReset)
+				}
+			}
+			return false
+		}
+		return p.streamFailed(a, rerr)
+	}
+}
+
+// streamFailed handles a failed stream operation: a lost stream (true), or
+// the peer's reset, which ends the tunnel with the peer's code.
+func (p *Pipe) streamFailed(a *attachment, err error) bool {
+	if isLost(err) {
+		a.cancel(codeDetached)
+		return true
+	}
+	code := proto.CodeConnReset
+	if c, ok := proto.FromError(err); ok {
+		code = c
+	}
+	p.abort(code, err, "")
+	a.cancel(code)
+	return false
+}
+
+// copyBuf is the stream reader's buffer: 2 KiB while reads are small, a
+// pooled 32 KiB one while they fill it (as pkg/splice), so that an idle
+// tunnel holds little.
+type copyBuf struct {
+	small [2 << 10]byte
+	large *[]byte
+}
+
+var largePool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (b *copyBuf) buf() []byte {
+	if b.large != nil {
+		return *b.large
+	}
+	return b.small[:]
+}
+
+func (b *copyBuf) adapt(n int) {
+	switch {
+	case b.large == nil && n == len(b.small):
+		b.large = largePool.Get().(*[]byte)
+	case b.large != nil && n < len(b.small):
+		largePool.Put(b.large)
+		b.large = nil
+	}
+}
+
+func (b *copyBuf) release() {
+	if b.large != nil {
+		largePool.Put(b.large)
+		b.large = nil
+	}
+}
