@@ -93,6 +93,9 @@ type Attachment struct {
 	Reply bool
 	// Conn names the connection, so that acks count only from it.
 	Conn any
+	// SendAck sends an ack datagram on the connection (nil: it carries
+	// none, and the peer's buffer is bounded by its cap alone).
+	SendAck func([]byte) error
 }
 
 // Config are a Pipe's settings.
@@ -193,6 +196,17 @@ func (p *Pipe) Ack(off uint64, conn any) error {
 		return nil
 	}
 	return p.out.Ack(off)
+}
+
+// ackState is what Table.Run acks: the bytes received and the current
+// stream's connection (send nil: none, or parked).
+func (p *Pipe) ackState() (recv uint64, conn any, send func([]byte) error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cur == nil {
+		return 0, nil, nil
+	}
+	return p.recv.Load(), p.cur.Conn, p.cur.SendAck
 }
 
 // read copies the application into the Buffer until EOF or an error,
