@@ -137,6 +137,25 @@ func (b *Buffer) Append(p []byte) (int, <-chan struct{}, error) {
 	return n, nil, nil
 }
 
+// preload appends p whatever the caps (bytes already written on the first
+// stream, at most a proxy request's read) and records them as sent.
+func (b *Buffer) preload(p []byte) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for len(p) > 0 {
+		pos := b.end - b.start
+		idx, off := int(pos/ChunkSize), int(pos%ChunkSize)
+		if idx == len(b.chunks) {
+			b.budget.used.Add(ChunkSize)
+			b.chunks = append(b.chunks, chunkPool.Get().(*[]byte))
+		}
+		k := copy((*b.chunks[idx])[off:], p)
+		p = p[k:]
+		b.end += uint64(k)
+	}
+	b.sent = b.end
+}
+
 func (b *Buffer) commitLocked(n int) {
 	if n > 0 {
 		b.wakeWriterLocked()

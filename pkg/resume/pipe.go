@@ -67,6 +67,9 @@ type Events interface {
 	TunnelResumed(resent int64)
 	// TunnelGaveUp reports a parked tunnel that ended (GaveUpReasons).
 	TunnelGaveUp(reason string)
+	// ResumeRefused reports a refused resume request (RefusedReasons; the
+	// server).
+	ResumeRefused(reason string)
 }
 
 // NopEvents counts nothing.
@@ -80,6 +83,9 @@ func (NopEvents) TunnelResumed(int64) {}
 
 // TunnelGaveUp implements Events.
 func (NopEvents) TunnelGaveUp(string) {}
+
+// ResumeRefused implements Events.
+func (NopEvents) ResumeRefused(string) {}
 
 // Attachment is a stream a tunnel runs on.
 type Attachment struct {
@@ -98,6 +104,12 @@ type Attachment struct {
 	SendAck func([]byte) error
 }
 
+// DefaultCap is the default bound of the bytes one direction of a tunnel
+// holds for resending: about the bandwidth-delay product of 100 Mbit/s
+// over 300 ms. A tunnel that reaches it stops reading its application
+// until the peer confirms bytes (backpressure, never a drop).
+const DefaultCap = 4 << 20
+
 // Config are a Pipe's settings.
 type Config struct {
 	// Window is how long a tunnel stays parked.
@@ -110,6 +122,9 @@ type Config struct {
 	// OnEnd is called once, when the tunnel ended for good: nil (both
 	// directions ended), a *splice.AbortedError or a *GaveUpError.
 	OnEnd func(err error)
+	// Written are application bytes already written on the first stream
+	// (with the header): they are kept for resending like the rest.
+	Written []byte
 }
 
 // Pipe is a resumable tunnel: an application connection and the stream it
@@ -128,7 +143,8 @@ type Pipe struct {
 	ToStream, FromStream atomic.Int64
 
 	readerDone chan struct{}
-	ended      chan struct{}
+	ended      chan struct{} // stops the reader
+	finished   chan struct{} // closed after OnEnd
 
 	mu        sync.Mutex
 	state     int
@@ -170,14 +186,18 @@ func NewPipe(conn splice.Conn, cfg Config) *Pipe {
 	if cfg.Events == nil {
 		cfg.Events = NopEvents{}
 	}
+	if cfg.Cap <= 0 {
+		cfg.Cap = DefaultCap
+	}
 	p := &Pipe{conn: conn, cfg: cfg, out: NewBuffer(cfg.Cap, cfg.Budget),
-		readerDone: make(chan struct{}), ended: make(chan struct{})}
+		readerDone: make(chan struct{}), ended: make(chan struct{}), finished: make(chan struct{})}
+	p.out.preload(cfg.Written)
 	go p.read()
 	return p
 }
 
-// Ended is closed once the tunnel ended for good (OnEnd was called).
-func (p *Pipe) Ended() <-chan struct{} { return p.ended }
+// Ended is closed once the tunnel ended for good, after OnEnd returned.
+func (p *Pipe) Ended() <-chan struct{} { return p.finished }
 
 // Received is how many bytes of the peer's reached the application.
 func (p *Pipe) Received() uint64 { return p.recv.Load() }
@@ -328,6 +348,7 @@ func (p *Pipe) end() {
 	if p.cfg.OnEnd != nil {
 		p.cfg.OnEnd(err)
 	}
+	close(p.finished)
 }
 
 // expire ends a tunnel parked for its whole window.
