@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/server"
@@ -163,4 +167,140 @@ func TestResumeAcrossLostConnection(t *testing.T) {
 	require.Eventually(t, func() bool { return srvSide.table.Len() == 0 && cliSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return srvSide.budget.Used() == 0 && cliSide.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
 		"ended tunnels give back their buffers")
+}
+
+// resumeHeader encodes a resume request for id (the client received
+// offset bytes) with secret.
+func resumeHeader(t *testing.T, id resume.ID, offset uint64, secret []byte) []byte {
+	t.Helper()
+	h, err := proto.NewHeader(resume.Request{ID: id, Offset: offset}.Token(), time.Now())
+	require.NoError(t, err)
+	h.Kind = proto.KindResume
+	b, err := h.Append(nil, secret)
+	require.NoError(t, err)
+	return b
+}
+
+// signedHeaderKind encodes a header of kind with token and secret.
+func signedHeaderKind(t *testing.T, token string, kind proto.Kind, secret []byte) []byte {
+	t.Helper()
+	h, err := proto.NewHeader(token, time.Now())
+	require.NoError(t, err)
+	h.Kind = kind
+	b, err := h.Append(nil, secret)
+	require.NoError(t, err)
+	return b
+}
+
+// sendResume sends a resume request on a new stream of c: the server's
+// offset and the stream (to carry the tunnel on), or the code it was
+// refused with.
+func sendResume(t *testing.T, c *quic.Conn, b []byte) (uint64, *quic.Stream, proto.Code) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	str, err := c.OpenStreamSync(ctx)
+	require.NoError(t, err)
+	_, err = str.Write(b)
+	require.NoError(t, err)
+	_ = str.SetReadDeadline(time.Now().Add(10 * time.Second))
+	off, err := resume.ReadReply(str)
+	_ = str.SetReadDeadline(time.Time{})
+	if err == nil {
+		return off, str, proto.CodeOK
+	}
+	str.CancelRead(0)
+	str.CancelWrite(0)
+	code, ok := proto.FromError(err)
+	require.True(t, ok, "want a reply or a reset with a code, got %v", err)
+	return 0, nil, code
+}
+
+// echoRoundTrip writes msg on str and reads it back.
+func echoRoundTrip(t *testing.T, str *quic.Stream, msg string) {
+	t.Helper()
+	_, err := str.Write([]byte(msg))
+	require.NoError(t, err)
+	_ = str.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, len(msg))
+	_, err = io.ReadFull(str, got)
+	require.NoError(t, err)
+	assert.Equal(t, msg, string(got))
+}
+
+// TestResumeRefused (issue 34 part 1): re-attaching is bound to the
+// identity that opened the tunnel. A resume request made with another
+// key, for an ID the server does not hold, or replayed, is refused with
+// resume_refused (replay: replay), counted by reason, and holds nothing
+// (the server keeps only the real tunnel, which still works); the owner's
+// request continues the tunnel on its new stream with the right offset.
+func TestResumeRefused(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	alice, bob := testutil.Secret, []byte("bob-secret-0123456789abcdef01234")
+	side := newResumeSide(server.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		keys, err := proto.NewKeyring(proto.Key{Name: "alice", Secret: alice}, proto.Key{Name: "bob", Secret: bob})
+		require.NoError(t, err)
+		c.Keys = keys
+		c.Resume = side.egress(time.Minute)
+	}})
+	owner := attackerConn(t, srv)
+	id, err := resume.NewID()
+	require.NoError(t, err)
+	h, err := proto.NewHeader("tcp:"+echo, time.Now())
+	require.NoError(t, err)
+	h.ResumeID, h.HasResumeID = id, true
+	b, err := h.Append(nil, alice)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := owner.OpenStreamSync(ctx)
+	require.NoError(t, err)
+	_, err = first.Write(b)
+	require.NoError(t, err)
+	require.NoError(t, proto.ReadReply(first))
+	echoRoundTrip(t, first, "ping")
+	require.Equal(t, 1, side.table.Len())
+
+	other := attackerConn(t, srv)
+	unknown, err := resume.NewID()
+	require.NoError(t, err)
+	replayed := resumeHeader(t, unknown, 0, alice)
+	for _, tc := range []struct {
+		name   string
+		header []byte
+		code   proto.Code
+		reason string
+	}{
+		{"another identity's key", resumeHeader(t, id, 4, bob), proto.CodeResumeRefused, resume.RefusedIdentity},
+		{"an ID not held", replayed, proto.CodeResumeRefused, resume.RefusedUnknown},
+		{"a request replayed", replayed, proto.CodeReplay, ""},
+		{"a malformed request", signedHeaderKind(t, "resume/1/"+id.String(), proto.KindResume, alice), proto.CodeResumeRefused, resume.RefusedBadRequest},
+	} {
+		_, _, code := sendResume(t, other, tc.header)
+		assert.Equal(t, tc.code, code, tc.name)
+		if tc.reason != "" {
+			assert.Equal(t, 1.0, promtest.ToFloat64(side.metrics.Refused.WithLabelValues(tc.reason)), tc.name)
+		}
+	}
+	assert.Equal(t, 1, side.table.Len(), "refused requests hold nothing")
+	echoRoundTrip(t, first, "still mine")
+
+	// The owner re-attaches from another connection while the first still
+	// runs (a client that moved): the server received 4+10 bytes, and the
+	// tunnel goes on on the new stream; the old one is reset.
+	third := attackerConn(t, srv)
+	off, str, code := sendResume(t, third, resumeHeader(t, id, 14, alice))
+	require.Equal(t, proto.CodeOK, code)
+	assert.Equal(t, uint64(14), off)
+	echoRoundTrip(t, str, "pong")
+	_ = first.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = first.Read(make([]byte, 1))
+	require.Error(t, err, "the old stream no longer carries the tunnel")
+	assert.Equal(t, 1.0, promtest.ToFloat64(side.metrics.Resumed))
+	require.NoError(t, str.Close())
+	_, err = io.ReadAll(str)
+	require.NoError(t, err, "the echo's FIN ends the tunnel cleanly")
+	require.Eventually(t, func() bool { return side.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
 }
