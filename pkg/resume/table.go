@@ -54,6 +54,9 @@ const ackRepeat = 200 * time.Millisecond
 type Table struct {
 	mu      sync.Mutex
 	tunnels map[ID]*entry
+	// added wakes Run when the first tunnel is added: an empty Table's Run
+	// does not tick.
+	added chan struct{}
 }
 
 type entry struct {
@@ -66,7 +69,7 @@ type entry struct {
 }
 
 // NewTable returns an empty Table.
-func NewTable() *Table { return &Table{tunnels: make(map[ID]*entry)} }
+func NewTable() *Table { return &Table{tunnels: make(map[ID]*entry), added: make(chan struct{}, 1)} }
 
 // Add registers p as tunnel id of identity until remove is called.
 func (t *Table) Add(id ID, identity string, p *Pipe) (remove func(), err error) {
@@ -77,6 +80,12 @@ func (t *Table) Add(id ID, identity string, p *Pipe) (remove func(), err error) 
 	}
 	e := &entry{pipe: p, identity: identity}
 	t.tunnels[id] = e
+	if len(t.tunnels) == 1 {
+		select {
+		case t.added <- struct{}{}:
+		default:
+		}
+	}
 	return sync.OnceFunc(func() {
 		t.mu.Lock()
 		if t.tunnels[id] == e {
@@ -158,6 +167,15 @@ func (t *Table) Run(ctx context.Context) {
 	busy := make(map[any]bool)
 	pending := make(map[any]*connPending)
 	for {
+		if t.Len() == 0 {
+			tick.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.added:
+			}
+			tick.Reset(AckInterval)
+		}
 		select {
 		case <-ctx.Done():
 			return
