@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -303,4 +304,41 @@ func TestResumeRefused(t *testing.T) {
 	_, err = io.ReadAll(str)
 	require.NoError(t, err, "the echo's FIN ends the tunnel cleanly")
 	require.Eventually(t, func() bool { return side.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestResumeRefusedAfterServerGaveUp: when the server no longer holds the
+// tunnel (its shorter window passed during the outage; after a restart
+// too), the client's re-attachment is refused: the client gives up at once
+// (refused) and resets the application's connection, as without
+// resumption, and both ends give their buffers back.
+func TestResumeRefusedAfterServerGaveUp(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srvSide := newResumeSide(server.NewResumeMetrics)
+	cliSide := newResumeSide(client.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, QUIC: shortIdle,
+		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(200 * time.Millisecond) }})
+	var dark atomic.Bool
+	proxy := lossyProxy(t, srv, time.Millisecond, &dark, nil)
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
+		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
+	c := dial(t, cl.Addr)
+	_, err := c.Write([]byte("ping"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(c, make([]byte, 4))
+	require.NoError(t, err)
+
+	dark.Store(true)
+	require.Eventually(t, func() bool { return promtest.ToFloat64(srvSide.metrics.GaveUp.WithLabelValues(resume.GaveUpWindow)) == 1 },
+		30*time.Second, 10*time.Millisecond, "the server gives up after its window")
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cliSide.metrics.Parked) == 1 }, 30*time.Second, 10*time.Millisecond)
+	dark.Store(false)
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cliSide.metrics.GaveUp.WithLabelValues(resume.GaveUpRefused)) == 1 },
+		30*time.Second, 10*time.Millisecond, "the client learns it at its re-attachment")
+	assert.Equal(t, 1.0, promtest.ToFloat64(srvSide.metrics.Refused.WithLabelValues(resume.RefusedUnknown)))
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	require.Eventually(t, func() bool { return srvSide.budget.Used() == 0 && cliSide.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond)
+	assert.Zero(t, srvSide.table.Len()+cliSide.table.Len())
 }
