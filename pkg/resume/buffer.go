@@ -85,6 +85,9 @@ type Buffer struct {
 
 	grew  chan struct{} // closed when bytes were committed or eof set
 	freed chan struct{} // closed when chunks were given back
+	// writerWaits: Peek handed out grew (a channel is made anew only
+	// then, not for every read of the application).
+	writerWaits bool
 }
 
 // NewBuffer returns an empty Buffer holding at most capBytes (rounded up to
@@ -172,8 +175,11 @@ func (b *Buffer) Finish() {
 }
 
 func (b *Buffer) wakeWriterLocked() {
-	close(b.grew)
-	b.grew = make(chan struct{})
+	if b.writerWaits {
+		b.writerWaits = false
+		close(b.grew)
+		b.grew = make(chan struct{})
+	}
 }
 
 // Peek returns the bytes from sent on (at most to the end of a chunk), and
@@ -186,6 +192,7 @@ func (b *Buffer) Peek() (p []byte, eof bool, wait <-chan struct{}) {
 		if b.eof {
 			return nil, true, nil
 		}
+		b.writerWaits = true
 		return nil, false, b.grew
 	}
 	pos := b.sent - b.start
