@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"cmp"
 	"errors"
 	"strings"
 	"time"
@@ -25,7 +26,15 @@ type Resume struct {
 	Cap    int
 	Budget *resume.Budget
 	Events resume.Events
+	// Max bounds the resumable tunnels held, running and parked (0:
+	// DefaultMaxResumable); past it new tunnels are plain ones.
+	Max int
 }
+
+// DefaultMaxResumable is the default Resume.Max: parked tunnels no longer
+// count against their connection's stream limit, this bounds them (and the
+// sockets they hold) for the whole server.
+const DefaultMaxResumable = 65536
 
 // window is the resume window of a tunnel opened now, 0 without Resume.
 func (e *Handler) window() time.Duration {
@@ -39,7 +48,16 @@ func (e *Handler) window() time.Duration {
 // header asks for it, the window is on, and the connection carries the
 // ack datagrams (a tunnel without them would stall at its cap).
 func (s *stream) resumable() bool {
-	return s.h.HasResumeID && s.h.Kind == proto.KindTCP && s.e.window() > 0 && ackSender(s.st.Conn) != nil
+	if !s.h.HasResumeID || s.h.Kind != proto.KindTCP || s.e.window() <= 0 || ackSender(s.st.Conn) == nil {
+		return false
+	}
+	r := s.e.cfg.Resume
+	if r.Table.Len() >= cmp.Or(r.Max, DefaultMaxResumable) {
+		s.logger.V(2).Info("Opened a plain tunnel instead of a resumable one: the server holds its maximum of resumable tunnels",
+			"max", cmp.Or(r.Max, DefaultMaxResumable))
+		return false
+	}
+	return true
 }
 
 // ackSender returns the connection's datagram sender, nil without

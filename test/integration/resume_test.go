@@ -342,3 +342,33 @@ func TestResumeRefusedAfterServerGaveUp(t *testing.T) {
 	require.Eventually(t, func() bool { return srvSide.budget.Used() == 0 && cliSide.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond)
 	assert.Zero(t, srvSide.table.Len()+cliSide.table.Len())
 }
+
+// TestResumeMaxTunnels: past Resume.Max the server opens plain tunnels (not
+// held when their connection dies) instead of refusing them.
+func TestResumeMaxTunnels(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	side := newResumeSide(server.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.Resume = side.egress(time.Minute)
+		c.Resume.Max = 1
+	}})
+	c := attackerConn(t, srv)
+	for i := range 2 {
+		id, err := resume.NewID()
+		require.NoError(t, err)
+		h, err := proto.NewHeader("tcp:"+echo, time.Now())
+		require.NoError(t, err)
+		h.ResumeID, h.HasResumeID = id, true
+		b, err := h.Append(nil, testutil.Secret)
+		require.NoError(t, err)
+		str, err := c.OpenStream()
+		require.NoError(t, err)
+		_, err = str.Write(b)
+		require.NoError(t, err)
+		require.NoError(t, proto.ReadReply(str))
+		echoRoundTrip(t, str, "tunnel")
+		assert.Equal(t, 1, side.table.Len(), "tunnel %d", i)
+	}
+	assert.Equal(t, 2, srv.Server.Registry().Len(), "both tunnels run")
+}
