@@ -329,11 +329,15 @@ func TestResumeRefusedAfterServerGaveUp(t *testing.T) {
 	require.NoError(t, err)
 
 	dark.Store(true)
-	require.Eventually(t, func() bool { return promtest.ToFloat64(srvSide.metrics.GaveUp.WithLabelValues(resume.GaveUpWindow)) == 1 },
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srvSide.metrics.GaveUp.WithLabelValues(resume.GaveUpWindow)) == 1
+	},
 		30*time.Second, 10*time.Millisecond, "the server gives up after its window")
 	require.Eventually(t, func() bool { return promtest.ToFloat64(cliSide.metrics.Parked) == 1 }, 30*time.Second, 10*time.Millisecond)
 	dark.Store(false)
-	require.Eventually(t, func() bool { return promtest.ToFloat64(cliSide.metrics.GaveUp.WithLabelValues(resume.GaveUpRefused)) == 1 },
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(cliSide.metrics.GaveUp.WithLabelValues(resume.GaveUpRefused)) == 1
+	},
 		30*time.Second, 10*time.Millisecond, "the client learns it at its re-attachment")
 	assert.Equal(t, 1.0, promtest.ToFloat64(srvSide.metrics.Refused.WithLabelValues(resume.RefusedUnknown)))
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
