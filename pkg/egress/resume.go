@@ -72,8 +72,12 @@ func ackSender(c Conn) func([]byte) error {
 
 // attachment is the resume.Attachment of the stream's connection.
 func (s *stream) attachment(peerOffset uint64, reply bool) *resume.Attachment {
-	return &resume.Attachment{Stream: s.throttle(s.str), Done: s.st.Conn.Context().Done(), PeerOffset: peerOffset,
+	a := &resume.Attachment{Stream: s.throttle(s.str), Done: s.st.Conn.Context().Done(), PeerOffset: peerOffset,
 		Reply: reply, Conn: s.st.Conn, SendAck: ackSender(s.st.Conn)}
+	if p := s.st.Prober; p != nil {
+		a.AfterWrite, a.AfterRead = p.Kick, p.Heard
+	}
+	return a
 }
 
 // spliceResumable is splice for a resumable tunnel: the reply, then the

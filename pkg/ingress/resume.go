@@ -110,8 +110,15 @@ func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 
 // attachment is the resume.Attachment of str on the current session.
 func (l *local) attachment(str splice.Stream, peerOffset uint64) *resume.Attachment {
-	c := l.sess.Conn
-	return &resume.Attachment{Stream: str, Done: c.Context().Done(), PeerOffset: peerOffset, Conn: c, SendAck: ackSender(c)}
+	sess := l.sess
+	a := &resume.Attachment{Stream: str, Done: sess.Conn.Context().Done(), PeerOffset: peerOffset, Conn: sess.Conn, SendAck: ackSender(sess.Conn)}
+	if sess.Prober != nil || sess.Waker != nil {
+		// Bytes either way wake the liveness checks of an idle connection
+		// (as splice does for a plain tunnel).
+		a.AfterWrite = func() { sess.Prober.Kick(); sess.Waker.Wake() }
+		a.AfterRead = func() { sess.Prober.Heard(); sess.Waker.Wake() }
+	}
+	return a
 }
 
 // errResumeRefused: the server holds no such tunnel for us.

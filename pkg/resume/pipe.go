@@ -102,6 +102,11 @@ type Attachment struct {
 	// SendAck sends an ack datagram on the connection (nil: it carries
 	// none, and the peer's buffer is bounded by its cap alone).
 	SendAck func([]byte) error
+	// AfterWrite and AfterRead, if set, are called after each write to
+	// the stream and each read from it that returned data (the
+	// connection's tail-loss prober and liveness, as splice.Pipe's). They
+	// must not block.
+	AfterWrite, AfterRead func()
 }
 
 // DefaultCap is the default bound of the bytes one direction of a tunnel

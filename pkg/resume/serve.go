@@ -123,6 +123,9 @@ func (p *Pipe) write(a *attachment, prefix []byte) (lost bool) {
 			if err != nil {
 				return p.streamFailed(a, err)
 			}
+			if a.AfterWrite != nil {
+				a.AfterWrite()
+			}
 			continue
 		case eof:
 			_ = str.Close()
@@ -146,6 +149,9 @@ func (p *Pipe) readStream(a *attachment) (lost bool) {
 	defer cb.release()
 	for {
 		n, rerr := a.Stream.Read(cb.buf())
+		if n > 0 && a.AfterRead != nil {
+			a.AfterRead()
+		}
 		if n > 0 {
 			buf := cb.buf()
 			if _, werr := p.conn.Write(buf[:n]); werr != nil {
