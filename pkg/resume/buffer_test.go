@@ -152,3 +152,22 @@ func TestBufferEOF(t *testing.T) {
 	p, _, _ = b.Peek()
 	assert.True(t, bytes.Equal(p, []byte{2, 3, 4}), "resent before FIN again: %v", p)
 }
+
+// TestBufferPreload: bytes written with the header before the Pipe (a
+// proxy request's trailing bytes) are kept and resent like the rest, past
+// the cap if need be.
+func TestBufferPreload(t *testing.T) {
+	t.Parallel()
+	budget := NewBudget(ChunkSize)
+	b := NewBuffer(ChunkSize, budget)
+	big := bytes.Repeat([]byte{7}, ChunkSize+5)
+	b.preload(big)
+	base, sent, end := b.Offsets()
+	assert.Equal(t, []uint64{0, uint64(len(big)), uint64(len(big))}, []uint64{base, sent, end})
+	require.NoError(t, b.Rewind(ChunkSize))
+	assert.Equal(t, big[ChunkSize:], drain(b))
+	require.NoError(t, b.Ack(uint64(len(big))))
+	assert.Zero(t, b.Held())
+	b.Close()
+	assert.Zero(t, budget.Used())
+}
