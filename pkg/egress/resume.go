@@ -90,7 +90,7 @@ func (s *stream) spliceResumable(sc splice.Conn) *failure {
 	id := resume.ID(s.h.ResumeID)
 	t := s.tunnelInfo()
 	end := make(chan func(error), 1)
-	p := resume.NewPipe(sc, resume.Config{Window: e.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,
+	p := resume.NewPipe(sc, resume.Config{ID: id, Window: e.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,
 		OnEnd: func(err error) { (<-end)(err) }})
 	t.Upstream, t.Downstream = &p.FromStream, &p.ToStream
 	remove, err := r.Table.Add(id, strings.Join(s.identities, ","), p)

@@ -65,7 +65,7 @@ func (l *local) resumeID() *resume.ID {
 func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 	h, r, id := l.h, l.h.cfg.Resume, *l.rid
 	var endErr error
-	p := resume.NewPipe(l.sc, resume.Config{Window: h.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,
+	p := resume.NewPipe(l.sc, resume.Config{ID: id, Window: h.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,
 		Written: l.early, OnEnd: func(err error) { endErr = err }})
 	remove, err := r.Table.Add(id, "", p)
 	if err != nil {

@@ -275,6 +275,14 @@ func (b *Buffer) Offsets() (base, sent, end uint64) {
 	return b.base, b.sent, b.end
 }
 
+// confirmed returns the offsets and a channel closed when a chunk is given
+// back (the last byte's confirmation gives back the last chunk).
+func (b *Buffer) confirmed() (base, sent, end uint64, freed <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.base, b.sent, b.end, b.freed
+}
+
 // Held is the bytes of the chunks held.
 func (b *Buffer) Held() int {
 	b.mu.Lock()

@@ -117,6 +117,9 @@ const DefaultCap = 4 << 20
 
 // Config are a Pipe's settings.
 type Config struct {
+	// ID is the tunnel's resume ID, for its final ack (the zero ID: none
+	// is sent).
+	ID ID
 	// Window is how long a tunnel stays parked.
 	Window time.Duration
 	// Cap bounds the bytes of one direction held for resending; Budget the

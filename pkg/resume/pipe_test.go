@@ -331,3 +331,53 @@ func TestPipeBadOffset(t *testing.T) {
 	recvErr(t, tu.ended)
 	recvErr(t, tu.ended)
 }
+
+// TestPipeLingersUntilConfirmed: an end whose both directions ended keeps
+// the tunnel until the peer confirms its last bytes; when the connection
+// dies first it parks (a response written just before a blackout is not
+// lost), and both ends finish on the next stream. Each end also sends its
+// final count at once.
+func TestPipeLingersUntilConfirmed(t *testing.T) {
+	t.Parallel()
+	tu := newTunnel(t, Config{ID: ID{9}})
+	var finals atomic.Int64
+	send := func(b []byte) error {
+		require.NoError(t, ParseAcks(b, func(a Ack) { assert.Equal(t, ID{9}, a.ID) }))
+		finals.Add(1)
+		return nil
+	}
+	a, b := streamPair()
+	connDone := make(chan struct{}) // the connection's context
+	cliErr, srvErr := make(chan error, 1), make(chan error, 1)
+	go func() { cliErr <- tu.cli.Serve(&Attachment{Stream: a, Conn: 1, SendAck: send, Done: connDone}) }()
+	go func() { srvErr <- tu.srv.Serve(&Attachment{Stream: b, Conn: 1, SendAck: send, Done: connDone}) }()
+	_, err := tu.appC.Write([]byte("request"))
+	require.NoError(t, err)
+	require.NoError(t, tu.appC.CloseWrite())
+	req, err := io.ReadAll(tu.appS)
+	require.NoError(t, err)
+	assert.Equal(t, "request", string(req))
+	_, err = tu.appS.Write([]byte("response"))
+	require.NoError(t, err)
+	require.NoError(t, tu.appS.CloseWrite())
+	got, err := io.ReadAll(tu.appC)
+	require.NoError(t, err)
+	assert.Equal(t, "response", string(got))
+	require.Eventually(t, func() bool { return finals.Load() == 4 }, 10*time.Second, time.Millisecond, "two final acks from each end")
+	select {
+	case err := <-srvErr:
+		t.Fatalf("the server ended before the client confirmed its bytes: %v", err)
+	case err := <-cliErr:
+		t.Fatalf("the client ended before the server confirmed its bytes: %v", err)
+	default:
+	}
+	kill(a, b)
+	close(connDone)
+	require.ErrorIs(t, recvErr(t, cliErr), ErrParked)
+	require.ErrorIs(t, recvErr(t, srvErr), ErrParked)
+	_, _, cliErr, srvErr = tu.attach(2, true)
+	require.NoError(t, recvErr(t, cliErr))
+	require.NoError(t, recvErr(t, srvErr))
+	require.NoError(t, recvErr(t, tu.ended))
+	require.NoError(t, recvErr(t, tu.ended))
+}

@@ -102,7 +102,57 @@ func (p *Pipe) run(a *attachment) (lost bool) {
 		a.cancel(codeDetached)
 	}
 	wl := <-wlost
-	return rl || wl
+	if rl || wl {
+		return true
+	}
+	p.finalAck(a)
+	return p.linger(a)
+}
+
+// finalAck confirms, at once, everything received once both directions
+// ended: the peer may be lingering for it, and this end may be gone
+// before Table.Run's next round. Sent twice (a datagram may be lost).
+func (p *Pipe) finalAck(a *attachment) {
+	if a.SendAck == nil || p.cfg.ID == (ID{}) {
+		return
+	}
+	b, _ := AppendAcks(nil, []Ack{{ID: p.cfg.ID, Offset: p.recv.Load()}})
+	for range 2 {
+		if a.SendAck(b) != nil {
+			return
+		}
+	}
+}
+
+// linger keeps a tunnel whose both directions ended until the peer
+// confirmed every byte sent (true: the connection was lost first, the
+// tunnel parks): otherwise an end that forgot the tunnel at once would
+// refuse the re-attachment of a peer that had not read its last bytes
+// when the connection died (a response written just before a blackout).
+// Without acks on the connection (SendAck nil) it does not wait.
+func (p *Pipe) linger(a *attachment) (lost bool) {
+	if a.SendAck == nil {
+		return false
+	}
+	for {
+		p.mu.Lock()
+		aborted := p.abortErr != nil
+		p.mu.Unlock()
+		if aborted {
+			return false
+		}
+		base, _, end, freed := p.out.confirmed()
+		if base == end {
+			return false
+		}
+		select {
+		case <-freed: // confirming the last byte gives back the last chunk
+		case <-a.stop:
+			return true
+		case <-a.Done:
+			return true
+		}
+	}
 }
 
 // write sends prefix, then the Buffer from the peer's offset on, then FIN

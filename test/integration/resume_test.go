@@ -302,7 +302,10 @@ func TestResumeRefused(t *testing.T) {
 	assert.Equal(t, 1.0, promtest.ToFloat64(side.metrics.Resumed))
 	require.NoError(t, str.Close())
 	_, err = io.ReadAll(str)
-	require.NoError(t, err, "the echo's FIN ends the tunnel cleanly")
+	require.NoError(t, err, "the echo's FIN ends both directions")
+	assert.Equal(t, 1, side.table.Len(), "the server keeps the tunnel until we confirm its last bytes")
+	ack, _ := resume.AppendAcks(nil, []resume.Ack{{ID: id, Offset: 4 + 10 + 4}})
+	require.NoError(t, third.SendDatagram(ack))
 	require.Eventually(t, func() bool { return side.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
 }
 
