@@ -116,8 +116,11 @@ func (s *stream) spliceResumable(sc splice.Conn) *failure {
 		s.resumableEnded(t, err)
 	}
 	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule, "resumable", true)
-	if err := p.Serve(s.attachment(0, false)); errors.Is(err, resume.ErrParked) {
+	switch err := p.Serve(s.attachment(0, false)); {
+	case errors.Is(err, resume.ErrParked):
 		s.logger.V(2).Info("Parked tunnel: its connection was lost; the client may resume it", "window", e.window())
+	case errors.Is(err, resume.ErrEnded):
+		Reset(s.str, proto.CodeConnReset) // aborted before it ran (drain, DELETE /tunnels, a removed key)
 	}
 	return nil
 }

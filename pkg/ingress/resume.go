@@ -81,6 +81,10 @@ func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 	h.cfg.Events.TunnelOpened()
 	l.slog.V(4).Info("Opened stream", "resumable", true)
 	err = p.Serve(l.attachment(toServer, 0))
+	if errors.Is(err, resume.ErrEnded) { // aborted before it ran (drain, DELETE /tunnels)
+		toServer.CancelRead(proto.CodeConnReset.StreamErrorCode())
+		toServer.CancelWrite(proto.CodeConnReset.StreamErrorCode())
+	}
 	for errors.Is(err, resume.ErrParked) {
 		l.slog.V(2).Info("Parked tunnel: its connection was lost; re-attaching on the next one", "window", h.window())
 		att, rerr := l.reattach(ctx, p, id)
