@@ -5,8 +5,11 @@ import (
 	"crypto/sha256"
 	"io"
 	"net"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -96,3 +99,50 @@ func metricPrefix(d, srv *daemon) string {
 type counter struct{ n *atomic.Int64 }
 
 func (c counter) Write(p []byte) (int, error) { c.n.Add(int64(len(p))); return len(p), nil }
+
+// TestResumeWindowReload: --resume-window is reloadable (SIGHUP, YAML key
+// resume-window) for the tunnels opened afterwards: after a blackout past
+// --idle-timeout, a tunnel opened before the reload is reset, one opened
+// after it is resumed.
+func TestResumeWindowReload(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	args := []string{"--idle-timeout", "2s", "--keepalive-period", "500ms"}
+	srvCfg := writeFile(t, "server.yaml", "allow: [tcp:"+echo+"]\n")
+	cliCfg := writeFile(t, "client.yaml", "heartbeat-interval: 200ms\n")
+	srv := startServer(t, serverOpts{Args: append([]string{"--config", srvCfg}, args...)})
+	var dark atomic.Bool
+	proxied := *srv
+	proxied.Addr = darkProxy(t, srv.Addr, &dark)
+	cl := startClient(t, &proxied, clientOpts{Token: "tcp:" + echo, Args: append([]string{"--config", cliCfg}, args...)})
+
+	before := dialApp(t, cl.Addr)
+	require.NoError(t, roundTrip(before, "before the reload"))
+	require.NoError(t, os.WriteFile(srvCfg, []byte("allow: [tcp:"+echo+"]\nresume-window: 1m\n"), 0o600))
+	require.NoError(t, os.WriteFile(cliCfg, []byte("heartbeat-interval: 200ms\nresume-window: 1m\n"), 0o600))
+	for _, d := range []*daemon{srv, cl} {
+		d.signal(t, syscall.SIGHUP)
+		waitMetric(t, d, ioTimeout, eq(1), metricPrefix(d, srv)+"_config_reloads_total", "result", "success")
+		waitFor(t, ioTimeout, "the new window logged", func() bool { return strings.Contains(d.log(), `resumeWindow="1m0s"`) })
+	}
+	after := dialApp(t, cl.Addr)
+	require.NoError(t, roundTrip(after, "after the reload"))
+
+	dark.Store(true)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("client log:\n%s", cl.log())
+		}
+	})
+	for _, d := range []*daemon{srv, cl} {
+		waitMetric(t, d, time.Minute, eq(1), metricPrefix(d, srv)+"_tunnels_parked_total")
+	}
+	dark.Store(false)
+	require.NoError(t, roundTrip(after, "the tunnel opened after the reload survived"))
+	_ = before.SetReadDeadline(time.Now().Add(ioTimeout))
+	_, err := before.Read(make([]byte, 1))
+	require.True(t, isReset(err), "the tunnel opened before the reload is reset as without resumption, got %v", err)
+	for _, d := range []*daemon{srv, cl} {
+		assert.Equal(t, 1.0, scrape(t, d).val(metricPrefix(d, srv)+"_tunnels_resumed_total"))
+	}
+}
