@@ -379,3 +379,37 @@ func TestResumeMaxTunnels(t *testing.T) {
 	}
 	assert.Equal(t, 2, srv.Server.Registry().Len(), "both tunnels run")
 }
+
+// TestResumeAttemptsHoldNothing: resume requests for tunnels the server
+// does not hold, authenticated or not, leave no state behind: 1,000 with
+// the secret on one connection (each refused as unknown), and 20 without
+// it (each closes its connection, auth_failed, as any header would).
+func TestResumeAttemptsHoldNothing(t *testing.T) {
+	t.Parallel()
+	side := newResumeSide(server.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
+		c.Resume = side.egress(time.Minute)
+		c.MaxReplayEntriesPerConn = 1 << 16
+	}})
+	n := 1000
+	if testing.Short() {
+		n = 100
+	}
+	c := attackerConn(t, srv)
+	for i := range n {
+		id, err := resume.NewID()
+		require.NoError(t, err)
+		_, _, code := sendResume(t, c, resumeHeader(t, id, uint64(i), testutil.Secret))
+		require.Equal(t, proto.CodeResumeRefused, code)
+	}
+	assert.Equal(t, float64(n), promtest.ToFloat64(side.metrics.Refused.WithLabelValues(resume.RefusedUnknown)))
+	for range 20 {
+		id, err := resume.NewID()
+		require.NoError(t, err)
+		_, _, code := sendResume(t, attackerConn(t, srv), resumeHeader(t, id, 0, []byte("not-the-secret-0123456789abcdef0")))
+		require.Equal(t, proto.CodeAuthFailed, code)
+	}
+	assert.Zero(t, side.table.Len())
+	assert.Zero(t, side.budget.Used())
+	assert.Zero(t, srv.Server.Registry().Len())
+}
