@@ -381,3 +381,37 @@ func TestPipeLingersUntilConfirmed(t *testing.T) {
 	require.NoError(t, recvErr(t, tu.ended))
 	require.NoError(t, recvErr(t, tu.ended))
 }
+
+// TestPipeAbortDuringTakeover: an abort racing a re-attachment ends the
+// tunnel exactly once, whichever Serve sees it (either may take over the
+// other); both Serves return.
+func TestPipeAbortDuringTakeover(t *testing.T) {
+	t.Parallel()
+	for range 50 {
+		tu := newTunnel(t, Config{})
+		a, _ := streamPair()
+		first := make(chan error, 1)
+		go func() { first <- tu.cli.Serve(&Attachment{Stream: a, Conn: 1}) }()
+		c, _ := streamPair()
+		second := make(chan error, 1)
+		go func() { second <- tu.cli.Serve(&Attachment{Stream: c, Conn: 2}) }()
+		go tu.cli.Abort(proto.CodeShutdown)
+		taken := 0
+		for _, err := range []error{recvErr(t, first), recvErr(t, second)} {
+			require.NotErrorIs(t, err, ErrParked)
+			if errors.Is(err, ErrTakenOver) {
+				taken++
+			}
+		}
+		require.LessOrEqual(t, taken, 1, "one of them sees the abort")
+		select {
+		case <-tu.cli.Ended():
+		case <-time.After(10 * time.Second):
+			t.Fatal("an aborted tunnel must end")
+		}
+		require.Len(t, tu.ended, 1, "OnEnd once")
+		<-tu.ended
+		tu.srv.Abort(0)
+		recvErr(t, tu.ended)
+	}
+}

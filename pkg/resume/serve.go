@@ -25,7 +25,7 @@ func (p *Pipe) Serve(att *Attachment) error {
 	p.mu.Lock()
 	p.cur = nil
 	switch {
-	case a.preempted:
+	case a.preempted && p.abortErr == nil:
 		p.state = stateIdle // the claimant waiting for a.done takes it
 		p.mu.Unlock()
 		close(a.done)
