@@ -217,6 +217,9 @@ func (t *Table) collect(now time.Time, pending map[any]*connPending) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, e := range t.tunnels {
+		if r := e.pipe.recv.Load(); r == e.acked && (e.repeated || r == 0) {
+			continue // idle, its count sent twice: nothing to do (and no lock taken)
+		}
 		recv, conn, send := e.pipe.ackState()
 		if send == nil {
 			continue
