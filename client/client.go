@@ -589,6 +589,9 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 	}
 	wg.Go(func() { c.runTCP(sessCtx) })
+	if r := c.cfg.Resume; r != nil {
+		wg.Go(func() { r.Table.Run(sessCtx) })
+	}
 
 	var handlers sync.WaitGroup
 	for _, ln := range c.cfg.Listeners {
@@ -619,6 +622,9 @@ func (c *Client) Run(ctx context.Context) error {
 		f.close()
 	}
 	c.draining.Store(true)
+	if r := c.cfg.Resume; r != nil {
+		r.Table.Close() // parked tunnels are not re-attached while draining
+	}
 	c.stopBinding() // the server stops listening for our reverse forwards
 	if n := c.cfg.Registry.Len(); n > 0 && c.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", c.cfg.DrainTimeout)

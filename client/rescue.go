@@ -60,7 +60,11 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 		return
 	}
 	recv := liveness.NewReceiver(conn, false, 0, &c.liveness)
-	wg.Go(func() { dgram.Serve(mctx, conn, recv.Invalid, c.cfg.Metrics.UDP.ReceiveQueueDrops, recv, l.Flows) })
+	rs := []dgram.Registrar{recv, l.Flows}
+	if r := c.cfg.Resume; r != nil {
+		rs = append(rs, r.Table.Acks(l.Conn)) // the Conn of the tunnels' attachments (ingress.Session.Conn)
+	}
+	wg.Go(func() { dgram.Serve(mctx, conn, recv.Invalid, c.cfg.Metrics.UDP.ReceiveQueueDrops, rs...) })
 	wg.Go(func() { l.Prober.Run(mctx) })
 	if c.cfg.HeartbeatInterval <= 0 {
 		<-mctx.Done()

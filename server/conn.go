@@ -138,7 +138,11 @@ func (c *conn) startDatagrams() {
 		c.prober = liveness.NewTailProber(qc, s.cfg.TailProbes, s.cfg.TailProbeDelay, &s.liveness).
 			WithRTT(func() time.Duration { return qc.ConnectionStats().SmoothedRTT })
 		recv := liveness.NewReceiver(qc, true, s.cfg.MaxEchoesPerSecond, &s.liveness)
-		c.streams.Go(func() { dgram.Serve(qc.Context(), qc, recv.Invalid, m.UDP.ReceiveQueueDrops, recv, c.flows) })
+		rs := []dgram.Registrar{recv, c.flows}
+		if r := s.cfg.Resume; r != nil {
+			rs = append(rs, r.Table.Acks(c.tc)) // the Conn of the tunnels' attachments (egress.Stream.Conn)
+		}
+		c.streams.Go(func() { dgram.Serve(qc.Context(), qc, recv.Invalid, m.UDP.ReceiveQueueDrops, rs...) })
 		// No goroutine to wait for the end: a server holds thousands of idle connections.
 		c.prober.StopWhenDone(qc.Context())
 	}

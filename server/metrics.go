@@ -8,6 +8,7 @@ import (
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
@@ -54,4 +55,14 @@ func NewReverseMetrics(reg prometheus.Registerer) *metrics.Client {
 	l := MetricLabels()
 	l.Networks, l.RefusalReasons = nil, nil
 	return metrics.NewReverseClient(reg, l)
+}
+
+// The metrics of resumable tunnels count pkg/resume's events.
+var _ resume.Events = (*metrics.Resume)(nil)
+
+// NewResumeMetrics creates and registers the metrics of resumable tunnels
+// (--resume-window) on reg, their series starting at 0; held reads the
+// bytes their buffers hold (resume.Budget.Used).
+func NewResumeMetrics(reg prometheus.Registerer, held func() int64) *metrics.Resume {
+	return metrics.NewResume(reg, "server", resume.GaveUpReasons(), resume.RefusedReasons(), func() float64 { return float64(held()) })
 }

@@ -650,6 +650,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if r := s.cfg.UsageReporter; r != nil {
 		wg.Go(func() { r.Run(connCtx) })
 	}
+	if r := s.cfg.Resume; r != nil {
+		wg.Go(func() { r.Table.Run(connCtx) })
+	}
 	acceptErr := make(chan error, 1)
 	wg.Go(func() {
 		for {
@@ -683,6 +686,9 @@ func (s *Server) Run(ctx context.Context) error {
 
 	s.draining.Store(true)
 	s.cfg.Metrics.Draining.Set(1)
+	if r := s.cfg.Resume; r != nil {
+		r.Table.Close() // parked tunnels cannot be re-attached while draining
+	}
 	_ = ln.Close()
 	if s.cfg.TCP != nil {
 		_ = s.cfg.TCP.Close()

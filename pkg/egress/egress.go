@@ -124,6 +124,11 @@ type Config struct {
 	// (CodeSuspended); nil: nothing is accounted.
 	Accounts Accounts
 
+	// Resume, if set, keeps the tunnels whose header asks for it
+	// resumable and serves resume requests (--resume-window); nil: such
+	// headers open plain tunnels, resume requests are refused.
+	Resume *Resume
+
 	// Endpoint names the listener in the tunnel registry.
 	Endpoint string
 	// Events are told what happens to streams (the daemon's metrics).

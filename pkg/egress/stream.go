@@ -56,6 +56,9 @@ func (s *stream) serve(ctx context.Context) *failure {
 		s.e.check(ctx, s.st, s.h, s.pol, s.key, s.identities, s.logger)
 		return nil
 	}
+	if s.h.Kind == proto.KindResume {
+		return s.resume()
+	}
 	if s.h.Kind == proto.KindReverse && s.e.cfg.Binder != nil {
 		return s.bind(ctx)
 	}
@@ -440,6 +443,9 @@ func (s *stream) dial(ctx context.Context) (splice.Conn, *failure) {
 // directions end (or its key is cut), registered for /tunnels and the
 // drain; then the audit line.
 func (s *stream) splice(sc splice.Conn) *failure {
+	if s.resumable() {
+		return s.spliceResumable(sc)
+	}
 	e, str := s.e, s.str
 	if err := proto.WriteReply(str, proto.CodeOK); err != nil {
 		_ = sc.Close()
@@ -449,20 +455,8 @@ func (s *stream) splice(sc splice.Conn) *failure {
 	if p := s.st.Prober; p != nil {
 		pipe.AfterWrite, pipe.AfterRead = p.Kick, p.Heard
 	}
-	t := &tunnel.Tunnel{
-		UUID:        s.h.TunnelID(),
-		StreamID:    int64(str.StreamID()),
-		ConnID:      s.st.ConnID,
-		Identity:    strings.Join(s.identities, ","),
-		Endpoint:    e.cfg.Endpoint,
-		Source:      s.st.Conn.RemoteAddr().String(),
-		Destination: s.target.String(),
-		Transport:   transportOf(s.st.Conn),
-		Direction:   s.e.direction(),
-		CreatedAt:   s.start,
-		Upstream:    &pipe.FromStream,
-		Downstream:  &pipe.ToStream,
-	}
+	t := s.tunnelInfo()
+	t.Upstream, t.Downstream = &pipe.FromStream, &pipe.ToStream
 	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule)
 	defer cutOnRemoval(s.keyLife, pipe, s.logger, "tunnel")()
 	defer s.track(&pipe.FromStream, &pipe.ToStream)()
@@ -474,4 +468,21 @@ func (s *stream) splice(sc splice.Conn) *failure {
 		s.audit(result, up, down)
 	}
 	return nil
+}
+
+// tunnelInfo is the registry's record of the stream's tunnel, without its
+// byte counters.
+func (s *stream) tunnelInfo() *tunnel.Tunnel {
+	return &tunnel.Tunnel{
+		UUID:        s.h.TunnelID(),
+		StreamID:    int64(s.str.StreamID()),
+		ConnID:      s.st.ConnID,
+		Identity:    strings.Join(s.identities, ","),
+		Endpoint:    s.e.cfg.Endpoint,
+		Source:      s.st.Conn.RemoteAddr().String(),
+		Destination: s.target.String(),
+		Transport:   transportOf(s.st.Conn),
+		Direction:   s.e.direction(),
+		CreatedAt:   s.start,
+	}
 }

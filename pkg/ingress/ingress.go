@@ -27,6 +27,7 @@ import (
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/lograte"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -170,6 +171,10 @@ type Config struct {
 	// duration (and what the context's logger carries: on the server the
 	// client's identity and the listen address).
 	AuditLog bool
+
+	// Resume, if set, makes the tunnels resumable (--resume-window); nil:
+	// none are.
+	Resume *Resume
 
 	// Events are told what happens to local connections and flows (the
 	// daemon's metrics).
@@ -410,9 +415,17 @@ func (r *replyStream) Read(b []byte) (int, error) {
 // header encodes a stream header for token with a fresh nonce; id is the
 // tunnel's ID (proto.Header.TunnelID).
 func (h *Handler) header(token string) (b []byte, id string, err error) {
+	return h.headerFor(token, nil)
+}
+
+// headerFor is header for a resumable tunnel's when rid is not nil.
+func (h *Handler) headerFor(token string, rid *resume.ID) (b []byte, id string, err error) {
 	hdr, err := proto.NewHeader(token, time.Now())
 	if err != nil {
 		return nil, "", err
+	}
+	if rid != nil {
+		hdr.ResumeID, hdr.HasResumeID = *rid, true
 	}
 	b, err = hdr.Append(nil, h.links.Secret())
 	return b, hdr.TunnelID(), err

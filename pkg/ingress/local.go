@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
@@ -65,6 +66,10 @@ func (l *local) serve(ctx context.Context, tokens TokenSource, release func()) *
 	if f := l.answerProxy(); f != nil {
 		return f
 	}
+	if l.rid != nil {
+		l.spliceResumable(ctx, toServer)
+		return nil
+	}
 	l.splice(toServer)
 	return nil
 }
@@ -97,6 +102,8 @@ type local struct {
 	str        Stream
 	tunnelID   string
 	slog       klog.Logger // logger with the stream's ID
+	// rid: the tunnel is resumable, with this ID (resume.go).
+	rid *resume.ID
 }
 
 // localFailure is why a step ended a local connection: the result it is
@@ -207,7 +214,8 @@ func (l *local) open(ctx context.Context) *localFailure {
 // forwards what the application sends meanwhile and re-sends all of it if
 // the server rejects 0-RTT (earlyPhase).
 func (l *local) sendHeader(ctx context.Context) *localFailure {
-	hb, tunnelID, err := l.h.header(l.token)
+	l.rid = l.resumeID()
+	hb, tunnelID, err := l.h.headerFor(l.token, l.rid)
 	if err != nil {
 		l.str.CancelRead(proto.CodeInternal.StreamErrorCode())
 		l.str.CancelWrite(proto.CodeInternal.StreamErrorCode())

@@ -52,25 +52,31 @@ const (
 	// connections are closed and new ones refused until then. Clients from
 	// before this code report it as code_15 and reconnect with backoff.
 	CodeSuspended Code = 15
+	// CodeResumeRefused means the server did not continue a tunnel a
+	// resume request named (--resume-window): it holds no such tunnel (it
+	// ended, its window passed, the server restarted) or another identity
+	// opened it. The client resets the application's connection.
+	CodeResumeRefused Code = 16
 )
 
 var codeNames = [...]string{
-	CodeOK:          "ok",
-	CodeRefused:     "refused",
-	CodeDialFailed:  "dial_failed",
-	CodeAuthFailed:  "auth_failed",
-	CodeBadHeader:   "bad_header",
-	CodeShutdown:    "shutdown",
-	CodeTimeout:     "timeout",
-	CodeConnReset:   "reset",
-	CodeInternal:    "internal",
-	CodeOverloaded:  "overloaded",
-	CodeReplay:      "replay",
-	CodeBadToken:    "bad_token",
-	CodeUnsupported: "unsupported",
-	CodeAddrInUse:   "addr_in_use",
-	CodeQuota:       "quota",
-	CodeSuspended:   "suspended",
+	CodeOK:            "ok",
+	CodeRefused:       "refused",
+	CodeDialFailed:    "dial_failed",
+	CodeAuthFailed:    "auth_failed",
+	CodeBadHeader:     "bad_header",
+	CodeShutdown:      "shutdown",
+	CodeTimeout:       "timeout",
+	CodeConnReset:     "reset",
+	CodeInternal:      "internal",
+	CodeOverloaded:    "overloaded",
+	CodeReplay:        "replay",
+	CodeBadToken:      "bad_token",
+	CodeUnsupported:   "unsupported",
+	CodeAddrInUse:     "addr_in_use",
+	CodeQuota:         "quota",
+	CodeSuspended:     "suspended",
+	CodeResumeRefused: "resume_refused",
 }
 
 // AllCodes lists every defined code, in numeric order (for pre-creating metric series).

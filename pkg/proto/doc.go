@@ -11,14 +11,16 @@
 //
 //	offset size  field
 //	0      1     version (1)
-//	1      1     flags (bit 0: MAC present, bit 1: key ID present, bit 2: kind present)
+//	1      1     flags (bit 0: MAC present, bit 1: key ID present, bit 2: kind present,
+//	             bit 3: resume ID present)
 //	2      8     unix time in seconds when the header was made
 //	10     16    nonce, random, single use
 //	26     2     token length n (1..MaxTokenLen)
 //	28     n     token (names the destination, e.g. "tcp:127.0.0.1:22")
 //	28+n   4     key ID (KeyIDOf the secret) when flag bit 1 is set
-//	..     1     kind (2 UDP flow, 3 reverse bind, 4 hello, 5 check) when flag bit 2
-//	             is set; without it the stream is TCP (kind 1, never written)
+//	..     1     kind (2 UDP flow, 3 reverse bind, 4 hello, 5 check, 6 resume) when
+//	             flag bit 2 is set; without it the stream is TCP (kind 1, never written)
+//	..     16    resume ID, random, when flag bit 3 is set (a resumable tunnel)
 //	..     32    HMAC-SHA256(secret, every byte before it) when flag bit 0 is set
 //
 // The MAC authenticates the client with a shared secret without an extra round
@@ -78,4 +80,21 @@
 //
 // Reverse forwards (KindReverse, and the streams the server opens toward the
 // client for them) are described in bind.go.
+//
+// Resumable tunnels (--resume-window, pkg/resume): a client asks for one with
+// a resume ID in the tunnel's header (flag bit 3, covered by the MAC); nothing
+// else changes on the stream. Each end confirms the bytes it received with
+// QUIC datagrams of type 'R' (pairs of resume ID and offset, pkg/resume
+// AppendAcks). After a lost connection the client opens a stream of
+// KindResume whose token is "resume/1/<ID in hex>/<bytes received>"; the
+// server checks it as any header (MAC, freshness, replay) and that the
+// identity that opened the tunnel sent it, and answers CodeOK followed by
+// the 8-byte count of bytes it received, or resets it with
+// CodeResumeRefused; both ends then resend from the other's count and go on.
+// A running tunnel's stream reset with CodeResumeRefused means the peer moved
+// the tunnel to another stream (it is parked, not ended). Compatibility: a
+// server from before resumable tunnels refuses the flag with bad_header, so
+// a client sets it only with --resume-window (upgrade servers first); a
+// server with --resume-window 0 opens a plain tunnel and refuses resume
+// requests.
 package proto

@@ -25,12 +25,15 @@ const (
 	// KeyIDLen is the size of a key ID.
 	KeyIDLen = 4
 	// MaxHeaderLen is the largest encoded header.
-	MaxHeaderLen = fixedLen + MaxTokenLen + KeyIDLen + 1 + MACLen
+	MaxHeaderLen = fixedLen + MaxTokenLen + KeyIDLen + 1 + ResumeIDLen + MACLen
+	// ResumeIDLen is the size of a resumable tunnel's ID.
+	ResumeIDLen = 16
 
-	fixedLen  = 1 + 1 + 8 + NonceLen + 2
-	flagMAC   = 1 << 0
-	flagKeyID = 1 << 1
-	flagKind  = 1 << 2
+	fixedLen   = 1 + 1 + 8 + NonceLen + 2
+	flagMAC    = 1 << 0
+	flagKeyID  = 1 << 1
+	flagKind   = 1 << 2
+	flagResume = 1 << 3
 )
 
 // Kind is what a stream carries.
@@ -54,6 +57,11 @@ const (
 	// header; the server answers CodeOK and ends the stream, or resets it
 	// with CodeRefused (or the code of another failure).
 	KindCheck Kind = 5
+	// KindResume continues a resumable tunnel on a new connection: its
+	// token names the tunnel and the bytes the client received
+	// (pkg/resume, Request); the server answers CodeOK and the bytes it
+	// received, or resets the stream with CodeResumeRefused.
+	KindResume Kind = 6
 )
 
 // HelloToken is the token of a KindHello header (a header's token is never
@@ -94,6 +102,8 @@ func (k Kind) String() string {
 		return "hello"
 	case KindCheck:
 		return "check"
+	case KindResume:
+		return "resume"
 	}
 	return fmt.Sprintf("kind_%d", uint8(k))
 }
@@ -125,6 +135,12 @@ type Header struct {
 	// a kind, means KindTCP. Decode keeps unknown kinds for the server to
 	// refuse with CodeUnsupported.
 	Kind Kind
+	// ResumeID, when HasResumeID, asks the server to keep the tunnel
+	// resumable (pkg/resume): the client chose it at random. Servers from
+	// before resumable tunnels refuse such a header (bad_header): a client
+	// sends it only with --resume-window.
+	ResumeID    [ResumeIDLen]byte
+	HasResumeID bool
 
 	mac    [MACLen]byte
 	signed []byte // the bytes the MAC covers, kept by Decode for Verify
@@ -157,7 +173,7 @@ func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 	}
 	// One allocation of the size this header can take at most, not of
 	// MaxHeaderLen (1 KiB more per tunnel for a short token).
-	b = slices.Grow(b, fixedLen+len(h.Token)+KeyIDLen+1+MACLen)
+	b = slices.Grow(b, fixedLen+len(h.Token)+KeyIDLen+1+ResumeIDLen+MACLen)
 	start := len(b)
 	var flags byte
 	if len(secret) > 0 {
@@ -169,6 +185,9 @@ func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 	if h.Kind != 0 && h.Kind != KindTCP {
 		flags |= flagKind
 	}
+	if h.HasResumeID {
+		flags |= flagResume
+	}
 	b = append(b, Version, flags)
 	b = binary.BigEndian.AppendUint64(b, uint64(h.Time.Unix())) // negative times encode as large values and fail the window check
 	b = append(b, h.Nonce[:]...)
@@ -179,6 +198,9 @@ func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 	}
 	if flags&flagKind != 0 {
 		b = append(b, byte(h.Kind))
+	}
+	if h.HasResumeID {
+		b = append(b, h.ResumeID[:]...)
 	}
 	if len(secret) > 0 {
 		m := hmac.New(sha256.New, secret)
@@ -199,20 +221,23 @@ func Decode(r io.Reader) (*Header, error) {
 		return nil, fmt.Errorf("%w: %d", ErrUnsupportedVersion, fixed[0])
 	}
 	flags := fixed[1]
-	if flags&^(flagMAC|flagKeyID|flagKind) != 0 {
+	if flags&^(flagMAC|flagKeyID|flagKind|flagResume) != 0 {
 		return nil, fmt.Errorf("%w: unknown flags %#x", ErrBadHeader, flags)
 	}
 	n := int(binary.BigEndian.Uint16(fixed[26:28]))
 	if n == 0 || n > MaxTokenLen {
 		return nil, fmt.Errorf("%w: token length %d not in 1..%d", ErrBadHeader, n, MaxTokenLen)
 	}
-	hasKeyID, hasKind := flags&flagKeyID != 0, flags&flagKind != 0
+	hasKeyID, hasKind, hasResume := flags&flagKeyID != 0, flags&flagKind != 0, flags&flagResume != 0
 	tail := 0
 	if hasKeyID {
 		tail = KeyIDLen
 	}
 	if hasKind {
 		tail++
+	}
+	if hasResume {
+		tail += ResumeIDLen
 	}
 	signed := make([]byte, fixedLen+n+tail)
 	copy(signed, fixed[:])
@@ -229,9 +254,13 @@ func Decode(r io.Reader) (*Header, error) {
 	if hasKeyID {
 		copy(h.KeyID[:], signed[fixedLen+n:])
 	}
+	if hasResume {
+		h.HasResumeID = true
+		copy(h.ResumeID[:], signed[len(signed)-ResumeIDLen:])
+	}
 	h.Kind = KindTCP
 	if hasKind {
-		h.Kind = Kind(signed[len(signed)-1])
+		h.Kind = Kind(signed[len(signed)-1-resumeTail(hasResume)])
 		if h.Kind == KindTCP || h.Kind == 0 {
 			return nil, fmt.Errorf("%w: kind %d is written without the kind flag", ErrBadHeader, h.Kind)
 		}
@@ -243,6 +272,14 @@ func Decode(r io.Reader) (*Header, error) {
 		}
 	}
 	return h, nil
+}
+
+// resumeTail is the size of the resume ID at the end of the signed bytes.
+func resumeTail(has bool) int {
+	if has {
+		return ResumeIDLen
+	}
+	return 0
 }
 
 // Verify checks a decoded header's MAC against secret in constant time.

@@ -135,7 +135,7 @@ func TestFromError(t *testing.T) {
 	assert.False(t, ok)
 	assert.Equal(t, "refused", CodeRefused.String())
 	assert.Equal(t, "code_200", Code(200).String())
-	assert.Len(t, AllCodes(), int(CodeSuspended)+1)
+	assert.Len(t, AllCodes(), int(CodeResumeRefused)+1)
 	names := CodeNames()
 	require.Len(t, names, len(AllCodes()))
 	for _, c := range AllCodes() {

@@ -34,7 +34,19 @@ type DaemonFlags struct {
 	DrainTimeout     time.Duration
 	TailProbes       int
 	UDPIdleTimeout   time.Duration
+
+	// ResumeWindow keeps tunnels resumable (pkg/resume; 0: off);
+	// ResumeBufferMiB bounds what all of them hold for resending.
+	ResumeWindow    time.Duration
+	ResumeBufferMiB int64
 }
+
+// DefaultResumeBufferMiB is the default --resume-buffer-mib.
+const DefaultResumeBufferMiB = 256
+
+// maxResumeWindow bounds --resume-window: a parked tunnel holds its
+// application's socket and its buffer for that long.
+const maxResumeWindow = 24 * time.Hour
 
 // DaemonDefaults are the defaults of DaemonFlags that belong to each daemon:
 // its admin address, and what its own DefaultConfig holds.
@@ -58,6 +70,7 @@ func NewDaemonFlags(def DaemonDefaults) DaemonFlags {
 		DrainTimeout:     def.DrainTimeout,
 		TailProbes:       def.TailProbes,
 		UDPIdleTimeout:   def.UDPIdleTimeout,
+		ResumeBufferMiB:  DefaultResumeBufferMiB,
 	}
 }
 
@@ -73,7 +86,7 @@ type DaemonHelp struct {
 var (
 	AdminFlagNames    = []string{"httpd-listen-on", "httpd-token-file", "enable-pprof", "qlog-dir"}
 	TimeoutFlagNames  = []string{"idle-timeout", "keepalive-period", "handshake-timeout", "drain-timeout"}
-	RecoveryFlagNames = []string{"tail-probes", "fec"}
+	RecoveryFlagNames = []string{"tail-probes", "fec", "resume-window", "resume-buffer-mib"}
 )
 
 // AddFlags binds the flags to fs.
@@ -89,6 +102,8 @@ func (d *DaemonFlags) AddFlags(fs *pflag.FlagSet, help DaemonHelp) {
 	fs.DurationVar(&d.HandshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "QUIC handshake idle timeout")
 	fs.DurationVar(&d.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long open tunnels may finish before they are closed")
 	fs.IntVar(&d.TailProbes, "tail-probes", d.TailProbes, help.TailProbes)
+	fs.DurationVar(&d.ResumeWindow, "resume-window", d.ResumeWindow, "keep a tunnel this long when the connection under it is lost (a blackout past --idle-timeout, a path change the rescue did not save), the application's socket open, so that the client re-attaches it on its next connection and no byte is lost or repeated; set it on both ends (the server holds a tunnel only for the identity that opened it); 0 turns resumable tunnels off; a reload (SIGHUP) applies it to tunnels opened afterwards")
+	fs.Int64Var(&d.ResumeBufferMiB, "resume-buffer-mib", d.ResumeBufferMiB, "with --resume-window: the memory all resumable tunnels may hold for resending bytes the other end has not confirmed yet (each direction of a tunnel holds at most 4 MiB); a tunnel at either bound stops reading its application until bytes are confirmed, it never drops any")
 	fs.DurationVar(&d.UDPIdleTimeout, "udp-idle-timeout", d.UDPIdleTimeout, "a UDP flow (on the client one application address of a udp: --forward or one destination of a SOCKS5 UDP association; on the server its socket to the destination) without a packet either way for this long is closed; the next packet opens a new one")
 }
 
@@ -115,6 +130,12 @@ func (d *DaemonFlags) Validate() []error {
 	// user chose is checked.
 	if d.KeepAlivePeriod >= d.IdleTimeout && d.IdleTimeout > 0 && d.KeepAlivePeriod != transport.DefaultQUICOptions().KeepAlivePeriod {
 		add("--keepalive-period (%s) must be shorter than --idle-timeout (%s)", d.KeepAlivePeriod, d.IdleTimeout)
+	}
+	if d.ResumeWindow < 0 || d.ResumeWindow > maxResumeWindow {
+		add("--resume-window must be 0 (off) .. %s", maxResumeWindow)
+	}
+	if d.ResumeBufferMiB < 1 || d.ResumeBufferMiB > 1<<20 {
+		add("--resume-buffer-mib must be 1..1048576")
 	}
 	if d.TailProbes < 0 || d.TailProbes > 4 {
 		add("--tail-probes must be 0..4")

@@ -135,6 +135,9 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.Backoff = bo
 	cfg.UDPIdleTimeout, cfg.DrainTimeout, cfg.TailProbes = o.UDPIdleTimeout, o.DrainTimeout, o.TailProbes
 	cfg.Metrics, cfg.QUICStat, cfg.Registry = client.NewMetrics(reg), qstat, registry
+	o.resume = o.NewResume()
+	cfg.Resume = &ingress.Resume{Table: o.resume.Table, Window: o.resume.Window, Budget: o.resume.Budget,
+		Events: client.NewResumeMetrics(reg, o.resume.Budget.Used)}
 	c, err = client.New(cfg, sock.Conn)
 	if err != nil {
 		return err
@@ -404,7 +407,7 @@ func listenEndpoint(flag string, ep endpoint.Endpoint) (net.Listener, error) {
 // reloadableFlags are the client flags a reload applies; every other change
 // needs a restart.
 var reloadableFlags = []string{"token-source", "token-source-plugin", "secret-file",
-	"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "cert-file", "key-file", "proxy-credentials-file"}
+	"server-fingerprint", "ca-file", "server-name", "insecure-skip-verify", "cert-file", "key-file", "proxy-credentials-file", "resume-window"}
 
 // applier returns the cli.Apply of a running client: the token source built
 // again (a File source re-reads its file), the secret file read again, and
@@ -494,10 +497,11 @@ func (o *Options) applier(c *client.Client, secret []byte, cache tls.ClientSessi
 		nextDigest := tokenFileDigest(next.TokenSourcePlugin, next.TokenSource)
 		tokensChanged := next.TokenSourcePlugin != plugin || next.TokenSource != source || nextDigest != sourceDigest
 		plugin, source, sourceDigest = next.TokenSourcePlugin, next.TokenSource, nextDigest
+		resumeWindow := o.resume.Reload(next.ResumeWindow) // logged when changed
 		cli.LogApplied(klog.Background(), "open tunnels keep running; the token source and the secret apply to new local connections, the server verification to new connections to the server",
 			"tokenSourceChanged", tokensChanged, "secretChanged", secretChanged,
 			"serverFingerprintsAdded", pinsAdded, "serverFingerprintsRemoved", pinsRemoved, "caFileChanged", caChanged,
-			"proxyCredentialsChanged", credsChanged)
+			"proxyCredentialsChanged", credsChanged, "resumeWindow", resumeWindow)
 		return applied, nil
 	}
 }

@@ -133,6 +133,10 @@ func TestValidate(t *testing.T) {
 		{"remote forward udp to tcp", func(o *Options) { o.RemoteForward = []string{"udp:0.0.0.0:53=tcp:127.0.0.1:53"} }, []string{"a udp: listener forwards to a udp: destination"}},
 		{"remote forward bad destination", func(o *Options) { o.RemoteForward = []string{"tcp:0.0.0.0:8022=tcp:nohost"} }, []string{"--remote-forward tcp:0.0.0.0:8022=tcp:nohost: destination"}},
 		{"tail probes 5", func(o *Options) { o.TailProbes = 5 }, []string{"--tail-probes must be 0..4"}},
+		{"resume window", func(o *Options) { o.ResumeWindow = 10 * time.Minute }, nil},
+		{"resume window negative", func(o *Options) { o.ResumeWindow = -time.Second }, []string{"--resume-window must be 0 (off) .. 24h0m0s"}},
+		{"resume window over a day", func(o *Options) { o.ResumeWindow = 25 * time.Hour }, []string{"--resume-window must be 0 (off) .. 24h0m0s"}},
+		{"resume buffer 0", func(o *Options) { o.ResumeBufferMiB = 0 }, []string{"--resume-buffer-mib must be 1..1048576"}},
 		{"rescue too soon", func(o *Options) {
 			o.Client.HeartbeatInterval, o.Client.RescueAfter = time.Second, 1999*time.Millisecond
 		}, []string{"--rescue-after (1.999s) must be at least twice --heartbeat-interval (1s)"}},

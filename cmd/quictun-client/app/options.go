@@ -58,6 +58,8 @@ type Options struct {
 	entries *entries
 
 	reloader *cli.Reloader
+	// resume: the resumable tunnels, made by Run (their window reloadable).
+	resume *cli.Resume
 }
 
 // entries are the parsed --forward and --token-source.

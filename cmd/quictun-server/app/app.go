@@ -18,6 +18,7 @@ import (
 
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/authhook"
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
@@ -122,6 +123,9 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.UDPSocketMemory = o.UDPSocketMemoryMiB << 20
 	cfg.DrainTimeout, cfg.TailProbes, cfg.UDPIdleTimeout = o.DrainTimeout, o.TailProbes, o.UDPIdleTimeout
 	cfg.Metrics, cfg.QUICStat, cfg.Registry = server.NewMetrics(reg), qstat, registry
+	o.resume = o.NewResume()
+	cfg.Resume = &egress.Resume{Table: o.resume.Table, Window: o.resume.Window, Budget: o.resume.Budget,
+		Events: server.NewResumeMetrics(reg, o.resume.Budget.Used)}
 	if cfg.AllowRemoteListen, cfg.AllowRemoteListenFor, err = parseRemoteListen(o.AllowRemoteListen); err != nil {
 		return err
 	}
@@ -337,7 +341,7 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen", "rate-limit", "default-rate-limit", "quota", "default-quota"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen", "rate-limit", "default-rate-limit", "quota", "default-quota", "resume-window"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
 // rules and the secret files read again (its keys may change under the
@@ -357,6 +361,7 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 	stateDir := o.StateDir // a new --state-dir takes a restart (its reset and ticket keys)
 	caps, capDefaultSpec := o.RateLimits, o.DefaultRateLimit
 	quotaSpecs, quotaDefaultSpec := o.Quotas, o.DefaultQuota
+	res := o.resume
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
 		newCert, err := transport.LoadCertificate(stateDir, next.CertFile, next.KeyFile)
@@ -479,6 +484,7 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			}
 			remote = next.AllowRemoteListen
 		}
+		resumeWindow := res.Reload(next.ResumeWindow) // logged when changed
 		// cutRemovedKeys only when it cut something: it is on by default,
 		// and a reload that changes nothing must say so.
 		cli.LogApplied(klog.Background(), note,
@@ -487,7 +493,8 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			"keysAdded", capList(keysAdded), "keysRemoved", capList(keysRemoved), "cutRemovedKeys", next.CutRemovedKeys && len(keysRemoved) > 0,
 			"certificateReplaced", certReplaced, "clientCAsReplaced", caReplaced,
 			"allowRemoteListenAdded", remoteAdded, "allowRemoteListenRemoved", remoteRemoved, "reverseForwardsClosed", reverseClosed,
-			"rateLimitsAdded", capsAdded, "rateLimitsRemoved", capsRemoved, "quotasAdded", quotasAdded, "quotasRemoved", quotasRemoved)
+			"rateLimitsAdded", capsAdded, "rateLimitsRemoved", capsRemoved, "quotasAdded", quotasAdded, "quotasRemoved", quotasRemoved,
+			"resumeWindow", resumeWindow)
 		return applied, nil
 	}
 }

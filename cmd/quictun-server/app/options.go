@@ -94,6 +94,8 @@ type Options struct {
 	UDPSocketMemoryMiB int64
 
 	reloader *cli.Reloader
+	// resume: the resumable tunnels, made by Run (their window reloadable).
+	resume *cli.Resume
 }
 
 // Fresh returns Options with the defaults, for a reload to load into.

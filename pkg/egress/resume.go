@@ -1,0 +1,185 @@
+package egress
+
+import (
+	"cmp"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/resume"
+	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/tunnel"
+	"github.com/quictun/quictun/pkg/udpflow"
+)
+
+// Resume are the settings of resumable tunnels (--resume-window; pkg/resume).
+type Resume struct {
+	// Table holds the resumable tunnels by ID.
+	Table *resume.Table
+	// Window returns the window of a tunnel opened now (a reload changes
+	// it for new tunnels); 0: tunnels are not kept resumable, and resume
+	// requests are refused.
+	Window func() time.Duration
+	// Cap bounds the bytes one direction holds for resending (0:
+	// resume.DefaultCap); Budget all tunnels' bytes.
+	Cap    int
+	Budget *resume.Budget
+	Events resume.Events
+	// Max bounds the resumable tunnels held, running and parked (0:
+	// DefaultMaxResumable); past it new tunnels are plain ones.
+	Max int
+}
+
+// DefaultMaxResumable is the default Resume.Max: parked tunnels no longer
+// count against their connection's stream limit, this bounds them (and the
+// sockets they hold) for the whole server.
+const DefaultMaxResumable = 65536
+
+// window is the resume window of a tunnel opened now, 0 without Resume.
+func (e *Handler) window() time.Duration {
+	if r := e.cfg.Resume; r != nil && r.Window != nil {
+		return r.Window()
+	}
+	return 0
+}
+
+// resumable reports whether the stream's tunnel is kept resumable: its
+// header asks for it, the window is on, and the connection carries the
+// ack datagrams (a tunnel without them would stall at its cap).
+func (s *stream) resumable() bool {
+	if !s.h.HasResumeID || s.h.Kind != proto.KindTCP || s.e.window() <= 0 || ackSender(s.st.Conn) == nil {
+		return false
+	}
+	r := s.e.cfg.Resume
+	if r.Table.Len() >= cmp.Or(r.Max, DefaultMaxResumable) {
+		s.logger.V(2).Info("Opened a plain tunnel instead of a resumable one: the server holds its maximum of resumable tunnels",
+			"max", cmp.Or(r.Max, DefaultMaxResumable))
+		return false
+	}
+	return true
+}
+
+// ackSender returns the connection's datagram sender, nil without
+// datagrams.
+func ackSender(c Conn) func([]byte) error {
+	dc, ok := c.(udpflow.DatagramConn)
+	if !ok || !c.ConnectionState().SupportsDatagrams.Remote {
+		return nil
+	}
+	return dc.SendDatagram
+}
+
+// attachment is the resume.Attachment of the stream's connection.
+func (s *stream) attachment(peerOffset uint64, reply bool) *resume.Attachment {
+	a := &resume.Attachment{Stream: s.throttle(s.str), Done: s.st.Conn.Context().Done(), PeerOffset: peerOffset,
+		Reply: reply, Conn: s.st.Conn, SendAck: ackSender(s.st.Conn)}
+	if p := s.st.Prober; p != nil {
+		a.AfterWrite, a.AfterRead = p.Kick, p.Heard
+	}
+	return a
+}
+
+// spliceResumable is splice for a resumable tunnel: the reply, then the
+// tunnel's first stream. When its connection is lost the tunnel parks
+// and this stream's goroutine returns; a resume request's stream
+// (resume) continues it, and whichever ends it does the accounting
+// (resumableEnded).
+func (s *stream) spliceResumable(sc splice.Conn) *failure {
+	e, r := s.e, s.e.cfg.Resume
+	id := resume.ID(s.h.ResumeID)
+	t := s.tunnelInfo()
+	end := make(chan func(error), 1)
+	p := resume.NewPipe(sc, resume.Config{ID: id, Window: e.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,
+		OnEnd: func(err error) { (<-end)(err) }})
+	t.Upstream, t.Downstream = &p.FromStream, &p.ToStream
+	remove, err := r.Table.Add(id, strings.Join(s.identities, ","), p)
+	if err != nil {
+		end <- func(error) {}
+		p.Abort(proto.CodeResumeRefused)
+		return failed(proto.CodeResumeRefused, "Refused tunnel: its resume ID is in use", "err", err)
+	}
+	if err := proto.WriteReply(s.str, proto.CodeOK); err != nil {
+		end <- func(error) { remove() }
+		p.Abort(proto.CodeConnReset)
+		return failed(proto.CodeConnReset, "Could not write reply", "err", err)
+	}
+	unregister := e.cfg.Registry.Add(t, p)
+	e.cfg.Events.TunnelOpened()
+	stopCut := cutOnRemoval(s.keyLife, p, s.logger, "tunnel")
+	stopTrack := s.track(&p.FromStream, &p.ToStream)
+	end <- func(err error) {
+		remove()
+		unregister()
+		stopCut()
+		stopTrack()
+		s.resumableEnded(t, err)
+	}
+	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule, "resumable", true)
+	switch err := p.Serve(s.attachment(0, false)); {
+	case errors.Is(err, resume.ErrParked):
+		s.logger.V(2).Info("Parked tunnel: its connection was lost; the client may resume it", "window", e.window())
+	case errors.Is(err, resume.ErrEnded):
+		Reset(s.str, proto.CodeConnReset) // aborted before it ran (drain, DELETE /tunnels, a removed key)
+	}
+	return nil
+}
+
+// resumableEnded accounts for a resumable tunnel's end (err: as OnEnd).
+func (s *stream) resumableEnded(t *tunnel.Tunnel, err error) {
+	result := proto.CodeOK.String()
+	var ab *splice.AbortedError
+	if errors.As(err, &ab) {
+		result = ab.Code.String()
+	}
+	up, down := t.Upstream.Load(), t.Downstream.Load()
+	s.e.cfg.Events.TunnelClosed(result, up, down)
+	s.logger.V(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,
+		"duration", time.Since(s.start), "result", result, "err", err)
+	if s.audited {
+		s.audit(result, up, down)
+	}
+}
+
+// resume serves a resume request (proto.KindResume): once the header has
+// proven the secret and passed the replay check (a replayed request is
+// refused as such), the tunnel it names continues on this stream if the
+// same identity opened it. Every refusal is CodeResumeRefused and holds
+// nothing.
+func (s *stream) resume() *failure {
+	r := s.e.cfg.Resume
+	if r == nil || s.e.window() <= 0 {
+		return s.resumeRefused(resume.RefusedDisabled, nil)
+	}
+	req, err := resume.ParseRequest(s.h.Token)
+	if err != nil {
+		return s.resumeRefused(resume.RefusedBadRequest, err)
+	}
+	if f := s.admit(); f != nil {
+		return f
+	}
+	p, err := r.Table.Lookup(req.ID, strings.Join(s.identities, ","))
+	switch {
+	case errors.Is(err, resume.ErrIdentity):
+		return s.resumeRefused(resume.RefusedIdentity, err)
+	case err != nil:
+		return s.resumeRefused(resume.RefusedUnknown, err)
+	}
+	s.logger.V(2).Info("Resuming tunnel", "bytesReceivedByClient", req.Offset)
+	switch err := p.Serve(s.attachment(req.Offset, true)); {
+	case errors.Is(err, resume.ErrEnded):
+		return s.resumeRefused(resume.RefusedUnknown, err)
+	case errors.Is(err, resume.ErrParked):
+		s.logger.V(2).Info("Parked tunnel: its connection was lost again; the client may resume it")
+	}
+	return nil
+}
+
+// resumeRefused is the failure of a refused resume request, counted by
+// reason.
+func (s *stream) resumeRefused(reason string, err error) *failure {
+	if r := s.e.cfg.Resume; r != nil && r.Events != nil {
+		r.Events.ResumeRefused(reason)
+	}
+	return &failure{code: proto.CodeResumeRefused, lvl: 2, msg: "Refused resume request", kv: []any{"reason", reason, "err", err}}
+}

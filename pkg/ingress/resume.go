@@ -1,0 +1,222 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/resume"
+	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/tunnel"
+)
+
+// Resume are the settings of resumable tunnels (--resume-window;
+// pkg/resume).
+type Resume struct {
+	// Table holds the resumable tunnels by ID (for their acks).
+	Table *resume.Table
+	// Window returns the window of a tunnel opened now (a reload changes
+	// it for new tunnels); 0: tunnels are not resumable.
+	Window func() time.Duration
+	// Cap bounds the bytes one direction holds for resending (0:
+	// resume.DefaultCap); Budget all tunnels' bytes.
+	Cap    int
+	Budget *resume.Budget
+	Events resume.Events
+}
+
+// window is the resume window of a tunnel opened now, 0 without Resume.
+func (h *Handler) window() time.Duration {
+	if r := h.cfg.Resume; r != nil && r.Window != nil {
+		return r.Window()
+	}
+	return 0
+}
+
+// ackSender returns c's datagram sender, nil without datagrams.
+func ackSender(c Conn) func([]byte) error {
+	q := c.QUIC()
+	if q == nil || !q.ConnectionState().SupportsDatagrams.Remote {
+		return nil
+	}
+	return q.SendDatagram
+}
+
+// resumeID picks the ID of a resumable tunnel, or nil: the window is on
+// and the session is a QUIC connection with datagrams (the acks) whose
+// handshake is done (a 0-RTT tunnel may move to another connection in
+// earlyPhase: it is not made resumable).
+func (l *local) resumeID() *resume.ID {
+	if l.h.window() <= 0 || ackSender(l.sess.Conn) == nil || !isClosed(l.sess.Conn.QUIC().HandshakeComplete()) {
+		return nil
+	}
+	id, err := resume.NewID()
+	if err != nil {
+		return nil
+	}
+	return &id
+}
+
+// spliceResumable is splice for a resumable tunnel: when the connection
+// under it is lost, the tunnel parks and re-attaches on the next one
+// (reattach) until its window passes.
+func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
+	h, r, id := l.h, l.h.cfg.Resume, *l.rid
+	var endErr error
+	p := resume.NewPipe(l.sc, resume.Config{ID: id, Window: h.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,
+		Written: l.early, OnEnd: func(err error) { endErr = err }})
+	remove, err := r.Table.Add(id, "", p)
+	if err != nil {
+		p.Abort(proto.CodeInternal)
+		<-p.Ended()
+		return
+	}
+	defer remove()
+	t := &tunnel.Tunnel{UUID: l.tunnelID, StreamID: int64(l.str.StreamID()), Endpoint: l.listenAddr, Source: l.nc.RemoteAddr().String(),
+		Destination: l.token, Transport: l.sess.Transport(), Direction: h.direction(), CreatedAt: l.start,
+		Upstream: &p.ToStream, Downstream: &p.FromStream}
+	unregister := h.cfg.Registry.Add(t, p)
+	h.cfg.Events.TunnelOpened()
+	l.slog.V(4).Info("Opened stream", "resumable", true)
+	err = p.Serve(l.attachment(toServer, 0))
+	if errors.Is(err, resume.ErrEnded) { // aborted before it ran (drain, DELETE /tunnels)
+		toServer.CancelRead(proto.CodeConnReset.StreamErrorCode())
+		toServer.CancelWrite(proto.CodeConnReset.StreamErrorCode())
+	}
+	for errors.Is(err, resume.ErrParked) {
+		l.slog.V(2).Info("Parked tunnel: its connection was lost; re-attaching on the next one", "window", h.window())
+		att, rerr := l.reattach(ctx, p, id)
+		if rerr != nil {
+			reason := resume.GaveUpShutdown
+			if errors.Is(rerr, errResumeRefused) {
+				reason = resume.GaveUpRefused
+			}
+			p.GiveUp(reason) // no effect once the window ended it
+			break
+		}
+		err = p.Serve(att)
+	}
+	<-p.Ended()
+	unregister()
+	result := proto.CodeOK.String()
+	var ab *splice.AbortedError
+	if errors.As(endErr, &ab) {
+		result = ab.Code.String()
+	}
+	up, down := t.Upstream.Load(), t.Downstream.Load()
+	h.cfg.Events.TunnelClosed(result, up, down)
+	l.logRefusal(endErr)
+	l.slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(l.start), "result", result, "err", endErr)
+	h.audit(l.logger, l.nc.RemoteAddr().String(), l.token, "tcp:"+l.listenAddr, result, up, down, l.start)
+}
+
+// attachment is the resume.Attachment of str on the current session.
+func (l *local) attachment(str splice.Stream, peerOffset uint64) *resume.Attachment {
+	sess := l.sess
+	a := &resume.Attachment{Stream: str, Done: sess.Conn.Context().Done(), PeerOffset: peerOffset, Conn: sess.Conn, SendAck: ackSender(sess.Conn)}
+	if sess.Prober != nil || sess.Waker != nil {
+		// Bytes either way wake the liveness checks of an idle connection
+		// (as splice does for a plain tunnel).
+		a.AfterWrite = func() { sess.Prober.Kick(); sess.Waker.Wake() }
+		a.AfterRead = func() { sess.Prober.Heard(); sess.Waker.Wake() }
+	}
+	return a
+}
+
+// errResumeRefused: the server holds no such tunnel for us.
+var errResumeRefused = errors.New("server refused to resume the tunnel")
+
+// errNotResumable: the session cannot carry a resumed tunnel (TCP, no
+// datagrams, or its handshake in progress); the next one is tried.
+var errNotResumable = errors.New("session cannot carry a resumable tunnel")
+
+// reattach asks the server, on the next session, to continue tunnel id,
+// until it does, refuses (errResumeRefused), the tunnel ends (its window
+// passed) or ctx ends; it retries after 50 ms, doubling to 2 s.
+func (l *local) reattach(ctx context.Context, p *resume.Pipe, id resume.ID) (*resume.Attachment, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watchDone := make(chan struct{})
+	defer func() { <-watchDone }()
+	defer cancel()
+	go func() {
+		defer close(watchDone)
+		select {
+		case <-p.Ended():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	delay := 50 * time.Millisecond
+	for {
+		att, err := l.tryResume(ctx, id, p.Received())
+		if err == nil || errors.Is(err, errResumeRefused) {
+			return att, err
+		}
+		l.slog.V(4).Info("Could not re-attach tunnel; trying again", "err", err, "after", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// tryResume sends one resume request on the next session and reads the
+// server's answer: the bytes it received of ours.
+func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*resume.Attachment, error) {
+	sess, release, err := l.h.links.Sessions.Wait(ctx)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	if ackSender(sess.Conn) == nil || !isClosed(sess.Conn.QUIC().HandshakeComplete()) {
+		release()
+		return nil, errNotResumable
+	}
+	str, err := l.h.openStream(ctx, sess)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	off, err := l.h.requestResume(str, resume.Request{ID: id, Offset: received})
+	if err != nil {
+		str.CancelRead(proto.CodeResumeRefused.StreamErrorCode())
+		str.CancelWrite(proto.CodeResumeRefused.StreamErrorCode())
+		release()
+		if c, ok := proto.FromError(err); ok && c == proto.CodeResumeRefused {
+			return nil, fmt.Errorf("%w: %w", errResumeRefused, err)
+		}
+		return nil, err
+	}
+	l.release()
+	l.release, l.sess = release, sess
+	l.slog.V(2).Info("Resumed tunnel", "bytesReceivedByServer", off)
+	return l.attachment(str, off), nil
+}
+
+// requestResume writes the resume request's header on str and reads the
+// reply, within StreamOpenTimeout.
+func (h *Handler) requestResume(str Stream, req resume.Request) (uint64, error) {
+	hdr, err := proto.NewHeader(req.Token(), time.Now())
+	if err != nil {
+		return 0, err
+	}
+	hdr.Kind = proto.KindResume
+	b, err := hdr.Append(nil, h.links.Secret())
+	if err != nil {
+		return 0, err
+	}
+	if _, err := str.Write(b); err != nil {
+		return 0, err
+	}
+	_ = str.SetReadDeadline(time.Now().Add(h.cfg.StreamOpenTimeout))
+	off, err := resume.ReadReply(str)
+	_ = str.SetReadDeadline(time.Time{})
+	return off, err
+}

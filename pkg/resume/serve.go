@@ -1,0 +1,284 @@
+package resume
+
+import (
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/quictun/quictun/pkg/proto"
+)
+
+// Serve runs the tunnel on att until the tunnel ends (nil, or the
+// *splice.AbortedError or *GaveUpError OnEnd was given, after OnEnd), its
+// connection is lost (ErrParked: it waits for the next Serve within the
+// window), another Serve takes over (ErrTakenOver), or it had ended
+// before (ErrEnded: att's stream is left to the caller, which refuses it).
+// A Serve while another runs stops that one first (its
+// stream is cancelled) and waits for it: the offsets reported are final.
+func (p *Pipe) Serve(att *Attachment) error {
+	a, err := p.claim(att)
+	if err != nil {
+		return err
+	}
+	lost := p.run(a)
+	p.mu.Lock()
+	p.cur = nil
+	switch {
+	case a.preempted && p.abortErr == nil:
+		p.state = stateIdle // the claimant waiting for a.done takes it
+		p.mu.Unlock()
+		close(a.done)
+		return ErrTakenOver
+	case p.abortErr == nil && lost:
+		p.state = stateParked
+		p.timer = time.AfterFunc(p.cfg.Window, p.expire)
+		p.mu.Unlock()
+		close(a.done)
+		p.cfg.Events.TunnelParked()
+		return ErrParked
+	}
+	p.state = stateEnded
+	p.mu.Unlock()
+	close(a.done)
+	p.end()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.abortErr != nil {
+		if p.gaveUp != "" {
+			return &GaveUpError{Reason: p.gaveUp, Abort: p.abortErr}
+		}
+		return p.abortErr
+	}
+	return nil
+}
+
+// claim makes att the current attachment, stopping the running one.
+func (p *Pipe) claim(att *Attachment) (*attachment, error) {
+	a := &attachment{Attachment: att, stop: make(chan struct{}), done: make(chan struct{})}
+	p.mu.Lock()
+	for p.state == stateRunning {
+		old := p.cur
+		old.preempted = true
+		p.mu.Unlock()
+		old.cancel(codeDetached)
+		<-old.done
+		p.mu.Lock()
+	}
+	if p.state == stateEnded || p.abortErr != nil {
+		p.mu.Unlock()
+		return nil, ErrEnded
+	}
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	a.resumed = p.state == stateParked || att.Reply || att.PeerOffset > 0
+	p.state, p.cur = stateRunning, a
+	p.mu.Unlock()
+	return a, nil
+}
+
+// run carries the tunnel on a's stream until both directions ended (false)
+// or the stream is lost (true). An abort is recorded in p.abortErr.
+func (p *Pipe) run(a *attachment) (lost bool) {
+	var prefix []byte
+	if a.Reply {
+		prefix = AppendReply(nil, p.recv.Load())
+	}
+	if err := p.out.Rewind(a.PeerOffset); err != nil {
+		p.abort(proto.CodeResumeRefused, err, GaveUpOffset)
+		a.cancel(proto.CodeResumeRefused)
+		return false
+	}
+	if a.resumed {
+		_, _, end := p.out.Offsets()
+		p.cfg.Events.TunnelResumed(int64(end - a.PeerOffset))
+	}
+	wlost := make(chan bool, 1)
+	go func() { wlost <- p.write(a, prefix) }()
+	rl := p.readStream(a)
+	if rl {
+		a.cancel(codeDetached)
+	}
+	wl := <-wlost
+	if rl || wl {
+		return true
+	}
+	p.finalAck(a)
+	return p.linger(a)
+}
+
+// finalAck confirms, at once, everything received once both directions
+// ended: the peer may be lingering for it, and this end may be gone
+// before Table.Run's next round. Sent twice (a datagram may be lost).
+func (p *Pipe) finalAck(a *attachment) {
+	if a.SendAck == nil || p.cfg.ID == (ID{}) {
+		return
+	}
+	b, _ := AppendAcks(nil, []Ack{{ID: p.cfg.ID, Offset: p.recv.Load()}})
+	for range 2 {
+		if a.SendAck(b) != nil {
+			return
+		}
+	}
+}
+
+// linger keeps a tunnel whose both directions ended until the peer
+// confirmed every byte sent (true: the connection was lost first, the
+// tunnel parks): otherwise an end that forgot the tunnel at once would
+// refuse the re-attachment of a peer that had not read its last bytes
+// when the connection died (a response written just before a blackout).
+// Without acks on the connection (SendAck nil) it does not wait.
+func (p *Pipe) linger(a *attachment) (lost bool) {
+	if a.SendAck == nil {
+		return false
+	}
+	for {
+		p.mu.Lock()
+		aborted := p.abortErr != nil
+		p.mu.Unlock()
+		if aborted {
+			return false
+		}
+		base, _, end, freed := p.out.confirmed()
+		if base == end {
+			return false
+		}
+		select {
+		case <-freed: // confirming the last byte gives back the last chunk
+		case <-a.stop:
+			return true
+		case <-a.Done:
+			return true
+		}
+	}
+}
+
+// write sends prefix, then the Buffer from the peer's offset on, then FIN
+// once the application ended. It returns true when the stream was lost.
+func (p *Pipe) write(a *attachment, prefix []byte) (lost bool) {
+	str := a.Stream
+	if len(prefix) > 0 {
+		if _, err := str.Write(prefix); err != nil {
+			return p.streamFailed(a, err)
+		}
+	}
+	for {
+		b, eof, wait := p.out.Peek()
+		switch {
+		case len(b) > 0:
+			n, err := str.Write(b)
+			p.out.Advance(n)
+			if err != nil {
+				return p.streamFailed(a, err)
+			}
+			if a.AfterWrite != nil {
+				a.AfterWrite()
+			}
+			continue
+		case eof:
+			_ = str.Close()
+			return false
+		}
+		select {
+		case <-wait:
+		case <-a.stop:
+			return true
+		case <-a.Done:
+			a.cancel(codeDetached)
+			return true
+		}
+	}
+}
+
+// readStream copies the stream to the application until EOF (false) or
+// the stream is lost (true).
+func (p *Pipe) readStream(a *attachment) (lost bool) {
+	var cb copyBuf
+	defer cb.release()
+	for {
+		n, rerr := a.Stream.Read(cb.buf())
+		if n > 0 && a.AfterRead != nil {
+			a.AfterRead()
+		}
+		if n > 0 {
+			buf := cb.buf()
+			if _, werr := p.conn.Write(buf[:n]); werr != nil {
+				p.abort(proto.CodeConnReset, werr, "")
+				a.cancel(proto.CodeConnReset)
+				return false
+			}
+			p.recv.Add(uint64(n))
+			p.FromStream.Add(int64(n))
+			cb.adapt(n)
+		}
+		if rerr == nil {
+			continue
+		}
+		if errors.Is(rerr, io.EOF) {
+			p.mu.Lock()
+			done := p.downDone
+			p.downDone = true
+			p.mu.Unlock()
+			if !done {
+				if err := p.conn.CloseWrite(); err != nil {
+					p.abort(proto.CodeConnReset, err, "")
+					a.cancel(proto.CodeConnReset)
+				}
+			}
+			return false
+		}
+		return p.streamFailed(a, rerr)
+	}
+}
+
+// streamFailed handles a failed stream operation: a lost stream (true), or
+// the peer's reset, which ends the tunnel with the peer's code.
+func (p *Pipe) streamFailed(a *attachment, err error) bool {
+	if isLost(err) {
+		a.cancel(codeDetached)
+		return true
+	}
+	code := proto.CodeConnReset
+	if c, ok := proto.FromError(err); ok {
+		code = c
+	}
+	p.abort(code, err, "")
+	a.cancel(code)
+	return false
+}
+
+// copyBuf is the stream reader's buffer: 2 KiB while reads are small, a
+// pooled 32 KiB one while they fill it (as pkg/splice), so that an idle
+// tunnel holds little.
+type copyBuf struct {
+	small [2 << 10]byte
+	large *[]byte
+}
+
+var largePool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (b *copyBuf) buf() []byte {
+	if b.large != nil {
+		return *b.large
+	}
+	return b.small[:]
+}
+
+func (b *copyBuf) adapt(n int) {
+	switch {
+	case b.large == nil && n == len(b.small):
+		b.large = largePool.Get().(*[]byte)
+	case b.large != nil && n < len(b.small):
+		largePool.Put(b.large)
+		b.large = nil
+	}
+}
+
+func (b *copyBuf) release() {
+	if b.large != nil {
+		largePool.Put(b.large)
+		b.large = nil
+	}
+}

@@ -1,0 +1,242 @@
+package resume
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/quictun/quictun/pkg/dgram"
+)
+
+// Reasons a resume request is refused (the label of
+// quictun_server_resume_refused_total). Every refusal looks the same to
+// the client (CodeResumeRefused): it learns nothing about other tunnels.
+const (
+	// RefusedUnknown: no tunnel of that ID is held (it ended, its window
+	// passed, the server restarted, or it never existed).
+	RefusedUnknown = "unknown"
+	// RefusedIdentity: the tunnel was opened by another identity.
+	RefusedIdentity = "identity"
+	// RefusedBadRequest: the request's token is malformed.
+	RefusedBadRequest = "bad_request"
+	// RefusedDisabled: this server keeps no tunnel (--resume-window 0).
+	RefusedDisabled = "disabled"
+)
+
+// RefusedReasons lists the reasons, for pre-created metric series.
+func RefusedReasons() []string {
+	return []string{RefusedUnknown, RefusedIdentity, RefusedBadRequest, RefusedDisabled}
+}
+
+// Errors of Table.Lookup and Table.Add.
+var (
+	ErrUnknown   = errors.New("no resumable tunnel of that ID")
+	ErrIdentity  = errors.New("resumable tunnel opened by another identity")
+	ErrDuplicate = errors.New("resume ID in use")
+)
+
+// AckInterval is how often the receive offsets that changed are sent. At
+// 100 Mbit/s a direction's buffer then holds about its bandwidth-delay
+// product plus 20 ms of bytes; the acks cost one datagram of up to 48
+// offsets per connection per interval.
+const AckInterval = 20 * time.Millisecond
+
+// ackRepeat: an offset that did not change is sent once more after this
+// long, so a lost ack datagram does not leave the peer's buffer full.
+const ackRepeat = 200 * time.Millisecond
+
+// Table holds a daemon's resumable tunnels by ID: the server looks up a
+// re-attachment's tunnel (bound to the identity that opened it), both
+// daemons route ack datagrams to their tunnels and send theirs (Run).
+// Safe for concurrent use.
+type Table struct {
+	mu      sync.Mutex
+	tunnels map[ID]*entry
+	// added wakes Run when the first tunnel is added: an empty Table's Run
+	// does not tick.
+	added chan struct{}
+}
+
+type entry struct {
+	pipe     *Pipe
+	identity string
+	// the last offset sent in an ack, when, and whether it was repeated.
+	acked    uint64
+	ackedAt  time.Time
+	repeated bool
+}
+
+// NewTable returns an empty Table.
+func NewTable() *Table { return &Table{tunnels: make(map[ID]*entry), added: make(chan struct{}, 1)} }
+
+// Add registers p as tunnel id of identity until remove is called.
+func (t *Table) Add(id ID, identity string, p *Pipe) (remove func(), err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.tunnels[id]; ok {
+		return nil, ErrDuplicate
+	}
+	e := &entry{pipe: p, identity: identity}
+	t.tunnels[id] = e
+	if len(t.tunnels) == 1 {
+		select {
+		case t.added <- struct{}{}:
+		default:
+		}
+	}
+	return sync.OnceFunc(func() {
+		t.mu.Lock()
+		if t.tunnels[id] == e {
+			delete(t.tunnels, id)
+		}
+		t.mu.Unlock()
+	}), nil
+}
+
+// Lookup returns tunnel id if identity opened it.
+func (t *Table) Lookup(id ID, identity string) (*Pipe, error) {
+	t.mu.Lock()
+	e, ok := t.tunnels[id]
+	t.mu.Unlock()
+	if !ok {
+		return nil, ErrUnknown
+	}
+	if subtle.ConstantTimeCompare([]byte(e.identity), []byte(identity)) != 1 {
+		return nil, ErrIdentity
+	}
+	return e.pipe, nil
+}
+
+// Len is the number of tunnels held.
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.tunnels)
+}
+
+// Close gives up every parked tunnel (GaveUpShutdown); running ones end
+// with their connections.
+func (t *Table) Close() {
+	t.mu.Lock()
+	pipes := make([]*Pipe, 0, len(t.tunnels))
+	for _, e := range t.tunnels {
+		pipes = append(pipes, e.pipe)
+	}
+	t.mu.Unlock()
+	for _, p := range pipes {
+		p.GiveUp(GaveUpShutdown)
+	}
+}
+
+// Acks returns the Registrar of conn's ack datagrams: each confirms the
+// bytes of a tunnel that runs on conn (the Attachment's Conn); others are
+// ignored.
+func (t *Table) Acks(conn any) dgram.Registrar { return connAcks{t, conn} }
+
+type connAcks struct {
+	t    *Table
+	conn any
+}
+
+func (c connAcks) Register(m *dgram.Mux) {
+	m.Handle(TypeAck, func(b []byte) {
+		_ = ParseAcks(b, func(a Ack) {
+			c.t.mu.Lock()
+			e := c.t.tunnels[a.ID]
+			c.t.mu.Unlock()
+			if e != nil {
+				_ = e.pipe.Ack(a.Offset, c.conn)
+			}
+		})
+	})
+}
+
+// Run sends, every AckInterval, the receive offsets that changed, one
+// datagram per connection and 48 tunnels, until ctx ends. Each
+// connection's datagrams go out on a goroutine of their own (quic-go's
+// SendDatagram blocks while the connection's queue is full, in a
+// blackout) and a connection still sending is skipped that round.
+func (t *Table) Run(ctx context.Context) {
+	tick := time.NewTicker(AckInterval)
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var mu sync.Mutex
+	busy := make(map[any]bool)
+	pending := make(map[any]*connPending)
+	for {
+		if t.Len() == 0 {
+			tick.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.added:
+			}
+			tick.Reset(AckInterval)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			t.collect(now, pending)
+		}
+		for conn, cp := range pending {
+			delete(pending, conn)
+			mu.Lock()
+			if busy[conn] {
+				mu.Unlock()
+				continue
+			}
+			busy[conn] = true
+			mu.Unlock()
+			wg.Go(func() {
+				for rest := cp.acks; len(rest) > 0; {
+					var b []byte
+					b, rest = AppendAcks(nil, rest)
+					if cp.send(b) != nil {
+						break // the connection ended; a lost ack is repeated (ackRepeat)
+					}
+				}
+				mu.Lock()
+				delete(busy, conn)
+				mu.Unlock()
+			})
+		}
+	}
+}
+
+type connPending struct {
+	send func([]byte) error
+	acks []Ack
+}
+
+// collect gathers the acks due now by connection.
+func (t *Table) collect(now time.Time, pending map[any]*connPending) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, e := range t.tunnels {
+		if r := e.pipe.recv.Load(); r == e.acked && (e.repeated || r == 0) {
+			continue // idle, its count sent twice: nothing to do (and no lock taken)
+		}
+		recv, conn, send := e.pipe.ackState()
+		if send == nil {
+			continue
+		}
+		switch {
+		case recv != e.acked:
+			e.acked, e.ackedAt, e.repeated = recv, now, false
+		case !e.repeated && recv > 0 && now.Sub(e.ackedAt) >= ackRepeat:
+			e.repeated = true
+		default:
+			continue
+		}
+		cp := pending[conn]
+		if cp == nil {
+			cp = &connPending{send: send}
+			pending[conn] = cp
+		}
+		cp.acks = append(cp.acks, Ack{ID: id, Offset: recv})
+	}
+}

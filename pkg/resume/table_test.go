@@ -1,0 +1,133 @@
+package resume
+
+import (
+	"context"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/pkg/dgram"
+)
+
+func TestTableLookup(t *testing.T) {
+	t.Parallel()
+	tb := NewTable()
+	id, other := ID{1}, ID{2}
+	p := &Pipe{}
+	remove, err := tb.Add(id, "alice", p)
+	require.NoError(t, err)
+	_, err = tb.Add(id, "bob", &Pipe{})
+	require.ErrorIs(t, err, ErrDuplicate, "an ID in use is not taken over")
+	for _, tc := range []struct {
+		name     string
+		id       ID
+		identity string
+		want     error
+	}{
+		{"owner", id, "alice", nil},
+		{"another identity", id, "bob", ErrIdentity},
+		{"no identity", id, "", ErrIdentity},
+		{"prefix of the identity", id, "alic", ErrIdentity},
+		{"unknown ID", other, "alice", ErrUnknown},
+	} {
+		got, err := tb.Lookup(tc.id, tc.identity)
+		if tc.want != nil {
+			require.ErrorIs(t, err, tc.want, tc.name)
+			assert.Nil(t, got)
+			continue
+		}
+		require.NoError(t, err, tc.name)
+		assert.Same(t, p, got)
+	}
+	remove()
+	remove()
+	_, err = tb.Lookup(id, "alice")
+	require.ErrorIs(t, err, ErrUnknown)
+	assert.Zero(t, tb.Len())
+}
+
+// TestTableAcks: Run sends the offsets received, on the connection of each
+// tunnel's stream; an ack datagram confirms bytes only from that
+// connection.
+func TestTableAcks(t *testing.T) {
+	t.Parallel()
+	tu := newTunnel(t, Config{})
+	tb := NewTable()
+	rmC, err := tb.Add(ID{1}, "", tu.cli)
+	require.NoError(t, err)
+	defer rmC()
+	sent := make(chan []byte, 16)
+	send := func(b []byte) error {
+		select {
+		case sent <- append([]byte(nil), b...):
+		default:
+		}
+		return nil
+	}
+	a, b := streamPair()
+	cliErr := make(chan error, 1)
+	go func() { cliErr <- tu.cli.Serve(&Attachment{Stream: a, Conn: "conn1", SendAck: send}) }()
+	go func() { _, _ = b.w.Write([]byte("12345")) }()
+	_, err = io.ReadFull(tu.appC, make([]byte, 5))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { tb.Run(ctx) })
+	var got []Ack
+	select {
+	case d := <-sent:
+		require.NoError(t, ParseAcks(d, func(a Ack) { got = append(got, a) }))
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ack sent")
+	}
+	cancel()
+	wg.Wait()
+	assert.Equal(t, []Ack{{ID: ID{1}, Offset: 5}}, got)
+
+	// Bytes the client sent, confirmed by the server's datagram.
+	_, err = tu.appC.Write([]byte("abc"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(b.r, make([]byte, 3))
+	require.NoError(t, err)
+	m := dgram.NewMux(nil)
+	tb.Acks("conn1").Register(m)
+	other := dgram.NewMux(nil)
+	tb.Acks("conn2").Register(other)
+	ack, _ := AppendAcks(nil, []Ack{{ID: ID{1}, Offset: 3}})
+	feed(other, ack)
+	base, _, _ := tu.cli.out.Offsets()
+	assert.Zero(t, base, "an ack from another connection confirms nothing")
+	require.Eventually(t, func() bool {
+		feed(m, ack)
+		base, _, _ := tu.cli.out.Offsets()
+		return base == 3
+	}, 10*time.Second, time.Millisecond)
+	tu.cli.Abort(0)
+	<-cliErr
+	<-tu.ended
+	tu.srv.Abort(0)
+	<-tu.ended
+}
+
+// feed hands one datagram to m.
+func feed(m *dgram.Mux, b []byte) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := false
+	m.Run(ctx, recvOnce(func() ([]byte, error) {
+		if done {
+			return nil, io.EOF
+		}
+		done = true
+		return b, nil
+	}))
+}
+
+type recvOnce func() ([]byte, error)
+
+func (f recvOnce) ReceiveDatagram(context.Context) ([]byte, error) { return f() }

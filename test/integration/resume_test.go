@@ -1,0 +1,415 @@
+package integration
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/quic-go/quic-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/egress"
+	"github.com/quictun/quictun/pkg/ingress"
+	"github.com/quictun/quictun/pkg/metrics"
+	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/resume"
+	"github.com/quictun/quictun/pkg/transport"
+	"github.com/quictun/quictun/server"
+)
+
+// resumeSide is one daemon's resumable tunnels and their metrics.
+type resumeSide struct {
+	table   *resume.Table
+	budget  *resume.Budget
+	metrics *metrics.Resume
+}
+
+func newResumeSide(newMetrics func(prometheus.Registerer, func() int64) *metrics.Resume) *resumeSide {
+	b := resume.NewBudget(64 << 20)
+	return &resumeSide{table: resume.NewTable(), budget: b, metrics: newMetrics(prometheus.NewRegistry(), b.Used)}
+}
+
+func (r *resumeSide) egress(window time.Duration) *egress.Resume {
+	return &egress.Resume{Table: r.table, Window: func() time.Duration { return window }, Budget: r.budget, Events: r.metrics}
+}
+
+func (r *resumeSide) ingress(window time.Duration) *ingress.Resume {
+	return &ingress.Resume{Table: r.table, Window: func() time.Duration { return window }, Budget: r.budget, Events: r.metrics}
+}
+
+// shortIdle makes QUIC connections die after a second without packets.
+func shortIdle(q *transport.QUICOptions) {
+	q.IdleTimeout = time.Second
+	q.KeepAlivePeriod = 300 * time.Millisecond
+}
+
+// gatedPeer writes part random bytes on c, waits for gate, writes part
+// more and half-closes, while it reads everything c sends: got counts the
+// bytes read; sent and recv are the SHA-256 of each direction once done.
+type gatedPeer struct {
+	got        atomic.Int64
+	sent, recv chan [32]byte
+	wg         sync.WaitGroup
+}
+
+func runGatedPeer(c net.Conn, part int, gate <-chan struct{}) *gatedPeer {
+	p := &gatedPeer{sent: make(chan [32]byte, 1), recv: make(chan [32]byte, 1)}
+	p.wg.Go(func() {
+		h := sha256.New()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := c.Read(buf)
+			h.Write(buf[:n])
+			p.got.Add(int64(n))
+			if err != nil {
+				break
+			}
+		}
+		p.recv <- [32]byte(h.Sum(nil))
+	})
+	p.wg.Go(func() {
+		h := sha256.New()
+		chunk := make([]byte, 16<<10)
+		write := func() {
+			for left := part; left > 0; left -= len(chunk) {
+				_, _ = rand.Read(chunk)
+				h.Write(chunk)
+				if _, err := c.Write(chunk); err != nil {
+					return
+				}
+			}
+		}
+		write()
+		<-gate
+		write()
+		_ = c.(interface{ CloseWrite() error }).CloseWrite()
+		p.sent <- [32]byte(h.Sum(nil))
+	})
+	return p
+}
+
+func hashOf(t *testing.T, ch chan [32]byte) [32]byte {
+	t.Helper()
+	select {
+	case h := <-ch:
+		return h
+	case <-time.After(60 * time.Second):
+		t.Fatal("transfer did not finish")
+		return [32]byte{}
+	}
+}
+
+// TestResumeAcrossLostConnection (issue 34 part 1): a tunnel moving data
+// both ways survives a blackout longer than the idle timeout, which kills
+// the QUIC connection on both ends: both park it, the client reconnects
+// and re-attaches it, and every byte arrives once and in order (SHA-256
+// both ways), including those the applications wrote during the outage.
+func TestResumeAcrossLostConnection(t *testing.T) {
+	t.Parallel()
+	const part = 1 << 20
+	gate := make(chan struct{})
+	dests := make(chan *gatedPeer, 1)
+	dest := testutil.ServeTCP(t, func(c net.Conn) {
+		p := runGatedPeer(c, part, gate)
+		dests <- p
+		p.wg.Wait()
+	})
+	srvSide := newResumeSide(server.NewResumeMetrics)
+	cliSide := newResumeSide(client.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + dest}, QUIC: shortIdle,
+		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
+	var dark atomic.Bool
+	proxy := lossyProxy(t, srv, 2*time.Millisecond, &dark, nil)
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + dest, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
+		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
+	app := runGatedPeer(dial(t, cl.Addr), part, gate)
+	var far *gatedPeer
+	select {
+	case far = <-dests:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no tunnel reached the destination")
+	}
+	require.Eventually(t, func() bool { return app.got.Load() >= part && far.got.Load() >= part }, 60*time.Second, 10*time.Millisecond)
+
+	dark.Store(true)
+	close(gate) // the applications write on while the link is dark
+	for _, m := range []*metrics.Resume{srvSide.metrics, cliSide.metrics} {
+		require.Eventually(t, func() bool { return promtest.ToFloat64(m.Parked) == 1 }, 30*time.Second, 10*time.Millisecond,
+			"both ends park the tunnel once their connection timed out")
+	}
+	dark.Store(false)
+
+	appSent, appRecv := hashOf(t, app.sent), hashOf(t, app.recv)
+	farSent, farRecv := hashOf(t, far.sent), hashOf(t, far.recv)
+	assert.Equal(t, appSent, farRecv, "application to destination")
+	assert.Equal(t, farSent, appRecv, "destination to application")
+	assert.Equal(t, int64(2*part), app.got.Load())
+	assert.Equal(t, int64(2*part), far.got.Load())
+	for _, m := range []*metrics.Resume{srvSide.metrics, cliSide.metrics} {
+		assert.Equal(t, 1.0, promtest.ToFloat64(m.Resumed))
+		for _, r := range resume.GaveUpReasons() {
+			assert.Zero(t, promtest.ToFloat64(m.GaveUp.WithLabelValues(r)), r)
+		}
+	}
+	t.Logf("resent after the outage: client %.0f bytes, server %.0f bytes",
+		promtest.ToFloat64(cliSide.metrics.Resent), promtest.ToFloat64(srvSide.metrics.Resent))
+	require.Eventually(t, func() bool { return srvSide.table.Len() == 0 && cliSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return srvSide.budget.Used() == 0 && cliSide.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
+		"ended tunnels give back their buffers")
+}
+
+// resumeHeader encodes a resume request for id (the client received
+// offset bytes) with secret.
+func resumeHeader(t *testing.T, id resume.ID, offset uint64, secret []byte) []byte {
+	t.Helper()
+	h, err := proto.NewHeader(resume.Request{ID: id, Offset: offset}.Token(), time.Now())
+	require.NoError(t, err)
+	h.Kind = proto.KindResume
+	b, err := h.Append(nil, secret)
+	require.NoError(t, err)
+	return b
+}
+
+// signedHeaderKind encodes a header of kind with token and secret.
+func signedHeaderKind(t *testing.T, token string, kind proto.Kind, secret []byte) []byte {
+	t.Helper()
+	h, err := proto.NewHeader(token, time.Now())
+	require.NoError(t, err)
+	h.Kind = kind
+	b, err := h.Append(nil, secret)
+	require.NoError(t, err)
+	return b
+}
+
+// sendResume sends a resume request on a new stream of c: the server's
+// offset and the stream (to carry the tunnel on), or the code it was
+// refused with.
+func sendResume(t *testing.T, c *quic.Conn, b []byte) (uint64, *quic.Stream, proto.Code) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	str, err := c.OpenStreamSync(ctx)
+	require.NoError(t, err)
+	_, err = str.Write(b)
+	require.NoError(t, err)
+	_ = str.SetReadDeadline(time.Now().Add(10 * time.Second))
+	off, err := resume.ReadReply(str)
+	_ = str.SetReadDeadline(time.Time{})
+	if err == nil {
+		return off, str, proto.CodeOK
+	}
+	str.CancelRead(0)
+	str.CancelWrite(0)
+	code, ok := proto.FromError(err)
+	require.True(t, ok, "want a reply or a reset with a code, got %v", err)
+	return 0, nil, code
+}
+
+// echoRoundTrip writes msg on str and reads it back.
+func echoRoundTrip(t *testing.T, str *quic.Stream, msg string) {
+	t.Helper()
+	_, err := str.Write([]byte(msg))
+	require.NoError(t, err)
+	_ = str.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, len(msg))
+	_, err = io.ReadFull(str, got)
+	require.NoError(t, err)
+	assert.Equal(t, msg, string(got))
+}
+
+// TestResumeRefused (issue 34 part 1): re-attaching is bound to the
+// identity that opened the tunnel. A resume request made with another
+// key, for an ID the server does not hold, or replayed, is refused with
+// resume_refused (replay: replay), counted by reason, and holds nothing
+// (the server keeps only the real tunnel, which still works); the owner's
+// request continues the tunnel on its new stream with the right offset.
+func TestResumeRefused(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	alice, bob := testutil.Secret, []byte("bob-secret-0123456789abcdef01234")
+	side := newResumeSide(server.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		keys, err := proto.NewKeyring(proto.Key{Name: "alice", Secret: alice}, proto.Key{Name: "bob", Secret: bob})
+		require.NoError(t, err)
+		c.Keys = keys
+		c.Resume = side.egress(time.Minute)
+	}})
+	owner := attackerConn(t, srv)
+	id, err := resume.NewID()
+	require.NoError(t, err)
+	h, err := proto.NewHeader("tcp:"+echo, time.Now())
+	require.NoError(t, err)
+	h.ResumeID, h.HasResumeID = id, true
+	b, err := h.Append(nil, alice)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := owner.OpenStreamSync(ctx)
+	require.NoError(t, err)
+	_, err = first.Write(b)
+	require.NoError(t, err)
+	require.NoError(t, proto.ReadReply(first))
+	echoRoundTrip(t, first, "ping")
+	require.Equal(t, 1, side.table.Len())
+
+	other := attackerConn(t, srv)
+	unknown, err := resume.NewID()
+	require.NoError(t, err)
+	replayed := resumeHeader(t, unknown, 0, alice)
+	for _, tc := range []struct {
+		name   string
+		header []byte
+		code   proto.Code
+		reason string
+	}{
+		{"another identity's key", resumeHeader(t, id, 4, bob), proto.CodeResumeRefused, resume.RefusedIdentity},
+		{"an ID not held", replayed, proto.CodeResumeRefused, resume.RefusedUnknown},
+		{"a request replayed", replayed, proto.CodeReplay, ""},
+		{"a malformed request", signedHeaderKind(t, "resume/1/"+id.String(), proto.KindResume, alice), proto.CodeResumeRefused, resume.RefusedBadRequest},
+	} {
+		_, _, code := sendResume(t, other, tc.header)
+		assert.Equal(t, tc.code, code, tc.name)
+		if tc.reason != "" {
+			assert.Equal(t, 1.0, promtest.ToFloat64(side.metrics.Refused.WithLabelValues(tc.reason)), tc.name)
+		}
+	}
+	assert.Equal(t, 1, side.table.Len(), "refused requests hold nothing")
+	echoRoundTrip(t, first, "still mine")
+
+	// The owner re-attaches from another connection while the first still
+	// runs (a client that moved): the server received 4+10 bytes, and the
+	// tunnel goes on on the new stream; the old one is reset.
+	third := attackerConn(t, srv)
+	off, str, code := sendResume(t, third, resumeHeader(t, id, 14, alice))
+	require.Equal(t, proto.CodeOK, code)
+	assert.Equal(t, uint64(14), off)
+	echoRoundTrip(t, str, "pong")
+	_ = first.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = first.Read(make([]byte, 1))
+	require.Error(t, err, "the old stream no longer carries the tunnel")
+	assert.Equal(t, 1.0, promtest.ToFloat64(side.metrics.Resumed))
+	require.NoError(t, str.Close())
+	_, err = io.ReadAll(str)
+	require.NoError(t, err, "the echo's FIN ends both directions")
+	assert.Equal(t, 1, side.table.Len(), "the server keeps the tunnel until we confirm its last bytes")
+	ack, _ := resume.AppendAcks(nil, []resume.Ack{{ID: id, Offset: 4 + 10 + 4}})
+	require.NoError(t, third.SendDatagram(ack))
+	require.Eventually(t, func() bool { return side.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestResumeRefusedAfterServerGaveUp: when the server no longer holds the
+// tunnel (its shorter window passed during the outage; after a restart
+// too), the client's re-attachment is refused: the client gives up at once
+// (refused) and resets the application's connection, as without
+// resumption, and both ends give their buffers back.
+func TestResumeRefusedAfterServerGaveUp(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srvSide := newResumeSide(server.NewResumeMetrics)
+	cliSide := newResumeSide(client.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, QUIC: shortIdle,
+		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(200 * time.Millisecond) }})
+	var dark atomic.Bool
+	proxy := lossyProxy(t, srv, time.Millisecond, &dark, nil)
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
+		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
+	c := dial(t, cl.Addr)
+	_, err := c.Write([]byte("ping"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(c, make([]byte, 4))
+	require.NoError(t, err)
+
+	dark.Store(true)
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(srvSide.metrics.GaveUp.WithLabelValues(resume.GaveUpWindow)) == 1
+	},
+		30*time.Second, 10*time.Millisecond, "the server gives up after its window")
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cliSide.metrics.Parked) == 1 }, 30*time.Second, 10*time.Millisecond)
+	dark.Store(false)
+	require.Eventually(t, func() bool {
+		return promtest.ToFloat64(cliSide.metrics.GaveUp.WithLabelValues(resume.GaveUpRefused)) == 1
+	},
+		30*time.Second, 10*time.Millisecond, "the client learns it at its re-attachment")
+	assert.Equal(t, 1.0, promtest.ToFloat64(srvSide.metrics.Refused.WithLabelValues(resume.RefusedUnknown)))
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, syscall.ECONNRESET)
+	require.Eventually(t, func() bool { return srvSide.budget.Used() == 0 && cliSide.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond)
+	assert.Zero(t, srvSide.table.Len()+cliSide.table.Len())
+}
+
+// TestResumeMaxTunnels: past Resume.Max the server opens plain tunnels (not
+// held when their connection dies) instead of refusing them.
+func TestResumeMaxTunnels(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	side := newResumeSide(server.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.Resume = side.egress(time.Minute)
+		c.Resume.Max = 1
+	}})
+	c := attackerConn(t, srv)
+	for i := range 2 {
+		id, err := resume.NewID()
+		require.NoError(t, err)
+		h, err := proto.NewHeader("tcp:"+echo, time.Now())
+		require.NoError(t, err)
+		h.ResumeID, h.HasResumeID = id, true
+		b, err := h.Append(nil, testutil.Secret)
+		require.NoError(t, err)
+		str, err := c.OpenStream()
+		require.NoError(t, err)
+		_, err = str.Write(b)
+		require.NoError(t, err)
+		require.NoError(t, proto.ReadReply(str))
+		echoRoundTrip(t, str, "tunnel")
+		assert.Equal(t, 1, side.table.Len(), "tunnel %d", i)
+	}
+	assert.Equal(t, 2, srv.Server.Registry().Len(), "both tunnels run")
+}
+
+// TestResumeAttemptsHoldNothing: resume requests for tunnels the server
+// does not hold, authenticated or not, leave no state behind: 1,000 with
+// the secret on one connection (each refused as unknown), and 20 without
+// it (each closes its connection, auth_failed, as any header would).
+func TestResumeAttemptsHoldNothing(t *testing.T) {
+	t.Parallel()
+	side := newResumeSide(server.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Mutate: func(c *server.Config) {
+		c.Resume = side.egress(time.Minute)
+		c.MaxReplayEntriesPerConn = 1 << 16
+	}})
+	n := 1000
+	if testing.Short() {
+		n = 100
+	}
+	c := attackerConn(t, srv)
+	for i := range n {
+		id, err := resume.NewID()
+		require.NoError(t, err)
+		_, _, code := sendResume(t, c, resumeHeader(t, id, uint64(i), testutil.Secret))
+		require.Equal(t, proto.CodeResumeRefused, code)
+	}
+	assert.Equal(t, float64(n), promtest.ToFloat64(side.metrics.Refused.WithLabelValues(resume.RefusedUnknown)))
+	for range 20 {
+		id, err := resume.NewID()
+		require.NoError(t, err)
+		_, _, code := sendResume(t, attackerConn(t, srv), resumeHeader(t, id, 0, []byte("not-the-secret-0123456789abcdef0")))
+		require.Equal(t, proto.CodeAuthFailed, code)
+	}
+	assert.Zero(t, side.table.Len())
+	assert.Zero(t, side.budget.Used())
+	assert.Zero(t, srv.Server.Registry().Len())
+}
