@@ -8,6 +8,7 @@ import (
 	"maps"
 	"math"
 	"strconv"
+	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -186,6 +187,11 @@ func (r *Runner) lossOne(ctx context.Context, link LinkSpec, v Variant, rep, i i
 		}
 	}
 	maps.Copy(s.Metrics, usageMetrics(u0, u1, st.ReaderCPU, len(cp)+len(sp) > 0))
+	if dead := exitedPIDs(append(cp, sp...)); len(dead) > 0 && s.Error == "" {
+		// A daemon gone mid-run makes a stalled download, not a figure:
+		// say so (its log under raw/ keeps its last words).
+		s.Error = fmt.Sprintf("tunnel daemon(s) exited during the run: pid %v", dead)
+	}
 	if rec0 >= 0 {
 		if rec1 := r.sinkReconnects(ctx, v); rec1 >= 0 {
 			s.Metrics["reconnects"] = rec1 - rec0
@@ -213,6 +219,17 @@ func rateBins(pts []flowPoint, from time.Time, d, w time.Duration) []float64 {
 	for k := range n {
 		a := from.Add(time.Duration(k) * w)
 		out[k] = rateBetween(pts, a, a.Add(w))
+	}
+	return out
+}
+
+// exitedPIDs returns those of pids that no longer run.
+func exitedPIDs(pids []int) []int {
+	var out []int
+	for _, p := range pids {
+		if err := syscall.Kill(p, 0); errors.Is(err, syscall.ESRCH) {
+			out = append(out, p)
+		}
 	}
 	return out
 }

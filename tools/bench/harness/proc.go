@@ -44,7 +44,10 @@ func StartProc(name, ns, logPath, bin string, args ...string) (*Proc, error) {
 }
 
 func startProcEnv(name, ns, logPath string, env []string, bin string, args ...string) (*Proc, error) {
-	lf, err := os.Create(logPath)
+	// Appended to: a restarted daemon (each loss sample starts its
+	// variant afresh) keeps the logs of the runs before it, so that a
+	// daemon that died in one sample leaves its last words.
+	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("create log %s: %w", logPath, err)
 	}
