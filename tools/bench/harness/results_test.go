@@ -116,7 +116,7 @@ func TestProfiles(t *testing.T) {
 	assert.Empty(t, full.Congestion, "full keeps one quictun variant")
 
 	cc, _ := Profiles("cc")
-	assert.Equal(t, []string{ScBulk, ScFair, ScBlackoutBulk}, cc.Scenarios)
+	assert.Equal(t, []string{ScBulk, ScFair, ScRateCap, ScBlackoutBulk}, cc.Scenarios)
 	var names []string
 	for _, l := range cc.BulkLinks {
 		names = append(names, l.Name)
