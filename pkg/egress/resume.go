@@ -13,19 +13,10 @@ import (
 	"github.com/quictun/quictun/pkg/udpflow"
 )
 
-// Resume are the settings of resumable tunnels (--resume-window; pkg/resume).
+// Resume are the settings of resumable tunnels (--resume-window;
+// pkg/resume) on the server.
 type Resume struct {
-	// Table holds the resumable tunnels by ID.
-	Table *resume.Table
-	// Window returns the window of a tunnel opened now (a reload changes
-	// it for new tunnels); 0: tunnels are not kept resumable, and resume
-	// requests are refused.
-	Window func() time.Duration
-	// Cap bounds the bytes one direction holds for resending (0:
-	// resume.DefaultCap); Budget all tunnels' bytes.
-	Cap    int
-	Budget *resume.Budget
-	Events resume.Events
+	resume.Settings
 	// Max bounds the resumable tunnels held, running and parked (0:
 	// DefaultMaxResumable); past it new tunnels are plain ones.
 	Max int
@@ -38,8 +29,8 @@ const DefaultMaxResumable = 65536
 
 // window is the resume window of a tunnel opened now, 0 without Resume.
 func (e *Handler) window() time.Duration {
-	if r := e.cfg.Resume; r != nil && r.Window != nil {
-		return r.Window()
+	if r := e.cfg.Resume; r != nil {
+		return r.WindowNow()
 	}
 	return 0
 }

@@ -14,26 +14,10 @@ import (
 
 // Resume are the settings of resumable tunnels (--resume-window;
 // pkg/resume).
-type Resume struct {
-	// Table holds the resumable tunnels by ID (for their acks).
-	Table *resume.Table
-	// Window returns the window of a tunnel opened now (a reload changes
-	// it for new tunnels); 0: tunnels are not resumable.
-	Window func() time.Duration
-	// Cap bounds the bytes one direction holds for resending (0:
-	// resume.DefaultCap); Budget all tunnels' bytes.
-	Cap    int
-	Budget *resume.Budget
-	Events resume.Events
-}
+type Resume = resume.Settings
 
 // window is the resume window of a tunnel opened now, 0 without Resume.
-func (h *Handler) window() time.Duration {
-	if r := h.cfg.Resume; r != nil && r.Window != nil {
-		return r.Window()
-	}
-	return 0
-}
+func (h *Handler) window() time.Duration { return h.cfg.Resume.WindowNow() }
 
 // ackSender returns c's datagram sender, nil without datagrams.
 func ackSender(c Conn) func([]byte) error {

@@ -13,6 +13,7 @@ import (
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/ingress"
+	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/server"
 )
 
@@ -32,7 +33,7 @@ func BenchmarkResumeCost(b *testing.B) {
 	srvSide := newResumeSide(server.NewResumeMetrics)
 	cliSide := newResumeSide(client.NewResumeMetrics)
 	srv := testutil.StartServer(b, testutil.ServerOptions{Allow: []string{"tcp:" + sink, "tcp:" + echo}, Mutate: func(c *server.Config) {
-		c.Resume = &egress.Resume{Table: srvSide.table, Window: win, Budget: srvSide.budget, Events: srvSide.metrics}
+		c.Resume = &egress.Resume{Settings: resume.Settings{Table: srvSide.table, Window: win, Budget: srvSide.budget, Events: srvSide.metrics}}
 	}})
 	mk := func(dest string) *testutil.Client {
 		return testutil.StartClient(b, srv, testutil.ClientOptions{Token: "tcp:" + dest, WaitReady: true, Mutate: func(c *client.Config) {

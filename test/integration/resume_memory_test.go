@@ -13,6 +13,7 @@ import (
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/ingress"
+	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/server"
 )
 
@@ -35,7 +36,7 @@ func TestIdleResumableTunnelMemory(t *testing.T) {
 	srvSide := newResumeSide(server.NewResumeMetrics)
 	cliSide := newResumeSide(client.NewResumeMetrics)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
-		c.Resume = &egress.Resume{Table: srvSide.table, Window: win, Budget: srvSide.budget, Events: srvSide.metrics}
+		c.Resume = &egress.Resume{Settings: resume.Settings{Table: srvSide.table, Window: win, Budget: srvSide.budget, Events: srvSide.metrics}}
 	}})
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Mutate: func(c *client.Config) {
 		c.Resume = &ingress.Resume{Table: cliSide.table, Window: win, Budget: cliSide.budget, Events: cliSide.metrics}

@@ -42,7 +42,7 @@ func newResumeSide(newMetrics func(prometheus.Registerer, func() int64) *metrics
 }
 
 func (r *resumeSide) egress(window time.Duration) *egress.Resume {
-	return &egress.Resume{Table: r.table, Window: func() time.Duration { return window }, Budget: r.budget, Events: r.metrics}
+	return &egress.Resume{Settings: resume.Settings{Table: r.table, Window: func() time.Duration { return window }, Budget: r.budget, Events: r.metrics}}
 }
 
 func (r *resumeSide) ingress(window time.Duration) *ingress.Resume {

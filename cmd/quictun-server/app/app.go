@@ -24,6 +24,7 @@ import (
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/ratecap"
 	"github.com/quictun/quictun/pkg/report"
+	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/token"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -124,8 +125,8 @@ func (o *Options) Run(ctx context.Context) error {
 	cfg.DrainTimeout, cfg.TailProbes, cfg.UDPIdleTimeout = o.DrainTimeout, o.TailProbes, o.UDPIdleTimeout
 	cfg.Metrics, cfg.QUICStat, cfg.Registry = server.NewMetrics(reg), qstat, registry
 	o.resume = o.NewResume()
-	cfg.Resume = &egress.Resume{Table: o.resume.Table, Window: o.resume.Window, Budget: o.resume.Budget,
-		Events: server.NewResumeMetrics(reg, o.resume.Budget.Used)}
+	cfg.Resume = &egress.Resume{Settings: resume.Settings{Table: o.resume.Table, Window: o.resume.Window, Budget: o.resume.Budget,
+		Events: server.NewResumeMetrics(reg, o.resume.Budget.Used)}}
 	if cfg.AllowRemoteListen, cfg.AllowRemoteListenFor, err = parseRemoteListen(o.AllowRemoteListen); err != nil {
 		return err
 	}
