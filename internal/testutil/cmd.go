@@ -62,8 +62,9 @@ func WriteFile(t testing.TB, name, content string) string {
 // (32768-60999), which the kernel never hands to a bind of port 0 or to an
 // outgoing connection, so that no other test's listener or dial takes it in
 // between (as one did under make test's load, and a reverse forward's test
-// then dialed another test's listener), and no port is handed out twice in
-// one test binary.
+// then dialed another test's listener), and no port is handed out twice on
+// the machine while the test binary that drew it runs (reservePort: go test
+// runs several packages' binaries at once).
 func FreeAddr(t testing.TB, network string) string {
 	t.Helper()
 	freeMu.Lock()
@@ -74,7 +75,7 @@ func FreeAddr(t testing.TB, network string) string {
 			continue
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
-		if bindable(network, addr) {
+		if bindable(network, addr) && reservePort(port) {
 			freeGiven[port] = true
 			return addr
 		}

@@ -44,6 +44,8 @@ type ServerOptions struct {
 	// whose UDP is blocked; on TCPAddr if set (a restarted server's).
 	TCP     bool
 	TCPAddr string
+	// Logger, when set, is the server's logger (klog.NewContext); default klog's.
+	Logger *klog.Logger
 }
 
 // Server is a running in-process server.
@@ -140,6 +142,9 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 	srv, err := server.New(cfg, spc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
+	if o.Logger != nil {
+		ctx = klog.NewContext(ctx, *o.Logger)
+	}
 	s := &Server{Server: srv, Addr: pc.LocalAddr().String(), State: st, StateDir: o.StateDir, Registry: reg, Metrics: m,
 		stop: cancel, done: make(chan error, 1), pc: pc}
 	if cfg.TCP != nil {

@@ -34,7 +34,13 @@ func (h hostServer) listenAt(port int) string { return net.JoinHostPort(h.ip, st
 // and state) a server at ip allowing clients to listen at tcp:0.0.0.0:port.
 func startHostServer(t *testing.T, ip string, port int, prev *testutil.Server) hostServer {
 	t.Helper()
-	o := testutil.ServerOptions{Mutate: func(c *server.Config) {
+	logs := &logLines{verbosity: 2}
+	t.Cleanup(func() {
+		if t.Failed() { // what the server saw, for a failure no assertion printed
+			t.Logf("server at %s log:\n%s", ip, logs)
+		}
+	})
+	o := testutil.ServerOptions{Logger: logs.logger(), Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:0.0.0.0:" + strconv.Itoa(port))
 		c.Reverse.Events = server.NewReverseMetrics(prometheus.NewRegistry())
 		c.ListenRemote = func(ctx context.Context, ep endpoint.Endpoint) (net.Listener, *net.UDPConn, error) {
@@ -52,13 +58,14 @@ func startHostServer(t *testing.T, ip string, port int, prev *testutil.Server) h
 	return hostServer{Server: testutil.StartServer(t, o), ip: ip}
 }
 
-// freeHostPort returns a TCP port free on every one of ips.
+// freeHostPort returns a TCP port free on every one of ips, and on the
+// wildcard address (a listener there would take connections to ips).
 func freeHostPort(t *testing.T, ips ...string) int {
 	t.Helper()
 	for range 20 {
 		port := testutil.FreePort(t, "tcp")
 		free := true
-		for _, ip := range ips {
+		for _, ip := range append([]string{"0.0.0.0"}, ips...) {
 			ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
 			if err != nil {
 				free = false
@@ -141,6 +148,11 @@ func reverseClientOf(t *testing.T, conns int, servers []*testutil.Server, forwar
 		pins = append(pins, s.Addr+"="+s.State.Fingerprint())
 	}
 	logs := &logLines{verbosity: 2}
+	t.Cleanup(func() {
+		if t.Failed() { // what the client saw, for a failure no assertion below printed
+			t.Logf("client log:\n%s", logs)
+		}
+	})
 	cl := startPinnedClient(t, "tcp:127.0.0.1:1", servers, pins, logs, func(c *client.Config) {
 		c.ConnectionsPerServer = conns
 		withRemoteForwards(t, c, forwards...)
