@@ -72,6 +72,9 @@ func (r *Runner) udpBlocked(ctx context.Context) error {
 	}
 	defer r.udpUnblock(ctx)
 	r.checkUDPBlocked(ctx)
+	// The probe's own Mbit/s would share the download's column.
+	echoRTTs := firstEchoRTTs(link)
+	rtts := func(m map[string]float64) { echoRTTs(m); delete(m, "mbit_per_s") }
 	failed := map[string]error{}
 	for _, v := range r.vars {
 		if q, ok := v.(*quictun); ok {
@@ -96,7 +99,7 @@ func (r *Runner) udpBlocked(ctx context.Context) error {
 				continue // kcptun is UDP only; SOCKS5 and reverse ride on quictun
 			}
 			r.probe(ctx, ScUDPBlocked, link, fmt.Sprintf("%d x %d B", p.LatencyNumber, p.LatencySize), v, rep,
-				p.LatencySize, p.LatencyNumber, 1, 5*time.Minute, firstEchoRTTs(link))
+				p.LatencySize, p.LatencyNumber, 1, 5*time.Minute, rtts)
 			r.bulkOne(ctx, ScUDPBlocked, link, v, rep, 1)
 		}
 	}

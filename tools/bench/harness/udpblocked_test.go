@@ -58,6 +58,7 @@ func TestRunUDPBlocked(t *testing.T) {
 		default:
 			assert.Positive(t, m["total_ms"], smp.Variant)
 			assert.Positive(t, m["first_echo_ms"], smp.Variant)
+			assert.NotContains(t, m, "mbit_per_s", "the download's column")
 		}
 	}
 	lat := "20 x 1000 B"
