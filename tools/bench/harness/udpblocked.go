@@ -71,7 +71,7 @@ func (r *Runner) udpBlocked(ctx context.Context) error {
 		return fmt.Errorf("block UDP: %w", err)
 	}
 	defer r.udpUnblock(ctx)
-	r.checkUDPBlocked(ctx)
+	r.checkUDPBlocked(ctx, true)
 	// The probe's own Mbit/s would share the download's column.
 	echoRTTs := firstEchoRTTs(link)
 	rtts := func(m map[string]float64) { echoRTTs(m); delete(m, "mbit_per_s") }
@@ -107,13 +107,18 @@ func (r *Runner) udpBlocked(ctx context.Context) error {
 }
 
 // udpUnblock lets UDP through again and restarts the quictun variants, so
-// the scenarios after this one find them on QUIC; a failure is a note.
+// the scenarios after this one find them on QUIC; a failure is a note. A
+// cancelled run skips it: no scenario follows, the teardown removes the
+// namespaces with their rules.
 func (r *Runner) udpUnblock(ctx context.Context) {
-	ctx = context.WithoutCancel(ctx) // the namespaces outlive a cancelled run's scenarios
+	if ctx.Err() != nil {
+		return
+	}
 	if err := r.setUDPBlocked(ctx, false); err != nil {
 		r.res.Notes = append(r.res.Notes, "udp-blocked: unblock UDP: "+err.Error())
 		return
 	}
+	r.checkUDPBlocked(ctx, false)
 	for _, v := range r.vars {
 		if q, ok := v.(*quictun); ok {
 			if err := r.restart(ctx, q); err != nil {
@@ -124,9 +129,13 @@ func (r *Runner) udpUnblock(ctx context.Context) {
 }
 
 // checkUDPBlocked sends UDP datagrams across the link and records, as a
-// link check, how many were lost (the block holds: all of them).
-func (r *Runner) checkUDPBlocked(ctx context.Context) {
+// link check, how many were lost (the block holds: all of them; after it:
+// none).
+func (r *Runner) checkUDPBlocked(ctx context.Context, blocked bool) {
 	c := Check{Name: "UDP blocked", Configured: "every UDP datagram between the hosts dropped, TCP passes", Expected: 100, Unit: "%"}
+	if !blocked {
+		c = Check{Name: "UDP back", Configured: "the udp-blocked scenario's block removed", Unit: "%"}
+	}
 	loss, err := udpLoss(ctx, r.env.ClientNS, r.env.ServerNS, r.env.ServerIP, udpProbeDatagrams, 0)
 	if err != nil {
 		c.Measured = "error: " + err.Error()
