@@ -61,8 +61,8 @@ func (r *Runner) setUDPBlocked(ctx context.Context, blocked bool) error {
 // udpBlocked runs the scenario: UDP blocked, the quictun variants
 // restarted under the block, then per repetition and variant the echo
 // client's start to its first echo (quictun), the latency workload and a
-// bulk download; at the end UDP returns and the quictun variants are
-// restarted again for the scenarios after it.
+// bulk download; at the end UDP returns and the tunnel variants are
+// restarted for the scenarios after it.
 func (r *Runner) udpBlocked(ctx context.Context) error {
 	p := r.prof
 	link := p.UDPBlockedLink
@@ -106,8 +106,10 @@ func (r *Runner) udpBlocked(ctx context.Context) error {
 	return nil
 }
 
-// udpUnblock lets UDP through again and restarts the quictun variants, so
-// the scenarios after this one find them on QUIC; a failure is a note. A
+// udpUnblock lets UDP through again and restarts every tunnel variant
+// (kcptun and a reverse tunnel sat through the block unmeasured), so the
+// scenarios after this one find them fresh, quictun on QUIC; a failure is
+// a note. A
 // cancelled run skips it: no scenario follows, the teardown removes the
 // namespaces with their rules.
 func (r *Runner) udpUnblock(ctx context.Context) {
@@ -120,10 +122,8 @@ func (r *Runner) udpUnblock(ctx context.Context) {
 	}
 	r.checkUDPBlocked(ctx, false)
 	for _, v := range r.vars {
-		if q, ok := v.(*quictun); ok {
-			if err := r.restart(ctx, q); err != nil {
-				r.res.Notes = append(r.res.Notes, fmt.Sprintf("udp-blocked: restart %s after UDP returned: %v", q.Name(), err))
-			}
+		if err := r.restart(ctx, v); err != nil {
+			r.res.Notes = append(r.res.Notes, fmt.Sprintf("udp-blocked: restart %s after UDP returned: %v", v.Name(), err))
 		}
 	}
 }

@@ -27,10 +27,17 @@ func TestUDPBlockCommands(t *testing.T) {
 // direct TCP and quictun: the block held (the UDP probe lost every
 // datagram, quictun's client says new tunnels go over TCP), quictun's
 // client started and carried its first echo, both variants measured the
-// latency workload and a download, quictun's with the daemons' CPU, and
-// afterwards UDP got through again and quictun restarted.
+// latency workload and a download, quictun's with the daemons' CPU (kcptun,
+// UDP only, none), and afterwards UDP got through again and the tunnels
+// restarted.
 func TestRunUDPBlocked(t *testing.T) {
-	res, _, p := runTunnelSmoke(t, "hu", nil, ScUDPBlocked)
+	// kcptun, when installed, sits the block out and is restarted after it.
+	withKcptun := func(o *Options) {
+		if KcptunAvailable() {
+			o.Variants = append(o.Variants, "kcptun")
+		}
+	}
+	res, _, p := runTunnelSmoke(t, "hu", withKcptun, ScUDPBlocked)
 	loss := map[string]float64{}
 	for _, c := range res.Checks {
 		loss[c.Name] = c.Value
