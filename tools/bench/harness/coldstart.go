@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -52,35 +53,56 @@ func (r *Runner) coldOne(ctx context.Context, v Variant, rep int, rtt time.Durat
 		}
 		started = time.Now()
 	}
+	var err error
+	s.Metrics, err = firstEcho(ctx, r.env.ClientNS, v.Echo(), started, rtt, false)
+	s.Error = errString(err)
+}
+
+// firstEcho connects to addr in ns, retrying until its listener is up
+// (within coldLimit), and echoes 1000 B once: first_byte_ms from the start
+// of the successful connect to the echo (and in RTTs, when rtt > 0), and
+// since_start_ms from started. A connection that is accepted and then fails
+// is an error (the tunnel accepted before it could carry it), unless retry
+// is set: then a new connection is tried, and failed_attempts counts
+// those.
+func firstEcho(ctx context.Context, ns, addr string, started time.Time, rtt time.Duration, retry bool) (map[string]float64, error) {
+	m := map[string]float64{}
 	buf := make([]byte, 1000)
 	limit := time.Now().Add(coldLimit)
+	failed := 0
 	for {
 		t0 := time.Now()
-		c, err := dialIn(ctx, r.env.ClientNS, v.Echo())
+		c, err := dialIn(ctx, ns, addr)
 		if err != nil {
-			if time.Now().After(limit) || ctx.Err() != nil {
-				s.Error = "connect: " + err.Error()
-				return
+			err = fmt.Errorf("connect: %w", err)
+		} else {
+			_ = c.SetDeadline(time.Now().Add(coldLimit))
+			err = roundTrip(c, buf)
+			_ = c.Close()
+			if err != nil {
+				err = fmt.Errorf("first echo: %w", err)
+				if !retry {
+					return m, err
+				}
+				failed++
 			}
-			time.Sleep(2 * time.Millisecond) // the listener is not up yet
-			continue
 		}
-		_ = c.SetDeadline(time.Now().Add(coldLimit))
-		err = roundTrip(c, buf)
-		_ = c.Close()
-		if err != nil {
-			// A tunnel that accepted before it could carry the connection
-			// reset it: that is a failed cold start, not a retry.
-			s.Error = "first echo: " + err.Error()
-			return
+		if err == nil {
+			fb := time.Since(t0)
+			m["first_byte_ms"] = float64(fb) / 1e6
+			if rtt > 0 {
+				m["first_byte_rtts"] = float64(fb) / float64(rtt)
+			}
+			m["since_start_ms"] = float64(time.Since(started)) / 1e6
+			if retry {
+				m["failed_attempts"] = float64(failed)
+			}
+			return m, nil
 		}
-		fb := time.Since(t0)
-		s.Metrics["first_byte_ms"] = float64(fb) / 1e6
-		if rtt > 0 {
-			s.Metrics["first_byte_rtts"] = float64(fb) / float64(rtt)
+		if time.Now().After(limit) || ctx.Err() != nil {
+			return m, err
 		}
-		s.Metrics["since_start_ms"] = float64(time.Since(started)) / 1e6
-		return
+		time.Sleep(2 * time.Millisecond) // the listener is not up yet
 	}
 }
 

@@ -62,6 +62,9 @@ quictun_client_session_up 1
 	v, err = parseMetric(strings.NewReader(text), "quictun_client_session_up")
 	require.NoError(t, err)
 	assert.InDelta(t, 1.0, v, 1e-9)
+	v, err = parseMetric(strings.NewReader(text), `quictun_client_reconnects_total{reason="error"}`)
+	require.NoError(t, err)
+	assert.InDelta(t, 1.0, v, 1e-9, "one series by its labels")
 	_, err = parseMetric(strings.NewReader(text), "nope")
 	require.Error(t, err)
 }

@@ -44,11 +44,14 @@ const (
 	// downloads and uploads through the tunnel per client congestion
 	// controller, against the cap (issue 35).
 	ScRateCap = "ratecap"
+	// ScUDPBlocked: every UDP packet between the hosts dropped from before
+	// the tunnel daemons start, TCP passes; quictun falls back to TCP.
+	ScUDPBlocked = "udp-blocked"
 )
 
 // AllScenarios in the order they run.
 func AllScenarios() []string {
-	return []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScLoss, ScFair, ScRateCap, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScScale, ScFlood,
+	return []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScLoss, ScFair, ScRateCap, ScEcho, ScReqSize, ScConnrate, ScBlackout, ScBlackoutBulk, ScUDPBlocked, ScScale, ScFlood,
 		ScSTNShort, ScSTNSizes, ScSTNBlackout, ScFailover}
 }
 
@@ -82,6 +85,12 @@ type Profile struct {
 	BlackoutLink LinkSpec
 	Blackouts    []time.Duration
 	BlackoutReps int
+
+	// UDP blocked: on UDPBlockedLink, UDP dropped between the hosts; per
+	// repetition the tunnel client's start to its first echo, the latency
+	// workload (LatencyNumber x LatencySize) and a bulk download of
+	// BulkDuration.
+	UDPBlockedLink LinkSpec
 
 	ScaleLink   LinkSpec
 	ScaleConns  int
@@ -264,7 +273,7 @@ func Profiles(name string) (Profile, error) {
 	case "quick":
 		return Profile{
 			Name: "quick", Reps: 1,
-			Scenarios:     []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScBlackout},
+			Scenarios:     []string{ScLatency, ScCold, ScAfterIdle, ScBulk, ScBlackout, ScUDPBlocked},
 			LatencyLinks:  latencyLinks(),
 			LatencyNumber: 1000, LatencySize: 1000,
 			BulkLinks: []LinkSpec{
@@ -282,6 +291,7 @@ func Profiles(name string) (Profile, error) {
 			BlackoutLink:   LinkOf("WAN", WANDelay, 0, ""),
 			Blackouts:      []time.Duration{5 * time.Second},
 			BlackoutReps:   1,
+			UDPBlockedLink: LinkOf("WAN", WANDelay, 0, "100mbit"),
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     200, ScaleNumber: 20,
 			ColdLink:      LinkOf("WAN", WANDelay, 0, ""),
@@ -315,6 +325,7 @@ func Profiles(name string) (Profile, error) {
 			BlackoutLink:   LinkOf("WAN", WANDelay, 0, ""),
 			Blackouts:      []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 35 * time.Second},
 			BlackoutReps:   2,
+			UDPBlockedLink: LinkOf("WAN", WANDelay, 0, "100mbit"),
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     1000, ScaleNumber: 50,
 			ColdLink:      LinkOf("WAN", WANDelay, 0, ""),
@@ -353,6 +364,7 @@ func Profiles(name string) (Profile, error) {
 			BlackoutLink:   LinkOf("LAN", LANDelay, 0, ""),
 			Blackouts:      []time.Duration{time.Second},
 			BlackoutReps:   1,
+			UDPBlockedLink: LinkOf("LAN", LANDelay, 0, "100mbit"),
 			ScaleLink:      LinkOf("LAN", LANDelay, 0, ""),
 			ScaleConns:     20, ScaleNumber: 5,
 			ColdLink:      LinkOf("LAN", LANDelay, 0, ""),

@@ -87,6 +87,12 @@ func Scenarios() map[string]ScenarioInfo {
 		ScBlackout: {"5. Recovery after a blackout", "100 % loss both ways for the given time. In-flight: a 1000 B request sent on an open connection just after the cut started; seconds from the end of the cut to its echo. New connection: seconds from the end of the cut to the first new connection that completes a round trip. Survived: the tunnel's QUIC connection was not replaced (quictun reconnect counter unchanged).",
 			[]Metric{{"inflight_after_s", "in-flight done after s", false}, {"newconn_after_s", "new conn after s", false}, {"tunnel_survived", "tunnel survived", true}},
 			[]string{"inflight_after_s", "newconn_after_s"}},
+		ScUDPBlocked: {"5c. UDP blocked", "Every UDP datagram between the hosts is dropped silently (a blackhole policy rule for UDP arriving on each namespace's link device, ahead of local delivery; TCP passes; the link check `UDP blocked` shows the datagrams a probe lost, `UDP back` the same after the scenario) from before the tunnel daemons start: the quictun variants are restarted under the block and run as users run them (`--transport auto` and the server's TCP listener on the address of `--listen-on`, both defaults), so the client falls back to TCP by itself; kcptun (UDP only) is left out, direct TCP is the reference. Client start: the echo client restarted, an application connects at once and retries until an echo of 1000 B comes back; since start = from the client process's start to that echo, first byte = that connection's connect to echo, failed attempts = connections before it that the client accepted but could not carry; transport TCP = the client's `quictun_client_transport{transport=\"tcp\"}` after it (1: new tunnels go over TCP). Then the latency workload (columns as in section 1) and a download of the bulk section's length (1 stream; CPU columns as there).",
+			append([]Metric{{"since_start_ms", "client start to first echo ms", false}, {"first_byte_ms", "first byte ms", false},
+				{"failed_attempts", "failed attempts", false}, {"transport_tcp", "transport TCP", false},
+				{"first_packet_ms", "first packet ms", false}, {"first_echo_ms", "connect to first echo ms", false},
+				{"total_ms", "total ms", false}, {"p99_ms", "p99 RTT ms", false}, {"mbit_per_s", "Mbit/s", true}}, usageColumns[:3]...),
+			[]string{"since_start_ms", "total_ms", "mbit_per_s"}},
 		ScScale: {"6. Scale", "Many concurrent ping-pong connections. RSS: peak resident memory of the tunnel's client and server processes during the run (direct: the echo server).",
 			[]Metric{{"p50_ms", "p50 ms", false}, {"p99_ms", "p99 ms", false}, {"rss_client_mib", "client RSS MiB", false}, {"rss_server_mib", "server RSS MiB", false}},
 			[]string{"p99_ms", "rss_client_mib"}},
@@ -516,10 +522,23 @@ func writeCharts(dir, sc string, si ScenarioInfo, rows []row, variants []string,
 	return out, nil
 }
 
+// rowHas tells whether any of variants has metric key in row r of sc.
+func rowHas(agg map[Key]Summary, sc string, r row, key string, variants []string) bool {
+	for _, v := range variants {
+		if _, ok := agg[Key{sc, r.link, r.cs, v, key}]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 func writeMetricCharts(dir, sc string, si ScenarioInfo, mt Metric, rows []row, variants []string, agg map[Key]Summary) ([]string, error) {
 	families := map[string][]row{}
 	var order []string
 	for _, r := range rows {
+		if !rowHas(agg, sc, r, mt.Key, variants) {
+			continue // a case without this metric (another case's column)
+		}
 		fam := strings.SplitN(r.link, " ", 2)[0]
 		if _, ok := families[fam]; !ok {
 			order = append(order, fam)

@@ -114,6 +114,11 @@ func TestProfiles(t *testing.T) {
 	assert.Equal(t, []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 35 * time.Second}, full.Blackouts)
 	assert.Equal(t, 1000, full.ScaleConns)
 	assert.Empty(t, full.Congestion, "full keeps one quictun variant")
+	for _, name := range []string{"quick", "full", "smoke"} {
+		p, _ := Profiles(name)
+		assert.Contains(t, p.Scenarios, ScUDPBlocked, name)
+		assert.NotEmpty(t, p.UDPBlockedLink.Params["delay"], "%s: udp-blocked has its link", name)
+	}
 
 	cc, _ := Profiles("cc")
 	assert.Equal(t, []string{ScBulk, ScFair, ScRateCap, ScBlackoutBulk}, cc.Scenarios)

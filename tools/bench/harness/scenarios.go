@@ -108,6 +108,8 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.stnBlackout(ctx)
 	case ScFailover:
 		return r.failover(ctx)
+	case ScUDPBlocked:
+		return r.udpBlocked(ctx)
 	default:
 		return fmt.Errorf("unknown scenario %q", name)
 	}
@@ -204,7 +206,7 @@ func firstEchoRTTs(link LinkSpec) func(map[string]float64) {
 func (r *Runner) bulk(ctx context.Context) error {
 	p := r.prof
 	r.sweep(ctx, p.BulkLinks, len(p.BulkParallel), func(link LinkSpec, cs, rep int, v Variant) {
-		r.bulkOne(ctx, link, v, rep, p.BulkParallel[cs])
+		r.bulkOne(ctx, ScBulk, link, v, rep, p.BulkParallel[cs])
 	})
 	return nil
 }
@@ -233,8 +235,10 @@ func cpuOf(pids []int) float64 {
 	return sum
 }
 
-func (r *Runner) bulkOne(ctx context.Context, link LinkSpec, v Variant, rep, par int) {
-	s := Sample{Scenario: ScBulk, Link: link.Name, Case: fmt.Sprintf("%d stream(s)", par), Variant: v.Name(), Rep: rep, Started: time.Now().UTC()}
+// bulkOne records one bulk download of par streams through v as a sample
+// of scenario sc, with the tunnel's CPU beside its rate.
+func (r *Runner) bulkOne(ctx context.Context, sc string, link LinkSpec, v Variant, rep, par int) {
+	s := Sample{Scenario: sc, Link: link.Name, Case: fmt.Sprintf("%d stream(s)", par), Variant: v.Name(), Rep: rep, Started: time.Now().UTC()}
 	cp, sp := v.EndpointPIDs("sink")
 	u0 := r.usage(cp, sp)
 	b := bulkDownload(ctx, r.env.ClientNS, v.Sink(), par, r.prof.BulkDuration, nil)

@@ -77,16 +77,25 @@ func (e *Env) CCServerIP(ctx context.Context, cc string) (string, error) {
 	i := len(e.ccAddrs)
 	ip := fmt.Sprintf("198.18.0.%d", ccAddrBase+i)
 	table := strconv.Itoa(100 + i)
-	for _, c := range ccRouteCommands(e.ClientNS, e.ServerNS, ip, netns.ClientIP, table, cc) {
+	if err := ipCommands(ctx, ccRouteCommands(e.ClientNS, e.ServerNS, ip, netns.ClientIP, table, cc)); err != nil {
+		return "", err
+	}
+	e.ccAddrs[cc] = ip
+	return ip, nil
+}
+
+// ipCommands runs ip(8) with each of cmds in turn, stopping at the first
+// that fails.
+func ipCommands(ctx context.Context, cmds [][]string) error {
+	for _, c := range cmds {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		out, err := exec.CommandContext(cctx, "ip", c...).CombinedOutput()
 		cancel()
 		if err != nil {
-			return "", fmt.Errorf("ip %s: %w: %s", strings.Join(c, " "), err, strings.TrimSpace(string(out)))
+			return fmt.Errorf("ip %s: %w: %s", strings.Join(c, " "), err, strings.TrimSpace(string(out)))
 		}
 	}
-	e.ccAddrs[cc] = ip
-	return ip, nil
+	return nil
 }
 
 // ccRouteCommands are the ip(8) commands behind CCServerIP.
@@ -558,7 +567,9 @@ func (q *quictun) Stop() {
 	q.clients, q.server = nil, nil
 }
 
-// scrapeCounter sums the samples of a metric in a Prometheus exposition.
+// scrapeCounter sums the samples of a metric in a Prometheus exposition;
+// name may be a whole series, labels included, when they are the only ones
+// (quictun_client_transport{transport="tcp"}).
 func scrapeCounter(ctx context.Context, ns, url, name string) (float64, error) {
 	req, err := newGet(ctx, url)
 	if err != nil {
