@@ -494,9 +494,13 @@ const maxEarlyBytes = 256 << 10
 // earlyPhase forwards the application's first bytes as 0-RTT data while the
 // handshake completes, keeping a copy. If the server accepted 0-RTT it returns
 // str unchanged. If it rejected it (all 0-RTT data is then discarded), or the
-// connection died before its handshake (the server was still down), it opens a
-// stream on the next connection and re-sends a fresh header and the copy. Downstream bytes cannot arrive before the handshake completes, so only
-// the upstream direction needs this.
+// connection died before its handshake (the server was still down), or new
+// streams go on another connection whose handshake is done while nothing came
+// back on this one (UDP is blocked: the client turned to TCP, and the resumed
+// session's handshake would only end at its timeout), it opens a stream on the next
+// connection and re-sends a fresh header and the copy. Downstream bytes cannot
+// arrive before the handshake completes, so only the upstream direction needs
+// this.
 //
 // It also returns the tunnel ID of the header in force: id, or the re-sent
 // header's.
@@ -518,10 +522,18 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		}
 		done <- nil
 	}()
+	moved, stopWatch := h.watchMoved(ctx, conn)
 	select {
 	case <-conn.HandshakeComplete():
 	case <-conn.Context().Done():
+	case <-moved:
 	case <-ctx.Done():
+	}
+	stopWatch()
+	if isClosed(moved) {
+		// Its write may wait on the stalled connection for good: ended, it
+		// returns (what the reader read is in sent already).
+		str.CancelWrite(0)
 	}
 	_ = nc.SetReadDeadline(time.Now()) // stop the reader; what it read was forwarded
 	rerr := <-done
@@ -529,13 +541,14 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, os.ErrDeadlineExceeded) {
 		return nil, "", fmt.Errorf("read before handshake: %w", rerr)
 	}
-	if conn.Context().Err() == nil && conn.ConnectionState().Used0RTT {
+	complete := isClosed(conn.HandshakeComplete())
+	if conn.Context().Err() == nil && complete && conn.ConnectionState().Used0RTT {
 		return str, id, nil
 	}
 	str.CancelRead(0) // discarded with the rest of the 0-RTT data
 	str.CancelWrite(0)
 	var next Conn
-	if conn.Context().Err() == nil {
+	if conn.Context().Err() == nil && complete {
 		// Rejected: the same connection goes on without 0-RTT.
 		n, err := conn.NextConnection(ctx)
 		if err != nil {
@@ -543,8 +556,9 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		}
 		next = OverQUIC(n)
 	} else {
-		// The server never answered (it may still be down): wait for the
-		// client's next connection, with its handshake done.
+		// The server never answered (it may still be down, or UDP is
+		// blocked): wait for the client's next connection, with its
+		// handshake done.
 		n, err := h.nextSession(ctx)
 		if err != nil {
 			return nil, "", err
@@ -565,6 +579,60 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		return nil, "", fmt.Errorf("re-send after 0-RTT rejection: %w", err)
 	}
 	return nstr, id, nil
+}
+
+// movedCheck is how often a stream waiting for its connection's handshake
+// looks whether new streams go elsewhere (watchMoved).
+const movedCheck = 100 * time.Millisecond
+
+// watchMoved returns a channel closed once new streams go on a connection
+// other than conn whose handshake is done (a TCP one, or a QUIC one that
+// completed it) while conn's handshake is not; stop ends the watch and
+// returns once its goroutine has.
+func (h *Handler) watchMoved(ctx context.Context, conn *quic.Conn) (moved <-chan struct{}, stop func()) {
+	ch := make(chan struct{})
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(movedCheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+			case <-conn.HandshakeComplete():
+				return
+			case <-wctx.Done():
+				return
+			}
+			if h.readyElsewhere(wctx, conn) {
+				close(ch)
+				return
+			}
+		}
+	})
+	return ch, func() { cancel(); wg.Wait() }
+}
+
+// readyElsewhere reports whether a new stream would now go on a connection
+// other than conn whose handshake is done, while nothing came back on conn:
+// a server that answered is completing the handshake and took the 0-RTT
+// data, which moving would deliver twice.
+func (h *Handler) readyElsewhere(ctx context.Context, conn *quic.Conn) bool {
+	if conn.ConnectionStats().PacketsReceived > 0 {
+		return false
+	}
+	wctx, cancel := context.WithTimeout(ctx, movedCheck)
+	defer cancel()
+	sess, release, err := h.links.Sessions.Wait(wctx)
+	release() // only looked at
+	if err != nil {
+		return false
+	}
+	q := sess.Conn.QUIC()
+	if q == nil {
+		return true // TCP
+	}
+	return q != conn && isClosed(q.HandshakeComplete()) && q.Context().Err() == nil
 }
 
 // nextSession waits for a connection whose handshake is done: a QUIC one

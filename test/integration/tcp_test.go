@@ -370,3 +370,44 @@ func TestTCPFallbackSeveralServersWithCA(t *testing.T) {
 	assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.Transport.WithLabelValues("tcp")))
 	assert.Equal(t, 1.0, promtest.ToFloat64(first.Metrics.ActiveTCPConnections))
 }
+
+// TestFirstTunnelOf0RTTDialWithUDPBlocked: a client holding a session ticket
+// (restarted with --session-file, as the systemd unit runs it) dials with
+// 0-RTT, so its first tunnel goes out at once on a connection whose handshake
+// cannot finish while UDP is blocked. Once the client turns to TCP (after
+// --fallback-delay) the tunnel moves there, its bytes re-sent, instead of
+// waiting for the QUIC handshake to time out: here a minute, beyond the
+// bound below (before the move it took the whole timeout, 3 s by default).
+func TestFirstTunnelOf0RTTDialWithUDPBlocked(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{TCP: true, Allow: []string{"tcp:" + echo}})
+	cache := transport.NewStickySessionCache(4)
+	withCache := func(o *transport.ClientTLSOptions) { o.SessionCache = cache }
+	first := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, TLS: withCache, WaitReady: true})
+	echoCheck(t, dial(t, first.Addr), 1000) // the server sends a session ticket after the handshake
+	first.Stop(t)
+
+	gate := &udpGate{}
+	gate.blocked.Store(true)
+	logs := &logLines{verbosity: 4}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("client log:\n%s", logs)
+		}
+	})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, TLS: withCache, WrapConn: gate.wrap, Logger: logs.logger(),
+		QUIC:   func(o *transport.QUICOptions) { o.HandshakeTimeout = time.Minute },
+		Mutate: func(c *client.Config) { c.TCPServerAddr = srv.TCPAddr }})
+	start := time.Now()
+	msg := make([]byte, 64<<10) // more than one write: the copy kept for the re-send
+	_, _ = rand.Read(msg)
+	c := dial(t, cl.Addr)
+	require.NoError(t, c.SetDeadline(time.Now().Add(30*time.Second)))
+	go func() { _, _ = c.Write(msg); _ = c.CloseWrite() }()
+	got, err := io.ReadAll(c)
+	require.NoError(t, err, "the first tunnel, dialed with 0-RTT into blocked UDP, moved to TCP")
+	require.Equal(t, msg, got, "re-sent intact, in order")
+	t.Logf("first tunnel echoed %v after the client's start (loaded machine)", time.Since(start).Round(time.Millisecond))
+	assert.Equal(t, 1.0, promtest.ToFloat64(cl.Metrics.Transport.WithLabelValues("tcp")))
+}
