@@ -541,7 +541,9 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, os.ErrDeadlineExceeded) {
 		return nil, "", fmt.Errorf("read before handshake: %w", rerr)
 	}
-	complete := isClosed(conn.HandshakeComplete())
+	// Moved, the stream's write side is cancelled: it goes to the next
+	// session even if the handshake completed meanwhile.
+	complete := !isClosed(moved) && isClosed(conn.HandshakeComplete())
 	if conn.Context().Err() == nil && complete && conn.ConnectionState().Used0RTT {
 		return str, id, nil
 	}
