@@ -31,6 +31,20 @@ type logLines struct {
 	lines     []string
 }
 
+// failureLog returns a logLines at -v verbosity whose lines the test logs,
+// under what, if it fails: what a daemon saw, for a failure whose
+// assertion printed none of it.
+func failureLog(t *testing.T, verbosity int, what string) *logLines {
+	t.Helper()
+	l := &logLines{verbosity: verbosity}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s log:\n%s", what, l)
+		}
+	})
+	return l
+}
+
 func (l *logLines) logger() *klog.Logger {
 	lg := funcr.New(func(prefix, args string) {
 		l.mu.Lock()

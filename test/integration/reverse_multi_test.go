@@ -34,12 +34,7 @@ func (h hostServer) listenAt(port int) string { return net.JoinHostPort(h.ip, st
 // and state) a server at ip allowing clients to listen at tcp:0.0.0.0:port.
 func startHostServer(t *testing.T, ip string, port int, prev *testutil.Server) hostServer {
 	t.Helper()
-	logs := &logLines{verbosity: 2}
-	t.Cleanup(func() {
-		if t.Failed() { // what the server saw, for a failure no assertion printed
-			t.Logf("server at %s log:\n%s", ip, logs)
-		}
-	})
+	logs := failureLog(t, 2, "server at "+ip)
 	o := testutil.ServerOptions{Logger: logs.logger(), Mutate: func(c *server.Config) {
 		c.AllowRemoteListen = endpoint.MustParseAllowList("tcp:0.0.0.0:" + strconv.Itoa(port))
 		c.Reverse.Events = server.NewReverseMetrics(prometheus.NewRegistry())
@@ -147,12 +142,7 @@ func reverseClientOf(t *testing.T, conns int, servers []*testutil.Server, forwar
 	for _, s := range servers {
 		pins = append(pins, s.Addr+"="+s.State.Fingerprint())
 	}
-	logs := &logLines{verbosity: 2}
-	t.Cleanup(func() {
-		if t.Failed() { // what the client saw, for a failure no assertion below printed
-			t.Logf("client log:\n%s", logs)
-		}
-	})
+	logs := failureLog(t, 2, "client")
 	cl := startPinnedClient(t, "tcp:127.0.0.1:1", servers, pins, logs, func(c *client.Config) {
 		c.ConnectionsPerServer = conns
 		withRemoteForwards(t, c, forwards...)

@@ -390,12 +390,7 @@ func TestFirstTunnelOf0RTTDialWithUDPBlocked(t *testing.T) {
 
 	gate := &udpGate{}
 	gate.blocked.Store(true)
-	logs := &logLines{verbosity: 4}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("client log:\n%s", logs)
-		}
-	})
+	logs := failureLog(t, 4, "client")
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, TLS: withCache, WrapConn: gate.wrap, Logger: logs.logger(),
 		QUIC:   func(o *transport.QUICOptions) { o.HandshakeTimeout = time.Minute },
 		Mutate: func(c *client.Config) { c.TCPServerAddr = srv.TCPAddr }})
