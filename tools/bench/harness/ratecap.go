@@ -43,6 +43,12 @@ type RateCapSpec struct {
 	// measured from Warmup after their start to Duration.
 	Parallel         int
 	Duration, Warmup time.Duration
+	// Shared, if set, adds a run per repetition with all these
+	// identities on one server at once (ratecap_shared.go), Parallel
+	// transfers each per direction, measured from SharedWarmup to
+	// SharedDuration.
+	Shared                       []SharedIdentity
+	SharedDuration, SharedWarmup time.Duration
 }
 
 // rateCapSpec is the profiles' rate-cap scenario: 20/5 Mbit/s caps on the
@@ -52,6 +58,7 @@ func rateCapSpec(d, warm time.Duration) RateCapSpec {
 		Link: LinkOf("WAN", WANDelay, 0, "100mbit"), DownMbit: 20, UpMbit: 5,
 		ClientCC: []string{"bbr", "cubic", "fixed"}, ServerCC: "bbr", FixedRate: "100Mbit",
 		Parallel: 4, Duration: d, Warmup: warm,
+		Shared: sharedIdentities(), SharedDuration: 2*d + 2*warm, SharedWarmup: 2 * warm,
 	}
 }
 
@@ -119,6 +126,9 @@ func (r *Runner) rateCap(ctx context.Context) error {
 				r.record(Sample{Scenario: ScRateCap, Link: p.Link.Name, Case: rateCapCase(p, rateCapDown), Variant: q.Name(), Rep: rep,
 					Started: time.Now().UTC(), Error: "start: " + err.Error()})
 			}
+		}
+		if len(p.Shared) > 0 && ctx.Err() == nil {
+			r.rateCapShared(ctx, rep)
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package harness
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -94,18 +95,52 @@ func TestRateCapReport(t *testing.T) {
 
 // TestRunRateCap runs the rate-cap scenario end to end (smoke profile: 2 s
 // transfers): every client controller gets a download and an upload sample
-// measured by the server against the cap, with the CPU columns.
+// measured by the server against the cap, with the CPU columns; then the
+// shared run gives a sample per identity and direction.
 func TestRunRateCap(t *testing.T) {
 	res, _, p := runTunnelSmoke(t, "hr", nil, ScRateCap)
-	require.Len(t, res.Samples, 2*len(p.RateCap.ClientCC), "notes %v", res.Notes)
+	require.Len(t, res.Samples, 2*len(p.RateCap.ClientCC)+2*len(p.RateCap.Shared), "notes %v", res.Notes)
+	shared := 0
 	for _, smp := range res.Samples {
 		assert.Empty(t, smp.Error, "%s/%s", smp.Case, smp.Variant)
 		m := smp.Metrics
 		assert.Positive(t, m["mbit_per_s"], smp.Case)
+		if smp.Variant == "quictun-shared" {
+			shared++
+			if m["cap_mbit_per_s"] == 0 {
+				assert.Positive(t, m["rest_pct"], "%s: against what the caps leave", smp.Case)
+				continue
+			}
+		} else {
+			assert.Contains(t, m, "cpu_server_pct")
+			assert.Contains(t, m, "emu_cpu_pct")
+		}
 		// The cap holds: far below the 100 Mbit/s link (a loaded machine
 		// may get less than the cap, never much more).
 		assert.Less(t, m["cap_pct"], 130.0, "%s/%s", smp.Case, smp.Variant)
-		assert.Contains(t, m, "cpu_server_pct")
-		assert.Contains(t, m, "emu_cpu_pct")
 	}
+	assert.Equal(t, 2*len(p.RateCap.Shared), shared)
+}
+
+// TestRateCapShared: the shared run's server has a key per identity, a cap
+// for the capped ones, and the cases name each identity among the others.
+func TestRateCapShared(t *testing.T) {
+	t.Parallel()
+	r := &Runner{prof: Profile{RateCap: rateCapSpec(10*time.Second, 2*time.Second)}}
+	p := r.prof.RateCap
+	assert.Equal(t, 24*time.Second, p.SharedDuration)
+	assert.Equal(t, 4*time.Second, p.SharedWarmup, "a 20 s window")
+	q := r.rateCapSharedVariant()
+	assert.Equal(t, "quictun-shared", q.Name())
+	assert.Equal(t, []KeyClient{{"capped20", "20Mbit/20Mbit"}, {"capped40", "40Mbit/40Mbit"}, {"uncapped", ""}}, q.Keys)
+	assert.Equal(t, []string{"--congestion", "bbr"}, q.ServerArgs)
+	assert.Equal(t, "127.0.0.1:"+strconv.Itoa(qtKeySinkLocal+1+10*q.Instance), q.KeySink("capped40"))
+	assert.Empty(t, q.KeySink("nobody"))
+	assert.Equal(t, "download, 3 identities at once (caps 20/40/none), 4 streams each: key=capped40, cap 40 Mbit/s",
+		rateCapSharedCase(p, rateCapDown, p.Shared[1]))
+	assert.Equal(t, "upload, 3 identities at once (caps 20/40/none), 4 streams each: key=uncapped, uncapped",
+		rateCapSharedCase(p, rateCapUp, p.Shared[2]))
+	assert.InDelta(t, 40.0, sharedRest(p.Shared, rateCapDown, 100), 1e-9)
+	assert.Zero(t, sharedRest(p.Shared, rateCapDown, 50), "caps above the link leave nothing")
+	assert.Zero(t, sharedRest(p.Shared, rateCapDown, 0), "unknown link rate")
 }

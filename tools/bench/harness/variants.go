@@ -325,9 +325,13 @@ type quictun struct {
 	// (--rate-limit key=ID=RateLimit: DOWN[/UP]); the identity is the
 	// secret's key ID (Identity).
 	RateLimit string
-	identity  string
-	server    *Proc
-	clients   map[string]*Proc
+	// Keys, if set, are more identities on the same server
+	// (--keys-file), each with a sink client of its own (KeySink) and
+	// its own cap if RateLimit is set; at most maxKeyClients.
+	Keys     []KeyClient
+	identity string
+	server   *Proc
+	clients  map[string]*Proc
 }
 
 // Identity is the identity the server gives this instance's clients
@@ -409,10 +413,11 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(fctx, q.bin(env, "quictun-server"), "fingerprint", "--state-dir", state).Output()
+	var fp string
 	if err != nil {
 		return fmt.Errorf("quictun-server fingerprint: %w", err)
 	}
-	fp := strings.TrimSpace(string(out))
+	fp = strings.TrimSpace(string(out))
 	if !strings.HasPrefix(fp, "sha256:") {
 		return fmt.Errorf("quictun-server fingerprint printed %q", fp)
 	}
@@ -426,7 +431,11 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 	if q.RateLimit != "" {
 		args = append(args, "--rate-limit", q.identity+"="+q.RateLimit)
 	}
-	args = append(args, q.ServerArgs...)
+	keyArgs, keySecrets, err := q.writeKeys(env)
+	if err != nil {
+		return err
+	}
+	args = append(append(args, keyArgs...), q.ServerArgs...)
 	denv := benchDaemonEnv(q.Env)
 	sbin, sargs := env.Pin.wrap(sideServer, q.bin(env, "quictun-server"), args)
 	q.server, err = startProcEnv(q.file("quictun-server"), env.ServerNS, filepath.Join(env.LogDir, q.file("quictun-server.log")), denv, sbin, sargs...)
@@ -434,18 +443,19 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 		return err
 	}
 	q.clients = map[string]*Proc{}
-	for _, svc := range []struct {
-		name, plugin, source string
-		local, admin         int
-	}{
-		{"echo", "Fixed", "tcp:127.0.0.1:" + strconv.Itoa(EchoPort), qtEchoLocal, qtEchoAdminPort},
-		{"sink", "File", tokens, qtSinkLocal, qtSinkAdminPort},
-	} {
+	svcs := []qtService{
+		{"echo", "Fixed", "tcp:127.0.0.1:" + strconv.Itoa(EchoPort), secret, qtEchoLocal, qtEchoAdminPort},
+		{"sink", "File", tokens, secret, qtSinkLocal, qtSinkAdminPort},
+	}
+	for i, k := range q.Keys {
+		svcs = append(svcs, qtService{"sink-" + k.Name, "File", tokens, keySecrets[i], qtKeySinkLocal + i, qtKeyAdminPort + i})
+	}
+	for _, svc := range svcs {
 		args := append([]string{
 			"--listen-on", "tcp:" + q.local(svc.local),
 			"--server-endpoint", endpoint,
 			"--token-source-plugin", svc.plugin, "--token-source", svc.source,
-			"--server-fingerprint", fp, "--secret-file", secret,
+			"--server-fingerprint", fp, "--secret-file", svc.secret,
 			"--httpd-listen-on", q.local(svc.admin),
 			// As the systemd unit: tickets survive a restart (cold start).
 			"--session-file", filepath.Join(env.WorkDir, q.file("quictun-sessions-"+svc.name+".json")),
@@ -461,11 +471,80 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 		}
 		q.clients[svc.name] = p
 	}
+	for _, k := range q.Keys {
+		if err := waitEchoFrom(ctx, env.ClientNS, qtMuxEchoIP, q.KeySink(k.Name), 20*time.Second); err != nil {
+			return fmt.Errorf("key %s's client: %w", k.Name, err)
+		}
+	}
 	if err := waitEcho(ctx, env.ClientNS, q.Echo(), 20*time.Second); err != nil {
 		return err
 	}
 	addr, from := q.MuxEcho()
 	return waitEchoFrom(ctx, env.ClientNS, from, addr, 20*time.Second)
+}
+
+// qtService is one of a quictun instance's clients.
+type qtService struct {
+	name, plugin, source, secret string
+	local, admin                 int
+}
+
+// KeyClient is one more identity on a quictun instance's server: a
+// --keys-file key named Name, capped at RateLimit (DOWN[/UP], "" for
+// none), with a sink client of its own.
+type KeyClient struct {
+	Name, RateLimit string
+}
+
+// maxKeyClients bounds Keys: their clients' ports stay inside the
+// instance's range of 10.
+const maxKeyClients = 3
+
+// Ports of the Keys' sink clients (the i-th adds i).
+const (
+	qtKeySinkLocal = qtSOCKSLocal + 1
+	qtKeyAdminPort = qtSinkAdminPort + 1
+)
+
+// KeySink is the local address of key name's sink client.
+func (q *quictun) KeySink(name string) string {
+	for i, k := range q.Keys {
+		if k.Name == name {
+			return q.local(qtKeySinkLocal + i)
+		}
+	}
+	return ""
+}
+
+// writeKeys writes the Keys' --keys-file and each key's secret file, and
+// returns the server's flags for them and the secret files' paths.
+func (q *quictun) writeKeys(env *Env) (args, secrets []string, err error) {
+	if len(q.Keys) == 0 {
+		return nil, nil, nil
+	}
+	if len(q.Keys) > maxKeyClients {
+		return nil, nil, fmt.Errorf("quictun: %d keys, at most %d", len(q.Keys), maxKeyClients)
+	}
+	var file strings.Builder
+	for _, k := range q.Keys {
+		raw := make([]byte, 32)
+		_, _ = rand.Read(raw)
+		text := base64.StdEncoding.EncodeToString(raw)
+		fmt.Fprintf(&file, "%s %s\n", k.Name, text)
+		path := filepath.Join(env.WorkDir, q.file("quictun-secret-"+k.Name))
+		if err := os.WriteFile(path, []byte(text+"\n"), 0o600); err != nil {
+			return nil, nil, fmt.Errorf("quictun key secret: %w", err)
+		}
+		secrets = append(secrets, path)
+		if k.RateLimit != "" {
+			args = append(args, "--rate-limit", "key="+k.Name+"="+k.RateLimit)
+		}
+	}
+	keys := filepath.Join(env.WorkDir, q.file("quictun-keys"))
+	if err := os.WriteFile(keys, []byte(file.String()), 0o600); err != nil {
+		return nil, nil, fmt.Errorf("quictun keys file: %w", err)
+	}
+	return append(args, "--keys-file", keys), secrets, nil
 }
 
 // quictunSOCKS probes through the SOCKS5 entry point (--proxy) of a quictun
