@@ -13,6 +13,7 @@ import (
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/usage"
 )
 
@@ -200,10 +201,27 @@ func (s *Server) Kick(identity string, d time.Duration) (closed int, until time.
 		}
 	}
 	s.mu.Unlock()
+	s.endResumable(identity)
 	for _, tc := range victims {
 		_ = tc.CloseWithError(proto.CodeSuspended.ApplicationErrorCode(), reason)
 	}
 	return len(victims), until, nil
+}
+
+// endResumable ends identity's resumable tunnels (--resume-window), parked
+// ones too: without it they would wait for a re-attachment once the
+// kick closed their connections, and resume after a short suspension.
+func (s *Server) endResumable(identity string) {
+	r := s.cfg.Resume
+	if r == nil || r.Table == nil {
+		return
+	}
+	tableIdentity := identity // the identities the streams proved, joined (egress)
+	if identity == usage.Anonymous {
+		tableIdentity = ""
+	}
+	// Counted in quictun_server_tunnels_resume_gaveup_total{reason="kicked"}.
+	r.Table.EndIdentity(tableIdentity, proto.CodeSuspended, resume.GaveUpKicked)
 }
 
 // Identities is the admin API's view of the server's accounting

@@ -40,11 +40,15 @@ const (
 	GaveUpOffset = "offset"
 	// GaveUpShutdown: the daemon stopped while the tunnel was parked.
 	GaveUpShutdown = "shutdown"
+	// GaveUpKicked: the operator kicked the tunnel's identity (the
+	// server's DELETE /identities): its tunnels end, parked ones too, so
+	// that none resumes after the suspension.
+	GaveUpKicked = "kicked"
 )
 
 // GaveUpReasons lists the reasons, for pre-created metric series.
 func GaveUpReasons() []string {
-	return []string{GaveUpWindow, GaveUpRefused, GaveUpOffset, GaveUpShutdown}
+	return []string{GaveUpWindow, GaveUpRefused, GaveUpOffset, GaveUpShutdown, GaveUpKicked}
 }
 
 // GaveUpError ends a tunnel that could not be resumed; it unwraps to the
@@ -300,6 +304,13 @@ func (p *Pipe) GiveUp(reason string) {
 }
 
 var errGaveUp = errors.New("gave up resuming the tunnel")
+
+// End ends the tunnel, running or parked, for reason (GaveUpReasons):
+// the stream and the application are reset with code. No effect on a
+// tunnel that ended.
+func (p *Pipe) End(code proto.Code, reason string) {
+	p.abort(code, fmt.Errorf("%w (%s)", errGaveUp, reason), reason)
+}
 
 func (p *Pipe) abort(code proto.Code, cause error, gaveUp string) {
 	p.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/quictun/quictun/pkg/dgram"
+	"github.com/quictun/quictun/pkg/proto"
 )
 
 // Reasons a resume request is refused (the label of
@@ -23,11 +24,14 @@ const (
 	RefusedBadRequest = "bad_request"
 	// RefusedDisabled: this server keeps no tunnel (--resume-window 0).
 	RefusedDisabled = "disabled"
+	// RefusedSuspended: the operator suspended the identity (a kick);
+	// the tunnel, if still held, is ended.
+	RefusedSuspended = "suspended"
 )
 
 // RefusedReasons lists the reasons, for pre-created metric series.
 func RefusedReasons() []string {
-	return []string{RefusedUnknown, RefusedIdentity, RefusedBadRequest, RefusedDisabled}
+	return []string{RefusedUnknown, RefusedIdentity, RefusedBadRequest, RefusedDisabled, RefusedSuspended}
 }
 
 // Errors of Table.Lookup and Table.Add.
@@ -114,6 +118,25 @@ func (t *Table) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.tunnels)
+}
+
+// EndIdentity ends every tunnel identity opened, running or parked, with
+// code, counted as given up for reason (Pipe.End), and returns how many
+// it ended. The server's kick calls it, so that a kicked identity's
+// tunnels do not wait to be resumed.
+func (t *Table) EndIdentity(identity string, code proto.Code, reason string) int {
+	t.mu.Lock()
+	var pipes []*Pipe
+	for _, e := range t.tunnels {
+		if e.identity == identity {
+			pipes = append(pipes, e.pipe)
+		}
+	}
+	t.mu.Unlock()
+	for _, p := range pipes {
+		p.End(code, reason)
+	}
+	return len(pipes)
 }
 
 // Close gives up every parked tunnel (GaveUpShutdown); running ones end
