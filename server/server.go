@@ -383,6 +383,9 @@ func (cfg *Config) wireAccounts() error {
 		}
 		cfg.QUIC = cfg.QUIC.Clone()
 		cfg.QUIC.Congestion = ratecap.Factory(cfg.QUIC.Congestion)
+		// The table may drop the budgets of identities with nothing open
+		// (an auth hook's identities come and go): the ledger knows which.
+		cfg.RateLimits.SetLive(cfg.Usage.Active)
 	}
 	if cfg.Usage != nil {
 		cfg.Accounts = ledgerAccounts{l: cfg.Usage, caps: cfg.RateLimits}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/ratecap"
 	"github.com/quictun/quictun/pkg/usage"
@@ -29,6 +30,14 @@ const (
 	failureTTL = time.Second
 	// minSecret is the shortest secret the hook may answer (as --keys-file).
 	minSecret = 16
+)
+
+// Bounds of an answer's "allow" rules: more, or a longer one, fails the
+// lookup (fail closed). 64 rules of at most 512 bytes fit the 64 KiB an
+// answer is read to; a rule names one host of at most 253 bytes.
+const (
+	MaxAllowRules   = 64
+	MaxAllowRuleLen = 512
 )
 
 // ErrBusy is returned by Lookup while MaxInFlight lookups are running: the
@@ -84,10 +93,12 @@ type entry struct {
 	expires time.Time
 }
 
-// Limits are the caps and quota a hook's answer gives its key's identity
-// (key=NAME), each optional: the server applies them as if configured with
-// --rate-limit and --quota for that identity (where the operator configured
-// none of its own; without them the defaults apply).
+// Limits are the caps, quota and destination rules a hook's answer gives
+// its key's identity (key=NAME), each optional: the server applies the caps
+// and quota as if configured with --rate-limit and --quota for that
+// identity (where the operator configured none of its own; without them
+// the defaults apply), the rules as if with --allow-for key=NAME=RULE (added
+// to the operator's; --deny wins).
 type Limits struct {
 	// Rate is the answer's "rateLimit", DOWN[/UP] as --rate-limit's
 	// (ratecap.ParseRate); HasRate tells it was given.
@@ -97,6 +108,10 @@ type Limits struct {
 	// (usage.ParseQuotaValue); HasQuota tells it was given.
 	Quota    usage.Quota
 	HasQuota bool
+	// Allow are the answer's "allow" rules, each as one --allow-for RULE
+	// (endpoint.ParseAllowList: allow rules only; the server adds its
+	// --deny and its own listeners); nil: none given.
+	Allow *endpoint.AllowList
 }
 
 type call struct {
@@ -238,6 +253,8 @@ type answer struct {
 	// RateLimit and Quota are optional (see Limits).
 	RateLimit string `json:"rateLimit"`
 	Quota     string `json:"quota"`
+	// Allow is optional: destination rules for the key's identity.
+	Allow []string `json:"allow"`
 }
 
 // limits parses the answer's optional caps and quota, with the bounds of
@@ -257,7 +274,27 @@ func (a answer) limits() (Limits, error) {
 		}
 		l.HasQuota = true
 	}
+	if l.Allow, err = parseAllow(a.Allow); err != nil {
+		return Limits{}, fmt.Errorf("allow: %w", err)
+	}
 	return l, nil
+}
+
+// parseAllow parses an answer's allow rules within MaxAllowRules and
+// MaxAllowRuleLen (none: nil).
+func parseAllow(rules []string) (*endpoint.AllowList, error) {
+	if len(rules) == 0 {
+		return nil, nil
+	}
+	if len(rules) > MaxAllowRules {
+		return nil, fmt.Errorf("%d rules, at most %d", len(rules), MaxAllowRules)
+	}
+	for i, r := range rules {
+		if len(r) > MaxAllowRuleLen {
+			return nil, fmt.Errorf("rule %d: %d bytes, at most %d", i, len(r), MaxAllowRuleLen)
+		}
+	}
+	return endpoint.ParseAllowList(rules)
 }
 
 // call asks the hook about id.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -325,6 +326,77 @@ func TestAnswerCarriesLimits(t *testing.T) {
 			}
 			_, err = h.Lookup(context.Background(), id)
 			assert.Equal(t, tc.wantError == "", err == nil, "Lookup agrees with Answer")
+		})
+	}
+}
+
+// TestAnswerCarriesAllowRules: an answer's optional "allow" rules are
+// parsed as --allow-for RULEs, within MaxAllowRules rules of at most
+// MaxAllowRuleLen bytes, and cached with the key; too many, too long or
+// invalid ones fail the lookup (fail closed), as a bad secret.
+func TestAnswerCarriesAllowRules(t *testing.T) {
+	t.Parallel()
+	secret := []byte("carol's secret, known to the hook")
+	id := proto.KeyIDOf(secret)
+	many, named := make([]string, MaxAllowRules+1), make([]string, MaxAllowRules+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("tcp:10.0.0.%d:5432", i)
+		named[i] = fmt.Sprintf("rule%d=%s", i, many[i])
+	}
+	for _, tc := range []struct {
+		name      string
+		allow     any // the answer's "allow" (absent: nil)
+		want      []string
+		wantError string
+	}{
+		{name: "absent"},
+		{name: "empty", allow: []string{}},
+		{name: "one", allow: []string{"tcp:10.0.0.5:5432"}, want: []string{"rule0=tcp:10.0.0.5:5432"}},
+		{name: "named and udp", allow: []string{"db=tcp:db.internal:5432", "udp:10.0.0.53:53", "unix:/run/app.sock"},
+			want: []string{"db=tcp:db.internal:5432", "rule1=udp:10.0.0.53:53", "rule2=unix:/run/app.sock"}},
+		{name: "at the bound", allow: many[:MaxAllowRules], want: named[:MaxAllowRules]},
+		{name: "too many", allow: many, wantError: "65 rules, at most 64"},
+		{name: "too long", allow: []string{"tcp:" + strings.Repeat("a", MaxAllowRuleLen) + ":22"}, wantError: "at most 512"},
+		{name: "invalid", allow: []string{"tcp:10.0.0.5:5432", "tcp:10.0.0.0/8"}, wantError: "allow rule 1"},
+		{name: "empty rule", allow: []string{""}, wantError: "allow"},
+		{name: "not a list", allow: "tcp:10.0.0.5:5432", wantError: "answer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				calls.Add(1)
+				a := map[string]any{"name": "carol", "secret": base64.StdEncoding.EncodeToString(secret)}
+				if tc.allow != nil {
+					a["allow"] = tc.allow
+				}
+				_ = json.NewEncoder(w).Encode(a)
+			}))
+			t.Cleanup(srv.Close)
+			h, err := New(Config{URL: srv.URL})
+			require.NoError(t, err)
+			t.Cleanup(h.Close)
+			for range 3 {
+				k, l, err := h.Answer(context.Background(), id)
+				if tc.wantError != "" {
+					require.ErrorContains(t, err, tc.wantError)
+					assert.NotErrorIs(t, err, proto.ErrUnknownKey, "a bad answer is a failure, not an unknown key")
+					assert.Empty(t, k.Secret, "no key from a refused answer")
+					continue
+				}
+				require.NoError(t, err)
+				assert.Equal(t, "carol", k.Name)
+				if tc.want == nil {
+					assert.Nil(t, l.Allow, "no rules given")
+					continue
+				}
+				require.NotNil(t, l.Allow)
+				assert.Equal(t, tc.want, l.Allow.Rules())
+				assert.Empty(t, l.Allow.DenyRules(), "the server adds its --deny")
+			}
+			if tc.wantError == "" {
+				assert.Equal(t, int64(1), calls.Load(), "the rules are cached with the key")
+			}
 		})
 	}
 }

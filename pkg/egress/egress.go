@@ -208,10 +208,11 @@ type Handler struct {
 	// packets queued between them and the client.
 	udpSockets, udpQueues *udpflow.Budget
 
-	// refusals and authFailures choose which refused destinations (by
-	// reason and destination) and failed authentications (by source
-	// address) are logged at -v 0; the rest go to -v 2.
-	refusals, authFailures *lograte.Limiter
+	// refusals, authFailures and hookFailures choose which refused
+	// destinations (by reason and destination), failed authentications (by
+	// source address) and failed auth hook lookups (by error) are logged
+	// at -v 0; the rest go to -v 2.
+	refusals, authFailures, hookFailures *lograte.Limiter
 }
 
 // LogInterval is how often the same refused destination, or failed
@@ -269,6 +270,7 @@ func New(cfg Config) (*Handler, error) {
 
 		refusals:     lograte.New(LogInterval, logKinds),
 		authFailures: lograte.New(LogInterval, logKinds),
+		hookFailures: lograte.New(LogInterval, logKinds),
 	}
 	e.replay.onSize = cfg.Events.ReplayCacheSize
 	e.cfg.Dialer = checkedDialer(cfg.Dialer, func() *endpoint.AllowList { return e.policy.Load().all })
@@ -381,6 +383,17 @@ func (e *Handler) store(kr *proto.Keyring, all *endpoint.AllowList, forIdentity 
 // KeyHook looks up keys the server does not hold (Config.KeyHook).
 type KeyHook interface {
 	Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error)
+}
+
+// KeyRulesHook is a KeyHook whose answers can carry destination rules for
+// the key's identity, key=NAME. The Handler uses LookupRules instead of
+// Lookup when its KeyHook has it: the rules (nil: none) apply to the
+// stream as Config.AllowFor's for key=NAME would, added to Allow and to
+// AllowFor's own for that identity; the deny rules and Config.Self still
+// refuse. They are taken on each lookup, so a later answer changes them
+// for the streams that follow.
+type KeyRulesHook interface {
+	LookupRules(ctx context.Context, id proto.KeyID) (proto.Key, *endpoint.AllowList, error)
 }
 
 // Conn is what the Handler uses of a stream's connection: a *quic.Conn, or
@@ -499,6 +512,22 @@ type policy struct {
 	// collide among thousands of keys), cancelled when a reload removes
 	// the key with Policy.CutRemovedKeys.
 	lives map[keyDigest]keyLife
+	// hooked are the rules an auth hook's answer gave the stream's key
+	// (KeyRulesHook), with all's deny rules and listeners, for identity
+	// hookedID ("key=NAME"); nil in the policy in force, set on a copy
+	// for one stream (withHooked).
+	hooked   *endpoint.AllowList
+	hookedID string
+}
+
+// withHooked returns a copy of p that also allows what rules (a hook's
+// answer for identity) allow, as AllowFor's rules for identity would:
+// all's deny rules and the server's listeners still refuse. The copy is
+// shallow (the maps are shared, never written after store).
+func (p *policy) withHooked(identity string, rules *endpoint.AllowList) *policy {
+	c := *p
+	c.hooked, c.hookedID = p.all.WithAllowOf(rules), identity
+	return &c
 }
 
 // keyDigest tells keys apart (proto.Key.Digest).
@@ -522,23 +551,36 @@ func (p *policy) life(k proto.Key) (keyLife, bool) {
 }
 
 // authorize checks dest against the rules for everyone and then, if none of
-// them allows it, those of each of the stream's identities. A refusal other
-// than "no rule allows it" (deny, reserved, self, unresolved) is final.
+// them allows it, those of each of the stream's identities, then those an
+// auth hook gave its key (withHooked). A refusal other than "no rule allows
+// it" (deny, reserved, self, unresolved) is final.
 func (p *policy) authorize(ctx context.Context, r endpoint.Resolver, dest endpoint.Endpoint, identities []string) (endpoint.Endpoint, string, error) {
 	dial, rule, err := p.all.Authorize(ctx, r, dest)
 	if err == nil || endpoint.RefusalReason(err) != endpoint.ReasonNotAllowed {
 		return dial, rule, err
 	}
 	for _, id := range identities {
-		if a := p.byIdentity[id]; a != nil {
-			if d, r2, err2 := a.Authorize(ctx, r, dest); err2 == nil {
-				return d, id + ":" + r2, nil
-			} else if endpoint.RefusalReason(err2) != endpoint.ReasonNotAllowed {
-				return d, r2, err2
-			}
+		if d, r2, done, err2 := authorizeFor(ctx, p.byIdentity[id], id, r, dest); done {
+			return d, r2, err2
 		}
 	}
+	if d, r2, done, err2 := authorizeFor(ctx, p.hooked, p.hookedID, r, dest); done {
+		return d, r2, err2
+	}
 	return dial, rule, err
+}
+
+// authorizeFor checks dest against identity's rules a (nil: none): done is
+// false when they do not decide (none of them allows it).
+func authorizeFor(ctx context.Context, a *endpoint.AllowList, identity string, r endpoint.Resolver, dest endpoint.Endpoint) (endpoint.Endpoint, string, bool, error) {
+	if a == nil {
+		return endpoint.Endpoint{}, "", false, nil
+	}
+	d, rule, err := a.Authorize(ctx, r, dest)
+	if err == nil {
+		return d, identity + ":" + rule, true, nil
+	}
+	return d, rule, endpoint.RefusalReason(err) != endpoint.ReasonNotAllowed, err
 }
 
 // hello answers a hello (proto.KindHello) whose MAC was verified: the same

@@ -212,8 +212,12 @@ func (s *stream) authenticate(ctx context.Context) *failure {
 		key, err := kr.Verify(s.h)
 		if errors.Is(err, proto.ErrUnknownKey) && s.e.cfg.KeyHook != nil {
 			var f *failure
-			if key, f, err = s.hookKey(ctx); f != nil {
+			var rules *endpoint.AllowList
+			if key, rules, f, err = s.hookKey(ctx); f != nil {
 				return f
+			}
+			if err == nil && rules != nil {
+				s.pol = s.pol.withHooked("key="+key.Name, rules)
 			}
 		}
 		s.key, s.keyName = key, key.Label()
@@ -244,25 +248,40 @@ func (s *stream) authenticate(ctx context.Context) *failure {
 	return nil
 }
 
-// hookKey asks Config.KeyHook for the key of the header's ID, within
+// hookKey asks Config.KeyHook for the key of the header's ID (and the
+// destination rules of its identity, from a KeyRulesHook), within
 // HeaderTimeout, and checks the header's MAC with it. A hook that does not
-// answer in time, or is busy, refuses the stream with overloaded (f).
-func (s *stream) hookKey(ctx context.Context) (proto.Key, *failure, error) {
+// answer in time, is busy, or answers what the server refuses (a bad
+// secret, name, cap, quota or rule: the lookup fails closed) refuses the
+// stream with overloaded (f), logged at -v 0 once a LogInterval per error
+// (the operator must fix the hook), else at -v 2.
+func (s *stream) hookKey(ctx context.Context) (proto.Key, *endpoint.AllowList, *failure, error) {
 	hctx, cancel := context.WithTimeout(ctx, s.e.cfg.HeaderTimeout)
 	defer cancel()
-	key, err := s.e.cfg.KeyHook.Lookup(hctx, s.h.KeyID)
+	var key proto.Key
+	var rules *endpoint.AllowList
+	var err error
+	if rh, ok := s.e.cfg.KeyHook.(KeyRulesHook); ok {
+		key, rules, err = rh.LookupRules(hctx, s.h.KeyID)
+	} else {
+		key, err = s.e.cfg.KeyHook.Lookup(hctx, s.h.KeyID)
+	}
 	switch {
 	case errors.Is(err, proto.ErrUnknownKey):
-		return proto.Key{}, nil, proto.ErrUnknownKey
+		return proto.Key{}, nil, nil, proto.ErrUnknownKey
 	case err != nil:
 		s.e.cfg.Events.AuthFailed(AuthHookUnavailable)
-		return proto.Key{}, &failure{code: proto.CodeOverloaded, lvl: 2, msg: "Refused stream: the auth hook did not answer for its key ID; the client tries again",
-			kv: []any{"keyID", keyIDOf(s.h), "err", err}}, nil
+		lvl, kv := 2, []any{"keyID", keyIDOf(s.h), "err", err}
+		if ok, n := s.e.hookFailures.Allow(err.Error()); ok {
+			lvl, kv = 0, append(kv, "suppressed", n)
+		}
+		return proto.Key{}, nil, &failure{code: proto.CodeOverloaded, lvl: lvl, msg: "Refused stream: the auth hook gave no usable answer for its key ID " +
+			"(down, slow, busy, or an answer the server refuses: see err); the client tries again", kv: kv}, nil
 	}
 	if err := s.h.Verify(key.Secret); err != nil {
-		return proto.Key{}, nil, err
+		return proto.Key{}, nil, nil, err
 	}
-	return key, nil, nil
+	return key, rules, nil, nil
 }
 
 // identify learns who the client is: its certificate (known once the

@@ -279,6 +279,17 @@ func (a *AllowList) WithSelf(local func() ([]netip.Addr, error), addrs ...netip.
 	return &b
 }
 
+// WithAllowOf returns a copy of a whose allow rules are those of b: a's deny
+// rules and own listeners (WithSelf) still refuse, b's are ignored. It
+// shares the rules of both (immutable), so it is cheap enough per stream:
+// an allow-list given at run time (an auth hook's answer) made to obey the
+// server's --deny and listeners.
+func (a *AllowList) WithAllowOf(b *AllowList) *AllowList {
+	c := *a
+	c.rules = b.rules
+	return &c
+}
+
 // interfaceAddrs returns the addresses of the host's interfaces.
 func interfaceAddrs() ([]netip.Addr, error) {
 	as, err := net.InterfaceAddrs()

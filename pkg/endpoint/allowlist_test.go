@@ -311,3 +311,34 @@ func FuzzAuthorize(f *testing.F) {
 		}
 	})
 }
+
+// TestWithAllowOf: the copy allows what the other list allows, and a's deny
+// rules (on names' resolved addresses too) and own listeners still refuse.
+func TestWithAllowOf(t *testing.T) {
+	t.Parallel()
+	base, err := ParseRules([]string{"tcp:10.1.0.0/16:*"}, []string{"tcp:10.9.9.9:*"})
+	require.NoError(t, err)
+	base = base.WithSelf(nil, netip.MustParseAddrPort("10.9.0.1:443"))
+	given := MustParseAllowList("tcp:10.9.0.0/16:*")
+	c := base.WithAllowOf(given)
+	r := &fakeResolver{hosts: map[string][]string{"db.internal": {"10.9.9.9"}}}
+	for _, tc := range []struct {
+		dest, reason string
+	}{
+		{dest: "tcp:10.9.0.5:22"},
+		{dest: "tcp:10.1.0.5:22", reason: ReasonNotAllowed},
+		{dest: "tcp:10.9.9.9:22", reason: ReasonDenied},
+		{dest: "tcp:db.internal:22", reason: ReasonDenied},
+		{dest: "tcp:10.9.0.1:443", reason: ReasonSelf},
+	} {
+		dest, err := Parse(tc.dest)
+		require.NoError(t, err)
+		_, _, err = c.Authorize(context.Background(), r, dest)
+		if tc.reason == "" {
+			assert.NoError(t, err, tc.dest)
+			continue
+		}
+		assert.Equal(t, tc.reason, RefusalReason(err), tc.dest)
+	}
+	assert.Equal(t, []string{"rule0=tcp:10.1.0.0/16:*"}, base.Rules(), "base is left alone")
+}

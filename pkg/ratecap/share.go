@@ -80,6 +80,10 @@ func (b *Bucket) sent(now int64, n int) {
 	}
 }
 
+// idle reports whether the budget is full at now: nothing booked beyond
+// now (under any cap it had).
+func (b *Bucket) idle(now int64) bool { return b.tat.Load() <= now }
+
 // ready reports whether traffic may go at now.
 func (b *Bucket) ready(now int64) bool {
 	r := b.rate.Load()

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Rate is a cap in bytes per second each way (0: none).
@@ -23,29 +24,74 @@ type Shares struct {
 	Down, Up Bucket
 }
 
+// idle reports whether both budgets are full at now (monoNow): no booking
+// is outstanding, so a fresh Shares would grant exactly as much.
+func (s *Shares) idle(now int64) bool { return s.Down.idle(now) && s.Up.idle(now) }
+
 // Table holds the caps by identity and a default, and the budgets of the
 // identities seen (For). Safe for concurrent use.
+//
+// Its state is bounded (with an auth hook, thousands of identities come
+// and go): once it holds sweepAt identities, a new one first drops those
+// that are not live (SetLive), were not used (For, SetHooked) for
+// IdleAfter and whose budgets are full. A live identity keeps its budgets,
+// so its connections and streams always share one; a dropped one's, made
+// again, are full, as they were when dropped: no burst beyond the usual.
 type Table struct {
-	mu     sync.Mutex
-	rules  map[string]Rate
-	def    Rate
-	shares map[string]*Shares
-	// hooked are the caps an auth hook's answers gave identities
-	// (SetHooked), below rules and above def; at most MaxHooked.
-	hooked map[string]Rate
+	mu    sync.Mutex
+	rules map[string]Rate
+	def   Rate
+	ids   map[string]*tracked
+	// live tells whether an identity has a connection or tunnel open (nil:
+	// every identity with budgets is, and they are never dropped).
+	live func(identity string) bool
+	// now is the budgets' clock (monoNow; tests replace it).
+	now func() int64
+	// sweepAt is the number of identities at which a new one sweeps.
+	sweepAt int
 }
 
-// MaxHooked bounds the identities with caps from an auth hook (the hook's
-// own cache holds at most as many answers). Past it, a tenth of them is
-// dropped: those identities get the default until the hook answers for
-// them again (within its TTL).
-const MaxHooked = 100_000
+// tracked is what the Table holds of one identity.
+type tracked struct {
+	shares *Shares // nil until For
+	// hooked is the cap an auth hook's answer gave it (SetHooked), below
+	// rules and above def, if hasHooked.
+	hooked    Rate
+	hasHooked bool
+	used      int64 // when For or SetHooked last named it (now)
+}
+
+// Bounds of a Table's identities.
+const (
+	// IdleAfter is how long an identity that is not live is kept after it
+	// was last used: longer than any step between taking its budgets
+	// (For) and its connection or tunnel being counted live.
+	IdleAfter = time.Minute
+	// minSweep is the fewest identities a Table sweeps at: after a sweep,
+	// the next comes at twice the identities kept, at least this many.
+	minSweep = 1024
+	// MaxHooked bounds the identities a Table holds apart from the live
+	// ones: past it, a sweep drops those not live and not used within the
+	// last second, whatever IdleAfter says (those with a hook's caps get
+	// them again at their next lookup).
+	MaxHooked = 100_000
+)
 
 // NewTable returns a Table of rules and the default def.
 func NewTable(rules []Rule, def Rate) *Table {
-	t := &Table{shares: map[string]*Shares{}, hooked: map[string]Rate{}}
+	t := &Table{ids: map[string]*tracked{}, now: monoNow, sweepAt: minSweep}
 	t.Set(rules, def)
 	return t
+}
+
+// SetLive tells the Table which identities have a connection or tunnel
+// open (the server's usage ledger): only the others' budgets may be
+// dropped. live is called with the Table's lock held, and must not call
+// the Table.
+func (t *Table) SetLive(live func(identity string) bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.live = live
 }
 
 // Set replaces the caps (a reload): the budgets in use take their new
@@ -57,8 +103,8 @@ func (t *Table) Set(rules []Rule, def Rate) {
 	for _, r := range rules {
 		t.rules[r.Identity] = r.Rate
 	}
-	for id, s := range t.shares {
-		t.apply(id, s)
+	for id, e := range t.ids {
+		t.apply(id, e)
 	}
 }
 
@@ -66,15 +112,16 @@ func (t *Table) Set(rules []Rule, def Rate) {
 func (t *Table) Rate(identity string) Rate {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.rateOf(identity)
+	return t.rateOf(identity, t.ids[identity])
 }
 
-func (t *Table) rateOf(identity string) Rate {
+// rateOf returns identity's caps; e is its entry (nil: none).
+func (t *Table) rateOf(identity string, e *tracked) Rate {
 	if r, ok := t.rules[identity]; ok {
 		return r
 	}
-	if r, ok := t.hooked[identity]; ok {
-		return r
+	if e != nil && e.hasHooked {
+		return e.hooked
 	}
 	return t.def
 }
@@ -86,62 +133,116 @@ func (t *Table) rateOf(identity string) Rate {
 func (t *Table) SetHooked(identity string, r Rate, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old, had := t.hooked[identity]
-	if had == ok && old == r {
+	e := t.ids[identity]
+	if e == nil {
+		if !ok {
+			return
+		}
+		e = t.add(identity)
+	}
+	e.used = t.now()
+	if e.hasHooked == ok && e.hooked == r {
 		return // the common case: the same answer, from the hook's cache
 	}
+	e.hooked, e.hasHooked = r, ok
 	if !ok {
-		delete(t.hooked, identity)
-	} else {
-		if !had && len(t.hooked) >= MaxHooked {
-			t.dropHooked()
-		}
-		t.hooked[identity] = r
+		e.hooked = Rate{}
 	}
-	if s := t.shares[identity]; s != nil {
-		t.apply(identity, s)
-	}
-}
-
-// dropHooked drops a tenth of the hooked caps (arbitrary ones), so the map
-// is scanned once per MaxHooked/10 new identities. Call with mu.
-func (t *Table) dropHooked() {
-	low := MaxHooked - MaxHooked/10
-	for id := range t.hooked {
-		if len(t.hooked) <= low {
-			break
-		}
-		delete(t.hooked, id)
-		if s := t.shares[id]; s != nil {
-			t.apply(id, s)
-		}
-	}
+	t.apply(identity, e)
 }
 
 // Hooked returns the number of identities with caps from a hook.
 func (t *Table) Hooked() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.hooked)
+	n := 0
+	for _, e := range t.ids {
+		if e.hasHooked {
+			n++
+		}
+	}
+	return n
 }
 
-func (t *Table) apply(identity string, s *Shares) {
-	r := t.rateOf(identity)
-	s.Down.SetRate(r.Down)
-	s.Up.SetRate(r.Up)
+// Len returns the number of identities the Table holds (with budgets or
+// a hook's caps).
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.ids)
+}
+
+// apply sets e's budgets, if any, to identity's rate. Call with mu.
+func (t *Table) apply(identity string, e *tracked) {
+	if e.shares == nil {
+		return
+	}
+	r := t.rateOf(identity, e)
+	e.shares.Down.SetRate(r.Down)
+	e.shares.Up.SetRate(r.Up)
 }
 
 // For returns identity's budgets, the same for all its connections.
 func (t *Table) For(identity string) *Shares {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := t.shares[identity]
-	if s == nil {
-		s = &Shares{}
-		t.apply(identity, s)
-		t.shares[identity] = s
+	e := t.ids[identity]
+	if e == nil {
+		e = t.add(identity)
 	}
-	return s
+	e.used = t.now()
+	if e.shares == nil {
+		e.shares = &Shares{}
+		t.apply(identity, e)
+	}
+	return e.shares
+}
+
+// add makes identity's entry, sweeping first if the Table holds sweepAt
+// identities. Call with mu.
+func (t *Table) add(identity string) *tracked {
+	if len(t.ids) >= t.sweepAt {
+		t.sweep()
+		t.sweepAt = max(2*len(t.ids), minSweep)
+		if t.sweepAt > MaxHooked && len(t.ids) < MaxHooked*9/10 {
+			t.sweepAt = MaxHooked
+		}
+	}
+	e := &tracked{}
+	t.ids[identity] = e
+	return e
+}
+
+// sweep drops the identities that are not live, whose budgets are full and
+// that were not used within IdleAfter (holding MaxHooked: within the last
+// second); still holding MaxHooked, it drops caps of a hook that no budget
+// uses (arbitrary ones: they come back with their identity's next lookup,
+// before its budgets are taken) down to nine tenths of MaxHooked. A scan is
+// followed by at least as many new identities as it kept, or a tenth of
+// MaxHooked, before the next. Call with mu.
+func (t *Table) sweep() {
+	now := t.now()
+	full := len(t.ids) >= MaxHooked
+	idle := int64(IdleAfter)
+	if full {
+		idle = int64(time.Second)
+	}
+	for id, e := range t.ids {
+		switch {
+		case now-e.used < idle:
+		case e.shares != nil && (t.live == nil || t.live(id) || !e.shares.idle(now)):
+		default:
+			delete(t.ids, id)
+		}
+	}
+	for id, e := range t.ids {
+		if !full || len(t.ids) <= MaxHooked*9/10 {
+			return
+		}
+		if e.shares == nil {
+			delete(t.ids, id)
+		}
+	}
 }
 
 // ParseRule parses IDENTITY=DOWN[/UP] (the identity may itself hold '=':

@@ -202,6 +202,17 @@ func (l *Ledger) lookup(identity string) *Account {
 	return l.accounts[identity]
 }
 
+// Active reports whether identity (an account's name, Other too) has a
+// connection or a tunnel open. Safe for concurrent use; it takes only the
+// ledger's read lock.
+func (l *Ledger) Active(identity string) bool {
+	a := l.lookup(identity)
+	if a == nil && identity == Other {
+		a = l.other
+	}
+	return a != nil && (a.activeConns.Load() > 0 || a.activeTunnels.Load() > 0)
+}
+
 // Suspend refuses identity until now+d (a kick; d <= 0 lifts a
 // suspension). It returns when the suspension ends.
 func (l *Ledger) Suspend(identity string, d time.Duration) time.Time {

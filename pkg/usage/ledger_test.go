@@ -231,3 +231,22 @@ func TestRunSavesPeriodicallyAndAtEnd(t *testing.T) {
 	require.NoError(t, <-done)
 	assert.Equal(t, int64(42), read(), "saved at the end")
 }
+
+// TestActive: an identity is active while it has a connection or a tunnel
+// open (what the cap table asks before dropping its budgets).
+func TestActive(t *testing.T) {
+	t.Parallel()
+	l, err := New(Config{})
+	require.NoError(t, err)
+	assert.False(t, l.Active("key=nobody"))
+	a := l.Get("key=a")
+	assert.False(t, l.Active("key=a"), "no connection yet")
+	closed := a.ConnOpened()
+	assert.True(t, l.Active("key=a"))
+	var up, down atomic.Int64
+	done := a.Track(&up, &down)
+	closed()
+	assert.True(t, l.Active("key=a"), "a tunnel still open")
+	done()
+	assert.False(t, l.Active("key=a"))
+}
