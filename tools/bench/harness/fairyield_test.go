@@ -176,7 +176,7 @@ func TestFairReportTimeline(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(dir, "report.md"))
 	require.NoError(t, err)
 	md := string(b)
-	assert.Contains(t, md, "| Jain | settled before | flow Mbit/s before | yield s (-1 never) | first fall s (-1 never) | yielded | flow Mbit/s after 1 s |")
+	assert.Contains(t, md, "| Jain | settled before | flow Mbit/s before | yield s | first fall s | yielded | flow Mbit/s after 1 s |")
 	assert.Contains(t, md, "| WAN 100mbit | vs direct TCP cubic, after 5s alone | quictun | 12.00 | 80.00 | 12.00 | 80.00 | 0.6 | 1.00 | 50.00 | 0.4 | 0.4 | 1.00 | 11.00 |")
 	assert.Contains(t, md, "[fairness-timeline.csv](fairness-timeline.csv)")
 	png := "fairness-timeline-wan-100mbit-vs-direct-tcp-cubic-after-5s-alone-quictun.png"
@@ -190,4 +190,22 @@ func TestFairReportTimeline(t *testing.T) {
 		"WAN 100mbit,\"vs direct TCP cubic, after 5s alone\",quictun,0,0.250,50.000,0.000\n"+
 		"WAN 100mbit,\"vs direct TCP cubic, after 5s alone\",quictun,0,0.500,20.000,30.000\n"+
 		"WAN 100mbit,\"vs direct TCP cubic, after 5s alone\",quictun,0,0.750,10.000,80.000\n", string(csv))
+}
+
+// TestAggregateNever: a yield that never happened (-1) is counted, not
+// taken into the median, and shown as never.
+func TestAggregateNever(t *testing.T) {
+	t.Parallel()
+	mk := func(rep int, v string, y float64) Sample {
+		return Sample{Scenario: ScFair, Link: "WAN", Case: "c", Variant: v, Rep: rep, Metrics: map[string]float64{"yield_s": y, "jain": -1}}
+	}
+	agg := Aggregate([]Sample{mk(0, "a", 0.5), mk(1, "a", yieldNever), mk(2, "a", 0.7), mk(0, "b", yieldNever), mk(1, "b", yieldNever)})
+	a := agg[Key{ScFair, "WAN", "c", "a", "yield_s"}]
+	assert.Equal(t, Summary{Median: 0.6, Min: 0.5, Max: 0.7, N: 2, Never: 1}, a)
+	assert.Equal(t, "0.6 (0.5–0.7), never ×1", fmtSummary(a, true))
+	b := agg[Key{ScFair, "WAN", "c", "b", "yield_s"}]
+	assert.Equal(t, Summary{Never: 2}, b)
+	assert.Equal(t, "never ×2", fmtSummary(b, true))
+	assert.Equal(t, "never", fmtSummary(Summary{Never: 1}, true))
+	assert.Equal(t, -1.0, agg[Key{ScFair, "WAN", "c", "b", "jain"}].Median, "-1 is only special for the yield metrics")
 }
