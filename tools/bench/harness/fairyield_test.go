@@ -209,3 +209,29 @@ func TestAggregateNever(t *testing.T) {
 	assert.Equal(t, "never", fmtSummary(Summary{Never: 1}, true))
 	assert.Equal(t, -1.0, agg[Key{ScFair, "WAN", "c", "b", "jain"}].Median, "-1 is only special for the yield metrics")
 }
+
+// TestRunFairDelay runs the fairness scenario with the competing flow
+// started later (smoke profile) and checks its case, the yield figures'
+// presence, the timeline and the teardown.
+func TestRunFairDelay(t *testing.T) {
+	res, dir, _ := runTunnelSmoke(t, "hy", func(o *Options) {
+		o.Profile.FairDelay = 2 * time.Second
+		o.Variants = []string{"quictun"}
+	}, ScFair)
+	require.Len(t, res.Samples, 1, "notes %v", res.Notes)
+	s := res.Samples[0]
+	assert.Empty(t, s.Error)
+	assert.Equal(t, "vs direct TCP cubic, after 2s alone", s.Case)
+	assert.Contains(t, s.Metrics, "yield_settled")
+	assert.Contains(t, s.Metrics, "share_pct")
+	assert.NotContains(t, s.Metrics, "whole_share_pct", "the tunnel's whole run includes its time alone")
+	var raw fairRaw
+	require.NoError(t, json.Unmarshal(s.Raw, &raw))
+	assert.Positive(t, raw.Flow.Bytes)
+	assert.Positive(t, raw.Against.Bytes)
+	assert.Greater(t, raw.AgainstStartS, 0.5, "the competing flow started later")
+	assert.GreaterOrEqual(t, len(raw.FlowBins), 8, "3 s of 250 ms bins, less the ends")
+	assert.Len(t, raw.AgainstBins, len(raw.FlowBins))
+	_, err := os.Stat(filepath.Join(dir, fairTimelineCSV))
+	require.NoError(t, err)
+}
