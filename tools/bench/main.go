@@ -58,6 +58,7 @@ func newRunCommand() *cobra.Command {
 		skipChecks               bool
 		tcpCC                    string
 		spin, maxDuration        time.Duration
+		fairDelay                time.Duration
 		blackoutBulk             []time.Duration
 		lossLevels               []float64
 		runtimeEnv               string
@@ -74,6 +75,12 @@ func newRunCommand() *cobra.Command {
 			}
 			if maxDuration > 0 {
 				p.MaxDuration = maxDuration
+			}
+			if cmd.Flags().Changed("fair-delay") {
+				if fairDelay < 0 {
+					return fmt.Errorf("--fair-delay %v: must be 0 or more", fairDelay)
+				}
+				p.FairDelay = fairDelay
 			}
 			if len(blackoutBulk) > 0 {
 				p.BlackoutBulkDurations = blackoutBulk
@@ -135,6 +142,8 @@ func newRunCommand() *cobra.Command {
 	fs.StringVar(&tcpCC, "tcp-cc", "", "TCP congestion control in both namespaces, e.g. cubic or bbr (default: the kernel's, recorded in the report)")
 	fs.DurationVar(&spin, "spin", time.Millisecond, "emulator spin window (see tools/linkem)")
 	fs.DurationSliceVar(&blackoutBulk, "blackout-bulk-durations", nil, "blackout-bulk scenario: how long the link goes dark, e.g. 60s (default: the profile's)")
+	fs.DurationVar(&fairDelay, "fair-delay", 0, "fairness scenario: start the competing direct TCP flow this long after the variant's (which runs that much longer), e.g. 5s, "+
+		"and report how fast the variant's rate falls once it starts (yield_s: its 250 ms rate below half its rate of the second before, lastingly); needs more than 1 s plus the start-up; 0: together (default: the profile's, 0)")
 	fs.Float64SliceVar(&lossLevels, "loss-levels", nil, "loss scenario: the random loss rates of its links as fractions, e.g. 0,0.01 (default: the profile's: 0-0.5)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
 	addRuntimeFlags(fs, &runtimeEnv, &pin)

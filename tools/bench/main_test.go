@@ -17,3 +17,13 @@ func TestCommands(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotNil(t, cmd.Flags().Lookup("gc-wait"))
 }
+
+// TestFairDelayFlag: a negative --fair-delay is refused before anything
+// runs.
+func TestFairDelayFlag(t *testing.T) {
+	root := newRootCommand()
+	root.SetArgs([]string{"run", "--fair-delay=-1s", "--out", t.TempDir()})
+	err := root.Execute()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--fair-delay -1s: must be 0 or more")
+}

@@ -206,8 +206,8 @@ func steadyWindow(a, b []flowPoint, warm time.Duration) (from, to time.Time, ok 
 
 // fairness runs, for each variant, a download through it and one over
 // direct TCP with the profile's FairAgainst congestion control (the
-// server side's, set by route: Env.CCServerIP), started together on the
-// same link.
+// server side's, set by route: Env.CCServerIP) on the same link, started
+// together or, with FairDelay, the direct one that much later.
 func (r *Runner) fairness(ctx context.Context) error {
 	p := r.prof
 	ip, err := r.env.CCServerIP(ctx, p.FairAgainst)
@@ -225,33 +225,104 @@ func (r *Runner) fairness(ctx context.Context) error {
 	return nil
 }
 
+// fairCase is the fairness scenario's case: against whom, and when the
+// competing flow started.
+func fairCase(against string, delay time.Duration) string {
+	cs := "vs direct TCP " + against
+	if delay > 0 {
+		cs += ", after " + delay.String() + " alone"
+	}
+	return cs
+}
+
+// fairBinWidth is the width of a bin of the fairness timeline.
+const fairBinWidth = 250 * time.Millisecond
+
+// fairRaw is the raw record of a fairness sample: both downloads and
+// their goodput per BinSeconds from the variant's flow's request (the
+// competing flow's bins before AgainstStartS are 0).
+type fairRaw struct {
+	Flow          BulkDownload `json:"flow"`
+	Against       BulkDownload `json:"against"`
+	BinSeconds    float64      `json:"bin_s,omitempty"`
+	AgainstStartS float64      `json:"against_start_s,omitempty"`
+	FlowBins      []float64    `json:"flow_bins_mbit_per_s,omitempty"`
+	AgainstBins   []float64    `json:"against_bins_mbit_per_s,omitempty"`
+}
+
+// fairTimeline fills the timeline of raw from both flows' arrivals.
+func fairTimeline(raw *fairRaw, a, b []flowPoint) {
+	if len(a) == 0 {
+		return
+	}
+	origin, last := a[0].T, a[len(a)-1].T
+	if len(b) > 0 {
+		raw.AgainstStartS = max(b[0].T.Sub(origin), 0).Seconds()
+		if b[len(b)-1].T.After(last) {
+			last = b[len(b)-1].T
+		}
+	}
+	raw.BinSeconds = fairBinWidth.Seconds()
+	raw.FlowBins = rateBins(a, origin, last.Sub(origin), fairBinWidth)
+	raw.AgainstBins = rateBins(b, origin, last.Sub(origin), fairBinWidth)
+}
+
+// fairDownloads runs the two downloads, the competing one delay after the
+// variant's, which runs delay longer.
+func (r *Runner) fairDownloads(ctx context.Context, v Variant, against string, delay time.Duration, myProg, otherProg *progress) (mine, other BulkDownload) {
+	p := r.prof
+	var wg sync.WaitGroup
+	wg.Go(func() { mine = bulkDownload(ctx, r.env.ClientNS, v.Sink(), 1, delay+p.FairDuration, myProg) })
+	wg.Go(func() {
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+		other = bulkDownload(ctx, r.env.ClientNS, against, 1, p.FairDuration, otherProg)
+	})
+	wg.Wait()
+	return mine, other
+}
+
 func (r *Runner) fairOne(ctx context.Context, link LinkSpec, v Variant, rep int, against string) {
 	p := r.prof
-	s := Sample{Scenario: ScFair, Link: link.Name, Case: "vs direct TCP " + p.FairAgainst, Variant: v.Name(), Rep: rep, Started: time.Now().UTC()}
+	s := Sample{Scenario: ScFair, Link: link.Name, Case: fairCase(p.FairAgainst, p.FairDelay), Variant: v.Name(), Rep: rep, Started: time.Now().UTC()}
 	cp, sp := v.EndpointPIDs("sink")
 	u0 := r.usage(cp, sp)
-	var mine, other BulkDownload
 	var myProg, otherProg progress
-	var wg sync.WaitGroup
-	wg.Go(func() { mine = bulkDownload(ctx, r.env.ClientNS, v.Sink(), 1, p.FairDuration, &myProg) })
-	wg.Go(func() { other = bulkDownload(ctx, r.env.ClientNS, against, 1, p.FairDuration, &otherProg) })
-	wg.Wait()
+	mine, other := r.fairDownloads(ctx, v, against, p.FairDelay, &myProg, &otherProg)
 	u1 := r.usage(cp, sp)
-	s.Raw, _ = json.Marshal(map[string]BulkDownload{"flow": mine, "against": other})
+	a, b := myProg.points(), otherProg.points()
+	raw := fairRaw{Flow: mine, Against: other}
+	fairTimeline(&raw, a, b)
+	s.Raw, _ = json.Marshal(raw)
 	// The shares are those after the warm-up: who leaves slow start first
 	// decides the first seconds, and Cubic's cycle at this RTT is seconds
 	// long, so whole-run averages of short runs rank luck, not controllers.
 	rate := linkRateMbit(link)
 	whole := fairnessMetrics(mine.MbitPerS, other.MbitPerS, rate)
 	s.Metrics = whole
-	a, b := myProg.points(), otherProg.points()
 	if from, to, ok := steadyWindow(a, b, p.FairWarmup); ok {
 		s.Metrics = fairnessMetrics(rateBetween(a, from, to), rateBetween(b, from, to), rate)
 		s.Metrics["steady_s"] = to.Sub(from).Seconds()
 	}
-	for _, k := range []string{"share_pct", "against_share_pct"} {
-		if v, ok := whole[k]; ok {
-			s.Metrics["whole_"+k] = v
+	if p.FairDelay > 0 {
+		// The variant's whole run includes its time alone: no whole-run
+		// shares, the yield figures instead.
+		if len(b) > 0 {
+			_, end, _ := steadyWindow(a, b, 0)
+			maps.Copy(s.Metrics, yieldMetrics(a, b[0].T, end))
+		}
+	} else {
+		for _, k := range []string{"share_pct", "against_share_pct"} {
+			if v, ok := whole[k]; ok {
+				s.Metrics["whole_"+k] = v
+			}
 		}
 	}
 	maps.Copy(s.Metrics, usageMetrics(u0, u1, mine.ReaderCPU+other.ReaderCPU, len(cp)+len(sp) > 0))

@@ -185,41 +185,70 @@ func writeLossCharts(dir string, res *Results, rows []row) ([]string, error) {
 			continue
 		}
 		seen[r.link] = true
-		p := plot.New()
-		p.Title.Text = fmt.Sprintf("Goodput over time, %s (repetition 1, successive runs back to back)", r.link)
-		p.X.Label.Text = "s"
-		p.Y.Label.Text = "Mbit/s"
-		top := 0.0
+		var series []timelineSeries
 		for vi, v := range vars {
-			pts := lossTimeline(res.Samples, r.link, v)
-			if len(pts) == 0 {
-				continue
+			if pts := lossTimeline(res.Samples, r.link, v); len(pts) > 0 {
+				series = append(series, timelineSeries{Name: v, Style: vi, Pts: pts})
 			}
-			for _, pt := range pts {
-				top = math.Max(top, pt.Y)
-			}
-			l, err := plotter.NewLine(pts)
-			if err != nil {
-				return out, fmt.Errorf("line chart: %w", err)
-			}
-			l.Color = plotutil.Color(vi)
-			l.Dashes = plotutil.Dashes(vi)
-			l.Width = vg.Points(1.5)
-			p.Add(l)
-			p.Legend.Add(v, l)
 		}
-		p.Legend.Top = true
-		p.Y.Min = 0
-		p.Y.Max = math.Max(top*1.3, 1)
-		p.Add(plotter.NewGrid())
-		p.BackgroundColor = color.White
 		name := fmt.Sprintf("%s-timeline-%s.png", ScLoss, chartSlug(r.link))
-		if err := p.Save(9*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, name)); err != nil {
-			return out, fmt.Errorf("save chart: %w", err)
+		title := fmt.Sprintf("Goodput over time, %s (repetition 1, successive runs back to back)", r.link)
+		if err := saveTimelineChart(filepath.Join(dir, name), title, series, nil); err != nil {
+			return out, err
 		}
 		out = append(out, name)
 	}
 	return out, nil
+}
+
+// timelineSeries is one line of a goodput-over-time chart: x in s, y in
+// Mbit/s; Style picks its colour and dashes.
+type timelineSeries struct {
+	Name  string
+	Style int
+	Pts   plotter.XYs
+}
+
+// saveTimelineChart draws the goodput of each series over time into the
+// PNG file path, with a vertical grey line at each of marks (s).
+func saveTimelineChart(path, title string, series []timelineSeries, marks []float64) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "s"
+	p.Y.Label.Text = "Mbit/s"
+	top := 0.0
+	for _, sr := range series {
+		for _, pt := range sr.Pts {
+			top = math.Max(top, pt.Y)
+		}
+		l, err := plotter.NewLine(sr.Pts)
+		if err != nil {
+			return fmt.Errorf("line chart: %w", err)
+		}
+		l.Color = plotutil.Color(sr.Style)
+		l.Dashes = plotutil.Dashes(sr.Style)
+		l.Width = vg.Points(1.5)
+		p.Add(l)
+		p.Legend.Add(sr.Name, l)
+	}
+	p.Legend.Top = true
+	p.Y.Min = 0
+	p.Y.Max = math.Max(top*1.3, 1)
+	for _, x := range marks {
+		l, err := plotter.NewLine(plotter.XYs{{X: x, Y: 0}, {X: x, Y: p.Y.Max}})
+		if err != nil {
+			return fmt.Errorf("line chart: %w", err)
+		}
+		l.Color = color.Gray{Y: 128}
+		l.Width = vg.Points(1)
+		p.Add(l)
+	}
+	p.Add(plotter.NewGrid())
+	p.BackgroundColor = color.White
+	if err := p.Save(9*vg.Inch, 4.5*vg.Inch, path); err != nil {
+		return fmt.Errorf("save chart: %w", err)
+	}
+	return nil
 }
 
 // chartSlug turns a link name into a file name part.

@@ -136,6 +136,12 @@ type Profile struct {
 	FairDuration time.Duration
 	FairWarmup   time.Duration
 	FairAgainst  string // TCP congestion control of the competing flow (cubic)
+	// FairDelay, when above 0, starts the competing flow that long after
+	// the variant's (which then runs FairDelay+FairDuration): the sample
+	// also measures how fast the variant's flow yields to the newcomer
+	// (yieldMetrics) and leaves out the whole-run shares (the variant's
+	// would include its time alone). 0: both start together.
+	FairDelay time.Duration
 	// FairVariants restricts the scenario to these variants (a name or a
 	// family); empty: all.
 	FairVariants []string

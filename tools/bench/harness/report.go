@@ -51,10 +51,17 @@ func Scenarios() map[string]ScenarioInfo {
 			append([]Metric{{"mbit_per_s", "Mbit/s", true}}, usageColumns...),
 			[]string{"mbit_per_s", "cpu_client_s_per_gb"}},
 		ScLoss: lossInfo(),
-		ScFair: {"2b. Fairness against direct TCP Cubic", "One download through the variant and one over direct TCP (server side Cubic, set per route) start together on the same link and run for the same time. Share: each flow's goodput after the profile's warm-up (start-up excluded; the whole run's shares in the last columns) in % of the link rate (of their sum on an unlimited link); Jain: Jain's index of the two rates (1 = equal, 0.5 = one flow has everything). direct-cubic against Cubic is the reference of two equal flows. A link named `queue Q` has a rate-limiter queue of Q at its rate (emulator `queue-bytes`, tail drop), a shallow queue; the others the emulator's default, 50 ms. CPU and emulator columns as in the bulk section, over both flows.",
+		ScFair: {"2b. Fairness against direct TCP Cubic", "One download through the variant and one over direct TCP (server side Cubic, set per route) start together on the same link and run for the same time. Share: each flow's goodput after the profile's warm-up (start-up excluded; the whole run's shares in the last columns) in % of the link rate (of their sum on an unlimited link); Jain: Jain's index of the two rates (1 = equal, 0.5 = one flow has everything). direct-cubic against Cubic is the reference of two equal flows. A link named `queue Q` has a rate-limiter queue of Q at its rate (emulator `queue-bytes`, tail drop), a shallow queue; the others the emulator's default, 50 ms. CPU and emulator columns as in the bulk section, over both flows. " +
+			"A case `after D alone` (`bench run --fair-delay D`) starts the Cubic flow D after the variant's, which runs D longer (shares after the warm-up from the Cubic start; no whole-run shares), and measures how fast the variant yields: " +
+			"before = its goodput in the second before the Cubic start, settled (1) when every 250 ms of that second is within ±40 % of it (else no yield figures); " +
+			"yield s = from the Cubic start to the end of the first 250 ms window (in 50 ms steps) below half the rate before, with every window of the next 0.5 s below too; first fall s = the first such window alone; " +
+			"**never** = it did not fall (yielded 0; -1 in results.json, left out of the median: `never ×N` counts such repetitions); after = its goodput from 1 s after the Cubic start to the end. Per-flow goodput every 250 ms: the timeline charts and " + fairTimelineCSV + ".",
 			append([]Metric{{"mbit_per_s", "flow Mbit/s", true}, {"against_mbit_per_s", "Cubic Mbit/s", true}, {"share_pct", "flow % of link", true},
 				{"against_share_pct", "Cubic % of link", true}, {"jain", "Jain", true},
-				{"whole_share_pct", "flow % whole run", true}, {"whole_against_share_pct", "Cubic % whole run", true}}, usageColumns[:7]...),
+				{"whole_share_pct", "flow % whole run", true}, {"whole_against_share_pct", "Cubic % whole run", true},
+				{"yield_settled", "settled before", true}, {"yield_before_mbit_per_s", "flow Mbit/s before", true},
+				{"yield_s", "yield s", false}, {"yield_first_s", "first fall s", false},
+				{"yielded", "yielded", true}, {"yield_after_mbit_per_s", "flow Mbit/s after 1 s", false}}, usageColumns[:7]...),
 			[]string{"share_pct", "against_share_pct"}},
 		ScRateCap: {"2c. Rate caps the client cannot dodge (issue 35)", "The server caps the client's identity (`--rate-limit key=ID=DOWN/UP`; its own `--congestion bbr`, which the download cap paces) on a link much faster than the caps; per congestion controller of the client (`fixed` at a `--rate` far above the cap) fresh daemons, then parallel downloads, then as many uploads, through the tunnel for the profile's time each. Mbit/s: the server's own count of the identity's application bytes in that direction (GET /identities/ID, the relays' live counters) from the warm-up to the end, and in % of the cap; the download cap counts QUIC packet bytes, so its goodput runs 2-3 % below the cap. Client Mbit/s: download, what the harness received over the whole transfer (start-up and drain included); upload, what it wrote in the time, including what the local and QUIC buffers took in at first (above the cap: that is buffering, not a leak). Uploads end with a reset, so their buffered bytes are dropped, and each sample waits for the identity's tunnels to close. CPU and emulator columns as in the bulk section. The `quictun-shared` rows are one server with several identities at once (`--keys-file`, a client each, the client's default controller): two capped, one not, each running the same parallel transfers at the same time; each capped identity against its own cap, the uncapped one in % of what the caps leave of the link (the link's rate minus the caps).",
 			[]Metric{{"cap_pct", "% of cap", false}, {"mbit_per_s", "Mbit/s (server count)", true}, {"cap_mbit_per_s", "cap Mbit/s", false},
@@ -285,14 +292,28 @@ func fmtSummary(s Summary, ok bool) string {
 	if !ok {
 		return "–"
 	}
-	cell := fmtNum(s.Median)
+	cell := fmtMedian(s)
 	if s.N > 1 {
 		cell += fmt.Sprintf(" (%s–%s)", fmtNum(s.Min), fmtNum(s.Max))
+	}
+	if s.N > 0 && s.Never > 0 {
+		cell += fmt.Sprintf(", never ×%d", s.Never)
+	} else if s.Never > 1 {
+		cell += fmt.Sprintf(" ×%d", s.Never)
 	}
 	if s.Errors > 0 {
 		cell += fmt.Sprintf(" ⚠%d", s.Errors)
 	}
 	return cell
+}
+
+// fmtMedian is the median of s, or "never" when every repetition's event
+// did not happen (neverMetrics).
+func fmtMedian(s Summary) string {
+	if s.N == 0 && s.Never > 0 {
+		return "never"
+	}
+	return fmtNum(s.Median)
 }
 
 type row struct{ link, cs string }
@@ -403,6 +424,9 @@ func WriteReport(dir string, res *Results) error {
 			charts, err = writeCharts(dir, sc, si, rows, scenarioVariants(res.Samples, sc), agg)
 		} else {
 			charts, err = writeCharts(dir, sc, si, rows, res.Variants, agg)
+		}
+		if sc == ScFair && err == nil {
+			charts, err = fairTimelineLinks(w, dir, res, charts)
 		}
 		if err != nil {
 			w.printf("\n(chart failed: %v)\n", err)
@@ -648,7 +672,7 @@ func Compare(w io.Writer, oldRes, newRes *Results, all bool) error {
 	for _, k := range keys {
 		o, n := a[k], b[k]
 		ratio := "–"
-		if o.Median != 0 {
+		if o.Median != 0 && o.N > 0 && n.N > 0 {
 			r := n.Median / o.Median
 			ratio = fmt.Sprintf("%.3f", r)
 			if h, ok := higher[k.Metric]; ok && math.Abs(r-1) > 0.05 {
@@ -659,7 +683,7 @@ func Compare(w io.Writer, oldRes, newRes *Results, all bool) error {
 				}
 			}
 		}
-		ew.printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", k.Scenario, k.Link, k.Case, k.Variant, k.Metric, fmtNum(o.Median), fmtNum(n.Median), ratio)
+		ew.printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", k.Scenario, k.Link, k.Case, k.Variant, k.Metric, fmtMedian(o), fmtMedian(n), ratio)
 	}
 	if len(keys) == 0 {
 		ew.printf("(no metric is present in both runs)\n")

@@ -131,32 +131,50 @@ func (k Key) String() string {
 type Summary struct {
 	Median, Min, Max float64
 	N                int // repetitions with a value
-	Errors           int // repetitions that reported an error
+	// Never: repetitions in which a neverMetrics metric did not happen
+	// (its yieldNever value is left out of Median, Min and Max).
+	Never  int
+	Errors int // repetitions that reported an error
 }
 
 // Aggregate groups samples by Key and summarises each group. A sample
 // with an error still contributes the metrics it has.
 func Aggregate(samples []Sample) map[Key]Summary {
 	vals := map[Key][]float64{}
-	errs := map[Key]int{}
+	errs, nevers := map[Key]int{}, map[Key]int{}
 	for _, s := range samples {
 		for m, v := range s.Metrics {
 			if math.IsNaN(v) || math.IsInf(v, 0) {
 				continue
 			}
 			k := Key{s.Scenario, s.Link, s.Case, s.Variant, m}
-			vals[k] = append(vals[k], v)
+			if neverMetrics[m] && v == yieldNever {
+				nevers[k]++
+			} else {
+				vals[k] = append(vals[k], v)
+			}
 			if s.Error != "" {
 				errs[k]++
 			}
 		}
 	}
-	out := make(map[Key]Summary, len(vals))
+	out := make(map[Key]Summary, len(vals)+len(nevers))
 	for k, v := range vals {
 		out[k] = summarize(v, errs[k])
 	}
+	for k, n := range nevers {
+		s := out[k]
+		s.Never, s.Errors = n, errs[k]
+		out[k] = s
+	}
 	return out
 }
+
+// neverMetrics are the metrics whose value yieldNever (-1) means that the
+// event did not happen (yield_s: the flow's rate never fell): Aggregate
+// counts such values in Summary.Never instead of taking them into the
+// median.
+var neverMetrics = map[string]bool{"yield_s": true, "yield_first_s": true}
 
 func summarize(v []float64, errs int) Summary {
 	s := append([]float64(nil), v...)
