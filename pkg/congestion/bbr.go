@@ -44,6 +44,11 @@ const (
 	minWindowPackets = 4
 	maxWindowPackets = 10000 // as quic-go
 	initialRTT       = 100 * time.Millisecond
+	// minPacingInterval bounds the pacing rate from below at a datagram
+	// per this interval (about 96 kbit/s at 1,200 bytes): an estimate
+	// gone wrong can slow the sender, never silence it (the congestion
+	// window still bounds what is in flight on a slower path).
+	minPacingInterval = 100 * time.Millisecond
 )
 
 var probeBWGains = [...]float64{probeUpGain, probeDownGain, 1, 1, 1, 1, 1, 1}
@@ -214,8 +219,17 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 	}
 	b.settleAppLimited(p.Time)
 	b.lastSentTime = p.Time
-	if p.BytesInFlight-p.Bytes <= 0 {
-		// Nothing was in flight: the next delivery-rate interval starts now.
+	if p.BytesInFlight-p.Bytes <= 0 || b.deliveredTime.IsZero() {
+		// Nothing was in flight, or nothing was ever delivered: the next
+		// delivery-rate interval starts now. quic-go reports 1-RTT packets
+		// only but counts the handshake's in flight, so a connection's
+		// first 1-RTT packets leave with bytes in flight this controller
+		// never saw. Left at zero, the first sample's interval ran from
+		// quic-go's clock origin, an hour before the process started, and
+		// measured a bandwidth of a few bytes per hour: on every
+		// connection, and when Startup ended on it (small exchanges whose
+		// later samples fell under the minimum RTT), the pacing rate was
+		// 0.02 B/s and the connection went silent for hours.
 		b.firstSentTime, b.deliveredTime = p.Time, p.Time
 	}
 	b.pkts.add(p.PacketNumber, sentState{
@@ -398,7 +412,7 @@ func (b *BBRController) sampleBandwidth(cand sentState) {
 	// An interval shorter than the path's RTT is ACK compression, not
 	// bandwidth (Linux BBR drops these too): such samples overestimate the
 	// bottleneck, and a pacing rate above it builds a standing queue.
-	if interval <= 0 || (b.minRTT > 0 && interval < b.minRTT) {
+	if interval <= 0 || (b.minRTT > 0 && interval < b.minRTT) || cand.firstSentTime.IsZero() || cand.deliveredTime.IsZero() {
 		return
 	}
 	delivered := float64(b.delivered - cand.delivered)
@@ -757,7 +771,7 @@ func (b *BBRController) setPacingRate() {
 	}
 	rate := b.pacingGain * b.bw() * (1 - pacingMargin)
 	if b.filledPipe || rate > b.pacingRate {
-		b.pacingRate = rate
+		b.pacingRate = max(rate, float64(b.datagram)/minPacingInterval.Seconds())
 	}
 }
 

@@ -1,6 +1,7 @@
 package congestion
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -189,6 +190,29 @@ func TestPacer(t *testing.T) {
 	require.True(t, p.hasBudget(next, rate))
 }
 
+// TestPacerHasBudgetAtItsDeadline: at the instant timeUntilSend names, the
+// bucket holds a datagram, whatever the rate and the bytes left; a rate
+// that does not pace (0, NaN) never holds the sender. Before, a truncated
+// product left it a byte short at 12,800 B/s with 1,222 B left (the bbr
+// floor's rate for 1,280-byte datagrams): quic-go's loop woke at the
+// deadline, found no budget, got the same deadline, and spun
+// (TestFixedRateSimnet hung in its synctest bubble).
+func TestPacerHasBudgetAtItsDeadline(t *testing.T) {
+	last := qc.Time(-849231491270955006) // a synctest bubble's clock reads negative
+	for _, rate := range []float64{12800, 1000, 12345.678, 1.25e7, 3.3e9, 0.02} {
+		for left := 0; left < 1280; left += 37 {
+			p := pacer{datagram: 1280, budget: left, last: last}
+			at := p.timeUntilSend(rate)
+			require.True(t, p.hasBudget(at, rate), "rate %v, %d bytes left, deadline in %v", rate, left, at.Sub(last))
+		}
+	}
+	p := pacer{datagram: 1280, budget: 1222, last: last}
+	for _, rate := range []float64{0, math.NaN(), -1} {
+		require.True(t, p.hasBudget(last, rate), "rate %v does not pace", rate)
+		require.Zero(t, p.timeUntilSend(rate))
+	}
+}
+
 func TestParseAlgorithm(t *testing.T) {
 	for _, s := range []string{"bbr", "BBR", "cubic", "reno"} {
 		_, err := ParseAlgorithm(s)
@@ -344,4 +368,40 @@ func TestBBRAppLimitedGapFollowsAShortRTT(t *testing.T) {
 // only itself in flight.
 func sendOne(b *BBRController, now qc.Time, pn int64) {
 	b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: pn, Bytes: datagram, BytesInFlight: datagram, AckEliciting: true})
+}
+
+// TestBBRFirstSampleBehindHandshakeInflight: quic-go reports only 1-RTT
+// packets to the controller but counts the handshake's in flight, so the
+// first 1-RTT packets go out with bytes in flight that the controller never
+// saw. Their delivery-rate state must still start at their own send time:
+// before, it kept quic-go's clock origin (an hour before the process
+// started), the first sample measured about 200 bytes an hour, and once
+// Startup ended on it the pacing rate was 0.02 B/s: the connection went
+// silent for hours after its first exchange (test/integration's SOCKS5
+// tests, a few runs in a hundred on a loaded machine).
+func TestBBRFirstSampleBehindHandshakeInflight(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	rtt.min, rtt.smoothed, rtt.latest = time.Millisecond, time.Millisecond, time.Millisecond
+	now := qc.Time(time.Hour) // quic-go's monotime: an hour after its origin
+	const handshake = 300     // bytes of Handshake packets in flight, not reported
+	b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: 0, Bytes: 200, BytesInFlight: handshake + 200, AckEliciting: true})
+	sent := now
+	now = now.Add(2 * time.Millisecond)
+	b.OnEvent(&qc.Event{Time: now, PriorInFlight: handshake + 200, BytesInFlight: 0,
+		Acked: []qc.AckedPacket{{PacketNumber: 0, Bytes: 200, SentTime: sent}}})
+	bw := b.Stats().BandwidthBytesPerSecond
+	require.True(t, bw == 0 || bw > 10_000, "no sample, or one over the packet's own trip: %.3f B/s", bw)
+}
+
+// TestBBRPacingRateFloor: whatever the estimate, the pacer lets a datagram
+// out every minPacingInterval at least.
+func TestBBRPacingRateFloor(t *testing.T) {
+	b, _ := newTestBBR(Options{})
+	b.maxBW, b.filledPipe = 0.02, true
+	b.setPacingRate()
+	require.InDelta(t, float64(datagram)/minPacingInterval.Seconds(), b.pacingRate, 1e-6)
+	now := qc.Time(time.Hour)
+	sendOne(b, now, 1)
+	sendOne(b, now, 2)
+	require.LessOrEqual(t, b.TimeUntilSend(0).Sub(now), 2*minPacingInterval+time.Millisecond)
 }

@@ -35,13 +35,21 @@ func (p *pacer) maxBurst(rate float64) int {
 }
 
 // budgetAt is the number of bytes that may leave at now, for rate in bytes/s.
+// A rate that is not positive (or NaN) does not pace: timeUntilSend
+// reports "now" for it, and the two must agree, or the sender's loop spins.
 func (p *pacer) budgetAt(now qc.Time, rate float64) int {
-	if p.last.IsZero() {
+	if p.last.IsZero() || !(rate > 0) {
 		return p.maxBurst(rate)
 	}
 	b := p.budget
 	if d := now.Sub(p.last); d > 0 {
-		b += int(min(rate*d.Seconds(), float64(p.maxBurst(rate))))
+		// Rounded, not truncated: at timeUntilSend's instant the product
+		// is the missing bytes give or take a float's last bit, and
+		// truncating 57.99999 to 57 left the bucket a byte short at its
+		// own deadline, so the sender woke, found no budget and was given
+		// the same deadline again (a busy loop; in a synctest bubble, where
+		// the clock stands still, forever).
+		b += int(min(math.Round(rate*d.Seconds()), float64(p.maxBurst(rate))))
 	}
 	return min(b, p.maxBurst(rate))
 }
@@ -57,7 +65,7 @@ func (p *pacer) hasBudget(now qc.Time, rate float64) bool {
 
 // timeUntilSend is when the bucket holds a full datagram again; zero means now.
 func (p *pacer) timeUntilSend(rate float64) qc.Time {
-	if p.last.IsZero() || p.budget >= p.datagram || rate <= 0 {
+	if p.last.IsZero() || p.budget >= p.datagram || !(rate > 0) {
 		return 0
 	}
 	wait := time.Duration(math.Ceil(float64(p.datagram-p.budget) / rate * float64(time.Second)))
