@@ -259,6 +259,10 @@ type Server struct {
 	// spread their reconnects over (proto.ShutdownReason), set as the
 	// connections are closed.
 	reconnectSpread atomic.Int64
+	// handover takes an upgrade's request (HandOver) in Run; upgrading
+	// makes the connections close with proto.UpgradeReason.
+	handover  chan handoverReq
+	upgrading atomic.Bool
 
 	mu    sync.Mutex
 	conns map[uint64]liveConn
@@ -496,6 +500,7 @@ func newServer(cfg Config, pc net.PacketConn, raiseStreamsTo int64, bind *binder
 		raiseStreamsTo: raiseStreamsTo,
 		tcpSlots:       newTCPSlots(cfg.MaxTCPHandshakes),
 		conns:          map[uint64]liveConn{},
+		handover:       make(chan handoverReq),
 	}
 	if bind != nil {
 		bind.init(srv)
@@ -675,8 +680,12 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 
 	var runErr error
+	var up *handoverReq
 	select {
 	case <-ctx.Done():
+	case req := <-s.handover:
+		up = &req
+		s.upgrading.Store(true)
 	case err := <-acceptErr:
 		acceptErr <- err
 		if ctx.Err() == nil {
@@ -686,7 +695,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	s.draining.Store(true)
 	s.cfg.Metrics.Draining.Set(1)
-	if r := s.cfg.Resume; r != nil {
+	if r := s.cfg.Resume; r != nil && up == nil {
 		r.Table.Close() // parked tunnels cannot be re-attached while draining
 	}
 	_ = ln.Close()
@@ -700,6 +709,12 @@ func (s *Server) Run(ctx context.Context) error {
 	<-tcpDone
 	// UDP flows have no end to wait for: they end now (the client sees shutdown).
 	s.cfg.Registry.AbortFlows(proto.CodeShutdown)
+	if up != nil {
+		up.done <- s.handOver(logger, tr, cancelConns, &wg, up.send)
+		s.egress.Close()
+		s.ready.Store(false)
+		return nil
+	}
 	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", s.cfg.DrainTimeout)
 		dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)

@@ -36,6 +36,9 @@ type Budget struct {
 // NewBudget returns a Budget of max bytes (<= 0: no bound).
 func NewBudget(max int64) *Budget { return &Budget{max: max, freed: make(chan struct{})} }
 
+// Max is the bound (<= 0: none).
+func (b *Budget) Max() int64 { return b.max }
+
 // Used is the bytes taken.
 func (b *Budget) Used() int64 { return b.used.Load() }
 
