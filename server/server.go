@@ -659,6 +659,10 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Go(func() { r.Table.Run(connCtx) })
 	}
 	acceptErr := make(chan error, 1)
+	// conns are the connections' goroutines (an upgrade waits for them
+	// alone before it exports the parked tunnels).
+	var conns sync.WaitGroup
+	defer conns.Wait()
 	wg.Go(func() {
 		for {
 			c, err := ln.Accept(ctx)
@@ -666,14 +670,14 @@ func (s *Server) Run(ctx context.Context) error {
 				acceptErr <- err
 				return
 			}
-			wg.Go(func() { s.serveConn(connCtx, overQUIC{c}, false) })
+			conns.Go(func() { s.serveConn(connCtx, overQUIC{c}, false) })
 		}
 	})
 	tcpDone := make(chan struct{})
 	if s.cfg.TCP != nil {
 		wg.Go(func() {
 			defer close(tcpDone)
-			s.acceptTCP(ctx, connCtx, &wg)
+			s.acceptTCP(ctx, connCtx, &conns)
 		})
 	} else {
 		close(tcpDone)
@@ -710,7 +714,8 @@ func (s *Server) Run(ctx context.Context) error {
 	// UDP flows have no end to wait for: they end now (the client sees shutdown).
 	s.cfg.Registry.AbortFlows(proto.CodeShutdown)
 	if up != nil {
-		up.done <- s.handOver(logger, tr, cancelConns, &wg, up.send)
+		up.done <- s.handOver(logger, tr, cancelConns, &conns, up.send)
+		wg.Wait()
 		s.egress.Close()
 		s.ready.Store(false)
 		return nil
@@ -745,6 +750,7 @@ func (s *Server) Run(ctx context.Context) error {
 			"verifiedConnections", verified, "spread", spread)
 	}
 	cancelConns()
+	conns.Wait()
 	wg.Wait()
 	s.egress.Close()
 	s.ready.Store(false)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
@@ -50,13 +51,20 @@ func (s *Server) HandOver(ctx context.Context, send HandOverFunc) error {
 
 // handOver is Run's end in an upgrade, once the listeners are closed: see
 // HandOver.
-func (s *Server) handOver(logger klog.Logger, tr *quic.Transport, cancelConns func(), wg *sync.WaitGroup, send HandOverFunc) error {
+func (s *Server) handOver(logger klog.Logger, tr *quic.Transport, cancelConns func(), conns *sync.WaitGroup, send HandOverFunc) error {
 	s.cfg.Registry.AbortWhere(proto.CodeShutdown, func(t *tunnel.Tunnel) bool { return !t.Resumable })
 	nconns, _ := s.countConns()
 	logger.Info("Upgrading: closing connections; their clients re-attach their resumable tunnels to the new process",
 		"connections", nconns, "tunnels", s.cfg.Registry.Len())
+	// Stop reading the socket before the clients learn of the close: the
+	// first packets of their new connections must wait in the socket for
+	// the new process (the old one would drop them, and the clients would
+	// resend only after a probe timeout). Our reader spins on the expired
+	// deadline until the transport is closed below (milliseconds); sending
+	// the closes goes on.
+	_ = s.pc.SetReadDeadline(time.Unix(1, 0))
 	cancelConns() // each connection closes with UpgradeReason
-	wg.Wait()
+	conns.Wait()  // the resumable tunnels have parked
 	var states []*resume.State
 	if r := s.cfg.Resume; r != nil {
 		states = r.Table.Export()
