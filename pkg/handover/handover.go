@@ -239,6 +239,22 @@ func parseRights(oob []byte) ([]*os.File, error) {
 	return files, bad
 }
 
+// rawFD is f's descriptor, for SCM_RIGHTS. Unlike f.Fd() it leaves the
+// descriptor non-blocking: the socket's file description is shared with
+// the sender's own listener or connection, which must stay in Go's poller.
+// f must stay open until the descriptor was sent.
+func rawFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, fmt.Errorf("handover: descriptor of %s: %w", f.Name(), err)
+	}
+	fd := -1
+	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
+		return 0, fmt.Errorf("handover: descriptor of %s: %w", f.Name(), err)
+	}
+	return fd, nil
+}
+
 func closeFiles(fs []*os.File) {
 	for _, f := range fs {
 		_ = f.Close()
@@ -256,7 +272,11 @@ func (c *Conn) SendListeners(ls []Listener) error {
 	fds := make([]int, 0, len(ls))
 	for _, l := range ls {
 		w.str(l.Name)
-		fds = append(fds, int(l.File.Fd()))
+		fd, err := rawFD(l.File)
+		if err != nil {
+			return err
+		}
+		fds = append(fds, fd)
 	}
 	return c.send(msgListeners, w.b, fds...)
 }

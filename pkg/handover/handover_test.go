@@ -260,3 +260,35 @@ func TestWaitReadyChildExits(t *testing.T) {
 	require.Error(t, err)
 	assert.Less(t, time.Since(start), 5*time.Second)
 }
+
+// TestSendKeepsSocketsNonBlocking: sending a listener leaves the sender's
+// own socket non-blocking (os.File.Fd would make the shared file
+// description blocking, and the sender's listener would then block its
+// Close in accept(2) after a failed upgrade).
+func TestSendKeepsSocketsNonBlocking(t *testing.T) {
+	parent, child := pair(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, parent.SendListeners([]Listener{{Name: "tcp", File: f}}))
+	ls, err := child.RecvListeners()
+	require.NoError(t, err)
+	closeFiles([]*os.File{ls[0].File})
+	rc, err := ln.(*net.TCPListener).SyscallConn()
+	require.NoError(t, err)
+	var flags int
+	require.NoError(t, rc.Control(func(fd uintptr) { flags, err = unixFcntlGetfl(int(fd)) }))
+	require.NoError(t, err)
+	assert.NotZero(t, flags&syscall.O_NONBLOCK, "the listener stays non-blocking")
+}
+
+func unixFcntlGetfl(fd int) (int, error) {
+	r, _, e := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_GETFL, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}

@@ -17,7 +17,11 @@ const (
 func (c *Conn) SendTunnels(ts []Tunnel) error {
 	for i := range ts {
 		t := &ts[i]
-		if err := c.send(msgTunnel, encodeTunnel(t), int(t.Conn.Fd())); err != nil {
+		fd, err := rawFD(t.Conn)
+		if err != nil {
+			return err
+		}
+		if err := c.send(msgTunnel, encodeTunnel(t), fd); err != nil {
 			return err
 		}
 		for rest := t.Data; len(rest) > 0; {

@@ -217,3 +217,41 @@ func TestServerUpgradeKeepsTunnels(t *testing.T) {
 		tunnels, moved>>20, longest.Round(time.Millisecond))
 	_ = syscall.Kill(newPID, syscall.SIGTERM)
 }
+
+// TestServerUpgradeFailsKeepsServing: when the file at the server's path
+// is a binary that exits 1, SIGUSR2 leaves the old process serving as
+// before: same PID, the open tunnel and its connection untouched (no
+// reconnect), new tunnels accepted, the failure logged and counted; a
+// second SIGUSR2 with a working binary then upgrades.
+func TestServerUpgradeFailsKeepsServing(t *testing.T) {
+	checkLeaks(t)
+	echo := testutil.EchoServer(t)
+	bin := installServer(t)
+	args := []string{"--resume-window", "1m"}
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: args, Bin: bin})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: args})
+	c := dialApp(t, cl.Addr)
+	require.NoError(t, roundTrip(c, "before"))
+	reconnects := scrape(t, cl).val("quictun_client_reconnects_total")
+
+	replaceBinary(t, bin, []byte("#!/bin/sh\nexit 1\n"))
+	srv.signal(t, syscall.SIGUSR2)
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_upgrades_total", "result", "failed")
+	assert.Contains(t, srv.log(), "Upgrade failed; still serving")
+	assert.False(t, srv.exited(), "the old process keeps running")
+	assert.True(t, srv.ready(), "and ready")
+	require.NoError(t, roundTrip(c, "the open tunnel still works"))
+	require.NoError(t, echoVia(t, cl.Addr, "a new tunnel"))
+	assert.Equal(t, reconnects, scrape(t, cl).val("quictun_client_reconnects_total"), "the client's connection was not touched")
+	assert.Zero(t, scrape(t, srv).val("quictun_server_upgrades_total", "result", "success"))
+
+	replaceBinary(t, bin, readAll(t, bins.server))
+	srv.signal(t, syscall.SIGUSR2)
+	code, ok := srv.waitExit(exitTimeout)
+	require.True(t, ok, "the second upgrade goes through")
+	assert.Zero(t, code)
+	newPID := upgradedPID(t, srv.log())
+	waitMetric(t, srv, ioTimeout, eq(1), "quictun_server_upgrades_total", "result", "success")
+	require.NoError(t, roundTrip(c, "the tunnel survived the upgrade"))
+	_ = syscall.Kill(newPID, syscall.SIGTERM)
+}
