@@ -104,25 +104,9 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	cleanup.Push(adm.Close)
-	qopts := o.QUICOptions()
-	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
-	udp, err := inh.udp()
-	if udp == nil && err == nil {
-		udp, err = transport.ListenUDP(o.ListenOn)
-	}
+	sock, udp, tcpLn, err := o.openSockets(inh, &cleanup, logger)
 	if err != nil {
 		return err
-	}
-	sock, err := o.SocketOn(udp, qopts, false, &cleanup, logger)
-	if err != nil {
-		return err
-	}
-	tcpLn, err := o.openTCP(inh, sock.Conn.LocalAddr(), logger)
-	if err != nil {
-		return err
-	}
-	if tcpLn != nil {
-		cleanup.Push(func() { _ = tcpLn.Close() })
 	}
 
 	reg := cli.NewRegistry()
@@ -163,23 +147,58 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
+	return o.serveUpgradable(ctx, inh, reg, cli.Serving{
+		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
+		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
+	}, func() ([]handover.Listener, error) { return handedSockets(udp, tcpLn, adm.Listener()) })
+}
+
+// openSockets opens the UDP socket and the TCP fallback listener, or takes
+// those an upgrade handed over; each Close is pushed on cleanup.
+func (o *Options) openSockets(inh *inherited, cleanup *cli.Cleanup, logger klog.Logger) (*cli.Socket, *net.UDPConn, net.Listener, error) {
+	qopts := o.QUICOptions()
+	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
+	udp, err := inh.udp()
+	if udp == nil && err == nil {
+		udp, err = transport.ListenUDP(o.ListenOn)
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	sock, err := o.SocketOn(udp, qopts, false, cleanup, logger)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tcpLn, err := o.openTCP(inh, sock.Conn.LocalAddr(), logger)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if tcpLn != nil {
+		cleanup.Push(func() { _ = tcpLn.Close() })
+	}
+	return sock, udp, tcpLn, nil
+}
+
+// serveUpgradable takes the tunnels an upgrade handed over (inh) or tells
+// systemd the server is ready, then serves s with the SIGUSR2 upgrade
+// watch beside it (sockets: what it hands over).
+func (o *Options) serveUpgradable(ctx context.Context, inh *inherited, reg *prometheus.Registry, s cli.Serving,
+	sockets func() ([]handover.Listener, error),
+) error {
+	srv := s.Service.(*server.Server)
 	upm := metrics.NewUpgrade(reg)
 	if inh != nil {
 		if err := inh.finish(ctx, srv, upm); err != nil {
 			return err
 		}
 	} else if err := cli.SdNotify("READY=1"); err != nil {
-		logger.V(2).Info("Could not tell systemd the server is ready", "err", err)
+		klog.FromContext(ctx).V(2).Info("Could not tell systemd the server is ready", "err", err)
 	}
 	uctx, stopUpgrades := context.WithCancel(ctx)
-	up := &upgrader{exe: executable, args: os.Args[1:], srv: srv, metrics: upm,
-		sockets: func() ([]handover.Listener, error) { return handedSockets(udp, tcpLn, adm.Listener()) }}
+	up := &upgrader{exe: executable, args: os.Args[1:], srv: srv, metrics: upm, sockets: sockets}
 	upgraded := make(chan struct{})
 	go func() { defer close(upgraded); up.watch(uctx) }()
-	err = o.Serve(ctx, cli.Serving{
-		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
-		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
-	})
+	err := o.Serve(ctx, s)
 	stopUpgrades()
 	<-upgraded
 	return err
