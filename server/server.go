@@ -714,11 +714,14 @@ func (s *Server) Run(ctx context.Context) error {
 	// UDP flows have no end to wait for: they end now (the client sees shutdown).
 	s.cfg.Registry.AbortFlows(proto.CodeShutdown)
 	if up != nil {
-		up.done <- s.handOver(logger, tr, cancelConns, &conns, up.send)
+		// A failed handover is Run's error too: the process then exits
+		// non-zero (a supervisor restarts it), since it has let go.
+		err := s.handOver(logger, tr, cancelConns, &conns, up.send)
+		up.done <- err
 		wg.Wait()
 		s.egress.Close()
 		s.ready.Store(false)
-		return nil
+		return err
 	}
 	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", s.cfg.DrainTimeout)

@@ -36,9 +36,10 @@ var ErrNotServing = errors.New("server is not serving")
 // end of a drain does), closes every connection with
 // proto.UpgradeReason (clients reconnect at once, and their resumable
 // tunnels park), exports the parked tunnels (resume.Table.Export), stops
-// reading the UDP socket, and calls send with them; then Run returns nil.
-// HandOver returns send's error, or ctx's if Run did not take the request
-// (it is draining, or gone).
+// reading the UDP socket, and calls send with them; then Run returns
+// (send's error, or nil). HandOver returns send's error, or ErrNotServing
+// if Run did not take the request before ctx ended (it is draining, or
+// gone).
 func (s *Server) HandOver(ctx context.Context, send HandOverFunc) error {
 	req := handoverReq{send: send, done: make(chan error, 1)}
 	select {

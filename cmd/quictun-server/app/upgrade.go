@@ -191,10 +191,9 @@ func (u *upgrader) watch(ctx context.Context) {
 		logger.Info("Received SIGUSR2; upgrading: starting the new binary", "path", u.exe)
 		committed, err := u.upgrade(ctx, logger)
 		switch {
-		case committed && err != nil:
-			logger.Error(err, "Upgrade: the handover to the new process failed after the connections were closed; its tunnels may be lost")
-			return
 		case committed:
+			// Run has ended; a handover that failed after the old process
+			// let go is Run's error (logged as the exit reason, exit 1).
 			return
 		case err != nil:
 			u.metrics.Upgrades.WithLabelValues(metrics.UpgradeFailed).Inc()
