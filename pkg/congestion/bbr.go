@@ -214,8 +214,13 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 	}
 	b.settleAppLimited(p.Time)
 	b.lastSentTime = p.Time
-	if p.BytesInFlight-p.Bytes <= 0 {
+	if p.BytesInFlight-p.Bytes <= 0 || b.firstSentTime.IsZero() {
 		// Nothing was in flight: the next delivery-rate interval starts now.
+		// Also for the first packet we are told of with others in flight
+		// (a 0-RTT connection's first ack-eliciting packets can be): a
+		// zero start would make the interval the clock's age and the
+		// sample a few bytes a second, which, as Startup's only sample,
+		// paces the connection at almost nothing (only ACKs leave).
 		b.firstSentTime, b.deliveredTime = p.Time, p.Time
 	}
 	b.pkts.add(p.PacketNumber, sentState{
