@@ -173,13 +173,13 @@ const (
 var errSessionGone = errors.New("session ended")
 
 // resumableSession checks that sess can carry a resumed tunnel: a QUIC
-// connection with datagrams (the acks) whose handshake is done. A session
-// already closed is errSessionGone (the client has not replaced it yet),
-// one whose handshake is in progress errNotResumable (tried again after
-// the backoff's first 50 ms: re-attaching in the instant the handshake
-// completes made the new connection stall now and then in the in-process
-// upgrade test, 14 runs in 50 against 1 in 50; see TestServerHandOver).
-func (l *local) resumableSession(sess *Session) error {
+// connection with datagrams (the acks). A session already closed is
+// errSessionGone (the client has not replaced it yet); a new connection
+// whose handshake is in progress (0-RTT, as right after a server's
+// upgrade) is waited for, up to StreamOpenTimeout, rather than skipped for
+// the backoff's 50 ms: the server's datagram support is known with the
+// handshake.
+func (l *local) resumableSession(ctx context.Context, sess *Session) error {
 	q := sess.Conn.QUIC()
 	if q == nil {
 		return errNotResumable
@@ -187,7 +187,20 @@ func (l *local) resumableSession(sess *Session) error {
 	if isClosed(q.Context().Done()) {
 		return errSessionGone
 	}
-	if !isClosed(q.HandshakeComplete()) || ackSender(sess.Conn) == nil {
+	if !isClosed(q.HandshakeComplete()) {
+		t := time.NewTimer(l.h.cfg.StreamOpenTimeout)
+		defer t.Stop()
+		select {
+		case <-q.HandshakeComplete():
+		case <-q.Context().Done():
+			return errSessionGone
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return errNotResumable
+		}
+	}
+	if ackSender(sess.Conn) == nil {
 		return errNotResumable
 	}
 	return nil
@@ -201,7 +214,7 @@ func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*
 		release()
 		return nil, err
 	}
-	if err := l.resumableSession(sess); err != nil {
+	if err := l.resumableSession(ctx, sess); err != nil {
 		release()
 		return nil, err
 	}
