@@ -949,12 +949,19 @@ func (q *quicLink) failureLogged() {
 // attempt count grows only in a wait, so without one that would be a
 // reconnect loop without any delay). A connection that was up for a while
 // (a server restart) is redialed at once: streams opened meanwhile go out
-// as 0-RTT data on the new connection and wait for the server there.
+// as 0-RTT data on the new connection and wait for the server there. A
+// server's upgrade close (proto.UpgradeReason) is redialed at once in any
+// case, and does not mark the server bad: its new process already serves.
 func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 	c, m, conn := q.c, q.m, l.conn
 	c.setSession(m, nil, nil)
 	c.markRow(m, func(m *member) { m.downSince = time.Now() })
-	m.srv.markBad(time.Now())
+	// A server's upgrade (proto.UpgradeReason) is no failure of the
+	// server: its new process serves the same address at once.
+	upgrade := proto.IsUpgrade(context.Cause(conn.Context()))
+	if !upgrade {
+		m.srv.markBad(time.Now())
+	}
 	if ctx.Err() != nil {
 		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
 	}
@@ -980,6 +987,8 @@ func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 	switch {
 	case authFailed:
 		c.waitAuthBackoff(ctx, m)
+	case upgrade:
+		m.bo.Reset() // redial at once, whatever the connection's age: tunnels wait to re-attach
 	case spreadWait > 0:
 		c.waitSpread(ctx, m, spreadWait)
 	case m.bo.Attempts() > 0 || time.Since(upSince) < shortConnection:

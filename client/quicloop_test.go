@@ -477,3 +477,34 @@ func TestQUICLoopHelloRefused(t *testing.T) {
 		assert.GreaterOrEqual(t, promtest.ToFloat64(c.cfg.Metrics.ReconnectsTotal), 2.0)
 	})
 }
+
+// TestQUICLoopUpgradeRedialsAtOnce: a server's upgrade close
+// (proto.UpgradeReason) is redialed at once even right after the
+// connection came up, and again after a second one (no backoff: the new
+// process serves at once and the tunnels wait to re-attach); a plain
+// shutdown close right after the connection came up waits for the
+// backoff.
+func TestQUICLoopUpgradeRedialsAtOnce(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a")
+		quicOnly(c)
+		q := newQUICServers("a")
+		stop := runLinks(t, c, q, newFakeDialer(0), nil)
+		defer stop()
+		placed(t, c)
+		synctest.Wait()
+		closeWith := func(reason string) {
+			q.conn("a").cancel(&quic.ApplicationError{Remote: true, ErrorCode: proto.CodeShutdown.ApplicationErrorCode(), ErrorMessage: reason})
+		}
+		for i := range 2 {
+			closeWith(proto.UpgradeReason) // at once after it came up
+			s, waited := placed(t, c)
+			assert.Same(t, q.conn("a"), s.Conn)
+			assert.Equal(t, 10*time.Millisecond, waited, "upgrade %d: redialed at once, no backoff", i+1)
+		}
+		closeWith(proto.ShutdownReason(0))
+		_, waited := placed(t, c)
+		assert.Equal(t, 110*time.Millisecond, waited, "a shutdown right after it came up: the backoff (100 ms), then the dial")
+	})
+}

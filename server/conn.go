@@ -35,7 +35,11 @@ func (s *Server) serveConn(ctx context.Context, tc tunnelConn, sourceHeld bool) 
 	ctx = klog.NewContext(ctx, c.logger)
 	c.register()
 	stop := context.AfterFunc(ctx, func() {
-		_ = tc.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), proto.ShutdownReason(time.Duration(s.reconnectSpread.Load())))
+		reason := proto.ShutdownReason(time.Duration(s.reconnectSpread.Load()))
+		if s.upgrading.Load() {
+			reason = proto.UpgradeReason // the new process serves them at once: no spread
+		}
+		_ = tc.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), reason)
 	})
 	c.startDatagrams()
 	c.startAuthDeadline()

@@ -259,6 +259,10 @@ type Server struct {
 	// spread their reconnects over (proto.ShutdownReason), set as the
 	// connections are closed.
 	reconnectSpread atomic.Int64
+	// handover takes an upgrade's request (HandOver) in Run; upgrading
+	// makes the connections close with proto.UpgradeReason.
+	handover  chan handoverReq
+	upgrading atomic.Bool
 
 	mu    sync.Mutex
 	conns map[uint64]liveConn
@@ -499,6 +503,7 @@ func newServer(cfg Config, pc net.PacketConn, raiseStreamsTo int64, bind *binder
 		raiseStreamsTo: raiseStreamsTo,
 		tcpSlots:       newTCPSlots(cfg.MaxTCPHandshakes),
 		conns:          map[uint64]liveConn{},
+		handover:       make(chan handoverReq),
 	}
 	if bind != nil {
 		bind.init(srv)
@@ -657,6 +662,10 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Go(func() { r.Table.Run(connCtx) })
 	}
 	acceptErr := make(chan error, 1)
+	// conns are the connections' goroutines (an upgrade waits for them
+	// alone before it exports the parked tunnels).
+	var conns sync.WaitGroup
+	defer conns.Wait()
 	wg.Go(func() {
 		for {
 			c, err := ln.Accept(ctx)
@@ -664,22 +673,26 @@ func (s *Server) Run(ctx context.Context) error {
 				acceptErr <- err
 				return
 			}
-			wg.Go(func() { s.serveConn(connCtx, overQUIC{c}, false) })
+			conns.Go(func() { s.serveConn(connCtx, overQUIC{c}, false) })
 		}
 	})
 	tcpDone := make(chan struct{})
 	if s.cfg.TCP != nil {
 		wg.Go(func() {
 			defer close(tcpDone)
-			s.acceptTCP(ctx, connCtx, &wg)
+			s.acceptTCP(ctx, connCtx, &conns)
 		})
 	} else {
 		close(tcpDone)
 	}
 
 	var runErr error
+	var up *handoverReq
 	select {
 	case <-ctx.Done():
+	case req := <-s.handover:
+		up = &req
+		s.upgrading.Store(true)
 	case err := <-acceptErr:
 		acceptErr <- err
 		if ctx.Err() == nil {
@@ -689,7 +702,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	s.draining.Store(true)
 	s.cfg.Metrics.Draining.Set(1)
-	if r := s.cfg.Resume; r != nil {
+	if r := s.cfg.Resume; r != nil && up == nil {
 		r.Table.Close() // parked tunnels cannot be re-attached while draining
 	}
 	_ = ln.Close()
@@ -703,6 +716,16 @@ func (s *Server) Run(ctx context.Context) error {
 	<-tcpDone
 	// UDP flows have no end to wait for: they end now (the client sees shutdown).
 	s.cfg.Registry.AbortFlows(proto.CodeShutdown)
+	if up != nil {
+		// A failed handover is Run's error too: the process then exits
+		// non-zero (a supervisor restarts it), since it has let go.
+		err := s.handOver(logger, tr, cancelConns, &conns, up.send)
+		up.done <- err
+		wg.Wait()
+		s.egress.Close()
+		s.ready.Store(false)
+		return err
+	}
 	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", s.cfg.DrainTimeout)
 		dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
@@ -733,6 +756,7 @@ func (s *Server) Run(ctx context.Context) error {
 			"verifiedConnections", verified, "spread", spread)
 	}
 	cancelConns()
+	conns.Wait()
 	wg.Wait()
 	s.egress.Close()
 	s.ready.Store(false)

@@ -46,6 +46,12 @@ type ServerOptions struct {
 	TCPAddr string
 	// Logger, when set, is the server's logger (klog.NewContext); default klog's.
 	Logger *klog.Logger
+	// PacketConn, if set, is the UDP socket to serve on instead of
+	// listening on Addr (an upgrade's successor takes its predecessor's).
+	PacketConn *net.UDPConn
+	// BeforeRun, if set, is called with the server before Run (an
+	// upgrade's successor imports the tunnels handed over).
+	BeforeRun func(*server.Server)
 }
 
 // Server is a running in-process server.
@@ -111,11 +117,13 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 	}
 	reg := prometheus.NewRegistry()
 	m := server.NewMetrics(reg)
-	var pc *net.UDPConn
-	require.Eventually(t, func() bool { // a restarted server may wait for its port
-		pc, err = transport.ListenUDP(o.Addr)
-		return err == nil
-	}, 5*time.Second, 50*time.Millisecond, "listen %s", o.Addr)
+	pc := o.PacketConn
+	if pc == nil {
+		require.Eventually(t, func() bool { // a restarted server may wait for its port
+			pc, err = transport.ListenUDP(o.Addr)
+			return err == nil
+		}, 5*time.Second, 50*time.Millisecond, "listen %s", o.Addr)
+	}
 	var keys *proto.Keyring
 	if len(secret) > 0 {
 		keys, err = proto.NewKeyring(proto.Key{Secret: secret})
@@ -150,11 +158,17 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 	if cfg.TCP != nil {
 		s.TCPAddr = cfg.TCP.Addr().String()
 	}
+	if o.BeforeRun != nil {
+		o.BeforeRun(srv)
+	}
 	go func() { s.done <- srv.Run(ctx) }()
 	t.Cleanup(func() { s.Stop(t) })
 	require.Eventually(t, srv.Ready, 5*time.Second, 5*time.Millisecond)
 	return s
 }
+
+// PacketConn is the server's UDP socket.
+func (s *Server) PacketConn() net.PacketConn { return s.pc }
 
 // ClientOptions tune StartClient.
 type ClientOptions struct {

@@ -404,4 +404,25 @@ func TestBBRPacingRateFloor(t *testing.T) {
 	sendOne(b, now, 1)
 	sendOne(b, now, 2)
 	require.LessOrEqual(t, b.TimeUntilSend(0).Sub(now), 2*minPacingInterval+time.Millisecond)
+// TestBBRFirstPacketsSentWithOthersInFlight: when the first ack-eliciting
+// packet reported already has others in flight (a 0-RTT connection that
+// writes many streams at once after its handshake), the delivery rate of
+// their acks is the path's, not bytes over the monotonic clock's age (a
+// few bytes a second, which paced the connection to a halt: only ACKs
+// left, and a resumed tunnel stalled until the idle timeout).
+func TestBBRFirstPacketsSentWithOthersInFlight(t *testing.T) {
+	b, rtt := newTestBBR(Options{})
+	now := qc.Time(1000 * time.Second)
+	var ev qc.Event
+	for pn := int64(1); pn <= 10; pn++ {
+		b.OnPacketSent(qc.SentPacket{Time: now, PacketNumber: pn, Bytes: datagram, BytesInFlight: int(pn+1) * datagram, AckEliciting: true})
+		ev.Acked = append(ev.Acked, qc.AckedPacket{PacketNumber: pn, Bytes: datagram, SentTime: now})
+	}
+	now = now.Add(10 * time.Millisecond)
+	rtt.min, rtt.smoothed, rtt.latest = 10*time.Millisecond, 10*time.Millisecond, 10*time.Millisecond
+	ev.Time = now
+	b.OnEvent(&ev)
+	st := b.Stats()
+	require.Greater(t, st.BandwidthBytesPerSecond, 100e3, "10 datagrams acked 10 ms after they left: about 1.25 MB/s")
+	require.Greater(t, st.PacingRateBytesPerSecond, 100e3)
 }

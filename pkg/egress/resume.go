@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/klog/v2"
+
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/splice"
@@ -81,9 +83,10 @@ func (s *stream) spliceResumable(sc splice.Conn) *failure {
 	e, r := s.e, s.e.cfg.Resume
 	id := resume.ID(s.h.ResumeID)
 	t := s.tunnelInfo()
+	t.Resumable = true
 	end := make(chan func(error), 1)
 	p := resume.NewPipe(sc, resume.Config{ID: id, Window: e.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,
-		OnEnd: func(err error) { (<-end)(err) }})
+		OnEnd: func(err error) { (<-end)(err) }, Meta: t})
 	t.Upstream, t.Downstream = &p.FromStream, &p.ToStream
 	remove, err := r.Table.Add(id, strings.Join(s.identities, ","), p)
 	if err != nil {
@@ -118,7 +121,13 @@ func (s *stream) spliceResumable(sc splice.Conn) *failure {
 }
 
 // resumableEnded accounts for a resumable tunnel's end (err: as OnEnd).
+// A tunnel handed over to the new process (an upgrade) did not end: the
+// new process accounts for it.
 func (s *stream) resumableEnded(t *tunnel.Tunnel, err error) {
+	if errors.Is(err, resume.ErrHandedOver) {
+		s.logger.V(4).Info("Handed tunnel over to the new process")
+		return
+	}
 	result := proto.CodeOK.String()
 	var ab *splice.AbortedError
 	if errors.As(err, &ab) {
@@ -183,4 +192,59 @@ func (s *stream) resumeRefused(reason string, err error) *failure {
 		r.Events.ResumeRefused(reason)
 	}
 	return &failure{code: proto.CodeResumeRefused, lvl: 2, msg: "Refused resume request", kv: []any{"reason", reason, "err", err}}
+}
+
+// ImportResumable continues a resumable tunnel the previous process handed
+// over (an upgrade; resume.Import): parked in the Table for its client's
+// re-attachment, in the registry (t: how /tunnels shows it), counted as
+// open and in its identity's usage; its end is accounted as any resumable
+// tunnel's (its audit line names the identity and destination). On error
+// nothing is held and the application's connection is reset.
+func (e *Handler) ImportResumable(st *resume.State, t *tunnel.Tunnel, logger klog.Logger) error {
+	r := e.cfg.Resume
+	if r == nil {
+		_ = st.Conn.Close()
+		return errors.New("resumable tunnels are off (no --resume-window)")
+	}
+	end := make(chan func(error), 1)
+	p, err := resume.Import(st, resume.Config{Cap: r.Cap, Budget: r.Budget, Events: r.Events, Meta: t,
+		OnEnd: func(err error) { (<-end)(err) }})
+	if err != nil {
+		return err
+	}
+	t.Resumable, t.Endpoint, t.Direction, t.Identity = true, e.cfg.Endpoint, e.direction(), st.Identity
+	t.Upstream, t.Downstream = &p.FromStream, &p.ToStream
+	remove, err := r.Table.Add(st.ID, st.Identity, p)
+	if err != nil {
+		end <- func(error) {}
+		p.Abort(proto.CodeResumeRefused)
+		<-p.Ended()
+		return err
+	}
+	unregister := e.cfg.Registry.Add(t, p)
+	e.cfg.Events.TunnelOpened()
+	stopTrack := func() {}
+	if e.cfg.Accounts != nil {
+		stopTrack = e.cfg.Accounts.Account(st.Identity).Track(&p.FromStream, &p.ToStream)
+	}
+	logger = klog.LoggerWithValues(logger, "tunnelID", t.UUID)
+	end <- func(err error) {
+		remove()
+		unregister()
+		stopTrack()
+		result := proto.CodeOK.String()
+		var ab *splice.AbortedError
+		if errors.As(err, &ab) {
+			result = ab.Code.String()
+		}
+		up, down := t.Upstream.Load(), t.Downstream.Load()
+		e.cfg.Events.TunnelClosed(result, up, down)
+		logger.V(4).Info("Closed stream", "destination", t.Destination, "bytesUpstream", up, "bytesDownstream", down,
+			"duration", time.Since(t.CreatedAt), "result", result, "err", err)
+		if e.cfg.AuditLog {
+			logger.Info("Closed tunnel", "direction", e.direction(), "identity", st.Identity, "destination", t.Destination, "result", result,
+				"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(t.CreatedAt).Round(time.Millisecond))
+		}
+	}
+	return nil
 }

@@ -118,7 +118,8 @@ var errNotResumable = errors.New("session cannot carry a resumable tunnel")
 
 // reattach asks the server, on the next session, to continue tunnel id,
 // until it does, refuses (errResumeRefused), the tunnel ends (its window
-// passed) or ctx ends; it retries after 50 ms, doubling to 2 s.
+// passed) or ctx ends; it retries after 50 ms, doubling to 2 s, or after
+// sessionGoneRetry when the session picked had just ended.
 func (l *local) reattach(ctx context.Context, p *resume.Pipe, id resume.ID) (*resume.Attachment, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -133,22 +134,76 @@ func (l *local) reattach(ctx context.Context, p *resume.Pipe, id resume.ID) (*re
 		case <-ctx.Done():
 		}
 	}()
-	delay := 50 * time.Millisecond
+	delay, quick := 50*time.Millisecond, 0
 	for {
 		att, err := l.tryResume(ctx, id, p.Received())
 		if err == nil || errors.Is(err, errResumeRefused) {
 			return att, err
 		}
-		l.slog.V(4).Info("Could not re-attach tunnel; trying again", "err", err, "after", delay)
-		t := time.NewTimer(delay)
+		wait := delay
+		if errors.Is(err, errSessionGone) && quick < maxQuickRetries {
+			quick++
+			// The connection picked had just ended (the client has not
+			// replaced it yet): the next one comes at once after a
+			// server's upgrade, so no backoff.
+			wait = sessionGoneRetry
+		} else {
+			delay = min(2*delay, 2*time.Second)
+		}
+		l.slog.V(4).Info("Could not re-attach tunnel; trying again", "err", err, "after", wait)
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil, ctx.Err()
 		case <-t.C:
 		}
-		delay = min(2*delay, 2*time.Second)
 	}
+}
+
+// sessionGoneRetry is how soon a re-attachment is tried again after the
+// session picked turned out closed, at most maxQuickRetries times (then
+// the backoff).
+const (
+	sessionGoneRetry = 5 * time.Millisecond
+	maxQuickRetries  = 20
+)
+
+// errSessionGone: the session picked had ended already.
+var errSessionGone = errors.New("session ended")
+
+// resumableSession checks that sess can carry a resumed tunnel: a QUIC
+// connection with datagrams (the acks). A session already closed is
+// errSessionGone (the client has not replaced it yet); a new connection
+// whose handshake is in progress (0-RTT, as right after a server's
+// upgrade) is waited for, up to StreamOpenTimeout, rather than skipped for
+// the backoff's 50 ms: the server's datagram support is known with the
+// handshake.
+func (l *local) resumableSession(ctx context.Context, sess *Session) error {
+	q := sess.Conn.QUIC()
+	if q == nil {
+		return errNotResumable
+	}
+	if isClosed(q.Context().Done()) {
+		return errSessionGone
+	}
+	if !isClosed(q.HandshakeComplete()) {
+		t := time.NewTimer(l.h.cfg.StreamOpenTimeout)
+		defer t.Stop()
+		select {
+		case <-q.HandshakeComplete():
+		case <-q.Context().Done():
+			return errSessionGone
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return errNotResumable
+		}
+	}
+	if ackSender(sess.Conn) == nil {
+		return errNotResumable
+	}
+	return nil
 }
 
 // tryResume sends one resume request on the next session and reads the
@@ -159,9 +214,9 @@ func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*
 		release()
 		return nil, err
 	}
-	if ackSender(sess.Conn) == nil || !isClosed(sess.Conn.QUIC().HandshakeComplete()) {
+	if err := l.resumableSession(ctx, sess); err != nil {
 		release()
-		return nil, errNotResumable
+		return nil, err
 	}
 	str, err := l.h.openStream(ctx, sess)
 	if err != nil {

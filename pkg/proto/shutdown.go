@@ -50,3 +50,20 @@ func ReconnectSpread(err error) time.Duration {
 	}
 	return min(d, MaxReconnectSpread)
 }
+
+// UpgradeReason is the reason of the CodeShutdown close a server sends
+// when it hands its connections' tunnels to its successor (an upgrade,
+// quictun-server's SIGUSR2): nothing is lost, the new process serves the
+// same socket at once, so clients reconnect and re-attach their resumable
+// tunnels without a spread or a backoff. It carries no spread, so an older
+// client reconnects at once too.
+const UpgradeReason = "server upgrading (" + upgradeKey + ")"
+
+const upgradeKey = "reattach-now"
+
+// IsUpgrade reports whether err, a connection's end, is a server's close
+// for an upgrade (UpgradeReason).
+func IsUpgrade(err error) bool {
+	var ae *quic.ApplicationError
+	return errors.As(err, &ae) && ae.Remote && Code(ae.ErrorCode) == CodeShutdown && strings.Contains(ae.ErrorMessage, upgradeKey)
+}

@@ -36,3 +36,26 @@ func TestReconnectSpread(t *testing.T) {
 	}
 	assert.Equal(t, "server shutting down (reconnect-spread=16.7s)", proto.ShutdownReason(16700*time.Millisecond))
 }
+
+// TestIsUpgrade: only a server's CodeShutdown close with UpgradeReason says
+// upgrade; it asks for no spread.
+func TestIsUpgrade(t *testing.T) {
+	t.Parallel()
+	closed := func(code proto.Code, remote bool, reason string) error {
+		return fmt.Errorf("lost: %w", &quic.ApplicationError{Remote: remote, ErrorCode: code.ApplicationErrorCode(), ErrorMessage: reason})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"upgrade", closed(proto.CodeShutdown, true, proto.UpgradeReason), true},
+		{"shutdown", closed(proto.CodeShutdown, true, proto.ShutdownReason(time.Second)), false},
+		{"another code", closed(proto.CodeTimeout, true, proto.UpgradeReason), false},
+		{"our own close", closed(proto.CodeShutdown, false, proto.UpgradeReason), false},
+		{"no close", errors.New("timeout"), false},
+	} {
+		assert.Equal(t, tc.want, proto.IsUpgrade(tc.err), tc.name)
+	}
+	assert.Zero(t, proto.ReconnectSpread(closed(proto.CodeShutdown, true, proto.UpgradeReason)))
+}

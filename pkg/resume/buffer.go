@@ -36,6 +36,9 @@ type Budget struct {
 // NewBudget returns a Budget of max bytes (<= 0: no bound).
 func NewBudget(max int64) *Budget { return &Budget{max: max, freed: make(chan struct{})} }
 
+// Max is the bound (<= 0: none).
+func (b *Budget) Max() int64 { return b.max }
+
 // Used is the bytes taken.
 func (b *Budget) Used() int64 { return b.used.Load() }
 
@@ -145,6 +148,22 @@ func (b *Buffer) Append(p []byte) (int, <-chan struct{}, error) {
 func (b *Buffer) preload(p []byte) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.appendLocked(p)
+	b.sent = b.end
+}
+
+// appendAll appends p whatever the caps: the rest of one read of the
+// application when the tunnel is exported (those bytes were taken from the
+// socket, they must go with it).
+func (b *Buffer) appendAll(p []byte) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
+		b.appendLocked(p)
+	}
+}
+
+func (b *Buffer) appendLocked(p []byte) {
 	for len(p) > 0 {
 		pos := b.end - b.start
 		idx, off := int(pos/ChunkSize), int(pos%ChunkSize)
@@ -156,7 +175,6 @@ func (b *Buffer) preload(p []byte) {
 		p = p[k:]
 		b.end += uint64(k)
 	}
-	b.sent = b.end
 }
 
 func (b *Buffer) commitLocked(n int) {

@@ -137,6 +137,9 @@ type Config struct {
 	// Written are application bytes already written on the first stream
 	// (with the header): they are kept for resending like the rest.
 	Written []byte
+	// Meta is the owner's description of the tunnel, handed over with it
+	// (State.Meta); the Pipe does not use it.
+	Meta any
 }
 
 // Pipe is a resumable tunnel: an application connection and the stream it
@@ -157,6 +160,9 @@ type Pipe struct {
 	readerDone chan struct{}
 	ended      chan struct{} // stops the reader
 	finished   chan struct{} // closed after OnEnd
+	// frozen stops the reader for an Export: it keeps what it read.
+	frozen     chan struct{}
+	freezeOnce sync.Once
 
 	mu        sync.Mutex
 	state     int
@@ -166,6 +172,9 @@ type Pipe struct {
 	abortErr  *splice.AbortedError
 	gaveUp    string
 	endCalled bool
+	// handedOver: Export gave the tunnel to another process; OnEnd gets
+	// ErrHandedOver.
+	handedOver bool
 }
 
 const (
@@ -195,17 +204,21 @@ func (a *attachment) cancel(code proto.Code) {
 // NewPipe returns a Pipe for conn and starts reading it. The Pipe owns
 // conn.
 func NewPipe(conn splice.Conn, cfg Config) *Pipe {
+	p := newPipe(conn, cfg)
+	p.out.preload(cfg.Written)
+	go p.read()
+	return p
+}
+
+func newPipe(conn splice.Conn, cfg Config) *Pipe {
 	if cfg.Events == nil {
 		cfg.Events = NopEvents{}
 	}
 	if cfg.Cap <= 0 {
 		cfg.Cap = DefaultCap
 	}
-	p := &Pipe{conn: conn, cfg: cfg, out: NewBuffer(cfg.Cap, cfg.Budget),
-		readerDone: make(chan struct{}), ended: make(chan struct{}), finished: make(chan struct{})}
-	p.out.preload(cfg.Written)
-	go p.read()
-	return p
+	return &Pipe{conn: conn, cfg: cfg, out: NewBuffer(cfg.Cap, cfg.Budget),
+		readerDone: make(chan struct{}), ended: make(chan struct{}), finished: make(chan struct{}), frozen: make(chan struct{})}
 }
 
 // Ended is closed once the tunnel ended for good, after OnEnd returned.
@@ -250,13 +263,19 @@ func (p *Pipe) read() {
 	for {
 		n, rerr := p.conn.Read(cb.buf())
 		if n > 0 {
-			if !p.append(cb.buf()[:n]) {
+			ok := p.append(cb.buf()[:n])
+			if ok || p.isFrozen() {
+				p.ToStream.Add(int64(n))
+			}
+			if !ok {
 				return
 			}
-			p.ToStream.Add(int64(n))
 			cb.adapt(n)
 		}
 		if rerr != nil {
+			if p.isFrozen() {
+				return // Export: the read was interrupted, the socket is handed over
+			}
 			if errors.Is(rerr, io.EOF) {
 				p.out.Finish()
 			} else {
@@ -268,7 +287,8 @@ func (p *Pipe) read() {
 }
 
 // append puts b into the Buffer, waiting for room; false once the tunnel
-// ended.
+// ended or froze (Export: the bytes that did not fit are kept past the
+// cap, at most one read's, since they were taken from the socket).
 func (p *Pipe) append(b []byte) bool {
 	for len(b) > 0 {
 		n, wait, err := p.out.Append(b)
@@ -281,11 +301,23 @@ func (p *Pipe) append(b []byte) bool {
 		}
 		select {
 		case <-wait:
+		case <-p.frozen:
+			p.out.appendAll(b)
+			return false
 		case <-p.ended:
 			return false
 		}
 	}
-	return true
+	return !p.isFrozen()
+}
+
+func (p *Pipe) isFrozen() bool {
+	select {
+	case <-p.frozen:
+		return true
+	default:
+		return false
+	}
 }
 
 // Abort resets the stream and the application with code and ends the
@@ -350,7 +382,10 @@ func (p *Pipe) end() {
 	}
 	p.endCalled = true
 	var err error
-	if p.abortErr != nil {
+	switch {
+	case p.handedOver:
+		err = ErrHandedOver
+	case p.abortErr != nil:
 		err = p.abortErr
 		if p.gaveUp != "" {
 			err = &GaveUpError{Reason: p.gaveUp, Abort: p.abortErr}

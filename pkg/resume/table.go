@@ -1,9 +1,11 @@
 package resume
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -262,4 +264,32 @@ func (t *Table) collect(now time.Time, pending map[any]*connPending) {
 		}
 		cp.acks = append(cp.acks, Ack{ID: id, Offset: recv})
 	}
+}
+
+// Export hands over every parked tunnel (Pipe.Export; their OnEnd removes
+// them from the Table) with the identity that opened it, in the order of
+// their IDs. Tunnels that are not parked, or whose socket cannot be handed
+// over, stay; the caller ends them.
+func (t *Table) Export() []*State {
+	t.mu.Lock()
+	type held struct {
+		id ID
+		e  *entry
+	}
+	all := make([]held, 0, len(t.tunnels))
+	for id, e := range t.tunnels {
+		all = append(all, held{id, e})
+	}
+	t.mu.Unlock()
+	slices.SortFunc(all, func(a, b held) int { return bytes.Compare(a.id[:], b.id[:]) })
+	var out []*State
+	for _, h := range all {
+		st, err := h.e.pipe.Export()
+		if err != nil {
+			continue
+		}
+		st.Identity = h.e.identity
+		out = append(out, st)
+	}
+	return out
 }

@@ -43,6 +43,9 @@ type Tunnel struct {
 	// Datagram marks a UDP flow: it has nothing to finish, so a drain ends
 	// it at once (AbortFlows) instead of waiting for it.
 	Datagram bool
+	// Resumable marks a resumable tunnel (pkg/resume): an upgrade hands it
+	// to the new process instead of ending it (AbortWhere).
+	Resumable bool
 
 	// Upstream and Downstream count application bytes toward and from the destination.
 	Upstream   *atomic.Int64
@@ -223,6 +226,10 @@ func (r *Registry) AbortAll(code proto.Code) { r.abortWhere(code, func(*Tunnel) 
 func (r *Registry) AbortFlows(code proto.Code) {
 	r.abortWhere(code, func(t *Tunnel) bool { return t.Datagram })
 }
+
+// AbortWhere aborts the open tunnels match selects (e.g. those an upgrade
+// cannot hand over).
+func (r *Registry) AbortWhere(code proto.Code, match func(*Tunnel) bool) { r.abortWhere(code, match) }
 
 func (r *Registry) abortWhere(code proto.Code, match func(*Tunnel) bool) {
 	r.mu.Lock()

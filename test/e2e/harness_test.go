@@ -278,6 +278,7 @@ type serverOpts struct {
 	Args       []string
 	Env        []string // added to the environment
 	NoWait     bool
+	Bin        string // the server binary to run (default: the one built)
 }
 
 // startServer starts quictun-server with -v 4 on loopback and waits until it is ready.
@@ -303,7 +304,11 @@ func startServer(t *testing.T, o serverOpts) *daemon {
 			args = append(args, "--allow", strings.Join(o.Allow, ","))
 		}
 		args = append(args, o.Args...)
-		p := startProc(t, "quictun-server", o.Env, bins.server, args...)
+		bin := bins.server
+		if o.Bin != "" {
+			bin = o.Bin
+		}
+		p := startProc(t, "quictun-server", o.Env, bin, args...)
 		d := &daemon{proc: p, Addr: "127.0.0.1:" + strconv.Itoa(udp), AdminURL: "http://127.0.0.1:" + strconv.Itoa(adm),
 			StateDir: o.StateDir, SecretFile: o.SecretFile, Fingerprint: fp, udpPort: udp, adminPort: adm}
 		if o.NoWait {

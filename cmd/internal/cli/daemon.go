@@ -209,6 +209,29 @@ func OpenAdminServer(address, tokenFile string) (*Admin, error) {
 	return &Admin{ln: ln, token: token}, nil
 }
 
+// NewAdminServer is OpenAdminServer on a listener already open (an
+// upgrade's inherited one).
+func NewAdminServer(ln net.Listener, tokenFile string) (*Admin, error) {
+	var token string
+	if tokenFile != "" {
+		b, err := ReadSecretFile("httpd-token-file", tokenFile, 16)
+		if err != nil {
+			return nil, err
+		}
+		token = string(b)
+	}
+	return &Admin{ln: ln, token: token}, nil
+}
+
+// Listener is the admin listener (nil for a nil Admin), for an upgrade's
+// handover.
+func (a *Admin) Listener() net.Listener {
+	if a == nil {
+		return nil
+	}
+	return a.ln
+}
+
 // Addrs is the admin listener's address (none for a nil Admin), for the
 // server's list of its own listeners.
 func (a *Admin) Addrs() []net.Addr {

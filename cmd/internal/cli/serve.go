@@ -36,6 +36,12 @@ func (d *DaemonFlags) OpenSocket(address string, q transport.QUICOptions, encode
 	if err != nil {
 		return nil, err
 	}
+	return d.SocketOn(pc, q, encodeAll, cleanup, logger)
+}
+
+// SocketOn is OpenSocket on a socket already open (an upgrade's inherited
+// one); it pushes its Close on cleanup.
+func (d *DaemonFlags) SocketOn(pc *net.UDPConn, q transport.QUICOptions, encodeAll bool, cleanup *Cleanup, logger klog.Logger) (*Socket, error) {
 	cleanup.Push(func() { _ = pc.Close() })
 	layer, err := d.FECLayer(encodeAll)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/quictun/quictun/pkg/authhook"
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/handover"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/ratecap"
@@ -92,23 +94,19 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	adm, err := cli.OpenAdminServer(o.HTTPDListenOn, o.HTTPDTokenFile)
+	inh, err := takeInherited()
+	if err != nil {
+		return err
+	}
+	defer inh.close()
+	adm, err := o.openAdmin(inh)
 	if err != nil {
 		return err
 	}
 	cleanup.Push(adm.Close)
-	qopts := o.QUICOptions()
-	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
-	sock, err := o.OpenSocket(o.ListenOn, qopts, false, &cleanup, logger)
+	sock, udp, tcpLn, err := o.openSockets(inh, &cleanup, logger)
 	if err != nil {
 		return err
-	}
-	tcpLn, err := o.listenTCP(sock.Conn.LocalAddr(), logger)
-	if err != nil {
-		return err
-	}
-	if tcpLn != nil {
-		cleanup.Push(func() { _ = tcpLn.Close() })
 	}
 
 	reg := cli.NewRegistry()
@@ -149,10 +147,127 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
-	return o.Serve(ctx, cli.Serving{
+	return o.serveUpgradable(ctx, inh, reg, cli.Serving{
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
 		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
-	})
+	}, func() ([]handover.Listener, error) { return handedSockets(udp, tcpLn, adm.Listener()) })
+}
+
+// openSockets opens the UDP socket and the TCP fallback listener, or takes
+// those an upgrade handed over; each Close is pushed on cleanup.
+func (o *Options) openSockets(inh *inherited, cleanup *cli.Cleanup, logger klog.Logger) (*cli.Socket, *net.UDPConn, net.Listener, error) {
+	qopts := o.QUICOptions()
+	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
+	udp, err := inh.udp()
+	if udp == nil && err == nil {
+		udp, err = transport.ListenUDP(o.ListenOn)
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	sock, err := o.SocketOn(udp, qopts, false, cleanup, logger)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tcpLn, err := o.openTCP(inh, sock.Conn.LocalAddr(), logger)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if tcpLn != nil {
+		cleanup.Push(func() { _ = tcpLn.Close() })
+	}
+	return sock, udp, tcpLn, nil
+}
+
+// serveUpgradable takes the tunnels an upgrade handed over (inh) or tells
+// systemd the server is ready, then serves s with the SIGUSR2 upgrade
+// watch beside it (sockets: what it hands over).
+func (o *Options) serveUpgradable(ctx context.Context, inh *inherited, reg *prometheus.Registry, s cli.Serving,
+	sockets func() ([]handover.Listener, error),
+) error {
+	srv := s.Service.(*server.Server)
+	upm := metrics.NewUpgrade(reg)
+	if inh != nil {
+		if err := inh.finish(ctx, srv, upm); err != nil {
+			return err
+		}
+	} else if err := cli.SdNotify("READY=1"); err != nil {
+		klog.FromContext(ctx).V(2).Info("Could not tell systemd the server is ready", "err", err)
+	}
+	uctx, stopUpgrades := context.WithCancel(ctx)
+	up := &upgrader{exe: executable, args: os.Args[1:], srv: srv, metrics: upm, sockets: sockets}
+	upgraded := make(chan struct{})
+	go func() { defer close(upgraded); up.watch(uctx) }()
+	err := o.Serve(ctx, s)
+	stopUpgrades()
+	<-upgraded
+	return err
+}
+
+// executable is the path this binary was started from, read when the
+// process started (before an upgrade replaces the file): an upgrade starts
+// the file now at that path.
+var executable = func() string {
+	p, err := os.Executable()
+	if err != nil {
+		return os.Args[0]
+	}
+	return p
+}()
+
+// handedSockets duplicates the listening sockets an upgrade hands over.
+func handedSockets(udp *net.UDPConn, tcpLn, adminLn net.Listener) ([]handover.Listener, error) {
+	var ls []handover.Listener
+	for _, s := range []struct {
+		name string
+		c    any
+	}{{sockUDP, udp}, {sockTCP, tcpLn}, {sockAdmin, adminLn}} {
+		if s.c == nil || s.c == net.Listener(nil) {
+			continue
+		}
+		f, err := fileOf(s.c)
+		if err != nil {
+			for _, l := range ls {
+				_ = l.File.Close()
+			}
+			return nil, err
+		}
+		ls = append(ls, handover.Listener{Name: s.name, File: f})
+	}
+	return ls, nil
+}
+
+// openAdmin opens the admin listener, or takes the one handed over.
+func (o *Options) openAdmin(inh *inherited) (*cli.Admin, error) {
+	ln, err := inh.listener(sockAdmin)
+	if err != nil {
+		return nil, err
+	}
+	if ln != nil {
+		if o.HTTPDListenOn == "" {
+			_ = ln.Close()
+			return nil, nil
+		}
+		return cli.NewAdminServer(ln, o.HTTPDTokenFile)
+	}
+	return cli.OpenAdminServer(o.HTTPDListenOn, o.HTTPDTokenFile)
+}
+
+// openTCP opens the TCP fallback listener, or takes the one handed over
+// (unless --tcp-listen-on is off now).
+func (o *Options) openTCP(inh *inherited, udp net.Addr, logger klog.Logger) (net.Listener, error) {
+	ln, err := inh.listener(sockTCP)
+	if err != nil {
+		return nil, err
+	}
+	if ln != nil {
+		if o.TCPListenOn == TCPListenOff {
+			_ = ln.Close()
+			return nil, nil
+		}
+		return ln, nil
+	}
+	return o.listenTCP(udp, logger)
 }
 
 // manyUsers sets up what one server shared by many users needs: the

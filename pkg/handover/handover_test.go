@@ -1,0 +1,294 @@
+package handover
+
+import (
+	"bytes"
+	"crypto/rand"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// pair returns both ends of a handover socket pair, in this process.
+func pair(t *testing.T) (parent, child *Conn) {
+	t.Helper()
+	parent, cf, err := Pair()
+	require.NoError(t, err)
+	child, err = newConn(cf)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = parent.Close(); _ = child.Close() })
+	deadline := time.Now().Add(30 * time.Second)
+	require.NoError(t, parent.SetDeadline(deadline))
+	require.NoError(t, child.SetDeadline(deadline))
+	return parent, child
+}
+
+// openFDs counts this process's descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+// tcpFile returns the file of one end of a loopback TCP connection and
+// the other end.
+func tcpFile(t *testing.T) (*os.File, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	f, err := s.(*net.TCPConn).File()
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	t.Cleanup(func() { _ = c.Close() })
+	return f, c
+}
+
+var bigLimits = Limits{MaxTunnels: 100, MaxTunnelBytes: 8 << 20, MaxTotalBytes: 64 << 20}
+
+// TestRoundTrip: listeners, ready, three tunnels (one with bytes over
+// several data messages, one with none) and done arrive as sent, and the
+// descriptors received are the sockets sent.
+func TestRoundTrip(t *testing.T) {
+	parent, child := pair(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	lf, err := ln.(*net.TCPListener).File()
+	require.NoError(t, err)
+	defer lf.Close()
+	big := make([]byte, 3*dataPiece+123)
+	_, _ = rand.Read(big)
+	var sent []Tunnel
+	var apps []net.Conn
+	for i, data := range [][]byte{big, nil, []byte("tail")} {
+		f, app := tcpFile(t)
+		defer f.Close()
+		apps = append(apps, app)
+		tu := Tunnel{UUID: "uuid-" + string(rune('a'+i)), Destination: "tcp:127.0.0.1:22", Source: "127.0.0.1:5000",
+			CreatedAt: time.Unix(1700000000, int64(i))}
+		tu.ID[0] = byte(i + 1)
+		tu.Identity, tu.Window, tu.Received, tu.Base, tu.Data = "key=alice", time.Minute, uint64(1000+i), uint64(77*i), data
+		tu.EOF, tu.DownDone, tu.ToStream, tu.FromStream, tu.Conn = i == 2, i == 1, int64(5*i), int64(6*i), f
+		sent = append(sent, tu)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		if err := parent.SendListeners([]Listener{{Name: "tcp", File: lf}}); err != nil {
+			errc <- err
+			return
+		}
+		if _, err := parent.WaitReady(time.Now().Add(10 * time.Second)); err != nil {
+			errc <- err
+			return
+		}
+		errc <- parent.SendTunnels(sent)
+	}()
+	ls, err := child.RecvListeners()
+	require.NoError(t, err)
+	require.Len(t, ls, 1)
+	assert.Equal(t, "tcp", ls[0].Name)
+	fl, err := net.FileListener(ls[0].File)
+	require.NoError(t, err)
+	_ = ls[0].File.Close()
+	assert.Equal(t, ln.Addr().String(), fl.Addr().String(), "the same listening socket")
+	_ = fl.Close()
+	require.NoError(t, child.SendReady(os.Getpid()))
+	got, err := child.RecvTunnels(bigLimits)
+	require.NoError(t, err)
+	require.NoError(t, <-errc)
+	require.Len(t, got, len(sent))
+	for i := range got {
+		g, s := got[i], sent[i]
+		assert.True(t, bytes.Equal(s.Data, g.Data), "tunnel %d bytes", i)
+		g.Data, s.Data = nil, nil
+		gc, sc := g.Conn, s.Conn
+		g.Conn, s.Conn = nil, nil
+		assert.Equal(t, s.CreatedAt.UnixNano(), g.CreatedAt.UnixNano())
+		g.CreatedAt, s.CreatedAt = time.Time{}, time.Time{}
+		assert.Equal(t, s, g, "tunnel %d", i)
+		nc, err := net.FileConn(gc)
+		require.NoError(t, err)
+		_ = gc.Close()
+		_ = sc
+		_, err = nc.Write([]byte("hi"))
+		require.NoError(t, err)
+		buf := make([]byte, 2)
+		_, err = io.ReadFull(apps[i], buf)
+		require.NoError(t, err)
+		assert.Equal(t, "hi", string(buf), "tunnel %d's socket reaches its application", i)
+		_ = nc.Close()
+	}
+	go func() { errc <- child.SendDone(len(got), "") }()
+	n, err := parent.WaitDone(time.Now().Add(10 * time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, len(sent), n)
+	require.NoError(t, <-errc)
+}
+
+// TestRecvTunnelsBounds: tunnels past the receiver's Limits are refused
+// with ErrBounds, and every descriptor received so far is closed.
+func TestRecvTunnelsBounds(t *testing.T) {
+	cases := []struct {
+		name  string
+		sizes []int
+		lim   Limits
+	}{
+		{name: "too many tunnels", sizes: []int{1, 1, 1}, lim: Limits{MaxTunnels: 2, MaxTunnelBytes: 10, MaxTotalBytes: 100}},
+		{name: "one tunnel too large", sizes: []int{10, 11}, lim: Limits{MaxTunnels: 5, MaxTunnelBytes: 10, MaxTotalBytes: 100}},
+		{name: "too many bytes in all", sizes: []int{10, 10, 10}, lim: Limits{MaxTunnels: 5, MaxTunnelBytes: 10, MaxTotalBytes: 25}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			parent, child := pair(t)
+			var ts []Tunnel
+			for _, n := range tc.sizes {
+				f, _ := tcpFile(t)
+				defer f.Close()
+				tu := Tunnel{}
+				tu.Window, tu.Data, tu.Conn = time.Minute, make([]byte, n), f
+				ts = append(ts, tu)
+			}
+			before := openFDs(t)
+			sent := make(chan struct{})
+			go func() { defer close(sent); _ = parent.SendTunnels(ts) }()
+			got, err := child.RecvTunnels(tc.lim)
+			require.ErrorIs(t, err, ErrBounds)
+			assert.Nil(t, got)
+			assert.Equal(t, before, openFDs(t), "nothing held")
+			_ = child.Close() // the sender's next write fails
+			<-sent
+		})
+	}
+}
+
+// TestMalformed: a message that is not well formed, of another version or
+// type, over MaxMessage, with too many descriptors, or a parent gone half
+// way is refused with a clear error, and no descriptor is kept.
+func TestMalformed(t *testing.T) {
+	record := func() []byte { var tu Tunnel; tu.Window = time.Minute; return encodeTunnel(&tu) }
+	withLen := func(n uint64) []byte {
+		var tu Tunnel
+		tu.Window, tu.Data = time.Minute, make([]byte, n)
+		return encodeTunnel(&tu)
+	}
+	raw := func(hdr []byte, body []byte) []byte { return append(append([]byte{}, hdr...), body...) }
+	cases := []struct {
+		name string
+		msgs [][]byte // raw messages; each tunnel record carries fds descriptors
+		fds  int
+		want string
+	}{
+		{name: "bad magic", msgs: [][]byte{raw([]byte{'X', 'H', Version, msgTunnel}, record())}, fds: 1, want: "not a handover message"},
+		{name: "other version", msgs: [][]byte{raw([]byte{'Q', 'H', Version + 1, msgTunnel}, record())}, fds: 1, want: "version 2"},
+		{name: "record cut short", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgTunnel}, record()[:20])}, fds: 1, want: "message ends early"},
+		{name: "trailing bytes", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgTunnel}, append(record(), 0))}, fds: 1, want: "trailing bytes"},
+		{name: "zero window", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgTunnel}, make([]byte, len(record())))}, fds: 1, want: "tunnel record"},
+		{name: "tunnel without its socket", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgTunnel}, record())}, fds: 0, want: "0 descriptors"},
+		{name: "two descriptors", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgTunnel}, record())}, fds: 2, want: "2 descriptors"},
+		{name: "ready where a tunnel is due", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgReady}, make([]byte, 8))}, want: "message type 2"},
+		{name: "over MaxMessage", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgTunnel}, make([]byte, MaxMessage))}, fds: 1, want: "message over"},
+		{name: "more data than declared", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgTunnel}, withLen(3)), raw([]byte{'Q', 'H', Version, msgData}, []byte("four"))}, fds: 1, want: "more tunnel bytes"},
+		{name: "end count wrong", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgEnd}, make([]byte, 8)[:7])}, want: "message ends early"},
+		{name: "parent gone half way", msgs: [][]byte{raw([]byte{'Q', 'H', Version, msgTunnel}, withLen(10))}, fds: 1, want: "closed the handover socket"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			parent, child := pair(t)
+			f, _ := tcpFile(t)
+			defer f.Close()
+			before := openFDs(t)
+			for i, m := range tc.msgs {
+				var oob []byte
+				if i == 0 && tc.fds > 0 {
+					fds := make([]int, tc.fds)
+					for j := range fds {
+						fds[j] = int(f.Fd())
+					}
+					oob = syscall.UnixRights(fds...)
+				}
+				_, _, err := parent.c.WriteMsgUnix(m, oob, nil)
+				require.NoError(t, err)
+			}
+			if tc.want == "closed the handover socket" {
+				_ = parent.Close()
+				before--
+			}
+			got, err := child.RecvTunnels(bigLimits)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Nil(t, got)
+			assert.Equal(t, before, openFDs(t), "nothing held")
+		})
+	}
+}
+
+// TestListenersMalformed: a listeners message whose names and descriptors
+// disagree is refused and its descriptors closed.
+func TestListenersMalformed(t *testing.T) {
+	parent, child := pair(t)
+	f, _ := tcpFile(t)
+	defer f.Close()
+	before := openFDs(t)
+	var w writer
+	w.u8(2)
+	w.str("udp")
+	w.str("tcp")
+	require.NoError(t, parent.send(msgListeners, w.b, int(f.Fd())))
+	_, err := child.RecvListeners()
+	require.ErrorIs(t, err, ErrProtocol)
+	assert.Equal(t, before, openFDs(t), "nothing held")
+}
+
+// TestWaitReadyChildExits: a child that exits without a word ends the
+// wait at once with an error.
+func TestWaitReadyChildExits(t *testing.T) {
+	parent, child := pair(t)
+	_ = child.Close()
+	start := time.Now()
+	_, err := parent.WaitReady(time.Now().Add(10 * time.Second))
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), 5*time.Second)
+}
+
+// TestSendKeepsSocketsNonBlocking: sending a listener leaves the sender's
+// own socket non-blocking (os.File.Fd would make the shared file
+// description blocking, and the sender's listener would then block its
+// Close in accept(2) after a failed upgrade).
+func TestSendKeepsSocketsNonBlocking(t *testing.T) {
+	parent, child := pair(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, parent.SendListeners([]Listener{{Name: "tcp", File: f}}))
+	ls, err := child.RecvListeners()
+	require.NoError(t, err)
+	closeFiles([]*os.File{ls[0].File})
+	rc, err := ln.(*net.TCPListener).SyscallConn()
+	require.NoError(t, err)
+	var flags int
+	require.NoError(t, rc.Control(func(fd uintptr) { flags, err = unixFcntlGetfl(int(fd)) }))
+	require.NoError(t, err)
+	assert.NotZero(t, flags&syscall.O_NONBLOCK, "the listener stays non-blocking")
+}
+
+func unixFcntlGetfl(fd int) (int, error) {
+	r, _, e := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_GETFL, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
