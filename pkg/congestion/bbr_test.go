@@ -404,6 +404,8 @@ func TestBBRPacingRateFloor(t *testing.T) {
 	sendOne(b, now, 1)
 	sendOne(b, now, 2)
 	require.LessOrEqual(t, b.TimeUntilSend(0).Sub(now), 2*minPacingInterval+time.Millisecond)
+}
+
 // TestBBRFirstPacketsSentWithOthersInFlight: when the first ack-eliciting
 // packet reported already has others in flight (a 0-RTT connection that
 // writes many streams at once after its handshake), the delivery rate of
