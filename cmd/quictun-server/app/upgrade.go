@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -179,8 +178,11 @@ type upgrader struct {
 // watch upgrades on SIGUSR2 until ctx is done or an upgrade went through.
 func (u *upgrader) watch(ctx context.Context) {
 	logger := klog.FromContext(ctx)
+	if len(upgradeSignals) == 0 {
+		return // no upgrades on this platform (pkg/handover is Linux only)
+	}
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGUSR2)
+	signal.Notify(sigs, upgradeSignals...)
 	defer signal.Stop(sigs)
 	for {
 		select {

@@ -1,0 +1,9 @@
+package app
+
+import (
+	"os"
+	"syscall"
+)
+
+// upgradeSignals start an upgrade (see upgrader).
+var upgradeSignals = []os.Signal{syscall.SIGUSR2}
