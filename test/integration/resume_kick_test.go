@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -71,21 +70,7 @@ func TestResumeRefusedWhileSuspended(t *testing.T) {
 	echo := testutil.EchoServer(t)
 	side := newResumeSide(server.NewResumeMetrics)
 	srv, ledger := startResumeUsageServer(t, side, "tcp:"+echo)
-	owner := attackerConn(t, srv)
-	id, err := resume.NewID()
-	require.NoError(t, err)
-	h, err := proto.NewHeader("tcp:"+echo, time.Now())
-	require.NoError(t, err)
-	h.ResumeID, h.HasResumeID = id, true
-	b, err := h.Append(nil, aliceSecret)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	first, err := owner.OpenStreamSync(ctx)
-	require.NoError(t, err)
-	_, err = first.Write(b)
-	require.NoError(t, err)
-	require.NoError(t, proto.ReadReply(first))
+	id, first := openResumable(t, attackerConn(t, srv), "tcp:"+echo, aliceSecret)
 	echoRoundTrip(t, first, "ping")
 	require.Equal(t, 1, side.table.Len())
 

@@ -170,6 +170,27 @@ func TestResumeAcrossLostConnection(t *testing.T) {
 		"ended tunnels give back their buffers")
 }
 
+// openResumable opens a resumable tunnel to dest on c with secret (a
+// fresh resume ID, returned) and waits for the server's OK.
+func openResumable(t *testing.T, c *quic.Conn, dest string, secret []byte) (resume.ID, *quic.Stream) {
+	t.Helper()
+	id, err := resume.NewID()
+	require.NoError(t, err)
+	h, err := proto.NewHeader(dest, time.Now())
+	require.NoError(t, err)
+	h.ResumeID, h.HasResumeID = id, true
+	b, err := h.Append(nil, secret)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	str, err := c.OpenStreamSync(ctx)
+	require.NoError(t, err)
+	_, err = str.Write(b)
+	require.NoError(t, err)
+	require.NoError(t, proto.ReadReply(str))
+	return id, str
+}
+
 // resumeHeader encodes a resume request for id (the client received
 // offset bytes) with secret.
 func resumeHeader(t *testing.T, id resume.ID, offset uint64, secret []byte) []byte {
@@ -246,21 +267,7 @@ func TestResumeRefused(t *testing.T) {
 		c.Keys = keys
 		c.Resume = side.egress(time.Minute)
 	}})
-	owner := attackerConn(t, srv)
-	id, err := resume.NewID()
-	require.NoError(t, err)
-	h, err := proto.NewHeader("tcp:"+echo, time.Now())
-	require.NoError(t, err)
-	h.ResumeID, h.HasResumeID = id, true
-	b, err := h.Append(nil, alice)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	first, err := owner.OpenStreamSync(ctx)
-	require.NoError(t, err)
-	_, err = first.Write(b)
-	require.NoError(t, err)
-	require.NoError(t, proto.ReadReply(first))
+	id, first := openResumable(t, attackerConn(t, srv), "tcp:"+echo, alice)
 	echoRoundTrip(t, first, "ping")
 	require.Equal(t, 1, side.table.Len())
 
