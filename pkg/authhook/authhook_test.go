@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -267,6 +268,24 @@ func TestLookupFreesItsSlotBeforeAnswering(t *testing.T) {
 	assert.Zero(t, busy, "sequential lookups refused busy")
 }
 
+// carolHook is a Hook asking a local hook that answers every key ID with
+// "carol" and secret, plus extra's fields; calls counts its answers.
+func carolHook(t *testing.T, secret []byte, extra map[string]any) (*Hook, *atomic.Int64) {
+	t.Helper()
+	calls := new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		a := map[string]any{"name": "carol", "secret": base64.StdEncoding.EncodeToString(secret)}
+		maps.Copy(a, extra)
+		_ = json.NewEncoder(w).Encode(a)
+	}))
+	t.Cleanup(srv.Close)
+	h, err := New(Config{URL: srv.URL})
+	require.NoError(t, err)
+	t.Cleanup(h.Close)
+	return h, calls
+}
+
 // TestAnswerCarriesLimits: an answer's optional rateLimit and quota are
 // parsed with --rate-limit's and --quota's syntax and bounds and cached
 // with the key; a bad one fails the lookup (fail closed), as a bad secret.
@@ -276,40 +295,28 @@ func TestAnswerCarriesLimits(t *testing.T) {
 	id := proto.KeyIDOf(secret)
 	for _, tc := range []struct {
 		name      string
-		extra     map[string]string
+		extra     map[string]any
 		want      Limits
 		wantError string
 	}{
 		{name: "none", want: Limits{}},
-		{name: "rate", extra: map[string]string{"rateLimit": "20Mbit/5Mbit"},
+		{name: "rate", extra: map[string]any{"rateLimit": "20Mbit/5Mbit"},
 			want: Limits{Rate: ratecap.Rate{Down: 20e6 / 8, Up: 5e6 / 8}, HasRate: true}},
-		{name: "rate both ways", extra: map[string]string{"rateLimit": "1MiB"},
+		{name: "rate both ways", extra: map[string]any{"rateLimit": "1MiB"},
 			want: Limits{Rate: ratecap.Rate{Down: 1 << 20, Up: 1 << 20}, HasRate: true}},
-		{name: "no cap", extra: map[string]string{"rateLimit": "0"}, want: Limits{HasRate: true}},
-		{name: "quota", extra: map[string]string{"quota": "100GiB/30d"},
+		{name: "no cap", extra: map[string]any{"rateLimit": "0"}, want: Limits{HasRate: true}},
+		{name: "quota", extra: map[string]any{"quota": "100GiB/30d"},
 			want: Limits{Quota: usage.Quota{Bytes: 100 << 30, Window: 30 * 24 * time.Hour}, HasQuota: true}},
-		{name: "both", extra: map[string]string{"rateLimit": "40Mbit", "quota": "1GB/1h"},
+		{name: "both", extra: map[string]any{"rateLimit": "40Mbit", "quota": "1GB/1h"},
 			want: Limits{Rate: ratecap.Rate{Down: 5e6, Up: 5e6}, HasRate: true, Quota: usage.Quota{Bytes: 1e9, Window: time.Hour}, HasQuota: true}},
-		{name: "rate without a unit", extra: map[string]string{"rateLimit": "20"}, wantError: "rateLimit"},
-		{name: "rate under the floor", extra: map[string]string{"rateLimit": "4bit"}, wantError: "at least 8kbit"},
-		{name: "quota without a window", extra: map[string]string{"quota": "10GiB"}, wantError: "quota"},
-		{name: "quota window too long", extra: map[string]string{"quota": "10GiB/400d"}, wantError: "quota"},
+		{name: "rate without a unit", extra: map[string]any{"rateLimit": "20"}, wantError: "rateLimit"},
+		{name: "rate under the floor", extra: map[string]any{"rateLimit": "4bit"}, wantError: "at least 8kbit"},
+		{name: "quota without a window", extra: map[string]any{"quota": "10GiB"}, wantError: "quota"},
+		{name: "quota window too long", extra: map[string]any{"quota": "10GiB/400d"}, wantError: "quota"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var calls atomic.Int64
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				calls.Add(1)
-				a := map[string]string{"name": "carol", "secret": base64.StdEncoding.EncodeToString(secret)}
-				for k, v := range tc.extra {
-					a[k] = v
-				}
-				_ = json.NewEncoder(w).Encode(a)
-			}))
-			t.Cleanup(srv.Close)
-			h, err := New(Config{URL: srv.URL})
-			require.NoError(t, err)
-			t.Cleanup(h.Close)
+			h, calls := carolHook(t, secret, tc.extra)
 			for range 3 {
 				k, l, err := h.Answer(context.Background(), id)
 				if tc.wantError != "" {
@@ -324,7 +331,7 @@ func TestAnswerCarriesLimits(t *testing.T) {
 			if tc.wantError == "" {
 				assert.Equal(t, int64(1), calls.Load(), "the limits are cached with the key")
 			}
-			_, err = h.Lookup(context.Background(), id)
+			_, err := h.Lookup(context.Background(), id)
 			assert.Equal(t, tc.wantError == "", err == nil, "Lookup agrees with Answer")
 		})
 	}
@@ -363,19 +370,11 @@ func TestAnswerCarriesAllowRules(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var calls atomic.Int64
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				calls.Add(1)
-				a := map[string]any{"name": "carol", "secret": base64.StdEncoding.EncodeToString(secret)}
-				if tc.allow != nil {
-					a["allow"] = tc.allow
-				}
-				_ = json.NewEncoder(w).Encode(a)
-			}))
-			t.Cleanup(srv.Close)
-			h, err := New(Config{URL: srv.URL})
-			require.NoError(t, err)
-			t.Cleanup(h.Close)
+			var extra map[string]any
+			if tc.allow != nil {
+				extra = map[string]any{"allow": tc.allow}
+			}
+			h, calls := carolHook(t, secret, extra)
 			for range 3 {
 				k, l, err := h.Answer(context.Background(), id)
 				if tc.wantError != "" {
