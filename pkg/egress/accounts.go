@@ -62,13 +62,22 @@ func (s *stream) suspended() *failure {
 	if a == nil {
 		return nil
 	}
-	if until := a.SuspendedUntil(time.Now()); !until.IsZero() {
+	if until := s.suspendedUntil(); !until.IsZero() {
 		return failed(proto.CodeSuspended, "Refused stream: the operator suspended its identity", "until", until.UTC())
 	}
 	if a.OverQuota() {
 		return &failure{code: proto.CodeQuota, lvl: 2, msg: "Refused stream: its identity has used its quota (--quota)"}
 	}
 	return nil
+}
+
+// suspendedUntil is when the operator's suspension of the stream's
+// identities ends (zero: not suspended, or no accounts).
+func (s *stream) suspendedUntil() time.Time {
+	if a := s.account(); a != nil {
+		return a.SuspendedUntil(time.Now())
+	}
+	return time.Time{}
 }
 
 // throttle caps a tunnel's stream by its identity's rates (Account.Throttle).

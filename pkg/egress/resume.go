@@ -169,11 +169,9 @@ func (s *stream) resume() *failure {
 	// A kick ends its identity's tunnels (Table.EndIdentity); one that
 	// got into the table beside the kick (its header checked before the
 	// suspension) ends here instead of resuming.
-	if a := s.account(); a != nil {
-		if until := a.SuspendedUntil(time.Now()); !until.IsZero() {
-			p.End(proto.CodeSuspended, resume.GaveUpKicked)
-			return s.resumeRefused(resume.RefusedSuspended, fmt.Errorf("identity suspended until %s", until.UTC().Format(time.RFC3339)))
-		}
+	if until := s.suspendedUntil(); !until.IsZero() {
+		p.End(proto.CodeSuspended, resume.GaveUpKicked)
+		return s.resumeRefused(resume.RefusedSuspended, fmt.Errorf("identity suspended until %s", until.UTC().Format(time.RFC3339)))
 	}
 	s.logger.V(2).Info("Resuming tunnel", "bytesReceivedByClient", req.Offset)
 	switch err := p.Serve(s.attachment(req.Offset, true)); {
