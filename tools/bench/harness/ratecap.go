@@ -175,43 +175,53 @@ func (r *Runner) rateCapOne(ctx context.Context, q *quictun, dir string, rep int
 	admin := "http://" + q.local(qtServerAdminPort) + "/identities/" + q.Identity()
 	cp, sp := q.EndpointPIDs("sink")
 	u0 := r.usage(cp, sp)
-	var down BulkDownload
-	var up BulkUpload
+	var tr rateCapTransfer
 	var wg sync.WaitGroup
 	start := time.Now()
-	wg.Go(func() {
-		if dir == rateCapDown {
-			down = bulkDownload(ctx, r.env.ClientNS, q.Sink(), p.Parallel, p.Duration, nil)
-		} else {
-			up = bulkUpload(ctx, r.env.ClientNS, q.Sink(), p.Parallel, p.Duration)
-		}
-	})
-	var errs []error
-	a, aErr := identityAt(ctx, r.env.ServerNS, admin, start.Add(p.Warmup))
-	b, bErr := identityAt(ctx, r.env.ServerNS, admin, start.Add(p.Duration))
+	wg.Go(func() { tr = r.rateCapTransfers(ctx, q.Sink(), dir, p.Parallel, p.Duration) })
+	a, b, readErr := identityWindow(ctx, r.env.ServerNS, admin, start.Add(p.Warmup), start.Add(p.Duration))
 	wg.Wait()
 	u1 := r.usage(cp, sp)
-	if err := errors.Join(aErr, bErr); err != nil {
-		errs = append(errs, err)
-	} else {
+	errs := append([]error{readErr}, tr.errs...)
+	if readErr == nil {
 		maps.Copy(s.Metrics, rateCapMetrics(dir, a, b, capMbit))
 	}
-	readerCPU := down.ReaderCPU + up.WriterCPU
-	if dir == rateCapDown {
-		s.Metrics["client_mbit_per_s"] = down.MbitPerS
-		s.Raw, _ = json.Marshal(down)
-		errs = append(errs, streamErrors(down.Streams)...)
-	} else {
-		s.Metrics["client_mbit_per_s"] = up.MbitPerS
-		s.Raw, _ = json.Marshal(up)
-		errs = append(errs, streamErrors(up.Streams)...)
-	}
-	maps.Copy(s.Metrics, usageMetrics(u0, u1, readerCPU, true))
+	s.Metrics["client_mbit_per_s"] = tr.mbit
+	s.Raw, _ = json.Marshal(tr.raw)
+	maps.Copy(s.Metrics, usageMetrics(u0, u1, tr.cpu, true))
 	if err := waitIdentityIdle(ctx, r.env.ServerNS, admin, rateCapDrainLimit); err != nil {
 		errs = append(errs, err)
 	}
 	s.Error = errString(errors.Join(errs...))
 	return s
+}
+
+// rateCapTransfer is what Parallel transfers in one direction give a
+// sample: the harness's own rate, its record (Raw), the streams' errors
+// and the CPU time of the harness threads that moved the bytes.
+type rateCapTransfer struct {
+	mbit float64
+	raw  any
+	errs []error
+	cpu  float64
+}
+
+// rateCapTransfers runs par transfers of d through sink in direction dir.
+func (r *Runner) rateCapTransfers(ctx context.Context, sink, dir string, par int, d time.Duration) rateCapTransfer {
+	if dir == rateCapDown {
+		down := bulkDownload(ctx, r.env.ClientNS, sink, par, d, nil)
+		return rateCapTransfer{mbit: down.MbitPerS, raw: down, errs: streamErrors(down.Streams), cpu: down.ReaderCPU}
+	}
+	up := bulkUpload(ctx, r.env.ClientNS, sink, par, d)
+	return rateCapTransfer{mbit: up.MbitPerS, raw: up, errs: streamErrors(up.Streams), cpu: up.WriterCPU}
+}
+
+// identityWindow reads the identity's figures at url (namespace ns) at
+// from and at to.
+func identityWindow(ctx context.Context, ns, url string, from, to time.Time) (a, b identityUsage, err error) {
+	a, aErr := identityAt(ctx, ns, url, from)
+	b, bErr := identityAt(ctx, ns, url, to)
+	return a, b, errors.Join(aErr, bErr)
 }
 
 // streamErrors are the errors of transfer streams.

@@ -116,53 +116,35 @@ func (r *Runner) rateCapSharedOne(ctx context.Context, q *quictun, dir string, r
 	admins := make([]string, n)
 	before, after := make([]identityUsage, n), make([]identityUsage, n)
 	readErrs := make([]error, n)
-	downs, ups := make([]BulkDownload, n), make([]BulkUpload, n)
+	trs := make([]rateCapTransfer, n)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, id := range p.Shared {
 		admins[i] = "http://" + q.local(qtServerAdminPort) + "/identities/key=" + id.Name
-		sink := q.KeySink(id.Name)
+		wg.Go(func() { trs[i] = r.rateCapTransfers(ctx, q.KeySink(id.Name), dir, p.Parallel, p.SharedDuration) })
 		wg.Go(func() {
-			if dir == rateCapDown {
-				downs[i] = bulkDownload(ctx, r.env.ClientNS, sink, p.Parallel, p.SharedDuration, nil)
-			} else {
-				ups[i] = bulkUpload(ctx, r.env.ClientNS, sink, p.Parallel, p.SharedDuration)
-			}
-		})
-		wg.Go(func() {
-			var aErr, bErr error
-			before[i], aErr = identityAt(ctx, r.env.ServerNS, admins[i], start.Add(p.SharedWarmup))
-			after[i], bErr = identityAt(ctx, r.env.ServerNS, admins[i], start.Add(p.SharedDuration))
-			readErrs[i] = errors.Join(aErr, bErr)
+			before[i], after[i], readErrs[i] = identityWindow(ctx, r.env.ServerNS, admins[i], start.Add(p.SharedWarmup), start.Add(p.SharedDuration))
 		})
 	}
 	wg.Wait()
 	rest := sharedRest(p.Shared, dir, linkRateMbit(p.Link))
 	out := make([]Sample, 0, n)
-	errs := make([][]error, n)
 	for i, id := range p.Shared {
 		s := Sample{Scenario: ScRateCap, Link: p.Link.Name, Case: rateCapSharedCase(p, dir, id), Variant: q.Name(), Rep: rep, Started: start.UTC(),
-			Metrics: map[string]float64{}}
-		errs[i] = append(errs[i], readErrs[i])
+			Metrics: map[string]float64{"client_mbit_per_s": trs[i].mbit}}
 		if readErrs[i] == nil {
 			maps.Copy(s.Metrics, rateCapMetrics(dir, before[i], after[i], sharedCap(id, dir)))
 			if sharedCap(id, dir) == 0 && rest > 0 {
 				s.Metrics["rest_pct"] = s.Metrics["mbit_per_s"] / rest * 100
 			}
 		}
-		if dir == rateCapDown {
-			s.Metrics["client_mbit_per_s"] = downs[i].MbitPerS
-			errs[i] = append(errs[i], streamErrors(downs[i].Streams)...)
-		} else {
-			s.Metrics["client_mbit_per_s"] = ups[i].MbitPerS
-			errs[i] = append(errs[i], streamErrors(ups[i].Streams)...)
-		}
 		out = append(out, s)
 	}
 	// The next sample must not share the caps with this one's tunnels.
 	for i := range out {
-		errs[i] = append(errs[i], waitIdentityIdle(ctx, r.env.ServerNS, admins[i], rateCapDrainLimit))
-		out[i].Error = errString(errors.Join(errs[i]...))
+		errs := append([]error{readErrs[i]}, trs[i].errs...)
+		errs = append(errs, waitIdentityIdle(ctx, r.env.ServerNS, admins[i], rateCapDrainLimit))
+		out[i].Error = errString(errors.Join(errs...))
 	}
 	return out
 }

@@ -451,25 +451,9 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 		svcs = append(svcs, qtService{"sink-" + k.Name, "File", tokens, keySecrets[i], qtKeySinkLocal + i, qtKeyAdminPort + i})
 	}
 	for _, svc := range svcs {
-		args := append([]string{
-			"--listen-on", "tcp:" + q.local(svc.local),
-			"--server-endpoint", endpoint,
-			"--token-source-plugin", svc.plugin, "--token-source", svc.source,
-			"--server-fingerprint", fp, "--secret-file", svc.secret,
-			"--httpd-listen-on", q.local(svc.admin),
-			// As the systemd unit: tickets survive a restart (cold start).
-			"--session-file", filepath.Join(env.WorkDir, q.file("quictun-sessions-"+svc.name+".json")),
-		}, q.ccArgs()...)
-		if q.SOCKS && svc.name == "echo" {
-			args = append(args, "--proxy", "socks5:"+q.local(qtSOCKSLocal))
-		}
-		args = append(args, q.ClientArgs...)
-		cbin, cargs := env.Pin.wrap(sideClient, q.bin(env, "quictun-client"), args)
-		p, err := startProcEnv(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), denv, cbin, cargs...)
-		if err != nil {
+		if err := q.startClient(env, denv, endpoint, fp, svc); err != nil {
 			return err
 		}
-		q.clients[svc.name] = p
 	}
 	for _, k := range q.Keys {
 		if err := waitEchoFrom(ctx, env.ClientNS, qtMuxEchoIP, q.KeySink(k.Name), 20*time.Second); err != nil {
@@ -481,6 +465,31 @@ func (q *quictun) Start(ctx context.Context, env *Env) error {
 	}
 	addr, from := q.MuxEcho()
 	return waitEchoFrom(ctx, env.ClientNS, from, addr, 20*time.Second)
+}
+
+// startClient starts svc's quictun-client against the server at endpoint
+// (certificate fingerprint fp), with the environment denv.
+func (q *quictun) startClient(env *Env, denv []string, endpoint, fp string, svc qtService) error {
+	args := append([]string{
+		"--listen-on", "tcp:" + q.local(svc.local),
+		"--server-endpoint", endpoint,
+		"--token-source-plugin", svc.plugin, "--token-source", svc.source,
+		"--server-fingerprint", fp, "--secret-file", svc.secret,
+		"--httpd-listen-on", q.local(svc.admin),
+		// As the systemd unit: tickets survive a restart (cold start).
+		"--session-file", filepath.Join(env.WorkDir, q.file("quictun-sessions-"+svc.name+".json")),
+	}, q.ccArgs()...)
+	if q.SOCKS && svc.name == "echo" {
+		args = append(args, "--proxy", "socks5:"+q.local(qtSOCKSLocal))
+	}
+	args = append(args, q.ClientArgs...)
+	cbin, cargs := env.Pin.wrap(sideClient, q.bin(env, "quictun-client"), args)
+	p, err := startProcEnv(q.file("quictun-client-"+svc.name), env.ClientNS, filepath.Join(env.LogDir, q.file("quictun-client-"+svc.name+".log")), denv, cbin, cargs...)
+	if err != nil {
+		return err
+	}
+	q.clients[svc.name] = p
+	return nil
 }
 
 // qtService is one of a quictun instance's clients.
