@@ -67,8 +67,12 @@ func (c *Controller) Bound() bool { return c.down.Load() != nil }
 // with the packet's bytes.
 func (c *Controller) OnPacketSent(p qc.SentPacket) {
 	c.inner.OnPacketSent(p)
-	if b := c.down.Load(); b != nil && p.AckEliciting && b.Capped() {
-		b.sent(c.budgetTime(p.Time), p.Bytes)
+	if !p.AckEliciting {
+		return
+	}
+	now := c.budgetTime(p.Time)
+	if b := c.down.Load().pacer(now); b != nil {
+		b.sent(now, p.Bytes)
 	}
 }
 
@@ -90,14 +94,15 @@ func (c *Controller) HasPacingBudget(now qc.Time) bool {
 	if !c.inner.HasPacingBudget(now) {
 		return false
 	}
-	b := c.down.Load()
-	return b == nil || !b.Capped() || b.ready(c.budgetTime(now))
+	t := c.budgetTime(now)
+	b := c.down.Load().pacer(t)
+	return b == nil || b.ready(t)
 }
 
 // TimeUntilSend implements qc.Controller: the later of the two pacers'.
 func (c *Controller) TimeUntilSend(bytesInFlight int) qc.Time {
 	t := c.inner.TimeUntilSend(bytesInFlight)
-	if b := c.down.Load(); b != nil && b.Capped() {
+	if b := c.down.Load().paced(); b != nil {
 		if next := b.next(); next != 0 {
 			if n := qc.Time(next + c.offset.Load()); n > t {
 				return n

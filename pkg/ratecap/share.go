@@ -27,6 +27,37 @@ type Bucket struct {
 	// for every identity).
 	rate atomic.Pointer[gcraRate]
 	tat  atomic.Int64
+	// booked counts the bytes booked since the link's rest last read it
+	// (linkShare.refresh).
+	booked atomic.Int64
+	// rest is the link's rest in this direction, which paces the bucket's
+	// traffic while it has no cap of its own (nil: none; Table.For).
+	rest *linkShare
+}
+
+// pacer returns the budget that paces b's traffic at now: b itself when
+// capped, else the link's rest when the server's link rate is set
+// (refreshed first), else nil: nothing paces it. b may be nil.
+func (b *Bucket) pacer(now int64) *Bucket {
+	switch {
+	case b == nil:
+		return nil
+	case b.Capped():
+		return b
+	}
+	r := b.rest.budget()
+	if r != nil {
+		b.rest.refresh(now)
+	}
+	return r
+}
+
+// paced is pacer without the refresh, for a reading of the next send time.
+func (b *Bucket) paced() *Bucket {
+	if b == nil || b.Capped() {
+		return b
+	}
+	return b.rest.budget()
 }
 
 // gcraRate is a cap: nanoseconds a byte, and how far ahead of the rate
@@ -64,6 +95,7 @@ func (b *Bucket) chunk() int {
 // take books n bytes moved at now and returns the new arrival time.
 func (b *Bucket) take(r *gcraRate, now int64, n int) int64 {
 	add := int64(float64(n) * r.nsPerByte)
+	b.booked.Add(int64(n))
 	for {
 		old := b.tat.Load()
 		tat := max(old, now) + add

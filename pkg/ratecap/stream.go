@@ -31,31 +31,33 @@ func NewStream(ctx context.Context, str splice.Stream, up, down *Bucket) *Stream
 
 // Read implements io.Reader.
 func (s *Stream) Read(p []byte) (int, error) {
-	if s.up == nil || !s.up.Capped() {
+	up := s.up.pacer(monoNow())
+	if up == nil {
 		return s.Stream.Read(p)
 	}
-	n, err := s.Stream.Read(p[:min(len(p), s.up.chunk())])
+	n, err := s.Stream.Read(p[:min(len(p), up.chunk())])
 	if n > 0 {
-		s.wait(s.up.delay(monoNow(), n))
+		s.wait(up.delay(monoNow(), n))
 	}
 	return n, err
 }
 
 // Write implements io.Writer.
 func (s *Stream) Write(p []byte) (int, error) {
-	if s.down == nil || !s.down.Capped() {
+	down := s.down.pacer(monoNow())
+	if down == nil {
 		return s.Stream.Write(p)
 	}
 	written := 0
 	for len(p) > 0 {
-		chunk := p[:min(len(p), s.down.chunk())]
+		chunk := p[:min(len(p), down.chunk())]
 		n, err := s.Stream.Write(chunk)
 		written += n
 		if err != nil {
 			return written, err
 		}
 		p = p[n:]
-		s.wait(s.down.delay(monoNow(), n))
+		s.wait(down.delay(monoNow(), n))
 	}
 	return written, nil
 }

@@ -49,6 +49,12 @@ type Table struct {
 	now func() int64
 	// sweepAt is the number of identities at which a new one sweeps.
 	sweepAt int
+	// restDown and restUp are the link's rest each way (SetLink), paced
+	// for the identities without a cap of their own.
+	restDown, restUp linkShare
+	// cappedDown and cappedUp are the budgets in use with a cap, which the
+	// rests leave room for (publish).
+	cappedDown, cappedUp map[*Bucket]struct{}
 }
 
 // tracked is what the Table holds of one identity.
@@ -79,7 +85,8 @@ const (
 
 // NewTable returns a Table of rules and the default def.
 func NewTable(rules []Rule, def Rate) *Table {
-	t := &Table{ids: map[string]*tracked{}, now: monoNow, sweepAt: minSweep}
+	t := &Table{ids: map[string]*tracked{}, now: monoNow, sweepAt: minSweep,
+		cappedDown: map[*Bucket]struct{}{}, cappedUp: map[*Bucket]struct{}{}}
 	t.Set(rules, def)
 	return t
 }
@@ -106,6 +113,28 @@ func (t *Table) Set(rules []Rule, def Rate) {
 	for id, e := range t.ids {
 		t.apply(id, e)
 	}
+	t.publish()
+}
+
+// SetLink sets the server link's rate each way (0: not set, the default):
+// the identities without a cap of their own then share one budget of what
+// the capped identities leave of it (see link.go). Set it a little below
+// the link's real rate, where the server's own pacing, not the link's
+// queue, is the bottleneck.
+func (t *Table) SetLink(r Rate) {
+	t.restDown.setLink(r.Down)
+	t.restUp.setLink(r.Up)
+}
+
+// Rest returns the rates the uncapped identities share now under the link
+// rate (0 each way without one).
+func (t *Table) Rest() Rate {
+	return Rate{Down: t.restDown.restRate(), Up: t.restUp.restRate()}
+}
+
+// Link returns the link's rates (SetLink).
+func (t *Table) Link() Rate {
+	return Rate{Down: t.restDown.rate(), Up: t.restUp.rate()}
 }
 
 // Rate returns identity's caps: its own, or the default.
@@ -149,6 +178,9 @@ func (t *Table) SetHooked(identity string, r Rate, ok bool) {
 		e.hooked = Rate{}
 	}
 	t.apply(identity, e)
+	if e.shares != nil {
+		t.publish()
+	}
 }
 
 // Hooked returns the number of identities with caps from a hook.
@@ -180,6 +212,40 @@ func (t *Table) apply(identity string, e *tracked) {
 	r := t.rateOf(identity, e)
 	e.shares.Down.SetRate(r.Down)
 	e.shares.Up.SetRate(r.Up)
+	track(t.cappedDown, &e.shares.Down)
+	track(t.cappedUp, &e.shares.Up)
+}
+
+// track keeps b in capped while it has a cap.
+func track(capped map[*Bucket]struct{}, b *Bucket) {
+	if b.Capped() {
+		capped[b] = struct{}{}
+	} else {
+		delete(capped, b)
+	}
+}
+
+// untrack drops e's budgets from the capped ones (e is dropped). Call with
+// mu.
+func (t *Table) untrack(e *tracked) {
+	if e.shares != nil {
+		delete(t.cappedDown, &e.shares.Down)
+		delete(t.cappedUp, &e.shares.Up)
+	}
+}
+
+// publish hands the rests the capped budgets in use. Call with mu.
+func (t *Table) publish() {
+	for _, p := range []struct {
+		s      *linkShare
+		capped map[*Bucket]struct{}
+	}{{&t.restDown, t.cappedDown}, {&t.restUp, t.cappedUp}} {
+		list := make([]*Bucket, 0, len(p.capped))
+		for b := range p.capped {
+			list = append(list, b)
+		}
+		p.s.capped.Store(&list)
+	}
 }
 
 // For returns identity's budgets, the same for all its connections.
@@ -193,7 +259,11 @@ func (t *Table) For(identity string) *Shares {
 	e.used = t.now()
 	if e.shares == nil {
 		e.shares = &Shares{}
+		e.shares.Down.rest, e.shares.Up.rest = &t.restDown, &t.restUp
 		t.apply(identity, e)
+		if e.shares.Down.Capped() || e.shares.Up.Capped() {
+			t.publish()
+		}
 	}
 	return e.shares
 }
@@ -232,9 +302,11 @@ func (t *Table) sweep() {
 		case now-e.used < idle:
 		case e.shares != nil && (t.live == nil || t.live(id) || !e.shares.idle(now)):
 		default:
+			t.untrack(e)
 			delete(t.ids, id)
 		}
 	}
+	t.publish()
 	for id, e := range t.ids {
 		if !full || len(t.ids) <= MaxHooked*9/10 {
 			return

@@ -177,6 +177,63 @@ func TestTwoDownloadCapsAtOnce(t *testing.T) {
 	wg.Wait()
 }
 
+// TestLinkRateLeavesTheRest (issue 35, --link-rate): with the server's
+// link rate at 60 Mbit/s, an uncapped identity's downloads are paced to
+// what a capped one leaves of it: all 60 while the capped one is idle,
+// about 40 while it downloads at its 20; the capped one keeps its cap.
+// Without the link rate (loopback has no bottleneck) the uncapped one runs
+// far above 60.
+func TestLinkRateLeavesTheRest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures a rate for seconds")
+	}
+	source := testutil.ServeTCP(t, func(c net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	const link, capBytes = 60e6 / 8, 20e6 / 8
+	srv := startCappedServer(t, "tcp:"+source, ratecap.Rule{Identity: "key=alice", Rate: ratecap.Rate{Down: capBytes}})
+	srv.RateLimits().SetLink(ratecap.Rate{Down: link})
+	counters := map[string]*atomic.Int64{"alice": {}, "bob": {}}
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	download := func(name string, secret []byte) {
+		cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + source, Secret: secret, WaitReady: true})
+		for range 2 {
+			c := dial(t, cl.Addr)
+			conns = append(conns, c)
+			wg.Go(func() { _, _ = io.Copy(counterWriter{counters[name]}, c) })
+		}
+	}
+	download("bob", bobSecret)
+	alone := measure(counters["bob"], 1500*time.Millisecond, 2*time.Second)
+	download("alice", aliceSecret)
+	time.Sleep(1500 * time.Millisecond) // a rate is bytes over wall-clock time
+	start := time.Now()
+	a0, b0 := counters["alice"].Load(), counters["bob"].Load()
+	time.Sleep(3 * time.Second)
+	secs := time.Since(start).Seconds()
+	alice, bob := float64(counters["alice"].Load()-a0)/secs, float64(counters["bob"].Load()-b0)/secs
+	t.Logf("link 60 Mbit/s: bob alone %.1f Mbit/s; at once alice %.1f (cap 20), bob %.1f", alone*8/1e6, alice*8/1e6, bob*8/1e6)
+	// QUIC packet bytes are paced, application bytes counted: at most the
+	// rate, a few % under it.
+	assert.LessOrEqual(t, alone, link*1.05, "bob alone: no more than the link")
+	capHolds(t, capBytes, alice, "alice")
+	assert.LessOrEqual(t, bob, (link-capBytes)*1.05, "bob beside alice: the link less alice's use")
+	if !testutil.RaceEnabled {
+		assert.GreaterOrEqual(t, alone, link*0.85, "bob alone: the whole link")
+		assert.GreaterOrEqual(t, bob, (link-capBytes)*0.85, "bob beside alice: the rest")
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	wg.Wait()
+}
+
 // capHolds checks a capped rate (bytes/s): never more than 5 % over the cap
 // (what the cap promises, on any machine), and within 5 % under it when the
 // machine has the capacity. Under the race detector (make test: every

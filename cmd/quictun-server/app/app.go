@@ -282,8 +282,12 @@ func (o *Options) manyUsers(cfg *server.Config, reg prometheus.Registerer, clean
 	reg.MustRegister(server.NewIdentityCollector(cfg.Usage))
 	quotas, defQuota, _ := parseQuotas(o.Quotas, o.DefaultQuota)
 	cfg.Usage.SetQuotas(quotas, defQuota)
-	if rules, def, _ := parseRateLimits(o.RateLimits, o.DefaultRateLimit); len(rules) > 0 || def != (ratecap.Rate{}) {
+	link, _ := parseLinkRate(o.LinkRate)
+	if rules, def, _ := parseRateLimits(o.RateLimits, o.DefaultRateLimit); len(rules) > 0 || def != (ratecap.Rate{}) || link != (ratecap.Rate{}) {
 		cfg.RateLimits = ratecap.NewTable(rules, def)
+		cfg.RateLimits.SetLink(link)
+		caps := cfg.RateLimits
+		metrics.NewLinkRest(reg, func() (float64, float64) { r := caps.Rest(); return r.Down, r.Up })
 	}
 	hook, err := o.authHook(reg)
 	if err != nil {
@@ -457,7 +461,7 @@ func logAllowList(logger klog.Logger, o *Options, allow *endpoint.AllowList, qui
 
 // reloadableFlags are the server flags a reload applies; every other change
 // needs a restart.
-var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen", "rate-limit", "default-rate-limit", "quota", "default-quota", "resume-window"}
+var reloadableFlags = []string{"allow", "deny", "allow-for", "secret-file", "keys-file", "cut-removed-keys", "cert-file", "key-file", "client-ca-file", "allow-remote-listen", "rate-limit", "default-rate-limit", "link-rate", "quota", "default-quota", "resume-window"}
 
 // applier returns the cli.Apply of a running server: new allow and deny
 // rules and the secret files read again (its keys may change under the
@@ -475,7 +479,7 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 	rules, deny, allowFor := o.Allow, o.Deny, o.AllowFor
 	remote, reverseOn := o.AllowRemoteListen, len(o.AllowRemoteListen) > 0
 	stateDir := o.StateDir // a new --state-dir takes a restart (its reset and ticket keys)
-	caps, capDefaultSpec := o.RateLimits, o.DefaultRateLimit
+	caps, capDefaultSpec, linkSpec := o.RateLimits, o.DefaultRateLimit, o.LinkRate
 	quotaSpecs, quotaDefaultSpec := o.Quotas, o.DefaultQuota
 	res := o.resume
 	return func(d cli.Daemon, changed []string) ([]string, error) {
@@ -508,9 +512,13 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 		if err != nil {
 			return nil, err
 		}
-		capsChanged := !slices.Equal(caps, next.RateLimits) || capDefaultSpec != next.DefaultRateLimit
+		link, err := parseLinkRate(next.LinkRate)
+		if err != nil {
+			return nil, err
+		}
+		capsChanged := !slices.Equal(caps, next.RateLimits) || capDefaultSpec != next.DefaultRateLimit || linkSpec != next.LinkRate
 		if capsChanged && srv.RateLimits() == nil {
-			return nil, errors.New("--rate-limit/--default-rate-limit: the server started without caps; adding them takes a restart")
+			return nil, errors.New("--rate-limit/--default-rate-limit/--link-rate: the server started without caps; adding them takes a restart")
 		}
 		// Reverse forwards off at start stay off until a restart (their
 		// metrics and limits are set up at start).
@@ -579,8 +587,10 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 		var capsAdded, capsRemoved []string
 		if capsChanged {
 			srv.RateLimits().Set(capRules, capDefault)
-			capsAdded, capsRemoved = cli.Diff(append(slices.Clone(caps), "default="+capDefaultSpec), append(slices.Clone(next.RateLimits), "default="+next.DefaultRateLimit))
-			caps, capDefaultSpec = next.RateLimits, next.DefaultRateLimit
+			srv.RateLimits().SetLink(link)
+			capsAdded, capsRemoved = cli.Diff(append(slices.Clone(caps), "default="+capDefaultSpec, "link="+linkSpec),
+				append(slices.Clone(next.RateLimits), "default="+next.DefaultRateLimit, "link="+next.LinkRate))
+			caps, capDefaultSpec, linkSpec = next.RateLimits, next.DefaultRateLimit, next.LinkRate
 		}
 		quotasAdded, quotasRemoved := cli.Diff(append(slices.Clone(quotaSpecs), "default="+quotaDefaultSpec),
 			append(slices.Clone(next.Quotas), "default="+next.DefaultQuota))

@@ -67,6 +67,9 @@ func TestValidate(t *testing.T) {
 		}, []string{`--rate-limit "alice=20Mbit": an identity is`, `--rate-limit "key=a=20": rate "20": a number and a unit`,
 			`"key=b=2Mbit": key=b has a cap already`, `"key=c=4bit": rate "4bit": at least 8kbit`, `--default-rate-limit: rate "fast"`}},
 		{"rate limits with reno", func(o *Options) { o.RateLimits, o.Congestion = []string{"key=a=1Mbit"}, "reno" }, []string{"use --congestion bbr or cubic"}},
+		{"link rate", func(o *Options) { o.LinkRate = "900Mbit/90Mbit" }, nil},
+		{"bad link rate", func(o *Options) { o.LinkRate = "fast" }, []string{`--link-rate: rate "fast": a number and a unit`}},
+		{"link rate with reno", func(o *Options) { o.LinkRate, o.Congestion = "90Mbit", "reno" }, []string{"use --congestion bbr or cubic"}},
 		{"quotas", func(o *Options) {
 			o.Quotas, o.DefaultQuota = []string{"key=alice=100GiB/30d", "CN=bob=1TB/7d"}, "10GiB/1d"
 		}, nil},

@@ -69,6 +69,9 @@ type Options struct {
 	// DefaultRateLimit those of every other identity.
 	RateLimits       []string
 	DefaultRateLimit string
+	// LinkRate is --link-rate, DOWN[/UP]: the server link's rate, which
+	// the identities without a cap share what the capped ones leave of.
+	LinkRate string
 	// Quotas are the --quota rules, IDENTITY=BYTES/WINDOW; DefaultQuota
 	// that of every other identity.
 	Quotas       []string
@@ -137,7 +140,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Listening and destinations", Names: []string{"listen-on", "tcp-listen-on", "allow", "deny", "allow-for", "allow-remote-listen", "token-parser-plugin", "token-parser-key"}},
 	{Title: "Identity and authentication", Names: []string{"state-dir", "replica-id", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
-	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit", "quota", "default-quota", "usage-report-url", "usage-report-interval", "usage-report-bytes", "usage-report-token-file",
+	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit", "link-rate", "quota", "default-quota", "usage-report-url", "usage-report-interval", "usage-report-bytes", "usage-report-token-file",
 		"auth-hook", "auth-hook-token-file", "auth-hook-timeout", "auth-hook-max-in-flight", "auth-hook-ttl", "auth-hook-negative-ttl"}},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
@@ -164,6 +167,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.MetricsIdentities, "metrics-identity", o.MetricsIdentities, "identities whose usage gets quictun_server_identity_* series of their own (repeatable, at most 256): key=NAME of a --keys-file key, CN=NAME of a client certificate, or anonymous; every other identity is counted under identity=\"other\" (GET /identities on the admin API lists them all)")
 	fs.DurationVar(&o.UsageSaveInterval, "usage-save-interval", o.UsageSaveInterval, "how often the accounting by identity (bytes, tunnels, connections, refused destinations, suspensions) is written to usage.json in --state-dir (atomically); a SIGKILL or crash loses at most this much plus a second, a clean stop none")
 	fs.StringSliceVar(&o.RateLimits, "rate-limit", o.RateLimits, "cap one identity's rates, IDENTITY=DOWN[/UP] (repeatable; reloadable with SIGHUP), e.g. key=alice=20Mbit/5Mbit: DOWN is what the server sends it, paced in the server's sender across all its connections (needs --congestion bbr or cubic on the server; the client's --congestion does not matter), UP what it reads from it (flow control holds the client back); units bit, kbit, Mbit, Gbit, B, kB, MB, GB, KiB, MiB, GiB per second; UP defaults to DOWN; 0 = no cap")
+	fs.StringVar(&o.LinkRate, "link-rate", o.LinkRate, "the rate of the server's link, DOWN[/UP] (what it sends and what it reads), e.g. 90Mbit for a 100 Mbit/s link: identities without a cap of their own then share what the capped identities leave of it, paced by the server, so that the capped ones hold their caps on a full link instead of losing to the queue the others build; set it 5-10 % below the link's real rate, which also carries IP and UDP headers (reloadable; with no caps at all it caps the server as a whole); empty = not set")
 	fs.StringVar(&o.DefaultRateLimit, "default-rate-limit", o.DefaultRateLimit, "the caps, DOWN[/UP], of every identity without a --rate-limit of its own (reloadable); each identity gets the whole rate (it is not split between them); empty = none")
 	fs.StringSliceVar(&o.Quotas, "quota", o.Quotas, "cap what one identity moves (up and down together) in a rolling window, IDENTITY=BYTES/WINDOW (repeatable; reloadable), e.g. key=alice=100GiB/30d: the window is the last WINDOW (days d or hours h, 1h to 366d), counted in thirtieths (a day for 30d); once it holds BYTES, the identity's new tunnels are refused with quota (logged once at -v 0) until the window rolls past enough of them; open tunnels run on; kept in --state-dir")
 	fs.StringVar(&o.DefaultQuota, "default-quota", o.DefaultQuota, "the quota, BYTES/WINDOW, of every identity without a --quota of its own (each its own; reloadable); empty = none")
@@ -317,8 +321,11 @@ func (o *Options) Validate() error {
 	}
 	if _, _, err := parseRateLimits(o.RateLimits, o.DefaultRateLimit); err != nil {
 		errs = append(errs, err)
-	} else if (len(o.RateLimits) > 0 || o.DefaultRateLimit != "") && o.Congestion == "reno" {
-		add("--rate-limit and --default-rate-limit pace downloads in the server's congestion controller: use --congestion bbr or cubic (reno is quic-go's own, which has no hook)")
+	} else if (len(o.RateLimits) > 0 || o.DefaultRateLimit != "" || o.LinkRate != "") && o.Congestion == "reno" {
+		add("--rate-limit, --default-rate-limit and --link-rate pace downloads in the server's congestion controller: use --congestion bbr or cubic (reno is quic-go's own, which has no hook)")
+	}
+	if _, err := parseLinkRate(o.LinkRate); err != nil {
+		errs = append(errs, err)
 	}
 	if _, _, err := parseQuotas(o.Quotas, o.DefaultQuota); err != nil {
 		errs = append(errs, err)
@@ -430,6 +437,18 @@ func parseRateLimits(specs []string, def string) ([]ratecap.Rule, ratecap.Rate, 
 		}
 	}
 	return rules, rate, errors.Join(errs...)
+}
+
+// parseLinkRate parses --link-rate (empty: not set).
+func parseLinkRate(spec string) (ratecap.Rate, error) {
+	if spec == "" {
+		return ratecap.Rate{}, nil
+	}
+	r, err := ratecap.ParseRate(spec)
+	if err != nil {
+		return r, fmt.Errorf("--link-rate: %w (e.g. 90Mbit, or 900Mbit/90Mbit for a link faster one way)", err)
+	}
+	return r, nil
 }
 
 // parseQuotas parses --quota rules and --default-quota.

@@ -49,6 +49,10 @@ type RateCapSpec struct {
 	// SharedDuration.
 	Shared                       []SharedIdentity
 	SharedDuration, SharedWarmup time.Duration
+	// SharedLinkRate is the shared run's server --link-rate ("": none), a
+	// little below the link's: the uncapped identity shares what the caps
+	// leave of it. --quictun-server-arg=--link-rate= runs without it.
+	SharedLinkRate string
 }
 
 // rateCapSpec is the profiles' rate-cap scenario: 20/5 Mbit/s caps on the
@@ -58,7 +62,7 @@ func rateCapSpec(d, warm time.Duration) RateCapSpec {
 		Link: LinkOf("WAN", WANDelay, 0, "100mbit"), DownMbit: 20, UpMbit: 5,
 		ClientCC: []string{"bbr", "cubic", "fixed"}, ServerCC: "bbr", FixedRate: "100Mbit",
 		Parallel: 4, Duration: d, Warmup: warm,
-		Shared: sharedIdentities(), SharedDuration: 2*d + 2*warm, SharedWarmup: 2 * warm,
+		Shared: sharedIdentities(), SharedDuration: 2*d + 2*warm, SharedWarmup: 2 * warm, SharedLinkRate: "90Mbit",
 	}
 }
 

@@ -36,10 +36,16 @@ const rateCapSharedInstance = rateCapInstance + 20
 
 // rateCapSharedVariant is the instance of the shared run: one server with a
 // key (and a cap, where set) per identity, the profile's server
-// controller, the client's default one.
+// controller, the client's default one, and the link's rate if set (before
+// the run's own server arguments, which may override it).
 func (r *Runner) rateCapSharedVariant() *quictun {
 	p := r.prof.RateCap
-	q := &quictun{ServerArgs: append(slices.Clone(r.opts.ServerArgs), "--congestion", p.ServerCC), ClientArgs: slices.Clone(r.opts.ClientArgs),
+	var args []string
+	if p.SharedLinkRate != "" {
+		args = append(args, "--link-rate", p.SharedLinkRate)
+	}
+	args = append(append(args, r.opts.ServerArgs...), "--congestion", p.ServerCC)
+	q := &quictun{ServerArgs: args, ClientArgs: slices.Clone(r.opts.ClientArgs),
 		Instance: rateCapSharedInstance, Label: "quictun-shared"}
 	for _, id := range p.Shared {
 		k := KeyClient{Name: id.Name}
@@ -117,6 +123,8 @@ func (r *Runner) rateCapSharedOne(ctx context.Context, q *quictun, dir string, r
 	before, after := make([]identityUsage, n), make([]identityUsage, n)
 	readErrs := make([]error, n)
 	trs := make([]rateCapTransfer, n)
+	cp, sp := q.AllPIDs()
+	u0 := r.usage(cp, sp)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, id := range p.Shared {
@@ -127,11 +135,20 @@ func (r *Runner) rateCapSharedOne(ctx context.Context, q *quictun, dir string, r
 		})
 	}
 	wg.Wait()
+	u1 := r.usage(cp, sp)
+	readerCPU := 0.0
+	for _, tr := range trs {
+		readerCPU += tr.cpu
+	}
+	// The CPU and emulator columns are the whole run's (all clients'), the
+	// same in each identity's sample.
+	usage := usageMetrics(u0, u1, readerCPU, true)
 	rest := sharedRest(p.Shared, dir, linkRateMbit(p.Link))
 	out := make([]Sample, 0, n)
 	for i, id := range p.Shared {
 		s := Sample{Scenario: ScRateCap, Link: p.Link.Name, Case: rateCapSharedCase(p, dir, id), Variant: q.Name(), Rep: rep, Started: start.UTC(),
 			Metrics: map[string]float64{"client_mbit_per_s": trs[i].mbit}}
+		maps.Copy(s.Metrics, usage)
 		if readErrs[i] == nil {
 			maps.Copy(s.Metrics, rateCapMetrics(dir, before[i], after[i], sharedCap(id, dir)))
 			if sharedCap(id, dir) == 0 && rest > 0 {

@@ -133,7 +133,7 @@ func TestRateCapShared(t *testing.T) {
 	q := r.rateCapSharedVariant()
 	assert.Equal(t, "quictun-shared", q.Name())
 	assert.Equal(t, []KeyClient{{"capped20", "20Mbit/20Mbit"}, {"capped40", "40Mbit/40Mbit"}, {"uncapped", ""}}, q.Keys)
-	assert.Equal(t, []string{"--congestion", "bbr"}, q.ServerArgs)
+	assert.Equal(t, []string{"--link-rate", "90Mbit", "--congestion", "bbr"}, q.ServerArgs)
 	assert.Equal(t, "127.0.0.1:"+strconv.Itoa(qtKeySinkLocal+1+10*q.Instance), q.KeySink("capped40"))
 	assert.Empty(t, q.KeySink("nobody"))
 	assert.Equal(t, "download, 3 identities at once (caps 20/40/none), 4 streams each: key=capped40, cap 40 Mbit/s",

@@ -610,6 +610,17 @@ func (q *quictun) EndpointPIDs(service string) (client, server []int) {
 	return nil, []int{q.server.PID()}
 }
 
+// AllPIDs returns the PIDs of all the instance's clients and of its server.
+func (q *quictun) AllPIDs() (clients, server []int) {
+	if q.server == nil {
+		return nil, nil
+	}
+	for _, c := range q.clients {
+		clients = append(clients, c.PID())
+	}
+	return clients, []int{q.server.PID()}
+}
+
 // RestartClient restarts the echo service's client and returns when the new
 // process has started (not when it is ready).
 func (q *quictun) RestartClient(_ context.Context, env *Env) error {
