@@ -20,7 +20,7 @@ import (
 // HandOverFunc gives the tunnels of an upgrade to the new process
 // (handover.Conn.SendTunnels and the wait for its answer); the files in
 // them are closed after it returns.
-type HandOverFunc func(tunnels []handover.Tunnel) error
+type HandOverFunc = handover.SendFunc
 
 type handoverReq struct {
 	send HandOverFunc
@@ -29,7 +29,7 @@ type handoverReq struct {
 
 // ErrNotServing is returned by HandOver when Run ended before it took the
 // request.
-var ErrNotServing = errors.New("server is not serving")
+var ErrNotServing = handover.ErrNotServing
 
 // HandOver hands the running server over to its successor (an upgrade):
 // Run stops accepting, resets the tunnels that are not resumable (as the
@@ -76,7 +76,7 @@ func (s *Server) handOver(logger klog.Logger, tr *quic.Transport, cancelConns fu
 	for _, st := range states {
 		ht := handover.Tunnel{State: *st}
 		if t, ok := st.Meta.(*tunnel.Tunnel); ok {
-			ht.UUID, ht.Destination, ht.Source, ht.CreatedAt = t.UUID, t.Destination, t.Source, t.CreatedAt
+			ht.UUID, ht.Destination, ht.Source, ht.Endpoint, ht.CreatedAt = t.UUID, t.Destination, t.Source, t.Endpoint, t.CreatedAt
 		}
 		ht.Meta = nil
 		tunnels = append(tunnels, ht)
