@@ -80,13 +80,11 @@ func (c *Client) handOver(logger klog.Logger, stopLinks func(), links *sync.Wait
 		states = r.Table.Export()
 	}
 	c.cfg.Registry.AbortAll(proto.CodeShutdown) // what could not be handed over
-	tunnels := handover.FromStates(states)
-	err := send(tunnels)
-	handover.CloseStates(states)
+	n, err := handover.SendStates(states, send)
 	if err != nil {
-		return fmt.Errorf("hand over %d tunnels: %w", len(tunnels), err)
+		return err
 	}
-	logger.Info("Handed the client over to the new process", "tunnels", len(tunnels))
+	logger.Info("Handed the client over to the new process", "tunnels", n)
 	return nil
 }
 
@@ -95,11 +93,7 @@ func (c *Client) handOver(logger klog.Logger, stopLinks func(), links *sync.Wait
 // each within the resume cap (plus one read), all within its resume
 // budget; nothing without resumable tunnels.
 func (c *Client) HandoverLimits() handover.Limits {
-	r := c.cfg.Resume
-	if r == nil {
-		return handover.Limits{}
-	}
-	return handover.LimitsOf(r, egress.DefaultMaxResumable)
+	return handover.LimitsOf(c.cfg.Resume, egress.DefaultMaxResumable)
 }
 
 // Import continues the tunnels the previous process handed over (while

@@ -72,13 +72,11 @@ func (s *Server) handOver(logger klog.Logger, tr *quic.Transport, cancelConns fu
 	}
 	_ = tr.Close()                              // from now on the new process reads the socket
 	s.cfg.Registry.AbortAll(proto.CodeShutdown) // what could not be handed over
-	tunnels := handover.FromStates(states)
-	err := send(tunnels)
-	handover.CloseStates(states)
+	n, err := handover.SendStates(states, send)
 	if err != nil {
-		return fmt.Errorf("hand over %d tunnels: %w", len(tunnels), err)
+		return err
 	}
-	logger.Info("Handed the server over to the new process", "tunnels", len(tunnels))
+	logger.Info("Handed the server over to the new process", "tunnels", n)
 	return nil
 }
 

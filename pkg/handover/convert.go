@@ -8,10 +8,11 @@ import (
 	"github.com/quictun/quictun/pkg/tunnel"
 )
 
-// FromStates are the Tunnels of states a daemon exported (resume.Table.Export),
-// each with what its *tunnel.Tunnel (State.Meta) shows; Meta is not
-// handed over. The files stay the states'.
-func FromStates(states []*resume.State) []Tunnel {
+// SendStates gives the states a daemon exported (resume.Table.Export) to
+// send, each with what its *tunnel.Tunnel (State.Meta) shows (Meta is not
+// handed over), then closes their application sockets (the new process
+// holds its own). It returns how many it sent.
+func SendStates(states []*resume.State, send SendFunc) (int, error) {
 	tunnels := make([]Tunnel, 0, len(states))
 	for _, st := range states {
 		ht := Tunnel{State: *st}
@@ -21,15 +22,14 @@ func FromStates(states []*resume.State) []Tunnel {
 		ht.Meta = nil
 		tunnels = append(tunnels, ht)
 	}
-	return tunnels
-}
-
-// CloseStates closes the application sockets of exported states (once
-// they were sent: the new process holds its own).
-func CloseStates(states []*resume.State) {
+	err := send(tunnels)
 	for _, st := range states {
 		_ = st.Conn.Close()
 	}
+	if err != nil {
+		return len(tunnels), fmt.Errorf("hand over %d tunnels: %w", len(tunnels), err)
+	}
+	return len(tunnels), nil
 }
 
 // ImportAll continues each tunnel with imp (its state, and a
@@ -56,7 +56,7 @@ func ImportAll(tunnels []Tunnel, imp func(st *resume.State, t *tunnel.Tunnel) er
 // LimitsOf are the bounds of what a daemon with resumable tunnels s takes
 // from its predecessor: at most maxTunnels, each within the resume cap
 // (plus one read), all within the resume budget; nothing without
-// resumable tunnels.
+// resumable tunnels (s nil, or its window 0).
 func LimitsOf(s *resume.Settings, maxTunnels int) Limits {
 	if s.WindowNow() <= 0 {
 		return Limits{}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -41,33 +40,7 @@ func TestClientHandOver(t *testing.T) { // not parallel: it sets the environment
 	a := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Listeners: []net.Listener{lnA},
 		Mutate: func(c *client.Config) { c.Resume = sideA.ingress(time.Minute) }})
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	es := make([]*echoRounds, tunnels)
-	for i := range es {
-		es[i] = &echoRounds{}
-		c := dial(t, a.Addr)
-		wg.Go(func() { es[i].run(c, stop) })
-	}
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		wg.Wait()
-	}()
-	moved := func(from []int64, least int64) func() bool {
-		return func() bool {
-			for i, e := range es {
-				if e.rounds.Load() < from[i]+least {
-					return false
-				}
-			}
-			return true
-		}
-	}
-	require.Eventually(t, moved(make([]int64, tunnels), 10), 30*time.Second, time.Millisecond)
+	load := startEchoLoad(t, a.Addr, tunnels)
 	require.Eventually(t, func() bool { return sideA.table.Len() == tunnels }, 10*time.Second, time.Millisecond)
 
 	// The two ends of the handover socket, in one process: what A sends
@@ -100,18 +73,9 @@ func TestClientHandOver(t *testing.T) { // not parallel: it sets the environment
 	require.NoError(t, err)
 	assert.Equal(t, tunnels, n)
 
-	after := make([]int64, tunnels)
-	for i, e := range es {
-		after[i] = e.rounds.Load()
-	}
-	require.Eventually(t, moved(after, 10), 30*time.Second, time.Millisecond, "the tunnels move on through B")
+	load.waitMoving(t, "the tunnels move on through B")
 	checkEchoOnce(t, b.Addr) // a new connection to the listener A handed over
-	close(stop)
-	wg.Wait()
-	for i, e := range es {
-		require.NoError(t, e.err, "tunnel %d", i)
-		assert.Equal(t, e.sent, e.recvd, "tunnel %d: every byte echoed once and in order", i)
-	}
+	load.check(t)
 	assert.Equal(t, float64(tunnels), promtest.ToFloat64(sideB.metrics.Resumed), "B re-attached each tunnel")
 	assert.Equal(t, float64(tunnels), promtest.ToFloat64(srvSide.metrics.Resumed), "the server continued each tunnel")
 	for _, r := range resume.GaveUpReasons() {
