@@ -527,7 +527,7 @@ func echoVia(t *testing.T, addr, msg string) error {
 }
 
 // echoOnce does one small round trip through an echo tunnel and closes c cleanly.
-func echoOnce(c *net.TCPConn, msg string) error {
+func echoOnce(c halfConn, msg string) error {
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(c, msg); err != nil {
 		return err

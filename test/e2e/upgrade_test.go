@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/proxy"
 
 	"github.com/quictun/quictun/internal/testutil"
 )
@@ -52,10 +53,16 @@ func replaceBinary(t *testing.T, path string, content []byte) {
 	require.NoError(t, os.Rename(tmp, path))
 }
 
+// halfConn is a connection that half-closes: *net.TCPConn, *net.UnixConn.
+type halfConn interface {
+	net.Conn
+	CloseWrite() error
+}
+
 // pingPonger moves data both ways through one tunnel to an echo: rounds of
 // 8 KiB written and read back, until stop; it records the longest round.
 type pingPonger struct {
-	c           *net.TCPConn
+	c           halfConn
 	sentH, gotH [32]byte
 	sent, got   int64
 	err         error
@@ -133,23 +140,29 @@ func upgradedPID(t *testing.T, log string) int {
 
 // upgradeLoad is the load of an upgrade test: tunnels moving data both ways
 // through addr (a client's listener in front of an echo), one pingPonger
-// each. QUICTUN_E2E_UPGRADE_TUNNELS=N runs N tunnels (default 20).
+// each, and through the extra connections given. QUICTUN_E2E_UPGRADE_TUNNELS=N
+// runs N tunnels through addr (default 20).
 type upgradeLoad struct {
 	ps   []*pingPonger
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
 
-func startUpgradeLoad(t *testing.T, addr string) *upgradeLoad {
+func startUpgradeLoad(t *testing.T, addr string, extra ...halfConn) *upgradeLoad {
 	t.Helper()
 	tunnels := 20
 	if n, err := strconv.Atoi(os.Getenv("QUICTUN_E2E_UPGRADE_TUNNELS")); err == nil && n > 0 {
 		tunnels = n // a measurement with more (the issue's target is 1,000)
 	}
-	l := &upgradeLoad{ps: make([]*pingPonger, tunnels), stop: make(chan struct{})}
-	for i := range l.ps {
+	l := &upgradeLoad{ps: make([]*pingPonger, tunnels, tunnels+len(extra)), stop: make(chan struct{})}
+	for i := range tunnels {
 		l.ps[i] = &pingPonger{c: dialApp(t, addr)}
-		l.wg.Go(func() { l.ps[i].run(l.stop) })
+	}
+	for _, c := range extra {
+		l.ps = append(l.ps, &pingPonger{c: c})
+	}
+	for _, p := range l.ps {
+		l.wg.Go(func() { p.run(l.stop) })
 	}
 	t.Cleanup(l.end)
 	l.waitMoving(t, "every tunnel moving data")
@@ -277,26 +290,52 @@ func TestServerUpgradeKeepsTunnels(t *testing.T) {
 
 // TestClientUpgradeKeepsTunnels (issue 34 part 3), through the built
 // binaries: as TestServerUpgradeKeepsTunnels, the client upgraded: the new
-// client takes the local listener (the applications' connections to it
-// stay open) and the tunnels, connects to the server and re-attaches each;
-// the old one exits 0, no tunnel is reset, every byte is echoed once and
-// in order (SHA-256), each tunnel resumed on both ends, a new connection
-// to the listener is served by the new process. The longest round (the
-// stall of the upgrade) is reported. QUICTUN_E2E_UPGRADE_TUNNELS=N runs it
-// with N tunnels.
+// client takes the local entry points (the applications' connections to
+// them stay open) and the tunnels, connects to the server and re-attaches
+// each; the old one exits 0, no tunnel is reset, every byte is echoed once
+// and in order (SHA-256), each tunnel resumed on both ends, a new
+// connection to each entry point is served by the new process. Besides the
+// --listen-on tunnels, one goes through a UNIX --forward (its socket file
+// stays) and one through the SOCKS5 --proxy. The longest round (the stall
+// of the upgrade) is reported. QUICTUN_E2E_UPGRADE_TUNNELS=N runs it with
+// N tunnels through --listen-on.
 func TestClientUpgradeKeepsTunnels(t *testing.T) {
 	checkLeaks(t)
 	echo := testutil.EchoServer(t)
 	bin := install(t, bins.client)
-	args := []string{"--resume-window", "1m"}
-	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: args})
-	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: args, Bin: bin})
-	l := startUpgradeLoad(t, cl.Addr)
+	sock := filepath.Join(t.TempDir(), "app.sock")
+	socks := "127.0.0.1:" + strconv.Itoa(testutil.FreePort(t, "tcp"))
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: []string{"--resume-window", "1m"}})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Bin: bin,
+		Args: []string{"--resume-window", "1m", "--forward", "unix:" + sock + "=tcp:" + echo, "--proxy", "socks5:" + socks}})
+	l := startUpgradeLoad(t, cl.Addr, dialUnix(t, sock), dialSOCKS(t, socks, echo))
 	waitMetric(t, srv, ioTimeout, eq(float64(len(l.ps))), "quictun_server_active_streams")
 	before := l.longest()
 	newPID := upgrade(t, cl, bin, bins.client, "client")
 	checkUpgraded(t, l, srv, cl, cl, before)
+	require.NoError(t, echoOnce(dialUnix(t, sock), "a new tunnel through the UNIX socket"))
+	require.NoError(t, echoOnce(dialSOCKS(t, socks, echo), "a new tunnel through the SOCKS5 proxy"))
 	_ = syscall.Kill(newPID, syscall.SIGTERM)
+}
+
+// dialUnix connects to the UNIX socket at path.
+func dialUnix(t *testing.T, path string) *net.UnixConn {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// dialSOCKS connects to target through the SOCKS5 proxy at addr.
+func dialSOCKS(t *testing.T, addr, target string) *net.TCPConn {
+	t.Helper()
+	d, err := proxy.SOCKS5("tcp", addr, nil, proxy.Direct)
+	require.NoError(t, err)
+	c, err := d.Dial("tcp", target)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c.(*net.TCPConn)
 }
 
 // TestServerUpgradeFailsKeepsServing: when the file at the server's path
