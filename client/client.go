@@ -581,8 +581,8 @@ func (c *Client) Run(ctx context.Context) error {
 	// connection's loop) end before it in an upgrade.
 	sessCtx, stopSession := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
 	defer stopSession()
-	linkCtx, stopLinks := context.WithCancel(sessCtx)
-	defer stopLinks()
+	linkCtx, stopLinks := context.WithCancelCause(sessCtx)
+	defer stopLinks(nil)
 	var wg, links, handlers sync.WaitGroup
 	if c.cfg.Transport != TransportTCP {
 		for _, m := range c.members {
@@ -1005,7 +1005,11 @@ func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 		m.srv.markBad(time.Now())
 	}
 	if ctx.Err() != nil {
-		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+		reason := "client shutting down"
+		if errors.Is(context.Cause(ctx), errUpgrading) {
+			reason = "client upgrading" // its tunnels re-attach from the new process
+		}
+		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), reason)
 	}
 	if c.cfg.QUICStat != nil {
 		c.cfg.QUICStat.Closed(conn.ConnectionStats())

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -37,6 +38,9 @@ type importResult struct {
 	err error
 }
 
+// errUpgrading is the cause of the links' end in an upgrade.
+var errUpgrading = errors.New("client upgrading")
+
 // settleTimeout bounds the wait for the resumable tunnels to park once the
 // connections are closed (they park within milliseconds).
 const settleTimeout = 5 * time.Second
@@ -62,13 +66,13 @@ func (c *Client) HandOver(ctx context.Context, send handover.SendFunc) error {
 
 // handOver is Run's end in an upgrade: see HandOver. stopLinks ends the
 // connections' loops (links), each closing its connection.
-func (c *Client) handOver(logger klog.Logger, stopLinks func(), links *sync.WaitGroup, send handover.SendFunc) error {
+func (c *Client) handOver(logger klog.Logger, stopLinks context.CancelCauseFunc, links *sync.WaitGroup, send handover.SendFunc) error {
 	c.closeEntries(true)
 	c.draining.Store(true)
 	c.stopBinding()
 	c.cfg.Registry.AbortWhere(proto.CodeShutdown, func(t *tunnel.Tunnel) bool { return !t.Resumable })
 	logger.Info("Upgrading: closing connections; the new process re-attaches the resumable tunnels", "tunnels", c.cfg.Registry.Len())
-	stopLinks() // each connection closes: its resumable tunnels park
+	stopLinks(errUpgrading) // each connection closes ("client upgrading"): its resumable tunnels park
 	links.Wait()
 	var states []*resume.State
 	if r := c.cfg.Resume; r != nil {
