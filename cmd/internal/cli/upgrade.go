@@ -209,6 +209,7 @@ func (d *DaemonFlags) ServeUpgradable(ctx context.Context, s Serving, u Upgrade)
 	upm := metrics.NewUpgrade(s.Metrics, s.Side)
 	logger := klog.FromContext(ctx)
 	up := &upgrader{exe: executable, args: os.Args[1:], side: s.Side, srv: u.Service, metrics: upm, sockets: u.Sockets}
+	sigs := notifyUpgrades()
 	uctx, stopUpgrades := context.WithCancel(ctx)
 	upgraded := make(chan struct{})
 	switch {
@@ -216,23 +217,25 @@ func (d *DaemonFlags) ServeUpgradable(ctx context.Context, s Serving, u Upgrade)
 		if err := SdNotify("READY=1"); err != nil {
 			logger.V(2).Info("Could not tell systemd the daemon is ready", "err", err)
 		}
-		go func() { defer close(upgraded); up.watch(uctx) }()
+		go func() { defer close(upgraded); up.watch(uctx, sigs) }()
 	case u.Connected == nil:
 		if err := u.Inherited.finish(ctx, u.Service, upm); err != nil {
+			signal.Stop(sigs)
 			stopUpgrades()
 			return err
 		}
-		go func() { defer close(upgraded); up.watch(uctx) }()
+		go func() { defer close(upgraded); up.watch(uctx, sigs) }()
 	default:
 		go func() {
 			defer close(upgraded)
 			u.Connected(uctx)
 			if err := u.Inherited.finish(uctx, u.Service, upm); err != nil {
 				// The previous process kills this one when it sees no ready.
+				signal.Stop(sigs)
 				logger.Error(err, "Upgrade: could not take over from the previous process")
 				return
 			}
-			up.watch(uctx)
+			up.watch(uctx, sigs)
 		}()
 	}
 	err := d.Serve(ctx, s)
@@ -303,14 +306,26 @@ type upgrader struct {
 	metrics *metrics.Upgrade
 }
 
-// watch upgrades on SIGUSR2 until ctx is done or an upgrade went through.
-func (u *upgrader) watch(ctx context.Context) {
-	logger := klog.FromContext(ctx)
+// notifyUpgrades catches the upgrade signal from now on (nil: no upgrades
+// on this platform, pkg/handover is Linux only): one that comes while the
+// daemon starts, or while it takes over from its predecessor, waits for
+// watch instead of ending the process (the signal's default action).
+func notifyUpgrades() chan os.Signal {
 	if len(upgradeSignals) == 0 {
-		return // no upgrades on this platform (pkg/handover is Linux only)
+		return nil
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, upgradeSignals...)
+	return sigs
+}
+
+// watch upgrades on sigs (notifyUpgrades) until ctx is done or an upgrade
+// went through; then it stops catching them.
+func (u *upgrader) watch(ctx context.Context, sigs chan os.Signal) {
+	logger := klog.FromContext(ctx)
+	if sigs == nil {
+		return
+	}
 	defer signal.Stop(sigs)
 	for {
 		select {
