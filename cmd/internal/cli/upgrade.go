@@ -229,6 +229,10 @@ func (d *DaemonFlags) ServeUpgradable(ctx context.Context, s Serving, u Upgrade)
 		go func() {
 			defer close(upgraded)
 			u.Connected(uctx)
+			if uctx.Err() != nil {
+				signal.Stop(sigs)
+				return // Serve ended: no ready, the previous process keeps serving
+			}
 			if err := u.Inherited.finish(uctx, u.Service, upm); err != nil {
 				// The previous process kills this one when it sees no ready.
 				signal.Stop(sigs)
