@@ -166,14 +166,6 @@ func (f Forward) addr() string {
 	return f.Listener.Addr().Network() + ":" + f.Listener.Addr().String()
 }
 
-func (f Forward) close() {
-	if f.Packet != nil {
-		_ = f.Packet.Close()
-	} else {
-		_ = f.Listener.Close()
-	}
-}
-
 // DefaultConfig returns the defaults of the limits and timeouts; New fills
 // in those left zero (HeartbeatInterval excepted: zero disables heartbeats).
 func DefaultConfig() Config {
@@ -282,6 +274,10 @@ type Client struct {
 	reverse     *egress.Handler
 	unbinding   context.Context
 	stopBinding context.CancelFunc
+
+	// handovers and imports are Run's requests of an upgrade (upgrade.go).
+	handovers chan handoverReq
+	imports   chan importReq
 }
 
 // SetTokens replaces the token source for local connections accepted from
@@ -408,7 +404,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{cfg: cfg, pc: pc, changed: make(chan struct{}), logger: klog.Background(),
-		tcpTickets: tls.NewLRUClientSessionCache(0)}
+		tcpTickets: tls.NewLRUClientSessionCache(0), handovers: make(chan handoverReq), imports: make(chan importReq)}
 	if len(cfg.Servers) == 0 {
 		c.servers = []*server{{addr: cfg.ServerAddr, label: cfg.ServerAddr}}
 	} else {
@@ -569,8 +565,10 @@ func (c *Client) conns() []*quic.Conn {
 
 // Run serves the listeners and keeps a QUIC connection up until ctx is
 // cancelled; then it closes the listeners, waits up to DrainTimeout for open
-// tunnels, aborts the rest and closes the connection. It returns after every
-// goroutine it started has ended.
+// tunnels, aborts the rest and closes the connection. In an upgrade
+// (HandOver) it hands its tunnels over instead, and Import continues those
+// of the previous process. It returns after every goroutine it started has
+// ended.
 func (c *Client) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	c.logger = logger
@@ -579,48 +577,97 @@ func (c *Client) Run(ctx context.Context) error {
 	defer func() { _ = tr.Close() }()
 	c.logRouteWatch(logger)
 
-	// The session outlives ctx until the drain is over.
+	// The session outlives ctx until the drain is over; the links (each
+	// connection's loop) end before it in an upgrade.
 	sessCtx, stopSession := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
 	defer stopSession()
-	var wg sync.WaitGroup
+	linkCtx, stopLinks := context.WithCancelCause(sessCtx)
+	defer stopLinks(nil)
+	var wg, links, handlers sync.WaitGroup
 	if c.cfg.Transport != TransportTCP {
 		for _, m := range c.members {
-			wg.Go(func() { c.supervise(sessCtx, tr, m) })
+			links.Go(func() { c.supervise(linkCtx, tr, m) })
 		}
 	}
-	wg.Go(func() { c.runTCP(sessCtx) })
+	links.Go(func() { c.runTCP(linkCtx) })
 	if r := c.cfg.Resume; r != nil {
 		wg.Go(func() { r.Table.Run(sessCtx) })
 	}
+	c.serveEntries(sessCtx, &wg, &handlers)
+	defer func() {
+		stopSession()
+		links.Wait()
+		wg.Wait()
+		handlers.Wait()
+		logger.Info("Client stopped")
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			c.drain(logger)
+			return nil
+		case req := <-c.imports:
+			n, err := c.importTunnels(sessCtx, req.tunnels, &handlers)
+			req.done <- importResult{n, err}
+		case req := <-c.handovers:
+			err := c.handOver(logger, stopLinks, &links, req.send)
+			req.done <- err
+			return err
+		}
+	}
+}
 
-	var handlers sync.WaitGroup
+// serveEntries serves the local entry points (Listeners, Forwards) until
+// ctx ends or they are closed, in goroutines counted in wg; each local
+// connection's in handlers.
+func (c *Client) serveEntries(ctx context.Context, wg, handlers *sync.WaitGroup) {
 	for _, ln := range c.cfg.Listeners {
-		logger.Info("Listening for local connections", "address", ln.Addr().Network()+":"+ln.Addr().String())
-		wg.Go(func() { c.ingress.Accept(sessCtx, ln, nil, &handlers) })
+		c.logger.Info("Listening for local connections", "address", ln.Addr().Network()+":"+ln.Addr().String())
+		wg.Go(func() { c.ingress.Accept(ctx, ln, nil, handlers) })
 	}
 	for _, f := range c.cfg.Forwards {
 		if f.Proxy != nil {
-			logger.Info("Listening for local connections", "address", f.addr(), "proxy", f.Name)
+			c.logger.Info("Listening for local connections", "address", f.addr(), "proxy", f.Name)
 		} else {
-			logger.Info("Listening for local connections", "address", f.addr(), "forwardTo", f.Name)
+			c.logger.Info("Listening for local connections", "address", f.addr(), "forwardTo", f.Name)
 		}
 		switch {
 		case f.Packet != nil:
-			wg.Go(func() { c.ingress.ServeUDP(sessCtx, f.Packet, f.Tokens, &handlers) })
+			wg.Go(func() { c.ingress.ServeUDP(ctx, f.Packet, f.Tokens, handlers) })
 			continue
 		case f.Proxy != nil:
-			wg.Go(func() { c.ingress.AcceptProxy(sessCtx, f.Listener, f.Proxy, &handlers) })
+			wg.Go(func() { c.ingress.AcceptProxy(ctx, f.Listener, f.Proxy, handlers) })
 			continue
 		}
-		wg.Go(func() { c.ingress.Accept(sessCtx, f.Listener, f.Tokens, &handlers) })
+		wg.Go(func() { c.ingress.Accept(ctx, f.Listener, f.Tokens, handlers) })
 	}
-	<-ctx.Done()
-	for _, ln := range c.cfg.Listeners {
+}
+
+// closeEntries closes the local entry points. keepFiles (an upgrade: the
+// new process serves the same sockets) leaves the UNIX sockets' files.
+func (c *Client) closeEntries(keepFiles bool) {
+	closeLn := func(ln net.Listener) {
+		if ul, ok := ln.(*net.UnixListener); ok && keepFiles {
+			ul.SetUnlinkOnClose(false)
+		}
 		_ = ln.Close()
 	}
-	for _, f := range c.cfg.Forwards {
-		f.close()
+	for _, ln := range c.cfg.Listeners {
+		closeLn(ln)
 	}
+	for _, f := range c.cfg.Forwards {
+		if f.Packet != nil {
+			_ = f.Packet.Close()
+		} else {
+			closeLn(f.Listener)
+		}
+	}
+}
+
+// drain is Run's end once ctx is cancelled: the entry points closed, the
+// open tunnels waited for up to DrainTimeout, then aborted.
+func (c *Client) drain(logger klog.Logger) {
+	c.closeEntries(false)
 	c.draining.Store(true)
 	if r := c.cfg.Resume; r != nil {
 		r.Table.Close() // parked tunnels are not re-attached while draining
@@ -638,11 +685,6 @@ func (c *Client) Run(ctx context.Context) error {
 		cancel()
 	}
 	c.cfg.Registry.AbortAll(proto.CodeShutdown)
-	stopSession()
-	wg.Wait()
-	handlers.Wait()
-	logger.Info("Client stopped")
-	return nil
 }
 
 // markRow changes m's row of the link table (f, under c.mu) and wakes
@@ -963,7 +1005,11 @@ func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 		m.srv.markBad(time.Now())
 	}
 	if ctx.Err() != nil {
-		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+		reason := "client shutting down"
+		if errors.Is(context.Cause(ctx), errUpgrading) {
+			reason = "client upgrading" // its tunnels re-attach from the new process
+		}
+		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), reason)
 	}
 	if c.cfg.QUICStat != nil {
 		c.cfg.QUICStat.Closed(conn.ConnectionStats())

@@ -1,8 +1,8 @@
 package server
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -20,7 +20,7 @@ import (
 // HandOverFunc gives the tunnels of an upgrade to the new process
 // (handover.Conn.SendTunnels and the wait for its answer); the files in
 // them are closed after it returns.
-type HandOverFunc func(tunnels []handover.Tunnel) error
+type HandOverFunc = handover.SendFunc
 
 type handoverReq struct {
 	send HandOverFunc
@@ -29,7 +29,7 @@ type handoverReq struct {
 
 // ErrNotServing is returned by HandOver when Run ended before it took the
 // request.
-var ErrNotServing = errors.New("server is not serving")
+var ErrNotServing = handover.ErrNotServing
 
 // HandOver hands the running server over to its successor (an upgrade):
 // Run stops accepting, resets the tunnels that are not resumable (as the
@@ -72,23 +72,11 @@ func (s *Server) handOver(logger klog.Logger, tr *quic.Transport, cancelConns fu
 	}
 	_ = tr.Close()                              // from now on the new process reads the socket
 	s.cfg.Registry.AbortAll(proto.CodeShutdown) // what could not be handed over
-	tunnels := make([]handover.Tunnel, 0, len(states))
-	for _, st := range states {
-		ht := handover.Tunnel{State: *st}
-		if t, ok := st.Meta.(*tunnel.Tunnel); ok {
-			ht.UUID, ht.Destination, ht.Source, ht.CreatedAt = t.UUID, t.Destination, t.Source, t.CreatedAt
-		}
-		ht.Meta = nil
-		tunnels = append(tunnels, ht)
-	}
-	err := send(tunnels)
-	for _, st := range states {
-		_ = st.Conn.Close()
-	}
+	n, err := handover.SendStates(states, send)
 	if err != nil {
-		return fmt.Errorf("hand over %d tunnels: %w", len(tunnels), err)
+		return err
 	}
-	logger.Info("Handed the server over to the new process", "tunnels", len(tunnels))
+	logger.Info("Handed the server over to the new process", "tunnels", n)
 	return nil
 }
 
@@ -98,22 +86,10 @@ func (s *Server) handOver(logger klog.Logger, tr *quic.Transport, cancelConns fu
 // budget; nothing without resumable tunnels.
 func (s *Server) HandoverLimits() handover.Limits {
 	r := s.cfg.Resume
-	if r == nil || r.WindowNow() <= 0 {
+	if r == nil {
 		return handover.Limits{}
 	}
-	capBytes := r.Cap
-	if capBytes <= 0 {
-		capBytes = resume.DefaultCap
-	}
-	lim := handover.Limits{MaxTunnels: r.Max, MaxTunnelBytes: capBytes + resume.ChunkSize + resume.ExtraBytes}
-	if lim.MaxTunnels <= 0 {
-		lim.MaxTunnels = egress.DefaultMaxResumable
-	}
-	lim.MaxTotalBytes = int64(lim.MaxTunnels) * int64(lim.MaxTunnelBytes)
-	if r.Budget != nil && r.Budget.Max() > 0 {
-		lim.MaxTotalBytes = min(lim.MaxTotalBytes, r.Budget.Max())
-	}
-	return lim
+	return handover.LimitsOf(&r.Settings, cmp.Or(r.Max, egress.DefaultMaxResumable))
 }
 
 // Import continues the tunnels the previous process handed over (call it
@@ -122,17 +98,7 @@ func (s *Server) HandoverLimits() handover.Limits {
 // budget, a duplicate ID) are reset and their errors joined.
 func (s *Server) Import(ctx context.Context, tunnels []handover.Tunnel) (int, error) {
 	logger := klog.FromContext(ctx)
-	var errs []error
-	n := 0
-	for i := range tunnels {
-		ht := &tunnels[i]
-		t := &tunnel.Tunnel{UUID: ht.UUID, Destination: ht.Destination, Source: ht.Source, CreatedAt: ht.CreatedAt, Transport: "quic"}
-		st := ht.State
-		if err := s.egress.ImportResumable(&st, t, logger); err != nil {
-			errs = append(errs, fmt.Errorf("tunnel %s: %w", ht.UUID, err))
-			continue
-		}
-		n++
-	}
-	return n, errors.Join(errs...)
+	return handover.ImportAll(tunnels, func(st *resume.State, t *tunnel.Tunnel) error {
+		return s.egress.ImportResumable(st, t, logger)
+	})
 }

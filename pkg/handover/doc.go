@@ -1,13 +1,13 @@
-// Package handover is the protocol by which a running quictun-server hands
-// its sockets and its resumable tunnels to its successor during an upgrade
-// (issue 34, part 2). The old process creates a UNIX socket pair
+// Package handover is the protocol by which a running quictun-server or
+// quictun-client hands its sockets and its resumable tunnels to its
+// successor during an upgrade (issue 34, parts 2 and 3). The old process creates a UNIX socket pair
 // (SOCK_SEQPACKET: each message keeps its bounds) and passes one end to
 // the child it starts, as an inherited descriptor named by EnvFD; nobody
 // else can connect to it. Descriptors travel as SCM_RIGHTS.
 //
 // The exchange, each message at most MaxMessage bytes:
 //
-//	old -> new  listeners   the UDP socket, the TCP fallback and admin listeners (fds)
+//	old -> new  listeners   the server's UDP socket, TCP fallback and admin listeners; a client's local entry points and admin listener (fds)
 //	new -> old  ready       the new process built its server; the old one commits
 //	old -> new  tunnel      one per resumable tunnel: its state and its application socket (one fd)
 //	old -> new  data        the tunnel's unconfirmed bytes, in pieces

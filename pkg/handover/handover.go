@@ -22,8 +22,9 @@ const EnvFD = "QUICTUN_HANDOVER_FD"
 // refused (the kernel reports it truncated).
 const MaxMessage = 64 << 10
 
-// MaxListeners bounds the descriptors of the listeners message.
-const MaxListeners = 8
+// MaxListeners bounds the descriptors of the listeners message (the
+// server's three sockets; each of a client's local entry points).
+const MaxListeners = 64
 
 // maxString bounds each text field of a record.
 const maxString = 4096
@@ -58,20 +59,30 @@ type Limits struct {
 	MaxTotalBytes  int64
 }
 
-// Listener is a listening socket handed over: Name says which
-// ("udp", "tcp", "admin").
+// Listener is a listening socket handed over: Name says which (the
+// server's "udp", "tcp", "admin"; a client's local entry points).
 type Listener struct {
 	Name string
 	File *os.File
 }
 
 // Tunnel is a resumable tunnel handed over: its resume state (State.Conn
-// is its application socket) and what the registry shows of it.
+// is its application socket) and what the registry shows of it (Endpoint:
+// the client's local entry point it came in on).
 type Tunnel struct {
 	resume.State
-	UUID, Destination, Source string
-	CreatedAt                 time.Time
+	UUID, Destination, Source, Endpoint string
+	CreatedAt                           time.Time
 }
+
+// SendFunc gives the tunnels of an upgrade to the new process
+// (Conn.SendTunnels and the wait for its answer); the files in them are
+// closed after it returns.
+type SendFunc func(tunnels []Tunnel) error
+
+// ErrNotServing is returned by a daemon's HandOver when its Run ended
+// before it took the request (it is draining, or gone).
+var ErrNotServing = errors.New("not serving")
 
 // Conn is one end of the socket pair. Not safe for concurrent use.
 type Conn struct {

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"sync"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/resume"
@@ -48,9 +52,12 @@ func (l *local) resumeID() *resume.ID {
 // (reattach) until its window passes.
 func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 	h, r, id := l.h, l.h.cfg.Resume, *l.rid
+	t := &tunnel.Tunnel{UUID: l.tunnelID, StreamID: int64(l.str.StreamID()), Endpoint: l.listenAddr, Source: l.nc.RemoteAddr().String(),
+		Destination: l.token, Transport: l.sess.Transport(), Direction: h.direction(), CreatedAt: l.start, Resumable: true}
 	var endErr error
 	p := resume.NewPipe(l.sc, resume.Config{ID: id, Window: h.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,
-		Written: l.early, OnEnd: func(err error) { endErr = err }})
+		Written: l.early, OnEnd: func(err error) { endErr = err }, Meta: t})
+	t.Upstream, t.Downstream = &p.ToStream, &p.FromStream
 	remove, err := r.Table.Add(id, "", p)
 	if err != nil {
 		p.Abort(proto.CodeInternal)
@@ -58,9 +65,6 @@ func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 		return
 	}
 	defer remove()
-	t := &tunnel.Tunnel{UUID: l.tunnelID, StreamID: int64(l.str.StreamID()), Endpoint: l.listenAddr, Source: l.nc.RemoteAddr().String(),
-		Destination: l.token, Transport: l.sess.Transport(), Direction: h.direction(), CreatedAt: l.start,
-		Upstream: &p.ToStream, Downstream: &p.FromStream}
 	unregister := h.cfg.Registry.Add(t, p)
 	h.cfg.Events.TunnelOpened()
 	l.slog.V(4).Info("Opened stream", "resumable", true)
@@ -69,31 +73,102 @@ func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 		toServer.CancelRead(proto.CodeConnReset.StreamErrorCode())
 		toServer.CancelWrite(proto.CodeConnReset.StreamErrorCode())
 	}
+	l.carryParked(ctx, p, err)
+	<-p.Ended()
+	unregister()
+	l.resumableEnded(t, endErr)
+}
+
+// carryParked re-attaches p, parked (err: Serve's ErrParked), on the next
+// sessions until it ends: the server refused it, its window passed, or
+// ctx ended. A tunnel handed over to the new process (an upgrade) ends
+// while it waits here.
+func (l *local) carryParked(ctx context.Context, p *resume.Pipe, err error) {
 	for errors.Is(err, resume.ErrParked) {
-		l.slog.V(2).Info("Parked tunnel: its connection was lost; re-attaching on the next one", "window", h.window())
-		att, rerr := l.reattach(ctx, p, id)
+		l.slog.V(2).Info("Parked tunnel: its connection was lost; re-attaching on the next one", "window", l.h.window())
+		att, rerr := l.reattach(ctx, p, *l.rid)
 		if rerr != nil {
 			reason := resume.GaveUpShutdown
 			if errors.Is(rerr, errResumeRefused) {
 				reason = resume.GaveUpRefused
 			}
-			p.GiveUp(reason) // no effect once the window ended it
-			break
+			p.GiveUp(reason) // no effect once the window ended it, or it was handed over
+			return
 		}
 		err = p.Serve(att)
 	}
-	<-p.Ended()
-	unregister()
+}
+
+// resumableEnded accounts for a resumable tunnel's end (err: as OnEnd).
+// A tunnel handed over to the new process (an upgrade) did not end: the
+// new process accounts for it.
+func (l *local) resumableEnded(t *tunnel.Tunnel, err error) {
+	if errors.Is(err, resume.ErrHandedOver) {
+		l.slog.V(4).Info("Handed tunnel over to the new process")
+		return
+	}
+	h := l.h
 	result := proto.CodeOK.String()
 	var ab *splice.AbortedError
-	if errors.As(endErr, &ab) {
+	if errors.As(err, &ab) {
 		result = ab.Code.String()
 	}
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	h.cfg.Events.TunnelClosed(result, up, down)
-	l.logRefusal(endErr)
-	l.slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(l.start), "result", result, "err", endErr)
-	h.audit(l.logger, l.nc.RemoteAddr().String(), l.token, "tcp:"+l.listenAddr, result, up, down, l.start)
+	l.logRefusal(err)
+	l.slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(l.start), "result", result, "err", err)
+	h.audit(l.logger, t.Source, l.token, "tcp:"+l.listenAddr, result, up, down, l.start)
+}
+
+// ImportResumable continues a resumable tunnel the previous process handed
+// over (an upgrade; resume.Import): parked, it re-attaches to the server on
+// the next session, in a goroutine counted in handlers that ends with it;
+// it is in the registry (t: how /tunnels shows it, from the handover) and
+// counted as open, and its end is accounted as any resumable tunnel's. On
+// error nothing is held and the application's connection is reset.
+func (h *Handler) ImportResumable(ctx context.Context, st *resume.State, t *tunnel.Tunnel, handlers *sync.WaitGroup) error {
+	r := h.cfg.Resume
+	if r == nil {
+		resetFile(st)
+		return errors.New("resumable tunnels are off (no --resume-window)")
+	}
+	id := st.ID
+	var endErr error
+	p, err := resume.Import(st, resume.Config{Cap: r.Cap, Budget: r.Budget, Events: r.Events, Meta: t, OnEnd: func(err error) { endErr = err }})
+	if err != nil {
+		return err
+	}
+	t.Resumable, t.Direction, t.Transport = true, h.direction(), "quic"
+	t.Upstream, t.Downstream = &p.ToStream, &p.FromStream
+	remove, err := r.Table.Add(id, "", p)
+	if err != nil {
+		p.Abort(proto.CodeInternal)
+		<-p.Ended()
+		return err
+	}
+	logger := klog.FromContext(ctx)
+	l := &local{h: h, listenAddr: t.Endpoint, token: t.Destination, start: t.CreatedAt, logger: logger, rid: &id, release: func() {},
+		tunnelID: t.UUID, slog: klog.LoggerWithValues(logger, "tunnelID", t.UUID, "remoteAddress", t.Source)}
+	unregister := h.cfg.Registry.Add(t, p)
+	h.cfg.Events.TunnelOpened()
+	handlers.Go(func() {
+		defer func() { l.release() }() // the session the tunnel re-attached on
+		defer remove()
+		l.carryParked(ctx, p, resume.ErrParked)
+		<-p.Ended()
+		unregister()
+		l.resumableEnded(t, endErr)
+	})
+	return nil
+}
+
+// resetFile resets the application socket of a tunnel that cannot be
+// imported (st.Conn, closed here).
+func resetFile(st *resume.State) {
+	if nc, err := net.FileConn(st.Conn); err == nil {
+		resetConn(nc)
+	}
+	_ = st.Conn.Close()
 }
 
 // attachment is the resume.Attachment of str on the current session.

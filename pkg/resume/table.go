@@ -293,3 +293,41 @@ func (t *Table) Export() []*State {
 	}
 	return out
 }
+
+// Settle waits until no tunnel of the Table runs any more (each parked or
+// ended: its connection was closed, as before an Export in an upgrade) or
+// ctx ends, and returns how many still run. It looks every millisecond: a
+// closed connection's tunnels park within a few.
+func (t *Table) Settle(ctx context.Context) int {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		n := t.running()
+		if n == 0 || ctx.Err() != nil {
+			return n
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+}
+
+// running counts the tunnels neither parked nor ended.
+func (t *Table) running() int {
+	t.mu.Lock()
+	pipes := make([]*Pipe, 0, len(t.tunnels))
+	for _, e := range t.tunnels {
+		pipes = append(pipes, e.pipe)
+	}
+	t.mu.Unlock()
+	n := 0
+	for _, p := range pipes {
+		p.mu.Lock()
+		if p.state != stateParked && p.state != stateEnded && p.abortErr == nil {
+			n++
+		}
+		p.mu.Unlock()
+	}
+	return n
+}

@@ -131,3 +131,36 @@ func feed(m *dgram.Mux, b []byte) {
 type recvOnce func() ([]byte, error)
 
 func (f recvOnce) ReceiveDatagram(context.Context) ([]byte, error) { return f() }
+
+// TestTableSettle: Settle waits while a tunnel runs (or has not started),
+// and returns once it parked (its connection lost), as Export needs.
+func TestTableSettle(t *testing.T) {
+	t.Parallel()
+	tu := newTunnel(t, Config{})
+	tb := NewTable()
+	remove, err := tb.Add(ID{1}, "", tu.cli)
+	require.NoError(t, err)
+	defer remove()
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	assert.Equal(t, 1, tb.Settle(done), "a tunnel not started yet is not settled")
+	a, b, cliErr, srvErr := tu.attach(1, false)
+	short, cancelShort := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelShort()
+	assert.Equal(t, 1, tb.Settle(short), "a running tunnel is waited for until ctx ends")
+	settled := make(chan int, 1)
+	go func() { settled <- tb.Settle(context.Background()) }()
+	kill(a, b)
+	require.ErrorIs(t, recvErr(t, cliErr), ErrParked)
+	require.ErrorIs(t, recvErr(t, srvErr), ErrParked)
+	select {
+	case n := <-settled:
+		assert.Zero(t, n, "the parked tunnel is settled")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Settle did not return once the tunnel parked")
+	}
+	states := tb.Export()
+	require.Len(t, states, 1)
+	_ = states[0].Conn.Close()
+	tu.srv.Abort(0)
+}

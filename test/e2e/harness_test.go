@@ -347,6 +347,7 @@ type clientOpts struct {
 	Args        []string
 	Env         []string // added to the environment
 	NoWait      bool     // do not wait for the QUIC connection (readyz)
+	Bin         string   // the client binary to run (default: the one built)
 }
 
 // startClient starts quictun-client for srv with -v 4 and, unless NoWait,
@@ -370,7 +371,11 @@ func startClient(t *testing.T, srv *daemon, o clientOpts) *daemon {
 			args = append(args, "--secret-file", o.SecretFile)
 		}
 		args = append(args, o.Args...)
-		p := startProc(t, "quictun-client", o.Env, bins.client, args...)
+		bin := bins.client
+		if o.Bin != "" {
+			bin = o.Bin
+		}
+		p := startProc(t, "quictun-client", o.Env, bin, args...)
 		d := &daemon{proc: p, Addr: "127.0.0.1:" + strconv.Itoa(lp), AdminURL: "http://127.0.0.1:" + strconv.Itoa(adm), adminPort: adm}
 		if o.NoWait {
 			// Wait for the admin server at least, so the listener is up.
@@ -522,7 +527,7 @@ func echoVia(t *testing.T, addr, msg string) error {
 }
 
 // echoOnce does one small round trip through an echo tunnel and closes c cleanly.
-func echoOnce(c *net.TCPConn, msg string) error {
+func echoOnce(c halfConn, msg string) error {
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(c, msg); err != nil {
 		return err

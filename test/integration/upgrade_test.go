@@ -85,33 +85,7 @@ func TestServerHandOver(t *testing.T) { // not parallel: it sets the environment
 	cl := testutil.StartClient(t, a, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true,
 		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	es := make([]*echoRounds, tunnels)
-	for i := range es {
-		es[i] = &echoRounds{}
-		c := dial(t, cl.Addr)
-		wg.Go(func() { es[i].run(c, stop) })
-	}
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		wg.Wait()
-	}()
-	moving := func(least int64) func() bool {
-		return func() bool {
-			for _, e := range es {
-				if e.rounds.Load() < least {
-					return false
-				}
-			}
-			return true
-		}
-	}
-	require.Eventually(t, moving(10), 30*time.Second, time.Millisecond)
+	load := startEchoLoad(t, cl.Addr, tunnels)
 	require.Eventually(t, func() bool { return sideA.table.Len() == tunnels }, 10*time.Second, time.Millisecond)
 
 	// The two ends of the handover socket, in one process: what A sends
@@ -145,24 +119,8 @@ func TestServerHandOver(t *testing.T) { // not parallel: it sets the environment
 	require.NoError(t, ierr)
 	assert.Equal(t, tunnels, n)
 
-	after := make([]int64, tunnels)
-	for i, e := range es {
-		after[i] = e.rounds.Load()
-	}
-	require.Eventually(t, func() bool {
-		for i, e := range es {
-			if e.rounds.Load() < after[i]+10 {
-				return false
-			}
-		}
-		return true
-	}, 30*time.Second, time.Millisecond, "the tunnels move on through B")
-	close(stop)
-	wg.Wait()
-	for i, e := range es {
-		require.NoError(t, e.err, "tunnel %d", i)
-		assert.Equal(t, e.sent, e.recvd, "tunnel %d: every byte echoed once and in order", i)
-	}
+	load.waitMoving(t, "the tunnels move on through B")
+	load.check(t)
 	assert.Equal(t, float64(tunnels), promtest.ToFloat64(sideB.metrics.Resumed), "B continued each tunnel")
 	assert.Equal(t, float64(tunnels), promtest.ToFloat64(cliSide.metrics.Resumed))
 	for _, r := range resume.GaveUpReasons() {
@@ -171,6 +129,66 @@ func TestServerHandOver(t *testing.T) { // not parallel: it sets the environment
 	require.Eventually(t, func() bool { return sideB.table.Len() == 0 && cliSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return sideA.budget.Used() == 0 && sideB.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
 		"every buffer given back")
+}
+
+// echoLoad is tunnels moving data through an echo (echoRounds), for a
+// handover in one process.
+type echoLoad struct {
+	es   []*echoRounds
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// startEchoLoad opens n tunnels through addr (a client's listener in front
+// of an echo) and waits until each moved 10 rounds.
+func startEchoLoad(t *testing.T, addr string, n int) *echoLoad {
+	t.Helper()
+	l := &echoLoad{es: make([]*echoRounds, n), stop: make(chan struct{})}
+	for i := range l.es {
+		l.es[i] = &echoRounds{}
+		c := dial(t, addr)
+		l.wg.Go(func() { l.es[i].run(c, l.stop) })
+	}
+	t.Cleanup(l.end)
+	l.waitMoving(t, "every tunnel moving data")
+	return l
+}
+
+func (l *echoLoad) end() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+// waitMoving waits until each tunnel moved 10 more rounds.
+func (l *echoLoad) waitMoving(t *testing.T, what string) {
+	t.Helper()
+	from := make([]int64, len(l.es))
+	for i, e := range l.es {
+		from[i] = e.rounds.Load()
+	}
+	require.Eventually(t, func() bool {
+		for i, e := range l.es {
+			if e.rounds.Load() < from[i]+10 {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, time.Millisecond, what)
+}
+
+// check stops the load and checks each tunnel: no error, every byte
+// echoed once and in order (SHA-256 of both directions).
+func (l *echoLoad) check(t *testing.T) {
+	t.Helper()
+	l.end()
+	for i, e := range l.es {
+		require.NoError(t, e.err, "tunnel %d", i)
+		assert.Equal(t, e.sent, e.recvd, "tunnel %d: every byte echoed once and in order", i)
+	}
 }
 
 // handoverPair returns both ends of a handover socket pair.

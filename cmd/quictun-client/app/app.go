@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
@@ -19,6 +20,7 @@ import (
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/cmd/internal/cli"
 	"github.com/quictun/quictun/pkg/endpoint"
+	"github.com/quictun/quictun/pkg/handover"
 	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/socks5"
@@ -90,7 +92,12 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	adm, err := cli.OpenAdminServer(o.HTTPDListenOn, o.HTTPDTokenFile)
+	inh, err := cli.TakeInherited()
+	if err != nil {
+		return err
+	}
+	defer inh.Close()
+	adm, err := cli.OpenAdminInherited(inh, o.HTTPDListenOn, o.HTTPDTokenFile)
 	if err != nil {
 		return err
 	}
@@ -100,7 +107,7 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	proxyCreds := ingress.NewProxyCredentials(credentialsOf(users))
-	listeners, forwards, err := o.localEntries(&cleanup, proxyCreds)
+	listeners, forwards, named, err := o.localEntries(inh, &cleanup, proxyCreds)
 	if err != nil {
 		return err
 	}
@@ -146,9 +153,14 @@ func (o *Options) Run(ctx context.Context) error {
 		reg.MustRegister(metrics.NewServerCollector(c.ServerStats, c.Switches))
 	}
 	logger.Info("Tunnel configured", o.entriesLog()...)
-	return o.Serve(ctx, cli.Serving{
+	return o.ServeUpgradable(ctx, cli.Serving{
 		Side: "client", Service: c, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
 		Admin: adm, Reloader: o.reloader, Apply: o.applier(c, secret, cache, proxyCreds),
+	}, cli.Upgrade{Inherited: inh, Service: c,
+		Sockets: func() ([]handover.Listener, error) {
+			return cli.DupSockets(append(slices.Clone(named), cli.NamedSocket{Name: cli.SockAdmin, Socket: adm.Listener()}))
+		},
+		Connected: func(ctx context.Context) { c.Connected(ctx, upgradeConnectWait) },
 	})
 }
 
@@ -232,25 +244,51 @@ func (o *Options) logProxies(logger klog.Logger, users socks5.Users) {
 	}
 }
 
+// upgradeConnectWait bounds how long the new process of an upgrade waits
+// for its first connection to a server before it reports ready and takes
+// the tunnels over (they then wait to re-attach, as after a lost
+// connection).
+const upgradeConnectWait = 10 * time.Second
+
 // localEntries opens the local entry points applications connect to, each
-// pushed on cleanup: the --listen-on listeners (the client's own Listeners)
-// and each --forward (TCP, UNIX or UDP) and --proxy (the client's Forwards),
-// the proxies requiring creds.
-func (o *Options) localEntries(cleanup *cli.Cleanup, creds *ingress.ProxyCredentials) ([]net.Listener, []client.Forward, error) {
-	var listeners []net.Listener
-	for _, spec := range o.listenOn() {
-		ln, err := listen("listen-on", spec)
+// pushed on cleanup, or takes those an upgrade handed over (inh): the
+// --listen-on listeners (the client's own Listeners) and each --forward
+// (TCP, UNIX or UDP) and --proxy (the client's Forwards), the proxies
+// requiring creds. named are the sockets, by the name an upgrade hands
+// them over under (the flag and its value).
+func (o *Options) localEntries(inh *cli.Inherited, cleanup *cli.Cleanup, creds *ingress.ProxyCredentials) (
+	listeners []net.Listener, forwards []client.Forward, named []cli.NamedSocket, err error,
+) {
+	open := func(name string, ep endpoint.Endpoint) (net.Listener, error) {
+		ln, err := inh.Listener(name)
+		if ln == nil && err == nil {
+			ln, err = listenEndpoint(strings.SplitN(name, ":", 2)[0], ep)
+		}
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		cleanup.Push(func() { _ = ln.Close() }) // the client closes them too when it stops
+		named = append(named, cli.NamedSocket{Name: name, Socket: ln})
+		return ln, nil
+	}
+	for _, spec := range o.listenOn() {
+		ep, err := endpoint.Parse(spec)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--listen-on %q: %w", spec, err)
+		}
+		ln, err := open("listen-on:"+spec, ep)
+		if err != nil {
+			return nil, nil, nil, err
+		}
 		listeners = append(listeners, ln)
 	}
-	forwards := make([]client.Forward, 0, len(o.Forward)+len(o.Proxy))
 	for _, f := range o.entries.forwards {
-		fw, err := openForward(f, cleanup)
+		fw, err := openForward(inh, f, cleanup, open)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
+		}
+		if fw.Packet != nil {
+			named = append(named, cli.NamedSocket{Name: "forward:" + f.listen.String(), Socket: fw.Packet})
 		}
 		forwards = append(forwards, fw)
 	}
@@ -260,32 +298,39 @@ func (o *Options) localEntries(cleanup *cli.Cleanup, creds *ingress.ProxyCredent
 		if kind == ProxySOCKS5 {
 			proxy = ingress.SOCKS5{Credentials: creds}
 		}
-		ln, err := listen("proxy", "tcp:"+addr)
+		ep, err := endpoint.Parse("tcp:" + addr)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, fmt.Errorf("--proxy %q: %w", p, err)
 		}
-		cleanup.Push(func() { _ = ln.Close() })
+		ln, err := open("proxy:"+p, ep)
+		if err != nil {
+			return nil, nil, nil, err
+		}
 		forwards = append(forwards, client.Forward{Listener: ln, Proxy: proxy, Name: kind})
 	}
-	return listeners, forwards, nil
+	return listeners, forwards, named, nil
 }
 
 // openForward opens the listener (or UDP socket) of one --forward
-// LISTEN=DESTINATION, pushing its Close on cleanup.
-func openForward(f forwardSpec, cleanup *cli.Cleanup) (client.Forward, error) {
+// LISTEN=DESTINATION, or takes the one an upgrade handed over (inh),
+// pushing its Close on cleanup; open opens (or takes) a listener.
+func openForward(inh *cli.Inherited, f forwardSpec, cleanup *cli.Cleanup, open func(string, endpoint.Endpoint) (net.Listener, error)) (client.Forward, error) {
+	name := "forward:" + f.listen.String()
 	if f.listen.Network == endpoint.NetworkUDP {
-		uc, err := transport.ListenUDP(f.listen.Address)
+		uc, err := inh.UDP(name)
+		if uc == nil && err == nil {
+			uc, err = transport.ListenUDP(f.listen.Address)
+		}
 		if err != nil {
 			return client.Forward{}, fmt.Errorf("--forward %s: %w", f.listen, err)
 		}
 		cleanup.Push(func() { _ = uc.Close() })
 		return client.Forward{Packet: uc, Tokens: f.tokens, Name: f.dest}, nil
 	}
-	ln, err := listenEndpoint("forward", f.listen)
+	ln, err := open(name, f.listen)
 	if err != nil {
 		return client.Forward{}, err
 	}
-	cleanup.Push(func() { _ = ln.Close() })
 	return client.Forward{Listener: ln, Tokens: f.tokens, Name: f.dest}, nil
 }
 
@@ -375,17 +420,8 @@ func credentialsOf(users socks5.Users) socks5.Credentials {
 	return users
 }
 
-// listen opens a local listener for "tcp:HOST:PORT" or "unix:/path". A stale
+// listenEndpoint opens a local listener on ep (tcp: or unix:). A stale
 // UNIX socket file left by a previous run is removed first.
-func listen(flag, spec string) (net.Listener, error) {
-	ep, err := endpoint.Parse(spec)
-	if err != nil {
-		return nil, fmt.Errorf("--%s %q: %w", flag, spec, err)
-	}
-	return listenEndpoint(flag, ep)
-}
-
-// listenEndpoint opens a local listener on ep (tcp: or unix:).
 func listenEndpoint(flag string, ep endpoint.Endpoint) (net.Listener, error) {
 	spec := ep.String()
 	if ep.Network == endpoint.NetworkUnix {

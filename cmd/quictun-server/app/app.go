@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -94,12 +93,12 @@ func (o *Options) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	inh, err := takeInherited()
+	inh, err := cli.TakeInherited()
 	if err != nil {
 		return err
 	}
-	defer inh.close()
-	adm, err := o.openAdmin(inh)
+	defer inh.Close()
+	adm, err := cli.OpenAdminInherited(inh, o.HTTPDListenOn, o.HTTPDTokenFile)
 	if err != nil {
 		return err
 	}
@@ -147,18 +146,20 @@ func (o *Options) Run(ctx context.Context) error {
 		return err
 	}
 	logAllowList(logger, o, allow, srv.Addr(), adm.Addrs())
-	return o.serveUpgradable(ctx, inh, reg, cli.Serving{
+	return o.ServeUpgradable(ctx, cli.Serving{
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
 		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
-	}, func() ([]handover.Listener, error) { return handedSockets(udp, tcpLn, adm.Listener()) })
+	}, cli.Upgrade{Inherited: inh, Service: srv, Sockets: func() ([]handover.Listener, error) {
+		return cli.DupSockets([]cli.NamedSocket{{Name: sockUDP, Socket: udp}, {Name: sockTCP, Socket: tcpLn}, {Name: cli.SockAdmin, Socket: adm.Listener()}})
+	}})
 }
 
 // openSockets opens the UDP socket and the TCP fallback listener, or takes
 // those an upgrade handed over; each Close is pushed on cleanup.
-func (o *Options) openSockets(inh *inherited, cleanup *cli.Cleanup, logger klog.Logger) (*cli.Socket, *net.UDPConn, net.Listener, error) {
+func (o *Options) openSockets(inh *cli.Inherited, cleanup *cli.Cleanup, logger klog.Logger) (*cli.Socket, *net.UDPConn, net.Listener, error) {
 	qopts := o.QUICOptions()
 	qopts.MaxIncomingStreams, qopts.Allow0RTT = o.MaxStreamsPerConn, !o.Disable0RTT
-	udp, err := inh.udp()
+	udp, err := inh.UDP(sockUDP)
 	if udp == nil && err == nil {
 		udp, err = transport.ListenUDP(o.ListenOn)
 	}
@@ -179,84 +180,10 @@ func (o *Options) openSockets(inh *inherited, cleanup *cli.Cleanup, logger klog.
 	return sock, udp, tcpLn, nil
 }
 
-// serveUpgradable takes the tunnels an upgrade handed over (inh) or tells
-// systemd the server is ready, then serves s with the SIGUSR2 upgrade
-// watch beside it (sockets: what it hands over).
-func (o *Options) serveUpgradable(ctx context.Context, inh *inherited, reg *prometheus.Registry, s cli.Serving,
-	sockets func() ([]handover.Listener, error),
-) error {
-	srv := s.Service.(*server.Server)
-	upm := metrics.NewUpgrade(reg)
-	if inh != nil {
-		if err := inh.finish(ctx, srv, upm); err != nil {
-			return err
-		}
-	} else if err := cli.SdNotify("READY=1"); err != nil {
-		klog.FromContext(ctx).V(2).Info("Could not tell systemd the server is ready", "err", err)
-	}
-	uctx, stopUpgrades := context.WithCancel(ctx)
-	up := &upgrader{exe: executable, args: os.Args[1:], srv: srv, metrics: upm, sockets: sockets}
-	upgraded := make(chan struct{})
-	go func() { defer close(upgraded); up.watch(uctx) }()
-	err := o.Serve(ctx, s)
-	stopUpgrades()
-	<-upgraded
-	return err
-}
-
-// executable is the path this binary was started from, read when the
-// process started (before an upgrade replaces the file): an upgrade starts
-// the file now at that path.
-var executable = func() string {
-	p, err := os.Executable()
-	if err != nil {
-		return os.Args[0]
-	}
-	return p
-}()
-
-// handedSockets duplicates the listening sockets an upgrade hands over.
-func handedSockets(udp *net.UDPConn, tcpLn, adminLn net.Listener) ([]handover.Listener, error) {
-	var ls []handover.Listener
-	for _, s := range []struct {
-		name string
-		c    any
-	}{{sockUDP, udp}, {sockTCP, tcpLn}, {sockAdmin, adminLn}} {
-		if s.c == nil || s.c == net.Listener(nil) {
-			continue
-		}
-		f, err := fileOf(s.c)
-		if err != nil {
-			for _, l := range ls {
-				_ = l.File.Close()
-			}
-			return nil, err
-		}
-		ls = append(ls, handover.Listener{Name: s.name, File: f})
-	}
-	return ls, nil
-}
-
-// openAdmin opens the admin listener, or takes the one handed over.
-func (o *Options) openAdmin(inh *inherited) (*cli.Admin, error) {
-	ln, err := inh.listener(sockAdmin)
-	if err != nil {
-		return nil, err
-	}
-	if ln != nil {
-		if o.HTTPDListenOn == "" {
-			_ = ln.Close()
-			return nil, nil
-		}
-		return cli.NewAdminServer(ln, o.HTTPDTokenFile)
-	}
-	return cli.OpenAdminServer(o.HTTPDListenOn, o.HTTPDTokenFile)
-}
-
 // openTCP opens the TCP fallback listener, or takes the one handed over
 // (unless --tcp-listen-on is off now).
-func (o *Options) openTCP(inh *inherited, udp net.Addr, logger klog.Logger) (net.Listener, error) {
-	ln, err := inh.listener(sockTCP)
+func (o *Options) openTCP(inh *cli.Inherited, udp net.Addr, logger klog.Logger) (net.Listener, error) {
+	ln, err := inh.Listener(sockTCP)
 	if err != nil {
 		return nil, err
 	}
@@ -269,6 +196,12 @@ func (o *Options) openTCP(inh *inherited, udp net.Addr, logger klog.Logger) (net
 	}
 	return o.listenTCP(udp, logger)
 }
+
+// Names of the sockets an upgrade hands over (cli.SockAdmin besides).
+const (
+	sockUDP = "udp"
+	sockTCP = "tcp"
+)
 
 // manyUsers sets up what one server shared by many users needs: the
 // accounting per identity (kept in --state-dir), quotas, rate caps, the

@@ -1,0 +1,420 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/handover"
+	"github.com/quictun/quictun/pkg/metrics"
+)
+
+// An upgrade (issue 34, parts 2 and 3): on SIGUSR2 a daemon starts the
+// binary at its own path again (the upgraded file) with the same
+// arguments and environment, and hands it, over an inherited socket pair
+// (pkg/handover), its listening sockets; once the new process reports
+// ready, the old one hands its service over (Upgradable.HandOver: its
+// connections closed, its resumable tunnels sent) and exits. A new
+// process that exits or does not report ready within UpgradeReadyTimeout
+// is killed and the old one keeps serving.
+const (
+	UpgradeReadyTimeout = 30 * time.Second
+	// handoverTimeout bounds sending the tunnels and the new process's
+	// answer.
+	handoverTimeout = time.Minute
+)
+
+// SockAdmin names the admin listener handed over.
+const SockAdmin = "admin"
+
+// Upgradable is a daemon's service an upgrade hands over
+// (server.Server, client.Client).
+type Upgradable interface {
+	// HandOver stops the service (Run returns) and gives its resumable
+	// tunnels to send; handover.ErrNotServing if Run had ended.
+	HandOver(ctx context.Context, send handover.SendFunc) error
+	// HandoverLimits bound what the new process takes.
+	HandoverLimits() handover.Limits
+	// Import continues the tunnels handed over and returns how many.
+	Import(ctx context.Context, tunnels []handover.Tunnel) (int, error)
+}
+
+// Upgrade is what ServeUpgradable needs besides Serving.
+type Upgrade struct {
+	// Inherited is what the previous process handed over (nil: a normal
+	// start).
+	Inherited *Inherited
+	Service   Upgradable
+	// Sockets duplicates the listening sockets an upgrade hands over.
+	Sockets func() ([]handover.Listener, error)
+	// Connected, if set, runs in a new process beside Serve before it
+	// reports ready and imports the tunnels, which then go to the running
+	// service (the client: until its first connection to a server is up,
+	// bounded). Without it the tunnels are imported before Serve (the
+	// server, before Run).
+	Connected func(ctx context.Context)
+}
+
+// Inherited are the sockets the previous process handed over (an upgrade);
+// nil when the daemon was not started by one.
+type Inherited struct {
+	conn  *handover.Conn
+	files map[string]*os.File
+}
+
+// TakeInherited receives the sockets of the process that started this one
+// for an upgrade (nil, nil: a normal start).
+func TakeInherited() (*Inherited, error) {
+	hc, err := handover.FromEnv()
+	if err != nil || hc == nil {
+		return nil, err
+	}
+	_ = hc.SetDeadline(time.Now().Add(UpgradeReadyTimeout))
+	ls, err := hc.RecvListeners()
+	if err != nil {
+		_ = hc.Close()
+		return nil, fmt.Errorf("upgrade: receive the listening sockets: %w", err)
+	}
+	in := &Inherited{conn: hc, files: make(map[string]*os.File, len(ls))}
+	for _, l := range ls {
+		if old := in.files[l.Name]; old != nil {
+			_ = old.Close()
+		}
+		in.files[l.Name] = l.File
+	}
+	return in, nil
+}
+
+// Take returns the socket named name (nil: not handed over), which the
+// caller then owns.
+func (in *Inherited) Take(name string) *os.File {
+	if in == nil {
+		return nil
+	}
+	f := in.files[name]
+	delete(in.files, name)
+	return f
+}
+
+// UDP is the inherited UDP socket named name (nil: none).
+func (in *Inherited) UDP(name string) (*net.UDPConn, error) {
+	f := in.Take(name)
+	if f == nil {
+		return nil, nil
+	}
+	pc, err := net.FilePacketConn(f)
+	_ = f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("upgrade: %s socket: %w", name, err)
+	}
+	uc, ok := pc.(*net.UDPConn)
+	if !ok {
+		_ = pc.Close()
+		return nil, fmt.Errorf("upgrade: the %s socket handed over is a %T", name, pc)
+	}
+	return uc, nil
+}
+
+// Listener is the inherited listener named name (nil: none). A UNIX
+// listener removes its socket file when it is closed, as one this
+// process opened would.
+func (in *Inherited) Listener(name string) (net.Listener, error) {
+	f := in.Take(name)
+	if f == nil {
+		return nil, nil
+	}
+	ln, err := net.FileListener(f)
+	_ = f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("upgrade: %s listener: %w", name, err)
+	}
+	if ul, ok := ln.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(true)
+	}
+	return ln, nil
+}
+
+// Close closes what was not taken, and the handover socket.
+func (in *Inherited) Close() {
+	if in == nil {
+		return
+	}
+	for _, f := range in.files {
+		_ = f.Close()
+	}
+	_ = in.conn.Close()
+}
+
+// OpenAdminInherited opens the admin listener on address, or takes the one
+// handed over (closed if address is "" now).
+func OpenAdminInherited(in *Inherited, address, tokenFile string) (*Admin, error) {
+	ln, err := in.Listener(SockAdmin)
+	if err != nil {
+		return nil, err
+	}
+	if ln != nil {
+		if address == "" {
+			_ = ln.Close()
+			return nil, nil
+		}
+		return NewAdminServer(ln, tokenFile)
+	}
+	return OpenAdminServer(address, tokenFile)
+}
+
+// NamedSocket is a socket an upgrade hands over under Name: a
+// *net.UDPConn or a net.Listener (nil: left out).
+type NamedSocket struct {
+	Name   string
+	Socket any
+}
+
+// DupSockets duplicates the sockets an upgrade hands over (the caller
+// closes the files).
+func DupSockets(ss []NamedSocket) ([]handover.Listener, error) {
+	var ls []handover.Listener
+	for _, s := range ss {
+		if s.Socket == nil || s.Socket == net.Listener(nil) {
+			continue
+		}
+		fc, ok := s.Socket.(interface{ File() (*os.File, error) })
+		var f *os.File
+		err := fmt.Errorf("upgrade: cannot hand over a %T", s.Socket)
+		if ok {
+			f, err = fc.File()
+		}
+		if err != nil {
+			for _, l := range ls {
+				_ = l.File.Close()
+			}
+			return nil, err
+		}
+		ls = append(ls, handover.Listener{Name: s.Name, File: f})
+	}
+	return ls, nil
+}
+
+// ServeUpgradable takes the tunnels an upgrade handed over (u.Inherited) or
+// tells systemd the daemon is ready, and serves s with the SIGUSR2 upgrade
+// watch beside it.
+func (d *DaemonFlags) ServeUpgradable(ctx context.Context, s Serving, u Upgrade) error {
+	upm := metrics.NewUpgrade(s.Metrics, s.Side)
+	logger := klog.FromContext(ctx)
+	up := &upgrader{exe: executable, args: os.Args[1:], side: s.Side, srv: u.Service, metrics: upm, sockets: u.Sockets}
+	sigs := notifyUpgrades()
+	uctx, stopUpgrades := context.WithCancel(ctx)
+	upgraded := make(chan struct{})
+	switch {
+	case u.Inherited == nil:
+		if err := SdNotify("READY=1"); err != nil {
+			logger.V(2).Info("Could not tell systemd the daemon is ready", "err", err)
+		}
+		go func() { defer close(upgraded); up.watch(uctx, sigs) }()
+	case u.Connected == nil:
+		if err := u.Inherited.finish(ctx, u.Service, upm); err != nil {
+			signal.Stop(sigs)
+			stopUpgrades()
+			return err
+		}
+		go func() { defer close(upgraded); up.watch(uctx, sigs) }()
+	default:
+		go func() {
+			defer close(upgraded)
+			u.Connected(uctx)
+			if uctx.Err() != nil {
+				signal.Stop(sigs)
+				return // Serve ended: no ready, the previous process keeps serving
+			}
+			if err := u.Inherited.finish(uctx, u.Service, upm); err != nil {
+				// The previous process kills this one when it sees no ready.
+				signal.Stop(sigs)
+				logger.Error(err, "Upgrade: could not take over from the previous process")
+				return
+			}
+			up.watch(uctx, sigs)
+		}()
+	}
+	err := d.Serve(ctx, s)
+	stopUpgrades()
+	<-upgraded
+	return err
+}
+
+// finish takes the tunnels over once the service is built: it reports
+// ready (the old process then hands its service over and sends them),
+// imports them, tells systemd this is the main process now
+// (NotifyAccess=all) and answers the old process, which exits. A failure
+// to take the tunnels is logged: the new process serves anyway (the old
+// one has let go).
+func (in *Inherited) finish(ctx context.Context, srv Upgradable, m *metrics.Upgrade) error {
+	logger := klog.FromContext(ctx)
+	hc := in.conn
+	if err := hc.SendReady(os.Getpid()); err != nil {
+		return fmt.Errorf("upgrade: report ready: %w", err)
+	}
+	_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
+	ts, err := hc.RecvTunnels(srv.HandoverLimits())
+	if err != nil {
+		logger.Error(err, "Upgrade: could not take the tunnels of the previous process; serving without them")
+		_ = hc.SendDone(0, err.Error())
+		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+		return nil
+	}
+	n, ierr := srv.Import(ctx, ts)
+	m.Tunnels.WithLabelValues(metrics.UpgradeImported).Add(float64(n))
+	m.Tunnels.WithLabelValues(metrics.UpgradeRefused).Add(float64(len(ts) - n))
+	if ierr != nil {
+		logger.Error(ierr, "Upgrade: some tunnels of the previous process could not be continued; they were reset", "refused", len(ts)-n)
+	}
+	if err := SdNotify("MAINPID=" + strconv.Itoa(os.Getpid()) + "\nREADY=1"); err != nil {
+		logger.Error(err, "Upgrade: could not tell systemd the new main PID")
+	}
+	text := ""
+	if ierr != nil {
+		text = ierr.Error()
+	}
+	if err := hc.SendDone(n, text); err != nil {
+		logger.Error(err, "Upgrade: could not answer the previous process")
+	}
+	m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+	logger.Info("Upgrade: serving as the new process", "pid", os.Getpid(), "tunnels", n)
+	return nil
+}
+
+// executable is the path this binary was started from, read when the
+// process started (before an upgrade replaces the file): an upgrade starts
+// the file now at that path.
+var executable = func() string {
+	p, err := os.Executable()
+	if err != nil {
+		return os.Args[0]
+	}
+	return p
+}()
+
+// upgrader starts the new process on SIGUSR2 and hands the service over.
+type upgrader struct {
+	exe     string
+	args    []string
+	side    string
+	srv     Upgradable
+	sockets func() ([]handover.Listener, error) // duplicates of the listening sockets
+	metrics *metrics.Upgrade
+}
+
+// notifyUpgrades catches the upgrade signal from now on (nil: no upgrades
+// on this platform, pkg/handover is Linux only): one that comes while the
+// daemon starts, or while it takes over from its predecessor, waits for
+// watch instead of ending the process (the signal's default action).
+func notifyUpgrades() chan os.Signal {
+	if len(upgradeSignals) == 0 {
+		return nil
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, upgradeSignals...)
+	return sigs
+}
+
+// watch upgrades on sigs (notifyUpgrades) until ctx is done or an upgrade
+// went through; then it stops catching them.
+func (u *upgrader) watch(ctx context.Context, sigs chan os.Signal) {
+	logger := klog.FromContext(ctx)
+	if sigs == nil {
+		return
+	}
+	defer signal.Stop(sigs)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sigs:
+		}
+		logger.Info("Received SIGUSR2; upgrading: starting the new binary", "path", u.exe)
+		committed, err := u.upgrade(ctx, logger)
+		switch {
+		case committed:
+			// Run has ended; a handover that failed after the old process
+			// let go is Run's error (logged as the exit reason, exit 1).
+			return
+		case err != nil:
+			u.metrics.Upgrades.WithLabelValues(metrics.UpgradeFailed).Inc()
+			logger.Error(err, "Upgrade failed; still serving. Check the new binary (run it with --check-config) and send SIGUSR2 again", "path", u.exe)
+		}
+	}
+}
+
+// upgrade starts the new process and, once it reports ready, hands the
+// service over (committed: the old process then stops serving).
+func (u *upgrader) upgrade(ctx context.Context, logger klog.Logger) (committed bool, err error) {
+	ls, err := u.sockets()
+	defer func() {
+		for _, l := range ls {
+			_ = l.File.Close()
+		}
+	}()
+	if err != nil {
+		return false, err
+	}
+	parent, cmd, exited, err := u.start()
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = parent.Close() }()
+	deadline := time.Now().Add(UpgradeReadyTimeout)
+	_ = parent.SetDeadline(deadline)
+	pid := 0
+	if err = parent.SendListeners(ls); err == nil {
+		pid, err = parent.WaitReady(deadline)
+	}
+	if err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		return false, fmt.Errorf("the new process (pid %d) did not report ready within %s: %w (%s)", cmd.Process.Pid, UpgradeReadyTimeout, err, cmd.ProcessState)
+	}
+	logger.Info("Upgrade: the new process is ready; handing the "+u.side+" over", "pid", pid)
+	err = u.srv.HandOver(ctx, func(ts []handover.Tunnel) error {
+		_ = parent.SetDeadline(time.Now().Add(handoverTimeout))
+		if err := parent.SendTunnels(ts); err != nil {
+			return err
+		}
+		n, err := parent.WaitDone(time.Now().Add(handoverTimeout))
+		logger.Info("Upgrade: the new process took the tunnels", "pid", pid, "tunnels", n, "sent", len(ts))
+		return err
+	})
+	if errors.Is(err, handover.ErrNotServing) {
+		_ = cmd.Process.Kill()
+		<-exited
+		return false, err
+	}
+	return true, err
+}
+
+// start starts the new process with the child's end of a handover pair;
+// exited is closed once it exited (after our exit, when it took over).
+func (u *upgrader) start() (*handover.Conn, *exec.Cmd, <-chan struct{}, error) {
+	parent, child, err := handover.Pair()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cmd := exec.Command(u.exe, u.args...)               //nolint:gosec // our own binary at the path it was started from, with our own arguments
+	cmd.Env = append(os.Environ(), handover.EnvFD+"=3") // ExtraFiles[0] is descriptor 3
+	cmd.ExtraFiles = []*os.File{child}
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	err = cmd.Start()
+	_ = child.Close()
+	if err != nil {
+		_ = parent.Close()
+		return nil, nil, nil, fmt.Errorf("start %s: %w", u.exe, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	return parent, cmd, exited, nil
+}

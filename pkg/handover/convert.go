@@ -1,0 +1,74 @@
+package handover
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/quictun/quictun/pkg/resume"
+	"github.com/quictun/quictun/pkg/tunnel"
+)
+
+// SendStates gives the states a daemon exported (resume.Table.Export) to
+// send, each with what its *tunnel.Tunnel (State.Meta) shows (Meta is not
+// handed over), then closes their application sockets (the new process
+// holds its own). It returns how many it sent.
+func SendStates(states []*resume.State, send SendFunc) (int, error) {
+	tunnels := make([]Tunnel, 0, len(states))
+	for _, st := range states {
+		ht := Tunnel{State: *st}
+		if t, ok := st.Meta.(*tunnel.Tunnel); ok {
+			ht.UUID, ht.Destination, ht.Source, ht.Endpoint, ht.CreatedAt = t.UUID, t.Destination, t.Source, t.Endpoint, t.CreatedAt
+		}
+		ht.Meta = nil
+		tunnels = append(tunnels, ht)
+	}
+	err := send(tunnels)
+	for _, st := range states {
+		_ = st.Conn.Close()
+	}
+	if err != nil {
+		return len(tunnels), fmt.Errorf("hand over %d tunnels: %w", len(tunnels), err)
+	}
+	return len(tunnels), nil
+}
+
+// ImportAll continues each tunnel with imp (its state, and a
+// *tunnel.Tunnel with what the registry shows, for imp to complete) and
+// returns how many it took; the errors of the others (imp reset them) are
+// joined.
+func ImportAll(tunnels []Tunnel, imp func(st *resume.State, t *tunnel.Tunnel) error) (int, error) {
+	var errs []error
+	n := 0
+	for i := range tunnels {
+		ht := &tunnels[i]
+		t := &tunnel.Tunnel{UUID: ht.UUID, Destination: ht.Destination, Source: ht.Source, Endpoint: ht.Endpoint,
+			CreatedAt: ht.CreatedAt, Transport: "quic"}
+		st := ht.State
+		if err := imp(&st, t); err != nil {
+			errs = append(errs, fmt.Errorf("tunnel %s: %w", ht.UUID, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// LimitsOf are the bounds of what a daemon with resumable tunnels s takes
+// from its predecessor: at most maxTunnels, each within the resume cap
+// (plus one read), all within the resume budget; nothing without
+// resumable tunnels (s nil, or its window 0).
+func LimitsOf(s *resume.Settings, maxTunnels int) Limits {
+	if s.WindowNow() <= 0 {
+		return Limits{}
+	}
+	capBytes := s.Cap
+	if capBytes <= 0 {
+		capBytes = resume.DefaultCap
+	}
+	lim := Limits{MaxTunnels: maxTunnels, MaxTunnelBytes: capBytes + resume.ChunkSize + resume.ExtraBytes}
+	lim.MaxTotalBytes = int64(lim.MaxTunnels) * int64(lim.MaxTunnelBytes)
+	if s.Budget != nil && s.Budget.Max() > 0 {
+		lim.MaxTotalBytes = min(lim.MaxTotalBytes, s.Budget.Max())
+	}
+	return lim
+}

@@ -1,0 +1,103 @@
+package integration
+
+import (
+	"context"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/client"
+	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/handover"
+	"github.com/quictun/quictun/pkg/resume"
+	"github.com/quictun/quictun/server"
+)
+
+// TestClientHandOver (issue 34 part 3, in process): client A hands its
+// local listener and its resumable tunnels over (Client.HandOver, through
+// a pkg/handover socket pair as between two processes) to client B, built
+// on that listener with its own connection to the server, which imports
+// them (Client.Import): A closes its connection, the server parks the
+// tunnels, B re-attaches each; the applications' connections to the
+// listener stay open, and no byte is lost, doubled or reordered (SHA-256
+// both ways, 5 tunnels moving data through an echo the whole time). A new
+// connection to the same listener is served by B, and nothing is left
+// held at the end.
+func TestClientHandOver(t *testing.T) { // not parallel: it sets the environment (handoverPair)
+	const tunnels = 5
+	echo := testutil.EchoServer(t)
+	srvSide := newResumeSide(server.NewResumeMetrics)
+	sideA, sideB := newResumeSide(client.NewResumeMetrics), newResumeSide(client.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo},
+		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
+	lnA, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	a := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Listeners: []net.Listener{lnA},
+		Mutate: func(c *client.Config) { c.Resume = sideA.ingress(time.Minute) }})
+
+	load := startEchoLoad(t, a.Addr, tunnels)
+	require.Eventually(t, func() bool { return sideA.table.Len() == tunnels }, 10*time.Second, time.Millisecond)
+
+	// The two ends of the handover socket, in one process: what A sends
+	// arrives as B would receive it in its own process.
+	parent, child := handoverPair(t)
+	lnFile, err := lnA.(*net.TCPListener).File()
+	require.NoError(t, err)
+	require.NoError(t, parent.SendListeners([]handover.Listener{{Name: "listen-on:tcp:" + a.Addr, File: lnFile}}))
+	require.NoError(t, lnFile.Close())
+	ls, err := child.RecvListeners()
+	require.NoError(t, err)
+	require.Len(t, ls, 1)
+	lnB, err := net.FileListener(ls[0].File)
+	require.NoError(t, err)
+	require.NoError(t, ls[0].File.Close())
+	b := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Listeners: []net.Listener{lnB},
+		Mutate: func(c *client.Config) { c.Resume = sideB.ingress(time.Minute) }})
+
+	done := make(chan error, 1)
+	go func() {
+		done <- a.HandOver(context.Background(), func(ts []handover.Tunnel) error { return parent.SendTunnels(ts) })
+	}()
+	ts, err := child.RecvTunnels(b.HandoverLimits())
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	require.Equal(t, tunnels, len(ts), "tunnels handed over")
+	assert.Zero(t, sideA.table.Len(), "A let go of every tunnel")
+	a.Stop(t) // as the old process exits: its Run has returned
+	n, err := b.Import(context.Background(), ts)
+	require.NoError(t, err)
+	assert.Equal(t, tunnels, n)
+
+	load.waitMoving(t, "the tunnels move on through B")
+	checkEchoOnce(t, b.Addr) // a new connection to the listener A handed over
+	load.check(t)
+	assert.Equal(t, float64(tunnels), promtest.ToFloat64(sideB.metrics.Resumed), "B re-attached each tunnel")
+	assert.Equal(t, float64(tunnels), promtest.ToFloat64(srvSide.metrics.Resumed), "the server continued each tunnel")
+	for _, r := range resume.GaveUpReasons() {
+		assert.Zero(t, promtest.ToFloat64(sideB.metrics.GaveUp.WithLabelValues(r)), r)
+		assert.Zero(t, promtest.ToFloat64(srvSide.metrics.GaveUp.WithLabelValues(r)), r)
+	}
+	require.Eventually(t, func() bool { return sideB.table.Len() == 0 && srvSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return sideA.budget.Used() == 0 && sideB.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
+		"every buffer given back")
+}
+
+// checkEchoOnce opens a connection to addr (a client's listener in front
+// of an echo) and checks one round.
+func checkEchoOnce(t *testing.T, addr string) {
+	t.Helper()
+	c := dial(t, addr)
+	defer func() { _ = c.Close() }()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	_, err := c.Write([]byte("hello"))
+	require.NoError(t, err)
+	got := make([]byte, 5)
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(got))
+}
