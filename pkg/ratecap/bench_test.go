@@ -23,31 +23,39 @@ const farAbove = 100e9 / 8
 // the server carries it, without caps and with a cap far above the rate:
 // download, the server writes and its sender's controller is wrapped and
 // bound to a budget (Controller); upload, the server reads through a
-// capped Stream (reads of at most 16 KiB, each booked in the budget).
+// capped Stream (reads of at most 16 KiB, each booked in the budget);
+// caps=link100Gbit is an uncapped identity under --link-rate, paced by the
+// link's rest (also far above the rate), which it shares with the others.
 // Compare interleaved runs (-count, benchstat): on a shared machine the
 // run-to-run spread can exceed the difference.
 //
 //	go test -run '^$' -bench BenchmarkCapsDataPath -count 6 ./pkg/ratecap/
 func BenchmarkCapsDataPath(b *testing.B) {
 	for _, dir := range []string{"download", "upload"} {
-		for _, capped := range []bool{false, true} {
-			name := "dir=" + dir + "/caps=off"
-			if capped {
-				name = "dir=" + dir + "/caps=100Gbit"
-			}
-			b.Run(name, func(b *testing.B) { benchTransfer(b, dir == "upload", capped) })
+		for _, mode := range []string{"off", "100Gbit", "link100Gbit"} {
+			b.Run("dir="+dir+"/caps="+mode, func(b *testing.B) { benchTransfer(b, dir == "upload", mode) })
 		}
 	}
 }
 
 // benchTransfer moves b.N chunks of 64 KiB from the server to the client
-// (upload false) or the other way, capped or not.
-func benchTransfer(b *testing.B, upload, capped bool) {
+// (upload false) or the other way, capped (mode 100Gbit), paced by the
+// link's rest (link100Gbit) or not (off).
+func benchTransfer(b *testing.B, upload bool, mode string) {
 	q := transport.QUICConfig(transport.DefaultQUICOptions())
 	sq := q.Clone()
 	var budget Shares // the identity's, as Table.For gives it
-	budget.Down.SetRate(farAbove)
-	budget.Up.SetRate(farAbove)
+	switch mode {
+	case "100Gbit":
+		budget.Down.SetRate(farAbove)
+		budget.Up.SetRate(farAbove)
+	case "link100Gbit":
+		var down, up linkShare
+		down.setLink(farAbove)
+		up.setLink(farAbove)
+		budget.Down.rest, budget.Up.rest = &down, &up
+	}
+	capped := mode != "off"
 	if capped {
 		sq.Congestion = Factory(q.Congestion)
 	}
@@ -120,18 +128,25 @@ func streamPair(tb testing.TB, ctx context.Context, cli, srv *quic.Conn) (c, s *
 // in the identity's budget and the next send time, against the inner
 // controller alone (caps=off: not bound, a server without caps) and bound
 // to a budget without a cap (caps=none: an identity without a cap on a
-// server with caps or an auth hook).
+// server with caps or an auth hook), and such a budget under --link-rate
+// (caps=link100Gbit: paced by the link's rest, refreshed every 100 ms).
 func BenchmarkControllerPerPacket(b *testing.B) {
 	for _, tc := range []struct {
 		name string
 		bind bool
 		rate float64
-	}{{"caps=off", false, 0}, {"caps=none", true, 0}, {"caps=100Gbit", true, farAbove}} {
+		link float64
+	}{{"caps=off", false, 0, 0}, {"caps=none", true, 0, 0}, {"caps=100Gbit", true, farAbove, 0}, {"caps=link100Gbit", true, 0, farAbove}} {
 		b.Run(tc.name, func(b *testing.B) {
 			c := Wrap(openController{})
 			if tc.bind {
 				var bk Bucket
 				bk.SetRate(tc.rate)
+				if tc.link > 0 {
+					bk.rest = &linkShare{}
+					bk.rest.setLink(tc.link)
+					bk.rest.capped.Store(&[]*Bucket{})
+				}
 				c.Bind(&bk)
 			}
 			now := qc.Time(time.Hour)

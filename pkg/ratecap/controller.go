@@ -70,9 +70,8 @@ func (c *Controller) OnPacketSent(p qc.SentPacket) {
 	if !p.AckEliciting {
 		return
 	}
-	now := c.budgetTime(p.Time)
-	if b := c.down.Load().pacer(now); b != nil {
-		b.sent(now, p.Bytes)
+	if b := c.down.Load().paced(); b != nil {
+		b.sent(c.budgetTime(p.Time), p.Bytes)
 	}
 }
 
@@ -94,9 +93,16 @@ func (c *Controller) HasPacingBudget(now qc.Time) bool {
 	if !c.inner.HasPacingBudget(now) {
 		return false
 	}
+	b := c.down.Load()
+	p := b.paced()
+	if p == nil {
+		return true
+	}
 	t := c.budgetTime(now)
-	b := c.down.Load().pacer(t)
-	return b == nil || b.ready(t)
+	if p != b {
+		b.rest.refresh(t)
+	}
+	return p.ready(t)
 }
 
 // TimeUntilSend implements qc.Controller: the later of the two pacers'.

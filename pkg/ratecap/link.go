@@ -44,6 +44,10 @@ func (s *linkShare) setLink(bytesPerSec float64) {
 	s.last.Store(0)
 }
 
+// linked reports whether the link's rate is set: the capped budgets then
+// count what they book for the rest's refresh. s may be nil.
+func (s *linkShare) linked() bool { return s != nil && s.link.Load() != 0 }
+
 // rate returns the link's rate in bytes per second (0: none).
 func (s *linkShare) rate() float64 { return math.Float64frombits(s.link.Load()) }
 

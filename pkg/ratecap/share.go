@@ -95,7 +95,9 @@ func (b *Bucket) chunk() int {
 // take books n bytes moved at now and returns the new arrival time.
 func (b *Bucket) take(r *gcraRate, now int64, n int) int64 {
 	add := int64(float64(n) * r.nsPerByte)
-	b.booked.Add(int64(n))
+	if b.rest.linked() {
+		b.booked.Add(int64(n))
+	}
 	for {
 		old := b.tat.Load()
 		tat := max(old, now) + add
