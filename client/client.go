@@ -501,10 +501,11 @@ func (c *Client) current(m *member) *link {
 // session is one QUIC connection with its tail prober.
 type session = ingress.Session
 
-func (c *Client) newSession(conn quicConn) *session {
+func (c *Client) newSession(conn quicConn, m *member) *session {
 	prober := liveness.NewTailProber(conn, c.cfg.TailProbes, c.cfg.TailProbeDelay, &c.liveness).
 		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
-	return &session{Conn: conn.streams(), Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker()}
+	return &session{Conn: conn.streams(), Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker(),
+		Server: m.srv.label}
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -832,7 +833,7 @@ func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bo
 		return nil, start, false
 	}
 	q.connID = c.nextConnID.Add(1)
-	l = c.setSession(m, c.newSession(conn), conn)
+	l = c.setSession(m, c.newSession(conn, m), conn)
 	q.startHello(ctx, l)
 	if !isClosed(conn.HandshakeComplete()) {
 		l = q.handshake(ctx, l)
@@ -866,7 +867,7 @@ func (q *quicLink) handshake(ctx context.Context, l *link) *link {
 	if err != nil {
 		return l
 	}
-	l = c.setSession(q.m, c.newSession(next), next)
+	l = c.setSession(q.m, c.newSession(next, q.m), next)
 	q.startHello(ctx, l)
 	return l
 }
@@ -1212,15 +1213,40 @@ func (s sessions) Wait(ctx context.Context) (*session, func(), error) {
 	return sess, release, nil
 }
 
+// WaitServer implements ingress.ServerSessions: a QUIC session to the
+// server labelled server, for a resumable tunnel's re-attachment (another
+// server would refuse it), waiting up to SessionWait for one.
+func (s sessions) WaitServer(ctx context.Context, server string) (*session, func(), error) {
+	sess, release, err := s.c.waitSessionBy(ctx, func(time.Time) (*session, *link, time.Time) {
+		l := s.c.pickServerLocked(server)
+		if l == nil {
+			return nil, nil, time.Time{}
+		}
+		l.active.Add(1)
+		return l.session, l, time.Time{}
+	})
+	if err != nil {
+		return nil, func() {}, err
+	}
+	return sess, release, nil
+}
+
 // waitSession places a new tunnel (pick, one step over the link table),
 // waiting up to SessionWait for a row: a QUIC link (counted on it until
 // release), or a TCP row while QUIC does not get through (fallback.go).
 func (c *Client) waitSession(ctx context.Context) (*session, func(), error) {
+	return c.waitSessionBy(ctx, c.pick)
+}
+
+// waitSessionBy waits up to SessionWait for pick (called with c.mu held,
+// as Client.pick) to place a tunnel; a link it returns counts the tunnel
+// until release.
+func (c *Client) waitSessionBy(ctx context.Context, pick func(now time.Time) (*session, *link, time.Time)) (*session, func(), error) {
 	t := time.NewTimer(c.cfg.SessionWait)
 	defer t.Stop()
 	for {
 		c.mu.Lock()
-		s, l, retry := c.pick(time.Now())
+		s, l, retry := pick(time.Now())
 		ch := c.changed
 		c.mu.Unlock()
 		if l != nil {

@@ -375,6 +375,25 @@ func (c *Client) pickQUICLocked(now time.Time) *link {
 	return best
 }
 
+// pickServerLocked chooses the QUIC link of the server labelled label a
+// resumable tunnel re-attaches on: its least active healthy link, else any
+// live one; nil when none is live (or no server has that label). Callers
+// hold c.mu.
+func (c *Client) pickServerLocked(label string) *link {
+	var best *link
+	for _, ok := range []func(*link) bool{(*link).healthy, (*link).live} {
+		for _, m := range c.members {
+			if m.srv.label == label && ok(m.cur) && (best == nil || m.cur.active.Load() < best.active.Load()) {
+				best = m.cur
+			}
+		}
+		if best != nil {
+			return best
+		}
+	}
+	return nil
+}
+
 // serverHealthy reports whether s has a healthy link.
 func serverHealthy(s *server) bool {
 	for _, m := range s.members {

@@ -17,7 +17,7 @@ func SendStates(states []*resume.State, send SendFunc) (int, error) {
 	for _, st := range states {
 		ht := Tunnel{State: *st}
 		if t, ok := st.Meta.(*tunnel.Tunnel); ok {
-			ht.UUID, ht.Destination, ht.Source, ht.Endpoint, ht.CreatedAt = t.UUID, t.Destination, t.Source, t.Endpoint, t.CreatedAt
+			ht.UUID, ht.Destination, ht.Source, ht.Endpoint, ht.Server, ht.CreatedAt = t.UUID, t.Destination, t.Source, t.Endpoint, t.Server, t.CreatedAt
 		}
 		ht.Meta = nil
 		tunnels = append(tunnels, ht)
@@ -41,7 +41,7 @@ func ImportAll(tunnels []Tunnel, imp func(st *resume.State, t *tunnel.Tunnel) er
 	n := 0
 	for i := range tunnels {
 		ht := &tunnels[i]
-		t := &tunnel.Tunnel{UUID: ht.UUID, Destination: ht.Destination, Source: ht.Source, Endpoint: ht.Endpoint,
+		t := &tunnel.Tunnel{UUID: ht.UUID, Destination: ht.Destination, Source: ht.Source, Endpoint: ht.Endpoint, Server: ht.Server,
 			CreatedAt: ht.CreatedAt, Transport: "quic"}
 		st := ht.State
 		if err := imp(&st, t); err != nil {

@@ -72,7 +72,9 @@ type Listener struct {
 type Tunnel struct {
 	resume.State
 	UUID, Destination, Source, Endpoint string
-	CreatedAt                           time.Time
+	// Server is the server a client's tunnel re-attaches to (tunnel.Tunnel.Server).
+	Server    string
+	CreatedAt time.Time
 }
 
 // SendFunc gives the tunnels of an upgrade to the new process

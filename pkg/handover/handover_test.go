@@ -77,7 +77,7 @@ func TestRoundTrip(t *testing.T) {
 		f, app := tcpFile(t)
 		defer f.Close()
 		apps = append(apps, app)
-		tu := Tunnel{UUID: "uuid-" + string(rune('a'+i)), Destination: "tcp:127.0.0.1:22", Source: "127.0.0.1:5000", Endpoint: "tcp:127.0.0.1:2222",
+		tu := Tunnel{UUID: "uuid-" + string(rune('a'+i)), Destination: "tcp:127.0.0.1:22", Source: "127.0.0.1:5000", Endpoint: "tcp:127.0.0.1:2222", Server: "server-" + string(rune('a'+i)),
 			CreatedAt: time.Unix(1700000000, int64(i))}
 		tu.ID[0] = byte(i + 1)
 		tu.Identity, tu.Window, tu.Received, tu.Base, tu.Data = "key=alice", time.Minute, uint64(1000+i), uint64(77*i), data

@@ -60,6 +60,7 @@ func encodeTunnel(t *Tunnel) []byte {
 	w.str(t.Destination)
 	w.str(t.Source)
 	w.str(t.Endpoint)
+	w.str(t.Server)
 	return w.b
 }
 
@@ -74,7 +75,7 @@ func decodeTunnel(body []byte, t *Tunnel) (int, error) {
 	t.EOF, t.DownDone = flags&flagEOF != 0, flags&flagDownDone != 0
 	t.ToStream, t.FromStream = int64(r.u64()), int64(r.u64())
 	t.CreatedAt = time.Unix(0, int64(r.u64()))
-	t.Identity, t.UUID, t.Destination, t.Source, t.Endpoint = r.str(), r.str(), r.str(), r.str(), r.str()
+	t.Identity, t.UUID, t.Destination, t.Source, t.Endpoint, t.Server = r.str(), r.str(), r.str(), r.str(), r.str(), r.str()
 	if err := r.done(); err != nil {
 		return 0, err
 	}

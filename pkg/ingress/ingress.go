@@ -52,6 +52,10 @@ type Session struct {
 	// silent while the connection is idle, start again at once
 	// (client/rescue.go).
 	Waker *liveness.Waker
+	// Server names the server the session goes to (the client's label of
+	// it; "" not known): a resumable tunnel re-attaches to the server it
+	// was opened on, which holds its far end (ServerSessions).
+	Server string
 
 	// verdicts: destinations the server accepted recently on this
 	// connection, which a proxy answers at once (verdicts.go).
@@ -139,6 +143,15 @@ type Sessions interface {
 	// (bounded) for one, and counts it there until release is called
 	// (once, when the stream ends; release is never nil).
 	Wait(ctx context.Context) (sess *Session, release func(), err error)
+}
+
+// ServerSessions is Sessions that can wait for a session to one server
+// (Session.Server): a resumable tunnel re-attaches there and nowhere else,
+// since only that server holds its far end. With several servers, any
+// other server would refuse it and the tunnel would be reset.
+type ServerSessions interface {
+	// WaitServer is Wait, for a QUIC session to server.
+	WaitServer(ctx context.Context, server string) (sess *Session, release func(), err error)
 }
 
 // Config are the settings of a Handler, filled once by whoever runs it (the

@@ -104,6 +104,9 @@ type local struct {
 	slog       klog.Logger // logger with the stream's ID
 	// rid: the tunnel is resumable, with this ID (resume.go).
 	rid *resume.ID
+	// server is the server a resumable tunnel was opened on, where it
+	// re-attaches (Session.Server; "": any).
+	server string
 }
 
 // localFailure is why a step ended a local connection: the result it is
@@ -306,6 +309,7 @@ func (l *local) splice(toServer splice.Stream) {
 		Endpoint:    l.listenAddr,
 		Source:      l.nc.RemoteAddr().String(),
 		Destination: l.token, // what the server is asked to reach (/tunnels)
+		Server:      l.sess.Server,
 		Transport:   l.sess.Transport(),
 		Direction:   h.direction(),
 		CreatedAt:   l.start,

@@ -52,8 +52,9 @@ func (l *local) resumeID() *resume.ID {
 // (reattach) until its window passes.
 func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 	h, r, id := l.h, l.h.cfg.Resume, *l.rid
+	l.server = l.sess.Server
 	t := &tunnel.Tunnel{UUID: l.tunnelID, StreamID: int64(l.str.StreamID()), Endpoint: l.listenAddr, Source: l.nc.RemoteAddr().String(),
-		Destination: l.token, Transport: l.sess.Transport(), Direction: h.direction(), CreatedAt: l.start, Resumable: true}
+		Destination: l.token, Server: l.server, Transport: l.sess.Transport(), Direction: h.direction(), CreatedAt: l.start, Resumable: true}
 	var endErr error
 	p := resume.NewPipe(l.sc, resume.Config{ID: id, Window: h.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,
 		Written: l.early, OnEnd: func(err error) { endErr = err }, Meta: t})
@@ -147,7 +148,7 @@ func (h *Handler) ImportResumable(ctx context.Context, st *resume.State, t *tunn
 		return err
 	}
 	logger := klog.FromContext(ctx)
-	l := &local{h: h, listenAddr: t.Endpoint, token: t.Destination, start: t.CreatedAt, logger: logger, rid: &id, release: func() {},
+	l := &local{h: h, listenAddr: t.Endpoint, token: t.Destination, start: t.CreatedAt, logger: logger, rid: &id, release: func() {}, server: t.Server,
 		tunnelID: t.UUID, slog: klog.LoggerWithValues(logger, "tunnelID", t.UUID, "remoteAddress", t.Source)}
 	unregister := h.cfg.Registry.Add(t, p)
 	h.cfg.Events.TunnelOpened()
@@ -284,7 +285,7 @@ func (l *local) resumableSession(ctx context.Context, sess *Session) error {
 // tryResume sends one resume request on the next session and reads the
 // server's answer: the bytes it received of ours.
 func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*resume.Attachment, error) {
-	sess, release, err := l.h.links.Sessions.Wait(ctx)
+	sess, release, err := l.session(ctx)
 	if err != nil {
 		release()
 		return nil, err
@@ -312,6 +313,16 @@ func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*
 	l.release, l.sess = release, sess
 	l.slog.V(2).Info("Resumed tunnel", "bytesReceivedByServer", off)
 	return l.attachment(str, off), nil
+}
+
+// session waits for a session to re-attach on: one to the server the
+// tunnel was opened on when the client knows its servers apart
+// (ServerSessions), else the next one.
+func (l *local) session(ctx context.Context) (*Session, func(), error) {
+	if ss, ok := l.h.links.Sessions.(ServerSessions); ok && l.server != "" {
+		return ss.WaitServer(ctx, l.server)
+	}
+	return l.h.links.Sessions.Wait(ctx)
 }
 
 // requestResume writes the resume request's header on str and reads the

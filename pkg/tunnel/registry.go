@@ -27,6 +27,10 @@ type Tunnel struct {
 	Endpoint    string // the local listener (client) or the QUIC listener (server)
 	Source      string // the application's address (client) or the client's QUIC address (server)
 	Destination string
+	// Server is the server a client's tunnel is carried to (its
+	// --server-endpoint label; "" on the server, or not known): a
+	// resumable tunnel re-attaches only there.
+	Server string
 	// Identity is who the client is, when known (server: "CN=NAME" of its
 	// certificate, "key=NAME" of its shared secret).
 	Identity string
@@ -63,6 +67,7 @@ type Info struct {
 	ClientAppAddr         string    `json:"clientAppAddr"`
 	ServerAppAddr         string    `json:"serverAppAddr"`
 	ClientIdentity        string    `json:"clientIdentity,omitempty"`
+	Server                string    `json:"server,omitempty"`
 	Transport             string    `json:"transport,omitempty"`
 	Direction             string    `json:"direction"`
 	CreatedAt             time.Time `json:"createdAt"`
@@ -284,6 +289,7 @@ func (r *Registry) List(now time.Time) []Info {
 			ClientAppAddr:         t.Source,
 			ServerAppAddr:         t.Destination,
 			ClientIdentity:        t.Identity,
+			Server:                t.Server,
 			Transport:             t.Transport,
 			Direction:             direction(t.Direction),
 			CreatedAt:             t.CreatedAt,

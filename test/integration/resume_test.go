@@ -420,3 +420,74 @@ func TestResumeAttemptsHoldNothing(t *testing.T) {
 	assert.Zero(t, side.budget.Used())
 	assert.Zero(t, srv.Server.Registry().Len())
 }
+
+// TestResumeReattachesToItsServer (issue 34, several servers): a resumable
+// tunnel re-attaches only to the server it was opened on, which holds its
+// far end. Failover mode over two servers: the active one goes dark with
+// a tunnel moving data both ways; the client fails over (new tunnels go to
+// the standby) while the tunnel waits for its server instead of asking the
+// standby, which would refuse it and reset it; the first server comes
+// back, the tunnel resumes there, every byte arrives once and in order
+// (SHA-256 both ways) and the standby was never asked.
+func TestResumeReattachesToItsServer(t *testing.T) {
+	t.Parallel()
+	const part = 256 << 10
+	gate := make(chan struct{})
+	dests := make(chan *gatedPeer, 1)
+	dest := testutil.ServeTCP(t, func(c net.Conn) {
+		p := runGatedPeer(c, part, gate)
+		dests <- p
+		p.wg.Wait()
+	})
+	echo := testutil.EchoServer(t)
+	state := t.TempDir()
+	var sides [2]*resumeSide
+	var addrs []string
+	var dark [2]atomic.Bool
+	var first *testutil.Server // both share the state dir: one certificate
+	for i := range sides {
+		sides[i] = newResumeSide(server.NewResumeMetrics)
+		srv := testutil.StartServer(t, testutil.ServerOptions{StateDir: state, Allow: []string{"tcp:" + dest, "tcp:" + echo}, QUIC: shortIdle,
+			Mutate: func(c *server.Config) { c.Resume = sides[i].egress(time.Minute) }})
+		addrs = append(addrs, lossyProxy(t, srv, time.Millisecond, &dark[i], nil))
+		if first == nil {
+			first = srv
+		}
+	}
+	cliSide := newResumeSide(client.NewResumeMetrics)
+	cl := testutil.StartClient(t, first, testutil.ClientOptions{Token: "tcp:" + dest, ServerAddr: addrs[0], WaitReady: true, QUIC: shortIdle,
+		Mutate: func(c *client.Config) {
+			c.Servers, c.Mode, c.Resume = addrs, client.ModeFailover, cliSide.ingress(time.Minute)
+			c.Backoff.Max = 300 * time.Millisecond
+		}})
+	require.Eventually(t, func() bool { return healthy(cl) == 2 }, 20*time.Second, 10*time.Millisecond, "both servers connected")
+	app := runGatedPeer(dial(t, cl.Addr), part, gate)
+	var far *gatedPeer
+	select {
+	case far = <-dests:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no tunnel reached the destination")
+	}
+	require.Eventually(t, func() bool { return app.got.Load() >= part && far.got.Load() >= part }, 60*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1, sides[0].table.Len(), "the tunnel is on the first server")
+
+	dark[0].Store(true)
+	close(gate) // the applications write on while their server is dark
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cliSide.metrics.Parked) == 1 }, 30*time.Second, 10*time.Millisecond,
+		"the client parks the tunnel once its connection is lost")
+	require.Eventually(t, func() bool { return cl.Switches() == 1 }, 30*time.Second, 10*time.Millisecond, "the client failed over")
+	time.Sleep(2 * time.Second) // the tunnel's re-attach attempts run meanwhile: none may reach the standby
+	dark[0].Store(false)
+
+	appSent, appRecv := hashOf(t, app.sent), hashOf(t, app.recv)
+	farSent, farRecv := hashOf(t, far.sent), hashOf(t, far.recv)
+	assert.Equal(t, appSent, farRecv, "application to destination")
+	assert.Equal(t, farSent, appRecv, "destination to application")
+	assert.Equal(t, 1.0, promtest.ToFloat64(sides[0].metrics.Resumed), "resumed on its server")
+	for _, r := range resume.RefusedReasons() {
+		assert.Zero(t, promtest.ToFloat64(sides[1].metrics.Refused.WithLabelValues(r)), "the standby was never asked (%s)", r)
+	}
+	for _, r := range resume.GaveUpReasons() {
+		assert.Zero(t, promtest.ToFloat64(cliSide.metrics.GaveUp.WithLabelValues(r)), r)
+	}
+}
