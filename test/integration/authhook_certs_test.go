@@ -111,7 +111,9 @@ func TestAuthHookCertificates(t *testing.T) {
 		"CN=late":      {},
 	})
 	srv, ledger := startCertHookedServer(t, pool, hook.URL, nil, "tcp:"+common)
-	failures := func(reason string) float64 { return promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(reason)) }
+	failures := func(reason string) float64 {
+		return promtest.ToFloat64(srv.Metrics.AuthFailuresTotal.WithLabelValues(reason))
+	}
 	streams := func(code string) float64 { return promtest.ToFloat64(srv.Metrics.StreamsTotal.WithLabelValues(code)) }
 
 	ci := certClient(t, srv, issue, "ci-runner", "tcp:"+private, nil, true)
