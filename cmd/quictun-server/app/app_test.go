@@ -87,7 +87,7 @@ func TestValidate(t *testing.T) {
 			o.AuthHook, o.SecretFile, o.ClientCAFile, o.AuthHookCertificates = "https://auth.example/keys", "", "/ca.pem", false
 		}, []string{"--auth-hook answers the secrets of key IDs and about client certificates: it needs shared-secret authentication"}},
 		{"auth hook certificates off without hook", func(o *Options) { o.AuthHookCertificates = false },
-			[]string{"--auth-hook-certificates=false need --auth-hook"}},
+			[]string{"--auth-hook-certificates=false needs --auth-hook"}},
 		{"auth hook bounds", func(o *Options) { o.AuthHook, o.AuthHookMaxInFlight = "https://auth.example/keys", 0 }, []string{"--auth-hook-max-in-flight at least 1"}},
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},

@@ -341,8 +341,13 @@ func (o *Options) Validate() error {
 		if o.AuthHookTimeout <= 0 || o.AuthHookMaxInFlight < 1 || o.AuthHookTTL <= 0 || o.AuthHookNegativeTTL <= 0 {
 			add("--auth-hook-timeout, --auth-hook-ttl and --auth-hook-negative-ttl must be positive, --auth-hook-max-in-flight at least 1")
 		}
-	} else if o.AuthHookTokenFile != "" || !o.AuthHookCertificates {
-		add("--auth-hook-token-file and --auth-hook-certificates=false need --auth-hook")
+	} else {
+		if o.AuthHookTokenFile != "" {
+			add("--auth-hook-token-file needs --auth-hook")
+		}
+		if !o.AuthHookCertificates {
+			add("--auth-hook-certificates=false needs --auth-hook")
+		}
 	}
 	if o.UsageReportURL != "" && (o.UsageReportInterval < time.Second || o.UsageReportBytes < 1) {
 		add("--usage-report-interval must be at least 1s and --usage-report-bytes at least 1")
