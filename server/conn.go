@@ -163,7 +163,19 @@ func (c *conn) startAuthDeadline() {
 	if gate.verified.Load() {
 		// Keys removed by a reload since the server started with the
 		// smaller pre-authentication bounds: lift them now.
-		gate.onVerified()
+		c.tc.verified(s.raiseStreamsTo)
+		// Its identity is its client certificate's (mutual TLS), which
+		// an early connection (accepted for 0-RTT) shows only once its
+		// handshake completes: account and cap it by it then. (It was
+		// counted as anonymous, and its downloads paced by anonymous's
+		// cap, not by its CN's.)
+		c.streams.Go(func() {
+			select {
+			case <-c.tc.HandshakeComplete():
+				c.identified()
+			case <-c.tc.Context().Done():
+			}
+		})
 		return
 	}
 	// Clients prove the secret at once (a hello): a connection that does

@@ -2,8 +2,12 @@ package server
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
 
 	"github.com/quictun/quictun/pkg/authhook"
+	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/endpoint"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/ratecap"
@@ -14,6 +18,13 @@ import (
 // (pkg/authhook's Hook).
 type limitsHook interface {
 	Answer(ctx context.Context, id proto.KeyID) (proto.Key, authhook.Limits, error)
+}
+
+// CertAuthHook is asked about client certificates (Config.CertAuthHook):
+// AnswerCertificate's error wraps authhook.ErrRefused when the hook says
+// no.
+type CertAuthHook interface {
+	AnswerCertificate(ctx context.Context, subject string, cert *x509.Certificate) (authhook.Limits, error)
 }
 
 // hookLimits wraps the auth hook: each key it answers has the answer's caps
@@ -29,8 +40,13 @@ type limitsHook interface {
 // takes away with --deny, which wins over both). The operator's
 // --allow-for does not replace them: the hook picks the name it answers,
 // so pinning one name's rules would not bound what the hook can grant.
+//
+// A client certificate's answer (egress.CertHook) is applied the same way
+// to its identity, CN=NAME (nothing for a certificate without a common
+// name: it has no identity of its own).
 type hookLimits struct {
-	hook  limitsHook
+	hook  limitsHook     // nil: no key lookups (KeyHook not wrapped)
+	certs CertAuthHook   // nil: no certificate lookups
 	caps  *ratecap.Table // nil: no caps machinery (see New)
 	usage *usage.Ledger  // nil: no accounts, the quota is not applied
 }
@@ -47,32 +63,59 @@ func (h hookLimits) LookupRules(ctx context.Context, id proto.KeyID) (proto.Key,
 	if err != nil {
 		return key, nil, err
 	}
-	identity := "key=" + key.Name
+	h.apply("key="+key.Name, l)
+	return key, l.Allow, nil
+}
+
+// LookupCert implements egress.CertHook: the hook's refusal is
+// egress.ErrCertRefused.
+func (h hookLimits) LookupCert(ctx context.Context, identity string, cert *x509.Certificate) (*endpoint.AllowList, error) {
+	l, err := h.certs.AnswerCertificate(ctx, identity, cert)
+	if errors.Is(err, authhook.ErrRefused) {
+		return nil, fmt.Errorf("%w: %w", egress.ErrCertRefused, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if identity != "" {
+		h.apply(identity, l)
+	}
+	return l.Allow, nil
+}
+
+// apply gives identity the caps and quota of a hook's answer.
+func (h hookLimits) apply(identity string, l authhook.Limits) {
 	if h.caps != nil {
 		h.caps.SetHooked(identity, l.Rate, l.HasRate)
 	}
 	if h.usage != nil {
 		h.usage.SetHookedQuota(identity, l.Quota, l.HasQuota)
 	}
-	return key, l.Allow, nil
 }
 
-// withHookLimits makes cfg's auth hook apply its answers' rules, and their
-// limits when the server keeps accounts. Without caps configured it adds
-// an empty cap table, so that a hook's cap applies without a restart; that
-// needs a congestion controller of ours (otherwise the hook's caps are not
-// applied, its quotas are).
+// withHookLimits makes cfg's auth hooks (KeyHook; CertAuthHook, made the
+// egress's CertHook) apply their answers' rules, and their limits when the
+// server keeps accounts.
+// Without caps configured it adds an empty cap table, so that a hook's cap
+// applies without a restart; that needs a congestion controller of ours
+// (otherwise the hook's caps are not applied, its quotas are).
 func withHookLimits(cfg *Config) {
-	lh, ok := cfg.KeyHook.(limitsHook)
-	if !ok {
+	lh, keys := cfg.KeyHook.(limitsHook)
+	certs := cfg.CertAuthHook != nil
+	if !keys && !certs {
 		return
 	}
 	if cfg.Usage != nil && cfg.RateLimits == nil && cfg.QUIC != nil && cfg.QUIC.Congestion != nil {
 		cfg.RateLimits = ratecap.NewTable(nil, ratecap.Rate{})
 	}
-	h := hookLimits{hook: lh, usage: cfg.Usage}
+	h := hookLimits{hook: lh, certs: cfg.CertAuthHook, usage: cfg.Usage}
 	if cfg.Usage != nil {
 		h.caps = cfg.RateLimits
 	}
-	cfg.KeyHook = h
+	if keys {
+		cfg.KeyHook = h
+	}
+	if certs {
+		cfg.CertHook = h
+	}
 }

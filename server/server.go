@@ -193,6 +193,13 @@ type Config struct {
 	// usage posted to --usage-report-url); its last batch is made after
 	// the connections have closed.
 	UsageReporter interface{ Run(ctx context.Context) }
+	// CertAuthHook, if set, is asked about the client certificate of
+	// every stream whose connection presented one (--auth-hook with
+	// --client-ca-file; pkg/authhook's Hook): New makes it the egress's
+	// CertHook, a refusal failing the authentication, the answer's rules,
+	// caps and quota applied to the certificate's identity, CN=NAME
+	// (withHookLimits).
+	CertAuthHook CertAuthHook
 }
 
 // DefaultConfig returns the defaults for the limits and timeouts.

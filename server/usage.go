@@ -73,8 +73,8 @@ func (s *Server) bindCaps(tc tunnelConn, identity string) {
 }
 
 // rebindCaps binds, every second, the controllers of verified connections
-// that have none bound: quic-go gives a connection a fresh controller after
-// a path migration.
+// past their handshake that have none bound: quic-go gives a connection a
+// fresh controller after a path migration.
 func (s *Server) rebindCaps(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -87,7 +87,10 @@ func (s *Server) rebindCaps(ctx context.Context) {
 		s.mu.Lock()
 		conns := make([]liveConn, 0, len(s.conns))
 		for _, lc := range s.conns {
-			if lc.verified.Load() {
+			// Before its handshake completes, a connection verified from
+			// the start (mutual TLS) does not know its identity yet:
+			// identified binds it then.
+			if lc.verified.Load() && isClosed(lc.conn.HandshakeComplete()) {
 				conns = append(conns, lc)
 			}
 		}

@@ -3,7 +3,10 @@ package authhook
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,6 +47,10 @@ const (
 // stream is refused at once, never queued.
 var ErrBusy = errors.New("auth hook: too many lookups in flight")
 
+// ErrRefused is wrapped by the error of AnswerCertificate when the hook
+// answered 403 or 404: the certificate may not authenticate.
+var ErrRefused = errors.New("the auth hook refused the certificate")
+
 // Config are a Hook's settings.
 type Config struct {
 	URL         string
@@ -56,19 +63,22 @@ type Config struct {
 	// Client makes the calls (nil: one with Timeout).
 	Client *http.Client
 	// Calls, if set, is told of each call to the hook by result: ok,
-	// unknown, error (for the daemon's metrics).
+	// unknown (a key ID's 404), refused (a certificate's 403 or 404), error
+	// (for the daemon's metrics).
 	Calls func(result string)
 	Now   func() time.Time
 }
 
-// Hook looks key IDs up. Safe for concurrent use.
+// Hook looks key IDs and client certificates up. Safe for concurrent use.
 type Hook struct {
 	cfg   Config
 	slots chan struct{}
 
-	mu       sync.Mutex
-	cache    map[proto.KeyID]entry
-	inFlight map[proto.KeyID]*call
+	mu sync.Mutex
+	// cache and inFlight hold key IDs' and certificates' answers and
+	// calls alike: one bound (MaxEntries, MaxInFlight) for both.
+	cache    map[query]entry
+	inFlight map[query]*call
 	scans    int // of the whole cache by evict
 	// calls are the lookups running (Close waits for them).
 	calls sync.WaitGroup
@@ -79,22 +89,38 @@ func (h *Hook) Close() { h.calls.Wait() }
 
 // Len returns the number of answers cached (at most Config.MaxEntries) and
 // of lookups running (at most Config.MaxInFlight): the state a flood of key
-// IDs can make the Hook hold.
+// IDs (or certificates) can make the Hook hold.
 func (h *Hook) Len() (cached, running int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.cache), len(h.inFlight)
 }
 
+// query is what a lookup asks about, the key of its answer in the cache: a
+// key ID, or a client certificate by its SHA-256 (isCert).
+type query struct {
+	keyID  proto.KeyID
+	cert   [sha256.Size]byte
+	isCert bool
+}
+
+// request is a query with what the call sends besides: a certificate's
+// subject (its identity) and serial number, in hex.
+type request struct {
+	q               query
+	subject, serial string
+}
+
 type entry struct {
 	key     proto.Key
 	limits  Limits
-	err     error // proto.ErrUnknownKey, or the failure
+	err     error // proto.ErrUnknownKey, ErrRefused, or the failure
 	expires time.Time
 }
 
 // Limits are the caps, quota and destination rules a hook's answer gives
-// its key's identity (key=NAME), each optional: the server applies the caps
+// its key's identity (key=NAME) or its certificate's (CN=NAME), each
+// optional: the server applies the caps
 // and quota as if configured with --rate-limit and --quota for that
 // identity (where the operator configured none of its own; without them
 // the defaults apply), the rules as if with --allow-for key=NAME=RULE (added
@@ -148,7 +174,7 @@ func New(cfg Config) (*Hook, error) {
 	if cfg.Calls == nil {
 		cfg.Calls = func(string) {}
 	}
-	return &Hook{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight), cache: map[proto.KeyID]entry{}, inFlight: map[proto.KeyID]*call{}}, nil
+	return &Hook{cfg: cfg, slots: make(chan struct{}, cfg.MaxInFlight), cache: map[query]entry{}, inFlight: map[query]*call{}}, nil
 }
 
 // Lookup returns the key of id: from the cache, or from the hook within
@@ -161,40 +187,63 @@ func (h *Hook) Lookup(ctx context.Context, id proto.KeyID) (proto.Key, error) {
 
 // Answer is Lookup with the limits the hook's answer gave the key.
 func (h *Hook) Answer(ctx context.Context, id proto.KeyID) (proto.Key, Limits, error) {
+	e := h.lookup(ctx, request{q: query{keyID: id}})
+	return e.key, e.limits, e.err
+}
+
+// AnswerCertificate asks whether the client certificate cert, which the
+// server names subject ("CN=NAME"; "" for one without a common name), may
+// authenticate, and the limits of its identity: from the cache (by the
+// certificate's SHA-256), or from the hook within Timeout. Errors: one
+// wrapping ErrRefused (the hook said no: 403 or 404), ErrBusy, or the
+// hook's failure (down, slow, a bad answer). Key IDs and certificates share
+// the cache and the lookups in flight.
+func (h *Hook) AnswerCertificate(ctx context.Context, subject string, cert *x509.Certificate) (Limits, error) {
+	r := request{q: query{cert: sha256.Sum256(cert.Raw), isCert: true}, subject: subject}
+	if cert.SerialNumber != nil {
+		r.serial = cert.SerialNumber.Text(16)
+	}
+	e := h.lookup(ctx, r)
+	return e.limits, e.err
+}
+
+// lookup returns r's answer: from the cache, or from a call (one per query
+// in flight, within MaxInFlight: past it ErrBusy at once).
+func (h *Hook) lookup(ctx context.Context, r request) entry {
 	now := h.cfg.Now()
 	h.mu.Lock()
-	if e, ok := h.cache[id]; ok && now.Before(e.expires) {
+	if e, ok := h.cache[r.q]; ok && now.Before(e.expires) {
 		h.mu.Unlock()
-		return e.key, e.limits, e.err
+		return e
 	}
-	c, running := h.inFlight[id]
+	c, running := h.inFlight[r.q]
 	if !running {
 		select {
 		case h.slots <- struct{}{}:
 		default:
 			h.mu.Unlock()
-			return proto.Key{}, Limits{}, ErrBusy
+			return entry{err: ErrBusy}
 		}
 		c = &call{done: make(chan struct{})}
-		h.inFlight[id] = c
+		h.inFlight[r.q] = c
 	}
 	h.mu.Unlock()
 	if !running {
-		h.calls.Go(func() { h.run(id, c) }) // bounded by slots; ends within Timeout
+		h.calls.Go(func() { h.run(r, c) }) // bounded by slots; ends within Timeout
 	}
 	select {
 	case <-c.done:
-		return c.e.key, c.e.limits, c.e.err
+		return c.e
 	case <-ctx.Done():
-		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: %w", ctx.Err())
+		return entry{err: fmt.Errorf("auth hook: %w", ctx.Err())}
 	}
 }
 
 // run makes one call and caches its answer.
-func (h *Hook) run(id proto.KeyID, c *call) {
+func (h *Hook) run(r request, c *call) {
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Timeout)
 	defer cancel()
-	key, limits, err := h.call(ctx, id)
+	key, limits, err := h.call(ctx, r)
 	ttl := h.cfg.TTL
 	switch {
 	case err == nil:
@@ -202,25 +251,28 @@ func (h *Hook) run(id proto.KeyID, c *call) {
 	case errors.Is(err, proto.ErrUnknownKey):
 		h.cfg.Calls("unknown")
 		ttl = h.cfg.NegativeTTL
+	case errors.Is(err, ErrRefused):
+		h.cfg.Calls("refused")
+		ttl = h.cfg.NegativeTTL
 	default:
 		h.cfg.Calls("error")
 		ttl = failureTTL
 	}
 	c.e = entry{key: key, limits: limits, err: err, expires: h.cfg.Now().Add(ttl)}
 	h.mu.Lock()
-	h.store(id, c.e)
-	delete(h.inFlight, id)
+	h.store(r.q, c.e)
+	delete(h.inFlight, r.q)
 	h.mu.Unlock()
 	<-h.slots // before the waiters wake: their next lookup finds it free
 	close(c.done)
 }
 
-// store caches e for id, evicting first when the cache is full. Call with mu.
-func (h *Hook) store(id proto.KeyID, e entry) {
+// store caches e for q, evicting first when the cache is full. Call with mu.
+func (h *Hook) store(q query, e entry) {
 	if len(h.cache) >= h.cfg.MaxEntries {
 		h.evict()
 	}
-	h.cache[id] = e
+	h.cache[q] = e
 }
 
 // evict drops the expired entries, then arbitrary ones, until the cache is
@@ -233,16 +285,16 @@ func (h *Hook) evict() {
 	h.scans++
 	now := h.cfg.Now()
 	low := h.cfg.MaxEntries - max(h.cfg.MaxEntries/10, 1)
-	for id, e := range h.cache {
+	for q, e := range h.cache {
 		if !now.Before(e.expires) {
-			delete(h.cache, id)
+			delete(h.cache, q)
 		}
 	}
-	for id := range h.cache {
+	for q := range h.cache {
 		if len(h.cache) <= low {
 			break
 		}
-		delete(h.cache, id)
+		delete(h.cache, q)
 	}
 }
 
@@ -297,12 +349,31 @@ func parseAllow(rules []string) (*endpoint.AllowList, error) {
 	return endpoint.ParseAllowList(rules)
 }
 
-// call asks the hook about id.
-func (h *Hook) call(ctx context.Context, id proto.KeyID) (proto.Key, Limits, error) {
-	body, _ := json.Marshal(map[string]string{"keyId": id.String()})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.cfg.URL, bytes.NewReader(body))
+// call asks the hook about r: a key ID's secret, or a certificate's yes or
+// no.
+func (h *Hook) call(ctx context.Context, r request) (proto.Key, Limits, error) {
+	if r.q.isCert {
+		status, b, err := h.post(ctx, map[string]string{"subject": r.subject, "sha256": hex.EncodeToString(r.q.cert[:]), "serial": r.serial})
+		if err != nil {
+			return proto.Key{}, Limits{}, err
+		}
+		l, err := certAnswer(status, b)
+		return proto.Key{}, l, err
+	}
+	status, b, err := h.post(ctx, map[string]string{"keyId": r.q.keyID.String()})
 	if err != nil {
 		return proto.Key{}, Limits{}, err
+	}
+	return keyAnswer(status, b, r.q.keyID)
+}
+
+// post sends body to the hook and returns its answer's status and body
+// (at most 64 KiB).
+func (h *Hook) post(ctx context.Context, body map[string]string) (int, []byte, error) {
+	js, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.cfg.URL, bytes.NewReader(js))
+	if err != nil {
+		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if h.cfg.BearerToken != "" {
@@ -310,19 +381,24 @@ func (h *Hook) call(ctx context.Context, id proto.KeyID) (proto.Key, Limits, err
 	}
 	resp, err := h.cfg.Client.Do(req)
 	if err != nil {
-		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: %w", err)
+		return 0, nil, fmt.Errorf("auth hook: %w", err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
-		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: %w", err)
+		return 0, nil, fmt.Errorf("auth hook: %w", err)
 	}
-	switch resp.StatusCode {
+	return resp.StatusCode, b, nil
+}
+
+// keyAnswer reads the hook's answer about key ID id.
+func keyAnswer(status int, b []byte, id proto.KeyID) (proto.Key, Limits, error) {
+	switch status {
 	case http.StatusOK:
 	case http.StatusNotFound:
 		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: %w", proto.ErrUnknownKey)
 	default:
-		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: status %d", resp.StatusCode)
+		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: status %d", status)
 	}
 	var a answer
 	if err := json.Unmarshal(b, &a); err != nil {
@@ -346,6 +422,32 @@ func (h *Hook) call(ctx context.Context, id proto.KeyID) (proto.Key, Limits, err
 		return proto.Key{}, Limits{}, fmt.Errorf("auth hook: answer: %w", err)
 	}
 	return kr.Keys()[0], limits, nil
+}
+
+// certAnswer reads the hook's answer about a certificate: 200 with its
+// optional limits is a yes, 403 or 404 a no (ErrRefused). A yes carrying a
+// name or a secret fails: a certificate's identity is its own, and the
+// hook that sends one mistook the question.
+func certAnswer(status int, b []byte) (Limits, error) {
+	switch status {
+	case http.StatusOK:
+	case http.StatusForbidden, http.StatusNotFound:
+		return Limits{}, fmt.Errorf("auth hook: status %d: %w", status, ErrRefused)
+	default:
+		return Limits{}, fmt.Errorf("auth hook: status %d", status)
+	}
+	var a answer
+	if err := json.Unmarshal(b, &a); err != nil {
+		return Limits{}, fmt.Errorf("auth hook: answer: %w", err)
+	}
+	if a.Name != "" || a.Secret != "" {
+		return Limits{}, errors.New("auth hook: answer: a certificate's answer carries no name or secret")
+	}
+	limits, err := a.limits()
+	if err != nil {
+		return Limits{}, fmt.Errorf("auth hook: answer: %w", err)
+	}
+	return limits, nil
 }
 
 func validName(s string) bool {

@@ -235,7 +235,7 @@ func TestEvictionAmortized(t *testing.T) {
 			now = now.Add(time.Millisecond) // one entry expires per new one
 		}
 		h.mu.Lock()
-		h.store(proto.KeyIDOf(fmt.Appendf(nil, "unknown key %d", i)), entry{err: proto.ErrUnknownKey, expires: now.Add(ttl)})
+		h.store(query{keyID: proto.KeyIDOf(fmt.Appendf(nil, "unknown key %d", i))}, entry{err: proto.ErrUnknownKey, expires: now.Add(ttl)})
 		n, scans := len(h.cache), h.scans
 		h.mu.Unlock()
 		require.LessOrEqual(t, n, 1000, "entry %d", i)

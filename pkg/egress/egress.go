@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"net"
 	"net/netip"
@@ -118,6 +119,13 @@ type Config struct {
 	// with overloaded, fail closed, and the client tries again. Only with
 	// Keys (shared-secret authentication).
 	KeyHook KeyHook
+	// CertHook, if set, is asked about the client certificate of every
+	// stream whose connection presented one (mutual TLS; pkg/authhook,
+	// --auth-hook): after the header's key (held, or answered by KeyHook),
+	// before anything else. Its error wraps ErrCertRefused when the hook
+	// says no (authentication fails: auth_failed, the connection closed);
+	// any other error refuses the stream with overloaded, as KeyHook's.
+	CertHook CertHook
 
 	// Accounts, if set, count each identity's tunnels, bytes and refused
 	// destinations, and refuse the tunnels of a suspended identity
@@ -396,6 +404,21 @@ type KeyRulesHook interface {
 	LookupRules(ctx context.Context, id proto.KeyID) (proto.Key, *endpoint.AllowList, error)
 }
 
+// CertHook asks about client certificates (Config.CertHook).
+type CertHook interface {
+	// LookupCert tells whether cert, the client certificate of identity
+	// ("CN=NAME"; "" for a certificate without a common name), may
+	// authenticate, and the destination rules the answer gives that
+	// identity (nil: none): they apply to the stream as Config.AllowFor's
+	// for it would, added to Allow and AllowFor's own; the deny rules and
+	// Config.Self still refuse.
+	LookupCert(ctx context.Context, identity string, cert *x509.Certificate) (*endpoint.AllowList, error)
+}
+
+// ErrCertRefused is wrapped by a CertHook's error when the hook refused
+// the certificate.
+var ErrCertRefused = errors.New("the auth hook refused the client certificate")
+
 // Conn is what the Handler uses of a stream's connection: a *quic.Conn, or
 // a *tcpmux.Conn (the TCP fallback, which has no datagrams and no 0-RTT).
 type Conn interface {
@@ -512,21 +535,28 @@ type policy struct {
 	// collide among thousands of keys), cancelled when a reload removes
 	// the key with Policy.CutRemovedKeys.
 	lives map[keyDigest]keyLife
-	// hooked are the rules an auth hook's answer gave the stream's key
-	// (KeyRulesHook), with all's deny rules and listeners, for identity
-	// hookedID ("key=NAME"); nil in the policy in force, set on a copy
-	// for one stream (withHooked).
-	hooked   *endpoint.AllowList
-	hookedID string
+	// hooked are the rules auth hook answers gave the stream's key
+	// (KeyRulesHook) and its certificate (CertHook), with all's deny
+	// rules and listeners, each for its identity ("key=NAME", "CN=NAME");
+	// none in the policy in force, set on a copy for one stream
+	// (withHooked).
+	hooked []hookedRules
+}
+
+// hookedRules are the rules a hook's answer gave identity.
+type hookedRules struct {
+	identity string
+	rules    *endpoint.AllowList
 }
 
 // withHooked returns a copy of p that also allows what rules (a hook's
 // answer for identity) allow, as AllowFor's rules for identity would:
 // all's deny rules and the server's listeners still refuse. The copy is
-// shallow (the maps are shared, never written after store).
+// shallow (the maps are shared, never written after store; hooked is
+// copied, at most two long).
 func (p *policy) withHooked(identity string, rules *endpoint.AllowList) *policy {
 	c := *p
-	c.hooked, c.hookedID = p.all.WithAllowOf(rules), identity
+	c.hooked = append(p.hooked[:len(p.hooked):len(p.hooked)], hookedRules{identity: identity, rules: p.all.WithAllowOf(rules)})
 	return &c
 }
 
@@ -551,8 +581,8 @@ func (p *policy) life(k proto.Key) (keyLife, bool) {
 }
 
 // authorize checks dest against the rules for everyone and then, if none of
-// them allows it, those of each of the stream's identities, then those an
-// auth hook gave its key (withHooked). A refusal other than "no rule allows
+// them allows it, those of each of the stream's identities, then those
+// auth hook answers gave its key and certificate (withHooked). A refusal other than "no rule allows
 // it" (deny, reserved, self, unresolved) is final.
 func (p *policy) authorize(ctx context.Context, r endpoint.Resolver, dest endpoint.Endpoint, identities []string) (endpoint.Endpoint, string, error) {
 	dial, rule, err := p.all.Authorize(ctx, r, dest)
@@ -564,8 +594,10 @@ func (p *policy) authorize(ctx context.Context, r endpoint.Resolver, dest endpoi
 			return d, r2, err2
 		}
 	}
-	if d, r2, done, err2 := authorizeFor(ctx, p.hooked, p.hookedID, r, dest); done {
-		return d, r2, err2
+	for _, h := range p.hooked {
+		if d, r2, done, err2 := authorizeFor(ctx, h.rules, h.identity, r, dest); done {
+			return d, r2, err2
+		}
 	}
 	return dial, rule, err
 }
@@ -702,6 +734,7 @@ func cutOnRemoval(keyLife context.Context, a tunnel.Aborter, logger klog.Logger,
 type peer struct {
 	subject string // the certificate's subject, e.g. "CN=ci-runner,O=Example"
 	cn      string // its common name
+	cert    *x509.Certificate
 }
 
 // peerOf reads the client certificate of c.
@@ -710,7 +743,7 @@ func peerOf(c Conn) peer {
 	if len(certs) == 0 {
 		return peer{}
 	}
-	return peer{subject: certs[0].Subject.String(), cn: certs[0].Subject.CommonName}
+	return peer{subject: certs[0].Subject.String(), cn: certs[0].Subject.CommonName, cert: certs[0]}
 }
 
 // identities are the names a stream's client goes by in Config.AllowFor and

@@ -25,8 +25,9 @@ type Events interface {
 	// code, the name of its proto.Code, before it was spliced or relayed.
 	StreamFailed(code string)
 	// AuthFailed reports a stream header that failed shared-secret
-	// authentication, by reason (AuthFailureReasons); the connection is
-	// closed.
+	// authentication, or whose client certificate the auth hook refused,
+	// by reason (AuthFailureReasons); the connection is closed (not for
+	// AuthHookUnavailable).
 	AuthFailed(reason string)
 	// DestinationRefused reports a destination the rules (or the checked
 	// dialer) refused, by network (tcp, udp, unix) and reason
@@ -55,16 +56,22 @@ const (
 	AuthUnknownKey = "unknown_key"
 	// AuthBadMAC: the key ID matches but the MAC does not.
 	AuthBadMAC = "bad_mac"
-	// AuthHookUnavailable: the key ID is not the server's and the auth
-	// hook (Config.KeyHook) did not answer, or was busy: the stream was
-	// refused with overloaded (its connection is not closed).
+	// AuthHookUnavailable: the key ID is not the server's, or the client
+	// presented a certificate, and the auth hook (Config.KeyHook,
+	// Config.CertHook) did not answer, was busy, or answered what the
+	// server refuses: the stream was refused with overloaded (its
+	// connection is not closed).
 	AuthHookUnavailable = "hook_unavailable"
+	// AuthHookRefused: the auth hook said no (403 or 404) to the client's
+	// certificate (Config.CertHook): the stream was refused with
+	// auth_failed and its connection closed.
+	AuthHookRefused = "hook_refused"
 )
 
 // AuthFailureReasons lists the reasons of Events.AuthFailed, for
 // pre-creating metric labels.
 func AuthFailureReasons() []string {
-	return []string{AuthNoMAC, AuthUnknownKey, AuthBadMAC, AuthHookUnavailable}
+	return []string{AuthNoMAC, AuthUnknownKey, AuthBadMAC, AuthHookUnavailable, AuthHookRefused}
 }
 
 // Reasons a verified header's nonce was not recorded in the replay cache

@@ -204,8 +204,10 @@ func (s *stream) readHeader() *failure {
 }
 
 // authenticate verifies the header's MAC with the keys of the policy in
-// force (none: the TLS layer authenticated the peer), then calls
-// st.MACVerified. A failure closes the connection.
+// force (none: the TLS layer authenticated the peer), asks the auth hook
+// about the client certificate if there is one (hookCert), then calls
+// st.MACVerified. A failure closes the connection (not the hook's
+// overloaded).
 func (s *stream) authenticate(ctx context.Context) *failure {
 	s.pol = s.e.policy.Load()
 	if kr := s.pol.keys; kr.Len() > 0 {
@@ -239,6 +241,9 @@ func (s *stream) authenticate(ctx context.Context) *failure {
 			return &failure{code: proto.CodeAuthFailed, lvl: lvl, msg: "Refused client: authentication failed; " + authFailureFix(reason), kv: kv, closeConn: true}
 		}
 	}
+	if f := s.hookCert(ctx); f != nil {
+		return f
+	}
 	if s.keyName != "" {
 		s.logger = klog.LoggerWithValues(s.logger, "key", s.keyName)
 	}
@@ -253,8 +258,7 @@ func (s *stream) authenticate(ctx context.Context) *failure {
 // HeaderTimeout, and checks the header's MAC with it. A hook that does not
 // answer in time, is busy, or answers what the server refuses (a bad
 // secret, name, cap, quota or rule: the lookup fails closed) refuses the
-// stream with overloaded (f), logged at -v 0 once a LogInterval per error
-// (the operator must fix the hook), else at -v 2.
+// stream with overloaded (f, hookFailed).
 func (s *stream) hookKey(ctx context.Context) (proto.Key, *endpoint.AllowList, *failure, error) {
 	hctx, cancel := context.WithTimeout(ctx, s.e.cfg.HeaderTimeout)
 	defer cancel()
@@ -270,18 +274,66 @@ func (s *stream) hookKey(ctx context.Context) (proto.Key, *endpoint.AllowList, *
 	case errors.Is(err, proto.ErrUnknownKey):
 		return proto.Key{}, nil, nil, proto.ErrUnknownKey
 	case err != nil:
-		s.e.cfg.Events.AuthFailed(AuthHookUnavailable)
-		lvl, kv := 2, []any{"keyID", keyIDOf(s.h), "err", err}
-		if ok, n := s.e.hookFailures.Allow(err.Error()); ok {
-			lvl, kv = 0, append(kv, "suppressed", n)
-		}
-		return proto.Key{}, nil, &failure{code: proto.CodeOverloaded, lvl: lvl, msg: "Refused stream: the auth hook gave no usable answer for its key ID " +
-			"(down, slow, busy, or an answer the server refuses: see err); the client tries again", kv: kv}, nil
+		return proto.Key{}, nil, s.hookFailed(err, "its key ID", "keyID", keyIDOf(s.h)), nil
 	}
 	if err := s.h.Verify(key.Secret); err != nil {
 		return proto.Key{}, nil, nil, err
 	}
 	return key, rules, nil, nil
+}
+
+// hookFailed is the failure of a stream the auth hook gave no usable
+// answer for (about what: "its key ID", "its client certificate"), with
+// err: overloaded, logged at -v 0 once a LogInterval per error (the
+// operator must fix the hook), else at -v 2.
+func (s *stream) hookFailed(err error, what string, kv ...any) *failure {
+	s.e.cfg.Events.AuthFailed(AuthHookUnavailable)
+	lvl := 2
+	kv = append(kv, "err", err)
+	if ok, n := s.e.hookFailures.Allow(err.Error()); ok {
+		lvl, kv = 0, append(kv, "suppressed", n)
+	}
+	return &failure{code: proto.CodeOverloaded, lvl: lvl, msg: "Refused stream: the auth hook gave no usable answer for " + what +
+		" (down, slow, busy, or an answer the server refuses: see err); the client tries again", kv: kv}
+}
+
+// hookCert asks Config.CertHook about the client certificate of the
+// stream's connection, if it presented one, within HeaderTimeout (the
+// key's hook, if asked, came first: a client with both is asked about
+// both, and both must say yes). A refusal fails the authentication as a
+// wrong key does: auth_failed, counted as hook_refused, logged at -v 0
+// once a LogInterval per address, the connection closed. A hook that
+// does not answer in time, is busy, or answers what the server refuses
+// refuses the stream with overloaded (hookFailed). The answer's rules
+// apply to the stream for the certificate's identity, CN=NAME.
+func (s *stream) hookCert(ctx context.Context) *failure {
+	if s.e.cfg.CertHook == nil {
+		return nil
+	}
+	p := peerOf(s.st.Conn)
+	if p.cert == nil {
+		return nil
+	}
+	identity := strings.Join(p.identities(""), ",") // "CN=NAME", or "" without a common name
+	hctx, cancel := context.WithTimeout(ctx, s.e.cfg.HeaderTimeout)
+	defer cancel()
+	rules, err := s.e.cfg.CertHook.LookupCert(hctx, identity, p.cert)
+	switch {
+	case errors.Is(err, ErrCertRefused):
+		s.e.cfg.Events.AuthFailed(AuthHookRefused)
+		lvl, kv := 2, []any{"reason", AuthHookRefused, "clientSubject", p.subject, "err", err}
+		if ok, n := s.e.authFailures.Allow(sourceOf(s.st.Conn)); ok {
+			lvl, kv = 0, append(kv, "suppressed", n)
+		}
+		return &failure{code: proto.CodeAuthFailed, lvl: lvl, kv: kv, closeConn: true,
+			msg: "Refused client: the auth hook refused its certificate (403 or 404); if it should connect, have the hook answer 200 for it"}
+	case err != nil:
+		return s.hookFailed(err, "its client certificate", "clientSubject", p.subject)
+	}
+	if rules != nil && identity != "" {
+		s.pol = s.pol.withHooked(identity, rules)
+	}
+	return nil
 }
 
 // identify learns who the client is: its certificate (known once the

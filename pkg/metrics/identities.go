@@ -93,13 +93,14 @@ func (m *UsageReports) Batch(result string) { m.Total.WithLabelValues(result).In
 func (m *UsageReports) Queued(n int) { m.Queue.Set(float64(n)) }
 
 // NewAuthHookCalls registers quictun_server_auth_hook_calls_total{result}
-// (ok, unknown, error) on reg and returns the func pkg/authhook reports to.
+// (ok, unknown, refused, error) on reg and returns the func pkg/authhook
+// reports to.
 func NewAuthHookCalls(reg prometheus.Registerer) func(result string) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "server", Name: "auth_hook_calls_total",
-		Help: "Calls to --auth-hook by result: ok (it answered a key), unknown (404: no such key), error (down, slow, a bad answer: the stream was refused).",
+		Help: "Calls to --auth-hook by result: ok (it answered a key, or admitted a client certificate), unknown (404 for a key ID: no such key), refused (403 or 404 for a client certificate), error (down, slow, a bad answer: the stream was refused).",
 	}, []string{"result"})
-	for _, r := range []string{"ok", "unknown", "error"} {
+	for _, r := range []string{"ok", "unknown", "refused", "error"} {
 		c.WithLabelValues(r)
 	}
 	reg.MustRegister(c)
@@ -115,7 +116,7 @@ func NewAuthHookState(reg prometheus.Registerer, state func() (cached, running i
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: "server", Name: "auth_hook_cache_entries",
-			Help: "Answers of --auth-hook cached: keys (--auth-hook-ttl), unknown key IDs (--auth-hook-negative-ttl) and failed calls (1s); bounded at 100,000, a full cache is cut to nine tenths.",
+			Help: "Answers of --auth-hook cached: keys and admitted certificates (--auth-hook-ttl), unknown key IDs and refused certificates (--auth-hook-negative-ttl) and failed calls (1s); bounded at 100,000, a full cache is cut to nine tenths.",
 		}, func() float64 { c, _ := state(); return float64(c) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: Namespace, Subsystem: "server", Name: "auth_hook_lookups_in_flight",

@@ -117,7 +117,8 @@ type Server struct {
 	// cache did not record, by reason.
 	ReplayUnrecordedTotal *prometheus.CounterVec
 	// AuthFailuresTotal counts stream headers that failed shared-secret
-	// authentication, by reason.
+	// authentication, or whose client certificate the auth hook refused
+	// or could not answer for, by reason.
 	AuthFailuresTotal *prometheus.CounterVec
 	// SessionTicketsTotal counts the session tickets presented to resume,
 	// by the replica that issued them (only the server's, not the client's
@@ -224,7 +225,7 @@ func newServer(reg prometheus.Registerer, sub string, l Labels) *Server {
 	}, []string{"reason"})
 	m.AuthFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: sub, Name: "auth_failures_total",
-		Help: "Stream headers that failed shared-secret authentication (the connection is closed with auth_failed), by reason: no_mac (the client has no --secret-file), unknown_key (a wrong secret: the key ID derived from it names no key the server holds; or a key removed in a rotation), bad_mac (the key ID matches but the MAC does not: a forged or corrupted header, or a client from before key IDs with a wrong secret).",
+		Help: "Stream headers that failed shared-secret authentication (the connection is closed with auth_failed), by reason: no_mac (the client has no --secret-file), unknown_key (a wrong secret: the key ID derived from it names no key the server holds; or a key removed in a rotation), bad_mac (the key ID matches but the MAC does not: a forged or corrupted header, or a client from before key IDs with a wrong secret); hook_unavailable (--auth-hook gave no usable answer for an unknown key ID or a client certificate: refused with overloaded, the connection kept), hook_refused (--auth-hook refused the client certificate: 403 or 404).",
 	}, []string{"reason"})
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.DialDuration, m.StreamBytesTotal,
 		m.ConnectionsTotal, m.ActiveConnections, m.RefusedTotal, m.Draining, m.RefusedConnectionsTotal, m.DroppedDatagramsTotal,

@@ -437,7 +437,7 @@ func TestAuthHookStateReadAtScrape(t *testing.T) {
 	cached.Store(760)
 	running.Store(4)
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP quictun_server_auth_hook_cache_entries Answers of --auth-hook cached: keys (--auth-hook-ttl), unknown key IDs (--auth-hook-negative-ttl) and failed calls (1s); bounded at 100,000, a full cache is cut to nine tenths.
+# HELP quictun_server_auth_hook_cache_entries Answers of --auth-hook cached: keys and admitted certificates (--auth-hook-ttl), unknown key IDs and refused certificates (--auth-hook-negative-ttl) and failed calls (1s); bounded at 100,000, a full cache is cut to nine tenths.
 # TYPE quictun_server_auth_hook_cache_entries gauge
 quictun_server_auth_hook_cache_entries 760
 # HELP quictun_server_auth_hook_lookups_in_flight Calls to --auth-hook running (at most --auth-hook-max-in-flight; a lookup past it is refused at once).

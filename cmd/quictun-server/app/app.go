@@ -228,6 +228,9 @@ func (o *Options) manyUsers(cfg *server.Config, reg prometheus.Registerer, clean
 	}
 	if hook != nil {
 		cfg.KeyHook = hook
+		if o.AuthHookCertificates && o.ClientCAFile != "" {
+			cfg.CertAuthHook = hook
+		}
 		cleanup.Push(hook.Close)
 	}
 	rep, err := o.usageReporter(reg, cfg.Usage, cfg.ReplicaID)

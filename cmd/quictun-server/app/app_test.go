@@ -83,9 +83,14 @@ func TestValidate(t *testing.T) {
 		{"usage report token without URL", func(o *Options) { o.UsageReportTokenFile = "/t" }, []string{"--usage-report-token-file needs --usage-report-url"}},
 		{"auth hook", func(o *Options) { o.AuthHook = "https://auth.example/keys" }, nil},
 		{"auth hook in clear", func(o *Options) { o.AuthHook = "http://auth.example/keys" }, []string{"--auth-hook \"http://auth.example/keys\": use https"}},
-		{"auth hook without shared secrets", func(o *Options) {
+		{"auth hook for client certificates only", func(o *Options) {
 			o.AuthHook, o.SecretFile, o.ClientCAFile = "https://auth.example/keys", "", "/ca.pem"
-		}, []string{"--auth-hook answers the secrets of key IDs: it needs shared-secret authentication"}},
+		}, nil},
+		{"auth hook without shared secrets or certificates", func(o *Options) {
+			o.AuthHook, o.SecretFile, o.ClientCAFile, o.AuthHookCertificates = "https://auth.example/keys", "", "/ca.pem", false
+		}, []string{"--auth-hook answers the secrets of key IDs and about client certificates: it needs shared-secret authentication"}},
+		{"auth hook certificates off without hook", func(o *Options) { o.AuthHookCertificates = false },
+			[]string{"--auth-hook-certificates=false needs --auth-hook"}},
 		{"auth hook bounds", func(o *Options) { o.AuthHook, o.AuthHookMaxInFlight = "https://auth.example/keys", 0 }, []string{"--auth-hook-max-in-flight at least 1"}},
 		{"no listen address", func(o *Options) { o.ListenOn = "" }, []string{"--listen-on is required"}},
 		{"bad allow rule", func(o *Options) { o.Allow = []string{"bogus"} }, []string{"--allow"}},

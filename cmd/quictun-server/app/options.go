@@ -88,6 +88,9 @@ type Options struct {
 	AuthHookMaxInFlight int
 	AuthHookTTL         time.Duration
 	AuthHookNegativeTTL time.Duration
+	// AuthHookCertificates: the hook is asked about every client
+	// certificate too (--client-ca-file), not only unknown key IDs.
+	AuthHookCertificates bool
 	// UsageSaveInterval is how often the accounting is written to
 	// --state-dir.
 	UsageSaveInterval time.Duration
@@ -125,12 +128,13 @@ func NewOptions() *Options {
 		MaxStreamsPerConn: q.MaxIncomingStreams,
 		UsageSaveInterval: usage.DefaultSaveInterval,
 
-		AuthHookTimeout:     authhook.DefaultTimeout,
-		AuthHookMaxInFlight: authhook.DefaultMaxInFlight,
-		AuthHookTTL:         authhook.DefaultTTL,
-		AuthHookNegativeTTL: authhook.DefaultNegativeTTL,
-		UsageReportInterval: report.DefaultInterval,
-		UsageReportBytes:    report.DefaultThreshold,
+		AuthHookTimeout:      authhook.DefaultTimeout,
+		AuthHookMaxInFlight:  authhook.DefaultMaxInFlight,
+		AuthHookTTL:          authhook.DefaultTTL,
+		AuthHookNegativeTTL:  authhook.DefaultNegativeTTL,
+		AuthHookCertificates: true,
+		UsageReportInterval:  report.DefaultInterval,
+		UsageReportBytes:     report.DefaultThreshold,
 	}
 }
 
@@ -141,7 +145,7 @@ var flagGroups = []cli.FlagGroup{
 	{Title: "Identity and authentication", Names: []string{"state-dir", "replica-id", "cert-file", "key-file", "client-ca-file", "secret-file", "keys-file", "cut-removed-keys", "insecure-no-auth"}},
 	{Title: "Admin HTTP server and logs", Names: slices.Concat(cli.AdminFlagNames, []string{"audit-log"})},
 	{Title: "Many users: accounting and caps by identity", Names: []string{"metrics-identity", "usage-save-interval", "rate-limit", "default-rate-limit", "link-rate", "quota", "default-quota", "usage-report-url", "usage-report-interval", "usage-report-bytes", "usage-report-token-file",
-		"auth-hook", "auth-hook-token-file", "auth-hook-timeout", "auth-hook-max-in-flight", "auth-hook-ttl", "auth-hook-negative-ttl"}},
+		"auth-hook", "auth-hook-token-file", "auth-hook-timeout", "auth-hook-max-in-flight", "auth-hook-ttl", "auth-hook-negative-ttl", "auth-hook-certificates"}},
 	{Title: "Timeouts and limits", Names: slices.Concat(cli.TimeoutFlagNames, []string{"header-timeout", "dial-timeout", "max-streams-per-conn", "max-concurrent-dials", "max-dials-per-destination", "handshake-rate", "max-conns-per-source", "max-connections", "max-tcp-handshakes", "disable-0rtt"})},
 	{Title: "Loss recovery", Names: cli.RecoveryFlagNames},
 	{Title: "UDP flows", Names: []string{"max-udp-flows", "max-udp-flows-per-conn", "max-udp-flows-per-identity", "udp-idle-timeout", "udp-socket-memory-mib"}},
@@ -175,12 +179,13 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.UsageReportInterval, "usage-report-interval", o.UsageReportInterval, "the longest an identity's bytes wait before they are posted to --usage-report-url")
 	fs.Int64Var(&o.UsageReportBytes, "usage-report-bytes", o.UsageReportBytes, "post to --usage-report-url early once one identity has moved this many bytes unreported")
 	fs.StringVar(&o.UsageReportTokenFile, "usage-report-token-file", o.UsageReportTokenFile, "file holding a bearer token sent to --usage-report-url (Authorization: Bearer)")
-	fs.StringVar(&o.AuthHook, "auth-hook", o.AuthHook, "ask this URL (https, or http to a loopback address) for the secret of a key ID the server does not hold: POST {\"keyId\": HEX} answered 200 {\"name\": NAME, \"secret\": BASE64} (the client is then key=NAME, with the --allow-for, --rate-limit and --quota of key=NAME; optional \"rateLimit\" and \"quota\" as those flags', and \"allow\": [RULE, ...], at most 64, added as --allow-for key=NAME=RULE would be, --deny still wins) or 404; cached (--auth-hook-ttl, refusals --auth-hook-negative-ttl); the hook down or slow refuses the stream with overloaded within --auth-hook-timeout (fail closed); needs --keys-file or --secret-file; SECURITY.md")
+	fs.StringVar(&o.AuthHook, "auth-hook", o.AuthHook, "ask this URL (https, or http to a loopback address) for the secret of a key ID the server does not hold: POST {\"keyId\": HEX} answered 200 {\"name\": NAME, \"secret\": BASE64} (the client is then key=NAME, with the --allow-for, --rate-limit and --quota of key=NAME; optional \"rateLimit\" and \"quota\" as those flags', and \"allow\": [RULE, ...], at most 64, added as --allow-for key=NAME=RULE would be, --deny still wins) or 404; cached (--auth-hook-ttl, refusals --auth-hook-negative-ttl); the hook down or slow refuses the stream with overloaded within --auth-hook-timeout (fail closed); needs --keys-file or --secret-file, or --client-ca-file (then each client certificate is asked about: --auth-hook-certificates); SECURITY.md")
 	fs.StringVar(&o.AuthHookTokenFile, "auth-hook-token-file", o.AuthHookTokenFile, "file holding a bearer token sent to --auth-hook")
 	fs.DurationVar(&o.AuthHookTimeout, "auth-hook-timeout", o.AuthHookTimeout, "how long a call to --auth-hook may take; then the stream is refused (overloaded)")
 	fs.IntVar(&o.AuthHookMaxInFlight, "auth-hook-max-in-flight", o.AuthHookMaxInFlight, "calls to --auth-hook at once; past it, streams with unknown key IDs are refused at once (overloaded), so a flood of random key IDs cannot make the server flood the hook")
-	fs.DurationVar(&o.AuthHookTTL, "auth-hook-ttl", o.AuthHookTTL, "how long a key --auth-hook answered is used without asking again (a key revoked at the hook works this long)")
-	fs.DurationVar(&o.AuthHookNegativeTTL, "auth-hook-negative-ttl", o.AuthHookNegativeTTL, "how long a key ID --auth-hook did not know (404) is refused without asking again")
+	fs.DurationVar(&o.AuthHookTTL, "auth-hook-ttl", o.AuthHookTTL, "how long a key --auth-hook answered, or a client certificate it admitted, is used without asking again (one revoked at the hook works this long)")
+	fs.DurationVar(&o.AuthHookNegativeTTL, "auth-hook-negative-ttl", o.AuthHookNegativeTTL, "how long a key ID --auth-hook did not know (404), or a certificate it refused, is refused without asking again")
+	fs.BoolVar(&o.AuthHookCertificates, "auth-hook-certificates", o.AuthHookCertificates, "with --client-ca-file, ask --auth-hook about every client certificate too: POST {\"subject\": \"CN=NAME\", \"sha256\": HEX, \"serial\": HEX} answered 200 (yes; optional \"allow\", \"rateLimit\", \"quota\" for CN=NAME) or 403/404 (no: auth_failed), cached as key answers; false: the CA alone admits certificates")
 	fs.StringSliceVar(&o.Deny, "deny", o.Deny, "destinations refused even when --allow matches (deny wins); same forms as --allow, e.g. --allow tcp:0.0.0.0/0:443 --deny tcp:169.254.0.0/16:*,tcp:fe80::/10:*,tcp:10.0.0.0/8:*")
 	fs.StringVar(&o.TokenParserPlugin, "token-parser-plugin", o.TokenParserPlugin, "how the server reads the destination token the client sends: Cleartext (quic-tun compatible)")
 	fs.StringVar(&o.TokenParserKey, "token-parser-key", o.TokenParserKey, "token parser key: empty for plain tokens (tcp:HOST:PORT, unix:/path), or base64 for base64-encoded tokens")
@@ -337,14 +342,19 @@ func (o *Options) Validate() error {
 		errs = append(errs, err)
 	}
 	if o.AuthHook != "" {
-		if o.SecretFile == "" && o.KeysFile == "" {
-			add("--auth-hook answers the secrets of key IDs: it needs shared-secret authentication (--keys-file or --secret-file)")
+		if o.SecretFile == "" && o.KeysFile == "" && (o.ClientCAFile == "" || !o.AuthHookCertificates) {
+			add("--auth-hook answers the secrets of key IDs and about client certificates: it needs shared-secret authentication (--keys-file or --secret-file) or --client-ca-file with --auth-hook-certificates")
 		}
 		if o.AuthHookTimeout <= 0 || o.AuthHookMaxInFlight < 1 || o.AuthHookTTL <= 0 || o.AuthHookNegativeTTL <= 0 {
 			add("--auth-hook-timeout, --auth-hook-ttl and --auth-hook-negative-ttl must be positive, --auth-hook-max-in-flight at least 1")
 		}
-	} else if o.AuthHookTokenFile != "" {
-		add("--auth-hook-token-file needs --auth-hook")
+	} else {
+		if o.AuthHookTokenFile != "" {
+			add("--auth-hook-token-file needs --auth-hook")
+		}
+		if !o.AuthHookCertificates {
+			add("--auth-hook-certificates=false needs --auth-hook")
+		}
 	}
 	if o.UsageReportURL != "" && (o.UsageReportInterval < time.Second || o.UsageReportBytes < 1) {
 		add("--usage-report-interval must be at least 1s and --usage-report-bytes at least 1")
