@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"syscall"
@@ -111,6 +113,10 @@ type binder struct {
 
 	// refusals chooses which refusals are logged at -v 0.
 	refusals *lograte.Limiter
+	// inherited are the reverse forwards' sockets the previous process
+	// handed over (an upgrade), by listen address, until their clients
+	// bind them again (listen) or InheritedReverseGrace passes.
+	inherited map[string]*os.File
 }
 
 // listenRules are the addresses clients may bind: for everyone, and by
@@ -127,6 +133,10 @@ type binding struct {
 	identities []string
 	stream     egress.TunnelStream // the bind stream: its reset ends the binding
 	logger     klog.Logger
+	// sock is its listener or UDP socket once open (setSocket);
+	// handedOver: an upgrade's new process got a duplicate of it.
+	sock       any
+	handedOver bool
 }
 
 // init readies b for s, before s serves.
@@ -143,6 +153,7 @@ func (b *binder) init(s *Server) {
 	}
 	b.metrics = s.cfg.RemoteListenMetrics
 	b.refusals = lograte.New(egress.LogInterval, 64)
+	b.inherited = maps.Clone(s.cfg.InheritedReverse)
 }
 
 // errReverseNeedsQUIC refuses a reverse forward on a connection that is
@@ -235,7 +246,7 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 	if err != nil {
 		return nil, err
 	}
-	ln, pc, err := b.s.cfg.ListenRemote(ctx, ep)
+	ln, pc, err := b.listen(ctx, ep, req.Logger)
 	if err != nil {
 		release()
 		if errors.Is(err, syscall.EADDRINUSE) {
@@ -245,6 +256,7 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 		return nil, b.refuse(req, refusal{code: proto.CodeInternal, reason: RemoteListenFailed, err: err,
 			msg: "Refused a reverse forward: could not listen at its address"})
 	}
+	b.setSocket(ep.String(), req.Stream.ConnID, ln, pc)
 	unbind, err := b.serve(ctx, req, ic, ep, ln, pc)
 	if err != nil {
 		release()

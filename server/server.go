@@ -176,6 +176,12 @@ type Config struct {
 	// net.ListenConfig). In-process tests give each server a loopback
 	// address of its own this way, as separate hosts would have.
 	ListenRemote func(ctx context.Context, ep endpoint.Endpoint) (net.Listener, *net.UDPConn, error)
+	// InheritedReverse are the reverse forwards' sockets the previous
+	// process handed over in an upgrade (ReverseSockets), by listen address
+	// (endpoint.String): the server takes each over when a client binds
+	// that address again, and closes those not taken after
+	// InheritedReverseGrace. The server owns the files.
+	InheritedReverse map[string]*os.File
 
 	QUICStat *metrics.QUICCollector // optional; told about closed connections
 
@@ -515,6 +521,8 @@ func newServer(cfg Config, pc net.PacketConn, raiseStreamsTo int64, bind *binder
 	if bind != nil {
 		bind.init(srv)
 		srv.binder = bind
+	} else {
+		closeInherited(cfg.InheritedReverse, klog.Background()) // no reverse forwards allowed any more
 	}
 	return srv, nil
 }
@@ -630,6 +638,9 @@ func (s *Server) Run(ctx context.Context) error {
 		},
 	}
 	defer func() { _ = tr.Close() }()
+	if s.binder != nil {
+		defer s.binder.dropInheritedAfter(InheritedReverseGrace, logger)()
+	}
 	ln, err := tr.ListenEarly(s.cfg.TLS, s.cfg.QUIC)
 	if err != nil {
 		return fmt.Errorf("listen quic on %s: %w", s.pc.LocalAddr(), err)
@@ -700,6 +711,9 @@ func (s *Server) Run(ctx context.Context) error {
 	case req := <-s.handover:
 		up = &req
 		s.upgrading.Store(true)
+		if s.binder != nil {
+			s.binder.keepHandedOver() // before binder.close below
+		}
 	case err := <-acceptErr:
 		acceptErr <- err
 		if ctx.Err() == nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -289,14 +290,74 @@ func TestServerUpgradeKeepsTunnels(t *testing.T) {
 	echo := testutil.EchoServer(t)
 	bin := installServer(t)
 	args := []string{"--resume-window", "1m"}
-	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: args, Bin: bin})
-	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: args})
+	listen := testutil.FreeAddr(t, "tcp") // a reverse forward's, handed over too
+	srv := startServer(t, serverOpts{Allow: []string{"tcp:" + echo}, Args: append(slices.Clone(args), "--allow-remote-listen", "tcp:"+listen), Bin: bin})
+	cl := startClient(t, srv, clientOpts{Token: "tcp:" + echo, Args: append(slices.Clone(args), "--remote-forward", "tcp:"+listen+"=tcp:"+echo)})
+	waitFor(t, ioTimeout, "the reverse forward's listener", func() bool { return echoVia(t, listen, "before") == nil })
 	l := startUpgradeLoad(t, cl.Addr)
 	waitMetric(t, srv, ioTimeout, eq(float64(len(l.ps))), "quictun_server_active_streams")
 	before := l.restart() // the longest round before the upgrade: what the machine's load costs
+	probe := startReverseProbe(t, listen)
 	newPID := upgrade(t, srv, bin, bins.server, "server")
 	checkUpgraded(t, l, srv, cl, srv, before)
+	probe.check(t)
 	_ = syscall.Kill(newPID, syscall.SIGTERM)
+}
+
+// reverseProbe connects to a reverse forward's listener every 20 ms, each
+// connection an echo round in its own goroutine, until check: during a
+// server upgrade none may be refused (the listening socket is handed over;
+// connections wait in its backlog for the new process).
+type reverseProbe struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	n    int
+	errs []error
+}
+
+func startReverseProbe(t *testing.T, addr string) *reverseProbe {
+	t.Helper()
+	p := &reverseProbe{stop: make(chan struct{})}
+	p.wg.Go(func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-p.stop:
+				return
+			case <-tick.C:
+			}
+			p.wg.Go(func() {
+				err := echoVia(t, addr, "during "+strconv.Itoa(i))
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				p.n++
+				if err != nil {
+					p.errs = append(p.errs, err)
+				}
+			})
+		}
+	})
+	t.Cleanup(func() { p.end() })
+	return p
+}
+
+func (p *reverseProbe) end() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	p.wg.Wait()
+}
+
+// check stops the probe: every connection was served.
+func (p *reverseProbe) check(t *testing.T) {
+	t.Helper()
+	p.end()
+	assert.Empty(t, p.errs, "connections to the reverse forward's listener during the upgrade (of %d)", p.n)
+	t.Logf("reverse forward: %d connections during the upgrade, %d failed", p.n, len(p.errs))
 }
 
 // TestClientUpgradeKeepsTunnels (issue 34 part 3), through the built

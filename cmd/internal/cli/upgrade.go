@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -102,6 +103,25 @@ func (in *Inherited) Take(name string) *os.File {
 	f := in.files[name]
 	delete(in.files, name)
 	return f
+}
+
+// TakePrefix returns the sockets whose names begin with prefix, by the
+// rest of their names, which the caller then owns (nil: none).
+func (in *Inherited) TakePrefix(prefix string) map[string]*os.File {
+	if in == nil {
+		return nil
+	}
+	var out map[string]*os.File
+	for name, f := range in.files {
+		if rest, ok := strings.CutPrefix(name, prefix); ok {
+			if out == nil {
+				out = map[string]*os.File{}
+			}
+			out[rest] = f
+			delete(in.files, name)
+		}
+	}
+	return out
 }
 
 // UDP is the inherited UDP socket named name (nil: none).

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"path/filepath"
 	"slices"
@@ -127,6 +128,9 @@ func (o *Options) Run(ctx context.Context) error {
 	if cfg.AllowRemoteListen, cfg.AllowRemoteListenFor, err = parseRemoteListen(o.AllowRemoteListen); err != nil {
 		return err
 	}
+	// The reverse forwards' listeners an upgrade handed over: the server
+	// takes each over when its client binds it again.
+	cfg.InheritedReverse = inh.TakePrefix(server.ReverseSocketPrefix)
 	if len(o.AllowRemoteListen) > 0 {
 		cfg.Reverse.Events = server.NewReverseMetrics(reg)
 		cfg.RemoteListenMetrics = server.NewRemoteListenMetrics(reg)
@@ -150,7 +154,14 @@ func (o *Options) Run(ctx context.Context) error {
 		Side: "server", Service: srv, Socket: sock, Metrics: reg, QUICStat: qstat, Tunnels: registry,
 		Admin: adm, Reloader: o.reloader, Apply: o.applier(srv, id), Identities: srv.Identities(),
 	}, cli.Upgrade{Inherited: inh, Service: srv, Sockets: func() ([]handover.Listener, error) {
-		return cli.DupSockets([]cli.NamedSocket{{Name: sockUDP, Socket: udp}, {Name: sockTCP, Socket: tcpLn}, {Name: cli.SockAdmin, Socket: adm.Listener()}})
+		ss := []cli.NamedSocket{{Name: sockUDP, Socket: udp}, {Name: sockTCP, Socket: tcpLn}, {Name: cli.SockAdmin, Socket: adm.Listener()}}
+		// The reverse forwards' listeners too, as many as the handover
+		// carries (the others close, and their clients bind them anew).
+		reverse := srv.ReverseSockets(handover.MaxListeners - len(ss))
+		for _, name := range slices.Sorted(maps.Keys(reverse)) {
+			ss = append(ss, cli.NamedSocket{Name: name, Socket: reverse[name]})
+		}
+		return cli.DupSockets(ss)
 	}})
 }
 
