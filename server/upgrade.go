@@ -72,12 +72,30 @@ func (s *Server) handOver(logger klog.Logger, tr *quic.Transport, cancelConns fu
 	}
 	_ = tr.Close()                              // from now on the new process reads the socket
 	s.cfg.Registry.AbortAll(proto.CodeShutdown) // what could not be handed over
+	s.saveFinalUsage(logger)
 	n, err := handover.SendStates(states, send)
 	if err != nil {
 		return err
 	}
 	logger.Info("Handed the server over to the new process", "tunnels", n)
 	return nil
+}
+
+// saveFinalUsage writes the accounting's last totals before the new
+// process reads them (Import): the tunnels handed over were accounted here
+// up to now (their new process counts from there), the others are ending
+// (bounded wait). Nothing is saved here after it.
+func (s *Server) saveFinalUsage(logger klog.Logger) {
+	u := s.cfg.Usage
+	if u == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = s.cfg.Registry.WaitEmpty(ctx)
+	cancel()
+	if err := u.SaveFinal(); err != nil {
+		logger.Error(err, "Upgrading: could not save the accounting's last totals; the new process reads the last saved ones")
+	}
 }
 
 // HandoverLimits are the bounds of what this server takes from its
@@ -98,6 +116,13 @@ func (s *Server) HandoverLimits() handover.Limits {
 // budget, a duplicate ID) are reset and their errors joined.
 func (s *Server) Import(ctx context.Context, tunnels []handover.Tunnel) (int, error) {
 	logger := klog.FromContext(ctx)
+	if u := s.cfg.Usage; u != nil {
+		// The previous process saved its last totals before it sent the
+		// tunnels: read them now (usage.Config.Deferred).
+		if err := u.LoadDeferred(); err != nil {
+			logger.Error(err, "Upgrade: could not read the accounting's totals; counting from zero")
+		}
+	}
 	return handover.ImportAll(tunnels, func(st *resume.State, t *tunnel.Tunnel) error {
 		return s.egress.ImportResumable(st, t, logger)
 	})

@@ -27,6 +27,10 @@ type Account interface {
 	// down (toward the client): the relay's own counters. The returned
 	// func is called once, when the tunnel ends.
 	Track(up, down *atomic.Int64) (done func())
+	// TrackFrom is Track for a tunnel a previous process handed over (an
+	// upgrade): only the bytes past baseUp and baseDown, which that process
+	// counted, and not as a new tunnel.
+	TrackFrom(up, down *atomic.Int64, baseUp, baseDown int64) (done func())
 	// Refused counts a destination refused for the identity.
 	Refused()
 	// SuspendedUntil is when the operator's suspension of the identity ends

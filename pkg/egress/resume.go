@@ -223,7 +223,7 @@ func (e *Handler) ImportResumable(st *resume.State, t *tunnel.Tunnel, logger klo
 	e.cfg.Events.TunnelOpened()
 	stopTrack := func() {}
 	if e.cfg.Accounts != nil {
-		stopTrack = e.cfg.Accounts.Account(st.Identity).Track(&p.FromStream, &p.ToStream)
+		stopTrack = e.cfg.Accounts.Account(st.Identity).TrackFrom(&p.FromStream, &p.ToStream, st.FromStream, st.ToStream)
 	}
 	logger = klog.LoggerWithValues(logger, "tunnelID", t.UUID)
 	end <- func(err error) {

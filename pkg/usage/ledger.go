@@ -30,6 +30,9 @@ const (
 	DefaultMaxIdentities = 100_000
 	// tick is how often live tunnels are folded into totals and rates.
 	tick = time.Second
+	// DefaultDeferredLoadAfter is how long a Deferred ledger waits for
+	// LoadDeferred before it loads the state file itself.
+	DefaultDeferredLoadAfter = time.Minute
 )
 
 // Config are the settings of a Ledger.
@@ -45,6 +48,13 @@ type Config struct {
 	Labeled []string
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Deferred: the state file is loaded by LoadDeferred (a new process in
+	// an upgrade, once its predecessor has saved its last totals), or
+	// after DeferredLoadAfter (0: DefaultDeferredLoadAfter) at the latest;
+	// nothing is saved before. What is counted meanwhile adds up with the
+	// file's totals.
+	Deferred          bool
+	DeferredLoadAfter time.Duration
 }
 
 // Ledger holds the accounts of every identity. Safe for concurrent use.
@@ -58,6 +68,13 @@ type Ledger struct {
 	other *Account
 
 	saveMu sync.Mutex // one writer of the state file at a time
+	// loaded: the state file was read (at New, or by LoadDeferred); saves
+	// wait for it. frozen: SaveFinal wrote the last totals of this
+	// process (an upgrade's new one owns the file now).
+	loaded, frozen atomic.Bool
+	loadOnce       sync.Once
+	loadErr        error
+	started        time.Time
 
 	quotas quotas
 }
@@ -75,17 +92,33 @@ func New(cfg Config) (*Ledger, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	l := &Ledger{cfg: cfg, labeled: map[string]bool{}, accounts: map[string]*Account{}}
+	if cfg.DeferredLoadAfter <= 0 {
+		cfg.DeferredLoadAfter = DefaultDeferredLoadAfter
+	}
+	l := &Ledger{cfg: cfg, labeled: map[string]bool{}, accounts: map[string]*Account{}, started: cfg.Now()}
 	for _, id := range cfg.Labeled {
 		l.labeled[id] = true
 	}
 	l.other = newAccount(Other)
-	if cfg.Path != "" {
-		if err := l.load(cfg.Path); err != nil {
+	if !cfg.Deferred {
+		if err := l.LoadDeferred(); err != nil {
 			return nil, err
 		}
 	}
 	return l, nil
+}
+
+// LoadDeferred reads the state file's totals into the accounts, adding up
+// with what was counted before, once (later calls return the first's
+// error); saves start then. New calls it unless Config.Deferred.
+func (l *Ledger) LoadDeferred() error {
+	l.loadOnce.Do(func() {
+		if l.cfg.Path != "" {
+			l.loadErr = l.load(l.cfg.Path)
+		}
+		l.loaded.Store(true)
+	})
+	return l.loadErr
 }
 
 // Account is the usage of one identity. Its methods are safe for
@@ -119,7 +152,17 @@ type Account struct {
 	overQuota atomic.Bool
 }
 
-type liveTunnel struct{ up, down *atomic.Int64 }
+// liveTunnel is an open tunnel's counters; base are the bytes they held
+// when the tunnel came from a previous process (TrackFrom), counted there.
+type liveTunnel struct {
+	up, down         *atomic.Int64
+	baseUp, baseDown int64
+}
+
+// bytes are the tunnel's bytes each way counted here.
+func (t *liveTunnel) bytes() (up, down int64) {
+	return t.up.Load() - t.baseUp, t.down.Load() - t.baseDown
+}
 
 func newAccount(name string) *Account {
 	return &Account{name: name, live: map[*liveTunnel]struct{}{}}
@@ -133,17 +176,28 @@ func (a *Account) Name() string { return a.name }
 // path keeps anyway; the ledger reads them once a tick. The returned func,
 // called once when the tunnel ends, adds their final values to the totals.
 func (a *Account) Track(up, down *atomic.Int64) (done func()) {
-	t := &liveTunnel{up: up, down: down}
 	a.tunnels.Add(1)
+	return a.track(&liveTunnel{up: up, down: down})
+}
+
+// TrackFrom is Track for a tunnel a previous process handed over (an
+// upgrade): its counters start at baseUp and baseDown, which that process
+// counted, and it is not counted as a new tunnel.
+func (a *Account) TrackFrom(up, down *atomic.Int64, baseUp, baseDown int64) (done func()) {
+	return a.track(&liveTunnel{up: up, down: down, baseUp: baseUp, baseDown: baseDown})
+}
+
+func (a *Account) track(t *liveTunnel) (done func()) {
 	a.activeTunnels.Add(1)
 	a.mu.Lock()
 	a.live[t] = struct{}{}
 	a.mu.Unlock()
 	return sync.OnceFunc(func() {
+		up, down := t.bytes()
 		a.mu.Lock()
 		delete(a.live, t)
-		a.up += t.up.Load()
-		a.down += t.down.Load()
+		a.up += up
+		a.down += down
 		a.mu.Unlock()
 		a.activeTunnels.Add(-1)
 	})
@@ -264,8 +318,9 @@ func (a *Account) usage(now time.Time) Usage {
 	a.mu.Lock()
 	up, down := a.up, a.down
 	for t := range a.live {
-		up += t.up.Load()
-		down += t.down.Load()
+		u, d := t.bytes()
+		up += u
+		down += d
 	}
 	ru, rd := a.rateUp, a.rateDown
 	var quotaUsed int64
@@ -289,8 +344,9 @@ func (a *Account) tick(now time.Time, q Quota) (used int64, crossed bool) {
 	defer a.mu.Unlock()
 	up, down := a.up, a.down
 	for t := range a.live {
-		up += t.up.Load()
-		down += t.down.Load()
+		u, d := t.bytes()
+		up += u
+		down += d
 	}
 	if !a.lastTick.IsZero() {
 		if dt := now.Sub(a.lastTick).Seconds(); dt > 0 {
@@ -395,6 +451,12 @@ func (l *Ledger) Run(ctx context.Context, h Hooks) error {
 		case <-t.C:
 		}
 		now := l.cfg.Now()
+		if !l.loaded.Load() && now.Sub(l.started) >= l.cfg.DeferredLoadAfter {
+			// No LoadDeferred came (the handover failed): the file as it is.
+			if err := l.LoadDeferred(); err != nil && h.SaveFailed != nil {
+				h.SaveFailed(err)
+			}
+		}
 		l.tickAll(now, h)
 		if l.cfg.Path != "" && now.Sub(lastSave) >= l.cfg.SaveInterval {
 			lastSave = now
@@ -408,16 +470,33 @@ func (l *Ledger) Run(ctx context.Context, h Hooks) error {
 // Save writes the totals to the state file atomically (a temporary file,
 // fsync, rename, fsync of the directory): a crash leaves the previous or
 // the new file, never half of one.
+// Before the file was loaded (Config.Deferred) and after SaveFinal it
+// writes nothing.
 func (l *Ledger) Save() error {
-	if l.cfg.Path == "" {
+	if l.cfg.Path == "" || !l.loaded.Load() {
 		return nil
 	}
 	l.saveMu.Lock()
 	defer l.saveMu.Unlock()
+	if l.frozen.Load() {
+		return nil
+	}
 	if err := writeState(l.cfg.Path, l.cfg.Now(), l.Snapshot(), quotaState(l.all())); err != nil {
 		return fmt.Errorf("usage: save %s: %w", l.cfg.Path, err)
 	}
 	return nil
+}
+
+// SaveFinal writes this process's last totals (an upgrade: its tunnels
+// ended or were handed over, it counts nothing more) and saves nothing
+// after them: the new process, which loads them (LoadDeferred), owns the
+// file from now on.
+func (l *Ledger) SaveFinal() error {
+	err := l.Save()
+	l.saveMu.Lock()
+	l.frozen.Store(true)
+	l.saveMu.Unlock()
+	return err
 }
 
 // tickAll ticks every account at now (in no order: no sort each second).

@@ -250,3 +250,61 @@ func TestActive(t *testing.T) {
 	done()
 	assert.False(t, l.Active("key=a"))
 }
+
+// TestDeferredLoadInUpgrade (issue 34): a new process's ledger (Deferred)
+// counts before it reads the state file and saves nothing until then; the
+// old process's last totals (SaveFinal, after which it saves nothing) add
+// up with what it counted; a tunnel handed over is counted from where the
+// old process stopped (TrackFrom), and not as a new tunnel.
+func TestDeferredLoadInUpgrade(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "usage.json")
+	oldL, err := New(Config{Path: path})
+	require.NoError(t, err)
+	var up, down atomic.Int64 // a tunnel the upgrade hands over: its relay's counters
+	doneOld := oldL.Get("key=alice").Track(&up, &down)
+	up.Add(1000)
+	down.Add(2000)
+	require.NoError(t, oldL.Save()) // a periodic save
+
+	newL, err := New(Config{Path: path, Deferred: true})
+	require.NoError(t, err)
+	var up2, down2 atomic.Int64
+	newL.Get("key=alice").Track(&up2, &down2)() // a new tunnel on the new process, before the handover
+	up2.Add(5)
+	require.NoError(t, newL.Save())
+	saved := readState(t, path)
+	assert.Equal(t, int64(1000), saved["key=alice"].BytesUpstream, "the new process wrote nothing before it read the file")
+
+	up.Add(500) // after the periodic save, before the handover
+	doneOld()   // the tunnel handed over: ended here
+	require.NoError(t, oldL.SaveFinal())
+	require.NoError(t, newL.LoadDeferred())
+	doneNew := newL.Get("key=alice").TrackFrom(&up, &down, up.Load(), down.Load())
+	up.Add(10)
+	doneNew()
+	require.NoError(t, newL.Save())
+	require.NoError(t, oldL.Save()) // the old process's exit, after: frozen, it does not overwrite
+	u, _ := newL.Identity("key=alice")
+	assert.Equal(t, Usage{Identity: "key=alice", BytesUpstream: 1510, BytesDownstream: 2000, Tunnels: 2}, u,
+		"each byte once: 1,500 counted by the old process, 10 by the new; the handed-over tunnel counted once")
+	saved = readState(t, path)
+	assert.Equal(t, int64(1510), saved["key=alice"].BytesUpstream)
+	assert.NoError(t, newL.LoadDeferred(), "once")
+	u, _ = newL.Identity("key=alice")
+	assert.Equal(t, int64(1510), u.BytesUpstream, "not loaded twice")
+}
+
+// readState reads the state file's identities.
+func readState(t *testing.T, path string) map[string]Usage {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var st state
+	require.NoError(t, json.Unmarshal(b, &st))
+	out := map[string]Usage{}
+	for _, u := range st.Identities {
+		out[u.Identity] = u
+	}
+	return out
+}

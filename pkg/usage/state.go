@@ -99,22 +99,44 @@ func (l *Ledger) load(path string) error {
 		if u.Identity != Other {
 			a = l.Get(u.Identity)
 		}
-		a.up += u.BytesUpstream
-		a.down += u.BytesDownstream
-		a.tunnels.Add(u.Tunnels)
-		a.conns.Add(u.Connections)
-		a.refused.Add(u.RefusedDestinations)
-		if u.SuspendedUntil.After(now) {
-			a.suspendedUntil.Store(u.SuspendedUntil.UnixNano())
-		}
-		if sq, ok := st.Quotas[u.Identity]; ok && sq.GranularitySeconds > 0 && len(sq.Buckets) == quotaBuckets {
-			a.quota.gran = time.Duration(sq.GranularitySeconds) * time.Second
-			a.quota.first = sq.First
-			copy(a.quota.buckets[:], sq.Buckets)
-		}
-		a.ticked = a.up + a.down
+		a.merge(u, st.Quotas, now)
 	}
 	return nil
+}
+
+// merge adds the totals u (and its quota window, of qs) loaded from the
+// state file to what a counted so far (nothing at start; a new process in
+// an upgrade counts before its predecessor's last totals are read). They
+// are no new traffic: not in the rates, and in the quota window only as
+// the file's window has them.
+func (a *Account) merge(u Usage, qs map[string]savedQuota, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.up += u.BytesUpstream
+	a.down += u.BytesDownstream
+	loaded := u.BytesUpstream + u.BytesDownstream
+	a.ticked += loaded
+	a.upLive += u.BytesUpstream
+	a.downLive += u.BytesDownstream
+	a.tunnels.Add(u.Tunnels)
+	a.conns.Add(u.Connections)
+	a.refused.Add(u.RefusedDestinations)
+	if u.SuspendedUntil.After(now) && u.SuspendedUntil.UnixNano() > a.suspendedUntil.Load() {
+		a.suspendedUntil.Store(u.SuspendedUntil.UnixNano())
+	}
+	sq, ok := qs[u.Identity]
+	if !ok || sq.GranularitySeconds <= 0 || len(sq.Buckets) != quotaBuckets {
+		return
+	}
+	gran := time.Duration(sq.GranularitySeconds) * time.Second
+	if a.quota.gran == gran && a.quota.first == sq.First {
+		for i, b := range sq.Buckets {
+			a.quota.buckets[i] += b
+		}
+		return
+	}
+	a.quota.gran, a.quota.first = gran, sq.First
+	copy(a.quota.buckets[:], sq.Buckets)
 }
 
 // quotaState returns the quota windows of accts for the state file.

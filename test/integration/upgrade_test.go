@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"io"
 	"net"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/handover"
 	"github.com/quictun/quictun/pkg/resume"
+	"github.com/quictun/quictun/pkg/usage"
 	"github.com/quictun/quictun/server"
 )
 
@@ -69,7 +71,12 @@ func (e *echoRounds) run(c net.Conn, stop <-chan struct{}) {
 // client's connection is closed with the upgrade reason, it reconnects to
 // B at once and re-attaches each tunnel; no byte is lost, doubled or
 // reordered (SHA-256 both ways, 5 tunnels moving data through an echo the
-// whole time), and nothing is left held at the end.
+// whole time), and nothing is left held at the end. The accounting goes on
+// exactly: B's totals, read once A saved its last (usage.Config.Deferred,
+// SaveFinal), are every byte the tunnels moved, through A and B, and those
+// of a tunnel that ended on A just before the upgrade (which a periodic
+// save had not written), each counted once (B counts the tunnels it took
+// over from where A stopped: TrackFrom).
 //
 // It found a BBR bug (pkg/congestion, TestBBRFirstPacketsSentWithOthersInFlight):
 // the client's new 0-RTT connection, re-attaching every tunnel at once after
@@ -80,11 +87,21 @@ func TestServerHandOver(t *testing.T) { // not parallel: it sets the environment
 	echo := testutil.EchoServer(t)
 	sideA, sideB := newResumeSide(server.NewResumeMetrics), newResumeSide(server.NewResumeMetrics)
 	cliSide := newResumeSide(client.NewResumeMetrics)
+	usagePath := filepath.Join(t.TempDir(), "usage.json")
+	ledgerA, err := usage.New(usage.Config{Path: usagePath})
+	require.NoError(t, err)
+	ledgerB, err := usage.New(usage.Config{Path: usagePath, Deferred: true}) // as a process started by an upgrade
+	require.NoError(t, err)
 	a := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo},
-		Mutate: func(c *server.Config) { c.Resume = sideA.egress(time.Minute) }})
+		Mutate: func(c *server.Config) { c.Resume, c.Usage = sideA.egress(time.Minute), ledgerA }})
 	cl := testutil.StartClient(t, a, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true,
 		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
 
+	const ended = 1 << 20 // a tunnel that ends on A before the upgrade
+	done0 := dial(t, cl.Addr)
+	echoCheck(t, done0, ended)
+	_ = done0.Close()
+	require.Eventually(t, func() bool { return sideA.table.Len() == 0 }, 10*time.Second, time.Millisecond)
 	load := startEchoLoad(t, cl.Addr, tunnels)
 	require.Eventually(t, func() bool { return sideA.table.Len() == tunnels }, 10*time.Second, time.Millisecond)
 
@@ -102,22 +119,30 @@ func TestServerHandOver(t *testing.T) { // not parallel: it sets the environment
 	require.NoError(t, err)
 	require.NoError(t, ls[0].File.Close())
 	done := make(chan error, 1)
+	imported := make(chan struct{}) // A waits for B's answer, as for the new process's (WaitDone)
 	go func() {
-		done <- a.HandOver(context.Background(), func(ts []handover.Tunnel) error { return parent.SendTunnels(ts) })
+		done <- a.HandOver(context.Background(), func(ts []handover.Tunnel) error {
+			if err := parent.SendTunnels(ts); err != nil {
+				return err
+			}
+			<-imported
+			return nil
+		})
 	}()
 	ts, err := child.RecvTunnels(handover.Limits{MaxTunnels: 100, MaxTunnelBytes: 8 << 20, MaxTotalBytes: 64 << 20})
 	require.NoError(t, err)
-	require.NoError(t, <-done)
 	require.Len(t, ts, tunnels)
-	assert.Zero(t, sideA.table.Len(), "A let go of every tunnel")
-	a.Stop(t) // as the old process exits: its Run has returned, its socket is closed
 	var n int
 	var ierr error
 	testutil.StartServer(t, testutil.ServerOptions{StateDir: a.StateDir, Allow: []string{"tcp:" + echo}, PacketConn: pcB.(*net.UDPConn),
-		Mutate:    func(c *server.Config) { c.Resume = sideB.egress(time.Minute) },
+		Mutate:    func(c *server.Config) { c.Resume, c.Usage = sideB.egress(time.Minute), ledgerB },
 		BeforeRun: func(s *server.Server) { n, ierr = s.Import(context.Background(), ts) }})
 	require.NoError(t, ierr)
 	assert.Equal(t, tunnels, n)
+	close(imported)
+	require.NoError(t, <-done)
+	assert.Zero(t, sideA.table.Len(), "A let go of every tunnel")
+	a.Stop(t) // as the old process exits (after the new one imported): its Run has returned, its ledger saved nothing more
 
 	load.waitMoving(t, "the tunnels move on through B")
 	load.check(t)
@@ -129,6 +154,27 @@ func TestServerHandOver(t *testing.T) { // not parallel: it sets the environment
 	require.Eventually(t, func() bool { return sideB.table.Len() == 0 && cliSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return sideA.budget.Used() == 0 && sideB.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
 		"every buffer given back")
+	moved := int64(ended)
+	for _, e := range load.es {
+		moved += e.n
+	}
+	var up, down int64
+	require.Eventually(t, func() bool {
+		up, down = 0, 0
+		for _, u := range ledgerB.Snapshot() {
+			up, down = up+u.BytesUpstream, down+u.BytesDownstream
+		}
+		return up == moved && down == moved
+	}, 10*time.Second, 10*time.Millisecond, "B's accounting: every byte each way once")
+	t.Logf("accounted %d bytes each way (moved %d)", up, moved)
+	require.NoError(t, ledgerB.Save())
+	again, err := usage.New(usage.Config{Path: usagePath})
+	require.NoError(t, err)
+	up, down = 0, 0
+	for _, u := range again.Snapshot() {
+		up, down = up+u.BytesUpstream, down+u.BytesDownstream
+	}
+	assert.Equal(t, [2]int64{moved, moved}, [2]int64{up, down}, "the state file B wrote, which A's exit did not overwrite")
 }
 
 // echoLoad is tunnels moving data through an echo (echoRounds), for a

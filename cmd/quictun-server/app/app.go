@@ -142,7 +142,7 @@ func (o *Options) Run(ctx context.Context) error {
 	}
 	logger.V(1).Info("Replica ID: the session tickets of this server carry it, and it accepts 0-RTT only with its own; servers sharing --state-dir's keys need distinct ones",
 		"replicaID", cfg.ReplicaID)
-	if err := o.manyUsers(&cfg, reg, &cleanup); err != nil {
+	if err := o.manyUsers(&cfg, reg, &cleanup, inh != nil); err != nil {
 		return err
 	}
 	srv, err = server.New(cfg, sock.Conn)
@@ -217,10 +217,12 @@ const (
 // manyUsers sets up what one server shared by many users needs: the
 // accounting per identity (kept in --state-dir), quotas, rate caps, the
 // auth hook and the usage reports (docs/many-users.md).
-func (o *Options) manyUsers(cfg *server.Config, reg prometheus.Registerer, cleanup *cli.Cleanup) error {
+func (o *Options) manyUsers(cfg *server.Config, reg prometheus.Registerer, cleanup *cli.Cleanup, upgraded bool) error {
 	var err error
+	// Started by an upgrade: the totals are read once the previous process
+	// has saved its last (Server.Import), not the older ones now.
 	if cfg.Usage, err = usage.New(usage.Config{Path: filepath.Join(o.StateDir, UsageFile), SaveInterval: o.UsageSaveInterval,
-		Labeled: o.MetricsIdentities}); err != nil {
+		Labeled: o.MetricsIdentities, Deferred: upgraded}); err != nil {
 		return err
 	}
 	reg.MustRegister(server.NewIdentityCollector(cfg.Usage))
