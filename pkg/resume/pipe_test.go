@@ -415,3 +415,68 @@ func TestPipeAbortDuringTakeover(t *testing.T) {
 		recvErr(t, tu.ended)
 	}
 }
+
+// TestPipeParksWhileApplicationNotReading (found by the bench's resume
+// scenario): the server's application is not reading (its socket buffers
+// are full: it waits to write its own answer, as an echo does) when the
+// connection dies. The server's Pipe, blocked writing to it, must still
+// notice the loss and park, counting only the bytes the application took;
+// after the re-attachment the application reads again and every byte
+// arrives once, in order (SHA-256). Before, that write was never
+// interrupted: the tunnel never parked and its re-attachment waited forever.
+func TestPipeParksWhileApplicationNotReading(t *testing.T) {
+	t.Parallel()
+	const n = 16 << 20 // far more than the loopback socket's buffers
+	tu := newTunnel(t, Config{Cap: 4 << 20})
+	var conn atomic.Value
+	conn.Store(1)
+	stopAck := tu.acker(&conn)
+	defer stopAck()
+	sent := make(chan [32]byte, 1)
+	go func() {
+		h := sha256.New()
+		buf := make([]byte, 64<<10)
+		for left := n; left > 0; left -= len(buf) {
+			_, _ = rand.Read(buf)
+			h.Write(buf)
+			if _, err := tu.appC.Write(buf); err != nil {
+				break
+			}
+		}
+		_ = tu.appC.CloseWrite()
+		sent <- [32]byte(h.Sum(nil))
+	}()
+	reading := make(chan struct{})
+	got := make(chan [32]byte, 1)
+	go func() {
+		<-reading
+		h := sha256.New()
+		_, _ = io.Copy(h, tu.appS)
+		_ = tu.appS.CloseWrite() // the answer: none
+		got <- [32]byte(h.Sum(nil))
+	}()
+	serve := func(p *Pipe, att *Attachment, errc chan error) { errc <- p.Serve(att) }
+	a, b := streamPair()
+	lost := make(chan struct{}) // the connection's end, as Attachment.Done
+	cliErr, srvErr := make(chan error, 1), make(chan error, 1)
+	go serve(tu.cli, &Attachment{Stream: a, Conn: 1, Done: lost}, cliErr)
+	go serve(tu.srv, &Attachment{Stream: b, Conn: 1, Done: lost}, srvErr)
+	// The server's Pipe is stuck writing to its application.
+	var last uint64
+	require.Eventually(t, func() bool {
+		r := tu.srv.Received()
+		stuck := r > 0 && r == last
+		last = r
+		return stuck
+	}, 30*time.Second, 100*time.Millisecond, "the server's application stops reading")
+	kill(a, b)
+	close(lost)
+	require.ErrorIs(t, recvErr(t, cliErr), ErrParked)
+	require.ErrorIs(t, recvErr(t, srvErr), ErrParked, "parked although its application was not reading")
+	conn.Store(2)
+	close(reading)
+	_, _, cliErr, srvErr = tu.attach(2, true)
+	require.NoError(t, recvErr(t, cliErr))
+	require.NoError(t, recvErr(t, srvErr))
+	assert.Equal(t, <-sent, <-got, "every byte once and in order")
+}

@@ -3,6 +3,7 @@ package resume
 import (
 	"errors"
 	"io"
+	"os"
 	"sync"
 	"time"
 
@@ -97,7 +98,9 @@ func (p *Pipe) run(a *attachment) (lost bool) {
 	}
 	wlost := make(chan bool, 1)
 	go func() { wlost <- p.write(a, prefix) }()
+	stopWatch := p.interruptAppWrites(a)
 	rl := p.readStream(a)
+	stopWatch()
 	if rl {
 		a.cancel(codeDetached)
 	}
@@ -107,6 +110,48 @@ func (p *Pipe) run(a *attachment) (lost bool) {
 	}
 	p.finalAck(a)
 	return p.linger(a)
+}
+
+// interruptAppWrites makes a write to the application return once a's
+// stream is stopped or its connection ends (a write deadline in the past):
+// an application that is not reading (its socket buffers full, as an echo
+// waiting to write its answer) must not keep the tunnel from parking.
+// readStream counts what the application took, and the peer resends the
+// rest. stop ends the watch and clears the deadline for the next
+// attachment.
+func (p *Pipe) interruptAppWrites(a *attachment) (stop func()) {
+	_ = p.conn.SetWriteDeadline(time.Time{})
+	quit, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case <-a.stop:
+		case <-a.Done:
+		case <-quit:
+			return
+		}
+		_ = p.conn.SetWriteDeadline(time.Unix(1, 0))
+	}()
+	return func() {
+		close(quit)
+		<-exited
+	}
+}
+
+// interrupted reports whether err, of a write to the application, is
+// interruptAppWrites' doing: a's stream stopped or its connection ended.
+func interrupted(a *attachment, err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	select {
+	case <-a.stop:
+		return true
+	case <-a.Done:
+		return true
+	default:
+		return false
+	}
 }
 
 // finalAck confirms, at once, everything received once both directions
@@ -204,13 +249,20 @@ func (p *Pipe) readStream(a *attachment) (lost bool) {
 		}
 		if n > 0 {
 			buf := cb.buf()
-			if _, werr := p.conn.Write(buf[:n]); werr != nil {
+			w, werr := p.conn.Write(buf[:n])
+			p.recv.Add(uint64(w))
+			p.FromStream.Add(int64(w))
+			if werr != nil {
+				if interrupted(a, werr) {
+					// Lost while the application was not reading: what it
+					// did not take is resent from recv on re-attaching.
+					a.cancel(codeDetached)
+					return true
+				}
 				p.abort(proto.CodeConnReset, werr, "")
 				a.cancel(proto.CodeConnReset)
 				return false
 			}
-			p.recv.Add(uint64(n))
-			p.FromStream.Add(int64(n))
 			cb.adapt(n)
 		}
 		if rerr == nil {
