@@ -1006,11 +1006,7 @@ func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 		m.srv.markBad(time.Now())
 	}
 	if ctx.Err() != nil {
-		reason := "client shutting down"
-		if errors.Is(context.Cause(ctx), errUpgrading) {
-			reason = "client upgrading" // its tunnels re-attach from the new process
-		}
-		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), reason)
+		_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), closeReason(ctx))
 	}
 	if c.cfg.QUICStat != nil {
 		c.cfg.QUICStat.Closed(conn.ConnectionStats())

@@ -51,7 +51,7 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 	// before waiting for the goroutines that may be stuck in it.
 	defer func() {
 		if ctx.Err() != nil {
-			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), closeReason(ctx))
 		}
 	}()
 	if !conn.ConnectionState().SupportsDatagrams.Remote {
@@ -76,7 +76,7 @@ func (c *Client) monitor(ctx context.Context, tr *quic.Transport, l *link) {
 		// transport the connection ever used (a rescue's) destroys it
 		// without one, and the server then holds it until its idle timeout.
 		if ctx.Err() != nil {
-			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), "client shutting down")
+			_ = conn.CloseWithError(proto.CodeShutdown.ApplicationErrorCode(), closeReason(ctx))
 		}
 		r.close()
 	}()

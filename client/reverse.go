@@ -222,6 +222,9 @@ func (c *Client) bindOnce(ctx context.Context, conn ingress.Conn, key bindKey, f
 	})
 	defer stop()
 	defer context.AfterFunc(ctx, func() {
+		if errors.Is(context.Cause(ctx), errUpgrading) {
+			return // the connection's close for the upgrade ends it: the server keeps the listener
+		}
 		str.CancelWrite(proto.CodeOK.StreamErrorCode())
 		str.CancelRead(proto.CodeOK.StreamErrorCode())
 	})()

@@ -41,6 +41,16 @@ type importResult struct {
 // errUpgrading is the cause of the links' end in an upgrade.
 var errUpgrading = errors.New("client upgrading")
 
+// closeReason is the reason a connection is closed with once ctx, its
+// link's, ended: the upgrade's (the server keeps what the new process
+// takes over: its reverse forwards' listeners) or a shutdown.
+func closeReason(ctx context.Context) string {
+	if errors.Is(context.Cause(ctx), errUpgrading) {
+		return proto.ClientUpgradeReason
+	}
+	return "client shutting down"
+}
+
 // settleTimeout bounds the wait for the resumable tunnels to park once the
 // connections are closed (they park within milliseconds).
 const settleTimeout = 5 * time.Second
@@ -69,7 +79,10 @@ func (c *Client) HandOver(ctx context.Context, send handover.SendFunc) error {
 func (c *Client) handOver(logger klog.Logger, stopLinks context.CancelCauseFunc, links *sync.WaitGroup, send handover.SendFunc) error {
 	c.closeEntries(true)
 	c.draining.Store(true)
-	c.stopBinding()
+	// The reverse forwards' bind streams are not ended here (a drain's
+	// shutdown closes the server's listeners): they end with the
+	// connections' close for the upgrade, and the server keeps their
+	// listeners for the new process to bind again.
 	c.cfg.Registry.AbortWhere(proto.CodeShutdown, func(t *tunnel.Tunnel) bool { return !t.Resumable })
 	logger.Info("Upgrading: closing connections; the new process re-attaches the resumable tunnels", "tunnels", c.cfg.Registry.Len())
 	stopLinks(errUpgrading) // each connection closes ("client upgrading"): its resumable tunnels park

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
-	"os"
 	"strconv"
 	"sync"
 	"syscall"
@@ -113,10 +111,12 @@ type binder struct {
 
 	// refusals chooses which refusals are logged at -v 0.
 	refusals *lograte.Limiter
-	// inherited are the reverse forwards' sockets the previous process
-	// handed over (an upgrade), by listen address, until their clients
-	// bind them again (listen) or InheritedReverseGrace passes.
-	inherited map[string]*os.File
+	// inherited are reverse forwards' sockets kept for their clients to
+	// bind again (listen), by listen address: those the previous process
+	// handed over (an upgrade of the server), until InheritedReverseGrace
+	// passes, and those of a client that upgrades, for ClientUpgradeGrace
+	// (held.expire).
+	inherited map[string]*held
 }
 
 // listenRules are the addresses clients may bind: for everyone, and by
@@ -153,7 +153,10 @@ func (b *binder) init(s *Server) {
 	}
 	b.metrics = s.cfg.RemoteListenMetrics
 	b.refusals = lograte.New(egress.LogInterval, 64)
-	b.inherited = maps.Clone(s.cfg.InheritedReverse)
+	b.inherited = map[string]*held{}
+	for key, f := range s.cfg.InheritedReverse {
+		b.inherited[key] = &held{f: f}
+	}
 }
 
 // errReverseNeedsQUIC refuses a reverse forward on a connection that is
@@ -264,6 +267,9 @@ func (b *binder) Bind(ctx context.Context, req egress.BindRequest) (func(), erro
 	}
 	req.Logger.Info("Listening for a reverse forward", "rule", rule)
 	return func() {
+		if proto.IsUpgrade(context.Cause(st.Conn.Context())) {
+			b.keepForUpgrade(ep, ln, pc, req.Logger) // the client's successor binds it again at once
+		}
 		unbind()
 		release()
 		req.Logger.V(2).Info("Closed a reverse forward's listener", "address", ep.String())

@@ -31,6 +31,20 @@ const ReverseSocketPrefix = "reverse:"
 // those not taken.
 const InheritedReverseGrace = 30 * time.Second
 
+// ClientUpgradeGrace is how long the server keeps the reverse forwards'
+// listeners of a client that closed its connection for an upgrade
+// (proto.ClientUpgradeReason) for the client's new process to bind them
+// again: it asks at once, or within its first retry (a second) when its
+// bind came before its predecessor let go.
+const ClientUpgradeGrace = 10 * time.Second
+
+// held is a reverse forward's socket kept for its client to bind again:
+// expire, if set, closes it after ClientUpgradeGrace.
+type held struct {
+	f      *os.File
+	expire *time.Timer
+}
+
 // ReverseSockets returns at most limit of the reverse forwards' listening
 // sockets (*net.TCPListener, *net.UnixListener or *net.UDPConn) by handover
 // name, for an upgrade to duplicate and hand over. A UNIX socket returned
@@ -88,18 +102,82 @@ func (b *binder) setSocket(key string, connID uint64, ln net.Listener, pc *net.U
 func (b *binder) listen(ctx context.Context, ep endpoint.Endpoint, logger klog.Logger) (net.Listener, *net.UDPConn, error) {
 	key := ep.String()
 	b.mu.Lock()
-	f := b.inherited[key]
+	h := b.inherited[key]
 	delete(b.inherited, key)
 	b.mu.Unlock()
-	if f != nil {
-		ln, pc, err := socketOf(f, ep)
+	if h != nil {
+		if h.expire != nil {
+			h.expire.Stop()
+		}
+		ln, pc, err := socketOf(h.f, ep)
 		if err == nil {
-			logger.Info("Took over a reverse forward's listener from the previous process", "address", key)
+			logger.Info("Took over a reverse forward's listener kept for an upgrade", "address", key)
 			return ln, pc, nil
 		}
-		logger.Info("Could not take over a reverse forward's listener from the previous process; listening anew", "address", key, "err", err)
+		logger.Info("Could not take over a reverse forward's listener kept for an upgrade; listening anew", "address", key, "err", err)
 	}
 	return b.s.cfg.ListenRemote(ctx, ep)
+}
+
+// keepForUpgrade keeps a duplicate of ep's listener (ln or pc), which the
+// binding's end is about to close, for ClientUpgradeGrace: its client
+// closed the connection for an upgrade, and its new process binds ep again
+// (listen). Connections that arrive meanwhile wait in the backlog instead
+// of being refused. A UNIX socket keeps its file.
+func (b *binder) keepForUpgrade(ep endpoint.Endpoint, ln net.Listener, pc *net.UDPConn, logger klog.Logger) {
+	var sock any = ln
+	if pc != nil {
+		sock = pc
+	}
+	fc, ok := sock.(interface{ File() (*os.File, error) })
+	if !ok {
+		return
+	}
+	f, err := fc.File()
+	if err != nil {
+		logger.V(2).Info("Could not keep a reverse forward's listener for the client's upgrade", "address", ep.String(), "err", err)
+		return
+	}
+	if ul, ok := ln.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false)
+	}
+	key := ep.String()
+	h := &held{f: f}
+	b.mu.Lock()
+	if b.inherited == nil { // the server is stopping
+		b.mu.Unlock()
+		closeInherited(map[string]*os.File{key: f}, logger)
+		return
+	}
+	old := b.inherited[key]
+	b.inherited[key] = h
+	h.expire = time.AfterFunc(ClientUpgradeGrace, func() { b.dropHeld(key, h, logger) })
+	b.mu.Unlock()
+	if old != nil {
+		b.closeHeld(key, old, logger)
+	}
+	logger.V(2).Info("Keeping a reverse forward's listener for the client's new process", "address", key, "for", ClientUpgradeGrace)
+}
+
+// dropHeld closes h, kept at key, unless a client took it.
+func (b *binder) dropHeld(key string, h *held, logger klog.Logger) {
+	b.mu.Lock()
+	mine := b.inherited[key] == h
+	if mine {
+		delete(b.inherited, key)
+	}
+	b.mu.Unlock()
+	if mine {
+		b.closeHeld(key, h, logger)
+	}
+}
+
+// closeHeld closes a kept socket (its timer stopped).
+func (b *binder) closeHeld(key string, h *held, logger klog.Logger) {
+	if h.expire != nil {
+		h.expire.Stop()
+	}
+	closeInherited(map[string]*os.File{key: h.f}, logger)
 }
 
 // socketOf is the listener or UDP socket of f, handed over for ep (f is
@@ -129,23 +207,38 @@ func socketOf(f *os.File, ep endpoint.Endpoint) (net.Listener, *net.UDPConn, err
 	return ln, nil, nil
 }
 
-// dropInheritedAfter closes the sockets handed over that no client took
-// within grace; stop closes them at once (Run's end) and stops the timer.
+// dropInheritedAfter closes the sockets the previous process handed over
+// that no client took within grace; stop closes every socket kept at once
+// (Run's end) and stops the timers.
 func (b *binder) dropInheritedAfter(grace time.Duration, logger klog.Logger) (stop func()) {
-	t := time.AfterFunc(grace, func() { b.dropInherited(logger) })
+	t := time.AfterFunc(grace, func() { b.dropHandedOver(logger) })
 	return func() {
 		t.Stop()
-		b.dropInherited(logger)
+		b.mu.Lock()
+		left := b.inherited
+		b.inherited = nil
+		b.mu.Unlock()
+		for key, h := range left {
+			b.closeHeld(key, h, logger)
+		}
 	}
 }
 
-// dropInherited closes the sockets handed over that no client took.
-func (b *binder) dropInherited(logger klog.Logger) {
+// dropHandedOver closes the sockets the previous process handed over that
+// no client took (not those kept for a client's upgrade: their own timers).
+func (b *binder) dropHandedOver(logger klog.Logger) {
 	b.mu.Lock()
-	left := b.inherited
-	b.inherited = nil
+	left := map[string]*held{}
+	for key, h := range b.inherited {
+		if h.expire == nil {
+			left[key] = h
+			delete(b.inherited, key)
+		}
+	}
 	b.mu.Unlock()
-	closeInherited(left, logger)
+	for key, h := range left {
+		b.closeHeld(key, h, logger)
+	}
 }
 
 // closeInherited closes reverse forwards' sockets handed over (a UNIX
@@ -160,6 +253,6 @@ func closeInherited(left map[string]*os.File, logger klog.Logger) {
 		if ln, pc, err := socketOf(f, ep); err == nil {
 			closeListener(ln, pc)
 		}
-		logger.Info("Closed a reverse forward's listener the previous process handed over: its client did not bind it again", "address", key)
+		logger.Info("Closed a reverse forward's listener kept for an upgrade: its client did not bind it again", "address", key)
 	}
 }

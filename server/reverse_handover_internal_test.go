@@ -39,7 +39,7 @@ func TestInheritedReverseDropped(t *testing.T) {
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close()) // the duplicate's own descriptor stays in tcp
-	b := &binder{inherited: map[string]*os.File{"tcp:" + addr: tcp, "unix:" + sock: listenerFile(t, "unix", sock)}}
+	b := &binder{inherited: map[string]*held{"tcp:" + addr: {f: tcp}, "unix:" + sock: {f: listenerFile(t, "unix", sock)}}}
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	require.NoError(t, err, "held: a connection waits in the backlog")
 	_ = c.Close()
@@ -53,5 +53,5 @@ func TestInheritedReverseDropped(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist, "the UNIX socket's file is removed")
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	assert.Nil(t, b.inherited)
+	assert.Empty(t, b.inherited)
 }

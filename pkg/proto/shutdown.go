@@ -61,8 +61,15 @@ const UpgradeReason = "server upgrading (" + upgradeKey + ")"
 
 const upgradeKey = "reattach-now"
 
-// IsUpgrade reports whether err, a connection's end, is a server's close
-// for an upgrade (UpgradeReason).
+// ClientUpgradeReason is the reason of the CodeShutdown close a client
+// sends when it hands its tunnels to its successor (quictun-client's
+// SIGUSR2): the new process re-attaches them, and binds its reverse
+// forwards again, at once; the server keeps their listeners for it
+// (IsUpgrade).
+const ClientUpgradeReason = "client upgrading (" + upgradeKey + ")"
+
+// IsUpgrade reports whether err, a connection's end, is the peer's close
+// for an upgrade (UpgradeReason, ClientUpgradeReason).
 func IsUpgrade(err error) bool {
 	var ae *quic.ApplicationError
 	return errors.As(err, &ae) && ae.Remote && Code(ae.ErrorCode) == CodeShutdown && strings.Contains(ae.ErrorMessage, upgradeKey)
