@@ -123,7 +123,9 @@ func (b *binder) listen(ctx context.Context, ep endpoint.Endpoint, logger klog.L
 // binding's end is about to close, for ClientUpgradeGrace: its client
 // closed the connection for an upgrade, and its new process binds ep again
 // (listen). Connections that arrive meanwhile wait in the backlog instead
-// of being refused. A UNIX socket keeps its file.
+// of being refused. A UNIX socket keeps its file. At most
+// MaxRemoteListens are kept (a client that closes for upgrades over and
+// over holds no more).
 func (b *binder) keepForUpgrade(ep endpoint.Endpoint, ln net.Listener, pc *net.UDPConn, logger klog.Logger) {
 	var sock any = ln
 	if pc != nil {
@@ -144,7 +146,7 @@ func (b *binder) keepForUpgrade(ep endpoint.Endpoint, ln net.Listener, pc *net.U
 	key := ep.String()
 	h := &held{f: f}
 	b.mu.Lock()
-	if b.inherited == nil { // the server is stopping
+	if b.inherited == nil || len(b.inherited) >= b.s.cfg.MaxRemoteListens { // stopping, or as many kept as listeners allowed
 		b.mu.Unlock()
 		closeInherited(map[string]*os.File{key: f}, logger)
 		return
