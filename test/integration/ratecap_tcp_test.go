@@ -35,14 +35,7 @@ func TestDownloadCapAcrossQUICAndTCP(t *testing.T) {
 		t.Skip("measures a rate for seconds")
 	}
 	const capBytes = 20e6 / 8
-	source := testutil.ServeTCP(t, func(c net.Conn) {
-		buf := make([]byte, 32<<10)
-		for {
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
-		}
-	})
+	source := serveEndless(t)
 	ledger, err := usage.New(usage.Config{Path: filepath.Join(t.TempDir(), "usage.json")})
 	require.NoError(t, err)
 	keys, err := proto.NewKeyring(proto.Key{Name: "alice", Secret: aliceSecret})

@@ -21,6 +21,20 @@ import (
 	"github.com/quictun/quictun/server"
 )
 
+// serveEndless serves TCP connections that write to their client until it
+// goes (a download as fast as it is read) and returns the address.
+func serveEndless(t *testing.T) string {
+	t.Helper()
+	return testutil.ServeTCP(t, func(c net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+}
+
 // startCappedServer runs a server with alice's and bob's keys, accounting
 // and the caps of rules.
 func startCappedServer(t *testing.T, allow string, rules ...ratecap.Rule) *testutil.Server {
@@ -53,14 +67,7 @@ func TestDownloadCapSharedByConnections(t *testing.T) {
 	}
 	const capBytes = 20e6 / 8
 	var got atomic.Int64
-	source := testutil.ServeTCP(t, func(c net.Conn) {
-		buf := make([]byte, 32<<10)
-		for {
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
-		}
-	})
+	source := serveEndless(t)
 	srv := startCappedServer(t, "tcp:"+source, ratecap.Rule{Identity: "key=alice", Rate: ratecap.Rate{Down: capBytes}})
 	var wg sync.WaitGroup
 	var conns []net.Conn
@@ -140,14 +147,7 @@ func TestTwoDownloadCapsAtOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measures a rate for seconds")
 	}
-	source := testutil.ServeTCP(t, func(c net.Conn) {
-		buf := make([]byte, 32<<10)
-		for {
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
-		}
-	})
+	source := serveEndless(t)
 	srv := startCappedServer(t, "tcp:"+source,
 		ratecap.Rule{Identity: "key=alice", Rate: ratecap.Rate{Down: 20e6 / 8}},
 		ratecap.Rule{Identity: "key=bob", Rate: ratecap.Rate{Down: 40e6 / 8}})
@@ -187,14 +187,7 @@ func TestLinkRateLeavesTheRest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measures a rate for seconds")
 	}
-	source := testutil.ServeTCP(t, func(c net.Conn) {
-		buf := make([]byte, 32<<10)
-		for {
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
-		}
-	})
+	source := serveEndless(t)
 	const link, capBytes = 60e6 / 8, 20e6 / 8
 	srv := startCappedServer(t, "tcp:"+source, ratecap.Rule{Identity: "key=alice", Rate: ratecap.Rate{Down: capBytes}})
 	srv.RateLimits().SetLink(ratecap.Rate{Down: link})

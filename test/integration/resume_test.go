@@ -100,6 +100,20 @@ func runGatedPeer(c net.Conn, part int, gate <-chan struct{}) *gatedPeer {
 	return p
 }
 
+// serveGated serves the destination of gated transfers (runGatedPeer of
+// part bytes, then the rest once gate is closed): it returns its address,
+// the gate, and each connection's peer as it is accepted.
+func serveGated(t *testing.T, part int) (dest string, gate chan struct{}, dests chan *gatedPeer) {
+	t.Helper()
+	gate, dests = make(chan struct{}), make(chan *gatedPeer, 1)
+	dest = testutil.ServeTCP(t, func(c net.Conn) {
+		p := runGatedPeer(c, part, gate)
+		dests <- p
+		p.wg.Wait()
+	})
+	return dest, gate, dests
+}
+
 func hashOf(t *testing.T, ch chan [32]byte) [32]byte {
 	t.Helper()
 	select {
@@ -119,13 +133,7 @@ func hashOf(t *testing.T, ch chan [32]byte) [32]byte {
 func TestResumeAcrossLostConnection(t *testing.T) {
 	t.Parallel()
 	const part = 1 << 20
-	gate := make(chan struct{})
-	dests := make(chan *gatedPeer, 1)
-	dest := testutil.ServeTCP(t, func(c net.Conn) {
-		p := runGatedPeer(c, part, gate)
-		dests <- p
-		p.wg.Wait()
-	})
+	dest, gate, dests := serveGated(t, part)
 	srvSide := newResumeSide(server.NewResumeMetrics)
 	cliSide := newResumeSide(client.NewResumeMetrics)
 	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + dest}, QUIC: shortIdle,
@@ -432,13 +440,7 @@ func TestResumeAttemptsHoldNothing(t *testing.T) {
 func TestResumeReattachesToItsServer(t *testing.T) {
 	t.Parallel()
 	const part = 256 << 10
-	gate := make(chan struct{})
-	dests := make(chan *gatedPeer, 1)
-	dest := testutil.ServeTCP(t, func(c net.Conn) {
-		p := runGatedPeer(c, part, gate)
-		dests <- p
-		p.wg.Wait()
-	})
+	dest, gate, dests := serveGated(t, part)
 	echo := testutil.EchoServer(t)
 	state := t.TempDir()
 	var sides [2]*resumeSide
