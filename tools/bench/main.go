@@ -63,6 +63,7 @@ func newRunCommand() *cobra.Command {
 		resumeTunnels            int
 		resumeCases              []string
 		resumeBlackout           time.Duration
+		resumeTransfer           string
 		lossLevels               []float64
 		runtimeEnv               string
 		pin                      bool
@@ -88,7 +89,7 @@ func newRunCommand() *cobra.Command {
 			if len(blackoutBulk) > 0 {
 				p.BlackoutBulkDurations = blackoutBulk
 			}
-			if err := applyResumeFlags(cmd.Flags(), &p.Resume, resumeTunnels, resumeCases, resumeBlackout); err != nil {
+			if err := applyResumeFlags(cmd.Flags(), &p.Resume, resumeTunnels, resumeCases, resumeBlackout, resumeTransfer); err != nil {
 				return err
 			}
 			if len(lossLevels) > 0 {
@@ -153,6 +154,7 @@ func newRunCommand() *cobra.Command {
 	fs.IntVar(&resumeTunnels, "resume-tunnels", 0, "resume scenario: tunnels under load through each upgrade (default: the profile's: full 1000, resume 100)")
 	fs.StringSliceVar(&resumeCases, "resume-cases", nil, "resume scenario: the cases to run, of "+strings.Join(harness.ResumeCases(), ",")+" (default: all)")
 	fs.DurationVar(&resumeBlackout, "resume-blackout", 0, "resume scenario: how long the link goes dark in the blackout case; the resume window must cover it and the recovery (default: the profile's: full 5m past the 90s idle timeout, resume 2m past a 30s one)")
+	fs.StringVar(&resumeTransfer, "resume-transfer", "each-way", "resume scenario: the outage cases' transfer: each-way (the profile's size written through the tunnel to the echo while its echo is read back, SHA-256 of both compared) or down (downloaded from the sink, count and CRC-32C checked)")
 	fs.Float64SliceVar(&lossLevels, "loss-levels", nil, "loss scenario: the random loss rates of its links as fractions, e.g. 0,0.01 (default: the profile's: 0-0.5)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
 	addRuntimeFlags(fs, &runtimeEnv, &pin)
@@ -377,7 +379,13 @@ func newReportCommand() *cobra.Command {
 // nonEmpty drops empty entries and returns a non-nil slice.
 // applyResumeFlags puts the --resume-* flags that were set into spec and
 // validates it.
-func applyResumeFlags(fs *pflag.FlagSet, spec *harness.ResumeSpec, tunnels int, cases []string, blackout time.Duration) error {
+func applyResumeFlags(fs *pflag.FlagSet, spec *harness.ResumeSpec, tunnels int, cases []string, blackout time.Duration, transfer string) error {
+	switch transfer {
+	case "each-way", "down":
+		spec.TransferDown = transfer == "down"
+	default:
+		return fmt.Errorf("--resume-transfer %q: want each-way or down", transfer)
+	}
 	if fs.Changed("resume-tunnels") {
 		spec.Tunnels = tunnels
 	}

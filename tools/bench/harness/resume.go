@@ -64,8 +64,11 @@ type ResumeSpec struct {
 	// IdleTimeout; 0: their default, 90 s) or the client's address
 	// changes. Recovery bounds the wait for both to move again, from the
 	// link's return; TransferLimit the transfer, from its start.
-	TransferLink   LinkSpec
-	Transfer       int64
+	TransferLink LinkSpec
+	Transfer     int64
+	// TransferDown downloads Transfer bytes from the sink instead of
+	// sending them each way through the echo.
+	TransferDown   bool
 	TransferWarmup time.Duration
 	Blackout       time.Duration
 	IdleTimeout    time.Duration
@@ -111,11 +114,19 @@ func resumeCaseLabel(s ResumeSpec, c string) string {
 		if s.IdleTimeout > 0 {
 			idle = s.IdleTimeout.String()
 		}
-		return fmt.Sprintf("blackout %v (idle timeout %s), session + %s each way", s.Blackout, idle, sizeLabel(s.Transfer))
+		return fmt.Sprintf("blackout %v (idle timeout %s), session + %s", s.Blackout, idle, transferLabel(s))
 	case ResumeAddrChange:
-		return fmt.Sprintf("client address change, old address removed, session + %s each way", sizeLabel(s.Transfer))
+		return "client address change, old address removed, session + " + transferLabel(s)
 	}
 	return c
+}
+
+// transferLabel names the transfer of the outage cases.
+func transferLabel(s ResumeSpec) string {
+	if s.TransferDown {
+		return sizeLabel(s.Transfer) + " down"
+	}
+	return sizeLabel(s.Transfer) + " each way"
 }
 
 // sizeLabel writes n bytes as GB, MB or B.
@@ -136,6 +147,7 @@ const (
 	rsServerAdmin  = 8290
 	rsClientAdmin  = 8291
 	rsClientListen = 6700
+	rsClientSink   = 6701
 )
 
 // resume runs the cases for every quictun variant.
@@ -173,7 +185,7 @@ func (r *Runner) resume(ctx context.Context) error {
 type rsSetup struct {
 	server, client       *Proc
 	serverLog, clientLog string
-	local                string
+	local, sink          string
 	serverAdmin          string
 	clientAdmin          string
 	// adopted are upgraded processes: not the harness's children, in the
@@ -200,27 +212,27 @@ func (s *rsSetup) stop() {
 
 // startResume starts a server and a client of the scenario's own, both with
 // --resume-window and extra flags; the client forwards its listener to the
-// echo server.
+// echo server, and a second one (--forward) to the sink.
 func (r *Runner) startResume(ctx context.Context, q *quictun, extra []string) (*rsSetup, error) {
 	env := &r.env
 	cr, err := newQTCreds(ctx, env, q, filepath.Join(env.WorkDir, q.file("resume")))
 	if err != nil {
 		return nil, err
 	}
-	s := &rsSetup{local: q.local(rsClientListen), serverAdmin: q.local(rsServerAdmin), clientAdmin: q.local(rsClientAdmin),
+	s := &rsSetup{local: q.local(rsClientListen), sink: q.local(rsClientSink), serverAdmin: q.local(rsServerAdmin), clientAdmin: q.local(rsClientAdmin),
 		serverLog: filepath.Join(env.LogDir, q.file("resume-server.log")), clientLog: filepath.Join(env.LogDir, q.file("resume-client.log"))}
 	window := []string{"--resume-window", r.prof.Resume.Window.String()}
 	endpoint := net.JoinHostPort(env.ServerIP, strconv.Itoa(rsUDPPort+q.Instance))
 	denv := benchDaemonEnv(q.Env)
 	args := slices.Concat([]string{"--listen-on", endpoint, "--state-dir", cr.state, "--secret-file", cr.secret,
-		"--allow", fmt.Sprintf("tcp:127.0.0.1:%d", EchoPort), "--httpd-listen-on", s.serverAdmin}, window, q.ccArgs(), extra, q.ServerArgs)
+		"--allow", fmt.Sprintf("tcp:127.0.0.1:%d,tcp:127.0.0.1:%d", EchoPort, SinkPort), "--httpd-listen-on", s.serverAdmin}, window, q.ccArgs(), extra, q.ServerArgs)
 	bin, args := env.Pin.wrap(sideServer, q.bin(env, "quictun-server"), args)
 	if s.server, err = startProcEnv(q.file("resume-server"), env.ServerNS, s.serverLog, denv, bin, args...); err != nil {
 		return nil, err
 	}
 	args = slices.Concat([]string{"--listen-on", "tcp:" + s.local, "--server-endpoint", endpoint,
 		"--token-source", fmt.Sprintf("tcp:127.0.0.1:%d", EchoPort), "--server-fingerprint", cr.fp, "--secret-file", cr.secret,
-		"--httpd-listen-on", s.clientAdmin}, window, q.ccArgs(), extra, q.ClientArgs)
+		"--forward", fmt.Sprintf("tcp:%s=tcp:127.0.0.1:%d", s.sink, SinkPort), "--httpd-listen-on", s.clientAdmin}, window, q.ccArgs(), extra, q.ClientArgs)
 	bin, args = env.Pin.wrap(sideClient, q.bin(env, "quictun-client"), args)
 	if s.client, err = startProcEnv(q.file("resume-client"), env.ClientNS, s.clientLog, denv, bin, args...); err != nil {
 		s.stop()

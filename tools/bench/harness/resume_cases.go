@@ -232,12 +232,16 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 		return
 	}
 	defer session.end()
-	tc, err := dialIn(ctx, ns, setup.local)
+	taddr := setup.local
+	if sp.TransferDown {
+		taddr = setup.sink
+	}
+	tc, err := dialIn(ctx, ns, taddr)
 	if err != nil {
 		s.Error = "transfer: " + err.Error()
 		return
 	}
-	tr := &echoTransfer{n: sp.Transfer, seed: uint64(time.Now().UnixNano())}
+	tr := &echoTransfer{n: sp.Transfer, seed: uint64(time.Now().UnixNano()), down: sp.TransferDown}
 	trDone := make(chan struct{})
 	go func() { defer close(trDone); tr.run(tc, sp.TransferLimit) }()
 	defer func() { _ = tc.Close(); <-trDone }()
@@ -246,6 +250,7 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 		return
 	}
 	rec0 := scrapeOr(ctx, ns, setup.clientAdmin, "quictun_client_reconnects_total")
+	sw0 := scrapeOr(ctx, ns, setup.clientAdmin, "quictun_client_path_switches_total")
 	cpids, spids := []int{setup.client.PID()}, []int{setup.server.PID()}
 	u0 := r.usage(cpids, spids)
 	sleepCtx(ctx, sp.TransferWarmup)
@@ -259,10 +264,14 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 		s.Error = eerr.Error()
 		return
 	}
-	r.awaitRecovery(ctx, session, tr, end, sp.Recovery)
+	if !r.awaitRecovery(ctx, session, tr, end, sp.Recovery) {
+		_ = tc.Close() // stuck: do not wait for its deadline
+	}
 	select {
 	case <-trDone:
 	case <-ctx.Done():
+		_ = tc.Close()
+		<-trDone
 	}
 	session.end()
 	u1 := r.usage(cpids, spids)
@@ -270,6 +279,9 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 	s.Error = errString(surviveMetrics(session, tr, end, s.Metrics))
 	if rec1 := scrapeOr(ctx, ns, setup.clientAdmin, "quictun_client_reconnects_total"); rec0 >= 0 && rec1 >= 0 {
 		s.Metrics["reconnects"] = rec1 - rec0
+	}
+	if sw1 := scrapeOr(ctx, ns, setup.clientAdmin, "quictun_client_path_switches_total"); sw0 >= 0 && sw1 >= 0 {
+		s.Metrics["path_switches"] = sw1 - sw0
 	}
 	resumeCounters(ctx, r.env.ServerNS, setup.serverAdmin, "server", s.Metrics)
 	resumeCounters(ctx, ns, setup.clientAdmin, "client", s.Metrics)
@@ -297,21 +309,18 @@ func (r *Runner) resumeEvent(ctx context.Context, cs string, cut time.Time) (tim
 }
 
 // awaitRecovery waits until the session answered after end and the
-// transfer got flowingBytes more, or the transfer ended, or limit from end.
-func (r *Runner) awaitRecovery(ctx context.Context, session *rsLoad, tr *echoTransfer, end time.Time, limit time.Duration) {
+// transfer got flowingBytes more (or all it was due), and tells whether
+// that happened within limit from end; a failed session ends the wait.
+func (r *Runner) awaitRecovery(ctx context.Context, session *rsLoad, tr *echoTransfer, end time.Time, limit time.Duration) bool {
 	p := session.ps[0]
-	for from := p.done.Load(); time.Since(end) < limit; {
-		if p.failed.Load() {
-			return
-		}
-		if _, ok := flowAfter(tr.prog.points(), end, flowingBytes); ok && p.done.Load() > from {
-			return
-		}
-		if tr.prog.last() >= tr.n || ctx.Err() != nil {
-			return
+	for from := p.done.Load(); time.Since(end) < limit && ctx.Err() == nil && !p.failed.Load(); {
+		_, flowing := flowAfter(tr.prog.points(), end, flowingBytes)
+		if (flowing || tr.prog.last() >= tr.n) && p.done.Load() > from {
+			return true
 		}
 		sleepCtx(ctx, 50*time.Millisecond)
 	}
+	return false
 }
 
 // surviveMetrics adds the recovery figures and the verification of the
@@ -341,10 +350,10 @@ func surviveMetrics(session *rsLoad, tr *echoTransfer, end time.Time, m map[stri
 	var terr error
 	switch {
 	case tr.err != nil:
-		terr = fmt.Errorf("transfer: %w", tr.err)
+		terr = fmt.Errorf("transfer (%d B sent, %d B back of %d): %w", tr.sent, tr.got, tr.n, tr.err)
 		m["tunnels_reset"]++
 	case !tr.verified():
-		terr = fmt.Errorf("transfer: %d B sent, %d B back, SHA-256 equal %v", tr.sent, tr.got, tr.sentH == tr.gotH)
+		terr = fmt.Errorf("transfer: %d B sent, %d B back, SHA-256 differs", tr.sent, tr.got)
 	}
 	if lerr != nil {
 		lerr = fmt.Errorf("session: %w", lerr)

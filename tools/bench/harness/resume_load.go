@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -123,10 +124,10 @@ func (p *pingPonger) verified() bool {
 // rounds in flight at the mark count after it), and percentiles over all
 // rounds and over those after the mark.
 type rsStats struct {
-	rounds, roundsAfter       int
-	longestBefore, stall      time.Duration
-	p50, p99, p99After        time.Duration
-	firstAfter, lastBeforeEnd time.Time
+	rounds, roundsAfter  int
+	longestBefore, stall time.Duration
+	p50, p99, p99After   time.Duration
+	firstAfter           time.Time
 }
 
 // roundStats computes rsStats over the rounds of ps.
@@ -179,10 +180,13 @@ func percentile(v []int64, q int) time.Duration {
 
 // echoTransfer sends n pseudo-random bytes through an echo and reads them
 // back at the same time, hashing both (SHA-256) and recording the
-// arrivals.
+// arrivals; with down, it downloads n bytes from the sink instead (count
+// and CRC-32C checked against the sink's trailer: the sink's bytes are
+// random, so there is no SHA-256 to compare).
 type echoTransfer struct {
 	n           int64
 	seed        uint64
+	down        bool
 	sent, got   int64
 	sentH, gotH [sha256.Size]byte
 	err         error
@@ -199,6 +203,12 @@ func (t *echoTransfer) run(c net.Conn, limit time.Duration) {
 	t.start = time.Now()
 	_ = c.SetDeadline(t.start.Add(limit))
 	t.prog.add(t.start, 0)
+	if t.down {
+		t.err = t.download(c)
+		t.end = time.Now()
+		_ = c.Close()
+		return
+	}
 	var wg sync.WaitGroup
 	var werr, rerr error
 	wg.Go(func() {
@@ -257,7 +267,25 @@ func (t *echoTransfer) read(c net.Conn) error {
 	return nil
 }
 
-// verified tells whether all n bytes went and came back unchanged.
+// download asks the sink for n bytes and reads them (readSinkDownload
+// checks the count and CRC-32C).
+func (t *echoTransfer) download(c net.Conn) error {
+	if _, err := c.Write(sinkRequest(sinkDown, uint64(t.n))); err != nil {
+		return fmt.Errorf("write request: %w", err)
+	}
+	got, err := readSinkDownload(bufio.NewReaderSize(c, 256<<10), func(total int64) {
+		t.got = total
+		t.prog.add(time.Now(), total)
+	})
+	t.got = got
+	return err
+}
+
+// verified tells whether all n bytes went and came back unchanged (down:
+// arrived, count and CRC-32C as the sink sent them).
 func (t *echoTransfer) verified() bool {
+	if t.down {
+		return t.err == nil && t.got == t.n
+	}
 	return t.err == nil && t.sent == t.n && t.got == t.n && t.sentH == t.gotH
 }

@@ -140,6 +140,24 @@ func TestEchoTransfer(t *testing.T) {
 	}
 }
 
+// TestEchoTransferDown: the down transfer reads the sink's count bytes,
+// checked against its trailer (a wrong CRC-32C is caught).
+func TestEchoTransferDown(t *testing.T) {
+	t.Parallel()
+	for _, corrupt := range []bool{false, true} {
+		a, b := net.Pipe()
+		go fakeSink(t, b, corrupt)
+		tr := &echoTransfer{n: 100<<10 + 5, down: true}
+		tr.run(a, 10*time.Second)
+		assert.Equal(t, !corrupt, tr.verified(), "err %v", tr.err)
+		assert.Equal(t, tr.n, tr.got)
+		assert.Equal(t, tr.n, tr.prog.last())
+		if corrupt {
+			assert.ErrorContains(t, tr.err, "CRC-32C mismatch")
+		}
+	}
+}
+
 // TestUpgradedPID: the new PID is the one logged for the side asked.
 func TestUpgradedPID(t *testing.T) {
 	t.Parallel()
