@@ -64,6 +64,8 @@ func newRunCommand() *cobra.Command {
 		resumeCases              []string
 		resumeBlackout           time.Duration
 		resumeTransfer           string
+		resumeTransferSize       string
+		resumeIdle               time.Duration
 		lossLevels               []float64
 		runtimeEnv               string
 		pin                      bool
@@ -89,7 +91,7 @@ func newRunCommand() *cobra.Command {
 			if len(blackoutBulk) > 0 {
 				p.BlackoutBulkDurations = blackoutBulk
 			}
-			if err := applyResumeFlags(cmd.Flags(), &p.Resume, resumeTunnels, resumeCases, resumeBlackout, resumeTransfer); err != nil {
+			if err := applyResumeFlags(cmd.Flags(), &p.Resume, resumeFlags{resumeTunnels, resumeCases, resumeBlackout, resumeTransfer, resumeTransferSize, resumeIdle}); err != nil {
 				return err
 			}
 			if len(lossLevels) > 0 {
@@ -155,6 +157,8 @@ func newRunCommand() *cobra.Command {
 	fs.StringSliceVar(&resumeCases, "resume-cases", nil, "resume scenario: the cases to run, of "+strings.Join(harness.ResumeCases(), ",")+" (default: all)")
 	fs.DurationVar(&resumeBlackout, "resume-blackout", 0, "resume scenario: how long the link goes dark in the blackout case; the resume window must cover it and the recovery (default: the profile's: full 5m past the 90s idle timeout, resume 2m past a 30s one)")
 	fs.StringVar(&resumeTransfer, "resume-transfer", "each-way", "resume scenario: the outage cases' transfer: each-way (the profile's size written through the tunnel to the echo while its echo is read back, SHA-256 of both compared) or down (downloaded from the sink, count and CRC-32C checked)")
+	fs.StringVar(&resumeTransferSize, "resume-transfer-size", "", "resume scenario: the outage cases' transfer size, e.g. 1GB or 100MB (default: the profile's: full 1GB, resume 100MB)")
+	fs.DurationVar(&resumeIdle, "resume-idle-timeout", 0, "resume scenario: both daemons' --idle-timeout in the blackout case; 0 leaves their default, 90s (default: the profile's: full their default, resume 30s)")
 	fs.Float64SliceVar(&lossLevels, "loss-levels", nil, "loss scenario: the random loss rates of its links as fractions, e.g. 0,0.01 (default: the profile's: 0-0.5)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
 	addRuntimeFlags(fs, &runtimeEnv, &pin)
@@ -377,29 +381,53 @@ func newReportCommand() *cobra.Command {
 }
 
 // nonEmpty drops empty entries and returns a non-nil slice.
+// resumeFlags are the --resume-* flags' values.
+type resumeFlags struct {
+	tunnels        int
+	cases          []string
+	blackout       time.Duration
+	transfer, size string
+	idle           time.Duration
+}
+
 // applyResumeFlags puts the --resume-* flags that were set into spec and
 // validates it.
-func applyResumeFlags(fs *pflag.FlagSet, spec *harness.ResumeSpec, tunnels int, cases []string, blackout time.Duration, transfer string) error {
-	switch transfer {
+func applyResumeFlags(fs *pflag.FlagSet, spec *harness.ResumeSpec, f resumeFlags) error {
+	switch f.transfer {
 	case "each-way", "down":
-		spec.TransferDown = transfer == "down"
+		spec.TransferDown = f.transfer == "down"
 	default:
-		return fmt.Errorf("--resume-transfer %q: want each-way or down", transfer)
+		return fmt.Errorf("--resume-transfer %q: want each-way or down", f.transfer)
 	}
 	if fs.Changed("resume-tunnels") {
-		spec.Tunnels = tunnels
+		spec.Tunnels = f.tunnels
 	}
 	if fs.Changed("resume-cases") {
-		spec.Cases = cases
+		spec.Cases = f.cases
 	}
 	if fs.Changed("resume-blackout") {
-		spec.Blackout = blackout
+		spec.Blackout = f.blackout
 	}
-	if !fs.Changed("resume-tunnels") && !fs.Changed("resume-cases") && !fs.Changed("resume-blackout") {
-		return nil
+	if fs.Changed("resume-idle-timeout") {
+		if f.idle < 0 {
+			return fmt.Errorf("--resume-idle-timeout %v: must be 0 or more", f.idle)
+		}
+		spec.IdleTimeout = f.idle
 	}
-	if err := spec.Validate(); err != nil {
-		return fmt.Errorf("--resume-*: %w", err)
+	if fs.Changed("resume-transfer-size") {
+		n, err := harness.ParseSize(f.size)
+		if err != nil {
+			return fmt.Errorf("--resume-transfer-size: %w", err)
+		}
+		spec.Transfer = n
+	}
+	for _, name := range []string{"resume-tunnels", "resume-cases", "resume-blackout", "resume-idle-timeout", "resume-transfer-size", "resume-transfer"} {
+		if fs.Changed(name) {
+			if err := spec.Validate(); err != nil {
+				return fmt.Errorf("--resume-*: %w", err)
+			}
+			break
+		}
 	}
 	return nil
 }
