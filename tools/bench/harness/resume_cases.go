@@ -264,7 +264,8 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 		s.Error = eerr.Error()
 		return
 	}
-	if !r.awaitRecovery(ctx, session, tr, end, sp.Recovery) {
+	recovered := r.awaitRecovery(ctx, session, tr, end, sp.Recovery)
+	if !recovered {
 		_ = tc.Close() // stuck: do not wait for its deadline
 	}
 	select {
@@ -276,7 +277,11 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 	session.end()
 	u1 := r.usage(cpids, spids)
 	maps.Copy(s.Metrics, usageMetrics(u0, u1, 0, true))
-	s.Error = errString(surviveMetrics(session, tr, end, s.Metrics))
+	serr := surviveMetrics(session, tr, end, s.Metrics)
+	if !recovered && ctx.Err() == nil {
+		serr = errors.Join(fmt.Errorf("session and transfer not both moving within %v after the link returned: the harness closed the transfer", sp.Recovery), serr)
+	}
+	s.Error = errString(serr)
 	if rec1 := scrapeOr(ctx, ns, setup.clientAdmin, "quictun_client_reconnects_total"); rec0 >= 0 && rec1 >= 0 {
 		s.Metrics["reconnects"] = rec1 - rec0
 	}
