@@ -218,6 +218,18 @@ func TestResumeSpecValidate(t *testing.T) {
 	assert.NoError(t, s.Validate(), "no blackout needed without its case")
 }
 
+// TestEchoIdleTimeout: the echo server outlasts the resume blackout (the
+// full profile's is 5 min, the echo server's default idle timeout).
+func TestEchoIdleTimeout(t *testing.T) {
+	t.Parallel()
+	p, err := Profiles("full")
+	require.NoError(t, err)
+	assert.Equal(t, 7*time.Minute, echoIdleTimeout(p))
+	p, err = Profiles("quick")
+	require.NoError(t, err)
+	assert.Equal(t, 5*time.Minute, echoIdleTimeout(p))
+}
+
 // TestResumeCaseLabel: the report's case names carry the load and the
 // outage.
 func TestResumeCaseLabel(t *testing.T) {
