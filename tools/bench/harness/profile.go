@@ -519,7 +519,11 @@ func smokeResumeSpec() ResumeSpec {
 		Link: LinkOf("LAN", LANDelay, 0, ""), Tunnels: 10, Size: 1000,
 		PauseMin: 50 * time.Millisecond, PauseMax: 100 * time.Millisecond,
 		Warmup: time.Second, After: 2 * time.Second,
-		TransferLink: LinkOf("LAN", LANDelay, 0, "100mbit"), Transfer: 8e6, TransferWarmup: 500 * time.Millisecond,
+		// Less than a tunnel's 4 MiB resume bound each way (a tunnel whose
+		// echo stops reading at that bound does not park: see
+		// docs/benchmarks.md, issue 34), at a rate that leaves most of it
+		// for after the outage.
+		TransferLink: LinkOf("LAN", LANDelay, 0, "10mbit"), Transfer: 3e6, TransferWarmup: 500 * time.Millisecond,
 		Blackout: 3 * time.Second, IdleTimeout: 2 * time.Second, Recovery: 20 * time.Second, TransferLimit: time.Minute,
 	}
 }
