@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"sync"
 	"time"
 
@@ -236,21 +237,18 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 	if sp.TransferDown {
 		taddr = setup.sink
 	}
-	tc, err := dialIn(ctx, ns, taddr)
+	tx, err := startTransfer(ctx, ns, taddr, sp)
 	if err != nil {
 		s.Error = "transfer: " + err.Error()
 		return
 	}
-	tr := &echoTransfer{n: sp.Transfer, seed: uint64(time.Now().UnixNano()), down: sp.TransferDown}
-	trDone := make(chan struct{})
-	go func() { defer close(trDone); tr.run(tc, sp.TransferLimit) }()
-	defer func() { _ = tc.Close(); <-trDone }()
+	defer tx.abort()
+	tr := tx.tr
 	if err := session.waitMoving(ctx, 30*time.Second); err != nil {
 		s.Error = "session: " + err.Error()
 		return
 	}
-	rec0 := scrapeOr(ctx, ns, setup.clientAdmin, "quictun_client_reconnects_total")
-	sw0 := scrapeOr(ctx, ns, setup.clientAdmin, "quictun_client_path_switches_total")
+	deltas := clientDeltas(ctx, ns, setup.clientAdmin)
 	cpids, spids := []int{setup.client.PID()}, []int{setup.server.PID()}
 	u0 := r.usage(cpids, spids)
 	sleepCtx(ctx, sp.TransferWarmup)
@@ -266,14 +264,9 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 	}
 	recovered := r.awaitRecovery(ctx, session, tr, end, sp.Recovery)
 	if !recovered {
-		_ = tc.Close() // stuck: do not wait for its deadline
+		_ = tx.c.Close() // stuck: do not wait for its deadline
 	}
-	select {
-	case <-trDone:
-	case <-ctx.Done():
-		_ = tc.Close()
-		<-trDone
-	}
+	tx.stop(ctx)
 	session.end()
 	u1 := r.usage(cpids, spids)
 	maps.Copy(s.Metrics, usageMetrics(u0, u1, 0, true))
@@ -282,16 +275,64 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 		serr = errors.Join(fmt.Errorf("session and transfer not both moving within %v after the link returned: the harness closed the transfer", sp.Recovery), serr)
 	}
 	s.Error = errString(serr)
-	if rec1 := scrapeOr(ctx, ns, setup.clientAdmin, "quictun_client_reconnects_total"); rec0 >= 0 && rec1 >= 0 {
-		s.Metrics["reconnects"] = rec1 - rec0
-	}
-	if sw1 := scrapeOr(ctx, ns, setup.clientAdmin, "quictun_client_path_switches_total"); sw0 >= 0 && sw1 >= 0 {
-		s.Metrics["path_switches"] = sw1 - sw0
-	}
+	deltas(s.Metrics)
 	resumeCounters(ctx, r.env.ServerNS, setup.serverAdmin, "server", s.Metrics)
 	resumeCounters(ctx, ns, setup.clientAdmin, "client", s.Metrics)
 	s.Raw, _ = json.Marshal(map[string]any{"cut": cut.UTC(), "end": end.UTC(), "transfer_s": tr.end.Sub(tr.start).Seconds(),
 		"sent": tr.sent, "got": tr.got})
+}
+
+// rsTransferRun is a transfer running on its own goroutine.
+type rsTransferRun struct {
+	tr   *echoTransfer
+	c    net.Conn
+	done chan struct{}
+}
+
+// startTransfer dials addr in ns and starts the spec's transfer on it.
+func startTransfer(ctx context.Context, ns, addr string, sp ResumeSpec) (*rsTransferRun, error) {
+	c, err := dialIn(ctx, ns, addr)
+	if err != nil {
+		return nil, err
+	}
+	x := &rsTransferRun{tr: &echoTransfer{n: sp.Transfer, seed: uint64(time.Now().UnixNano()), down: sp.TransferDown},
+		c: c, done: make(chan struct{})}
+	go func() { defer close(x.done); x.tr.run(c, sp.TransferLimit) }()
+	return x, nil
+}
+
+// stop waits for the transfer's end (its deadline bounds it), or closes
+// its connection once ctx is done; the transfer's fields are read after.
+func (x *rsTransferRun) stop(ctx context.Context) {
+	select {
+	case <-x.done:
+	case <-ctx.Done():
+		_ = x.c.Close()
+		<-x.done
+	}
+}
+
+// abort ends the transfer at once and waits for it (idempotent).
+func (x *rsTransferRun) abort() {
+	_ = x.c.Close()
+	<-x.done
+}
+
+// clientDeltas reads the client's reconnect and path-switch counters now;
+// the function returned adds their change since to m.
+func clientDeltas(ctx context.Context, ns, admin string) func(m map[string]float64) {
+	names := map[string]string{"reconnects": "quictun_client_reconnects_total", "path_switches": "quictun_client_path_switches_total"}
+	before := map[string]float64{}
+	for k, n := range names {
+		before[k] = scrapeOr(ctx, ns, admin, n)
+	}
+	return func(m map[string]float64) {
+		for k, n := range names {
+			if v := scrapeOr(ctx, ns, admin, n); v >= 0 && before[k] >= 0 {
+				m[k] = v - before[k]
+			}
+		}
+	}
 }
 
 // resumeEvent cuts the link from cut for the blackout, or moves the
