@@ -60,6 +60,12 @@ func newRunCommand() *cobra.Command {
 		spin, maxDuration        time.Duration
 		fairDelay                time.Duration
 		blackoutBulk             []time.Duration
+		resumeTunnels            int
+		resumeCases              []string
+		resumeBlackout           time.Duration
+		resumeTransfer           string
+		resumeTransferSize       string
+		resumeIdle               time.Duration
 		lossLevels               []float64
 		runtimeEnv               string
 		pin                      bool
@@ -84,6 +90,9 @@ func newRunCommand() *cobra.Command {
 			}
 			if len(blackoutBulk) > 0 {
 				p.BlackoutBulkDurations = blackoutBulk
+			}
+			if err := applyResumeFlags(cmd.Flags(), &p.Resume, resumeFlags{resumeTunnels, resumeCases, resumeBlackout, resumeTransfer, resumeTransferSize, resumeIdle}); err != nil {
+				return err
 			}
 			if len(lossLevels) > 0 {
 				if p.LossLinks, err = harness.LossLinks(lossLevels...); err != nil {
@@ -126,13 +135,13 @@ func newRunCommand() *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout, UDP blocked), cc (~17 minutes: bulk under loss, fairness, rate caps per client congestion controller, blackout under load, per congestion controller), loss (~55 minutes, issue 31: 100 Mbit/s, 25 ms RTT, 0-50 % random loss, three successive 10 s downloads per fresh tunnel, direct TCP BBR and Cubic, kcptun, quictun; fairness beside Cubic on a 30 and a 50 ms queue), stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) or full (every scenario)")
+	fs.StringVar(&profile, "profile", "quick", "quick (a few minutes: latency, small bulk, one blackout, UDP blocked), cc (~17 minutes: bulk under loss, fairness, rate caps per client congestion controller, blackout under load, per congestion controller), loss (~55 minutes, issue 31: 100 Mbit/s, 25 ms RTT, 0-50 % random loss, three successive 10 s downloads per fresh tunnel, direct TCP BBR and Cubic, kcptun, quictun; fairness beside Cubic on a 30 and a 50 ms queue), stn (~20 minutes: seed 000's short connections on 3G, Edge and 30/50 % loss, size sweeps, new connections into 5-35 s blackouts; direct and quictun) resume (~10 minutes, issue 34: quictun's tunnels across a server and a client upgrade under the load of 100 tunnels, a 2 min blackout past a 30 s idle timeout and a client address change, each with a session and 100 MB each way) or full (every scenario)")
 	fs.StringVar(&binDir, "bin", "bin", "directory with latency-client, quictun-server and quictun-client")
 	fs.StringVar(&binDirB, "bin-b", "", "directory of another build of the daemons, run as variant quictun-b beside quictun (before/after in one run; select it with --variants ...,quictun-b)")
 	fs.StringVar(&out, "out", "bench/runs", "results directory; each run writes <out>/<UTC date>/")
 	fs.StringVar(&prefix, "prefix", "qb", "network namespace prefix (<prefix>-c, <prefix>-s)")
 	fs.StringSliceVar(&variants, "variants", nil, "variants to run, by name (direct-cubic, quictun-bbr) or family (direct, kcptun, quictun); default: the profile's (stn: direct,quictun), else every available one. Opt-in: quictun-socks5 (the quictun daemons probed through a --proxy socks5: entry point), quictun-reverse (a reverse tunnel, --remote-forward, probed from the server host; latency scenario only)")
-	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,after-idle,bulk,loss-bulk,fairness,ratecap,echo-tps,request-size,connrate,blackout,blackout-bulk,udp-blocked,scale,flood,stn-short,stn-sizes,stn-blackout,failover); default: the profile's")
+	fs.StringSliceVar(&scenarios, "scenarios", nil, "scenarios to run (latency,coldstart,after-idle,bulk,loss-bulk,fairness,ratecap,echo-tps,request-size,connrate,blackout,blackout-bulk,udp-blocked,scale,flood,stn-short,stn-sizes,stn-blackout,failover,resume); default: the profile's")
 	fs.StringSliceVar(&congestion, "congestion", nil, "quictun --congestion values, one variant quictun-<cc> each, e.g. bbr,cubic,reno (default: the profile's; cc: bbr,cubic,reno, others none); --congestion= runs one quictun without the flag")
 	fs.StringSliceVar(&directCC, "direct-cc", nil, "TCP congestion controls of direct TCP, one variant direct-<cc> each (server side set per route in the namespaces), e.g. cubic,bbr (default: the profile's; cc: cubic,bbr, others none: one direct with the namespaces' default)")
 	fs.IntVar(&reps, "reps", 0, "repetitions per case (0: the profile's)")
@@ -144,6 +153,12 @@ func newRunCommand() *cobra.Command {
 	fs.DurationSliceVar(&blackoutBulk, "blackout-bulk-durations", nil, "blackout-bulk scenario: how long the link goes dark, e.g. 60s (default: the profile's)")
 	fs.DurationVar(&fairDelay, "fair-delay", 0, "fairness scenario: start the competing direct TCP flow this long after the variant's (which runs that much longer), e.g. 5s, "+
 		"and report how fast the variant's rate falls once it starts (yield_s: its 250 ms rate below half its rate of the second before, lastingly); needs more than 1 s plus the start-up; 0: together (default: the profile's, 0)")
+	fs.IntVar(&resumeTunnels, "resume-tunnels", 0, "resume scenario: tunnels under load through each upgrade (default: the profile's: full 1000, resume 100)")
+	fs.StringSliceVar(&resumeCases, "resume-cases", nil, "resume scenario: the cases to run, of "+strings.Join(harness.ResumeCases(), ",")+" (default: all)")
+	fs.DurationVar(&resumeBlackout, "resume-blackout", 0, "resume scenario: how long the link goes dark in the blackout case; the resume window must cover it and the recovery (default: the profile's: full 5m past the 90s idle timeout, resume 2m past a 30s one)")
+	fs.StringVar(&resumeTransfer, "resume-transfer", "each-way", "resume scenario: the outage cases' transfer: each-way (the profile's size written through the tunnel to the echo while its echo is read back, SHA-256 of both compared) or down (downloaded from the sink, count and CRC-32C checked)")
+	fs.StringVar(&resumeTransferSize, "resume-transfer-size", "", "resume scenario: the outage cases' transfer size, e.g. 1GB or 100MB (default: the profile's: full 1GB, resume 100MB)")
+	fs.DurationVar(&resumeIdle, "resume-idle-timeout", 0, "resume scenario: both daemons' --idle-timeout in the blackout case; 0 leaves their default, 90s (default: the profile's: full their default, resume 30s)")
 	fs.Float64SliceVar(&lossLevels, "loss-levels", nil, "loss scenario: the random loss rates of its links as fractions, e.g. 0,0.01 (default: the profile's: 0-0.5)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
 	addRuntimeFlags(fs, &runtimeEnv, &pin)
@@ -366,6 +381,57 @@ func newReportCommand() *cobra.Command {
 }
 
 // nonEmpty drops empty entries and returns a non-nil slice.
+// resumeFlags are the --resume-* flags' values.
+type resumeFlags struct {
+	tunnels        int
+	cases          []string
+	blackout       time.Duration
+	transfer, size string
+	idle           time.Duration
+}
+
+// applyResumeFlags puts the --resume-* flags that were set into spec and
+// validates it.
+func applyResumeFlags(fs *pflag.FlagSet, spec *harness.ResumeSpec, f resumeFlags) error {
+	switch f.transfer {
+	case "each-way", "down":
+		spec.TransferDown = f.transfer == "down"
+	default:
+		return fmt.Errorf("--resume-transfer %q: want each-way or down", f.transfer)
+	}
+	if fs.Changed("resume-tunnels") {
+		spec.Tunnels = f.tunnels
+	}
+	if fs.Changed("resume-cases") {
+		spec.Cases = f.cases
+	}
+	if fs.Changed("resume-blackout") {
+		spec.Blackout = f.blackout
+	}
+	if fs.Changed("resume-idle-timeout") {
+		if f.idle < 0 {
+			return fmt.Errorf("--resume-idle-timeout %v: must be 0 or more", f.idle)
+		}
+		spec.IdleTimeout = f.idle
+	}
+	if fs.Changed("resume-transfer-size") {
+		n, err := harness.ParseSize(f.size)
+		if err != nil {
+			return fmt.Errorf("--resume-transfer-size: %w", err)
+		}
+		spec.Transfer = n
+	}
+	for _, name := range []string{"resume-tunnels", "resume-cases", "resume-blackout", "resume-idle-timeout", "resume-transfer-size", "resume-transfer"} {
+		if fs.Changed(name) {
+			if err := spec.Validate(); err != nil {
+				return fmt.Errorf("--resume-*: %w", err)
+			}
+			break
+		}
+	}
+	return nil
+}
+
 func nonEmpty(in []string) []string {
 	out := []string{}
 	for _, s := range in {

@@ -96,28 +96,43 @@ func (s *foSetup) stop() {
 	}
 }
 
+// qtCreds are the state directory, secret file and certificate
+// fingerprint of a quictun server started by a scenario of its own.
+type qtCreds struct {
+	state, secret, fp string
+}
+
+// newQTCreds creates, under dir, a state directory and a random secret
+// for q's server and reads the server's certificate fingerprint.
+func newQTCreds(ctx context.Context, env *Env, q *quictun, dir string) (qtCreds, error) {
+	c := qtCreds{state: filepath.Join(dir, "state"), secret: filepath.Join(dir, "secret")}
+	if err := os.MkdirAll(c.state, 0o700); err != nil {
+		return c, err
+	}
+	raw := make([]byte, 32)
+	_, _ = rand.Read(raw)
+	if err := os.WriteFile(c.secret, []byte(base64.StdEncoding.EncodeToString(raw)+"\n"), 0o600); err != nil {
+		return c, err
+	}
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(fctx, q.bin(env, "quictun-server"), "fingerprint", "--state-dir", c.state).Output()
+	if err != nil {
+		return c, fmt.Errorf("quictun-server fingerprint: %w", err)
+	}
+	c.fp = strings.TrimSpace(string(out))
+	return c, nil
+}
+
 // startFailover starts the two servers (one state dir: one identity and
 // ticket key, as replicas share them) and the client of both.
 func (r *Runner) startFailover(ctx context.Context, q *quictun) (*foSetup, error) {
 	env := &r.env
-	dir := filepath.Join(env.WorkDir, q.file("failover"))
-	state := filepath.Join(dir, "state")
-	if err := os.MkdirAll(state, 0o700); err != nil {
-		return nil, err
-	}
-	secret := filepath.Join(dir, "secret")
-	raw := make([]byte, 32)
-	_, _ = rand.Read(raw)
-	if err := os.WriteFile(secret, []byte(base64.StdEncoding.EncodeToString(raw)+"\n"), 0o600); err != nil {
-		return nil, err
-	}
-	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(fctx, q.bin(env, "quictun-server"), "fingerprint", "--state-dir", state).Output()
+	cr, err := newQTCreds(ctx, env, q, filepath.Join(env.WorkDir, q.file("failover")))
 	if err != nil {
-		return nil, fmt.Errorf("quictun-server fingerprint: %w", err)
+		return nil, err
 	}
-	fp := strings.TrimSpace(string(out))
+	state, secret, fp := cr.state, cr.secret, cr.fp
 	s := &foSetup{local: q.local(foClientListen)}
 	var endpoints []string
 	denv := benchDaemonEnv(nil)

@@ -101,6 +101,8 @@ func Scenarios() map[string]ScenarioInfo {
 				{"first_packet_ms", "first packet ms", false}, {"first_echo_ms", "connect to first echo ms", false},
 				{"total_ms", "total ms", false}, {"p99_ms", "p99 RTT ms", false}, {"mbit_per_s", "Mbit/s", true}}, usageColumns[:3]...),
 			[]string{"since_start_ms", "total_ms", "mbit_per_s"}},
+		ScResume: {"10. Tunnels that outlive their connection (issue 34)", resumeText, unionMetrics(resumeUpgradeColumns, resumeSurviveColumns),
+			[]string{"stall_ms", "session_after_s"}},
 		ScScale: {"6. Scale", "Many concurrent ping-pong connections. RSS: peak resident memory of the tunnel's client and server processes during the run (direct: the echo server).",
 			[]Metric{{"p50_ms", "p50 ms", false}, {"p99_ms", "p99 ms", false}, {"rss_client_mib", "client RSS MiB", false}, {"rss_server_mib", "server RSS MiB", false}},
 			[]string{"p99_ms", "rss_client_mib"}},
@@ -116,6 +118,71 @@ func Scenarios() map[string]ScenarioInfo {
 
 // usageText explains the CPU and drop columns of the bulk scenarios.
 const usageText = "CPU % = share of one core over the transfer: the tunnel's client and server processes (direct TCP has none), and the emulator: the harness process, in which tools/linkem runs, less the threads that read the downloads (each locked to its OS thread and timed); it includes the Go runtime's work for the emulator (GC of its per-packet buffers). Emulator queue drops: packets dropped by the emulator's rate limiter queue (tail drop, 50 ms at the rate) or delay-line overflow during the transfer, both directions; the configured random loss is counted apart (results.json: emu_loss_drops). Emulator overload shows as: late % = packets that left the emulator's delay line 1 ms or more after their due time, mean late µs = their mean lateness (all packets), and TUN drops = packets the kernel dropped at the namespaces' TUN devices because the emulator did not read them in time. The emulator spins (yields in a loop) during the last millisecond before each delivery to keep the delay accurate, so its CPU % is high whenever packets are in flight and is not by itself a sign of saturation; late % and TUN drops are. CPU s/GB: CPU seconds of the tunnel processes per GB carried. An emulator near 100 % of a core, or a tunnel process near it, is a machine limit, not a protocol one."
+
+// resumeText introduces the resume scenario.
+const resumeText = "quictun only: direct TCP and kcptun cannot keep a connection across any of these cases (a TCP connection dies with its endpoint process, and with its path once its retransmissions give up), so they are not run. " +
+	"Each sample starts a quictun server and client of its own with `--resume-window` on both (the profile's, 10 min), the client forwarding to the echo server (no `--session-file`: tunnels opened as 0-RTT data are not resumable). " +
+	"**Upgrades under load**: the given number of tunnels, each an interactive ping-pong (a round trip of 1000 random bytes written and echoed back, then a pause of 100-200 ms), through the client; after the warm-up, `SIGUSR2` to the server or the client, which starts the binary at its own path (the same build) and hands its sockets and tunnels over; the load goes on for the profile's time after the signal. " +
+	"Reset: tunnels whose connection failed (reset, or a round trip past its 40 s deadline); verified: every tunnel's bytes came back once and in order (count and SHA-256 of all it sent against all it received; 1 = all tunnels). " +
+	"Stall: the longest round trip that ended after the signal (those in flight at it included), in ms and in RTTs of the link (2 x one-way delay); the target is 1 RTT + 100 ms; longest before: the longest that ended before it (the load's own tail); p99: over all round trips, and over those after the signal. Old exit: from the signal to the old process's exit. Resumed: the tunnels re-attached as the server and the client count them (the upgraded process's counters, which start at 0), gave up: tunnels not re-attached within the window. " +
+	"Load: round trips per second and Mbit/s each way of the whole load in the warm-up before the signal, with the CPU of the tunnel's client and server processes and the emulator columns over the same window (the emulator's CPU is the harness process's, which also runs the load's goroutines; the section on bulk explains the columns). " +
+	"**Outages with a session and a transfer**: one interactive session as above and one transfer of the given size, each way (pseudo-random bytes written through the tunnel to the echo while its echo is read back; count and SHA-256 of both ways compared) or, with `bench run --resume-transfer down`, down (downloaded from the sink through a second entry point of the client, `--forward`; count and CRC-32C checked against the sink's trailer), through the client; after the warm-up either the link is cut (100 % loss both ways) for longer than the daemons' `--idle-timeout` (given in the case; the QUIC connection dies and the client reconnects, backoff up to `--reconnect-max-delay`, 10 s, and re-attaches both tunnels), or the client host's address changes (a new address added and the old one removed from its link device: its QUIC client's packets cannot leave from the old address any more, nor the server's reach it). " +
+	"Session after / transfer flowing after: seconds from the link's return (the address change) to the session's next answer and to 1 MiB more of the transfer's echo (first byte: the first of it); before Mbit/s: the transfer's echo rate in the second half of the warm-up; reconnects: the client's QUIC reconnections in the sample (after a blackout past the idle timeout: a new connection, on which the client re-attaches both tunnels: resumed); path switches: the client's moves of its QUIC connection to a new path (after the address change its route watch sees the old address removed and moves the connection to the new one, so nothing needs re-attaching; were that to fail, the connection would be lost and the tunnels re-attached on a new one). CPU and emulator columns over the whole sample."
+
+// resumeUpgradeColumns are the columns of the resume scenario's upgrade
+// table; resumeSurviveColumns those of its outage table.
+var (
+	resumeUpgradeColumns = []Metric{{"tunnels", "tunnels", true}, {"tunnels_reset", "reset", false}, {"verified", "verified", true},
+		{"stall_ms", "stall ms", false}, {"stall_rtts", "stall RTTs", false}, {"longest_before_ms", "longest before ms", false},
+		{"rtt_p99_ms", "p99 ms", false}, {"rtt_p99_after_ms", "p99 after ms", false}, {"old_exit_ms", "old exit ms", false},
+		{"resumed_server", "resumed (server)", true}, {"resumed_client", "resumed (client)", true}, {"gaveup_server", "gave up (server)", false},
+		{"load_round_trips_per_s", "load round trips/s", true}, {"load_mbit_per_s_each_way", "load Mbit/s each way", true},
+		{"cpu_client_pct", "client CPU %", false}, {"cpu_server_pct", "server CPU %", false}, {"emu_cpu_pct", "emulator CPU %", false},
+		{"emu_queue_drops", "emulator queue drops", false}, {"emu_late_pct", "emulator late %", false}, {"emu_tun_drops", "TUN drops", false}}
+	resumeSurviveColumns = []Metric{{"tunnels_reset", "reset", false}, {"verified", "session verified", true},
+		{"transfer_verified", "transfer verified", true}, {"session_after_s", "session after s", false},
+		{"transfer_flowing_after_s", "transfer flowing after s", false}, {"transfer_first_byte_after_s", "transfer first byte after s", false},
+		{"transfer_before_mbit_per_s", "before Mbit/s", true}, {"transfer_mbit_per_s", "transfer Mbit/s (whole)", true},
+		{"reconnects", "reconnects", false}, {"path_switches", "path switches", false}, {"resumed_server", "resumed (server)", true},
+		{"gaveup_server", "gave up (server)", false},
+		{"cpu_client_pct", "client CPU %", false}, {"cpu_server_pct", "server CPU %", false}, {"emu_cpu_pct", "emulator CPU %", false},
+		{"emu_queue_drops", "emulator queue drops", false}, {"emu_tun_drops", "TUN drops", false}}
+)
+
+// unionMetrics is a's metrics, then those of b not in a (by key).
+func unionMetrics(a, b []Metric) []Metric {
+	out := slices.Clone(a)
+	for _, m := range b {
+		if !slices.ContainsFunc(out, func(x Metric) bool { return x.Key == m.Key }) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// writeResumeTables writes the resume scenario as two tables: the upgrade
+// cases, and the outages (different columns).
+func writeResumeTables(w *errWriter, rows []row, variants []string, agg map[Key]Summary) {
+	var up, out []row
+	for _, r := range rows {
+		if strings.Contains(r.cs, "upgrade") {
+			up = append(up, r)
+		} else {
+			out = append(out, r)
+		}
+	}
+	for _, t := range []struct {
+		title string
+		rows  []row
+		cols  []Metric
+	}{{"Upgrades under load", up, resumeUpgradeColumns}, {"Outages with a session and a transfer", out, resumeSurviveColumns}} {
+		if len(t.rows) > 0 {
+			w.printf("%s:\n\n", t.title)
+			writeRowTable(w, ScResume, ScenarioInfo{Metrics: t.cols}, t.rows, variants, agg, nil)
+			w.printf("\n")
+		}
+	}
+}
 
 // stnText introduces the STN scenarios.
 const stnText = "Seed 000 (Mars STN benchmark): short connections, one at a time: connect, request, response, close, no retry, as a mobile app's requests without keep-alive. The harness makes them from the client namespace against `latency-client serve`'s sink (request and response sizes may differ; byte counts and CRC-32C are verified). quictun: the tunnel is warm (its QUIC connection is up before the sample); each connection is a new TCP connection to quictun-client on loopback and a new stream. Links: the iOS Network Link Conditioner's 3G (780 kbit/s down, 330 kbit/s up, 100 ms delay each way) and Edge (240/200 kbit/s, 400 ms down, 440 ms up) profiles, and random loss each way with 50 ms one-way delay (RTT 100 ms), unlimited rate."
@@ -411,6 +478,8 @@ func WriteReport(dir string, res *Results) error {
 			writeRowTable(w, sc, si, rows, res.Variants, agg, nil)
 		case ScRateCap:
 			writeRowTable(w, sc, si, rows, scenarioVariants(res.Samples, sc), agg, nil)
+		case ScResume:
+			writeResumeTables(w, rows, res.Variants, agg)
 		case ScSTNShort, ScSTNSizes:
 			writeRowTable(w, sc, si, rows, res.Variants, agg, directVariants(res.Variants))
 		default:

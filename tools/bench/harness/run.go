@@ -218,11 +218,19 @@ func (r *Runner) preflight() error {
 	return errors.Join(errs...)
 }
 
+// echoIdleTimeout is the echo and sink server's --idle-timeout: its
+// default, 5 min, or longer than the resume scenario's blackout and
+// recovery (its connections sit idle through the blackout, and a
+// destination that gave up would end the tunnel the scenario measures).
+func echoIdleTimeout(p Profile) time.Duration {
+	return max(5*time.Minute, p.Resume.Blackout+p.Resume.Recovery+time.Minute)
+}
+
 // startEndpoints starts the echo/sink server and every variant.
 func (r *Runner) startEndpoints(ctx context.Context) error {
 	var err error
 	bin, args := r.env.Pin.wrap(sideServer, r.env.bin("latency-client"), []string{"serve", "--listen", fmt.Sprintf("0.0.0.0:%d", EchoPort),
-		"--sink-listen", fmt.Sprintf("0.0.0.0:%d", SinkPort), "--max-connections", "8192"})
+		"--sink-listen", fmt.Sprintf("0.0.0.0:%d", SinkPort), "--max-connections", "8192", "--idle-timeout", echoIdleTimeout(r.prof).String()})
 	r.echo, err = StartProc("latency-client-serve", r.env.ServerNS, filepath.Join(r.env.LogDir, "latency-client-serve.log"), bin, args...)
 	if err != nil {
 		return err

@@ -110,6 +110,8 @@ func (r *Runner) scenario(ctx context.Context, name string) error {
 		return r.failover(ctx)
 	case ScUDPBlocked:
 		return r.udpBlocked(ctx)
+	case ScResume:
+		return r.resume(ctx)
 	default:
 		return fmt.Errorf("unknown scenario %q", name)
 	}

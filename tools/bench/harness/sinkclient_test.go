@@ -13,7 +13,8 @@ import (
 )
 
 // fakeSink implements the download side of the sink protocol, stopping on
-// the first byte from the client (no half-close needed).
+// the first byte from the client (no half-close needed) or after the
+// request's count (when not 0).
 func fakeSink(t *testing.T, c net.Conn, corrupt bool) {
 	t.Helper()
 	defer c.Close()
@@ -23,6 +24,7 @@ func fakeSink(t *testing.T, c net.Conn, corrupt bool) {
 	}
 	assert.Equal(t, "QTSK", string(req[:4]))
 	assert.Equal(t, byte('D'), req[5])
+	count := binary.BigEndian.Uint64(req[8:])
 	stop := make(chan struct{})
 	go func() {
 		b := make([]byte, 1)
@@ -37,8 +39,13 @@ func fakeSink(t *testing.T, c net.Conn, corrupt bool) {
 	}
 	var sent uint64
 	for {
+		done := count > 0 && sent >= count
 		select {
 		case <-stop:
+			done = true
+		default:
+		}
+		if done {
 			var end [4 + sinkTrailerSize]byte
 			binary.BigEndian.PutUint64(end[4:], sent)
 			sum := h.Sum32()
@@ -48,13 +55,17 @@ func fakeSink(t *testing.T, c net.Conn, corrupt bool) {
 			binary.BigEndian.PutUint32(end[12:], sum)
 			_, _ = c.Write(end[:])
 			return
-		default:
 		}
-		if _, err := c.Write(frame); err != nil {
+		n := uint64(32 << 10)
+		if count > 0 {
+			n = min(n, count-sent)
+		}
+		binary.BigEndian.PutUint32(frame, uint32(n))
+		if _, err := c.Write(frame[:4+n]); err != nil {
 			return
 		}
-		_, _ = h.Write(frame[4:])
-		sent += 32 << 10
+		_, _ = h.Write(frame[4 : 4+n])
+		sent += n
 	}
 }
 
