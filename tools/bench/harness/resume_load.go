@@ -41,7 +41,9 @@ type pingPonger struct {
 	sent, got   int64
 	sentH, gotH [sha256.Size]byte
 	err         error
-	rounds      []rsRound
+	// rounds are read while it runs (roundsBetween): under mu.
+	mu     sync.Mutex
+	rounds []rsRound
 	// done counts completed rounds; read while it runs.
 	done   atomic.Int64
 	failed atomic.Bool
@@ -107,7 +109,9 @@ func (p *pingPonger) round(buf, back []byte, sh, gh hash.Hash) error {
 		return fmt.Errorf("read: %w", err)
 	}
 	end := time.Now()
+	p.mu.Lock()
 	p.rounds = append(p.rounds, rsRound{end: end.UnixNano(), d: int64(end.Sub(start))})
+	p.mu.Unlock()
 	p.done.Add(1)
 	return nil
 }
@@ -136,7 +140,10 @@ func roundStats(ps []*pingPonger, mark time.Time) rsStats {
 	var all, after []int64
 	m := mark.UnixNano()
 	for _, p := range ps {
-		for _, r := range p.rounds {
+		p.mu.Lock()
+		rounds := slices.Clone(p.rounds)
+		p.mu.Unlock()
+		for _, r := range rounds {
 			all = append(all, r.d)
 			if r.end < m {
 				st.longestBefore = max(st.longestBefore, time.Duration(r.d))
@@ -159,11 +166,13 @@ func roundStats(ps []*pingPonger, mark time.Time) rsStats {
 func roundsBetween(ps []*pingPonger, from, to time.Time) int {
 	n := 0
 	for _, p := range ps {
+		p.mu.Lock()
 		for _, r := range p.rounds {
 			if r.end >= from.UnixNano() && r.end < to.UnixNano() {
 				n++
 			}
 		}
+		p.mu.Unlock()
 	}
 	return n
 }
