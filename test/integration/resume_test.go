@@ -114,6 +114,21 @@ func serveGated(t *testing.T, part int) (dest string, gate chan struct{}, dests 
 	return dest, gate, dests
 }
 
+// startGated starts a gated transfer through the client listening at addr
+// to serveGated's destination and waits until each end got its first part;
+// it returns the application's peer and the destination's.
+func startGated(t *testing.T, addr string, part int, gate chan struct{}, dests chan *gatedPeer) (app, far *gatedPeer) {
+	t.Helper()
+	app = runGatedPeer(dial(t, addr), part, gate)
+	select {
+	case far = <-dests:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no tunnel reached the destination")
+	}
+	require.Eventually(t, func() bool { return app.got.Load() >= int64(part) && far.got.Load() >= int64(part) }, 60*time.Second, 10*time.Millisecond)
+	return app, far
+}
+
 func hashOf(t *testing.T, ch chan [32]byte) [32]byte {
 	t.Helper()
 	select {
@@ -142,14 +157,7 @@ func TestResumeAcrossLostConnection(t *testing.T) {
 	proxy := lossyProxy(t, srv, 2*time.Millisecond, &dark, nil)
 	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + dest, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
 		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
-	app := runGatedPeer(dial(t, cl.Addr), part, gate)
-	var far *gatedPeer
-	select {
-	case far = <-dests:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no tunnel reached the destination")
-	}
-	require.Eventually(t, func() bool { return app.got.Load() >= part && far.got.Load() >= part }, 60*time.Second, 10*time.Millisecond)
+	app, far := startGated(t, cl.Addr, part, gate, dests)
 
 	dark.Store(true)
 	close(gate) // the applications write on while the link is dark
@@ -463,14 +471,7 @@ func TestResumeReattachesToItsServer(t *testing.T) {
 			c.Backoff.Max = 300 * time.Millisecond
 		}})
 	require.Eventually(t, func() bool { return healthy(cl) == 2 }, 20*time.Second, 10*time.Millisecond, "both servers connected")
-	app := runGatedPeer(dial(t, cl.Addr), part, gate)
-	var far *gatedPeer
-	select {
-	case far = <-dests:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no tunnel reached the destination")
-	}
-	require.Eventually(t, func() bool { return app.got.Load() >= part && far.got.Load() >= part }, 60*time.Second, 10*time.Millisecond)
+	app, far := startGated(t, cl.Addr, part, gate, dests)
 	require.Equal(t, 1, sides[0].table.Len(), "the tunnel is on the first server")
 
 	dark[0].Store(true)
