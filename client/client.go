@@ -1015,6 +1015,8 @@ func (q *quicLink) down(ctx context.Context, l *link, upSince time.Time) {
 		return
 	}
 	cause := context.Cause(conn.Context())
+	var idle *quic.IdleTimeoutError
+	m.pathLost.Store(errors.As(cause, &idle))
 	spreadWait := reconnectWait(cause)
 	c.cfg.Metrics.ReconnectsTotal.Inc()
 	m.bo.Failure(time.Now())
@@ -1129,7 +1131,23 @@ func (c *Client) waitAuthBackoff(ctx context.Context, m *member) {
 
 // waitBackoff waits for m's next backoff delay, or until the credentials
 // change (SetSecret): then it returns at once and starts the backoff afresh.
-func (c *Client) waitBackoff(ctx context.Context, m *member) { c.waitOn(ctx, m, m.bo) }
+// While resumable tunnels wait for a connection the path lost (an idle
+// timeout, as in a blackout) it waits at most parkedRedialMax: they come
+// back soon after the path does (a long blackout grows the backoff to its
+// 10 s maximum, which they waited for). A server that closed or reset the
+// connection (a restart: every client reconnecting) keeps the backoff.
+func (c *Client) waitBackoff(ctx context.Context, m *member) {
+	if r := c.cfg.Resume; r != nil && m.pathLost.Load() && r.Table.Len() > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, parkedRedialMax)
+		defer cancel()
+	}
+	c.waitOn(ctx, m, m.bo)
+}
+
+// parkedRedialMax bounds the wait between dials while resumable tunnels
+// wait for a connection: a handshake attempt (one Initial) a second.
+const parkedRedialMax = time.Second
 
 // waitOn waits for bo's next delay, or until the credentials change
 // (SetSecret): then it returns at once and starts bo afresh.

@@ -87,7 +87,11 @@ type member struct {
 	authBo *backoff.Backoff
 	// redial cuts the reconnect backoff short (SetSecret).
 	redial chan struct{}
-	cur    *link // guarded by Client.mu
+	// pathLost: its last connection ended by an idle timeout (the path
+	// went dark, not the server: no close, no stateless reset), so
+	// parked tunnels may redial soon (waitBackoff).
+	pathLost atomic.Bool
+	cur      *link // guarded by Client.mu
 	// downSince is when the member stopped having a usable link, pushed
 	// to the end of the wait a server shutting down asked for (zero: up,
 	// or no attempt yet); refused: its last attempt was refused our
