@@ -165,6 +165,17 @@ func (o *Options) Run(ctx context.Context) error {
 	}})
 }
 
+// capSpecs are o's rate caps as one list (a reload compares and logs it):
+// the --rate-limit rules, the default and the link rate.
+func capSpecs(o *Options) []string {
+	return append(slices.Clone(o.RateLimits), "default="+o.DefaultRateLimit, "link="+o.LinkRate)
+}
+
+// quotaSpecs are o's quotas as one list, as capSpecs.
+func quotaSpecs(o *Options) []string {
+	return append(slices.Clone(o.Quotas), "default="+o.DefaultQuota)
+}
+
 // openSockets opens the UDP socket and the TCP fallback listener, or takes
 // those an upgrade handed over; each Close is pushed on cleanup.
 func (o *Options) openSockets(inh *cli.Inherited, cleanup *cli.Cleanup, logger klog.Logger) (*cli.Socket, *net.UDPConn, net.Listener, error) {
@@ -428,8 +439,7 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 	rules, deny, allowFor := o.Allow, o.Deny, o.AllowFor
 	remote, reverseOn := o.AllowRemoteListen, len(o.AllowRemoteListen) > 0
 	stateDir := o.StateDir // a new --state-dir takes a restart (its reset and ticket keys)
-	caps, capDefaultSpec, linkSpec := o.RateLimits, o.DefaultRateLimit, o.LinkRate
-	quotaSpecs, quotaDefaultSpec := o.Quotas, o.DefaultQuota
+	caps, quotas := capSpecs(o), quotaSpecs(o)
 	res := o.resume
 	return func(d cli.Daemon, changed []string) ([]string, error) {
 		next := d.(*Options)
@@ -465,7 +475,9 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 		if err != nil {
 			return nil, err
 		}
-		capsChanged := !slices.Equal(caps, next.RateLimits) || capDefaultSpec != next.DefaultRateLimit || linkSpec != next.LinkRate
+		nextCaps, nextQuotas := capSpecs(next), quotaSpecs(next)
+		capsAdded, capsRemoved := cli.Diff(caps, nextCaps)
+		capsChanged := len(capsAdded)+len(capsRemoved) > 0
 		if capsChanged && srv.RateLimits() == nil {
 			return nil, errors.New("--rate-limit/--default-rate-limit/--link-rate: the server started without caps; adding them takes a restart")
 		}
@@ -533,19 +545,15 @@ func (o *Options) applier(srv *server.Server, id *served) cli.Apply {
 			keys = apply
 			rules, deny, allowFor = next.Allow, next.Deny, next.AllowFor
 		}
-		var capsAdded, capsRemoved []string
 		if capsChanged {
 			srv.RateLimits().Set(capRules, capDefault)
 			srv.RateLimits().SetLink(link)
-			capsAdded, capsRemoved = cli.Diff(append(slices.Clone(caps), "default="+capDefaultSpec, "link="+linkSpec),
-				append(slices.Clone(next.RateLimits), "default="+next.DefaultRateLimit, "link="+next.LinkRate))
-			caps, capDefaultSpec, linkSpec = next.RateLimits, next.DefaultRateLimit, next.LinkRate
+			caps = nextCaps
 		}
-		quotasAdded, quotasRemoved := cli.Diff(append(slices.Clone(quotaSpecs), "default="+quotaDefaultSpec),
-			append(slices.Clone(next.Quotas), "default="+next.DefaultQuota))
+		quotasAdded, quotasRemoved := cli.Diff(quotas, nextQuotas)
 		if len(quotasAdded)+len(quotasRemoved) > 0 {
 			srv.Usage().SetQuotas(quotaRules, quotaDefault)
-			quotaSpecs, quotaDefaultSpec = next.Quotas, next.DefaultQuota
+			quotas = nextQuotas
 		}
 		remoteAdded, remoteRemoved := cli.Diff(remote, next.AllowRemoteListen)
 		var reverseClosed any // logged when the reload closed listeners
