@@ -94,15 +94,11 @@ func (c *Controller) HasPacingBudget(now qc.Time) bool {
 		return false
 	}
 	b := c.down.Load()
-	p := b.paced()
-	if p == nil {
-		return true
+	if b.paced() == nil {
+		return true // nothing paces it: no clock read
 	}
 	t := c.budgetTime(now)
-	if p != b {
-		b.rest.refresh(t)
-	}
-	return p.ready(t)
+	return b.pacer(t).ready(t)
 }
 
 // TimeUntilSend implements qc.Controller: the later of the two pacers'.

@@ -39,20 +39,15 @@ type Bucket struct {
 // capped, else the link's rest when the server's link rate is set
 // (refreshed first), else nil: nothing paces it. b may be nil.
 func (b *Bucket) pacer(now int64) *Bucket {
-	switch {
-	case b == nil:
-		return nil
-	case b.Capped():
-		return b
-	}
-	r := b.rest.budget()
-	if r != nil {
+	p := b.paced()
+	if p != nil && p != b {
 		b.rest.refresh(now)
 	}
-	return r
+	return p
 }
 
-// paced is pacer without the refresh, for a reading of the next send time.
+// paced is pacer without the refresh (a reading of the next send time, or
+// a caller that reads the clock only when something paces).
 func (b *Bucket) paced() *Bucket {
 	if b == nil || b.Capped() {
 		return b
