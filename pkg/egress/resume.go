@@ -174,7 +174,9 @@ func (s *stream) resume() *failure {
 		return s.resumeRefused(resume.RefusedSuspended, fmt.Errorf("identity suspended until %s", until.UTC().Format(time.RFC3339)))
 	}
 	s.logger.V(2).Info("Resuming tunnel", "bytesReceivedByClient", req.Offset)
-	switch err := p.Serve(s.attachment(req.Offset, true)); {
+	a := s.attachment(req.Offset, true)
+	a.Early = s.st.Early // as 0-RTT data (settleEarly cleared it if it waited for the handshake)
+	switch err := p.Serve(a); {
 	case errors.Is(err, resume.ErrEnded):
 		return s.resumeRefused(resume.RefusedUnknown, err)
 	case errors.Is(err, resume.ErrParked):

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quic-go/quic-go"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/proto"
@@ -217,11 +218,12 @@ func (l *local) reattach(ctx context.Context, p *resume.Pipe, id resume.ID) (*re
 			return att, err
 		}
 		wait := delay
-		if errors.Is(err, errSessionGone) && quick < maxQuickRetries {
+		if (errors.Is(err, errSessionGone) || errors.Is(err, quic.Err0RTTRejected)) && quick < maxQuickRetries {
 			quick++
 			// The connection picked had just ended (the client has not
-			// replaced it yet): the next one comes at once after a
-			// server's upgrade, so no backoff.
+			// replaced it yet), or the server rejected the 0-RTT data our
+			// request went in (the connection goes on without it): the
+			// next one comes at once, so no backoff.
 			wait = sessionGoneRetry
 		} else {
 			delay = min(2*delay, 2*time.Second)
@@ -250,18 +252,25 @@ var errSessionGone = errors.New("session ended")
 
 // resumableSession checks that sess can carry a resumed tunnel: a QUIC
 // connection with datagrams (the acks). A session already closed is
-// errSessionGone (the client has not replaced it yet); a new connection
-// whose handshake is in progress (0-RTT, as right after a server's
-// upgrade) is waited for, up to StreamOpenTimeout, rather than skipped for
-// the backoff's 50 ms: the server's datagram support is known with the
+// errSessionGone (the client has not replaced it yet). A new connection
+// whose handshake is in progress carries the request at once (early) when
+// it resumed a TLS session that remembers the server's datagram support
+// (0-RTT, as right after a server's upgrade or a blackout: the tunnel
+// re-attaches one round trip sooner; a rejection of 0-RTT fails the
+// request, tried again on the connection without it); one without (a full
+// handshake) is waited for, up to StreamOpenTimeout, rather than skipped
+// for the backoff's 50 ms: the server's datagram support is known with the
 // handshake.
-func (l *local) resumableSession(ctx context.Context, sess *Session) error {
+func (l *local) resumableSession(ctx context.Context, sess *Session) (early bool, err error) {
 	q := sess.Conn.QUIC()
 	if q == nil {
-		return errNotResumable
+		return false, errNotResumable
 	}
 	if isClosed(q.Context().Done()) {
-		return errSessionGone
+		return false, errSessionGone
+	}
+	if !isClosed(q.HandshakeComplete()) && ackSender(sess.Conn) != nil {
+		return true, nil
 	}
 	if !isClosed(q.HandshakeComplete()) {
 		t := time.NewTimer(l.h.cfg.StreamOpenTimeout)
@@ -269,17 +278,17 @@ func (l *local) resumableSession(ctx context.Context, sess *Session) error {
 		select {
 		case <-q.HandshakeComplete():
 		case <-q.Context().Done():
-			return errSessionGone
+			return false, errSessionGone
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		case <-t.C:
-			return errNotResumable
+			return false, errNotResumable
 		}
 	}
 	if ackSender(sess.Conn) == nil {
-		return errNotResumable
+		return false, errNotResumable
 	}
-	return nil
+	return false, nil
 }
 
 // tryResume sends one resume request on the next session and reads the
@@ -290,7 +299,8 @@ func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*
 		release()
 		return nil, err
 	}
-	if err := l.resumableSession(ctx, sess); err != nil {
+	early, err := l.resumableSession(ctx, sess)
+	if err != nil {
 		release()
 		return nil, err
 	}
@@ -311,8 +321,10 @@ func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*
 	}
 	l.release()
 	l.release, l.sess = release, sess
-	l.slog.V(2).Info("Resumed tunnel", "bytesReceivedByServer", off)
-	return l.attachment(str, off), nil
+	l.slog.V(2).Info("Resumed tunnel", "bytesReceivedByServer", off, "early", early)
+	a := l.attachment(str, off)
+	a.Early = early
+	return a, nil
 }
 
 // session waits for a session to re-attach on: one to the server the

@@ -6,12 +6,15 @@ import "github.com/prometheus/client_golang/prometheus"
 // implements resume.Events. Its series start at 0 for the reasons given.
 type Resume struct {
 	Parked, Resumed, Resent prometheus.Counter
-	GaveUp                  *prometheus.CounterVec
+	// ResumedEarly counts the resumed tunnels whose request went as 0-RTT
+	// data.
+	ResumedEarly prometheus.Counter
+	GaveUp       *prometheus.CounterVec
 	// Refused is nil on the client (the server refuses).
 	Refused *prometheus.CounterVec
 }
 
-// NewResume registers quictun_<daemon>_tunnels_{parked,resumed}_total,
+// NewResume registers quictun_<daemon>_tunnels_{parked,resumed,resumed_0rtt}_total,
 // _tunnels_resume_resent_bytes_total, _tunnels_resume_gaveup_total{reason}
 // (gaveUpReasons), _resume_buffer_bytes (held, read at scrape time) and,
 // with refusedReasons, _resume_requests_refused_total{reason}.
@@ -22,14 +25,16 @@ func NewResume(reg prometheus.Registerer, daemon string, gaveUpReasons, refusedR
 	m := &Resume{
 		Parked:  prometheus.NewCounter(opts("tunnels_parked_total", "Resumable tunnels whose connection was lost: each waits --resume-window for the client to re-attach it.")),
 		Resumed: prometheus.NewCounter(opts("tunnels_resumed_total", "Resumable tunnels continued on a new stream after their connection was lost.")),
-		Resent:  prometheus.NewCounter(opts("tunnels_resume_resent_bytes_total", "Bytes resent when tunnels resumed: sent before the loss but not received by the other end, or read from the application while parked.")),
+		ResumedEarly: prometheus.NewCounter(opts("tunnels_resumed_0rtt_total",
+			"Of the resumed tunnels, those whose resume request went as 0-RTT data on a resumed connection: re-attached without waiting a round trip for the handshake.")),
+		Resent: prometheus.NewCounter(opts("tunnels_resume_resent_bytes_total", "Bytes resent when tunnels resumed: sent before the loss but not received by the other end, or read from the application while parked.")),
 		GaveUp: prometheus.NewCounterVec(opts("tunnels_resume_gaveup_total",
 			"Parked tunnels that ended without resuming (their application connection reset), by reason: window (not re-attached within --resume-window), refused (the server held no such tunnel), offset (an end reported an offset the other could not resend from), shutdown."), []string{"reason"}),
 	}
 	for _, r := range gaveUpReasons {
 		m.GaveUp.WithLabelValues(r)
 	}
-	reg.MustRegister(m.Parked, m.Resumed, m.Resent, m.GaveUp, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	reg.MustRegister(m.Parked, m.Resumed, m.ResumedEarly, m.Resent, m.GaveUp, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: Namespace, Subsystem: daemon, Name: "resume_buffer_bytes",
 		Help: "Bytes the resumable tunnels hold for resending until the other end confirms them (at most --resume-buffer-mib in all).",
 	}, held))
@@ -48,8 +53,11 @@ func NewResume(reg prometheus.Registerer, daemon string, gaveUpReasons, refusedR
 func (m *Resume) TunnelParked() { m.Parked.Inc() }
 
 // TunnelResumed counts a resumed tunnel and the bytes it resent.
-func (m *Resume) TunnelResumed(resent int64) {
+func (m *Resume) TunnelResumed(resent int64, early bool) {
 	m.Resumed.Inc()
+	if early {
+		m.ResumedEarly.Inc()
+	}
 	m.Resent.Add(float64(resent))
 }
 

@@ -67,8 +67,9 @@ type Events interface {
 	// TunnelParked reports a tunnel whose connection was lost.
 	TunnelParked()
 	// TunnelResumed reports a tunnel continued on a new stream, and the
-	// bytes it resent there.
-	TunnelResumed(resent int64)
+	// bytes it resent there; early: its resume request went as 0-RTT data
+	// (Attachment.Early).
+	TunnelResumed(resent int64, early bool)
 	// TunnelGaveUp reports a parked tunnel that ended (GaveUpReasons).
 	TunnelGaveUp(reason string)
 	// ResumeRefused reports a refused resume request (RefusedReasons; the
@@ -83,7 +84,7 @@ type NopEvents struct{}
 func (NopEvents) TunnelParked() {}
 
 // TunnelResumed implements Events.
-func (NopEvents) TunnelResumed(int64) {}
+func (NopEvents) TunnelResumed(int64, bool) {}
 
 // TunnelGaveUp implements Events.
 func (NopEvents) TunnelGaveUp(string) {}
@@ -111,6 +112,10 @@ type Attachment struct {
 	// connection's tail-loss prober and liveness, as splice.Pipe's). They
 	// must not block.
 	AfterWrite, AfterRead func()
+	// Early: the resume request that made this attachment went as 0-RTT
+	// data, before the new connection's handshake completed (counted by
+	// Events.TunnelResumed).
+	Early bool
 }
 
 // DefaultCap is the default bound of the bytes one direction of a tunnel

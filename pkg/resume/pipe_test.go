@@ -100,10 +100,10 @@ func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 
 type countEvents struct{ parked, resumed, resent, gaveUp atomic.Int64 }
 
-func (e *countEvents) TunnelParked()              { e.parked.Add(1) }
-func (e *countEvents) TunnelResumed(n int64)      { e.resumed.Add(1); e.resent.Add(n) }
-func (e *countEvents) TunnelGaveUp(reason string) { e.gaveUp.Add(1) }
-func (e *countEvents) ResumeRefused(string)       {}
+func (e *countEvents) TunnelParked()                 { e.parked.Add(1) }
+func (e *countEvents) TunnelResumed(n int64, _ bool) { e.resumed.Add(1); e.resent.Add(n) }
+func (e *countEvents) TunnelGaveUp(reason string)    { e.gaveUp.Add(1) }
+func (e *countEvents) ResumeRefused(string)          {}
 
 // tunnel is a resumable tunnel between two applications: cli and srv are
 // its Pipes, appC and appS the applications' sockets.

@@ -94,7 +94,7 @@ func (p *Pipe) run(a *attachment) (lost bool) {
 	}
 	if a.resumed {
 		_, _, end := p.out.Offsets()
-		p.cfg.Events.TunnelResumed(int64(end - a.PeerOffset))
+		p.cfg.Events.TunnelResumed(int64(end-a.PeerOffset), a.Early)
 	}
 	wlost := make(chan bool, 1)
 	go func() { wlost <- p.write(a, prefix) }()

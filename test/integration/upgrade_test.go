@@ -78,6 +78,10 @@ func (e *echoRounds) run(c net.Conn, stop <-chan struct{}) {
 // save had not written), each counted once (B counts the tunnels it took
 // over from where A stopped: TrackFrom).
 //
+// The client reaches the servers through a proxy adding 50 ms round trips:
+// its resume requests go as 0-RTT data on its new connection to B
+// (resumed_0rtt counted on both ends), not a round trip later.
+//
 // It found a BBR bug (pkg/congestion, TestBBRFirstPacketsSentWithOthersInFlight):
 // the client's new 0-RTT connection, re-attaching every tunnel at once after
 // its handshake, paced itself to a halt (14 runs in 50 stalled until the
@@ -94,7 +98,11 @@ func TestServerHandOver(t *testing.T) { // not parallel: it sets the environment
 	require.NoError(t, err)
 	a := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo},
 		Mutate: func(c *server.Config) { c.Resume, c.Usage = sideA.egress(time.Minute), ledgerA }})
-	cl := testutil.StartClient(t, a, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true,
+	// 50 ms round trips: the re-attachments go on the new connection long
+	// before its handshake completes.
+	var never atomic.Bool
+	proxy := lossyProxy(t, a, 25*time.Millisecond, &never, nil)
+	cl := testutil.StartClient(t, a, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, ServerAddr: proxy,
 		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
 
 	const ended = 1 << 20 // a tunnel that ends on A before the upgrade
@@ -148,6 +156,10 @@ func TestServerHandOver(t *testing.T) { // not parallel: it sets the environment
 	load.check(t)
 	assert.Equal(t, float64(tunnels), promtest.ToFloat64(sideB.metrics.Resumed), "B continued each tunnel")
 	assert.Equal(t, float64(tunnels), promtest.ToFloat64(cliSide.metrics.Resumed))
+	for side, m := range map[string]*resumeSide{"client": cliSide, "server B": sideB} {
+		assert.Equal(t, float64(tunnels), promtest.ToFloat64(m.metrics.ResumedEarly),
+			"%s: each resume request went as 0-RTT data, without waiting for the new connection's handshake", side)
+	}
 	for _, r := range resume.GaveUpReasons() {
 		assert.Zero(t, promtest.ToFloat64(cliSide.metrics.GaveUp.WithLabelValues(r)), r)
 	}
