@@ -89,6 +89,10 @@ var ErrNotServing = errors.New("not serving")
 // Conn is one end of the socket pair. Not safe for concurrent use.
 type Conn struct {
 	c *net.UnixConn
+	// rbuf is recvMsg's buffer, reused: a fresh 64 KiB per message made
+	// a hand-over of 1,000 tunnels (2,000 messages) allocate and clear
+	// 128 MiB.
+	rbuf []byte
 }
 
 // Close closes the Conn.

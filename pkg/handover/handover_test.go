@@ -294,3 +294,44 @@ func unixFcntlGetfl(fd int) (int, error) {
 	}
 	return int(r), nil
 }
+
+// BenchmarkTunnels1000 sends and receives the tunnels of an upgrade with
+// 1,000 resumable tunnels, each with 1000 bytes to resend: the part of a
+// client's or server's upgrade stall spent on the socket pair. A fresh
+// 64 KiB buffer per received message made it 165-206 ms and 151 MB
+// allocated per hand-over; 30-41 ms and 5 MB with the buffer reused (2
+// cores, load 6-8).
+func BenchmarkTunnels1000(b *testing.B) {
+	files := make([]*os.File, 1000)
+	ts := make([]Tunnel, len(files))
+	for i := range files {
+		f, err := os.Open(os.DevNull)
+		require.NoError(b, err)
+		b.Cleanup(func() { _ = f.Close() })
+		files[i] = f
+		tu := Tunnel{UUID: "uuid", Destination: "tcp:127.0.0.1:22", Source: "127.0.0.1:5000", Endpoint: "tcp:127.0.0.1:2222",
+			CreatedAt: time.Now()}
+		tu.ID[0], tu.ID[1] = byte(i), byte(i>>8)
+		tu.Window, tu.Data, tu.Conn = time.Minute, make([]byte, 1000), f
+		ts[i] = tu
+	}
+	lim := Limits{MaxTunnels: len(ts), MaxTunnelBytes: 8 << 20, MaxTotalBytes: 1 << 30}
+	b.ReportAllocs()
+	for b.Loop() {
+		parent, cf, err := Pair()
+		require.NoError(b, err)
+		child, err := newConn(cf)
+		require.NoError(b, err)
+		errc := make(chan error, 1)
+		go func() { errc <- parent.SendTunnels(ts) }()
+		got, err := child.RecvTunnels(lim)
+		require.NoError(b, err)
+		require.NoError(b, <-errc)
+		require.Len(b, got, len(ts))
+		for _, g := range got {
+			_ = g.Conn.Close()
+		}
+		_ = parent.Close()
+		_ = child.Close()
+	}
+}
