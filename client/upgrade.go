@@ -85,8 +85,10 @@ func (c *Client) handOver(logger klog.Logger, stopLinks context.CancelCauseFunc,
 	// listeners for the new process to bind again.
 	c.cfg.Registry.AbortWhere(proto.CodeShutdown, func(t *tunnel.Tunnel) bool { return !t.Resumable })
 	logger.Info("Upgrading: closing connections; the new process re-attaches the resumable tunnels", "tunnels", c.cfg.Registry.Len())
+	start := time.Now()
 	stopLinks(errUpgrading) // each connection closes ("client upgrading"): its resumable tunnels park
 	links.Wait()
+	closed := time.Now()
 	var states []*resume.State
 	if r := c.cfg.Resume; r != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
@@ -96,12 +98,14 @@ func (c *Client) handOver(logger klog.Logger, stopLinks context.CancelCauseFunc,
 		cancel()
 		states = r.Table.Export()
 	}
+	exported := time.Now()
 	c.cfg.Registry.AbortAll(proto.CodeShutdown) // what could not be handed over
 	n, err := handover.SendStates(states, send)
 	if err != nil {
 		return err
 	}
-	logger.Info("Handed the client over to the new process", "tunnels", n)
+	logger.Info("Handed the client over to the new process", "tunnels", n, "closeDuration", closed.Sub(start),
+		"parkDuration", exported.Sub(closed), "sendDuration", time.Since(exported))
 	return nil
 }
 
