@@ -126,8 +126,8 @@ const resumeText = "quictun only: direct TCP and kcptun cannot keep a connection
 	"Reset: tunnels whose connection failed (reset, or a round trip past its 40 s deadline); verified: every tunnel's bytes came back once and in order (count and SHA-256 of all it sent against all it received; 1 = all tunnels). " +
 	"Stall: the longest round trip that ended after the signal (those in flight at it included), in ms and in RTTs of the link (2 x one-way delay); the target is 1 RTT + 100 ms; longest before: the longest that ended before it (the load's own tail); p99: over all round trips, and over those after the signal. Old exit: from the signal to the old process's exit. Resumed: the tunnels re-attached as the server and the client count them (the upgraded process's counters, which start at 0), gave up: tunnels not re-attached within the window. " +
 	"Load: round trips per second and Mbit/s each way of the whole load in the warm-up before the signal, with the CPU of the tunnel's client and server processes and the emulator columns over the same window (the emulator's CPU is the harness process's, which also runs the load's goroutines; the section on bulk explains the columns). " +
-	"**Outages with a session and a transfer**: one interactive session as above and one transfer of the given size, each way (pseudo-random bytes written through the tunnel to the echo while its echo is read back; count and SHA-256 of both ways compared) or, with `bench run --resume-transfer down`, down (downloaded from the sink through a second entry point of the client, `--forward`; count and CRC-32C checked against the sink's trailer), through the client; after the warm-up either the link is cut (100 % loss both ways) for longer than the daemons' `--idle-timeout` (given in the case; the QUIC connection dies and the client reconnects, backoff up to `--reconnect-max-delay`, 10 s, and re-attaches both tunnels), or the client host's address changes (a new address added and the old one removed from its link device: its QUIC client's packets cannot leave from the old address any more, nor the server's reach it). " +
-	"Session after / transfer flowing after: seconds from the link's return (the address change) to the session's next answer and to 1 MiB more of the transfer's echo (first byte: the first of it); before Mbit/s: the transfer's echo rate in the second half of the warm-up; reconnects: the client's QUIC reconnections in the sample (after a blackout past the idle timeout: a new connection, on which the client re-attaches both tunnels: resumed); path switches: the client's moves of its QUIC connection to a new path (after the address change its route watch sees the old address removed and moves the connection to the new one, so nothing needs re-attaching; were that to fail, the connection would be lost and the tunnels re-attached on a new one). CPU and emulator columns over the whole sample."
+	"**Outages and an upgrade with a session and a transfer**: one interactive session as above and one transfer of the given size, each way (pseudo-random bytes written through the tunnel to the echo while its echo is read back; count and SHA-256 of both ways compared) or, with `bench run --resume-transfer down`, down (downloaded from the sink through a second entry point of the client, `--forward`; count and CRC-32C checked against the sink's trailer), through the client; after the warm-up either the link is cut (100 % loss both ways) for longer than the daemons' `--idle-timeout` (given in the case; the QUIC connection dies and the client reconnects, backoff up to `--reconnect-max-delay`, 10 s, and re-attaches both tunnels), or the client host's address changes (a new address added and the old one removed from its link device: its QUIC client's packets cannot leave from the old address any more, nor the server's reach it), or the server is upgraded (`SIGUSR2`, as above). " +
+	"Session after / transfer flowing after: seconds from the link's return (the address change; the old server's exit) to the session's next answer and to 1 MiB more of the transfer's echo (first byte: the first of it); session longest: the session's longest round trip ending after that; before Mbit/s: the transfer's echo rate in the second half of the warm-up; reconnects: the client's QUIC reconnections in the sample (after a blackout past the idle timeout: a new connection, on which the client re-attaches both tunnels: resumed); path switches: the client's moves of its QUIC connection to a new path (after the address change its route watch sees the old address removed and moves the connection to the new one, so nothing needs re-attaching; were that to fail, the connection would be lost and the tunnels re-attached on a new one). CPU and emulator columns over the whole sample."
 
 // resumeUpgradeColumns are the columns of the resume scenario's upgrade
 // table; resumeSurviveColumns those of its outage table.
@@ -142,6 +142,7 @@ var (
 	resumeSurviveColumns = []Metric{{"tunnels_reset", "reset", false}, {"verified", "session verified", true},
 		{"transfer_verified", "transfer verified", true}, {"session_after_s", "session after s", false},
 		{"transfer_flowing_after_s", "transfer flowing after s", false}, {"transfer_first_byte_after_s", "transfer first byte after s", false},
+		{"session_longest_s", "session longest s", false}, {"old_exit_ms", "old exit ms", false},
 		{"transfer_before_mbit_per_s", "before Mbit/s", true}, {"transfer_mbit_per_s", "transfer Mbit/s (whole)", true},
 		{"reconnects", "reconnects", false}, {"path_switches", "path switches", false}, {"resumed_server", "resumed (server)", true},
 		{"gaveup_server", "gave up (server)", false},
@@ -165,7 +166,7 @@ func unionMetrics(a, b []Metric) []Metric {
 func writeResumeTables(w *errWriter, rows []row, variants []string, agg map[Key]Summary) {
 	var up, out []row
 	for _, r := range rows {
-		if strings.Contains(r.cs, "upgrade") {
+		if strings.Contains(r.cs, "upgrade") && !strings.Contains(r.cs, "session +") { // not the upgrade under a transfer
 			up = append(up, r)
 		} else {
 			out = append(out, r)
@@ -175,7 +176,7 @@ func writeResumeTables(w *errWriter, rows []row, variants []string, agg map[Key]
 		title string
 		rows  []row
 		cols  []Metric
-	}{{"Upgrades under load", up, resumeUpgradeColumns}, {"Outages with a session and a transfer", out, resumeSurviveColumns}} {
+	}{{"Upgrades under load", up, resumeUpgradeColumns}, {"Outages and an upgrade with a session and a transfer", out, resumeSurviveColumns}} {
 		if len(t.rows) > 0 {
 			w.printf("%s:\n\n", t.title)
 			writeRowTable(w, ScResume, ScenarioInfo{Metrics: t.cols}, t.rows, variants, agg, nil)

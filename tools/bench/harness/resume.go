@@ -32,13 +32,22 @@ import (
 const (
 	ResumeServerUpgrade = "server-upgrade"
 	ResumeClientUpgrade = "client-upgrade"
-	ResumeBlackout      = "blackout"
-	ResumeAddrChange    = "address-change"
+	// ResumeUpgradeTransfer is a server upgrade during the session and the
+	// transfer of the outage cases.
+	ResumeUpgradeTransfer = "server-upgrade-transfer"
+	ResumeBlackout        = "blackout"
+	ResumeAddrChange      = "address-change"
 )
 
 // ResumeCases lists the resume case IDs in their order.
 func ResumeCases() []string {
-	return []string{ResumeServerUpgrade, ResumeClientUpgrade, ResumeBlackout, ResumeAddrChange}
+	return []string{ResumeServerUpgrade, ResumeClientUpgrade, ResumeUpgradeTransfer, ResumeBlackout, ResumeAddrChange}
+}
+
+// withTransfer reports whether case c runs a session and a transfer
+// (resumeSurviveOne) rather than the upgrade load.
+func withTransfer(c string) bool {
+	return c == ResumeUpgradeTransfer || c == ResumeBlackout || c == ResumeAddrChange
 }
 
 // ResumeSpec sizes the resume scenario.
@@ -57,12 +66,12 @@ type ResumeSpec struct {
 	Tunnels, Size      int
 	PauseMin, PauseMax time.Duration
 	Warmup, After      time.Duration
-	// The blackout and address-change cases, on TransferLink: one
-	// interactive session (Size, pauses as above) and one transfer of
-	// Transfer bytes each way through the echo; after TransferWarmup the
-	// link is cut for Blackout (both daemons with --idle-timeout
-	// IdleTimeout; 0: their default, 90 s) or the client's address
-	// changes. Recovery bounds the wait for both to move again, from the
+	// The blackout, address-change and upgrade-with-transfer cases, on
+	// TransferLink: one interactive session (Size, pauses as above) and one
+	// transfer of Transfer bytes each way through the echo; after
+	// TransferWarmup the link is cut for Blackout (both daemons with
+	// --idle-timeout IdleTimeout; 0: their default, 90 s), the client's
+	// address changes, or the server is upgraded. Recovery bounds the wait for both to move again, from the
 	// link's return; TransferLimit the transfer, from its start.
 	TransferLink LinkSpec
 	Transfer     int64
@@ -96,7 +105,7 @@ func (s ResumeSpec) Validate() error {
 			errs = append(errs, fmt.Errorf("resume window %v: shorter than the blackout %v plus the recovery %v", s.Window, s.Blackout, s.Recovery))
 		}
 	}
-	if s.Transfer < 1 && (slices.Contains(s.Cases, ResumeBlackout) || slices.Contains(s.Cases, ResumeAddrChange)) {
+	if s.Transfer < 1 && slices.ContainsFunc(s.Cases, withTransfer) {
 		errs = append(errs, errors.New("resume transfer: want at least 1 byte"))
 	}
 	return errors.Join(errs...)
@@ -109,6 +118,8 @@ func resumeCaseLabel(s ResumeSpec, c string) string {
 		return fmt.Sprintf("server upgrade (SIGUSR2), %d tunnels", s.Tunnels)
 	case ResumeClientUpgrade:
 		return fmt.Sprintf("client upgrade (SIGUSR2), %d tunnels", s.Tunnels)
+	case ResumeUpgradeTransfer:
+		return "server upgrade (SIGUSR2), session + " + transferLabel(s)
 	case ResumeBlackout:
 		idle := "90s default"
 		if s.IdleTimeout > 0 {

@@ -254,7 +254,7 @@ func (r *Runner) resumeSurviveOne(ctx context.Context, q *quictun, rep int, cs s
 	sleepCtx(ctx, sp.TransferWarmup)
 	cut := time.Now()
 	s.Metrics["transfer_before_mbit_per_s"] = rateBetween(tr.prog.points(), cut.Add(-sp.TransferWarmup/2), cut)
-	end, eerr := r.resumeEvent(ctx, cs, cut)
+	end, eerr := r.resumeEvent(ctx, cs, cut, setup, s.Metrics)
 	if cs == ResumeAddrChange {
 		defer r.restoreClientAddr(ctx)
 	}
@@ -335,9 +335,18 @@ func clientDeltas(ctx context.Context, ns, admin string) func(m map[string]float
 	}
 }
 
-// resumeEvent cuts the link from cut for the blackout, or moves the
-// client's address, and returns when the link is back (the change done).
-func (r *Runner) resumeEvent(ctx context.Context, cs string, cut time.Time) (time.Time, error) {
+// resumeEvent cuts the link from cut for the blackout, moves the client's
+// address, or upgrades setup's server (its old process's exit in m), and
+// returns when the link is back (the change or the upgrade done).
+func (r *Runner) resumeEvent(ctx context.Context, cs string, cut time.Time, setup *rsSetup, m map[string]float64) (time.Time, error) {
+	if cs == ResumeUpgradeTransfer {
+		pid, exit, err := upgrade(ctx, setup.server, setup.serverLog, "server")
+		if pid != 0 {
+			setup.adopted = append(setup.adopted, pid)
+		}
+		m["old_exit_ms"] = float64(exit) / 1e6
+		return time.Now(), err
+	}
 	if cs == ResumeAddrChange {
 		err := ipCommands(ctx, addrMoveCommands(r.env.ClientNS, r.env.ServerNS, netns.ClientIP, rsNewClientIP, r.env.ServerIP))
 		if err != nil {

@@ -207,6 +207,7 @@ func TestResumeSpecValidate(t *testing.T) {
 		{"pauses reversed", func(s *ResumeSpec) { s.PauseMin = time.Second }, "pause min <= pause max"},
 		{"window too short", func(s *ResumeSpec) { s.Blackout = 2 * time.Minute }, "shorter than the blackout"},
 		{"no transfer", func(s *ResumeSpec) { s.Transfer = 0; s.Cases = []string{ResumeAddrChange} }, "at least 1 byte"},
+		{"no transfer to upgrade under", func(s *ResumeSpec) { s.Transfer = 0; s.Cases = []string{ResumeUpgradeTransfer} }, "at least 1 byte"},
 	} {
 		s := ok
 		tc.mut(&s)
@@ -240,11 +241,13 @@ func TestResumeCaseLabel(t *testing.T) {
 	s = resumeSpec(100, 2*time.Minute, 30*time.Second, 100e6)
 	assert.Equal(t, "blackout 2m0s (idle timeout 30s), session + 100 MB each way", resumeCaseLabel(s, ResumeBlackout))
 	assert.Equal(t, "client address change, old address removed, session + 100 MB each way", resumeCaseLabel(s, ResumeAddrChange))
+	assert.Equal(t, "server upgrade (SIGUSR2), session + 100 MB each way", resumeCaseLabel(s, ResumeUpgradeTransfer))
 }
 
 // TestRunResume runs the resume scenario (smoke profile) through quictun
-// built from this tree: both upgrades, the blackout past the idle timeout
-// and the address change keep every tunnel, every byte verified.
+// built from this tree: both upgrades, the server's upgrade under a
+// transfer, the blackout past the idle timeout and the address change keep
+// every tunnel, every byte verified.
 func TestRunResume(t *testing.T) {
 	res, _, p := runTunnelSmoke(t, "hr", nil, ScResume)
 	require.Len(t, res.Samples, len(p.Resume.Cases), "quictun only, one sample per case")
