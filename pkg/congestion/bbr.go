@@ -93,9 +93,14 @@ type BBRController struct {
 	// (settleAppLimited), and when the last ack-eliciting packet went out.
 	appLimitedPending  bool
 	appLimitedInflight int
-	lastSentTime       qc.Time
-	bytesInFlight      int
-	lastSampleAppLtd   bool
+	// burstBytes counts the ack-eliciting bytes sent since the last
+	// application-limited report was settled; appLimitedSmall tells
+	// whether the pending report came after less than a datagram.
+	burstBytes       int
+	appLimitedSmall  bool
+	lastSentTime     qc.Time
+	bytesInFlight    int
+	lastSampleAppLtd bool
 
 	// round trips
 	round              int64
@@ -212,12 +217,22 @@ func (b *BBRController) bdp(gain float64) int {
 
 // OnPacketSent implements qc.Controller.
 func (b *BBRController) OnPacketSent(p qc.SentPacket) {
-	b.pace.sent(p.Time, p.Bytes, b.pacingRate)
 	b.bytesInFlight = p.BytesInFlight
 	if !p.AckEliciting {
-		return // an ACK goes out whether or not there is data
+		// An ACK-only packet is not paced: quic-go sends it whether or not
+		// the bucket has budget, and it is never acknowledged, so it is in
+		// no delivery-rate sample. Charged to the bucket, the ACKs of the
+		// receiving side of a bulk transfer (thousands a second) took the
+		// budget of its window updates whenever its rate was low; those
+		// went out late, their samples measured what the ACKs left, and
+		// the estimate fell to the floor: the sender waited for credit
+		// (loopback bulk 1 Gbit/s instead of 2-3). Linux does not pace
+		// pure ACKs either.
+		return
 	}
+	b.pace.sent(p.Time, p.Bytes, b.pacingRate)
 	b.settleAppLimited(p.Time)
+	b.burstBytes += p.Bytes
 	b.lastSentTime = p.Time
 	if p.BytesInFlight-p.Bytes <= 0 || b.deliveredTime.IsZero() {
 		// Nothing was in flight, or nothing was ever delivered: the next
@@ -253,7 +268,18 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 // not application limited). So the report is held until the next packet:
 // only a sender that then stayed idle longer than appLimitedGap is marked
 // (settleAppLimited).
+//
+// A sender that ran dry before it had filled one datagram since its last
+// report is marked at once, lull or not (Linux's rule: less than a segment
+// to send). Its packets are control frames or a small write: a receiver's
+// window updates and PINGs go out a fraction of a millisecond apart when
+// they follow one another, and as samples of the path they measured a few
+// dozen bytes per round trip; one of them replaced an estimate of hundreds
+// of Mbit/s, and at that rate every later one counted too.
 func (b *BBRController) OnAppLimited(bytesInFlight int) {
+	if !b.appLimitedPending {
+		b.appLimitedSmall = b.burstBytes < b.datagram
+	}
 	b.appLimitedPending, b.appLimitedInflight = true, bytesInFlight
 }
 
@@ -264,6 +290,11 @@ func (b *BBRController) settleAppLimited(now qc.Time) {
 		return
 	}
 	b.appLimitedPending = false
+	b.burstBytes = 0
+	if b.appLimitedSmall {
+		b.appLimitedUntil = max(b.delivered+int64(b.appLimitedInflight), 1)
+		return
+	}
 	gap := 4 * time.Duration(float64(b.datagram)/max(b.pacingRate, 1)*float64(time.Second))
 	// At most an eighth of the path's RTT: on loopback (RTT ~0.2 ms) a
 	// lull of 1 ms is five round trips of a sender with nothing to send,
