@@ -93,12 +93,10 @@ type BBRController struct {
 	// (settleAppLimited), and when the last ack-eliciting packet went out.
 	appLimitedPending  bool
 	appLimitedInflight int
-	// burstBytes counts the ack-eliciting bytes sent since the last
-	// application-limited report was settled; appLimitedSmall tells
-	// whether the pending report came after less than a datagram.
-	burstBytes       int
-	appLimitedSmall  bool
-	lastSentTime     qc.Time
+	lastSentTime       qc.Time
+	// lastFullSent is when the last ack-eliciting packet of a full
+	// datagram went out (markSmallPacket).
+	lastFullSent     qc.Time
 	bytesInFlight    int
 	lastSampleAppLtd bool
 
@@ -232,7 +230,7 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 	}
 	b.pace.sent(p.Time, p.Bytes, b.pacingRate)
 	b.settleAppLimited(p.Time)
-	b.burstBytes += p.Bytes
+	b.markSmallPacket(p)
 	b.lastSentTime = p.Time
 	if p.BytesInFlight-p.Bytes <= 0 || b.deliveredTime.IsZero() {
 		// Nothing was in flight, or nothing was ever delivered: the next
@@ -268,19 +266,30 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 // not application limited). So the report is held until the next packet:
 // only a sender that then stayed idle longer than appLimitedGap is marked
 // (settleAppLimited).
-//
-// A sender that ran dry before it had filled one datagram since its last
-// report is marked at once, lull or not (Linux's rule: less than a segment
-// to send). Its packets are control frames or a small write: a receiver's
-// window updates and PINGs go out a fraction of a millisecond apart when
-// they follow one another, and as samples of the path they measured a few
-// dozen bytes per round trip; one of them replaced an estimate of hundreds
-// of Mbit/s, and at that rate every later one counted too.
 func (b *BBRController) OnAppLimited(bytesInFlight int) {
-	if !b.appLimitedPending {
-		b.appLimitedSmall = b.burstBytes < b.datagram
-	}
 	b.appLimitedPending, b.appLimitedInflight = true, bytesInFlight
+}
+
+// markSmallPacket marks the sender application limited when it sends an
+// ack-eliciting packet short of a full datagram and sent no full one for a
+// round trip (at least appLimitedGap): it had less than a datagram to send
+// (Linux's rule: less than a segment queued), with or without a report.
+// Such a sender sends control frames or small writes: the receiving side of
+// a bulk transfer sends only ACKs, window updates and PINGs, a fraction of a
+// millisecond apart when they follow one another, and quic-go reports
+// nothing when it returns to read the next packets first. Taken for samples
+// of the path, a few dozen bytes per round trip replaced an estimate of
+// hundreds of Mbit/s with 0.3 Mbit/s, and the receiver's window updates
+// were paced at that. A bulk sender's short packet (the end of a write)
+// follows full ones and counts as before.
+func (b *BBRController) markSmallPacket(p qc.SentPacket) {
+	if p.Bytes >= b.datagram {
+		b.lastFullSent = p.Time
+		return
+	}
+	if b.lastFullSent.IsZero() || p.Time.Sub(b.lastFullSent) > max(b.minRTT, appLimitedGap) {
+		b.appLimitedUntil = max(b.delivered+int64(p.BytesInFlight), 1)
+	}
 }
 
 // settleAppLimited decides a pending application-limited report when the
@@ -290,11 +299,6 @@ func (b *BBRController) settleAppLimited(now qc.Time) {
 		return
 	}
 	b.appLimitedPending = false
-	b.burstBytes = 0
-	if b.appLimitedSmall {
-		b.appLimitedUntil = max(b.delivered+int64(b.appLimitedInflight), 1)
-		return
-	}
 	gap := 4 * time.Duration(float64(b.datagram)/max(b.pacingRate, 1)*float64(time.Second))
 	// At most an eighth of the path's RTT: on loopback (RTT ~0.2 ms) a
 	// lull of 1 ms is five round trips of a sender with nothing to send,
