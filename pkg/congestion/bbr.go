@@ -94,8 +94,11 @@ type BBRController struct {
 	appLimitedPending  bool
 	appLimitedInflight int
 	lastSentTime       qc.Time
-	bytesInFlight      int
-	lastSampleAppLtd   bool
+	// lastFullSent is when the last ack-eliciting packet of a full
+	// datagram went out (markSmallPacket).
+	lastFullSent     qc.Time
+	bytesInFlight    int
+	lastSampleAppLtd bool
 
 	// round trips
 	round              int64
@@ -212,12 +215,22 @@ func (b *BBRController) bdp(gain float64) int {
 
 // OnPacketSent implements qc.Controller.
 func (b *BBRController) OnPacketSent(p qc.SentPacket) {
-	b.pace.sent(p.Time, p.Bytes, b.pacingRate)
 	b.bytesInFlight = p.BytesInFlight
 	if !p.AckEliciting {
-		return // an ACK goes out whether or not there is data
+		// An ACK-only packet is not paced: quic-go sends it whether or not
+		// the bucket has budget, and it is never acknowledged, so it is in
+		// no delivery-rate sample. Charged to the bucket, the ACKs of the
+		// receiving side of a bulk transfer (thousands a second) took the
+		// budget of its window updates whenever its rate was low; those
+		// went out late, their samples measured what the ACKs left, and
+		// the estimate fell to the floor: the sender waited for credit
+		// (loopback bulk 1 Gbit/s instead of 2-3). Linux does not pace
+		// pure ACKs either.
+		return
 	}
+	b.pace.sent(p.Time, p.Bytes, b.pacingRate)
 	b.settleAppLimited(p.Time)
+	b.markSmallPacket(p)
 	b.lastSentTime = p.Time
 	if p.BytesInFlight-p.Bytes <= 0 || b.deliveredTime.IsZero() {
 		// Nothing was in flight, or nothing was ever delivered: the next
@@ -255,6 +268,28 @@ func (b *BBRController) OnPacketSent(p qc.SentPacket) {
 // (settleAppLimited).
 func (b *BBRController) OnAppLimited(bytesInFlight int) {
 	b.appLimitedPending, b.appLimitedInflight = true, bytesInFlight
+}
+
+// markSmallPacket marks the sender application limited when it sends an
+// ack-eliciting packet short of a full datagram and sent no full one for a
+// round trip (at least appLimitedGap): it had less than a datagram to send
+// (Linux's rule: less than a segment queued), with or without a report.
+// Such a sender sends control frames or small writes: the receiving side of
+// a bulk transfer sends only ACKs, window updates and PINGs, a fraction of a
+// millisecond apart when they follow one another, and quic-go reports
+// nothing when it returns to read the next packets first. Taken for samples
+// of the path, a few dozen bytes per round trip replaced an estimate of
+// hundreds of Mbit/s with 0.3 Mbit/s, and the receiver's window updates
+// were paced at that. A bulk sender's short packet (the end of a write)
+// follows full ones and counts as before.
+func (b *BBRController) markSmallPacket(p qc.SentPacket) {
+	if p.Bytes >= b.datagram {
+		b.lastFullSent = p.Time
+		return
+	}
+	if b.lastFullSent.IsZero() || p.Time.Sub(b.lastFullSent) > max(b.minRTT, appLimitedGap) {
+		b.appLimitedUntil = max(b.delivered+int64(p.BytesInFlight), 1)
+	}
 }
 
 // settleAppLimited decides a pending application-limited report when the
