@@ -63,6 +63,10 @@ type Table struct {
 	// added wakes Run when the first tunnel is added: an empty Table's Run
 	// does not tick.
 	added chan struct{}
+	// importing is closed when the imports in progress end (nil: none;
+	// BeginImport); imports counts them.
+	importing chan struct{}
+	imports   int
 }
 
 type entry struct {
@@ -113,6 +117,52 @@ func (t *Table) Lookup(id ID, identity string) (*Pipe, error) {
 		return nil, ErrIdentity
 	}
 	return e.pipe, nil
+}
+
+// BeginImport marks an import in progress until end is called (once; more
+// calls do nothing): an upgrade's new server serves while it takes its
+// predecessor's tunnels, and a re-attachment that comes before its tunnel
+// waits for it in LookupWait instead of being refused.
+func (t *Table) BeginImport() (end func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.imports == 0 {
+		t.importing = make(chan struct{})
+	}
+	t.imports++
+	return sync.OnceFunc(func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.imports--; t.imports == 0 {
+			close(t.importing)
+			t.importing = nil
+		}
+	})
+}
+
+// LookupWait is Lookup, except that a tunnel not held while an import is
+// in progress (BeginImport) is looked up again once the import ended, or
+// ctx ended (then it is unknown). waited says whether it waited. The
+// caller has authenticated the request: a wait holds nothing but the
+// caller's goroutine, and it is bounded by the import's own bound.
+func (t *Table) LookupWait(ctx context.Context, id ID, identity string) (p *Pipe, waited bool, err error) {
+	p, err = t.Lookup(id, identity)
+	if !errors.Is(err, ErrUnknown) {
+		return p, false, err
+	}
+	t.mu.Lock()
+	importing := t.importing
+	t.mu.Unlock()
+	if importing == nil {
+		return nil, false, err
+	}
+	select {
+	case <-importing:
+	case <-ctx.Done():
+		return nil, true, err
+	}
+	p, err = t.Lookup(id, identity)
+	return p, true, err
 }
 
 // Len is the number of tunnels held.
