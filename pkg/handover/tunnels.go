@@ -135,7 +135,7 @@ func (c *Conn) RecvTunnels(lim Limits) (ts []Tunnel, err error) {
 // recvTunnelOrEnd reads the next message: a tunnel record (with its one
 // descriptor) or the end (files nil).
 func (c *Conn) recvTunnelOrEnd() ([]byte, []*os.File, error) {
-	typ, body, files, err := c.recvMsg(1)
+	typ, body, files, err := c.next(1)
 	if err != nil {
 		return nil, nil, err
 	}
