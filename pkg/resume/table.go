@@ -64,9 +64,11 @@ type Table struct {
 	// does not tick.
 	added chan struct{}
 	// importing is closed when the imports in progress end (nil: none;
-	// BeginImport); imports counts them.
+	// BeginImport); imports counts them; waiting are the re-attachments
+	// waiting for a tunnel meanwhile, by ID (LookupWait).
 	importing chan struct{}
 	imports   int
+	waiting   map[ID]*waiter
 }
 
 type entry struct {
@@ -90,6 +92,10 @@ func (t *Table) Add(id ID, identity string, p *Pipe) (remove func(), err error) 
 	}
 	e := &entry{pipe: p, identity: identity}
 	t.tunnels[id] = e
+	if w := t.waiting[id]; w != nil {
+		close(w.added)
+		delete(t.waiting, id)
+	}
 	if len(t.tunnels) == 1 {
 		select {
 		case t.added <- struct{}{}:
@@ -110,6 +116,11 @@ func (t *Table) Lookup(id ID, identity string) (*Pipe, error) {
 	t.mu.Lock()
 	e, ok := t.tunnels[id]
 	t.mu.Unlock()
+	return e.check(ok, identity)
+}
+
+// check returns e's pipe if it was found (ok) and identity opened it.
+func (e *entry) check(ok bool, identity string) (*Pipe, error) {
 	if !ok {
 		return nil, ErrUnknown
 	}
@@ -141,28 +152,61 @@ func (t *Table) BeginImport() (end func()) {
 }
 
 // LookupWait is Lookup, except that a tunnel not held while an import is
-// in progress (BeginImport) is looked up again once the import ended, or
-// ctx ended (then it is unknown). waited says whether it waited. The
-// caller has authenticated the request: a wait holds nothing but the
-// caller's goroutine, and it is bounded by the import's own bound.
+// in progress (BeginImport) is waited for: until it is added, the import
+// ended, or ctx ended (then it is unknown). waited says whether it waited.
+// The caller has authenticated the request: a wait holds the caller's
+// goroutine and one map entry per ID waited for, and the import's own
+// bound bounds it.
 func (t *Table) LookupWait(ctx context.Context, id ID, identity string) (p *Pipe, waited bool, err error) {
-	p, err = t.Lookup(id, identity)
-	if !errors.Is(err, ErrUnknown) {
+	t.mu.Lock()
+	e, ok := t.tunnels[id]
+	importing := t.importing
+	if ok || importing == nil {
+		t.mu.Unlock()
+		p, err = e.check(ok, identity)
 		return p, false, err
 	}
-	t.mu.Lock()
-	importing := t.importing
-	t.mu.Unlock()
-	if importing == nil {
-		return nil, false, err
+	w := t.waiting[id]
+	if w == nil {
+		if t.waiting == nil {
+			t.waiting = make(map[ID]*waiter)
+		}
+		w = &waiter{added: make(chan struct{})}
+		t.waiting[id] = w
 	}
+	w.n++
+	t.mu.Unlock()
 	select {
+	case <-w.added:
 	case <-importing:
 	case <-ctx.Done():
-		return nil, true, err
 	}
-	p, err = t.Lookup(id, identity)
+	t.mu.Lock()
+	if w.n--; w.n == 0 && t.waiting[id] == w {
+		delete(t.waiting, id)
+	}
+	e, ok = t.tunnels[id]
+	t.mu.Unlock()
+	p, err = e.check(ok, identity)
 	return p, true, err
+}
+
+// Waiting is the number of re-attachments waiting in LookupWait.
+func (t *Table) Waiting() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, w := range t.waiting {
+		n += w.n
+	}
+	return n
+}
+
+// waiter is what the re-attachments waiting for one ID share: added is
+// closed when it is added.
+type waiter struct {
+	added chan struct{}
+	n     int
 }
 
 // Len is the number of tunnels held.
