@@ -258,6 +258,17 @@ func (s *Server) LoadUsage(ctx context.Context) {
 	}
 }
 
+// ImportTunnel continues one tunnel the previous process handed over
+// (while Run runs, after BeginImport: as each arrives), parked in the
+// resume Table; a re-attachment waiting for it goes on. On error it is
+// reset.
+func (s *Server) ImportTunnel(ctx context.Context, t handover.Tunnel) error {
+	logger := klog.FromContext(ctx)
+	return handover.ImportOne(&t, func(st *resume.State, t *tunnel.Tunnel) error {
+		return s.egress.ImportResumable(st, t, logger)
+	})
+}
+
 // ImportTunnels continues the tunnels the previous process handed over
 // (before Run, or while it runs after BeginImport): each is parked in the
 // resume Table for its client's re-attachment. It returns how many it

@@ -384,3 +384,30 @@ func TestReadAheadClosed(t *testing.T) {
 func resumeState(f *os.File, data []byte) resume.State {
 	return resume.State{ID: resume.ID{1}, Window: time.Minute, Data: data, Conn: f}
 }
+
+// TestRecvTunnelsEachParentGone: the tunnels given before the parent went
+// away stay the receiver's; the error says the parent is gone.
+func TestRecvTunnelsEachParentGone(t *testing.T) {
+	parent, child := pair(t)
+	f, _ := tcpFile(t)
+	defer f.Close()
+	st := resumeState(f, []byte("bytes"))
+	require.NoError(t, parent.send(msgTunnel, encodeTunnel(&Tunnel{UUID: "a", State: st}), mustFD(t, f)))
+	require.NoError(t, parent.send(msgData, st.Data))
+	require.NoError(t, parent.Close())
+	var got []Tunnel
+	n, err := child.RecvTunnelsEach(bigLimits, func(tu Tunnel) { got = append(got, tu) })
+	require.ErrorIs(t, err, errPeerClosed)
+	assert.Equal(t, 1, n)
+	require.Len(t, got, 1)
+	assert.Equal(t, "a", got[0].UUID)
+	assert.Equal(t, []byte("bytes"), got[0].Data)
+	require.NoError(t, got[0].Conn.Close())
+}
+
+func mustFD(t *testing.T, f *os.File) int {
+	t.Helper()
+	fd, err := rawFD(f)
+	require.NoError(t, err)
+	return fd
+}

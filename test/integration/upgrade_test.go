@@ -149,11 +149,15 @@ func TestServerHandOverEarly(t *testing.T) { // not parallel: it sets the enviro
 	b := f.startB(t, watch.wrap(true), func(s *server.Server) { endImport = s.BeginImport() })
 	require.Eventually(t, func() bool { return f.sideB.table.Waiting() == f.tunnels }, 20*time.Second, time.Millisecond,
 		"the client asked B for each tunnel before B had it")
-	ts, err := f.child.RecvTunnels(handover.Limits{MaxTunnels: 100, MaxTunnelBytes: 8 << 20, MaxTotalBytes: 64 << 20})
+	// Each tunnel imported as it arrives, as the new process does.
+	n := 0
+	got, err := f.child.RecvTunnelsEach(handover.Limits{MaxTunnels: 100, MaxTunnelBytes: 8 << 20, MaxTotalBytes: 64 << 20}, func(ht handover.Tunnel) {
+		if assert.NoError(t, b.ImportTunnel(context.Background(), ht)) {
+			n++
+		}
+	})
 	require.NoError(t, err)
-	require.Len(t, ts, f.tunnels)
-	n, err := b.ImportTunnels(context.Background(), ts)
-	require.NoError(t, err)
+	assert.Equal(t, f.tunnels, got)
 	assert.Equal(t, f.tunnels, n)
 	endImport()
 	require.NoError(t, f.child.RecvSaved())

@@ -58,10 +58,9 @@ type EarlyUpgradable interface {
 	// BeginImport makes a re-attachment that comes before its tunnel wait
 	// for it until end is called.
 	BeginImport() (end func())
-	// ImportTunnels continues the tunnels handed over and returns how
-	// many; LoadUsage reads the accounting's totals the old process saved
-	// last.
-	ImportTunnels(ctx context.Context, tunnels []handover.Tunnel) (int, error)
+	// ImportTunnel continues one tunnel handed over (as each arrives);
+	// LoadUsage reads the accounting's totals the old process saved last.
+	ImportTunnel(ctx context.Context, t handover.Tunnel) error
 	LoadUsage(ctx context.Context)
 }
 
@@ -338,27 +337,36 @@ func (in *Inherited) finishEarly(ctx context.Context, srv EarlyUpgradable, m *me
 	defer in.endImport()
 	stop := context.AfterFunc(ctx, func() { _ = hc.SetDeadline(time.Now()) }) // Serve ended: stop waiting
 	defer stop()
-	ts, err := hc.RecvTunnels(srv.HandoverLimits())
-	if err != nil {
-		logger.Error(err, "Upgrade: could not take the tunnels of the previous process; serving without them")
-		_ = hc.SendDone(0, err.Error())
-		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
-		return
-	}
-	received := time.Since(in.released)
-	n, ierr := srv.ImportTunnels(ctx, ts)
+	// Each tunnel is imported as it arrives: its client's re-attachment,
+	// which may be waiting for it already, goes on while the next come.
+	var errs []error
+	n := 0
+	got, err := hc.RecvTunnelsEach(srv.HandoverLimits(), func(t handover.Tunnel) {
+		if err := srv.ImportTunnel(ctx, t); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		n++
+	})
 	in.endImport()
 	imported := time.Since(in.released)
 	m.Tunnels.WithLabelValues(metrics.UpgradeImported).Add(float64(n))
-	m.Tunnels.WithLabelValues(metrics.UpgradeRefused).Add(float64(len(ts) - n))
+	m.Tunnels.WithLabelValues(metrics.UpgradeRefused).Add(float64(got - n))
+	ierr := errors.Join(errs...)
 	if ierr != nil {
-		logger.Error(ierr, "Upgrade: some tunnels of the previous process could not be continued; they were reset", "refused", len(ts)-n)
+		logger.Error(ierr, "Upgrade: some tunnels of the previous process could not be continued; they were reset", "refused", got-n)
+	}
+	if err != nil {
+		logger.Error(err, "Upgrade: could not take all the tunnels of the previous process; serving with those it took", "tunnels", n)
+		_ = hc.SendDone(n, err.Error())
+		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+		return
 	}
 	if err := hc.RecvSaved(); err != nil {
 		logger.Error(err, "Upgrade: the previous process did not say it saved the accounting's totals; reading them as they are")
 	}
 	srv.LoadUsage(ctx)
-	in.answer(logger, n, ierr, m, "received", received.Round(100*time.Microsecond), "imported", imported.Round(100*time.Microsecond),
+	in.answer(logger, n, ierr, m, "imported", imported.Round(100*time.Microsecond),
 		"usageLoaded", time.Since(in.released).Round(100*time.Microsecond))
 }
 
