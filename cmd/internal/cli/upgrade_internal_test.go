@@ -181,7 +181,10 @@ func TestUpgradeEarlyServeEnds(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, early)
 	done := make(chan struct{})
-	go func() { defer close(done); in.finishEarly(ctx, early, metrics.NewUpgrade(prometheus.NewRegistry(), "server")) }()
+	go func() {
+		defer close(done)
+		in.finishEarly(ctx, early, metrics.NewUpgrade(prometheus.NewRegistry(), "server"))
+	}()
 	cancel()
 	select {
 	case <-done:
