@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -339,9 +340,13 @@ func (in *Inherited) finishEarly(ctx context.Context, srv EarlyUpgradable, m *me
 	defer stop()
 	// Each tunnel is imported as it arrives: its client's re-attachment,
 	// which may be waiting for it already, goes on while the next come.
+	// The loop yields after each: with one P (a daemon pinned to one CPU)
+	// its syscalls rarely block, and the goroutines serving the clients'
+	// handshakes and re-attachments would wait for preemption (10 ms).
 	var errs []error
 	n := 0
 	got, err := hc.RecvTunnelsEach(srv.HandoverLimits(), func(t handover.Tunnel) {
+		defer runtime.Gosched()
 		if err := srv.ImportTunnel(ctx, t); err != nil {
 			errs = append(errs, err)
 			return
