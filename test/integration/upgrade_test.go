@@ -7,10 +7,8 @@ import (
 	"io"
 	"net"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -382,17 +380,5 @@ func (l *echoLoad) check(t *testing.T) {
 // handoverPair returns both ends of a handover socket pair.
 func handoverPair(t *testing.T) (parent, child *handover.Conn) {
 	t.Helper()
-	parent, cf, err := handover.Pair()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = parent.Close() })
-	// As the child inherits it: a descriptor of its own, named in the
-	// environment (cf's own is closed: one owner per descriptor).
-	fd, err := syscall.Dup(int(cf.Fd()))
-	require.NoError(t, err)
-	require.NoError(t, cf.Close())
-	t.Setenv(handover.EnvFD, strconv.Itoa(fd))
-	child, err = handover.FromEnv()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = child.Close() })
-	return parent, child
+	return testutil.HandoverPair(t)
 }

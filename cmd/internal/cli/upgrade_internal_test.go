@@ -7,7 +7,6 @@ import (
 	"net"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/handover"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/resume"
@@ -63,23 +63,6 @@ func (f *fakeServer) ImportTunnel(_ context.Context, t handover.Tunnel) error {
 
 func (f *fakeServer) LoadUsage(context.Context) { f.record("usage") }
 
-// childConn returns both ends of a handover pair, the child's as a new
-// process takes it (FromEnv).
-func childConn(t *testing.T) (parent, child *handover.Conn) {
-	t.Helper()
-	parent, cf, err := handover.Pair()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = parent.Close() })
-	fd, err := syscall.Dup(int(cf.Fd()))
-	require.NoError(t, err)
-	require.NoError(t, cf.Close())
-	t.Setenv(handover.EnvFD, strconv.Itoa(fd))
-	child, err = handover.FromEnv()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = child.Close() })
-	return parent, child
-}
-
 // tunnelsOf returns n tunnels on loopback TCP sockets (closed at the end).
 func tunnelsOf(t *testing.T, n int) []handover.Tunnel {
 	t.Helper()
@@ -105,7 +88,7 @@ func tunnelsOf(t *testing.T, n int) []handover.Tunnel {
 // accounting's totals only once the old process said it saved them, then
 // answers; a parent that does not send released (an older binary) gets
 // the import before serving, as before.
-func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environment (childConn)
+func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environment (testutil.HandoverPair)
 	for _, tc := range []struct {
 		name     string
 		released bool
@@ -115,7 +98,7 @@ func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environ
 		{"older parent", false, []string{"import 2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			parent, child := childConn(t)
+			parent, child := testutil.HandoverPair(t)
 			in := &Inherited{conn: child}
 			ts := tunnelsOf(t, 2)
 			m := metrics.NewUpgrade(prometheus.NewRegistry(), "server")
@@ -168,7 +151,7 @@ func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environ
 // awaited stops the wait (the shutdown is not held for the hand-over's
 // timeout) and ends the import.
 func TestUpgradeEarlyServeEnds(t *testing.T) {
-	parent, child := childConn(t)
+	parent, child := testutil.HandoverPair(t)
 	in := &Inherited{conn: child}
 	go func() {
 		if _, err := parent.WaitReady(time.Now().Add(10 * time.Second)); err == nil {
