@@ -740,7 +740,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if up != nil {
 		// A failed handover is Run's error too: the process then exits
 		// non-zero (a supervisor restarts it), since it has let go.
-		err := s.handOver(logger, tr, cancelConns, &conns, up.send)
+		err := s.handOver(logger, tr, cancelConns, &conns, up.steps)
 		up.done <- err
 		wg.Wait()
 		s.egress.Close()

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -146,8 +147,12 @@ func (s *stream) resumableEnded(t *tunnel.Tunnel, err error) {
 // proven the secret and passed the replay check (a replayed request is
 // refused as such), the tunnel it names continues on this stream if the
 // same identity opened it. Every refusal is CodeResumeRefused and holds
-// nothing.
-func (s *stream) resume() *failure {
+// nothing. While an upgrade's new process imports its predecessor's
+// tunnels (resume.Table.BeginImport) a request for a tunnel not held yet
+// waits for the import (bounded by the handover's timeout, or until its
+// connection or ctx ends): it was authenticated above, so what it holds
+// is its own stream and goroutine, within its connection's stream limit.
+func (s *stream) resume(ctx context.Context) *failure {
 	r := s.e.cfg.Resume
 	if r == nil || s.e.window() <= 0 {
 		return s.resumeRefused(resume.RefusedDisabled, nil)
@@ -159,7 +164,14 @@ func (s *stream) resume() *failure {
 	if f := s.admit(); f != nil {
 		return f
 	}
-	p, err := r.Table.Lookup(req.ID, strings.Join(s.identities, ","))
+	wctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.st.Conn.Context(), cancel)
+	p, waited, err := r.Table.LookupWait(wctx, req.ID, strings.Join(s.identities, ","))
+	stop()
+	cancel()
+	if waited {
+		s.logger.V(2).Info("Resume request waited for the tunnels an upgrade hands over", "found", err == nil)
+	}
 	switch {
 	case errors.Is(err, resume.ErrIdentity):
 		return s.resumeRefused(resume.RefusedIdentity, err)

@@ -57,7 +57,7 @@ func (s *stream) serve(ctx context.Context) *failure {
 		return nil
 	}
 	if s.h.Kind == proto.KindResume {
-		return s.resume()
+		return s.resume(ctx)
 	}
 	if s.h.Kind == proto.KindReverse && s.e.cfg.Binder != nil {
 		return s.bind(ctx)

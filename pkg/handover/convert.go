@@ -32,25 +32,31 @@ func SendStates(states []*resume.State, send SendFunc) (int, error) {
 	return len(tunnels), nil
 }
 
-// ImportAll continues each tunnel with imp (its state, and a
-// *tunnel.Tunnel with what the registry shows, for imp to complete) and
-// returns how many it took; the errors of the others (imp reset them) are
-// joined.
+// ImportAll continues each tunnel with imp (ImportOne) and returns how
+// many it took; the errors of the others (imp reset them) are joined.
 func ImportAll(tunnels []Tunnel, imp func(st *resume.State, t *tunnel.Tunnel) error) (int, error) {
 	var errs []error
 	n := 0
 	for i := range tunnels {
-		ht := &tunnels[i]
-		t := &tunnel.Tunnel{UUID: ht.UUID, Destination: ht.Destination, Source: ht.Source, Endpoint: ht.Endpoint, Server: ht.Server,
-			CreatedAt: ht.CreatedAt, Transport: "quic"}
-		st := ht.State
-		if err := imp(&st, t); err != nil {
-			errs = append(errs, fmt.Errorf("tunnel %s: %w", ht.UUID, err))
+		if err := ImportOne(&tunnels[i], imp); err != nil {
+			errs = append(errs, err)
 			continue
 		}
 		n++
 	}
 	return n, errors.Join(errs...)
+}
+
+// ImportOne continues ht with imp (its state, and a *tunnel.Tunnel with
+// what the registry shows, for imp to complete); imp resets it on error.
+func ImportOne(ht *Tunnel, imp func(st *resume.State, t *tunnel.Tunnel) error) error {
+	t := &tunnel.Tunnel{UUID: ht.UUID, Destination: ht.Destination, Source: ht.Source, Endpoint: ht.Endpoint, Server: ht.Server,
+		CreatedAt: ht.CreatedAt, Transport: "quic"}
+	st := ht.State
+	if err := imp(&st, t); err != nil {
+		return fmt.Errorf("tunnel %s: %w", ht.UUID, err)
+	}
+	return nil
 }
 
 // LimitsOf are the bounds of what a daemon with resumable tunnels s takes

@@ -41,6 +41,8 @@ const (
 	msgData
 	msgEnd
 	msgDone
+	msgReleased
+	msgSaved
 )
 
 // ErrProtocol is returned (wrapped) for a malformed message, one of
@@ -82,21 +84,59 @@ type Tunnel struct {
 // closed after it returns.
 type SendFunc func(tunnels []Tunnel) error
 
+// Steps are what an upgrading server's old process tells the new one, in
+// this order: Released once it no longer reads its sockets (the new one
+// serves them from then on, while it takes the tunnels), Send the tunnels
+// (the files in them are closed after it returns), Saved once the
+// accounting's last totals are saved; Saved then waits for the new
+// process's answer.
+type Steps struct {
+	Released func() error
+	Send     SendFunc
+	Saved    func() error
+}
+
 // ErrNotServing is returned by a daemon's HandOver when its Run ended
 // before it took the request (it is draining, or gone).
 var ErrNotServing = errors.New("not serving")
 
 // Conn is one end of the socket pair. Not safe for concurrent use.
 type Conn struct {
-	c *net.UnixConn
-	// rbuf is recvMsg's buffer, reused: a fresh 64 KiB per message made
-	// a hand-over of 1,000 tunnels (2,000 messages) allocate and clear
-	// 128 MiB.
-	rbuf []byte
+	c   *net.UnixConn
+	buf []byte // receive buffer
+	// pending is a message read ahead (RecvReleased), returned by the next
+	// read.
+	pending *message
 }
 
-// Close closes the Conn.
-func (c *Conn) Close() error { return c.c.Close() }
+type message struct {
+	typ   byte
+	body  []byte
+	files []*os.File
+}
+
+// next reads the next message with at most nfds descriptors: the one read
+// ahead, or a new one.
+func (c *Conn) next(nfds int) (byte, []byte, []*os.File, error) {
+	if m := c.pending; m != nil {
+		c.pending = nil
+		if len(m.files) > nfds {
+			closeFiles(m.files)
+			return 0, nil, nil, fmt.Errorf("%w: %d descriptors, want at most %d", ErrProtocol, len(m.files), nfds)
+		}
+		return m.typ, m.body, m.files, nil
+	}
+	return c.recvMsg(nfds)
+}
+
+// Close closes the Conn (and what was read ahead).
+func (c *Conn) Close() error {
+	if c.pending != nil {
+		closeFiles(c.pending.files)
+		c.pending = nil
+	}
+	return c.c.Close()
+}
 
 // SetDeadline bounds the reads and writes that follow.
 func (c *Conn) SetDeadline(t time.Time) error { return c.c.SetDeadline(t) }
@@ -104,7 +144,7 @@ func (c *Conn) SetDeadline(t time.Time) error { return c.c.SetDeadline(t) }
 // recv reads one message of type want carrying exactly nfds descriptors
 // (at most, if atMost). On any error the descriptors received are closed.
 func (c *Conn) recv(want byte, nfds int, atMost bool) ([]byte, []*os.File, error) {
-	typ, body, files, err := c.recvMsg(nfds)
+	typ, body, files, err := c.next(nfds)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -201,6 +241,44 @@ func (c *Conn) WaitReady(deadline time.Time) (int, error) {
 		return 0, err
 	}
 	return int(pid), nil
+}
+
+// SendReleased tells the child that the parent no longer reads the
+// sockets it handed over (an upgrading server): the child may serve them
+// now, before the tunnels come. The saved message follows the end of the
+// tunnels then.
+func (c *Conn) SendReleased() error { return c.send(msgReleased, nil) }
+
+// RecvReleased reads the message after the ready one: released (true), or
+// the first of the tunnels of a parent that does not send it (false; the
+// message is kept for RecvTunnels).
+func (c *Conn) RecvReleased() (bool, error) {
+	typ, body, files, err := c.next(1)
+	if err != nil {
+		return false, err
+	}
+	if typ == msgReleased {
+		if len(files) > 0 || len(body) > 0 {
+			closeFiles(files)
+			return false, fmt.Errorf("%w: released message with a body or descriptors", ErrProtocol)
+		}
+		return true, nil
+	}
+	c.pending = &message{typ: typ, body: body, files: files}
+	return false, nil
+}
+
+// SendSaved tells the child that the parent saved its last accounting
+// totals (after the tunnels' end, when it sent released).
+func (c *Conn) SendSaved() error { return c.send(msgSaved, nil) }
+
+// RecvSaved waits for the saved message.
+func (c *Conn) RecvSaved() error {
+	body, _, err := c.recv(msgSaved, 0, false)
+	if err == nil && len(body) > 0 {
+		err = fmt.Errorf("%w: saved message with a body", ErrProtocol)
+	}
+	return err
 }
 
 // SendDone tells the parent how many tunnels the child imported, or why it

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/pkg/resume"
 )
 
 // pair returns both ends of a handover socket pair, in this process.
@@ -334,4 +336,119 @@ func BenchmarkTunnels1000(b *testing.B) {
 		_ = parent.Close()
 		_ = child.Close()
 	}
+}
+
+// TestReleasedThenTunnels: a server's old process sends released, the
+// tunnels, then saved; a parent that does not send released (an older
+// one) sends the tunnels at once: RecvReleased says which, and RecvTunnels
+// gets every tunnel either way (the first one read ahead included, with
+// its descriptor). Descriptors are not leaked.
+func TestReleasedThenTunnels(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		released bool
+		tunnels  int
+	}{
+		{"released, two tunnels", true, 2},
+		{"released, no tunnel", true, 0},
+		{"older parent, two tunnels", false, 2},
+		{"older parent, no tunnel", false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent, child := pair(t)
+			var sent []Tunnel
+			for i := range tc.tunnels {
+				f, _ := tcpFile(t)
+				defer f.Close()
+				sent = append(sent, Tunnel{UUID: "uuid-" + string(rune('a'+i)), State: resumeState(f, []byte("bytes"))})
+			}
+			fds := openFDs(t)
+			errc := make(chan error, 1)
+			go func() {
+				if tc.released {
+					if err := parent.SendReleased(); err != nil {
+						errc <- err
+						return
+					}
+				}
+				if err := parent.SendTunnels(sent); err != nil {
+					errc <- err
+					return
+				}
+				if tc.released {
+					errc <- parent.SendSaved()
+					return
+				}
+				errc <- nil
+			}()
+			released, err := child.RecvReleased()
+			require.NoError(t, err)
+			assert.Equal(t, tc.released, released)
+			got, err := child.RecvTunnels(bigLimits)
+			require.NoError(t, err)
+			require.Len(t, got, tc.tunnels)
+			for i := range got {
+				assert.Equal(t, sent[i].UUID, got[i].UUID)
+				assert.Equal(t, []byte("bytes"), got[i].Data)
+				require.NoError(t, got[i].Conn.Close())
+			}
+			if tc.released {
+				require.NoError(t, child.RecvSaved())
+			}
+			require.NoError(t, <-errc)
+			assert.Equal(t, fds, openFDs(t), "every descriptor received was closed")
+		})
+	}
+}
+
+// TestReadAheadClosed: a tunnel read ahead by RecvReleased and never
+// taken is closed with the Conn.
+func TestReadAheadClosed(t *testing.T) {
+	parent, cf, err := Pair()
+	require.NoError(t, err)
+	defer parent.Close()
+	child, err := newConn(cf)
+	require.NoError(t, err)
+	f, _ := tcpFile(t)
+	defer f.Close()
+	fds := openFDs(t)
+	require.NoError(t, parent.SendTunnels([]Tunnel{{UUID: "a", State: resumeState(f, nil)}}))
+	released, err := child.RecvReleased()
+	require.NoError(t, err)
+	require.False(t, released)
+	assert.Equal(t, fds+1, openFDs(t), "the tunnel's descriptor, read ahead")
+	require.NoError(t, child.Close())
+	assert.Equal(t, fds-1, openFDs(t), "the read-ahead descriptor and the child's end closed")
+}
+
+// resumeState is a tunnel's state on f with data.
+func resumeState(f *os.File, data []byte) resume.State {
+	return resume.State{ID: resume.ID{1}, Window: time.Minute, Data: data, Conn: f}
+}
+
+// TestRecvTunnelsEachParentGone: the tunnels given before the parent went
+// away stay the receiver's; the error says the parent is gone.
+func TestRecvTunnelsEachParentGone(t *testing.T) {
+	parent, child := pair(t)
+	f, _ := tcpFile(t)
+	defer f.Close()
+	st := resumeState(f, []byte("bytes"))
+	require.NoError(t, parent.send(msgTunnel, encodeTunnel(&Tunnel{UUID: "a", State: st}), mustFD(t, f)))
+	require.NoError(t, parent.send(msgData, st.Data))
+	require.NoError(t, parent.Close())
+	var got []Tunnel
+	n, err := child.RecvTunnelsEach(bigLimits, func(tu Tunnel) { got = append(got, tu) })
+	require.ErrorIs(t, err, errPeerClosed)
+	assert.Equal(t, 1, n)
+	require.Len(t, got, 1)
+	assert.Equal(t, "a", got[0].UUID)
+	assert.Equal(t, []byte("bytes"), got[0].Data)
+	require.NoError(t, got[0].Conn.Close())
+}
+
+func mustFD(t *testing.T, f *os.File) int {
+	t.Helper()
+	fd, err := rawFD(f)
+	require.NoError(t, err)
+	return fd
 }

@@ -1,12 +1,12 @@
 package handover
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 )
@@ -80,10 +80,10 @@ func (c *Conn) send(typ byte, body []byte, fds ...int) error {
 // recvMsg reads one message with at most nfds descriptors and checks its
 // size and header. On any error the descriptors received are closed.
 func (c *Conn) recvMsg(nfds int) (byte, []byte, []*os.File, error) {
-	if c.rbuf == nil {
-		c.rbuf = make([]byte, MaxMessage+1)
+	if c.buf == nil {
+		c.buf = make([]byte, MaxMessage+1) // one per Conn: a handover of 1,000 tunnels reads 1,000 messages
 	}
-	buf := c.rbuf
+	buf := c.buf
 	oob := make([]byte, syscall.CmsgSpace(max(nfds, 1)*4))
 	n, oobn, flags, _, err := c.c.ReadMsgUnix(buf, oob)
 	files, ferr := parseRights(oob[:oobn])
@@ -110,7 +110,7 @@ func (c *Conn) recvMsg(nfds int) (byte, []byte, []*os.File, error) {
 		closeFiles(files)
 		return 0, nil, nil, bad
 	}
-	return buf[3], bytes.Clone(buf[headerLen:n]), files, nil
+	return buf[3], slices.Clone(buf[headerLen:n]), files, nil
 }
 
 // parseRights returns the descriptors of the SCM_RIGHTS messages in oob.

@@ -89,53 +89,63 @@ func decodeTunnel(body []byte, t *Tunnel) (int, error) {
 // malformed, over a bound, the parent gone — every descriptor and byte
 // received is let go and the error says which.
 func (c *Conn) RecvTunnels(lim Limits) (ts []Tunnel, err error) {
-	defer func() {
-		if err != nil {
-			for i := range ts {
-				_ = ts[i].Conn.Close()
-			}
-			ts = nil
+	_, err = c.RecvTunnelsEach(lim, func(t Tunnel) { ts = append(ts, t) })
+	if err != nil {
+		for i := range ts {
+			_ = ts[i].Conn.Close()
 		}
-	}()
+		return nil, err
+	}
+	return ts, nil
+}
+
+// RecvTunnelsEach receives the tunnels (the child) within lim and gives
+// each to each as soon as it is complete (each then owns it: an upgrade's
+// new server imports it while the next one comes). It returns how many
+// it gave. On an error the tunnels given stay each's; the one being
+// received is let go.
+func (c *Conn) RecvTunnelsEach(lim Limits, each func(Tunnel)) (int, error) {
 	var total int64
+	count := 0
 	for {
 		body, files, err := c.recvTunnelOrEnd()
 		if err != nil {
-			return ts, err
+			return count, err
 		}
 		if files == nil { // end
 			r := reader{b: body}
 			n := r.u64()
 			if err := r.done(); err != nil {
-				return ts, err
+				return count, err
 			}
-			if n != uint64(len(ts)) {
-				return ts, fmt.Errorf("%w: end says %d tunnels, %d were sent", ErrProtocol, n, len(ts))
+			if n != uint64(count) {
+				return count, fmt.Errorf("%w: end says %d tunnels, %d were sent", ErrProtocol, n, count)
 			}
-			return ts, nil
+			return count, nil
 		}
 		var t Tunnel
 		t.Conn = files[0]
 		n, err := decodeTunnel(body, &t)
 		if err == nil {
-			err = checkBounds(lim, len(ts)+1, n, total+int64(n))
+			err = checkBounds(lim, count+1, n, total+int64(n))
+		}
+		if err == nil {
+			t.Data, err = c.recvData(n)
 		}
 		if err != nil {
 			_ = t.Conn.Close()
-			return ts, err
+			return count, err
 		}
 		total += int64(n)
-		ts = append(ts, t)
-		if ts[len(ts)-1].Data, err = c.recvData(n); err != nil {
-			return ts, err
-		}
+		count++
+		each(t)
 	}
 }
 
 // recvTunnelOrEnd reads the next message: a tunnel record (with its one
 // descriptor) or the end (files nil).
 func (c *Conn) recvTunnelOrEnd() ([]byte, []*os.File, error) {
-	typ, body, files, err := c.recvMsg(1)
+	typ, body, files, err := c.next(1)
 	if err != nil {
 		return nil, nil, err
 	}

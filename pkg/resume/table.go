@@ -63,6 +63,12 @@ type Table struct {
 	// added wakes Run when the first tunnel is added: an empty Table's Run
 	// does not tick.
 	added chan struct{}
+	// importing is closed when the imports in progress end (nil: none;
+	// BeginImport); imports counts them; waiting are the re-attachments
+	// waiting for a tunnel meanwhile, by ID (LookupWait).
+	importing chan struct{}
+	imports   int
+	waiting   map[ID]*waiter
 }
 
 type entry struct {
@@ -86,6 +92,10 @@ func (t *Table) Add(id ID, identity string, p *Pipe) (remove func(), err error) 
 	}
 	e := &entry{pipe: p, identity: identity}
 	t.tunnels[id] = e
+	if w := t.waiting[id]; w != nil {
+		close(w.added)
+		delete(t.waiting, id)
+	}
 	if len(t.tunnels) == 1 {
 		select {
 		case t.added <- struct{}{}:
@@ -106,6 +116,11 @@ func (t *Table) Lookup(id ID, identity string) (*Pipe, error) {
 	t.mu.Lock()
 	e, ok := t.tunnels[id]
 	t.mu.Unlock()
+	return e.check(ok, identity)
+}
+
+// check returns e's pipe if it was found (ok) and identity opened it.
+func (e *entry) check(ok bool, identity string) (*Pipe, error) {
 	if !ok {
 		return nil, ErrUnknown
 	}
@@ -113,6 +128,85 @@ func (t *Table) Lookup(id ID, identity string) (*Pipe, error) {
 		return nil, ErrIdentity
 	}
 	return e.pipe, nil
+}
+
+// BeginImport marks an import in progress until end is called (once; more
+// calls do nothing): an upgrade's new server serves while it takes its
+// predecessor's tunnels, and a re-attachment that comes before its tunnel
+// waits for it in LookupWait instead of being refused.
+func (t *Table) BeginImport() (end func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.imports == 0 {
+		t.importing = make(chan struct{})
+	}
+	t.imports++
+	return sync.OnceFunc(func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.imports--; t.imports == 0 {
+			close(t.importing)
+			t.importing = nil
+		}
+	})
+}
+
+// LookupWait is Lookup, except that a tunnel not held while an import is
+// in progress (BeginImport) is waited for: until it is added, the import
+// ended, or ctx ended (then it is unknown). waited says whether it waited.
+// The caller has authenticated the request: a wait holds the caller's
+// goroutine and one map entry per ID waited for, and the import's own
+// bound bounds it.
+func (t *Table) LookupWait(ctx context.Context, id ID, identity string) (p *Pipe, waited bool, err error) {
+	t.mu.Lock()
+	e, ok := t.tunnels[id]
+	importing := t.importing
+	if ok || importing == nil {
+		t.mu.Unlock()
+		p, err = e.check(ok, identity)
+		return p, false, err
+	}
+	w := t.waiting[id]
+	if w == nil {
+		if t.waiting == nil {
+			t.waiting = make(map[ID]*waiter)
+		}
+		w = &waiter{added: make(chan struct{})}
+		t.waiting[id] = w
+	}
+	w.n++
+	t.mu.Unlock()
+	select {
+	case <-w.added:
+	case <-importing:
+	case <-ctx.Done():
+	}
+	t.mu.Lock()
+	if w.n--; w.n == 0 && t.waiting[id] == w {
+		delete(t.waiting, id)
+	}
+	e, ok = t.tunnels[id]
+	t.mu.Unlock()
+	p, err = e.check(ok, identity)
+	return p, true, err
+}
+
+// Waiting is the number of re-attachments waiting in LookupWait.
+func (t *Table) Waiting() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, w := range t.waiting {
+		n += w.n
+	}
+	return n
+}
+
+// waiter is what the re-attachments waiting for one ID share: added is
+// closed when it is added.
+type waiter struct {
+	added chan struct{}
+	n     int
 }
 
 // Len is the number of tunnels held.

@@ -164,3 +164,96 @@ func TestTableSettle(t *testing.T) {
 	_ = states[0].Conn.Close()
 	tu.srv.Abort(0)
 }
+
+// TestTableLookupWait: during an import (BeginImport) a lookup of a tunnel
+// not held yet waits until it is added (then found, for its identity
+// only), the import ends without it, or its ctx ends (then unknown);
+// without an import, or once it ended, it does not wait. Nothing is left
+// waiting.
+func TestTableLookupWait(t *testing.T) {
+	t.Parallel()
+	type result struct {
+		p      *Pipe
+		waited bool
+		err    error
+	}
+	for _, tc := range []struct {
+		name     string
+		identity string
+		// then runs once the lookup waits: add: the tunnel is added for
+		// alice; end: the import ends; cancel: the lookup's ctx ends.
+		then   string
+		want   error
+		waited bool
+	}{
+		{"added while waiting", "alice", "add", nil, true},
+		{"added for another identity", "bob", "add", ErrIdentity, true},
+		{"import ended without it", "alice", "end", ErrUnknown, true},
+		{"request gone", "alice", "cancel", ErrUnknown, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tb := NewTable()
+			end := tb.BeginImport()
+			defer end()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			id, p := ID{7}, &Pipe{}
+			got := make(chan result, 1)
+			go func() {
+				p, waited, err := tb.LookupWait(ctx, id, tc.identity)
+				got <- result{p, waited, err}
+			}()
+			require.Eventually(t, func() bool { return tb.Waiting() == 1 }, 10*time.Second, time.Millisecond)
+			switch tc.then {
+			case "add":
+				remove, err := tb.Add(id, "alice", p)
+				require.NoError(t, err)
+				defer remove()
+			case "end":
+				end()
+			case "cancel":
+				cancel()
+			}
+			r := <-got
+			assert.Equal(t, tc.waited, r.waited)
+			if tc.want != nil {
+				require.ErrorIs(t, r.err, tc.want)
+				assert.Nil(t, r.p)
+			} else {
+				require.NoError(t, r.err)
+				assert.Same(t, p, r.p)
+			}
+			assert.Zero(t, tb.Waiting(), "nothing left waiting")
+		})
+	}
+}
+
+// TestTableLookupNoWait: without an import in progress, or once every one
+// ended, an unknown tunnel is refused at once (LookupWait does not wait).
+func TestTableLookupNoWait(t *testing.T) {
+	t.Parallel()
+	tb := NewTable()
+	ctx := context.Background()
+	_, waited, err := tb.LookupWait(ctx, ID{1}, "alice")
+	require.ErrorIs(t, err, ErrUnknown)
+	assert.False(t, waited, "no import")
+	end1, end2 := tb.BeginImport(), tb.BeginImport()
+	end1()
+	end1() // once
+	ctx2, cancel := context.WithCancel(ctx)
+	cancel()
+	_, waited, err = tb.LookupWait(ctx2, ID{1}, "alice")
+	require.ErrorIs(t, err, ErrUnknown)
+	assert.True(t, waited, "one import still in progress")
+	end2()
+	_, waited, err = tb.LookupWait(ctx, ID{1}, "alice")
+	require.ErrorIs(t, err, ErrUnknown)
+	assert.False(t, waited, "every import ended")
+	remove, err := tb.Add(ID{1}, "alice", &Pipe{})
+	require.NoError(t, err)
+	defer remove()
+	_, waited, err = tb.LookupWait(ctx, ID{1}, "alice")
+	require.NoError(t, err)
+	assert.False(t, waited)
+}

@@ -7,10 +7,8 @@ import (
 	"io"
 	"net"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -76,111 +74,252 @@ func (e *echoRounds) run(c net.Conn, stop <-chan struct{}) {
 // SaveFinal), are every byte the tunnels moved, through A and B, and those
 // of a tunnel that ended on A just before the upgrade (which a periodic
 // save had not written), each counted once (B counts the tunnels it took
-// over from where A stopped: TrackFrom).
-//
-// The client reaches the servers through a proxy adding 50 ms round trips:
-// its resume requests go as 0-RTT data on its new connection to B
-// (resumed_0rtt counted on both ends), not a round trip later.
+// over from where A stopped: TrackFrom). The client reaches the servers
+// through a proxy adding 50 ms round trips: its resume requests go as
+// 0-RTT data on its new connection to B (resumed_0rtt counted on both
+// ends), not a round trip later (startHandOver, check).
 //
 // It found a BBR bug (pkg/congestion, TestBBRFirstPacketsSentWithOthersInFlight):
 // the client's new 0-RTT connection, re-attaching every tunnel at once after
 // its handshake, paced itself to a halt (14 runs in 50 stalled until the
 // idle timeout).
 func TestServerHandOver(t *testing.T) { // not parallel: it sets the environment (handoverPair)
-	const tunnels = 5
-	echo := testutil.EchoServer(t)
-	sideA, sideB := newResumeSide(server.NewResumeMetrics), newResumeSide(server.NewResumeMetrics)
-	cliSide := newResumeSide(client.NewResumeMetrics)
-	usagePath := filepath.Join(t.TempDir(), "usage.json")
-	ledgerA, err := usage.New(usage.Config{Path: usagePath})
-	require.NoError(t, err)
-	ledgerB, err := usage.New(usage.Config{Path: usagePath, Deferred: true}) // as a process started by an upgrade
-	require.NoError(t, err)
-	a := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo},
-		Mutate: func(c *server.Config) { c.Resume, c.Usage = sideA.egress(time.Minute), ledgerA }})
-	// 50 ms round trips: the re-attachments go on the new connection long
-	// before its handshake completes.
-	var never atomic.Bool
-	proxy := lossyProxy(t, a, 25*time.Millisecond, &never, nil)
-	cl := testutil.StartClient(t, a, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, ServerAddr: proxy,
-		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
-
-	const ended = 1 << 20 // a tunnel that ends on A before the upgrade
-	done0 := dial(t, cl.Addr)
-	echoCheck(t, done0, ended)
-	_ = done0.Close()
-	require.Eventually(t, func() bool { return sideA.table.Len() == 0 }, 10*time.Second, time.Millisecond)
-	load := startEchoLoad(t, cl.Addr, tunnels)
-	require.Eventually(t, func() bool { return sideA.table.Len() == tunnels }, 10*time.Second, time.Millisecond)
-
-	// The two ends of the handover socket, in one process: what A sends
-	// arrives as B would receive it in its own process.
-	parent, child := handoverPair(t)
-	udpFile, err := a.PacketConn().(*net.UDPConn).File()
-	require.NoError(t, err)
-	require.NoError(t, parent.SendListeners([]handover.Listener{{Name: "udp", File: udpFile}}))
-	require.NoError(t, udpFile.Close())
-	ls, err := child.RecvListeners()
-	require.NoError(t, err)
-	require.Len(t, ls, 1)
-	pcB, err := net.FilePacketConn(ls[0].File)
-	require.NoError(t, err)
-	require.NoError(t, ls[0].File.Close())
+	f := startHandOver(t, nil)
 	done := make(chan error, 1)
 	imported := make(chan struct{}) // A waits for B's answer, as for the new process's (WaitDone)
 	go func() {
-		done <- a.HandOver(context.Background(), func(ts []handover.Tunnel) error {
-			if err := parent.SendTunnels(ts); err != nil {
+		done <- f.a.HandOver(context.Background(), func(ts []handover.Tunnel) error {
+			if err := f.parent.SendTunnels(ts); err != nil {
 				return err
 			}
 			<-imported
 			return nil
 		})
 	}()
-	ts, err := child.RecvTunnels(handover.Limits{MaxTunnels: 100, MaxTunnelBytes: 8 << 20, MaxTotalBytes: 64 << 20})
+	ts, err := f.child.RecvTunnels(handover.Limits{MaxTunnels: 100, MaxTunnelBytes: 8 << 20, MaxTotalBytes: 64 << 20})
 	require.NoError(t, err)
-	require.Len(t, ts, tunnels)
+	require.Len(t, ts, f.tunnels)
 	var n int
 	var ierr error
-	testutil.StartServer(t, testutil.ServerOptions{StateDir: a.StateDir, Allow: []string{"tcp:" + echo}, PacketConn: pcB.(*net.UDPConn),
-		Mutate:    func(c *server.Config) { c.Resume, c.Usage = sideB.egress(time.Minute), ledgerB },
-		BeforeRun: func(s *server.Server) { n, ierr = s.Import(context.Background(), ts) }})
+	f.startB(t, nil, func(s *server.Server) { n, ierr = s.Import(context.Background(), ts) })
 	require.NoError(t, ierr)
-	assert.Equal(t, tunnels, n)
+	assert.Equal(t, f.tunnels, n)
 	close(imported)
 	require.NoError(t, <-done)
-	assert.Zero(t, sideA.table.Len(), "A let go of every tunnel")
-	a.Stop(t) // as the old process exits (after the new one imported): its Run has returned, its ledger saved nothing more
+	f.check(t)
+}
 
-	load.waitMoving(t, "the tunnels move on through B")
-	load.check(t)
-	assert.Equal(t, float64(tunnels), promtest.ToFloat64(sideB.metrics.Resumed), "B continued each tunnel")
-	assert.Equal(t, float64(tunnels), promtest.ToFloat64(cliSide.metrics.Resumed))
-	for side, m := range map[string]*resumeSide{"client": cliSide, "server B": sideB} {
-		assert.Equal(t, float64(tunnels), promtest.ToFloat64(m.metrics.ResumedEarly),
+// TestServerHandOverEarly (issue 34 part 2, in process): as
+// TestServerHandOver, but A releases the socket (handover released) as
+// soon as it stopped reading it and B serves from then on, before it has
+// the tunnels: the client reconnects to B and asks for each tunnel while
+// B has none of them yet; each request waits for the import
+// (resume.Table.LookupWait) instead of being refused, and every tunnel
+// goes on (SHA-256 both ways, accounting exact, with the totals read once
+// A said it saved them). A's and B's reads of the socket never overlap:
+// no read of A starts or is in progress once B read.
+func TestServerHandOverEarly(t *testing.T) { // not parallel: it sets the environment (handoverPair)
+	watch := &readWatch{bReading: make(chan struct{})}
+	f := startHandOver(t, watch.wrap(false))
+	done := make(chan error, 1)
+	go func() {
+		done <- f.a.HandOverSteps(context.Background(), handover.Steps{
+			Released: func() error {
+				if err := f.parent.SendReleased(); err != nil {
+					return err
+				}
+				// A goes on once B reads: a read of A from now on
+				// would overlap.
+				<-watch.bReading
+				return nil
+			},
+			Send: f.parent.SendTunnels,
+			Saved: func() error {
+				if err := f.parent.SendSaved(); err != nil {
+					return err
+				}
+				_, err := f.parent.WaitDone(time.Now().Add(time.Minute))
+				return err
+			},
+		})
+	}()
+	released, err := f.child.RecvReleased()
+	require.NoError(t, err)
+	require.True(t, released)
+	var endImport func()
+	b := f.startB(t, watch.wrap(true), func(s *server.Server) { endImport = s.BeginImport() })
+	require.Eventually(t, func() bool { return f.sideB.table.Waiting() == f.tunnels }, 20*time.Second, time.Millisecond,
+		"the client asked B for each tunnel before B had it")
+	// Each tunnel imported as it arrives, as the new process does.
+	n := 0
+	got, err := f.child.RecvTunnelsEach(handover.Limits{MaxTunnels: 100, MaxTunnelBytes: 8 << 20, MaxTotalBytes: 64 << 20}, func(ht handover.Tunnel) {
+		if assert.NoError(t, b.ImportTunnel(context.Background(), ht)) {
+			n++
+		}
+	})
+	require.NoError(t, err)
+	assert.Equal(t, f.tunnels, got)
+	assert.Equal(t, f.tunnels, n)
+	endImport()
+	require.NoError(t, f.child.RecvSaved())
+	b.LoadUsage(context.Background())
+	require.NoError(t, f.child.SendDone(n, ""))
+	require.NoError(t, <-done)
+	assert.Zero(t, f.sideB.table.Waiting())
+	assert.Zero(t, watch.aAfterB.Load(), "reads of A that started once B read")
+	assert.Zero(t, watch.aDuringB.Load(), "reads of A in progress when B read")
+	assert.Positive(t, watch.bReads.Load())
+	assert.Zero(t, promtest.ToFloat64(f.sideB.metrics.Refused.WithLabelValues(resume.RefusedUnknown)), "no request refused as unknown")
+	f.check(t)
+}
+
+// readWatch records the reads of one UDP socket by server A, then B.
+type readWatch struct {
+	aReading                  atomic.Int64 // A's reads in progress
+	bStarted                  atomic.Bool
+	bReading                  chan struct{} // closed at B's first read
+	bOnce                     sync.Once
+	bReads, aAfterB, aDuringB atomic.Int64
+}
+
+// wrap returns the WrapConn of A (b false) or B.
+func (w *readWatch) wrap(b bool) func(net.PacketConn) net.PacketConn {
+	return func(pc net.PacketConn) net.PacketConn { return watchedConn{PacketConn: pc, w: w, b: b} }
+}
+
+type watchedConn struct {
+	net.PacketConn
+	w *readWatch
+	b bool
+}
+
+func (c watchedConn) ReadFrom(p []byte) (int, net.Addr, error) {
+	w := c.w
+	if c.b {
+		w.bStarted.Store(true)
+		w.bOnce.Do(func() { close(w.bReading) })
+		w.bReads.Add(1)
+		if w.aReading.Load() > 0 {
+			w.aDuringB.Add(1)
+		}
+		return c.PacketConn.ReadFrom(p)
+	}
+	w.aReading.Add(1)
+	defer w.aReading.Add(-1)
+	if w.bStarted.Load() {
+		w.aAfterB.Add(1)
+	}
+	return c.PacketConn.ReadFrom(p)
+}
+
+// handOverFixture is server A with a client's resumable tunnels moving
+// data through an echo, and a handover socket pair on which A's UDP
+// socket was sent (as between two processes).
+type handOverFixture struct {
+	tunnels               int
+	echo                  string
+	sideA, sideB, cliSide *resumeSide
+	usagePath             string
+	ledgerA, ledgerB      *usage.Ledger
+	a                     *testutil.Server
+	load                  *echoLoad
+	parent, child         *handover.Conn
+	pcB                   *net.UDPConn
+	ended                 int64 // bytes each way of a tunnel that ended on A before the upgrade
+}
+
+// startHandOver starts A (its socket wrapped by wrapA, if set), the
+// client, a tunnel that ends before the upgrade and 5 moving ones, and
+// sends A's socket on the handover pair.
+func startHandOver(t *testing.T, wrapA func(net.PacketConn) net.PacketConn) *handOverFixture {
+	t.Helper()
+	f := &handOverFixture{tunnels: 5, echo: testutil.EchoServer(t), ended: 1 << 20,
+		sideA: newResumeSide(server.NewResumeMetrics), sideB: newResumeSide(server.NewResumeMetrics), cliSide: newResumeSide(client.NewResumeMetrics)}
+	f.usagePath = filepath.Join(t.TempDir(), "usage.json")
+	var err error
+	f.ledgerA, err = usage.New(usage.Config{Path: f.usagePath})
+	require.NoError(t, err)
+	f.ledgerB, err = usage.New(usage.Config{Path: f.usagePath, Deferred: true}) // as a process started by an upgrade
+	require.NoError(t, err)
+	f.a = testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + f.echo}, WrapConn: wrapA,
+		Mutate: func(c *server.Config) { c.Resume, c.Usage = f.sideA.egress(time.Minute), f.ledgerA }})
+	// 50 ms round trips: the re-attachments go on the client's new
+	// connection long before its handshake completes.
+	var never atomic.Bool
+	proxy := lossyProxy(t, f.a, 25*time.Millisecond, &never, nil)
+	cl := testutil.StartClient(t, f.a, testutil.ClientOptions{Token: "tcp:" + f.echo, WaitReady: true, ServerAddr: proxy,
+		Mutate: func(c *client.Config) { c.Resume = f.cliSide.ingress(time.Minute) }})
+
+	done0 := dial(t, cl.Addr)
+	echoCheck(t, done0, f.ended)
+	_ = done0.Close()
+	require.Eventually(t, func() bool { return f.sideA.table.Len() == 0 }, 10*time.Second, time.Millisecond)
+	f.load = startEchoLoad(t, cl.Addr, f.tunnels)
+	require.Eventually(t, func() bool { return f.sideA.table.Len() == f.tunnels }, 10*time.Second, time.Millisecond)
+
+	// The two ends of the handover socket, in one process: what A sends
+	// arrives as B would receive it in its own process.
+	f.parent, f.child = handoverPair(t)
+	udpFile, err := f.a.PacketConn().(*net.UDPConn).File()
+	require.NoError(t, err)
+	require.NoError(t, f.parent.SendListeners([]handover.Listener{{Name: "udp", File: udpFile}}))
+	require.NoError(t, udpFile.Close())
+	ls, err := f.child.RecvListeners()
+	require.NoError(t, err)
+	require.Len(t, ls, 1)
+	pcB, err := net.FilePacketConn(ls[0].File)
+	require.NoError(t, err)
+	require.NoError(t, ls[0].File.Close())
+	f.pcB = pcB.(*net.UDPConn)
+	return f
+}
+
+// startB starts B on A's socket (wrapped by wrap, if set), beforeRun
+// called before its Run.
+func (f *handOverFixture) startB(t *testing.T, wrap func(net.PacketConn) net.PacketConn, beforeRun func(*server.Server)) *testutil.Server {
+	t.Helper()
+	return testutil.StartServer(t, testutil.ServerOptions{StateDir: f.a.StateDir, Allow: []string{"tcp:" + f.echo}, PacketConn: f.pcB,
+		WrapConn: wrap, Mutate: func(c *server.Config) { c.Resume, c.Usage = f.sideB.egress(time.Minute), f.ledgerB },
+		BeforeRun: beforeRun})
+}
+
+// check stops A (as the old process exits) and checks that every tunnel
+// went on through B (SHA-256 both ways, resumed, nothing given up or left
+// held) and B's accounting: every byte each way once, in its state file.
+func (f *handOverFixture) check(t *testing.T) {
+	t.Helper()
+	assert.Zero(t, f.sideA.table.Len(), "A let go of every tunnel")
+	f.a.Stop(t) // as the old process exits (after the new one imported): its Run has returned, its ledger saved nothing more
+
+	f.load.waitMoving(t, "the tunnels move on through B")
+	f.load.check(t)
+	assert.Equal(t, float64(f.tunnels), promtest.ToFloat64(f.sideB.metrics.Resumed), "B continued each tunnel")
+	assert.Equal(t, float64(f.tunnels), promtest.ToFloat64(f.cliSide.metrics.Resumed))
+	for side, m := range map[string]*resumeSide{"client": f.cliSide, "server B": f.sideB} {
+		assert.Equal(t, float64(f.tunnels), promtest.ToFloat64(m.metrics.ResumedEarly),
 			"%s: each resume request went as 0-RTT data, without waiting for the new connection's handshake", side)
 	}
 	for _, r := range resume.GaveUpReasons() {
-		assert.Zero(t, promtest.ToFloat64(cliSide.metrics.GaveUp.WithLabelValues(r)), r)
+		assert.Zero(t, promtest.ToFloat64(f.cliSide.metrics.GaveUp.WithLabelValues(r)), r)
 	}
-	require.Eventually(t, func() bool { return sideB.table.Len() == 0 && cliSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return sideA.budget.Used() == 0 && sideB.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return f.sideB.table.Len() == 0 && f.cliSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return f.sideA.budget.Used() == 0 && f.sideB.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
 		"every buffer given back")
-	moved := int64(ended)
-	for _, e := range load.es {
+	moved := f.ended
+	for _, e := range f.load.es {
 		moved += e.n
 	}
 	var up, down int64
 	require.Eventually(t, func() bool {
 		up, down = 0, 0
-		for _, u := range ledgerB.Snapshot() {
+		for _, u := range f.ledgerB.Snapshot() {
 			up, down = up+u.BytesUpstream, down+u.BytesDownstream
 		}
 		return up == moved && down == moved
 	}, 10*time.Second, 10*time.Millisecond, "B's accounting: every byte each way once")
 	t.Logf("accounted %d bytes each way (moved %d)", up, moved)
-	require.NoError(t, ledgerB.Save())
-	again, err := usage.New(usage.Config{Path: usagePath})
+	require.NoError(t, f.ledgerB.Save())
+	again, err := usage.New(usage.Config{Path: f.usagePath})
 	require.NoError(t, err)
 	up, down = 0, 0
 	for _, u := range again.Snapshot() {
@@ -252,17 +391,5 @@ func (l *echoLoad) check(t *testing.T) {
 // handoverPair returns both ends of a handover socket pair.
 func handoverPair(t *testing.T) (parent, child *handover.Conn) {
 	t.Helper()
-	parent, cf, err := handover.Pair()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = parent.Close() })
-	// As the child inherits it: a descriptor of its own, named in the
-	// environment (cf's own is closed: one owner per descriptor).
-	fd, err := syscall.Dup(int(cf.Fd()))
-	require.NoError(t, err)
-	require.NoError(t, cf.Close())
-	t.Setenv(handover.EnvFD, strconv.Itoa(fd))
-	child, err = handover.FromEnv()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = child.Close() })
-	return parent, child
+	return testutil.HandoverPair(t)
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -48,6 +49,22 @@ type Upgradable interface {
 	Import(ctx context.Context, tunnels []handover.Tunnel) (int, error)
 }
 
+// EarlyUpgradable is an Upgradable whose old process tells the new one as
+// soon as it no longer reads its sockets (the server): the new process
+// serves them from then on, while it takes the tunnels.
+type EarlyUpgradable interface {
+	Upgradable
+	// HandOverSteps is HandOver with each step told to the new process.
+	HandOverSteps(ctx context.Context, steps handover.Steps) error
+	// BeginImport makes a re-attachment that comes before its tunnel wait
+	// for it until end is called.
+	BeginImport() (end func())
+	// ImportTunnel continues one tunnel handed over (as each arrives);
+	// LoadUsage reads the accounting's totals the old process saved last.
+	ImportTunnel(ctx context.Context, t handover.Tunnel) error
+	LoadUsage(ctx context.Context)
+}
+
 // Upgrade is what ServeUpgradable needs besides Serving.
 type Upgrade struct {
 	// Inherited is what the previous process handed over (nil: a normal
@@ -69,6 +86,12 @@ type Upgrade struct {
 type Inherited struct {
 	conn  *handover.Conn
 	files map[string]*os.File
+	// ready: the ready message was sent (awaitRelease); released: when
+	// the old process released the sockets; endImport ends the service's
+	// import (EarlyUpgradable.BeginImport).
+	ready     bool
+	released  time.Time
+	endImport func()
 }
 
 // TakeInherited receives the sockets of the process that started this one
@@ -239,12 +262,23 @@ func (d *DaemonFlags) ServeUpgradable(ctx context.Context, s Serving, u Upgrade)
 		}
 		go func() { defer close(upgraded); up.watch(uctx, sigs) }()
 	case u.Connected == nil:
-		if err := u.Inherited.finish(ctx, u.Service, upm); err != nil {
+		early, err := u.Inherited.awaitRelease(ctx, u.Service)
+		if err == nil && early == nil {
+			err = u.Inherited.finish(ctx, u.Service, upm)
+		}
+		if err != nil {
 			signal.Stop(sigs)
 			stopUpgrades()
 			return err
 		}
-		go func() { defer close(upgraded); up.watch(uctx, sigs) }()
+		go func() {
+			defer close(upgraded)
+			if early != nil {
+				// Serve runs meanwhile: the socket is ours already.
+				u.Inherited.finishEarly(uctx, early, upm)
+			}
+			up.watch(uctx, sigs)
+		}()
 	default:
 		go func() {
 			defer close(upgraded)
@@ -268,6 +302,96 @@ func (d *DaemonFlags) ServeUpgradable(ctx context.Context, s Serving, u Upgrade)
 	return err
 }
 
+// awaitRelease reports ready and, for an EarlyUpgradable service, reads
+// whether the old process released its sockets before the tunnels come
+// (early: the service, marked as importing; nil: take the tunnels before
+// serving, finish).
+func (in *Inherited) awaitRelease(ctx context.Context, srv Upgradable) (EarlyUpgradable, error) {
+	es, ok := srv.(EarlyUpgradable)
+	if !ok {
+		return nil, nil
+	}
+	hc := in.conn
+	if err := hc.SendReady(os.Getpid()); err != nil {
+		return nil, fmt.Errorf("upgrade: report ready: %w", err)
+	}
+	in.ready = true
+	_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
+	released, err := hc.RecvReleased()
+	if err != nil || !released {
+		return nil, nil // finish takes it from here (and reports what failed)
+	}
+	klog.FromContext(ctx).Info("Upgrade: the previous process released the sockets; serving while its tunnels come")
+	in.released = time.Now()
+	in.endImport = es.BeginImport()
+	return es, nil
+}
+
+// finishEarly takes the tunnels over while the service runs (after
+// awaitRelease): it imports them as they come, ends the import (the
+// re-attachments waiting for it go on), reads the accounting's totals
+// once the old process saved them, and answers it. A failure is logged:
+// the new process serves anyway.
+func (in *Inherited) finishEarly(ctx context.Context, srv EarlyUpgradable, m *metrics.Upgrade) {
+	logger := klog.FromContext(ctx)
+	hc := in.conn
+	defer in.endImport()
+	stop := context.AfterFunc(ctx, func() { _ = hc.SetDeadline(time.Now()) }) // Serve ended: stop waiting
+	defer stop()
+	// Each tunnel is imported as it arrives: its client's re-attachment,
+	// which may be waiting for it already, goes on while the next come.
+	// The loop yields after each: with one P (a daemon pinned to one CPU)
+	// its syscalls rarely block, and the goroutines serving the clients'
+	// handshakes and re-attachments would wait for preemption (10 ms).
+	var errs []error
+	n := 0
+	got, err := hc.RecvTunnelsEach(srv.HandoverLimits(), func(t handover.Tunnel) {
+		defer runtime.Gosched()
+		if err := srv.ImportTunnel(ctx, t); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		n++
+	})
+	in.endImport()
+	imported := time.Since(in.released)
+	m.Tunnels.WithLabelValues(metrics.UpgradeImported).Add(float64(n))
+	m.Tunnels.WithLabelValues(metrics.UpgradeRefused).Add(float64(got - n))
+	ierr := errors.Join(errs...)
+	if ierr != nil {
+		logger.Error(ierr, "Upgrade: some tunnels of the previous process could not be continued; they were reset", "refused", got-n)
+	}
+	if err != nil {
+		logger.Error(err, "Upgrade: could not take all the tunnels of the previous process; serving with those it took", "tunnels", n)
+		_ = hc.SendDone(n, err.Error())
+		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+		return
+	}
+	if err := hc.RecvSaved(); err != nil {
+		logger.Error(err, "Upgrade: the previous process did not say it saved the accounting's totals; reading them as they are")
+	}
+	srv.LoadUsage(ctx)
+	in.answer(logger, n, ierr, m, "imported", imported.Round(100*time.Microsecond),
+		"usageLoaded", time.Since(in.released).Round(100*time.Microsecond))
+}
+
+// answer tells systemd this is the main process now (NotifyAccess=all)
+// and answers the old process, which exits.
+func (in *Inherited) answer(logger klog.Logger, n int, ierr error, m *metrics.Upgrade, kv ...any) {
+	if err := SdNotify("MAINPID=" + strconv.Itoa(os.Getpid()) + "\nREADY=1"); err != nil {
+		logger.Error(err, "Upgrade: could not tell systemd the new main PID")
+	}
+	text := ""
+	if ierr != nil {
+		text = ierr.Error()
+	}
+	if err := in.conn.SendDone(n, text); err != nil {
+		logger.Error(err, "Upgrade: could not answer the previous process")
+	}
+	m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+	logger.Info("Upgrade: serving as the new process", append([]any{"pid", os.Getpid(), "tunnels", n}, kv...)...)
+}
+
 // finish takes the tunnels over once the service is built: it reports
 // ready (the old process then hands its service over and sends them),
 // imports them, tells systemd this is the main process now
@@ -277,10 +401,12 @@ func (d *DaemonFlags) ServeUpgradable(ctx context.Context, s Serving, u Upgrade)
 func (in *Inherited) finish(ctx context.Context, srv Upgradable, m *metrics.Upgrade) error {
 	logger := klog.FromContext(ctx)
 	hc := in.conn
-	if err := hc.SendReady(os.Getpid()); err != nil {
-		return fmt.Errorf("upgrade: report ready: %w", err)
+	if !in.ready {
+		if err := hc.SendReady(os.Getpid()); err != nil {
+			return fmt.Errorf("upgrade: report ready: %w", err)
+		}
+		_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
 	}
-	_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
 	ts, err := hc.RecvTunnels(srv.HandoverLimits())
 	if err != nil {
 		logger.Error(err, "Upgrade: could not take the tunnels of the previous process; serving without them")
@@ -294,18 +420,7 @@ func (in *Inherited) finish(ctx context.Context, srv Upgradable, m *metrics.Upgr
 	if ierr != nil {
 		logger.Error(ierr, "Upgrade: some tunnels of the previous process could not be continued; they were reset", "refused", len(ts)-n)
 	}
-	if err := SdNotify("MAINPID=" + strconv.Itoa(os.Getpid()) + "\nREADY=1"); err != nil {
-		logger.Error(err, "Upgrade: could not tell systemd the new main PID")
-	}
-	text := ""
-	if ierr != nil {
-		text = ierr.Error()
-	}
-	if err := hc.SendDone(n, text); err != nil {
-		logger.Error(err, "Upgrade: could not answer the previous process")
-	}
-	m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
-	logger.Info("Upgrade: serving as the new process", "pid", os.Getpid(), "tunnels", n)
+	in.answer(logger, n, ierr, m)
 	return nil
 }
 
@@ -400,21 +515,49 @@ func (u *upgrader) upgrade(ctx context.Context, logger klog.Logger) (committed b
 		return false, fmt.Errorf("the new process (pid %d) did not report ready within %s: %w (%s)", cmd.Process.Pid, UpgradeReadyTimeout, err, cmd.ProcessState)
 	}
 	logger.Info("Upgrade: the new process is ready; handing the "+u.side+" over", "pid", pid)
-	err = u.srv.HandOver(ctx, func(ts []handover.Tunnel) error {
-		_ = parent.SetDeadline(time.Now().Add(handoverTimeout))
-		if err := parent.SendTunnels(ts); err != nil {
-			return err
-		}
-		n, err := parent.WaitDone(time.Now().Add(handoverTimeout))
-		logger.Info("Upgrade: the new process took the tunnels", "pid", pid, "tunnels", n, "sent", len(ts))
-		return err
-	})
+	err = u.handOver(ctx, logger, parent, pid)
 	if errors.Is(err, handover.ErrNotServing) {
 		_ = cmd.Process.Kill()
 		<-exited
 		return false, err
 	}
 	return true, err
+}
+
+// handOver hands the service over to the new process (pid) on parent:
+// an EarlyUpgradable one tells it first when it released its sockets,
+// and when it saved its accounting's totals after the tunnels.
+func (u *upgrader) handOver(ctx context.Context, logger klog.Logger, parent *handover.Conn, pid int) error {
+	sent := 0
+	wait := func() error {
+		n, err := parent.WaitDone(time.Now().Add(handoverTimeout))
+		logger.Info("Upgrade: the new process took the tunnels", "pid", pid, "tunnels", n, "sent", sent)
+		return err
+	}
+	send := func(ts []handover.Tunnel) error {
+		_ = parent.SetDeadline(time.Now().Add(handoverTimeout))
+		sent = len(ts)
+		return parent.SendTunnels(ts)
+	}
+	es, ok := u.srv.(EarlyUpgradable)
+	if !ok {
+		return u.srv.HandOver(ctx, func(ts []handover.Tunnel) error {
+			if err := send(ts); err != nil {
+				return err
+			}
+			return wait()
+		})
+	}
+	return es.HandOverSteps(ctx, handover.Steps{
+		Released: parent.SendReleased,
+		Send:     send,
+		Saved: func() error {
+			if err := parent.SendSaved(); err != nil {
+				return err
+			}
+			return wait()
+		},
+	})
 }
 
 // start starts the new process with the child's end of a handover pair;
