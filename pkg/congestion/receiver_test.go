@@ -11,10 +11,10 @@ import (
 // receiverSim drives the controller of the receiving side of a bulk
 // transfer on loopback, as quic-go does: an ACK-only packet for every
 // other data packet, sent whether or not the pacer has budget, a PING with
-// every 20th ACK, and a window update (MAX_STREAM_DATA) whenever the
-// application has read half a window, which waits for the pacer. Each
-// burst ends with an application-limited report, and the data sender
-// acknowledges the ack-eliciting packets one RTT later.
+// every 20th ACK, and a 60 B window update (MAX_STREAM_DATA) due every
+// millisecond, which waits for the pacer and the window. Each packet is
+// followed by an application-limited report (unless noReports), and the
+// data sender acknowledges the ack-eliciting packets one RTT later.
 type receiverSim struct {
 	b *BBRController
 	// noReports: quic-go returns from its send loop without an

@@ -37,11 +37,16 @@ const (
 	LbConnrate = "connrate"    // new connections/s (100 B echo, 8 in flight)
 	LbRedis    = "redis"       // redis-benchmark -t set,get -c 50
 	LbBulk     = "bulk"        // one-way bulk for a few seconds, CPU per GB
+	// LbBulkDown is bulk the other way, from the server's side to the
+	// client's (a download): the direction in which the client's
+	// controller only sends ACKs and window updates (issue 32's slow
+	// pairs showed there in every pair of the build before the fix).
+	LbBulkDown = "bulk-down"
 )
 
 // LoopbackCases lists every loopback case in run order.
 func LoopbackCases() []string {
-	return []string{LbPingPong, LbQPS, LbEcho, LbReq16M, LbConnrate, LbRedis, LbBulk}
+	return []string{LbPingPong, LbQPS, LbEcho, LbReq16M, LbConnrate, LbRedis, LbBulk, LbBulkDown}
 }
 
 // LoopbackOptions configure RunLoopback.
@@ -392,7 +397,7 @@ func (r *lbRun) sample(ctx context.Context, c, v string, rep int) Sample {
 	switch c {
 	case LbRedis:
 		svc = svcRedis
-	case LbBulk:
+	case LbBulk, LbBulkDown:
 		svc = svcSink
 	}
 	addr, pids := r.target(v, svc)
@@ -444,9 +449,13 @@ func (r *lbRun) sample(ctx context.Context, c, v string, rep int) Sample {
 		if cr.Errors > 0 {
 			err = errors.Join(err, fmt.Errorf("%d connection(s) failed: %s", cr.Errors, cr.FirstError))
 		}
-	case LbBulk:
+	case LbBulk, LbBulkDown:
 		var b BulkResult
-		lc(&b, "bulk", "--duration", (4 * time.Second / time.Duration(scale)).String())
+		dir := "up"
+		if c == LbBulkDown {
+			dir = "down"
+		}
+		lc(&b, "bulk", "--direction", dir, "--duration", (4 * time.Second / time.Duration(scale)).String())
 		s.Metrics["mbit_per_s"] = b.MbitPerS
 		s.Metrics["bytes"] = float64(b.Bytes)
 		if !b.Verified || b.Errors > 0 {
@@ -550,6 +559,7 @@ var loopbackFigures = map[string][]string{
 	LbConnrate: {"conns_per_s", "first_byte_p50_ms"},
 	LbRedis:    {"set_rps", "get_rps"},
 	LbBulk:     {"mbit_per_s", "tunnel_cpu_s_per_gb"},
+	LbBulkDown: {"mbit_per_s", "tunnel_cpu_s_per_gb"},
 }
 
 // writeLoopbackReport writes report.md: for each case and metric, the
