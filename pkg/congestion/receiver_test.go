@@ -102,14 +102,7 @@ func TestBBRReceiverKeepsItsWindowUpdatesFlowing(t *testing.T) {
 		noReports bool
 	}{{"reported application limited", false}, {"no reports (a busy receiver)", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, rtt := newTestBBR(Options{})
-			rtt.min, rtt.smoothed, rtt.latest = 200*time.Microsecond, 200*time.Microsecond, 200*time.Microsecond
-			// A first exchange gave the model of the path: 100 Mbit/s.
-			b.state, b.filledPipe, b.pacingGain, b.cwndGainNow = bbrProbeBW, true, 1, cwndGain
-			b.minRTT, b.minRTTTime = 200*time.Microsecond, qc.Time(time.Second)
-			b.bwSlots[0], b.maxBW = 100*mbit, 100*mbit
-			b.setPacingRate()
-			b.setCwnd(0)
+			b := receiverAt(100 * mbit) // a first exchange gave the model of the path
 			s := &receiverSim{b: b, now: qc.Time(time.Second), rtt: 200 * time.Microsecond, noReports: tc.noReports}
 			s.run(2 * time.Second)
 			require.Greater(t, b.round, int64(1000), "rounds simulated")
@@ -120,18 +113,26 @@ func TestBBRReceiverKeepsItsWindowUpdatesFlowing(t *testing.T) {
 	}
 }
 
+// receiverAt is a bbr in ProbeBW on a 200 us path whose bandwidth estimate
+// is bw (bytes per second), as the receiving side of a transfer is after
+// its first exchange.
+func receiverAt(bw float64) *BBRController {
+	b, rtt := newTestBBR(Options{})
+	rtt.min, rtt.smoothed, rtt.latest = 200*time.Microsecond, 200*time.Microsecond, 200*time.Microsecond
+	b.state, b.filledPipe, b.pacingGain, b.cwndGainNow = bbrProbeBW, true, 1, cwndGain
+	b.minRTT, b.minRTTTime = 200*time.Microsecond, qc.Time(time.Second)
+	b.bwSlots[0], b.maxBW = bw, bw
+	b.setPacingRate()
+	b.setCwnd(0)
+	return b
+}
+
 // TestBBRReceiverWithALowEstimateStillSendsWindowUpdates: whatever the
 // estimate (the floor here), ACK-only packets do not take the budget of the
 // ack-eliciting ones: quic-go sends them regardless and they are never
 // measured.
 func TestBBRReceiverWithALowEstimateStillSendsWindowUpdates(t *testing.T) {
-	b, rtt := newTestBBR(Options{})
-	rtt.min, rtt.smoothed, rtt.latest = 200*time.Microsecond, 200*time.Microsecond, 200*time.Microsecond
-	b.state, b.filledPipe, b.pacingGain, b.cwndGainNow = bbrProbeBW, true, 1, cwndGain
-	b.minRTT, b.minRTTTime = 200*time.Microsecond, qc.Time(time.Second)
-	b.bwSlots[0], b.maxBW = 0.5*mbit, 0.5*mbit
-	b.setPacingRate()
-	b.setCwnd(0)
+	b := receiverAt(0.5 * mbit)
 	s := &receiverSim{b: b, now: qc.Time(time.Second), rtt: 200 * time.Microsecond}
 	s.run(500 * time.Millisecond)
 	require.LessOrEqual(t, s.worstUpdateDelay, time.Millisecond, "a window update waited for the pacer")
