@@ -250,6 +250,17 @@ const (
 // errSessionGone: the session picked had ended already.
 var errSessionGone = errors.New("session ended")
 
+// sessionGone is err, marked errSessionGone when sess's connection has
+// ended: a request sent early on a connection whose handshake then failed
+// (the link still dark) is tried again at once on the next one, as when
+// the wait for that handshake saw it end, not after the backoff.
+func sessionGone(sess *Session, err error) error {
+	if q := sess.Conn.QUIC(); q != nil && isClosed(q.Context().Done()) && !errors.Is(err, errSessionGone) {
+		return fmt.Errorf("%w: %w", errSessionGone, err)
+	}
+	return err
+}
+
 // resumableSession checks that sess can carry a resumed tunnel: a QUIC
 // connection with datagrams (the acks). A session already closed is
 // errSessionGone (the client has not replaced it yet). A new connection
@@ -307,7 +318,7 @@ func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*
 	str, err := l.h.openStream(ctx, sess)
 	if err != nil {
 		release()
-		return nil, err
+		return nil, sessionGone(sess, err)
 	}
 	off, err := l.h.requestResume(str, resume.Request{ID: id, Offset: received})
 	if err != nil {
@@ -317,7 +328,7 @@ func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*
 		if c, ok := proto.FromError(err); ok && c == proto.CodeResumeRefused {
 			return nil, fmt.Errorf("%w: %w", errResumeRefused, err)
 		}
-		return nil, err
+		return nil, sessionGone(sess, err)
 	}
 	l.release()
 	l.release, l.sess = release, sess
