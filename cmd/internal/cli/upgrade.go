@@ -355,12 +355,8 @@ func (in *Inherited) finishEarly(ctx context.Context, srv EarlyUpgradable, m *me
 	})
 	in.endImport()
 	imported := time.Since(in.released)
-	m.Tunnels.WithLabelValues(metrics.UpgradeImported).Add(float64(n))
-	m.Tunnels.WithLabelValues(metrics.UpgradeRefused).Add(float64(got - n))
 	ierr := errors.Join(errs...)
-	if ierr != nil {
-		logger.Error(ierr, "Upgrade: some tunnels of the previous process could not be continued; they were reset", "refused", got-n)
-	}
+	countImported(logger, m, n, got, ierr)
 	if err != nil {
 		logger.Error(err, "Upgrade: could not take all the tunnels of the previous process; serving with those it took", "tunnels", n)
 		_ = hc.SendDone(n, err.Error())
@@ -415,13 +411,19 @@ func (in *Inherited) finish(ctx context.Context, srv Upgradable, m *metrics.Upgr
 		return nil
 	}
 	n, ierr := srv.Import(ctx, ts)
-	m.Tunnels.WithLabelValues(metrics.UpgradeImported).Add(float64(n))
-	m.Tunnels.WithLabelValues(metrics.UpgradeRefused).Add(float64(len(ts) - n))
-	if ierr != nil {
-		logger.Error(ierr, "Upgrade: some tunnels of the previous process could not be continued; they were reset", "refused", len(ts)-n)
-	}
+	countImported(logger, m, n, len(ts), ierr)
 	in.answer(logger, n, ierr, m)
 	return nil
+}
+
+// countImported counts the tunnels an upgrade took (n of got) and those it
+// refused, and logs why it refused them (ierr: their errors, joined).
+func countImported(logger klog.Logger, m *metrics.Upgrade, n, got int, ierr error) {
+	m.Tunnels.WithLabelValues(metrics.UpgradeImported).Add(float64(n))
+	m.Tunnels.WithLabelValues(metrics.UpgradeRefused).Add(float64(got - n))
+	if ierr != nil {
+		logger.Error(ierr, "Upgrade: some tunnels of the previous process could not be continued; they were reset", "refused", got-n)
+	}
 }
 
 // executable is the path this binary was started from, read when the
