@@ -451,10 +451,7 @@ func (r *lbRun) sample(ctx context.Context, c, v string, rep int) Sample {
 		}
 	case LbBulk, LbBulkDown:
 		var b BulkResult
-		dir := "up"
-		if c == LbBulkDown {
-			dir = "down"
-		}
+		dir := map[string]string{LbBulk: "up", LbBulkDown: "down"}[c]
 		lc(&b, "bulk", "--direction", dir, "--duration", (4 * time.Second / time.Duration(scale)).String())
 		s.Metrics["mbit_per_s"] = b.MbitPerS
 		s.Metrics["bytes"] = float64(b.Bytes)
