@@ -251,6 +251,9 @@ type Client struct {
 	// carrier the one the links' health says carries them (carryLocked).
 	// Guarded by mu.
 	using, carrier string
+	// placements counts the tunnels placed (pick, placeLocked): the order
+	// spread breaks ties by (lessLoaded, fewerStreams). Guarded by mu.
+	placements uint64
 	// tcpDialer dials the TCP rows, quicDialer the QUIC ones (nil: the
 	// Client, dialTCP and dialQUIC; fakes in tests).
 	tcpDialer  tcpDialer
@@ -1236,7 +1239,7 @@ func (s sessions) WaitServer(ctx context.Context, server string) (*session, func
 		if l == nil {
 			return nil, nil, time.Time{}
 		}
-		l.active.Add(1)
+		s.c.placeLocked(l)
 		return l.session, l, time.Time{}
 	})
 	if err != nil {

@@ -70,6 +70,10 @@ type tcpRow struct {
 	// dialing: a dial is in progress; tried: a dial has ended, either way
 	// (pickTCPLocked).
 	dialing, tried bool
+	// placed: Client.placements when a tunnel last went on it (spread:
+	// of rows with as many streams, the one placed on longest ago takes the
+	// next; pickTCPLocked).
+	placed uint64
 	// upAt: when sess came up; lastBad: when the row last lost its
 	// session or failed a dial (zero: never). Failover's hysteresis
 	// (failoverTCPLocked).
@@ -183,11 +187,19 @@ func (c *Client) pickTCPLocked(now time.Time) *tcpRow {
 		if !r.liveLocked() {
 			continue
 		}
-		if best == nil || (r.tcp != nil && best.tcp != nil && r.tcp.NumStreams() < best.tcp.NumStreams()) {
+		if best == nil || r.tcp != nil && best.tcp != nil && fewerStreams(r, best) {
 			best = r
 		}
 	}
 	return best
+}
+
+// fewerStreams reports whether a new tunnel should go on r rather than on
+// best in spread mode: fewer streams, or as many and placed on less
+// recently. Callers hold c.mu.
+func fewerStreams(r, best *tcpRow) bool {
+	a, b := r.tcp.NumStreams(), best.tcp.NumStreams()
+	return a < b || a == b && r.placed < best.placed
 }
 
 // failoverTCPLocked is failover mode's TCP row, by steer's rule over the

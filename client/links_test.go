@@ -132,6 +132,28 @@ func TestPlaceSpread(t *testing.T) {
 	}
 }
 
+// TestPlaceSpreadShortTunnels: tunnels that each end before the next
+// opens (every link at 0 active) go round the links, not all to the
+// first (as they did when ties went to the first link in order).
+func TestPlaceSpreadShortTunnels(t *testing.T) {
+	t.Parallel()
+	c := fakeClient(t, ModeSpread, 1, "a", "b", "c")
+	now := time.Now()
+	for _, m := range c.members {
+		up(t, c, m, now)
+	}
+	counts := map[*link]int{}
+	for range 9 {
+		l := place(c, now)
+		counts[l]++
+		l.active.Add(-1) // the tunnel ends
+	}
+	require.Len(t, counts, 3)
+	for l, n := range counts {
+		assert.Equal(t, 3, n, l.m.label)
+	}
+}
+
 // TestServerActiveFollowsHealth: failover's active server (server_active,
 // the failover line) moves as links come and go, with no tunnel placed.
 func TestServerActiveFollowsHealth(t *testing.T) {

@@ -132,6 +132,19 @@ type link struct {
 	suspect atomic.Bool
 	// active counts the tunnels (and UDP flows) placed on it and not ended.
 	active atomic.Int64
+	// placed is the client's placement count (Client.placements) when a
+	// tunnel was last placed on it: of links equally loaded, the one placed
+	// on longest ago takes the next tunnel (lessLoaded), so short tunnels,
+	// each ended before the next opens, go round the links instead of all
+	// to the first.
+	placed atomic.Uint64
+}
+
+// lessLoaded reports whether a new tunnel should go on l rather than on
+// best: fewer active tunnels, or as many and placed on less recently.
+func lessLoaded(l, best *link) bool {
+	a, b := l.active.Load(), best.active.Load()
+	return a < b || a == b && l.placed.Load() < best.placed.Load()
 }
 
 // announceIfDue logs l's connected line (announce) once its handshake is
@@ -330,6 +343,8 @@ func (c *Client) pick(now time.Time) (sess *session, l *link, retry time.Time) {
 			if l != nil && now.Before(r.graceUntil) && c.anyQUICUpLocked() {
 				return nil, nil, r.graceUntil
 			}
+			c.placements++
+			r.placed = c.placements
 			c.useLocked(TransportTCP)
 			return r.sess, nil, time.Time{}
 		}
@@ -337,9 +352,17 @@ func (c *Client) pick(now time.Time) (sess *session, l *link, retry time.Time) {
 	if l == nil {
 		return nil, nil, time.Time{}
 	}
-	l.active.Add(1)
+	c.placeLocked(l)
 	c.useLocked(TransportQUIC)
 	return l.session, l, time.Time{}
+}
+
+// placeLocked counts a tunnel placed on l (released by its caller with
+// l.active.Add(-1)). Callers hold c.mu.
+func (c *Client) placeLocked(l *link) {
+	l.active.Add(1)
+	c.placements++
+	l.placed.Store(c.placements)
 }
 
 // pickQUICLocked chooses the QUIC link a new tunnel goes on: failover, the
@@ -349,7 +372,7 @@ func (c *Client) pick(now time.Time) (sess *session, l *link, retry time.Time) {
 func (c *Client) pickQUICLocked(now time.Time) *link {
 	var best *link
 	better := func(l *link) {
-		if best == nil || l.active.Load() < best.active.Load() {
+		if best == nil || lessLoaded(l, best) {
 			best = l
 		}
 	}
@@ -387,7 +410,7 @@ func (c *Client) pickServerLocked(label string) *link {
 	var best *link
 	for _, ok := range []func(*link) bool{(*link).healthy, (*link).live} {
 		for _, m := range c.members {
-			if m.srv.label == label && ok(m.cur) && (best == nil || m.cur.active.Load() < best.active.Load()) {
+			if m.srv.label == label && ok(m.cur) && (best == nil || lessLoaded(m.cur, best)) {
 				best = m.cur
 			}
 		}
