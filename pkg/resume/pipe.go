@@ -140,7 +140,8 @@ type Config struct {
 	// directions ended), a *splice.AbortedError or a *GaveUpError.
 	OnEnd func(err error)
 	// Written are application bytes already written on the first stream
-	// (with the header): they are kept for resending like the rest.
+	// (with the header): they are kept for resending like the rest, and
+	// the first attachment goes on after them.
 	Written []byte
 	// Meta is the owner's description of the tunnel, handed over with it
 	// (State.Meta); the Pipe does not use it.
@@ -180,6 +181,9 @@ type Pipe struct {
 	// handedOver: Export gave the tunnel to another process; OnEnd gets
 	// ErrHandedOver.
 	handedOver bool
+	// attached: a Serve has claimed the tunnel (the first attachment's
+	// stream carries Config.Written already).
+	attached bool
 }
 
 const (
@@ -196,6 +200,8 @@ type attachment struct {
 	done      chan struct{}
 	preempted bool
 	resumed   bool
+	// first: the tunnel's first attachment (claim).
+	first bool
 }
 
 func (a *attachment) cancel(code proto.Code) {

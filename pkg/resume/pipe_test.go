@@ -480,3 +480,37 @@ func TestPipeParksWhileApplicationNotReading(t *testing.T) {
 	require.NoError(t, recvErr(t, srvErr))
 	assert.Equal(t, <-sent, <-got, "every byte once and in order")
 }
+
+// TestWrittenNotSentTwice: bytes the caller wrote on the first stream
+// before the Pipe (Config.Written: a proxy request's pipelined bytes, a
+// tunnel's 0-RTT bytes) reach the destination once: the first
+// attachment goes on after them, and a re-attachment resends them only
+// if the peer did not get them.
+func TestWrittenNotSentTwice(t *testing.T) {
+	t.Parallel()
+	written := []byte("written before the pipe, ")
+	appC, c := tcpPair(t)
+	s, appS := tcpPair(t)
+	cli := NewPipe(c, Config{Window: time.Minute, Written: written})
+	srv := NewPipe(s, Config{Window: time.Minute})
+	a, b := streamPair()
+	go func() { _, _ = a.Write(written) }() // as the caller did, with the header
+	cliErr, srvErr := make(chan error, 1), make(chan error, 1)
+	go func() { cliErr <- cli.Serve(&Attachment{Stream: a, Conn: 1}) }()
+	go func() { srvErr <- srv.Serve(&Attachment{Stream: b, Conn: 1}) }()
+	var conn atomic.Value
+	conn.Store(1)
+	tu := &tunnel{cli: cli, srv: srv}
+	defer tu.acker(&conn)()
+
+	_, err := appC.Write([]byte("then the application's"))
+	require.NoError(t, err)
+	require.NoError(t, appC.CloseWrite())
+	require.NoError(t, appS.CloseWrite())
+	got, err := io.ReadAll(appS)
+	require.NoError(t, err)
+	assert.Equal(t, "written before the pipe, then the application's", string(got))
+	_, _ = io.ReadAll(appC)
+	require.NoError(t, <-cliErr)
+	require.NoError(t, <-srvErr)
+}

@@ -75,9 +75,21 @@ func (p *Pipe) claim(att *Attachment) (*attachment, error) {
 		p.timer = nil
 	}
 	a.resumed = p.state == stateParked || att.Reply || att.PeerOffset > 0
+	a.first = !p.attached
+	p.attached = true
 	p.state, p.cur = stateRunning, a
 	p.mu.Unlock()
 	return a, nil
+}
+
+// rewind makes the writer go on from the offset a's peer has. The first
+// attachment's stream carries Config.Written already (preload): the
+// writer goes on after it, nothing confirmed yet.
+func (p *Pipe) rewind(a *attachment) error {
+	if a.first && a.PeerOffset == 0 {
+		return nil
+	}
+	return p.out.Rewind(a.PeerOffset)
 }
 
 // run carries the tunnel on a's stream until both directions ended (false)
@@ -87,7 +99,7 @@ func (p *Pipe) run(a *attachment) (lost bool) {
 	if a.Reply {
 		prefix = AppendReply(nil, p.recv.Load())
 	}
-	if err := p.out.Rewind(a.PeerOffset); err != nil {
+	if err := p.rewind(a); err != nil {
 		p.abort(proto.CodeResumeRefused, err, GaveUpOffset)
 		a.cancel(proto.CodeResumeRefused)
 		return false
