@@ -113,12 +113,29 @@ func (s *stream) spliceResumable(sc splice.Conn) *failure {
 	}
 	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule, "resumable", true)
 	switch err := p.Serve(s.attachment(0, false)); {
+	case errors.Is(err, resume.ErrParked) && !handshakeDone(s.st.Conn):
+		// Opened as 0-RTT data on a connection lost before its handshake
+		// completed: the client re-sends such a tunnel as a new, plain
+		// one on its next connection (pkg/ingress earlyPhase), so this
+		// one would wait for nobody, holding its destination.
+		p.End(proto.CodeConnReset, resume.GaveUpHandshake)
+		s.logger.V(2).Info("Ended tunnel opened as 0-RTT data: its connection was lost before the handshake completed")
 	case errors.Is(err, resume.ErrParked):
 		s.logger.V(2).Info("Parked tunnel: its connection was lost; the client may resume it", "window", e.window())
 	case errors.Is(err, resume.ErrEnded):
 		Reset(s.str, proto.CodeConnReset) // aborted before it ran (drain, DELETE /tunnels, a removed key)
 	}
 	return nil
+}
+
+// handshakeDone reports whether c's handshake has completed.
+func handshakeDone(c Conn) bool {
+	select {
+	case <-c.HandshakeComplete():
+		return true
+	default:
+		return false
+	}
 }
 
 // resumableEnded accounts for a resumable tunnel's end (err: as OnEnd).

@@ -515,9 +515,8 @@ const maxEarlyBytes = 256 << 10
 // arrive before the handshake completes, so only the upstream direction needs
 // this.
 //
-// It also returns the tunnel ID of the header in force: id, or the re-sent
-// header's.
-func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str Stream, token string, early []byte, id string) (Stream, string, error) {
+// It returns the stream in force and what went on it (earlyOutcome).
+func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Conn, str Stream, token string, early []byte, id string) (earlyOutcome, error) {
 	sent := append([]byte(nil), early...) // written with the header already
 	done := make(chan error, 1)
 	go func() {
@@ -552,13 +551,13 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	rerr := <-done
 	_ = nc.SetReadDeadline(time.Time{})
 	if rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, os.ErrDeadlineExceeded) {
-		return nil, "", fmt.Errorf("read before handshake: %w", rerr)
+		return earlyOutcome{}, fmt.Errorf("read before handshake: %w", rerr)
 	}
 	// Moved, the stream's write side is cancelled: it goes to the next
 	// session even if the handshake completed meanwhile.
 	complete := !isClosed(moved) && isClosed(conn.HandshakeComplete())
 	if conn.Context().Err() == nil && complete && conn.ConnectionState().Used0RTT {
-		return str, id, nil
+		return earlyOutcome{str: str, id: id, sent: sent}, nil
 	}
 	str.CancelRead(0) // discarded with the rest of the 0-RTT data
 	str.CancelWrite(0)
@@ -567,7 +566,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		// Rejected: the same connection goes on without 0-RTT.
 		n, err := conn.NextConnection(ctx)
 		if err != nil {
-			return nil, "", fmt.Errorf("connection after 0-RTT rejection: %w", err)
+			return earlyOutcome{}, fmt.Errorf("connection after 0-RTT rejection: %w", err)
 		}
 		next = OverQUIC(n)
 	} else {
@@ -576,13 +575,13 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 		// handshake done.
 		n, err := h.nextSession(ctx)
 		if err != nil {
-			return nil, "", err
+			return earlyOutcome{}, err
 		}
 		next = n
 	}
 	nstr, err := h.openOn(ctx, next)
 	if err != nil {
-		return nil, "", fmt.Errorf("stream after 0-RTT rejection: %w", err)
+		return earlyOutcome{}, fmt.Errorf("stream after 0-RTT rejection: %w", err)
 	}
 	hb, id, err := h.header(token)
 	if err == nil {
@@ -591,9 +590,20 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	if err != nil {
 		nstr.CancelRead(0)
 		nstr.CancelWrite(0)
-		return nil, "", fmt.Errorf("re-send after 0-RTT rejection: %w", err)
+		return earlyOutcome{}, fmt.Errorf("re-send after 0-RTT rejection: %w", err)
 	}
-	return nstr, id, nil
+	return earlyOutcome{str: nstr, id: id, sent: sent, resent: true}, nil
+}
+
+// earlyOutcome is how earlyPhase ended: the stream in force, the tunnel ID
+// of its header, the application bytes written on it after the header,
+// and whether it is a new stream with a re-sent header (a plain one: a
+// tunnel that moved is not made resumable, resumeID).
+type earlyOutcome struct {
+	str    Stream
+	id     string
+	sent   []byte
+	resent bool
 }
 
 // movedCheck is how often a stream waiting for its connection's handshake

@@ -231,8 +231,13 @@ func (l *local) sendHeader(ctx context.Context) *localFailure {
 	}
 	conn := l.sess.Conn.QUIC() // nil on a TCP session: no 0-RTT
 	if conn != nil && !isClosed(conn.HandshakeComplete()) {
-		if l.str, tunnelID, err = l.h.earlyPhase(ctx, conn, l.sc, l.str, l.token, l.early, tunnelID); err != nil {
+		o, err := l.h.earlyPhase(ctx, conn, l.sc, l.str, l.token, l.early, tunnelID)
+		if err != nil {
 			return &localFailure{proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err}
+		}
+		l.str, tunnelID, l.early = o.str, o.id, o.sent
+		if o.resent {
+			l.rid = nil // the re-sent header is a plain tunnel's
 		}
 	}
 	l.tunnelID = tunnelID

@@ -34,11 +34,15 @@ func ackSender(c Conn) func([]byte) error {
 }
 
 // resumeID picks the ID of a resumable tunnel, or nil: the window is on
-// and the session is a QUIC connection with datagrams (the acks) whose
-// handshake is done (a 0-RTT tunnel may move to another connection in
-// earlyPhase: it is not made resumable).
+// and the session is a QUIC connection with datagrams (the acks; before
+// the handshake completes, as the resumed TLS session remembers the
+// server's). A tunnel opened as 0-RTT data stays resumable if the server
+// accepts it there; one that earlyPhase re-sends on another stream (0-RTT
+// rejected, the connection lost before its handshake) goes as a plain
+// tunnel (sendHeader), and the server does not park a tunnel whose
+// connection never completed its handshake (pkg/egress).
 func (l *local) resumeID() *resume.ID {
-	if l.h.window() <= 0 || ackSender(l.sess.Conn) == nil || !isClosed(l.sess.Conn.QUIC().HandshakeComplete()) {
+	if l.h.window() <= 0 || ackSender(l.sess.Conn) == nil {
 		return nil
 	}
 	id, err := resume.NewID()

@@ -44,11 +44,15 @@ const (
 	// server's DELETE /identities): its tunnels end, parked ones too, so
 	// that none resumes after the suspension.
 	GaveUpKicked = "kicked"
+	// GaveUpHandshake: the server's tunnel was opened as 0-RTT data on a
+	// connection lost before its handshake completed; the client opens
+	// such a tunnel anew on its next connection, so none re-attaches.
+	GaveUpHandshake = "handshake"
 )
 
 // GaveUpReasons lists the reasons, for pre-created metric series.
 func GaveUpReasons() []string {
-	return []string{GaveUpWindow, GaveUpRefused, GaveUpOffset, GaveUpShutdown, GaveUpKicked}
+	return []string{GaveUpWindow, GaveUpRefused, GaveUpOffset, GaveUpShutdown, GaveUpKicked, GaveUpHandshake}
 }
 
 // GaveUpError ends a tunnel that could not be resumed; it unwraps to the

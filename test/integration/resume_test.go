@@ -111,6 +111,13 @@ func serveGated(t *testing.T, part int) (dest string, gate chan struct{}, dests 
 		dests <- p
 		p.wg.Wait()
 	})
+	t.Cleanup(func() { // a test that failed before opening it: the peers end
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
+	})
 	return dest, gate, dests
 }
 
