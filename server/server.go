@@ -612,12 +612,62 @@ func (s *Server) ConnStats() []transport.ConnStats {
 // Run serves until ctx is cancelled, then drains: it stops accepting
 // connections, refuses new streams, waits up to DrainTimeout for open tunnels,
 // aborts the rest and closes every connection. It returns after every goroutine
-// it started has ended.
-//
-//nolint:funlen // the shutdown order of STYLE.md step by step (stop, unready, drain, close): one sequence to read
+// it started has ended. The shutdown order of STYLE.md, step by step:
+// waitForStop, stopAccepting, then handOver (an upgrade) or drain and
+// closeConns.
 func (s *Server) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	tr := &quic.Transport{
+	tr := s.newTransport()
+	defer func() { _ = tr.Close() }()
+	if s.binder != nil {
+		defer s.binder.dropInheritedAfter(InheritedReverseGrace, logger)()
+	}
+	ln, err := tr.ListenEarly(s.cfg.TLS, s.cfg.QUIC)
+	if err != nil {
+		return fmt.Errorf("listen quic on %s: %w", s.pc.LocalAddr(), err)
+	}
+	s.ready.Store(true)
+	logger.Info("Server listening", "address", s.pc.LocalAddr().String())
+	if s.cfg.TCP != nil {
+		logger.Info("Server listening on TCP for clients whose UDP is blocked", "address", s.cfg.TCP.Addr().String())
+	}
+
+	// Connections outlive ctx until the drain is over.
+	connCtx, cancelConns := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
+	defer cancelConns()
+	var wg sync.WaitGroup
+	s.startServices(connCtx, tr, &wg)
+	// conns are the connections' goroutines (an upgrade waits for them
+	// alone before it exports the parked tunnels).
+	var conns sync.WaitGroup
+	defer conns.Wait()
+	acceptErr, tcpDone := s.startAccepting(ctx, connCtx, ln, &wg, &conns)
+	up, runErr := s.waitForStop(ctx, acceptErr)
+	s.stopAccepting(ln, up, acceptErr, tcpDone)
+	if up != nil {
+		// A failed handover is Run's error too: the process then exits
+		// non-zero (a supervisor restarts it), since it has let go.
+		err := s.handOver(logger, tr, cancelConns, &conns, up.steps)
+		up.done <- err
+		wg.Wait()
+		s.egress.Close()
+		s.ready.Store(false)
+		return err
+	}
+	s.drain(logger)
+	s.closeConns(logger, cancelConns, &conns)
+	wg.Wait()
+	s.egress.Close()
+	s.ready.Store(false)
+	logger.Info("Server stopped")
+	return runErr
+}
+
+// newTransport is the QUIC transport on the server's socket, with the
+// admission checks of each new connection (--max-connections, the
+// handshake rate per source).
+func (s *Server) newTransport() *quic.Transport {
+	return &quic.Transport{
 		Conn: s.pc, StatelessResetKey: s.cfg.ResetKey, TokenGeneratorKey: s.cfg.TokenKey,
 		// Every quictun client speaks QUIC v1: a Version Negotiation packet
 		// would only answer garbage (half of all random datagrams look like
@@ -637,24 +687,12 @@ func (s *Server) Run(ctx context.Context) error {
 			return ctx, nil
 		},
 	}
-	defer func() { _ = tr.Close() }()
-	if s.binder != nil {
-		defer s.binder.dropInheritedAfter(InheritedReverseGrace, logger)()
-	}
-	ln, err := tr.ListenEarly(s.cfg.TLS, s.cfg.QUIC)
-	if err != nil {
-		return fmt.Errorf("listen quic on %s: %w", s.pc.LocalAddr(), err)
-	}
-	s.ready.Store(true)
-	logger.Info("Server listening", "address", s.pc.LocalAddr().String())
-	if s.cfg.TCP != nil {
-		logger.Info("Server listening on TCP for clients whose UDP is blocked", "address", s.cfg.TCP.Addr().String())
-	}
+}
 
-	// Connections outlive ctx until the drain is over.
-	connCtx, cancelConns := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
-	defer cancelConns()
-	var wg sync.WaitGroup
+// startServices starts, in wg until connCtx ends, what runs beside the
+// connections: the count of datagrams that are not QUIC, the accounting,
+// the rate caps' rebinding, the usage reports and the resume table.
+func (s *Server) startServices(connCtx context.Context, tr *quic.Transport, wg *sync.WaitGroup) {
 	wg.Go(func() {
 		// Datagrams that are not QUIC at all are only counted: quic-go
 		// queues them (32 at most, the rest are dropped and counted by the
@@ -679,11 +717,14 @@ func (s *Server) Run(ctx context.Context) error {
 	if r := s.cfg.Resume; r != nil {
 		wg.Go(func() { r.Table.Run(connCtx) })
 	}
-	acceptErr := make(chan error, 1)
-	// conns are the connections' goroutines (an upgrade waits for them
-	// alone before it exports the parked tunnels).
-	var conns sync.WaitGroup
-	defer conns.Wait()
+}
+
+// startAccepting starts the accept loops (QUIC, and TCP with the
+// fallback) in wg, each connection served in conns: acceptErr gets the
+// QUIC loop's end, tcpDone is closed when the TCP loop ended (at once
+// without the fallback).
+func (s *Server) startAccepting(ctx, connCtx context.Context, ln *quic.EarlyListener, wg, conns *sync.WaitGroup) (acceptErr chan error, tcpDone chan struct{}) {
+	acceptErr, tcpDone = make(chan error, 1), make(chan struct{})
 	wg.Go(func() {
 		for {
 			c, err := ln.Accept(ctx)
@@ -694,25 +735,28 @@ func (s *Server) Run(ctx context.Context) error {
 			conns.Go(func() { s.serveConn(connCtx, overQUIC{c}, false) })
 		}
 	})
-	tcpDone := make(chan struct{})
-	if s.cfg.TCP != nil {
-		wg.Go(func() {
-			defer close(tcpDone)
-			s.acceptTCP(ctx, connCtx, &conns)
-		})
-	} else {
+	if s.cfg.TCP == nil {
 		close(tcpDone)
+		return acceptErr, tcpDone
 	}
+	wg.Go(func() {
+		defer close(tcpDone)
+		s.acceptTCP(ctx, connCtx, conns)
+	})
+	return acceptErr, tcpDone
+}
 
-	var runErr error
-	var up *handoverReq
+// waitForStop waits for the end of ctx (a stop), an upgrade's handover
+// request (returned), or the QUIC accept loop's end (put back in
+// acceptErr; Run's error unless ctx ended).
+func (s *Server) waitForStop(ctx context.Context, acceptErr chan error) (up *handoverReq, runErr error) {
 	select {
 	case <-ctx.Done():
 	case req := <-s.handover:
 		up = &req
 		s.upgrading.Store(true)
 		if s.binder != nil {
-			s.binder.keepHandedOver() // before binder.close below
+			s.binder.keepHandedOver() // before binder.close in stopAccepting
 		}
 	case err := <-acceptErr:
 		acceptErr <- err
@@ -720,33 +764,35 @@ func (s *Server) Run(ctx context.Context) error {
 			runErr = fmt.Errorf("accept: %w", err)
 		}
 	}
+	return up, runErr
+}
 
+// stopAccepting marks the server draining and closes its listeners (the
+// reverse forwards' too: their clients are told), waits for the accept
+// loops, and ends the UDP flows. Without an upgrade (up nil) the parked
+// tunnels are given up: none can be re-attached while draining.
+func (s *Server) stopAccepting(ln *quic.EarlyListener, up *handoverReq, acceptErr chan error, tcpDone chan struct{}) {
 	s.draining.Store(true)
 	s.cfg.Metrics.Draining.Set(1)
 	if r := s.cfg.Resume; r != nil && up == nil {
-		r.Table.Close() // parked tunnels cannot be re-attached while draining
+		r.Table.Close()
 	}
 	_ = ln.Close()
 	if s.cfg.TCP != nil {
 		_ = s.cfg.TCP.Close()
 	}
 	if s.binder != nil {
-		s.binder.close() // reverse forwards' listeners: their clients are told (shutdown)
+		s.binder.close()
 	}
-	<-acceptErr //nolint:errcheck // waits for the accept loop to end; its error was handled above
+	<-acceptErr //nolint:errcheck // waits for the accept loop to end; its error was handled by waitForStop
 	<-tcpDone
 	// UDP flows have no end to wait for: they end now (the client sees shutdown).
 	s.cfg.Registry.AbortFlows(proto.CodeShutdown)
-	if up != nil {
-		// A failed handover is Run's error too: the process then exits
-		// non-zero (a supervisor restarts it), since it has let go.
-		err := s.handOver(logger, tr, cancelConns, &conns, up.steps)
-		up.done <- err
-		wg.Wait()
-		s.egress.Close()
-		s.ready.Store(false)
-		return err
-	}
+}
+
+// drain waits up to DrainTimeout for the tunnels to end, then for QUIC to
+// deliver their last bytes; the tunnels left are aborted.
+func (s *Server) drain(logger klog.Logger) {
 	if n := s.cfg.Registry.Len(); n > 0 && s.cfg.DrainTimeout > 0 {
 		logger.Info("Draining tunnels", "tunnels", n, "timeout", s.cfg.DrainTimeout)
 		dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
@@ -755,20 +801,31 @@ func (s *Server) Run(ctx context.Context) error {
 		} else {
 			// The last bytes and FINs were handed to QUIC, not yet acknowledged:
 			// closing the connections now would discard them.
-			s.mu.Lock()
-			conns := make([]*quic.Conn, 0, len(s.conns))
-			for _, lc := range s.conns {
-				// A TCP connection's close sends its data first anyway.
-				if q := lc.conn.asQUIC(); q != nil {
-					conns = append(conns, q)
-				}
-			}
-			s.mu.Unlock()
-			transport.Linger(dctx, conns)
+			transport.Linger(dctx, s.quicConns())
 		}
 		cancel()
 	}
 	s.cfg.Registry.AbortAll(proto.CodeShutdown)
+}
+
+// quicConns lists the QUIC connections served (a TCP connection's close
+// sends its data first anyway).
+func (s *Server) quicConns() []*quic.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	conns := make([]*quic.Conn, 0, len(s.conns))
+	for _, lc := range s.conns {
+		if q := lc.conn.asQUIC(); q != nil {
+			conns = append(conns, q)
+		}
+	}
+	return conns
+}
+
+// closeConns closes every connection, asking the clients to spread their
+// reconnects when there are many (ShutdownSpread), and waits for their
+// goroutines.
+func (s *Server) closeConns(logger klog.Logger, cancelConns context.CancelFunc, conns *sync.WaitGroup) {
 	nconns, verified := s.countConns()
 	spread := ShutdownSpread(verified, s.cfg.ShutdownHandshakeRate)
 	s.reconnectSpread.Store(int64(spread))
@@ -778,11 +835,6 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	cancelConns()
 	conns.Wait()
-	wg.Wait()
-	s.egress.Close()
-	s.ready.Store(false)
-	logger.Info("Server stopped")
-	return runErr
 }
 
 // countConns returns how many connections are open, and how many of them

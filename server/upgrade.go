@@ -150,19 +150,12 @@ func (s *Server) handOverFailed(logger klog.Logger, conns *sync.WaitGroup, times
 // written its close (a quic.Conn's context ends once its
 // CONNECTION_CLOSE is sent).
 func (s *Server) waitClosesSent(d time.Duration) {
-	s.mu.Lock()
-	dones := make([]<-chan struct{}, 0, len(s.conns))
-	for _, lc := range s.conns {
-		if q := lc.conn.asQUIC(); q != nil {
-			dones = append(dones, q.Context().Done())
-		}
-	}
-	s.mu.Unlock()
+	conns := s.quicConns()
 	timer := time.NewTimer(d)
 	defer timer.Stop()
-	for _, done := range dones {
+	for _, q := range conns {
 		select {
-		case <-done:
+		case <-q.Context().Done():
 		case <-timer.C:
 			return
 		}
