@@ -142,7 +142,7 @@ func NewRootCommand(name string, d Daemon, groups []FlagGroup) *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use: "version", Short: "Print the version", Args: NoArgs,
 		Run: func(c *cobra.Command, _ []string) { _, _ = fmt.Fprintln(c.OutOrStdout(), name, version.String()) },
-	}, newDocsCommand(cmd))
+	}, newDocsCommand(cmd), newHandoverFeaturesCommand())
 	return cmd
 }
 

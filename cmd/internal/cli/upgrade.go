@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/pkg/handover"
@@ -445,6 +446,46 @@ type upgrader struct {
 	srv     Upgradable
 	sockets func() ([]handover.Listener, error) // duplicates of the listening sockets
 	metrics *metrics.Upgrade
+	// childReleases: the new binary reads the released and saved
+	// messages (childFeatures), set at each upgrade before it starts.
+	childReleases bool
+}
+
+// featureReleased is the handover feature of a binary that reads the
+// released and saved messages (2026-11-29 on).
+const featureReleased = "released"
+
+// handoverFeaturesCommand is the hidden subcommand an upgrading process
+// runs the new binary with to learn which handover messages it reads
+// (one per line): an older binary, without it, fails, and is handed over
+// the way it expects.
+const handoverFeaturesCommand = "handover-features"
+
+func newHandoverFeaturesCommand() *cobra.Command {
+	return &cobra.Command{
+		Use: handoverFeaturesCommand, Short: "Print the upgrade handover messages this binary reads", Args: NoArgs, Hidden: true,
+		Run: func(c *cobra.Command, _ []string) { _, _ = fmt.Fprintln(c.OutOrStdout(), featureReleased) },
+	}
+}
+
+// featuresTimeout bounds childFeatures.
+const featuresTimeout = 10 * time.Second
+
+// childFeatures runs exe's handover-features subcommand: the handover
+// messages it reads beyond the tunnels (none for a binary without it, or
+// one that fails).
+func childFeatures(ctx context.Context, exe string) map[string]bool {
+	ctx, cancel := context.WithTimeout(ctx, featuresTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, exe, handoverFeaturesCommand).Output() //nolint:gosec // our own binary at the path it was started from
+	feats := map[string]bool{}
+	if err != nil {
+		return feats
+	}
+	for _, f := range strings.Fields(string(out)) {
+		feats[f] = true
+	}
+	return feats
 }
 
 // notifyUpgrades catches the upgrade signal from now on (nil: no upgrades
@@ -500,6 +541,7 @@ func (u *upgrader) upgrade(ctx context.Context, logger klog.Logger) (committed b
 	if err != nil {
 		return false, err
 	}
+	u.childReleases = childFeatures(ctx, u.exe)[featureReleased]
 	parent, cmd, exited, err := u.start()
 	if err != nil {
 		return false, err
@@ -528,7 +570,9 @@ func (u *upgrader) upgrade(ctx context.Context, logger klog.Logger) (committed b
 
 // handOver hands the service over to the new process (pid) on parent:
 // an EarlyUpgradable one tells it first when it released its sockets,
-// and when it saved its accounting's totals after the tunnels.
+// and when it saved its accounting's totals after the tunnels, if the new
+// binary reads those messages (childFeatures; an older one gets the
+// sequence it knows: the tunnels, then it serves).
 func (u *upgrader) handOver(ctx context.Context, logger klog.Logger, parent *handover.Conn, pid int) error {
 	sent := 0
 	wait := func() error {
@@ -542,7 +586,10 @@ func (u *upgrader) handOver(ctx context.Context, logger klog.Logger, parent *han
 		return parent.SendTunnels(ts)
 	}
 	es, ok := u.srv.(EarlyUpgradable)
-	if !ok {
+	if ok && !u.childReleases {
+		logger.Info("Upgrade: the new binary does not read the released message (an older build); it takes the tunnels before it serves")
+	}
+	if !ok || !u.childReleases {
 		return u.srv.HandOver(ctx, func(ts []handover.Tunnel) error {
 			if err := send(ts); err != nil {
 				return err

@@ -5,6 +5,8 @@ package cli
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2"
 
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/handover"
@@ -34,8 +37,13 @@ func (f *fakeServer) record(s string) {
 	f.steps = append(f.steps, s)
 }
 
-func (f *fakeServer) HandOver(context.Context, handover.SendFunc) error { return nil }
+func (f *fakeServer) HandOver(context.Context, handover.SendFunc) error {
+	f.record("handover")
+	return nil
+}
+
 func (f *fakeServer) HandOverSteps(context.Context, handover.Steps) error {
+	f.record("handover steps")
 	return nil
 }
 
@@ -175,4 +183,37 @@ func TestUpgradeEarlyServeEnds(t *testing.T) {
 		t.Fatal("finishEarly did not return once its ctx ended")
 	}
 	assert.Equal(t, []string{"begin", "end"}, srv.steps)
+}
+
+// TestUpgradeAsksTheNewBinary: the old server sends the released message
+// only to a new binary that says it reads it (handover-features); an
+// older one, which would take it for a protocol error and serve without
+// the tunnels (a downgrade), gets the sequence it knows.
+func TestUpgradeAsksTheNewBinary(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	script := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755))
+		return p
+	}
+	newer := script("newer", `[ "$1" = handover-features ] && echo released`)
+	older := script("older", `echo "unexpected argument $1" >&2; exit 1`)
+	assert.Equal(t, map[string]bool{featureReleased: true}, childFeatures(t.Context(), newer))
+	assert.Empty(t, childFeatures(t.Context(), older))
+	assert.Empty(t, childFeatures(t.Context(), filepath.Join(dir, "missing")))
+
+	for _, tc := range []struct {
+		releases bool
+		want     string
+	}{{true, "handover steps"}, {false, "handover"}} {
+		f := &fakeServer{}
+		u := &upgrader{srv: f, side: "server", childReleases: tc.releases}
+		parent, child, err := handover.Pair()
+		require.NoError(t, err)
+		_ = child.Close()
+		require.NoError(t, u.handOver(t.Context(), klog.Background(), parent, 1))
+		_ = parent.Close()
+		assert.Equal(t, []string{tc.want}, f.steps, "child reads released: %v", tc.releases)
+	}
 }
