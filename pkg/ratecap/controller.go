@@ -2,6 +2,7 @@ package ratecap
 
 import (
 	"sync/atomic"
+	"time"
 
 	qc "github.com/quic-go/quic-go/congestion"
 
@@ -94,11 +95,15 @@ func (c *Controller) HasPacingBudget(now qc.Time) bool {
 		return false
 	}
 	b := c.down.Load()
-	if b.paced() == nil {
+	p := b.paced()
+	if p == nil {
 		return true // nothing paces it: no clock read
 	}
 	t := c.budgetTime(now)
-	return b.pacer(t).ready(t)
+	if p != b {
+		b.rest.refresh(t) // the link's rest paces it (Bucket.pacer)
+	}
+	return p.ready(t)
 }
 
 // TimeUntilSend implements qc.Controller: the later of the two pacers'.
@@ -112,6 +117,21 @@ func (c *Controller) TimeUntilSend(bytesInFlight int) qc.Time {
 		}
 	}
 	return t
+}
+
+var _ qc.TailCopier = (*Controller)(nil)
+
+// TailCopies implements qc.TailCopier with the answer of the controller
+// beneath (none if it asks for no copies): quic-go asks the connection's
+// controller, this wrapper, so without it a server with caps (or an auth
+// hook) sent no tail copies at all. The copies are not booked on the
+// identity's budget: quic-go does not count them as sent (they repeat
+// packets already booked), and a burst gets at most a few.
+func (c *Controller) TailCopies() (int, time.Duration) {
+	if tc, ok := c.inner.(qc.TailCopier); ok {
+		return tc.TailCopies()
+	}
+	return 0, 0
 }
 
 // CongestionWindow implements qc.Controller.

@@ -142,6 +142,37 @@ func (openController) CongestionWindow() int        { return 1 << 20 }
 func (openController) InSlowStart() bool            { return false }
 func (openController) InRecovery() bool             { return false }
 
+// tailController is an openController that asks for tail copies.
+type tailController struct{ openController }
+
+func (tailController) TailCopies() (int, time.Duration) { return 2, 3 * time.Millisecond }
+
+// TestControllerTailCopies: the wrapper passes on the tail copies the
+// controller beneath asks for (quic-go asks the wrapper); before, a server
+// with caps or an auth hook sent none, whatever its bbr measured.
+func TestControllerTailCopies(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		inner  qc.Controller
+		copies int
+		after  time.Duration
+	}{
+		{"a tail copier beneath", tailController{}, 2, 3 * time.Millisecond},
+		{"none beneath", openController{}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var cc qc.Controller = Wrap(tc.inner)
+			copier, ok := cc.(qc.TailCopier)
+			require.True(t, ok, "the wrapper is a qc.TailCopier")
+			copies, after := copier.TailCopies()
+			assert.Equal(t, tc.copies, copies)
+			assert.Equal(t, tc.after, after)
+		})
+	}
+}
+
 // TestControllerSharesBudgetWithStreams: an identity's download budget is
 // booked by its QUIC connections' controllers (in quic-go's clock, which
 // starts an hour before its package loads) and by its TCP fallback
