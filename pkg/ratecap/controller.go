@@ -17,7 +17,10 @@ import (
 // called by quic-go from the connection's run loop; Bind from anywhere.
 type Controller struct {
 	inner qc.Controller
-	down  atomic.Pointer[Bucket]
+	// tail is inner as a qc.TailCopier (nil: it is none), asserted once:
+	// quic-go asks for tail copies with every packet of stream data.
+	tail qc.TailCopier
+	down atomic.Pointer[Bucket]
 	// offset is quic-go's clock (qc.Time) less the budgets' (monoNow): a
 	// Bucket is kept in monoNow's time, because the TCP fallback's capped
 	// streams book the same identity's download budget. (quic-go's clock
@@ -60,7 +63,8 @@ func (c *Controller) budgetTime(now qc.Time) int64 {
 
 // Wrap returns a Controller over inner.
 func Wrap(inner qc.Controller) *Controller {
-	return &Controller{inner: inner, maxDatagram: defaultMaxDatagram}
+	tail, _ := inner.(qc.TailCopier)
+	return &Controller{inner: inner, tail: tail, maxDatagram: defaultMaxDatagram}
 }
 
 // Factory wraps every controller newController makes (nil: nil, quic-go's
@@ -179,10 +183,10 @@ var _ qc.TailCopier = (*Controller)(nil)
 // identity's budget: quic-go does not count them as sent (they repeat
 // packets already booked), and a burst gets at most a few.
 func (c *Controller) TailCopies() (int, time.Duration) {
-	if tc, ok := c.inner.(qc.TailCopier); ok {
-		return tc.TailCopies()
+	if c.tail == nil {
+		return 0, 0
 	}
-	return 0, 0
+	return c.tail.TailCopies()
 }
 
 // CongestionWindow implements qc.Controller.
