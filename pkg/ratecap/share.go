@@ -64,6 +64,8 @@ type gcraRate struct {
 	// (Controller.book): prepayTime at the rate, at most maxPrepay; at low
 	// rates less than a packet, so that each packet is booked as it goes.
 	prepay int
+	// chunk is Bucket.chunk's answer, worked out once.
+	chunk int
 }
 
 // A connection's sender books its identity's budget ahead, so that not
@@ -83,8 +85,9 @@ func (b *Bucket) SetRate(bytesPerSec float64) {
 		return
 	}
 	ns := 1e9 / bytesPerSec
-	b.rate.Store(&gcraRate{nsPerByte: ns, tau: max(int64(burst), int64(minBurstBytes*ns)),
-		prepay: int(min(float64(prepayTime)/ns, maxPrepay))})
+	tau := max(int64(burst), int64(minBurstBytes*ns))
+	b.rate.Store(&gcraRate{nsPerByte: ns, tau: tau, prepay: int(min(float64(prepayTime)/ns, maxPrepay)),
+		chunk: max(maxRead, int(min(float64(tau)/ns, math.MaxInt32)))})
 }
 
 // Capped reports whether the bucket has a cap.
@@ -99,7 +102,7 @@ func (b *Bucket) chunk() int {
 	if r == nil {
 		return math.MaxInt
 	}
-	return max(maxRead, int(min(float64(r.tau)/r.nsPerByte, math.MaxInt32)))
+	return r.chunk
 }
 
 // take books n bytes moved at now and returns the new arrival time.
