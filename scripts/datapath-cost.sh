@@ -28,17 +28,20 @@
 #   ARGS_A, ARGS_B (environment): extra quictun-server flags of build A / B, e.g.
 #   ARGS_B=--default-rate-limit=100Gbit. Each BIN holds quictun-server and quictun-client; latency-client
 #   is taken from BIN_A. Benchmarks on a shared machine: run it under the bench lock.
+#   The build without accounting and caps on the data path (issue 35's comparison):
+#   git worktree add --detach OFF HEAD && git -C OFF apply $PWD/scripts/lib/datapath-off.patch &&
+#   (cd OFF && bash scripts/quic-go.sh && make build); then scripts/datapath-cost.sh ... bin OFF/bin
 set -euo pipefail
 pairs=5 size=512MiB requests=50000 cases=up,down,redis maxsec=540 profsec=0
 FEATURE=${FEATURE:-'quictun/pkg/ratecap\.|quictun/pkg/usage\.|quictun/pkg/egress\.\(\*stream\)\.(account|suspended|suspendedUntil|throttle|track)|quictun/server\.(ledgerAccounts|account|\(\*conn\)\.identified)|quictun/pkg/metrics\.\(\*IdentityCollector\)'}
 while getopts n:s:r:c:t:P: o; do
   case $o in
   n) pairs=$OPTARG ;; s) size=$OPTARG ;; r) requests=$OPTARG ;; c) cases=$OPTARG ;; t) maxsec=$OPTARG ;; P) profsec=$OPTARG ;;
-  *) sed -n '2,28p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,31p' "$0" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
-[ $# -eq 2 ] || { sed -n '2,28p' "$0" >&2; exit 2; }
+[ $# -eq 2 ] || { sed -n '2,31p' "$0" >&2; exit 2; }
 bins=("$(cd "$1" && pwd)" "$(cd "$2" && pwd)")
 here=$(cd "$(dirname "$0")" && pwd)
 [ "$profsec" = 0 ] || { PATH=/usr/local/go/bin:$PATH; command -v go >/dev/null || { echo "-P needs go" >&2; exit 2; }; }
