@@ -142,6 +142,85 @@ func (openController) CongestionWindow() int        { return 1 << 20 }
 func (openController) InSlowStart() bool            { return false }
 func (openController) InRecovery() bool             { return false }
 
+// tailController is an openController that asks for tail copies.
+type tailController struct{ openController }
+
+func (tailController) TailCopies() (int, time.Duration) { return 2, 3 * time.Millisecond }
+
+// TestControllerTailCopies: the wrapper passes on the tail copies the
+// controller beneath asks for (quic-go asks the wrapper); before, a server
+// with caps or an auth hook sent none, whatever its bbr measured.
+func TestControllerTailCopies(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		inner  qc.Controller
+		copies int
+		after  time.Duration
+	}{
+		{"a tail copier beneath", tailController{}, 2, 3 * time.Millisecond},
+		{"none beneath", openController{}, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var cc qc.Controller = Wrap(tc.inner)
+			copier, ok := cc.(qc.TailCopier)
+			require.True(t, ok, "the wrapper is a qc.TailCopier")
+			copies, after := copier.TailCopies()
+			assert.Equal(t, tc.copies, copies)
+			assert.Equal(t, tc.after, after)
+		})
+	}
+}
+
+// linkedBucket returns a bucket capped at rate whose bookings are counted
+// (booked: a link rate is set).
+func linkedBucket(rate float64) *Bucket {
+	b := &Bucket{rest: &linkShare{}}
+	b.rest.setLink(1e12)
+	b.SetRate(rate)
+	return b
+}
+
+// TestControllerPrepays: at a high cap the sender books its identity's
+// budget a prepay ahead (16 KiB at 100 Gbit/s), so most packets write no
+// shared state, and never books less than it sent; at a low cap (1 MB/s:
+// 500 B, less than a packet) it books each packet exactly, as before; a
+// Bind to another budget books there from its first packet.
+func TestControllerPrepays(t *testing.T) {
+	t.Parallel()
+	const pkt, packets = 1200, 100
+	for _, tc := range []struct {
+		name     string
+		rate     float64
+		min, max int64
+	}{
+		{"100Gbit", farAbove, pkt*packets + 1, pkt*packets + 16<<10}, // ahead: more than sent, at most maxPrepay
+		{"1MBps", 1e6, pkt * packets, pkt * packets},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := linkedBucket(tc.rate)
+			c := Wrap(openController{})
+			c.Bind(b)
+			now := qc.Time(time.Hour)
+			for i := range packets {
+				require.True(t, c.HasPacingBudget(now), "packet %d", i)
+				c.OnPacketSent(qc.SentPacket{Time: now, Bytes: pkt, AckEliciting: true})
+				now += qc.Time(time.Duration(float64(pkt) * 1e9 / tc.rate))
+			}
+			booked := b.booked.Load()
+			assert.GreaterOrEqual(t, booked, tc.min, "booked at least what was sent (at 100 Gbit/s: ahead of it)")
+			assert.LessOrEqual(t, booked, tc.max, "booked at most a prepay ahead")
+
+			other := linkedBucket(tc.rate)
+			c.Bind(other)
+			c.OnPacketSent(qc.SentPacket{Time: now, Bytes: pkt, AckEliciting: true})
+			assert.GreaterOrEqual(t, other.booked.Load(), int64(pkt), "the new budget is charged from its first packet")
+		})
+	}
+}
+
 // TestControllerSharesBudgetWithStreams: an identity's download budget is
 // booked by its QUIC connections' controllers (in quic-go's clock, which
 // starts an hour before its package loads) and by its TCP fallback

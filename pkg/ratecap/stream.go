@@ -29,24 +29,36 @@ func NewStream(ctx context.Context, str splice.Stream, up, down *Bucket) *Stream
 	return &Stream{Stream: str, ctx: ctx, up: up, down: down}
 }
 
-// Read implements io.Reader.
+// Read implements io.Reader. The clock is read once, after a read that
+// moved bytes, and not at all without a budget (an uncapped identity on
+// a server without --link-rate): every read of a capped server's tunnels
+// comes through here.
 func (s *Stream) Read(p []byte) (int, error) {
-	up := s.up.pacer(monoNow())
+	up := s.up.paced()
 	if up == nil {
 		return s.Stream.Read(p)
 	}
 	n, err := s.Stream.Read(p[:min(len(p), up.chunk())])
 	if n > 0 {
-		s.wait(up.delay(monoNow(), n))
+		now := monoNow()
+		if up != s.up {
+			s.up.rest.refresh(now) // the link's rest paces it (Bucket.pacer)
+		}
+		s.wait(up.delay(now, n))
 	}
 	return n, err
 }
 
-// Write implements io.Writer.
+// Write implements io.Writer. Without a download budget here (a QUIC
+// connection, paced in its sender) it only passes the bytes on, without
+// reading the clock.
 func (s *Stream) Write(p []byte) (int, error) {
-	down := s.down.pacer(monoNow())
+	down := s.down.paced()
 	if down == nil {
 		return s.Stream.Write(p)
+	}
+	if down != s.down {
+		s.down.rest.refresh(monoNow()) // the link's rest paces it (Bucket.pacer)
 	}
 	written := 0
 	for len(p) > 0 {
