@@ -413,6 +413,9 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	} else {
 		c.servers = expandServers(context.Background(), cfg.Servers, net.DefaultResolver.LookupHost)
 	}
+	for _, s := range c.servers {
+		s.tokens = newTokenStore()
+	}
 	c.members = newMembers(c.servers, cfg.ConnectionsPerServer, cfg.Backoff)
 	if c.cfg.TCPServerAddr == "" { // the first server's, at the QUIC port
 		c.cfg.TCPServerAddr = c.servers[0].addr
@@ -1210,7 +1213,7 @@ func (c *Client) dialQUIC(ctx context.Context, tr *quic.Transport, m *member) (q
 	defer cancel()
 	// DialEarly returns as soon as 0-RTT keys exist when a session ticket is
 	// cached (after a reconnect), and after the handshake otherwise.
-	conn, err := tr.DialEarly(dctx, ua, c.tlsFor(m, c.serverTLS(srv)), c.cfg.QUIC)
+	conn, err := tr.DialEarly(dctx, ua, c.tlsFor(m, c.serverTLS(srv)), withTokens(c.cfg.QUIC, srv.tokens))
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", srv.addr, err)
 	}

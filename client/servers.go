@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/quictun/quictun/pkg/backoff"
 	"github.com/quictun/quictun/pkg/metrics"
 )
@@ -70,6 +72,9 @@ type server struct {
 	// lastBad is when the server was last seen unusable (UnixNano): a
 	// connection lost or stalled, a dial failed. 0: never.
 	lastBad atomic.Int64
+	// tokens keeps the address-validation tokens (NEW_TOKEN) this server
+	// gave, for the next connection to it (newTokenStore; nil: none).
+	tokens quic.TokenStore
 }
 
 func (s *server) markBad(now time.Time) { s.lastBad.Store(now.UnixNano()) }
