@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
+	"github.com/quictun/quictun/pkg/ingress"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/transport"
@@ -169,4 +171,34 @@ func (c *countingCache) Put(key string, cs *tls.ClientSessionState) {
 		c.puts.Add(1)
 	}
 	c.ClientSessionCache.Put(key, cs)
+}
+
+// TestResumableProxyTunnelPipelinedBytesOnce: a resumable tunnel through
+// the HTTP CONNECT entry point whose application sent bytes right after
+// its request (written with the stream header, resume.Config.Written)
+// delivers them once: the first attachment wrote them again before
+// 1ec6dcf ("early bytes|early bytes|later bytes").
+func TestResumableProxyTunnelPipelinedBytesOnce(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srvSide, cliSide := newResumeSide(server.NewResumeMetrics), newResumeSide(client.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo},
+		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:127.0.0.1:1", WaitReady: true, Mutate: func(c *client.Config) {
+		c.Forwards = []client.Forward{{Listener: ln, Proxy: ingress.HTTPConnect{}}}
+		c.Resume = cliSide.ingress(time.Minute)
+	}})
+
+	code, c, br := httpConnect(t, ln.Addr().String(), echo, "early bytes|")
+	require.Equal(t, http.StatusOK, code)
+	require.Eventually(t, func() bool { return cliSide.table.Len() == 1 }, 10*time.Second, 10*time.Millisecond, "the tunnel is resumable")
+	_, err = io.WriteString(c, "later bytes")
+	require.NoError(t, err)
+	require.NoError(t, c.(*net.TCPConn).CloseWrite())
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(br)
+	require.NoError(t, err)
+	assert.Equal(t, "early bytes|later bytes", string(got))
 }
