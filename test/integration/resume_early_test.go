@@ -20,7 +20,6 @@ import (
 	"github.com/quictun/quictun/client"
 	"github.com/quictun/quictun/internal/testutil"
 	"github.com/quictun/quictun/pkg/ingress"
-	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/server"
@@ -58,26 +57,8 @@ func TestResumeTunnelOpenedAs0RTT(t *testing.T) {
 	require.Equal(t, 1, cliSide.table.Len(), "the client holds the tunnel opened as 0-RTT data as resumable")
 	require.Equal(t, 1, srvSide.table.Len(), "so does the server")
 
-	dark.Store(true)
-	close(gate) // the applications write on while the link is dark
-	for _, m := range []*metrics.Resume{srvSide.metrics, cliSide.metrics} {
-		require.Eventually(t, func() bool { return promtest.ToFloat64(m.Parked) == 1 }, 30*time.Second, 10*time.Millisecond,
-			"both ends park the tunnel once their connection timed out")
-	}
-	dark.Store(false)
-
-	appSent, appRecv := hashOf(t, app.sent), hashOf(t, app.recv)
-	farSent, farRecv := hashOf(t, far.sent), hashOf(t, far.recv)
-	assert.Equal(t, appSent, farRecv, "application to destination")
-	assert.Equal(t, farSent, appRecv, "destination to application")
-	assert.Equal(t, int64(2*part), app.got.Load())
-	assert.Equal(t, int64(2*part), far.got.Load())
-	for _, m := range []*metrics.Resume{srvSide.metrics, cliSide.metrics} {
-		assert.Equal(t, 1.0, promtest.ToFloat64(m.Resumed))
-		for _, r := range resume.GaveUpReasons() {
-			assert.Zero(t, promtest.ToFloat64(m.GaveUp.WithLabelValues(r)), r)
-		}
-	}
+	darkUntilParked(t, &dark, gate, srvSide, cliSide)
+	checkGated(t, app, far, part, srvSide, cliSide)
 }
 
 // TestEarlyTunnelLostBeforeHandshakeNotKept (issue 34): a resumable

@@ -166,31 +166,46 @@ func TestResumeAcrossLostConnection(t *testing.T) {
 		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
 	app, far := startGated(t, cl.Addr, part, gate, dests)
 
+	darkUntilParked(t, &dark, gate, srvSide, cliSide)
+	checkGated(t, app, far, part, srvSide, cliSide)
+	t.Logf("resent after the outage: client %.0f bytes, server %.0f bytes",
+		promtest.ToFloat64(cliSide.metrics.Resent), promtest.ToFloat64(srvSide.metrics.Resent))
+	require.Eventually(t, func() bool { return srvSide.table.Len() == 0 && cliSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return srvSide.budget.Used() == 0 && cliSide.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
+		"ended tunnels give back their buffers")
+}
+
+// darkUntilParked darkens the link, opens the gate (the applications
+// write on while it is dark), waits until both ends parked the tunnel and
+// lights the link again.
+func darkUntilParked(t *testing.T, dark *atomic.Bool, gate chan struct{}, sides ...*resumeSide) {
+	t.Helper()
 	dark.Store(true)
-	close(gate) // the applications write on while the link is dark
-	for _, m := range []*metrics.Resume{srvSide.metrics, cliSide.metrics} {
-		require.Eventually(t, func() bool { return promtest.ToFloat64(m.Parked) == 1 }, 30*time.Second, 10*time.Millisecond,
+	close(gate)
+	for _, s := range sides {
+		require.Eventually(t, func() bool { return promtest.ToFloat64(s.metrics.Parked) == 1 }, 30*time.Second, 10*time.Millisecond,
 			"both ends park the tunnel once their connection timed out")
 	}
 	dark.Store(false)
+}
 
+// checkGated checks a gated transfer of 2*part bytes each way that went
+// through one outage: SHA-256 equal both ways, every byte counted once,
+// resumed once on each side and given up by none.
+func checkGated(t *testing.T, app, far *gatedPeer, part int, sides ...*resumeSide) {
+	t.Helper()
 	appSent, appRecv := hashOf(t, app.sent), hashOf(t, app.recv)
 	farSent, farRecv := hashOf(t, far.sent), hashOf(t, far.recv)
 	assert.Equal(t, appSent, farRecv, "application to destination")
 	assert.Equal(t, farSent, appRecv, "destination to application")
 	assert.Equal(t, int64(2*part), app.got.Load())
 	assert.Equal(t, int64(2*part), far.got.Load())
-	for _, m := range []*metrics.Resume{srvSide.metrics, cliSide.metrics} {
-		assert.Equal(t, 1.0, promtest.ToFloat64(m.Resumed))
+	for _, s := range sides {
+		assert.Equal(t, 1.0, promtest.ToFloat64(s.metrics.Resumed))
 		for _, r := range resume.GaveUpReasons() {
-			assert.Zero(t, promtest.ToFloat64(m.GaveUp.WithLabelValues(r)), r)
+			assert.Zero(t, promtest.ToFloat64(s.metrics.GaveUp.WithLabelValues(r)), r)
 		}
 	}
-	t.Logf("resent after the outage: client %.0f bytes, server %.0f bytes",
-		promtest.ToFloat64(cliSide.metrics.Resent), promtest.ToFloat64(srvSide.metrics.Resent))
-	require.Eventually(t, func() bool { return srvSide.table.Len() == 0 && cliSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return srvSide.budget.Used() == 0 && cliSide.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
-		"ended tunnels give back their buffers")
 }
 
 // openResumable opens a resumable tunnel to dest on c with secret (a
