@@ -235,9 +235,12 @@ func (l *local) sendHeader(ctx context.Context) *localFailure {
 		if err != nil {
 			return &localFailure{proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err}
 		}
-		l.str, tunnelID, l.early = o.str, o.id, o.sent
+		l.str, tunnelID = o.str, o.id
 		if o.resent {
 			l.rid = nil // the re-sent header is a plain tunnel's
+		}
+		if l.rid != nil {
+			l.early = o.sent // the resume buffer keeps what went on the stream (resume.Config.Written)
 		}
 	}
 	l.tunnelID = tunnelID
