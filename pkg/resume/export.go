@@ -137,6 +137,7 @@ func Import(st *State, cfg Config) (*Pipe, error) {
 	p.ToStream.Store(st.ToStream)
 	p.FromStream.Store(st.FromStream)
 	p.mu.Lock()
+	p.attached = true // it was: every Serve here re-attaches (offsets checked)
 	p.downDone = st.DownDone
 	p.state = stateParked
 	p.timer = time.AfterFunc(cfg.Window, p.expire)

@@ -158,3 +158,34 @@ func TestImportedTunnelWindow(t *testing.T) {
 	_, rerr := app.Read(make([]byte, 1))
 	assert.Error(t, rerr)
 }
+
+// TestImportedFirstServeChecksOffset: the first Serve of an imported
+// tunnel is a re-attachment like any other: a peer offset behind what it
+// confirmed before the hand-over is refused (offset), not taken as the
+// start of a new tunnel's first stream (which goes on after
+// Config.Written without a check).
+func TestImportedFirstServeChecksOffset(t *testing.T) {
+	t.Parallel()
+	_, ours := tcpPair(t)
+	f, err := ours.File()
+	require.NoError(t, err)
+	require.NoError(t, ours.Close())
+	ended := make(chan error, 1)
+	p, err := Import(&State{Window: time.Minute, Base: 100, Data: []byte("unconfirmed"), Conn: f},
+		Config{OnEnd: func(err error) { ended <- err }})
+	require.NoError(t, err)
+	a, b := streamPair()
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(&Attachment{Stream: a, PeerOffset: 0, Reply: true, Conn: 1}) }()
+	var g *GaveUpError
+	select {
+	case err = <-served:
+	case <-time.After(10 * time.Second):
+		kill(a, b)
+		<-served
+		t.Fatal("Serve went on without checking the offset")
+	}
+	require.ErrorAs(t, err, &g)
+	assert.Equal(t, GaveUpOffset, g.Reason)
+	require.Error(t, recvErr(t, ended))
+}

@@ -83,8 +83,8 @@ func (p *Pipe) claim(att *Attachment) (*attachment, error) {
 }
 
 // rewind makes the writer go on from the offset a's peer has. The first
-// attachment's stream carries Config.Written already (preload): the
-// writer goes on after it, nothing confirmed yet.
+// attachment of a new tunnel (not an imported one) carries Config.Written
+// already (preload): the writer goes on after it, nothing confirmed yet.
 func (p *Pipe) rewind(a *attachment) error {
 	if a.first && a.PeerOffset == 0 {
 		return nil
