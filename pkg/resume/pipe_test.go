@@ -494,16 +494,17 @@ func TestWrittenNotSentTwice(t *testing.T) {
 	cli := NewPipe(c, Config{Window: time.Minute, Written: written})
 	srv := NewPipe(s, Config{Window: time.Minute})
 	a, b := streamPair()
-	go func() { _, _ = a.Write(written) }() // as the caller did, with the header
 	cliErr, srvErr := make(chan error, 1), make(chan error, 1)
-	go func() { cliErr <- cli.Serve(&Attachment{Stream: a, Conn: 1}) }()
 	go func() { srvErr <- srv.Serve(&Attachment{Stream: b, Conn: 1}) }()
+	_, err := a.Write(written) // as the caller did, with the header, before the Pipe runs
+	require.NoError(t, err)
+	go func() { cliErr <- cli.Serve(&Attachment{Stream: a, Conn: 1}) }()
 	var conn atomic.Value
 	conn.Store(1)
 	tu := &tunnel{cli: cli, srv: srv}
 	defer tu.acker(&conn)()
 
-	_, err := appC.Write([]byte("then the application's"))
+	_, err = appC.Write([]byte("then the application's"))
 	require.NoError(t, err)
 	require.NoError(t, appC.CloseWrite())
 	require.NoError(t, appS.CloseWrite())
