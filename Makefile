@@ -34,12 +34,12 @@ quic-go:
 	@bash scripts/quic-go.sh
 
 ## test-quic-go: quic-go's own tests of the packages our patches touch, on the patched tree
-# (patch 0004's and 0012's regression tests can only fail under the race detector, so they run with -race; patch 0007's
-# and 0011's tests live in integrationtests/self too)
+# (patch 0004's and 0012's regression tests can only fail under the race detector, so they run with -race; patch 0007's,
+# 0011's and 0013's tests live in integrationtests/self too)
 # (GOWORK=off: quic-go is its own module, outside go.work)
 test-quic-go: quic-go
-	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -count=1 . ./congestion ./internal/ackhandler ./internal/congestion ./internal/handshake
-	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -race -count=1 -run '^(Test0RTTOpenStreamsWhileHandshaking|TestStreamWritesOfConcurrentGoroutinesSharePackets|TestTailCopiesRecoverALostTailPacket|TestTailCopiesFillingTheSendQueue|TestConnectionMigrationAddressesWhileSwitching)$$' ./integrationtests/self
+	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -count=1 . ./congestion ./internal/ackhandler ./internal/congestion ./internal/handshake ./internal/wire
+	cd third_party/quic-go/run-make-quic-go && GOWORK=off $(GO) test -race -count=1 -run '^(Test0RTTOpenStreamsWhileHandshaking|TestStreamWritesOfConcurrentGoroutinesSharePackets|TestTailCopiesRecoverALostTailPacket|TestTailCopiesFillingTheSendQueue|TestConnectionMigrationAddressesWhileSwitching|Test0RTTTicketRemembersRaisedStreamLimit)$$' ./integrationtests/self
 
 build: quic-go
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/ $(BINARIES)

@@ -426,9 +426,12 @@ func (cfg *Config) tagTickets() {
 // (a clone's) to the unverified budget. With a shared secret the handshake
 // proves nothing about the peer: it gets MaxUnverifiedStreamsPerConn as its
 // stream credit, and the configured limit once it has presented a verified
-// header (Conn.RaiseMaxIncomingStreams, our quic-go patch 0005). The limit
-// is the same for every connection, so the credit a session ticket
-// remembers for 0-RTT never shrinks. Without a secret nothing changes.
+// header (Conn.RaiseMaxIncomingStreams, our quic-go patch 0005). Its
+// session ticket is sent only then, and remembers the configured limit
+// (quic.Config.TicketMaxIncomingStreams, patch 0013): a client that resumes
+// it opens that many streams in its first flight (re-attachments after an
+// upgrade or an outage), where the unverified credit would hold all but the
+// first few back a round trip. Without a secret nothing changes.
 func (cfg *Config) unverifiedStreamCredit() (raiseStreamsTo int64) {
 	if cfg.Keys.Len() == 0 {
 		return 0
@@ -442,7 +445,7 @@ func (cfg *Config) unverifiedStreamCredit() (raiseStreamsTo int64) {
 		full = quicDefaultMaxIncomingStreams
 	}
 	if pre := int64(cfg.MaxUnverifiedStreamsPerConn); full > pre {
-		q.MaxIncomingStreams, raiseStreamsTo = pre, full
+		q.MaxIncomingStreams, q.TicketMaxIncomingStreams, raiseStreamsTo = pre, full, full
 	}
 	cfg.QUIC = q
 	return raiseStreamsTo

@@ -472,6 +472,62 @@ func TestStreamCreditRaisedAfterAuthentication(t *testing.T) {
 	}
 }
 
+// TestTicketRemembersRaisedStreamCredit: with a shared secret the server
+// sends a connection's session ticket only once the peer has presented a
+// verified header (a peer without the secret gets none), and the ticket
+// remembers the raised credit (quic-go patch 0013): a connection resuming it
+// opens more than --max-unverified-streams-per-conn streams in its first
+// flight, as re-attachments after an upgrade or an outage do, and the
+// server serves them all.
+func TestTicketRemembersRaisedStreamCredit(t *testing.T) {
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, Mutate: func(c *server.Config) {
+		c.MaxUnverifiedStreamsPerConn = 3
+	}})
+	pin, err := transport.ParseFingerprint(srv.State.Fingerprint())
+	require.NoError(t, err)
+	tickets := &countingCache{ClientSessionCache: transport.NewStickySessionCache(4)}
+	ctls, err := transport.ClientTLSConfig(transport.ClientTLSOptions{Fingerprints: [][32]byte{pin}, SessionCache: tickets})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
+
+	c, err := quic.DialAddr(ctx, srv.Addr, ctls, qconf)
+	require.NoError(t, err)
+	// Unverified, the connection has no ticket (it would come with the
+	// handshake's last flight, well within this on loopback).
+	time.Sleep(300 * time.Millisecond)
+	assert.Zero(t, tickets.puts.Load(), "a session ticket before a verified header")
+	str, err := c.OpenStream()
+	require.NoError(t, err)
+	_, err = str.Write(signedHeader(t, "tcp:"+echo, time.Now()))
+	require.NoError(t, err)
+	_ = str.SetReadDeadline(time.Now().Add(10 * time.Second))
+	require.NoError(t, proto.ReadReply(str))
+	require.Eventually(t, func() bool { return tickets.puts.Load() == 1 }, 10*time.Second, 5*time.Millisecond,
+		"the session ticket once the header was verified")
+	require.NoError(t, c.CloseWithError(0, ""))
+
+	const streams = 40
+	ec, err := quic.DialAddrEarly(ctx, srv.Addr, ctls, qconf)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ec.CloseWithError(0, "") })
+	strs := make([]*quic.Stream, streams)
+	for i := range strs {
+		strs[i], err = ec.OpenStream() // credit now, before the handshake completes
+		require.NoError(t, err, "stream %d in the first flight (credit for 3 before the ticket remembered more)", i)
+		_, err = strs[i].Write(signedHeader(t, "tcp:"+echo, time.Now()))
+		require.NoError(t, err)
+	}
+	for i, str := range strs {
+		_ = str.SetReadDeadline(time.Now().Add(10 * time.Second))
+		require.NoError(t, proto.ReadReply(str), "stream %d served", i)
+	}
+	assert.True(t, ec.ConnectionState().Used0RTT, "the streams went as 0-RTT data")
+}
+
 // requireClosedByServer waits up to limit for the server to close c with
 // code.
 func requireClosedByServer(t *testing.T, c *quic.Conn, code proto.Code, limit time.Duration) {
