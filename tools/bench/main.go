@@ -66,6 +66,7 @@ func newRunCommand() *cobra.Command {
 		resumeTransfer           string
 		resumeTransferSize       string
 		resumeIdle               time.Duration
+		resumePause              string
 		lossLevels               []float64
 		runtimeEnv               string
 		pin                      bool
@@ -91,7 +92,7 @@ func newRunCommand() *cobra.Command {
 			if len(blackoutBulk) > 0 {
 				p.BlackoutBulkDurations = blackoutBulk
 			}
-			if err := applyResumeFlags(cmd.Flags(), &p.Resume, resumeFlags{resumeTunnels, resumeCases, resumeBlackout, resumeTransfer, resumeTransferSize, resumeIdle}); err != nil {
+			if err := applyResumeFlags(cmd.Flags(), &p.Resume, resumeFlags{resumeTunnels, resumeCases, resumeBlackout, resumeTransfer, resumeTransferSize, resumeIdle, resumePause}); err != nil {
 				return err
 			}
 			if len(lossLevels) > 0 {
@@ -158,6 +159,7 @@ func newRunCommand() *cobra.Command {
 	fs.DurationVar(&resumeBlackout, "resume-blackout", 0, "resume scenario: how long the link goes dark in the blackout case; the resume window must cover it and the recovery (default: the profile's: full 5m past the 90s idle timeout, resume 2m past a 30s one)")
 	fs.StringVar(&resumeTransfer, "resume-transfer", "each-way", "resume scenario: the outage cases' transfer: each-way (the profile's size written through the tunnel to the echo while its echo is read back, SHA-256 of both compared) or down (downloaded from the sink, count and CRC-32C checked)")
 	fs.StringVar(&resumeTransferSize, "resume-transfer-size", "", "resume scenario: the outage cases' transfer size, e.g. 1GB or 100MB (default: the profile's: full 1GB, resume 100MB)")
+	fs.StringVar(&resumePause, "resume-pause", "", "resume scenario: the upgrade cases' pause after each tunnel's round trip, drawn from MIN-MAX, e.g. 1s-2s for a lighter load of 1,000 tunnels (default: the profile's, 100ms-200ms)")
 	fs.DurationVar(&resumeIdle, "resume-idle-timeout", 0, "resume scenario: both daemons' --idle-timeout in the blackout case; 0 leaves their default, 90s (default: the profile's: full their default, resume 30s)")
 	fs.Float64SliceVar(&lossLevels, "loss-levels", nil, "loss scenario: the random loss rates of its links as fractions, e.g. 0,0.01 (default: the profile's: 0-0.5)")
 	fs.DurationVar(&maxDuration, "max-duration", 0, "bound on the whole run (0: the profile's: quick 25m, full 4h)")
@@ -388,6 +390,7 @@ type resumeFlags struct {
 	blackout       time.Duration
 	transfer, size string
 	idle           time.Duration
+	pause          string
 }
 
 // applyResumeFlags puts the --resume-* flags that were set into spec and
@@ -414,6 +417,15 @@ func applyResumeFlags(fs *pflag.FlagSet, spec *harness.ResumeSpec, f resumeFlags
 		}
 		spec.IdleTimeout = f.idle
 	}
+	if fs.Changed("resume-pause") {
+		lo, hi, ok := strings.Cut(f.pause, "-")
+		minP, err1 := time.ParseDuration(lo)
+		maxP, err2 := time.ParseDuration(hi)
+		if !ok || err1 != nil || err2 != nil {
+			return fmt.Errorf("--resume-pause %q: want MIN-MAX, e.g. 1s-2s", f.pause)
+		}
+		spec.PauseMin, spec.PauseMax = minP, maxP
+	}
 	if fs.Changed("resume-transfer-size") {
 		n, err := harness.ParseSize(f.size)
 		if err != nil {
@@ -421,7 +433,7 @@ func applyResumeFlags(fs *pflag.FlagSet, spec *harness.ResumeSpec, f resumeFlags
 		}
 		spec.Transfer = n
 	}
-	for _, name := range []string{"resume-tunnels", "resume-cases", "resume-blackout", "resume-idle-timeout", "resume-transfer-size", "resume-transfer"} {
+	for _, name := range []string{"resume-tunnels", "resume-cases", "resume-blackout", "resume-idle-timeout", "resume-transfer-size", "resume-transfer", "resume-pause"} {
 		if fs.Changed(name) {
 			if err := spec.Validate(); err != nil {
 				return fmt.Errorf("--resume-*: %w", err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
@@ -40,10 +41,13 @@ func TestResumeFlags(t *testing.T) {
 	fs.Int("resume-tunnels", 0, "")
 	fs.String("resume-transfer-size", "", "")
 	fs.Duration("resume-idle-timeout", 0, "")
-	require.NoError(t, fs.Parse([]string{"--resume-tunnels=1000", "--resume-transfer-size=1GB", "--resume-idle-timeout=0s"}))
+	fs.String("resume-pause", "", "")
+	require.NoError(t, fs.Parse([]string{"--resume-tunnels=1000", "--resume-transfer-size=1GB", "--resume-idle-timeout=0s", "--resume-pause=1s-2s"}))
 	spec := p.Resume
-	require.NoError(t, applyResumeFlags(fs, &spec, resumeFlags{tunnels: 1000, transfer: "down", size: "1GB"}))
+	require.NoError(t, applyResumeFlags(fs, &spec, resumeFlags{tunnels: 1000, transfer: "down", size: "1GB", pause: "1s-2s"}))
 	assert.Equal(t, 1000, spec.Tunnels)
+	assert.Equal(t, time.Second, spec.PauseMin)
+	assert.Equal(t, 2*time.Second, spec.PauseMax)
 	assert.Equal(t, int64(1e9), spec.Transfer)
 	assert.True(t, spec.TransferDown)
 	assert.Zero(t, spec.IdleTimeout)
@@ -55,6 +59,8 @@ func TestResumeFlags(t *testing.T) {
 		{[]string{"run", "--resume-transfer=sideways"}, `--resume-transfer "sideways"`},
 		{[]string{"run", "--profile=resume", "--resume-blackout=20m"}, "shorter than the blackout"},
 		{[]string{"run", "--resume-cases=reboot"}, `resume case "reboot"`},
+		{[]string{"run", "--resume-pause=1s"}, `--resume-pause "1s": want MIN-MAX`},
+		{[]string{"run", "--resume-pause=2s-1s"}, "0 <= pause min <= pause max"},
 	} {
 		root := newRootCommand()
 		root.SetArgs(append(tc.args, "--out", t.TempDir()))

@@ -115,9 +115,9 @@ func (s ResumeSpec) Validate() error {
 func resumeCaseLabel(s ResumeSpec, c string) string {
 	switch c {
 	case ResumeServerUpgrade:
-		return fmt.Sprintf("server upgrade (SIGUSR2), %d tunnels", s.Tunnels)
+		return fmt.Sprintf("server upgrade (SIGUSR2), %d tunnels, pauses %v-%v", s.Tunnels, s.PauseMin, s.PauseMax)
 	case ResumeClientUpgrade:
-		return fmt.Sprintf("client upgrade (SIGUSR2), %d tunnels", s.Tunnels)
+		return fmt.Sprintf("client upgrade (SIGUSR2), %d tunnels, pauses %v-%v", s.Tunnels, s.PauseMin, s.PauseMax)
 	case ResumeUpgradeTransfer:
 		return "server upgrade (SIGUSR2), session + " + transferLabel(s)
 	case ResumeBlackout:

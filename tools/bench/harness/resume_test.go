@@ -236,7 +236,7 @@ func TestEchoIdleTimeout(t *testing.T) {
 func TestResumeCaseLabel(t *testing.T) {
 	t.Parallel()
 	s := resumeSpec(1000, 5*time.Minute, 0, 1e9)
-	assert.Equal(t, "server upgrade (SIGUSR2), 1000 tunnels", resumeCaseLabel(s, ResumeServerUpgrade))
+	assert.Equal(t, "server upgrade (SIGUSR2), 1000 tunnels, pauses 100ms-200ms", resumeCaseLabel(s, ResumeServerUpgrade))
 	assert.Equal(t, "blackout 5m0s (idle timeout 90s default), session + 1 GB each way", resumeCaseLabel(s, ResumeBlackout))
 	s = resumeSpec(100, 2*time.Minute, 30*time.Second, 100e6)
 	assert.Equal(t, "blackout 2m0s (idle timeout 30s), session + 100 MB each way", resumeCaseLabel(s, ResumeBlackout))
