@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"bytes"
 	"io"
+	"math/rand/v2"
 	"net"
 	"path/filepath"
 	"sync"
@@ -9,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	quicproxy "github.com/quic-go/quic-go/integrationtests/tools/proxy"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -243,4 +246,55 @@ func capHolds(t *testing.T, capBytes, rate float64, who string) {
 		return
 	}
 	assert.GreaterOrEqual(t, rate, capBytes*0.95, "%s: the cap is used (%.0f B/s of %.0f)", who, rate, capBytes)
+}
+
+// TestCappedServerSendsTailCopies: a server with rate caps wraps its
+// connections' controllers (pkg/ratecap) and still sends bbr's copies of
+// tail packets on a lossy path (issue 35; until 292c801 the wrapper hid
+// bbr's congestion.TailCopier and a capped server sent none). Short echo
+// exchanges of a capped identity through a proxy that drops 30 % of the
+// packets each way.
+func TestCappedServerSendsTailCopies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short exchanges at heavy loss for seconds")
+	}
+	t.Parallel()
+	echo := testutil.EchoServer(t)
+	srv := startCappedServer(t, "tcp:"+echo, ratecap.Rule{Identity: "key=alice", Rate: ratecap.Rate{Down: 100e6 / 8}})
+	var lossy atomic.Bool
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(7, 35)) //nolint:gosec // the proxy's loss pattern, not a secret
+	proxy := directedProxy(t, srv, func(quicproxy.Direction) bool {
+		if !lossy.Load() {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return rng.Float64() < 0.3
+	})
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, Secret: aliceSecret, ServerAddr: proxy, WaitReady: true})
+	lossy.Store(true)
+
+	tailCopies := func() (n uint64) {
+		for _, cs := range srv.ConnStats() {
+			n += cs.Stats.TailCopiesSent
+		}
+		return n
+	}
+	msg := bytes.Repeat([]byte("tail"), 250)
+	deadline := time.Now().Add(20 * time.Second)
+	exchanges := 0
+	for ; exchanges < 200 && tailCopies() == 0 && time.Now().Before(deadline); exchanges++ {
+		c := dial(t, cl.Addr)
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, err := c.Write(msg)
+		require.NoError(t, err)
+		got := make([]byte, len(msg))
+		_, err = io.ReadFull(c, got)
+		require.NoError(t, err, "exchange %d", exchanges)
+		require.Equal(t, msg, got)
+		_ = c.Close()
+	}
+	t.Logf("%d exchanges at 30 %% loss each way: the capped server sent %d tail copies", exchanges, tailCopies())
+	assert.NotZero(t, tailCopies(), "a capped server sends tail copies on a lossy path")
 }
