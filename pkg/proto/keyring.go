@@ -80,6 +80,8 @@ var (
 // the old one. It is immutable; replace it to change keys.
 type Keyring struct {
 	keys []Key
+	// macs are the HMAC states of keys[i] (macPool), reused across headers.
+	macs []macPool
 	// byID indexes keys by ID (several when IDs collide).
 	byID map[KeyID][]int32
 }
@@ -132,6 +134,10 @@ func NewKeyring(keys ...Key) (*Keyring, error) {
 				i+1, k.Name, whose)
 		}
 	}
+	kr.macs = make([]macPool, len(kr.keys))
+	for i := range kr.keys {
+		kr.macs[i].init(kr.keys[i].Secret)
+	}
 	return kr, nil
 }
 
@@ -167,16 +173,15 @@ func (kr *Keyring) Verify(h *Header) (Key, error) {
 		}
 		var err error
 		for _, i := range idx {
-			k := kr.keys[i]
-			if err = h.Verify(k.Secret); err == nil {
-				return k, nil
+			if err = h.verifyWith(&kr.macs[i]); err == nil {
+				return kr.keys[i], nil
 			}
 		}
 		return Key{}, err
 	}
-	for _, k := range kr.keys[:min(len(kr.keys), MaxLegacyKeys)] {
-		if h.Verify(k.Secret) == nil {
-			return k, nil
+	for i := range min(len(kr.keys), MaxLegacyKeys) {
+		if h.verifyWith(&kr.macs[i]) == nil {
+			return kr.keys[i], nil
 		}
 	}
 	return Key{}, ErrAuth
