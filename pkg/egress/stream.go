@@ -310,7 +310,7 @@ func (s *stream) hookCert(ctx context.Context) *failure {
 	if s.e.cfg.CertHook == nil {
 		return nil
 	}
-	p := peerOf(s.st.Conn)
+	p := s.st.Conn0.peerOf(s.st.Conn)
 	if p.cert == nil {
 		return nil
 	}
@@ -341,7 +341,7 @@ func (s *stream) hookCert(ctx context.Context) *failure {
 // stream's session ticket carries the certificate it was issued to) and the
 // key of its header. From here on a failure is audited.
 func (s *stream) identify() {
-	s.peer = peerOf(s.st.Conn)
+	s.peer = s.st.Conn0.peerOf(s.st.Conn)
 	if s.peer.subject != "" {
 		s.logger = klog.LoggerWithValues(s.logger, "clientSubject", s.peer.subject)
 	}
