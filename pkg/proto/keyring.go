@@ -35,6 +35,9 @@ type Key struct {
 	ID     KeyID
 	// digest is keyDigest(Secret), filled by NewKeyring (Digest).
 	digest [sha256.Size]byte
+	// label is Label, filled by NewKeyring: every tunnel's header names
+	// its key in logs and rules.
+	label string
 }
 
 // Digest tells keys apart where their 4-byte IDs may collide (thousands of
@@ -49,6 +52,9 @@ func (k Key) Digest() [sha256.Size]byte {
 
 // Label is how logs and rules name the key: its Name, or its ID in hex.
 func (k Key) Label() string {
+	if k.label != "" {
+		return k.label
+	}
 	if k.Name != "" {
 		return k.Name
 	}
@@ -113,6 +119,8 @@ func NewKeyring(keys ...Key) (*Keyring, error) {
 			}
 			names[k.Name] = i + 1
 		}
+		k.label = ""
+		k.label = k.Label()
 		kr.byID[k.ID] = append(kr.byID[k.ID], int32(len(kr.keys)))
 		kr.keys = append(kr.keys, k)
 	}
