@@ -753,11 +753,11 @@ func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *po
 }
 
 // cutOnRemoval aborts a (a tunnel or a UDP flow: what) with auth_failed when
-// its key's lifetime ends (Policy.CutRemovedKeys), at once if it has ended;
-// the returned function stops watching.
-func cutOnRemoval(keyLife context.Context, a tunnel.Aborter, logger klog.Logger, what string) func() bool {
+// its key's lifetime ends (Policy.CutRemovedKeys), at once if it has ended,
+// logging with what logger makes then; the returned function stops watching.
+func cutOnRemoval(keyLife context.Context, a tunnel.Aborter, logger func() klog.Logger, what string) func() bool {
 	return context.AfterFunc(keyLife, func() {
-		logger.V(2).Info("Cut "+what+": a reload removed its key (--cut-removed-keys)", "cause", context.Cause(keyLife))
+		logger().V(2).Info("Cut "+what+": a reload removed its key (--cut-removed-keys)", "cause", context.Cause(keyLife))
 		a.Abort(proto.CodeAuthFailed)
 	})
 }
