@@ -1262,11 +1262,16 @@ func (c *Client) waitSession(ctx context.Context) (*session, func(), error) {
 // as Client.pick) to place a tunnel; a link it returns counts the tunnel
 // until release.
 func (c *Client) waitSessionBy(ctx context.Context, pick func(now time.Time) (*session, *link, time.Time)) (*session, func(), error) {
-	t := time.NewTimer(c.cfg.SessionWait)
-	defer t.Stop()
-	for {
+	start := time.Now()
+	var wait *time.Timer // made at the first wait: a tunnel placed at once needs none
+	defer func() {
+		if wait != nil {
+			wait.Stop()
+		}
+	}()
+	for now := start; ; now = time.Now() {
 		c.mu.Lock()
-		s, l, retry := pick(time.Now())
+		s, l, retry := pick(now)
 		ch := c.changed
 		c.mu.Unlock()
 		if l != nil {
@@ -1276,6 +1281,9 @@ func (c *Client) waitSessionBy(ctx context.Context, pick func(now time.Time) (*s
 		if s != nil {
 			return s, func() {}, nil
 		}
+		if wait == nil {
+			wait = time.NewTimer(c.cfg.SessionWait - now.Sub(start))
+		}
 		var again <-chan time.Time // a stopped timer is not needed (Go 1.23)
 		if !retry.IsZero() {
 			again = time.After(time.Until(retry))
@@ -1283,7 +1291,7 @@ func (c *Client) waitSessionBy(ctx context.Context, pick func(now time.Time) (*s
 		select {
 		case <-ch:
 		case <-again:
-		case <-t.C:
+		case <-wait.C:
 			return nil, nil, ErrNoSession
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()

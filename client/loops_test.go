@@ -464,3 +464,33 @@ func TestLoopTCPRoleFollowsHealth(t *testing.T) {
 		assert.Equal(t, "a", activeServer(c), "a up again for FailbackAfter")
 	})
 }
+
+// TestWaitSessionBounds: a tunnel with no link to go on gives up
+// SessionWait after it started waiting (the timer is made at its first
+// wait, not before: a tunnel placed at once needs none), and one placed
+// once a link comes up waits no longer than that.
+func TestWaitSessionBounds(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := fakeClient(t, ModeFailover, 1, "a")
+		c.cfg.SessionWait = 3 * time.Second
+		start := time.Now()
+		_, _, err := c.waitSession(t.Context())
+		require.ErrorIs(t, err, ErrNoSession)
+		require.Equal(t, 3*time.Second, time.Since(start))
+
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			time.Sleep(time.Second)
+			_, cancel := up(t, c, c.members[0], time.Now())
+			t.Cleanup(cancel)
+		})
+		s, waited := placed(t, c)
+		require.NotNil(t, s)
+		require.Equal(t, time.Second, waited)
+		wg.Wait()
+		s, waited = placed(t, c)
+		require.NotNil(t, s)
+		require.Zero(t, waited)
+	})
+}

@@ -245,6 +245,8 @@ type Server struct {
 	limits *sourceLimiter
 	// egress serves each stream once accepted: authentication, rules, dial, splice.
 	egress *egress.Handler
+	// workers run the streams (set by Run; nil: a goroutine per stream).
+	workers *streamWorkers
 	// binder opens the listeners of reverse forwards (nil: none allowed).
 	binder *binder
 
@@ -640,6 +642,8 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancelConns()
 	var wg sync.WaitGroup
 	s.startServices(connCtx, tr, &wg)
+	s.workers = newStreamWorkers(maxIdleStreamWorkers)
+	defer s.workers.stop() // after conns.Wait: no stream can start then
 	// conns are the connections' goroutines (an upgrade waits for them
 	// alone before it exports the parked tunnels).
 	var conns sync.WaitGroup

@@ -65,7 +65,7 @@ func (s *stream) bind(ctx context.Context) *failure {
 	if f := s.admit(); f != nil {
 		return f
 	}
-	logger := klog.LoggerWithValues(s.logger, "listen", b.Listen, "bindID", b.ID, "identity", strings.Join(s.identities, ","))
+	logger := klog.LoggerWithValues(s.log(), "listen", b.Listen, "bindID", b.ID, "identity", strings.Join(s.identities, ","))
 	unbind, err := s.e.cfg.Binder.Bind(ctx, BindRequest{Stream: s.st, Bind: b, Identities: s.identities,
 		Account: flowAccount(s.peer, s.key, s.st), Logger: logger})
 	if err != nil {

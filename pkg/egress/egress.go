@@ -445,6 +445,39 @@ type ConnState struct {
 	// identity is who the connection's client proved to be, with its
 	// latest verified header (Identity).
 	identity atomic.Pointer[string]
+	// peer is the client certificate, read once the handshake is complete
+	// (peerOf): it does not change after it, and quic-go's ConnectionState
+	// is a large copy (and on a new stream's goroutine a stack growth) that
+	// a new tunnel need not pay for.
+	peer atomic.Pointer[peer]
+}
+
+// peerOf returns the client certificate of conn, the connection s is the
+// state of, kept once its handshake is complete (before it, a 0-RTT
+// stream's, it is read each time). A nil s reads it each time.
+func (s *ConnState) peerOf(conn Conn) peer {
+	if s == nil {
+		return peerOf(conn)
+	}
+	if p := s.peer.Load(); p != nil {
+		return *p
+	}
+	complete := isDone(conn.HandshakeComplete()) // before the read: its answer is the handshake's
+	p := peerOf(conn)
+	if complete {
+		s.peer.Store(&p)
+	}
+	return p
+}
+
+// isDone tells whether ch is closed, without waiting.
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // Identity is who the connection's client proved to be with its latest
@@ -455,7 +488,7 @@ func (s *ConnState) Identity(conn Conn) string {
 	if id := s.identity.Load(); id != nil {
 		return *id
 	}
-	return strings.Join(peerOf(conn).identities(""), ",")
+	return strings.Join(s.peerOf(conn).identities(""), ",")
 }
 
 // verified records the identities a verified header proved.
@@ -633,7 +666,7 @@ func (e *Handler) hello(st Stream, h *proto.Header, keyName string, logger klog.
 		logger.V(2).Info("Refused hello", "code", code.String(), "early", st.Early, "headerTime", h.Time)
 		return
 	}
-	st.Conn0.verified(peerOf(st.Conn).identities(keyName))
+	st.Conn0.verified(st.Conn0.peerOf(st.Conn).identities(keyName))
 	if st.Verified != nil {
 		st.Verified()
 	}
@@ -720,11 +753,11 @@ func (e *Handler) check(ctx context.Context, st Stream, h *proto.Header, pol *po
 }
 
 // cutOnRemoval aborts a (a tunnel or a UDP flow: what) with auth_failed when
-// its key's lifetime ends (Policy.CutRemovedKeys), at once if it has ended;
-// the returned function stops watching.
-func cutOnRemoval(keyLife context.Context, a tunnel.Aborter, logger klog.Logger, what string) func() bool {
+// its key's lifetime ends (Policy.CutRemovedKeys), at once if it has ended,
+// logging with what logger makes then; the returned function stops watching.
+func cutOnRemoval(keyLife context.Context, a tunnel.Aborter, logger func() klog.Logger, what string) func() bool {
 	return context.AfterFunc(keyLife, func() {
-		logger.V(2).Info("Cut "+what+": a reload removed its key (--cut-removed-keys)", "cause", context.Cause(keyLife))
+		logger().V(2).Info("Cut "+what+": a reload removed its key (--cut-removed-keys)", "cause", context.Cause(keyLife))
 		a.Abort(proto.CodeAuthFailed)
 	})
 }

@@ -48,7 +48,7 @@ func (s *stream) resumable() bool {
 	}
 	r := s.e.cfg.Resume
 	if r.Table.Len() >= cmp.Or(r.Max, DefaultMaxResumable) {
-		s.logger.V(2).Info("Opened a plain tunnel instead of a resumable one: the server holds its maximum of resumable tunnels",
+		s.logV(2).Info("Opened a plain tunnel instead of a resumable one: the server holds its maximum of resumable tunnels",
 			"max", cmp.Or(r.Max, DefaultMaxResumable))
 		return false
 	}
@@ -82,6 +82,7 @@ func (s *stream) attachment(peerOffset uint64, reply bool) *resume.Attachment {
 // (resumableEnded).
 func (s *stream) spliceResumable(sc splice.Conn) *failure {
 	e, r := s.e, s.e.cfg.Resume
+	_ = s.log() // made here: the pipe's OnEnd logs from another goroutine
 	id := resume.ID(s.h.ResumeID)
 	t := s.tunnelInfo()
 	t.Resumable = true
@@ -102,7 +103,7 @@ func (s *stream) spliceResumable(sc splice.Conn) *failure {
 	}
 	unregister := e.cfg.Registry.Add(t, p)
 	e.cfg.Events.TunnelOpened()
-	stopCut := cutOnRemoval(s.keyLife, p, s.logger, "tunnel")
+	stopCut := cutOnRemoval(s.keyLife, p, s.newLogger, "tunnel")
 	stopTrack := s.track(&p.FromStream, &p.ToStream)
 	end <- func(err error) {
 		remove()
@@ -111,7 +112,7 @@ func (s *stream) spliceResumable(sc splice.Conn) *failure {
 		stopTrack()
 		s.resumableEnded(t, err)
 	}
-	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule, "resumable", true)
+	s.logV(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule, "resumable", true)
 	switch err := p.Serve(s.attachment(0, false)); {
 	case errors.Is(err, resume.ErrParked) && !handshakeDone(s.st.Conn):
 		// Opened as 0-RTT data on a connection lost before its handshake
@@ -119,9 +120,9 @@ func (s *stream) spliceResumable(sc splice.Conn) *failure {
 		// one on its next connection (pkg/ingress earlyPhase), so this
 		// one would wait for nobody, holding its destination.
 		p.End(proto.CodeConnReset, resume.GaveUpHandshake)
-		s.logger.V(2).Info("Ended tunnel opened as 0-RTT data: its connection was lost before the handshake completed")
+		s.logV(2).Info("Ended tunnel opened as 0-RTT data: its connection was lost before the handshake completed")
 	case errors.Is(err, resume.ErrParked):
-		s.logger.V(2).Info("Parked tunnel: its connection was lost; the client may resume it", "window", e.window())
+		s.logV(2).Info("Parked tunnel: its connection was lost; the client may resume it", "window", e.window())
 	case errors.Is(err, resume.ErrEnded):
 		Reset(s.str, proto.CodeConnReset) // aborted before it ran (drain, DELETE /tunnels, a removed key)
 	}
@@ -143,7 +144,7 @@ func handshakeDone(c Conn) bool {
 // new process accounts for it.
 func (s *stream) resumableEnded(t *tunnel.Tunnel, err error) {
 	if errors.Is(err, resume.ErrHandedOver) {
-		s.logger.V(4).Info("Handed tunnel over to the new process")
+		s.logV(4).Info("Handed tunnel over to the new process")
 		return
 	}
 	result := proto.CodeOK.String()
@@ -153,7 +154,7 @@ func (s *stream) resumableEnded(t *tunnel.Tunnel, err error) {
 	}
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	s.e.cfg.Events.TunnelClosed(result, up, down)
-	s.logger.V(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,
+	s.logV(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"duration", time.Since(s.start), "result", result, "err", err)
 	if s.audited {
 		s.audit(result, up, down)
@@ -187,7 +188,7 @@ func (s *stream) resume(ctx context.Context) *failure {
 	stop()
 	cancel()
 	if waited {
-		s.logger.V(2).Info("Resume request waited for the tunnels an upgrade hands over", "found", err == nil)
+		s.logV(2).Info("Resume request waited for the tunnels an upgrade hands over", "found", err == nil)
 	}
 	switch {
 	case errors.Is(err, resume.ErrIdentity):
@@ -202,14 +203,14 @@ func (s *stream) resume(ctx context.Context) *failure {
 		p.End(proto.CodeSuspended, resume.GaveUpKicked)
 		return s.resumeRefused(resume.RefusedSuspended, fmt.Errorf("identity suspended until %s", until.UTC().Format(time.RFC3339)))
 	}
-	s.logger.V(2).Info("Resuming tunnel", "bytesReceivedByClient", req.Offset)
+	s.logV(2).Info("Resuming tunnel", "bytesReceivedByClient", req.Offset)
 	a := s.attachment(req.Offset, true)
 	a.Early = s.st.Early // as 0-RTT data (settleEarly cleared it if it waited for the handshake)
 	switch err := p.Serve(a); {
 	case errors.Is(err, resume.ErrEnded):
 		return s.resumeRefused(resume.RefusedUnknown, err)
 	case errors.Is(err, resume.ErrParked):
-		s.logger.V(2).Info("Parked tunnel: its connection was lost again; the client may resume it")
+		s.logV(2).Info("Parked tunnel: its connection was lost again; the client may resume it")
 	}
 	return nil
 }

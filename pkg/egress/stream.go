@@ -23,8 +23,7 @@ import (
 // checks. Each step is a method of stream; the first that fails returns a
 // *failure, and fail ends the stream with its code.
 func (e *Handler) Serve(ctx context.Context, st Stream) {
-	s := &stream{e: e, st: st, str: st.Stream, start: time.Now(),
-		logger: klog.LoggerWithValues(klog.FromContext(ctx), "streamID", int64(st.Stream.StreamID()))}
+	s := &stream{e: e, st: st, str: st.Stream, start: time.Now(), base: klog.FromContext(ctx), streamID: int64(st.Stream.StreamID())}
 	if f := s.serve(ctx); f != nil {
 		s.fail(ctx, f)
 	}
@@ -45,7 +44,7 @@ func (s *stream) serve(ctx context.Context) *failure {
 		return failed(proto.CodeUnsupported, "Refused stream: a reverse forward's stream is tcp or udp", "kind", s.h.Kind.String())
 	}
 	if s.h.Kind == proto.KindHello {
-		s.e.hello(s.st, s.h, s.keyName, s.logger)
+		s.e.hello(s.st, s.h, s.keyName, s.log())
 		return nil
 	}
 	s.identify()
@@ -53,7 +52,7 @@ func (s *stream) serve(ctx context.Context) *failure {
 		return f
 	}
 	if s.h.Kind == proto.KindCheck {
-		s.e.check(ctx, s.st, s.h, s.pol, s.key, s.identities, s.logger)
+		s.e.check(ctx, s.st, s.h, s.pol, s.key, s.identities, s.log())
 		return nil
 	}
 	if s.h.Kind == proto.KindResume {
@@ -89,11 +88,18 @@ func (s *stream) serve(ctx context.Context) *failure {
 // configuration for the whole stream: keys and rules of one reload), who
 // the client is, where it goes.
 type stream struct {
-	e      *Handler
-	st     Stream
-	str    TunnelStream
-	logger klog.Logger
-	start  time.Time
+	e     *Handler
+	st    Stream
+	str   TunnelStream
+	start time.Time
+	// base is the connection's logger. The stream's adds streamID, then
+	// key and clientSubject once known (logKey, logSubject); log makes it
+	// at its first use, as at the default level most streams log nothing.
+	base               klog.Logger
+	logger             klog.Logger // made by log when logMade
+	logMade            bool
+	streamID           int64
+	logKey, logSubject bool
 
 	h   *proto.Header
 	pol *policy
@@ -115,6 +121,39 @@ type stream struct {
 	// acct is the identity's account (account; nil before, or without
 	// Config.Accounts).
 	acct Account
+}
+
+// log returns the stream's logger, made at its first use. Only the
+// stream's goroutine calls it, or others once it is made (a resumable
+// tunnel's, spliceResumable); others use newLogger.
+func (s *stream) log() klog.Logger {
+	if !s.logMade {
+		s.logger, s.logMade = s.newLogger(), true
+	}
+	return s.logger
+}
+
+// newLogger makes the stream's logger from what the stream knows now.
+func (s *stream) newLogger() klog.Logger {
+	kv := make([]any, 0, 6)
+	kv = append(kv, "streamID", s.streamID)
+	if s.logKey {
+		kv = append(kv, "key", s.keyName)
+	}
+	if s.logSubject {
+		kv = append(kv, "clientSubject", s.peer.subject)
+	}
+	return klog.LoggerWithValues(s.base, kv...)
+}
+
+// logV is log().V(lvl) without making the logger while lvl is off for its
+// caller's file (-v, --vmodule: checked one frame up, where the line is
+// logged from).
+func (s *stream) logV(lvl int) klog.Logger {
+	if v := s.base.WithCallDepth(1).V(lvl); !v.Enabled() {
+		return v
+	}
+	return s.log().V(lvl)
 }
 
 // failure is why a step ended a stream: the code it is reset with, and the
@@ -152,7 +191,7 @@ func (s *stream) fail(ctx context.Context, f *failure) {
 			lvl = 2
 		}
 	}
-	s.logger.V(lvl).Info(f.msg, append(f.kv, "code", f.code.String())...)
+	s.logV(lvl).Info(f.msg, append(f.kv, "code", f.code.String())...)
 	if f.closeConn {
 		CloseConn(ctx, s.st.Conn, f.code, "authentication failed")
 	}
@@ -168,7 +207,7 @@ func (s *stream) audit(result string, up, down int64) {
 	if s.e.cfg.Reverse && s.dest.Network != "" {
 		dest = s.dest.String() // the declared destination its binding names
 	}
-	s.logger.Info("Closed tunnel", "direction", s.e.direction(), "identity", strings.Join(s.identities, ","), "destination", dest, "result", result,
+	s.log().Info("Closed tunnel", "direction", s.e.direction(), "identity", strings.Join(s.identities, ","), "destination", dest, "result", result,
 		"bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(s.start).Round(time.Millisecond))
 }
 
@@ -181,7 +220,7 @@ func (s *stream) auditBind(result string) {
 	if b, err := proto.ParseBind(s.h.Token); err == nil {
 		listen = b.Listen
 	}
-	s.logger.Info("Closed tunnel", "direction", tunnel.Reverse, "identity", strings.Join(s.identities, ","), "listen", listen,
+	s.log().Info("Closed tunnel", "direction", tunnel.Reverse, "identity", strings.Join(s.identities, ","), "listen", listen,
 		"result", result, "duration", time.Since(s.start).Round(time.Millisecond))
 }
 
@@ -245,7 +284,10 @@ func (s *stream) authenticate(ctx context.Context) *failure {
 		return f
 	}
 	if s.keyName != "" {
-		s.logger = klog.LoggerWithValues(s.logger, "key", s.keyName)
+		s.logKey = true
+		if s.logMade {
+			s.logger = klog.LoggerWithValues(s.logger, "key", s.keyName)
+		}
 	}
 	if s.st.MACVerified != nil {
 		s.st.MACVerified()
@@ -310,7 +352,7 @@ func (s *stream) hookCert(ctx context.Context) *failure {
 	if s.e.cfg.CertHook == nil {
 		return nil
 	}
-	p := peerOf(s.st.Conn)
+	p := s.st.Conn0.peerOf(s.st.Conn)
 	if p.cert == nil {
 		return nil
 	}
@@ -341,9 +383,12 @@ func (s *stream) hookCert(ctx context.Context) *failure {
 // stream's session ticket carries the certificate it was issued to) and the
 // key of its header. From here on a failure is audited.
 func (s *stream) identify() {
-	s.peer = peerOf(s.st.Conn)
+	s.peer = s.st.Conn0.peerOf(s.st.Conn)
 	if s.peer.subject != "" {
-		s.logger = klog.LoggerWithValues(s.logger, "clientSubject", s.peer.subject)
+		s.logSubject = true
+		if s.logMade {
+			s.logger = klog.LoggerWithValues(s.logger, "clientSubject", s.peer.subject)
+		}
 	}
 	s.identities = s.peer.identities(s.keyName)
 	s.audited = s.e.cfg.AuditLog
@@ -385,7 +430,7 @@ func (s *stream) settleEarly(ctx context.Context) *failure {
 	select {
 	case <-s.st.Conn.HandshakeComplete():
 		s.st.Early = false // no longer replayable data
-		s.logger.V(4).Info("0-RTT stream made before the server started: served after the handshake", "headerTime", s.h.Time)
+		s.logV(4).Info("0-RTT stream made before the server started: served after the handshake", "headerTime", s.h.Time)
 		return nil
 	case <-s.st.Conn.Context().Done():
 	case <-ctx.Done():
@@ -528,12 +573,12 @@ func (s *stream) splice(sc splice.Conn) *failure {
 	}
 	t := s.tunnelInfo()
 	t.Upstream, t.Downstream = &pipe.FromStream, &pipe.ToStream
-	s.logger.V(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule)
-	defer cutOnRemoval(s.keyLife, pipe, s.logger, "tunnel")()
+	s.logV(4).Info("Opened stream", "destination", s.target.String(), "rule", s.rule)
+	defer cutOnRemoval(s.keyLife, pipe, s.newLogger, "tunnel")()
 	defer s.track(&pipe.FromStream, &pipe.ToStream)()
 	result, err := e.cfg.Registry.Run(t, pipe, e.cfg.Events)
 	up, down := t.Upstream.Load(), t.Downstream.Load()
-	s.logger.V(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,
+	s.logV(4).Info("Closed stream", "destination", s.target.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"duration", time.Since(s.start), "result", result, "err", err)
 	if s.audited {
 		s.audit(result, up, down)

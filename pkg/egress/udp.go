@@ -186,12 +186,12 @@ func (e *Handler) runUDPFlow(f *stream, r *udpflow.Relay, sock udpSocket) *failu
 		Upstream:    &r.Down.Bytes,
 		Downstream:  &r.Up.Bytes,
 	}
-	f.logger.V(4).Info("Opened UDP flow", "destination", f.target.String(), "rule", f.rule, "local", sock.LocalAddr().String())
-	defer cutOnRemoval(f.keyLife, r, f.logger, "UDP flow")()
+	f.logV(4).Info("Opened UDP flow", "destination", f.target.String(), "rule", f.rule, "local", sock.LocalAddr().String())
+	defer cutOnRemoval(f.keyLife, r, f.newLogger, "UDP flow")()
 	defer f.track(t.Upstream, t.Downstream)()
 	result, err := e.cfg.Registry.Run(t, r, udpflow.FlowTunnels{Events: e.cfg.Events})
 	up, down := t.Upstream.Load(), t.Downstream.Load()
-	f.logger.V(4).Info("Closed UDP flow", "destination", f.target.String(), "bytesUpstream", up, "bytesDownstream", down,
+	f.logV(4).Info("Closed UDP flow", "destination", f.target.String(), "bytesUpstream", up, "bytesDownstream", down,
 		"packetsUpstream", r.Down.Datagrams.Load()+r.Down.StreamPackets.Load(),
 		"packetsDownstream", r.Up.Datagrams.Load()+r.Up.StreamPackets.Load(),
 		"duration", time.Since(f.start), "result", result, "err", err)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -82,13 +83,15 @@ func RefusalReason(err error) string {
 // ("tcp:169.254.169.254:80") does. AWS, GCP, Azure, OCI and others use
 // 169.254.169.254 (AWS also fd00:ec2::254 over IPv6 and 169.254.170.2 for
 // ECS task credentials); Alibaba Cloud uses 100.100.100.200.
-func MetadataAddrs() []netip.Addr {
-	return []netip.Addr{
-		netip.AddrFrom4([4]byte{169, 254, 169, 254}),
-		netip.AddrFrom4([4]byte{169, 254, 170, 2}),
-		netip.AddrFrom4([4]byte{100, 100, 100, 200}),
-		netip.MustParseAddr("fd00:ec2::254"),
-	}
+func MetadataAddrs() []netip.Addr { return slices.Clone(metadataAddrs[:]) }
+
+// metadataAddrs are MetadataAddrs, made once: every tunnel's destination is
+// checked against them.
+var metadataAddrs = [...]netip.Addr{
+	netip.AddrFrom4([4]byte{169, 254, 169, 254}),
+	netip.AddrFrom4([4]byte{169, 254, 170, 2}),
+	netip.AddrFrom4([4]byte{100, 100, 100, 200}),
+	netip.MustParseAddr("fd00:ec2::254"),
 }
 
 // nat64 is the NAT64 well-known prefix (RFC 6052): 64:ff9b::a9fe:a9fe reaches
@@ -99,17 +102,22 @@ var nat64 = netip.MustParsePrefix("64:ff9b::/96")
 var thisNetwork = netip.MustParsePrefix("0.0.0.0/8")
 
 // forms returns ip and, for an address in the NAT64 prefix, the IPv4 address
-// it embeds.
-func forms(ip netip.Addr) []netip.Addr {
+// it embeds: the first n of f (an array, not a slice: every tunnel's
+// destination goes through forms several times, and a slice of its own
+// would be an allocation each time).
+func forms(ip netip.Addr) (f [2]netip.Addr, n int) {
+	f[0] = ip
 	if ip.Is6() && nat64.Contains(ip) {
 		b := ip.As16()
-		return []netip.Addr{ip, netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})}
+		f[1] = netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})
+		return f, 2
 	}
-	return []netip.Addr{ip}
+	return f, 1
 }
 
 func isUnspecified(ip netip.Addr) bool {
-	for _, f := range forms(ip) {
+	fs, n := forms(ip)
+	for _, f := range fs[:n] {
 		if f.IsUnspecified() || thisNetwork.Contains(f) {
 			return true
 		}
@@ -118,8 +126,9 @@ func isUnspecified(ip netip.Addr) bool {
 }
 
 func isMetadata(ip netip.Addr) bool {
-	for _, f := range forms(ip) {
-		for _, m := range MetadataAddrs() {
+	fs, n := forms(ip)
+	for _, f := range fs[:n] {
+		for _, m := range metadataAddrs {
 			if f == m {
 				return true
 			}
@@ -143,7 +152,8 @@ func exactOnly(ip netip.Addr) string {
 	if isMetadata(ip) {
 		return "a metadata address"
 	}
-	for _, f := range forms(ip) {
+	fs, n := forms(ip)
+	for _, f := range fs[:n] {
 		switch {
 		case f.IsMulticast():
 			return "a multicast address"
@@ -665,7 +675,8 @@ func (a *AllowList) refuse(nw string, ip netip.Addr, port uint16) error {
 		if ru.network != nw || !ru.prefix.IsValid() || !ru.portMatch(port) {
 			continue
 		}
-		for _, f := range forms(ip) {
+		fs, n := forms(ip)
+		for _, f := range fs[:n] {
 			if ru.prefix.Contains(f) {
 				return fmt.Errorf("%w %s", ErrDenied, ru.name)
 			}

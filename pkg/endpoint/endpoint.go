@@ -119,7 +119,11 @@ func normaliseHost(host string) (string, error) {
 		if ip.Zone() != "" {
 			return "", fmt.Errorf("zoned address %q not supported", host)
 		}
-		return ip.String(), nil
+		var buf [64]byte // no allocation when host is canonical already (the usual case)
+		if canon := ip.AppendTo(buf[:0]); string(canon) != host {
+			return string(canon), nil
+		}
+		return host, nil
 	}
 	if strings.ContainsAny(host, ":%") {
 		return "", fmt.Errorf("bad IP address %q", host)

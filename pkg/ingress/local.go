@@ -101,12 +101,23 @@ type local struct {
 	optimistic bool
 	str        Stream
 	tunnelID   string
-	slog       klog.Logger // logger with the stream's ID
+	// remote is the application's address (remoteAddr), formatted once.
+	remote string
+	slog   klog.Logger // logger with the stream's ID
 	// rid: the tunnel is resumable, with this ID (resume.go).
 	rid *resume.ID
 	// server is the server a resumable tunnel was opened on, where it
 	// re-attaches (Session.Server; "": any).
 	server string
+}
+
+// remoteAddr is the application's address as a string, formatted once
+// for the logs, /tunnels and the audit line.
+func (l *local) remoteAddr() string {
+	if l.remote == "" {
+		l.remote = l.nc.RemoteAddr().String()
+	}
+	return l.remote
 }
 
 // localFailure is why a step ended a local connection: the result it is
@@ -135,7 +146,7 @@ func (l *local) fail(f *localFailure) {
 	default:
 		_ = l.nc.Close() // answered already (a bad request)
 	}
-	l.logger.V(2).Info(f.msg, "remoteAddress", l.nc.RemoteAddr().String(), "err", f.err)
+	l.logger.V(2).Info(f.msg, "remoteAddress", l.remoteAddr(), "err", f.err)
 }
 
 // releaseSlot gives back the MaxConnections slot proxyRequest took.
@@ -244,7 +255,7 @@ func (l *local) sendHeader(ctx context.Context) *localFailure {
 		}
 	}
 	l.tunnelID = tunnelID
-	l.slog = klog.LoggerWithValues(l.logger, "streamID", int64(l.str.StreamID()), "remoteAddress", l.nc.RemoteAddr().String())
+	l.slog = klog.LoggerWithValues(l.logger, "streamID", int64(l.str.StreamID()), "remoteAddress", l.remoteAddr())
 	return nil
 }
 
@@ -315,7 +326,7 @@ func (l *local) splice(toServer splice.Stream) {
 		UUID:        l.tunnelID,
 		StreamID:    int64(l.str.StreamID()),
 		Endpoint:    l.listenAddr,
-		Source:      l.nc.RemoteAddr().String(),
+		Source:      l.remoteAddr(),
 		Destination: l.token, // what the server is asked to reach (/tunnels)
 		Server:      l.sess.Server,
 		Transport:   l.sess.Transport(),
@@ -329,7 +340,7 @@ func (l *local) splice(toServer splice.Stream) {
 	up, down := t.Upstream.Load(), t.Downstream.Load()
 	l.logRefusal(err)
 	slog.V(4).Info("Closed stream", "bytesUpstream", up, "bytesDownstream", down, "duration", time.Since(l.start), "result", result, "err", err)
-	h.audit(l.logger, l.nc.RemoteAddr().String(), l.token, "tcp:"+l.listenAddr, result, up, down, l.start)
+	h.audit(l.logger, l.remoteAddr(), l.token, "tcp:"+l.listenAddr, result, up, down, l.start)
 }
 
 // logRefusal logs a tunnel the server ended with a code of its own (not a

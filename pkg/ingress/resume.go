@@ -58,7 +58,7 @@ func (l *local) resumeID() *resume.ID {
 func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 	h, r, id := l.h, l.h.cfg.Resume, *l.rid
 	l.server = l.sess.Server
-	t := &tunnel.Tunnel{UUID: l.tunnelID, StreamID: int64(l.str.StreamID()), Endpoint: l.listenAddr, Source: l.nc.RemoteAddr().String(),
+	t := &tunnel.Tunnel{UUID: l.tunnelID, StreamID: int64(l.str.StreamID()), Endpoint: l.listenAddr, Source: l.remoteAddr(),
 		Destination: l.token, Server: l.server, Transport: l.sess.Transport(), Direction: h.direction(), CreatedAt: l.start, Resumable: true}
 	var endErr error
 	p := resume.NewPipe(l.sc, resume.Config{ID: id, Window: h.window(), Cap: r.Cap, Budget: r.Budget, Events: r.Events,

@@ -159,15 +159,25 @@ func NewHeader(token string, now time.Time) (*Header, error) {
 // secret's key ID and a MAC.
 func (h *Header) Append(b []byte, secret []byte) ([]byte, error) {
 	if len(secret) == 0 {
-		return h.append(b, nil, nil)
+		return h.appendMAC(b, nil, nil)
 	}
-	id := KeyIDOf(secret)
-	return h.append(b, secret, &id)
+	sg := signerOf(secret)
+	return h.appendMAC(b, &sg.mac, &sg.id)
 }
 
-// append encodes h with a MAC when secret is non-empty, and with keyID when
+// append is appendMAC with a MAC made with secret when it is non-empty.
+func (h *Header) append(b, secret []byte, keyID *KeyID) ([]byte, error) {
+	if len(secret) == 0 {
+		return h.appendMAC(b, nil, keyID)
+	}
+	var p macPool
+	p.init(secret)
+	return h.appendMAC(b, &p, keyID)
+}
+
+// appendMAC encodes h with a MAC when mac is not nil, and with keyID when
 // it is not nil (nil: the form of clients before key IDs).
-func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
+func (h *Header) appendMAC(b []byte, mac *macPool, keyID *KeyID) ([]byte, error) {
 	if len(h.Token) == 0 || len(h.Token) > MaxTokenLen {
 		return nil, fmt.Errorf("%w: token length %d not in 1..%d", ErrBadHeader, len(h.Token), MaxTokenLen)
 	}
@@ -176,7 +186,7 @@ func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 	b = slices.Grow(b, fixedLen+len(h.Token)+KeyIDLen+1+ResumeIDLen+MACLen)
 	start := len(b)
 	var flags byte
-	if len(secret) > 0 {
+	if mac != nil {
 		flags |= flagMAC
 	}
 	if keyID != nil {
@@ -202,10 +212,8 @@ func (h *Header) append(b []byte, secret []byte, keyID *KeyID) ([]byte, error) {
 	if h.HasResumeID {
 		b = append(b, h.ResumeID[:]...)
 	}
-	if len(secret) > 0 {
-		m := hmac.New(sha256.New, secret)
-		m.Write(b[start:])
-		b = m.Sum(b)
+	if mac != nil {
+		b = mac.sum(b, b[start:])
 	}
 	return b, nil
 }
@@ -290,6 +298,17 @@ func (h *Header) Verify(secret []byte) error {
 	m := hmac.New(sha256.New, secret)
 	m.Write(h.signed)
 	if !hmac.Equal(m.Sum(nil), h.mac[:]) {
+		return ErrAuth
+	}
+	return nil
+}
+
+// verifyWith is Verify with the HMAC states of the secret p holds.
+func (h *Header) verifyWith(p *macPool) error {
+	if !h.HasMAC || h.signed == nil {
+		return fmt.Errorf("%w: no MAC", ErrAuth)
+	}
+	if !p.verify(h.signed, h.mac[:]) {
 		return ErrAuth
 	}
 	return nil

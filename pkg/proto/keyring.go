@@ -35,6 +35,9 @@ type Key struct {
 	ID     KeyID
 	// digest is keyDigest(Secret), filled by NewKeyring (Digest).
 	digest [sha256.Size]byte
+	// label is Label, filled by NewKeyring: every tunnel's header names
+	// its key in logs and rules.
+	label string
 }
 
 // Digest tells keys apart where their 4-byte IDs may collide (thousands of
@@ -49,6 +52,9 @@ func (k Key) Digest() [sha256.Size]byte {
 
 // Label is how logs and rules name the key: its Name, or its ID in hex.
 func (k Key) Label() string {
+	if k.label != "" {
+		return k.label
+	}
 	if k.Name != "" {
 		return k.Name
 	}
@@ -80,6 +86,8 @@ var (
 // the old one. It is immutable; replace it to change keys.
 type Keyring struct {
 	keys []Key
+	// macs are the HMAC states of keys[i] (macPool), reused across headers.
+	macs []macPool
 	// byID indexes keys by ID (several when IDs collide).
 	byID map[KeyID][]int32
 }
@@ -111,6 +119,8 @@ func NewKeyring(keys ...Key) (*Keyring, error) {
 			}
 			names[k.Name] = i + 1
 		}
+		k.label = ""
+		k.label = k.Label()
 		kr.byID[k.ID] = append(kr.byID[k.ID], int32(len(kr.keys)))
 		kr.keys = append(kr.keys, k)
 	}
@@ -131,6 +141,10 @@ func NewKeyring(keys ...Key) (*Keyring, error) {
 			return nil, fmt.Errorf("key %d: the name %q is the ID of %s: a key's ID names the unnamed key in logs and --allow-for key=ID rules; pick another name",
 				i+1, k.Name, whose)
 		}
+	}
+	kr.macs = make([]macPool, len(kr.keys))
+	for i := range kr.keys {
+		kr.macs[i].init(kr.keys[i].Secret)
 	}
 	return kr, nil
 }
@@ -167,16 +181,15 @@ func (kr *Keyring) Verify(h *Header) (Key, error) {
 		}
 		var err error
 		for _, i := range idx {
-			k := kr.keys[i]
-			if err = h.Verify(k.Secret); err == nil {
-				return k, nil
+			if err = h.verifyWith(&kr.macs[i]); err == nil {
+				return kr.keys[i], nil
 			}
 		}
 		return Key{}, err
 	}
-	for _, k := range kr.keys[:min(len(kr.keys), MaxLegacyKeys)] {
-		if h.Verify(k.Secret) == nil {
-			return k, nil
+	for i := range min(len(kr.keys), MaxLegacyKeys) {
+		if h.verifyWith(&kr.macs[i]) == nil {
+			return kr.keys[i], nil
 		}
 	}
 	return Key{}, ErrAuth

@@ -113,3 +113,19 @@ func TestNewKeyringRefusesNameOfAKeyID(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyLabelMadeOnce: a keyring's keys have their label made when the
+// ring is (an unnamed key's hex ID, logged and matched for every tunnel),
+// not for each call.
+func TestKeyLabelMadeOnce(t *testing.T) {
+	kr, err := NewKeyring(Key{Secret: []byte("an unnamed key's secret")}, Key{Name: "alice", Secret: []byte("alice's secret, 16+")})
+	require.NoError(t, err)
+	keys := kr.Keys()
+	require.Equal(t, keys[0].ID.String(), keys[0].Label())
+	require.Equal(t, "alice", keys[1].Label())
+	require.Equal(t, keys[0].ID.String(), Key{Secret: keys[0].Secret, ID: keys[0].ID}.Label(), "a key outside a ring: made on the call")
+	if raceEnabled {
+		return
+	}
+	require.Zero(t, testing.AllocsPerRun(100, func() { _ = keys[0].Label() }))
+}
