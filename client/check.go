@@ -50,7 +50,7 @@ func (c *Client) checkDestinations(ctx context.Context, l *link) {
 			logger.V(2).Info("Could not make a destination check", "destination", ingress.LoggableToken(dest), "err", err)
 			continue
 		}
-		err = ask(conn, h, *c.secret.Load())
+		err = ask(conn, h, c.signer.Load().Secret())
 		code, remote := proto.FromError(err)
 		switch {
 		case err == nil:

@@ -262,8 +262,8 @@ type Client struct {
 	// contexts (confirm from ingress); set before Run starts any.
 	logger klog.Logger
 
-	// secret is Config.Secret, replaced by SetSecret.
-	secret atomic.Pointer[[]byte]
+	// signer signs with Config.Secret, replaced by SetSecret.
+	signer atomic.Pointer[proto.Signer]
 	// tlsConf is Config.TLS and Config.ServerTLS, replaced by SetTLS.
 	tlsConf atomic.Pointer[tlsConfigs]
 	// tcpTickets are the session tickets of the TCP connections (tcpTLS).
@@ -328,9 +328,8 @@ func (c *Client) serverTLS(s *server) *tls.Config {
 // yet) proved the old secret: it is closed, and the next one is dialed at
 // once, without waiting for the reconnect backoff.
 func (c *Client) SetSecret(secret []byte) {
-	secret = bytes.Clone(secret)
-	old := c.secret.Swap(&secret)
-	if old == nil || bytes.Equal(*old, secret) {
+	old := c.signer.Swap(proto.NewSigner(secret))
+	if old == nil || bytes.Equal(old.Secret(), secret) {
 		return
 	}
 	for _, m := range c.members {
@@ -433,7 +432,7 @@ func New(cfg Config, pc net.PacketConn) (*Client, error) {
 	in, err := ingress.New(cfg.Config, ingress.Links{
 		Sessions: sessions{c},
 		Tokens:   func() TokenSource { return *c.tokens.Load() },
-		Secret:   func() []byte { return *c.secret.Load() },
+		Signer:   c.signer.Load,
 		Accepted: func(sess *session) {
 			if l := c.linkOf(sess); l != nil {
 				c.confirm(l)
@@ -469,7 +468,7 @@ func (c *Client) Ready() bool {
 	if c.draining.Load() {
 		return false
 	}
-	noSecret := len(*c.secret.Load()) == 0
+	noSecret := len(c.signer.Load().Secret()) == 0
 	if c.tcpReady(!noSecret) {
 		return true // over TCP (fallback.go)
 	}
@@ -954,7 +953,7 @@ func (q *quicLink) up(l *link, start time.Time) time.Time {
 // -v 2 meanwhile. Without a secret (mutual TLS, --insecure-no-auth) there
 // is no hello: the handshake is the connection's line.
 func (q *quicLink) announceConnected(l *link, kv []any) {
-	if len(*q.c.secret.Load()) == 0 {
+	if len(q.c.signer.Load().Secret()) == 0 {
 		q.logConnected(kv)
 		return
 	}

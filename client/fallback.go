@@ -744,7 +744,7 @@ func withServerName(conf *tls.Config, s *server, several bool) *tls.Config {
 // helloTCP is hello for a TCP session (see hello.go); slot, its row,
 // records the answer.
 func (c *Client) helloTCP(ctx context.Context, sess *session, slot *tcpRow) {
-	secret := *c.secret.Load()
+	secret := c.signer.Load().Secret()
 	if len(secret) == 0 {
 		return
 	}

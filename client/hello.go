@@ -32,7 +32,7 @@ const (
 // never wait for it, and returns when the answer is in or the connection
 // ends. Without a shared secret there is nothing to prove: it returns at once.
 func (c *Client) hello(ctx context.Context, l *link) {
-	secret := *c.secret.Load()
+	secret := c.signer.Load().Secret()
 	if len(secret) == 0 {
 		return
 	}

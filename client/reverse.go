@@ -191,7 +191,7 @@ func (c *Client) bindOnce(ctx context.Context, conn ingress.Conn, key bindKey, f
 	if err != nil {
 		return false, err
 	}
-	b, err := h.Append(nil, *c.secret.Load())
+	b, err := h.AppendSigned(nil, c.signer.Load())
 	if err != nil {
 		return false, err
 	}

@@ -356,7 +356,7 @@ func (b *binder) serve(ctx context.Context, req egress.BindRequest, ic ingress.C
 	h, err := ingress.New(b.s.cfg.Reverse, ingress.Links{
 		Sessions: connSession{&ingress.Session{Conn: ic, Prober: st.Prober, Flows: st.Flows}},
 		Tokens:   func() ingress.TokenSource { return boundToken(proto.BoundToken(req.Bind.ID)) },
-		Secret:   func() []byte { return nil }, // TLS authenticated the server to the client
+		Signer:   func() *proto.Signer { return nil }, // TLS authenticated the server to the client
 	})
 	if err != nil { // unreachable: New checked Config.Reverse
 		closeListener(ln, pc)

@@ -209,10 +209,10 @@ func DefaultConfig() Config {
 // carry streams on and the credentials in force (a reload may change them).
 type Links struct {
 	Sessions Sessions
-	// Tokens and Secret return the token source and the shared secret in
-	// force; Secret may return nil (no MAC).
+	// Tokens and Signer return the token source and the signer of the
+	// shared secret in force; Signer may return nil (no MAC).
 	Tokens func() TokenSource
-	Secret func() []byte
+	Signer func() *proto.Signer
 	// Accepted, if set, is called when the peer accepted a stream header
 	// on sess.
 	Accepted func(sess *Session)
@@ -264,7 +264,7 @@ func LoggableToken(token string) string {
 // New returns a Handler for cfg, its zero fields filled with their
 // defaults, that runs with links.
 func New(cfg Config, links Links) (*Handler, error) {
-	if links.Sessions == nil || links.Tokens == nil || links.Secret == nil || cfg.Events == nil || cfg.Registry == nil {
+	if links.Sessions == nil || links.Tokens == nil || links.Signer == nil || cfg.Events == nil || cfg.Registry == nil {
 		return nil, errors.New("ingress: sessions, tokens, secret, metrics and registry are required")
 	}
 	def := DefaultConfig()
@@ -440,7 +440,7 @@ func (h *Handler) headerFor(token string, rid *resume.ID) (b []byte, id string, 
 	if rid != nil {
 		hdr.ResumeID, hdr.HasResumeID = *rid, true
 	}
-	b, err = hdr.Append(nil, h.links.Secret())
+	b, err = hdr.AppendSigned(nil, h.links.Signer())
 	return b, hdr.TunnelID(), err
 }
 

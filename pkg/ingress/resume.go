@@ -360,7 +360,7 @@ func (h *Handler) requestResume(str Stream, req resume.Request) (uint64, error) 
 		return 0, err
 	}
 	hdr.Kind = proto.KindResume
-	b, err := hdr.Append(nil, h.links.Secret())
+	b, err := hdr.AppendSigned(nil, h.links.Signer())
 	if err != nil {
 		return 0, err
 	}

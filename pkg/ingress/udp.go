@@ -249,7 +249,7 @@ func (h *Handler) writeFlowHeader(str Stream, token string) (*proto.Header, erro
 	var hb []byte
 	if err == nil {
 		hdr.Kind = proto.KindUDP
-		hb, err = hdr.Append(nil, h.links.Secret())
+		hb, err = hdr.AppendSigned(nil, h.links.Signer())
 	}
 	if err == nil {
 		_, err = str.Write(hb)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
@@ -48,7 +49,7 @@ func TestServeUDPRaisesTheSocketBuffer(t *testing.T) {
 	rmemMax, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	require.NoError(t, err)
 	h, err := New(Config{MaxConnections: 1, Events: NopEvents{}, Registry: tunnel.NewRegistry()},
-		Links{Sessions: noSessions{}, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
+		Links{Sessions: noSessions{}, Tokens: func() TokenSource { return nil }, Signer: func() *proto.Signer { return nil }})
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)

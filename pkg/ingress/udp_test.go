@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
@@ -36,7 +37,7 @@ func (waitSessions) Wait(ctx context.Context) (*Session, func(), error) {
 func serveUDP(t *testing.T, maxConns int, sessions Sessions, ev Events) *net.UDPConn {
 	t.Helper()
 	h, err := New(Config{MaxConnections: maxConns, Events: ev, Registry: tunnel.NewRegistry()},
-		Links{Sessions: sessions, Tokens: func() TokenSource { return nil }, Secret: func() []byte { return nil }})
+		Links{Sessions: sessions, Tokens: func() TokenSource { return nil }, Signer: func() *proto.Signer { return nil }})
 	require.NoError(t, err)
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)

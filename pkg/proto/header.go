@@ -158,11 +158,16 @@ func NewHeader(token string, now time.Time) (*Header, error) {
 // Append encodes h onto b. When secret is non-empty the header carries the
 // secret's key ID and a MAC.
 func (h *Header) Append(b []byte, secret []byte) ([]byte, error) {
-	if len(secret) == 0 {
+	return h.AppendSigned(b, NewSigner(secret))
+}
+
+// AppendSigned is Append with the secret s holds (nil: none), without
+// making its HMAC states again: a client signs every tunnel's header.
+func (h *Header) AppendSigned(b []byte, s *Signer) ([]byte, error) {
+	if len(s.Secret()) == 0 {
 		return h.appendMAC(b, nil, nil)
 	}
-	sg := signerOf(secret)
-	return h.appendMAC(b, &sg.mac, &sg.id)
+	return h.appendMAC(b, &s.mac, &s.id)
 }
 
 // append is appendMAC with a MAC made with secret when it is non-empty.

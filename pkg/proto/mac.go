@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"hash"
 	"sync"
-	"sync/atomic"
 )
 
 // macPool keeps keyed HMAC-SHA256 states of one secret for reuse: a new
@@ -41,25 +40,31 @@ func (p *macPool) verify(msg, mac []byte) bool {
 	return hmac.Equal(p.sum(buf[:0], msg), mac)
 }
 
-// signer is a client's secret ready to sign headers with: its key ID and
-// its HMAC states.
-type signer struct {
+// Signer signs stream headers with one shared secret: its key ID and
+// HMAC states are made once (NewSigner), not per header. A client holds
+// the Signer of the secret in force and replaces it on a reload. The zero
+// Signer, or nil, signs with no secret (no MAC, no key ID).
+type Signer struct {
 	id  KeyID
 	mac macPool
 }
 
-// lastSigner is the signer of the secret Append was last given: a client
-// signs every header with one secret, and a new one (a reload) replaces
-// it.
-var lastSigner atomic.Pointer[signer]
-
-// signerOf returns the signer of secret, made once per secret in a row.
-func signerOf(secret []byte) *signer {
-	if s := lastSigner.Load(); s != nil && bytes.Equal(s.mac.secret, secret) {
-		return s
+// NewSigner returns the Signer of secret (copied); an empty secret signs
+// nothing.
+func NewSigner(secret []byte) *Signer {
+	if len(secret) == 0 {
+		return &Signer{}
 	}
-	s := &signer{id: KeyIDOf(secret)}
+	s := &Signer{id: KeyIDOf(secret)}
 	s.mac.init(bytes.Clone(secret))
-	lastSigner.Store(s)
 	return s
+}
+
+// Secret returns the secret s signs with (nil: none). The caller must not
+// change it.
+func (s *Signer) Secret() []byte {
+	if s == nil {
+		return nil
+	}
+	return s.mac.secret
 }

@@ -29,7 +29,8 @@ func TestMACPoolReusedStates(t *testing.T) {
 
 // TestAppendFollowsTheSecret: headers signed one after the other with
 // different secrets (a client's reload) carry each secret's key ID and MAC,
-// not those of the secret signed with before.
+// not those of the secret signed with before; a Signer keeps its own copy
+// of the secret; a nil one signs nothing.
 func TestAppendFollowsTheSecret(t *testing.T) {
 	t.Parallel()
 	a, b := []byte("secret A, 16 bytes or more"), []byte("secret B, 16 bytes or more")
@@ -44,11 +45,22 @@ func TestAppendFollowsTheSecret(t *testing.T) {
 		require.NoError(t, h.Verify(secret))
 	}
 	buf := []byte("secret C, 16 bytes or more")
-	h := decodeWith(t, buf, true)
-	copy(buf, "secret D") // the caller's bytes change: the next header is D's
-	h2 := decodeWith(t, buf, true)
-	require.NotEqual(t, h.KeyID, h2.KeyID)
-	require.NoError(t, h2.Verify(buf))
+	sg := NewSigner(buf)
+	copy(buf, "secret D") // the caller's bytes change: the signer keeps C
+	hdr, err := NewHeader("tcp:127.0.0.1:22", time.Now())
+	require.NoError(t, err)
+	enc, err := hdr.AppendSigned(nil, sg)
+	require.NoError(t, err)
+	h, err := Decode(bytes.NewReader(enc))
+	require.NoError(t, err)
+	require.Equal(t, KeyIDOf([]byte("secret C, 16 bytes or more")), h.KeyID)
+	require.NoError(t, h.Verify([]byte("secret C, 16 bytes or more")))
+
+	enc, err = hdr.AppendSigned(nil, nil)
+	require.NoError(t, err)
+	h, err = Decode(bytes.NewReader(enc))
+	require.NoError(t, err)
+	require.False(t, h.HasMAC, "no secret, no MAC")
 }
 
 // TestHeaderMACAllocations: signing and verifying a header reuse the
@@ -73,11 +85,12 @@ func TestHeaderMACAllocations(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	sg := NewSigner(secret)
 	sign := testing.AllocsPerRun(100, func() {
-		if _, err := h.Append(buf, secret); err != nil {
+		if _, err := h.AppendSigned(buf, sg); err != nil {
 			t.Fatal(err)
 		}
 	})
 	require.LessOrEqual(t, verify, 1.0, "allocations per Keyring.Verify")
-	require.LessOrEqual(t, sign, 1.0, "allocations per Header.Append")
+	require.LessOrEqual(t, sign, 1.0, "allocations per Header.AppendSigned")
 }
