@@ -93,6 +93,9 @@ type Inherited struct {
 	ready     bool
 	released  time.Time
 	endImport func()
+	// gc: the collector's pacing, off from the ready message until the
+	// tunnels were taken (sendReady, gcBackLater).
+	gc *gcPause
 }
 
 // TakeInherited receives the sockets of the process that started this one
@@ -313,10 +316,9 @@ func (in *Inherited) awaitRelease(ctx context.Context, srv Upgradable) (EarlyUpg
 		return nil, nil
 	}
 	hc := in.conn
-	if err := hc.SendReady(os.Getpid()); err != nil {
-		return nil, fmt.Errorf("upgrade: report ready: %w", err)
+	if err := in.sendReady(); err != nil {
+		return nil, err
 	}
-	in.ready = true
 	_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
 	released, err := hc.RecvReleased()
 	if err != nil || !released {
@@ -362,6 +364,7 @@ func (in *Inherited) finishEarly(ctx context.Context, srv EarlyUpgradable, m *me
 		logger.Error(err, "Upgrade: could not take all the tunnels of the previous process; serving with those it took", "tunnels", n)
 		_ = hc.SendDone(n, err.Error())
 		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+		in.gcBackLater(logger)
 		return
 	}
 	if err := hc.RecvSaved(); err != nil {
@@ -387,6 +390,34 @@ func (in *Inherited) answer(logger klog.Logger, n int, ierr error, m *metrics.Up
 	}
 	m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
 	logger.Info("Upgrade: serving as the new process", append([]any{"pid", os.Getpid(), "tunnels", n}, kv...)...)
+	in.gcBackLater(logger)
+}
+
+// gcPauseGrace is how long the collector's pacing stays off once the
+// tunnels were taken: their re-attachments, which come meanwhile or in the
+// round trips after, are served first.
+const gcPauseGrace = time.Second
+
+// sendReady tells the old process this one is ready (it then hands its
+// service over); from then on until gcBackLater the collector's pacing is
+// off (pauseGC).
+func (in *Inherited) sendReady() error {
+	in.gc = pauseGC()
+	if err := in.conn.SendReady(os.Getpid()); err != nil {
+		in.gc.restore()
+		return fmt.Errorf("upgrade: report ready: %w", err)
+	}
+	in.ready = true
+	return nil
+}
+
+// gcBackLater gives the collector its pacing back gcPauseGrace from now.
+func (in *Inherited) gcBackLater(logger klog.Logger) {
+	if g := in.gc; g != nil {
+		time.AfterFunc(gcPauseGrace, func() {
+			logger.V(2).Info("Upgrade: the garbage collector paces itself again", "cyclesWhileOff", g.restore())
+		})
+	}
 }
 
 // finish takes the tunnels over once the service is built: it reports
@@ -399,8 +430,8 @@ func (in *Inherited) finish(ctx context.Context, srv Upgradable, m *metrics.Upgr
 	logger := klog.FromContext(ctx)
 	hc := in.conn
 	if !in.ready {
-		if err := hc.SendReady(os.Getpid()); err != nil {
-			return fmt.Errorf("upgrade: report ready: %w", err)
+		if err := in.sendReady(); err != nil {
+			return err
 		}
 		_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
 	}
@@ -409,6 +440,7 @@ func (in *Inherited) finish(ctx context.Context, srv Upgradable, m *metrics.Upgr
 		logger.Error(err, "Upgrade: could not take the tunnels of the previous process; serving without them")
 		_ = hc.SendDone(0, err.Error())
 		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+		in.gcBackLater(logger)
 		return nil
 	}
 	n, ierr := srv.Import(ctx, ts)
