@@ -175,6 +175,55 @@ func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environ
 	}
 }
 
+// fakeClient is an EachUpgradable (as the client is) recording what the
+// upgrade asked of it.
+type fakeClient struct{ fakeServer }
+
+func (f *fakeClient) HandOverEach(context.Context, handover.Sender) error {
+	f.record("handover each")
+	return nil
+}
+
+// TestUpgradeEachClient: the new client process, serving already, takes
+// each tunnel as it arrives (ImportTunnel, not Import once all came; its
+// re-attachment starts while the next ones come) with the collector's
+// pacing off, and answers with the count.
+func TestUpgradeEachClient(t *testing.T) { // not parallel: it sets the environment (testutil.HandoverPair) and the collector's pacing
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	parent, child := testutil.HandoverPair(t)
+	in := &Inherited{conn: child}
+	ts := tunnelsOf(t, 2)
+	srv := &fakeClient{}
+	answered := make(chan error, 1)
+	go func() {
+		answered <- func() error {
+			if _, err := parent.WaitReady(time.Now().Add(10 * time.Second)); err != nil {
+				return err
+			}
+			for i := range ts {
+				if err := parent.SendTunnel(&ts[i]); err != nil {
+					return err
+				}
+			}
+			if err := parent.SendEnd(len(ts)); err != nil {
+				return err
+			}
+			n, err := parent.WaitDone(time.Now().Add(10 * time.Second))
+			if err == nil && n != len(ts) {
+				t.Errorf("the new process took %d tunnels, want %d", n, len(ts))
+			}
+			return err
+		}()
+	}()
+	m := metrics.NewUpgrade(prometheus.NewRegistry(), "client")
+	require.NoError(t, in.finishServing(context.Background(), srv, m))
+	require.NoError(t, <-answered)
+	assert.Equal(t, []string{"tunnel t0", "tunnel t1"}, srv.steps)
+	assert.Equal(t, []bool{false, false}, srv.gcPaced, "pacing off while importing")
+	assert.Equal(t, float64(2), promtest.ToFloat64(m.Tunnels.WithLabelValues(metrics.UpgradeImported)))
+	require.Eventually(t, func() bool { return gcPercent() == 100 }, 10*time.Second, 10*time.Millisecond, "pacing back")
+}
+
 // TestUpgradeEarlyServeEnds: Serve ending while the tunnels are still
 // awaited stops the wait (the shutdown is not held for the hand-over's
 // timeout) and ends the import.
