@@ -616,7 +616,7 @@ func (c *Client) Run(ctx context.Context) error {
 			n, err := c.importTunnels(sessCtx, req.tunnels, &handlers)
 			req.done <- importResult{n, err}
 		case req := <-c.handovers:
-			err := c.handOver(logger, stopLinks, &links, req.send)
+			err := c.handOver(logger, stopLinks, &links, req)
 			req.done <- err
 			return err
 		}

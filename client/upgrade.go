@@ -24,7 +24,10 @@ import (
 // throughout.
 
 type handoverReq struct {
+	// send takes every tunnel once exported; each (if set: HandOverEach)
+	// each tunnel as soon as it is.
 	send handover.SendFunc
+	each *handover.Sender
 	done chan error
 }
 
@@ -65,7 +68,17 @@ const settleTimeout = 5 * time.Second
 // handover.ErrNotServing if Run did not take the request before ctx ended
 // (it is draining, or gone).
 func (c *Client) HandOver(ctx context.Context, send handover.SendFunc) error {
-	req := handoverReq{send: send, done: make(chan error, 1)}
+	return c.handOverReq(ctx, handoverReq{send: send, done: make(chan error, 1)})
+}
+
+// HandOverEach is HandOver sending each tunnel as soon as it is exported
+// (handover.SendEach): the new process re-attaches the first ones while
+// the rest are exported.
+func (c *Client) HandOverEach(ctx context.Context, s handover.Sender) error {
+	return c.handOverReq(ctx, handoverReq{each: &s, done: make(chan error, 1)})
+}
+
+func (c *Client) handOverReq(ctx context.Context, req handoverReq) error {
 	select {
 	case c.handovers <- req:
 	case <-ctx.Done():
@@ -76,7 +89,7 @@ func (c *Client) HandOver(ctx context.Context, send handover.SendFunc) error {
 
 // handOver is Run's end in an upgrade: see HandOver. stopLinks ends the
 // connections' loops (links), each closing its connection.
-func (c *Client) handOver(logger klog.Logger, stopLinks context.CancelCauseFunc, links *sync.WaitGroup, send handover.SendFunc) error {
+func (c *Client) handOver(logger klog.Logger, stopLinks context.CancelCauseFunc, links *sync.WaitGroup, req handoverReq) error {
 	c.closeEntries(true)
 	c.draining.Store(true)
 	// The reverse forwards' bind streams are not ended here (a drain's
@@ -89,23 +102,35 @@ func (c *Client) handOver(logger klog.Logger, stopLinks context.CancelCauseFunc,
 	stopLinks(errUpgrading) // each connection closes ("client upgrading"): its resumable tunnels park
 	links.Wait()
 	closed := time.Now()
-	var states []*resume.State
-	if r := c.cfg.Resume; r != nil {
+	r := c.cfg.Resume
+	if r != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 		if n := r.Table.Settle(ctx); n > 0 {
 			logger.Info("Upgrading: some tunnels did not park in time; they are reset", "tunnels", n, "timeout", settleTimeout)
 		}
 		cancel()
-		states = r.Table.Export()
 	}
-	exported := time.Now()
-	c.cfg.Registry.AbortAll(proto.CodeShutdown) // what could not be handed over
-	n, err := handover.SendStates(states, send)
+	settled := time.Now()
+	export := func(each func(*resume.State)) {
+		if r != nil {
+			r.Table.ExportEach(each)
+		}
+		c.cfg.Registry.AbortAll(proto.CodeShutdown) // what could not be handed over
+	}
+	var n int
+	var err error
+	if req.each != nil {
+		n, err = handover.SendEach(export, *req.each)
+	} else {
+		var states []*resume.State
+		export(func(st *resume.State) { states = append(states, st) })
+		n, err = handover.SendStates(states, req.send)
+	}
 	if err != nil {
 		return err
 	}
 	logger.Info("Handed the client over to the new process", "tunnels", n, "closeDuration", closed.Sub(start),
-		"parkDuration", exported.Sub(closed), "sendDuration", time.Since(exported))
+		"settleDuration", settled.Sub(closed), "handOverDuration", time.Since(settled))
 	return nil
 }
 
@@ -133,6 +158,13 @@ func (c *Client) Import(ctx context.Context, tunnels []handover.Tunnel) (int, er
 	}
 	r := <-req.done
 	return r.n, r.err
+}
+
+// ImportTunnel continues one tunnel the previous process handed over, as
+// Import (while Run runs): the new process re-attaches each as it arrives.
+func (c *Client) ImportTunnel(ctx context.Context, t handover.Tunnel) error {
+	_, err := c.Import(ctx, []handover.Tunnel{t})
+	return err
 }
 
 // importTunnels is Import in Run (ctx: the session's).

@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"os"
-	"runtime"
 	"sync"
 	"time"
 
@@ -81,11 +79,11 @@ func (s *Server) handOver(logger klog.Logger, tr *quic.Transport, cancelConns fu
 	// Stop reading the socket before the clients learn of the close: the
 	// first packets of their new connections are for the new process (the
 	// old one would drop them, and the clients would resend only after a
-	// probe timeout). quic-go's reader spins on the expired deadline until
-	// the transport is closed below: on a P of its own, so that it does
-	// not hold up the closes (with GOMAXPROCS 1 it took 58 ms to send one,
-	// 1 ms without).
-	restore := spareProc()
+	// probe timeout). quic-go's reader looks again every millisecond until
+	// the transport is closed below (our patch 0014: it spun on the
+	// expired deadline, which took half the CPU of a daemon pinned to one
+	// from the closes and the hand-over, or with GOMAXPROCS 1 held them up
+	// until the next preemption: 58 ms to send one close).
 	_ = s.pc.SetReadDeadline(time.Unix(1, 0))
 	cancelConns() // each connection closes with UpgradeReason
 	s.waitClosesSent(closesSentTimeout)
@@ -94,7 +92,6 @@ func (s *Server) handOver(logger klog.Logger, tr *quic.Transport, cancelConns fu
 	// process reads the socket (never both at once), and the closes went
 	// out before it can answer a packet of these connections.
 	_ = tr.Close()
-	restore()
 	times.mark("transportClosed")
 	if steps.Released != nil {
 		if err := steps.Released(); err != nil {
@@ -158,21 +155,6 @@ func (s *Server) waitClosesSent(d time.Duration) {
 		case <-q.Context().Done():
 		case <-timer.C:
 			return
-		}
-	}
-}
-
-// spareProc adds a P (GOMAXPROCS) until restore is called: the spinning
-// reader of a handover's first milliseconds takes one.
-func spareProc() (restore func()) {
-	_, fromEnv := os.LookupEnv("GOMAXPROCS")
-	prev := runtime.GOMAXPROCS(0)
-	runtime.GOMAXPROCS(prev + 1)
-	return func() {
-		if fromEnv {
-			runtime.GOMAXPROCS(prev)
-		} else {
-			runtime.SetDefaultGOMAXPROCS() // and back to following the CPU limit
 		}
 	}
 }

@@ -15,12 +15,7 @@ import (
 func SendStates(states []*resume.State, send SendFunc) (int, error) {
 	tunnels := make([]Tunnel, 0, len(states))
 	for _, st := range states {
-		ht := Tunnel{State: *st}
-		if t, ok := st.Meta.(*tunnel.Tunnel); ok {
-			ht.UUID, ht.Destination, ht.Source, ht.Endpoint, ht.Server, ht.CreatedAt = t.UUID, t.Destination, t.Source, t.Endpoint, t.Server, t.CreatedAt
-		}
-		ht.Meta = nil
-		tunnels = append(tunnels, ht)
+		tunnels = append(tunnels, tunnelOf(st))
 	}
 	err := send(tunnels)
 	for _, st := range states {
@@ -30,6 +25,53 @@ func SendStates(states []*resume.State, send SendFunc) (int, error) {
 		return len(tunnels), fmt.Errorf("hand over %d tunnels: %w", len(tunnels), err)
 	}
 	return len(tunnels), nil
+}
+
+// tunnelOf is st with what its *tunnel.Tunnel (State.Meta) shows; Meta is
+// not handed over.
+func tunnelOf(st *resume.State) Tunnel {
+	ht := Tunnel{State: *st}
+	if t, ok := st.Meta.(*tunnel.Tunnel); ok {
+		ht.UUID, ht.Destination, ht.Source, ht.Endpoint, ht.Server, ht.CreatedAt = t.UUID, t.Destination, t.Source, t.Endpoint, t.Server, t.CreatedAt
+	}
+	ht.Meta = nil
+	return ht
+}
+
+// Sender sends an upgrade's tunnels one at a time, each as soon as it is
+// exported, so that the new process takes the first ones while the rest
+// are exported (the messages are those of SendFunc's Conn.SendTunnels).
+type Sender struct {
+	// Tunnel sends one (Conn.SendTunnel); its file stays the caller's.
+	Tunnel func(t *Tunnel) error
+	// End sends the count (Conn.SendEnd) and waits for the new process's
+	// answer.
+	End func(n int) error
+}
+
+// SendEach sends each state export gives (resume.Table.ExportEach) with s
+// as soon as it is given, closing its application socket after (the new
+// process holds its own), then s.End. After an error it sends nothing
+// more but still closes what it is given. It returns how many it sent.
+func SendEach(export func(each func(*resume.State)), s Sender) (int, error) {
+	n := 0
+	var err error
+	export(func(st *resume.State) {
+		if err == nil {
+			ht := tunnelOf(st)
+			if err = s.Tunnel(&ht); err == nil {
+				n++
+			}
+		}
+		_ = st.Conn.Close()
+	})
+	if err == nil {
+		err = s.End(n)
+	}
+	if err != nil {
+		return n, fmt.Errorf("hand over the tunnels (%d sent): %w", n, err)
+	}
+	return n, nil
 }
 
 // ImportAll continues each tunnel with imp (ImportOne) and returns how

@@ -24,6 +24,11 @@
 // child that receives a tunnel or the end where released may come serves
 // after the import, as before released existed.
 //
+// A client sends each tunnel as soon as it is exported (SendEach) and its
+// successor, connected already, re-attaches each as it arrives, while the
+// rest come: the messages are the same as when every tunnel is exported
+// first, so either build reads the other's.
+//
 // Every message starts with "QH", the Version and its type. The receiver
 // checks each bound (Limits) before it takes anything, and on any error
 // closes every descriptor it received: it holds nothing it was not meant

@@ -5,9 +5,11 @@ package handover
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -451,4 +453,72 @@ func mustFD(t *testing.T, f *os.File) int {
 	fd, err := rawFD(f)
 	require.NoError(t, err)
 	return fd
+}
+
+// TestSendEach: each state exported goes out before the next is exported
+// (the new process takes it meanwhile) with its record and bytes, its
+// socket closed once sent; the receiver of SendTunnels' messages
+// (RecvTunnels, an older binary's) gets them all. After a send fails,
+// nothing more is sent, the rest are still closed, and the error says how
+// many went.
+func TestSendEach(t *testing.T) {
+	t.Parallel()
+	for _, failAt := range []int{-1, 1} {
+		t.Run("fail at "+strconv.Itoa(failAt), func(t *testing.T) {
+			t.Parallel()
+			parent, child := pair(t)
+			var files []*os.File
+			for range 3 {
+				f, _ := tcpFile(t)
+				files = append(files, f)
+			}
+			var log []string
+			export := func(each func(*resume.State)) {
+				for i, f := range files {
+					log = append(log, "export "+strconv.Itoa(i))
+					st := resumeState(f, []byte("bytes "+strconv.Itoa(i)))
+					st.ID[0] = byte(i + 1)
+					each(&st)
+				}
+			}
+			sent := 0
+			s := Sender{
+				Tunnel: func(tu *Tunnel) error {
+					log = append(log, "send "+strconv.Itoa(int(tu.ID[0]-1)))
+					if sent == failAt {
+						return errors.New("planted")
+					}
+					sent++
+					return parent.SendTunnel(tu)
+				},
+				End: parent.SendEnd,
+			}
+			got := make(chan []Tunnel, 1)
+			go func() {
+				ts, _ := child.RecvTunnels(bigLimits)
+				got <- ts
+			}()
+			n, err := SendEach(export, s)
+			for _, f := range files {
+				assert.ErrorIs(t, f.Close(), os.ErrClosed, "closed once handed over or given up")
+			}
+			if failAt >= 0 {
+				require.ErrorContains(t, err, "1 sent")
+				assert.Equal(t, 1, n)
+				assert.Equal(t, []string{"export 0", "send 0", "export 1", "send 1", "export 2"}, log)
+				require.NoError(t, parent.Close())
+				assert.Nil(t, <-got, "no end: the receiver lets go of what came")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, 3, n)
+			assert.Equal(t, []string{"export 0", "send 0", "export 1", "send 1", "export 2", "send 2"}, log)
+			ts := <-got
+			require.Len(t, ts, 3)
+			for i, tu := range ts {
+				assert.Equal(t, "bytes "+strconv.Itoa(i), string(tu.Data))
+				require.NoError(t, tu.Conn.Close())
+			}
+		})
+	}
 }

@@ -16,24 +16,38 @@ const (
 // stay the caller's.
 func (c *Conn) SendTunnels(ts []Tunnel) error {
 	for i := range ts {
-		t := &ts[i]
-		fd, err := rawFD(t.Conn)
-		if err != nil {
+		if err := c.SendTunnel(&ts[i]); err != nil {
 			return err
-		}
-		if err := c.send(msgTunnel, encodeTunnel(t), fd); err != nil {
-			return err
-		}
-		for rest := t.Data; len(rest) > 0; {
-			k := min(len(rest), dataPiece)
-			if err := c.send(msgData, rest[:k]); err != nil {
-				return err
-			}
-			rest = rest[k:]
 		}
 	}
+	return c.SendEnd(len(ts))
+}
+
+// SendTunnel sends one tunnel (the parent): its record with its
+// application socket, then its bytes in pieces; SendEnd follows the last.
+// The file stays the caller's.
+func (c *Conn) SendTunnel(t *Tunnel) error {
+	fd, err := rawFD(t.Conn)
+	if err != nil {
+		return err
+	}
+	if err := c.send(msgTunnel, encodeTunnel(t), fd); err != nil {
+		return err
+	}
+	for rest := t.Data; len(rest) > 0; {
+		k := min(len(rest), dataPiece)
+		if err := c.send(msgData, rest[:k]); err != nil {
+			return err
+		}
+		rest = rest[k:]
+	}
+	return nil
+}
+
+// SendEnd ends the tunnels (the parent): n is how many were sent.
+func (c *Conn) SendEnd(n int) error {
 	var w writer
-	w.u64(uint64(len(ts)))
+	w.u64(uint64(n))
 	return c.send(msgEnd, w.b)
 }
 

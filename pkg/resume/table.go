@@ -365,6 +365,14 @@ func (t *Table) collect(now time.Time, pending map[any]*connPending) {
 // their IDs. Tunnels that are not parked, or whose socket cannot be handed
 // over, stay; the caller ends them.
 func (t *Table) Export() []*State {
+	var out []*State
+	t.ExportEach(func(st *State) { out = append(out, st) })
+	return out
+}
+
+// ExportEach is Export giving each tunnel to each as soon as it is
+// exported (each then owns it), in the same order.
+func (t *Table) ExportEach(each func(*State)) {
 	t.mu.Lock()
 	type held struct {
 		id ID
@@ -376,16 +384,14 @@ func (t *Table) Export() []*State {
 	}
 	t.mu.Unlock()
 	slices.SortFunc(all, func(a, b held) int { return bytes.Compare(a.id[:], b.id[:]) })
-	var out []*State
 	for _, h := range all {
 		st, err := h.e.pipe.Export()
 		if err != nil {
 			continue
 		}
 		st.Identity = h.e.identity
-		out = append(out, st)
+		each(st)
 	}
-	return out
 }
 
 // Settle waits until no tunnel of the Table runs any more (each parked or

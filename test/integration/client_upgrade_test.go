@@ -27,8 +27,20 @@ import (
 // listener stay open, and no byte is lost, doubled or reordered (SHA-256
 // both ways, 5 tunnels moving data through an echo the whole time). A new
 // connection to the same listener is served by B, and nothing is left
-// held at the end.
+// held at the end. "each" as the daemons do: A sends each tunnel as soon
+// as it is exported (Client.HandOverEach) and B imports each as it
+// arrives (Client.ImportTunnel) while A still hands the rest over.
 func TestClientHandOver(t *testing.T) { // not parallel: it sets the environment (handoverPair)
+	for _, each := range []bool{false, true} {
+		name := "all at once"
+		if each {
+			name = "each"
+		}
+		t.Run(name, func(t *testing.T) { testClientHandOver(t, each) })
+	}
+}
+
+func testClientHandOver(t *testing.T, each bool) {
 	const tunnels = 5
 	echo := testutil.EchoServer(t)
 	srvSide := newResumeSide(server.NewResumeMetrics)
@@ -59,21 +71,15 @@ func TestClientHandOver(t *testing.T) { // not parallel: it sets the environment
 	b := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, WaitReady: true, Listeners: []net.Listener{lnB},
 		Mutate: func(c *client.Config) { c.Resume = sideB.ingress(time.Minute) }})
 
-	done := make(chan error, 1)
-	go func() {
-		done <- a.HandOver(context.Background(), func(ts []handover.Tunnel) error { return parent.SendTunnels(ts) })
-	}()
-	ts, err := child.RecvTunnels(b.HandoverLimits())
-	require.NoError(t, err)
-	require.NoError(t, <-done)
-	require.Equal(t, tunnels, len(ts), "tunnels handed over")
+	if each {
+		handOverEach(t, a, b, parent, child, tunnels)
+	} else {
+		handOverAll(t, a, b, parent, child, tunnels)
+	}
 	// Each tunnel's goroutine lets go of it once its export ended it (it
 	// may still be in its wait for a session to re-attach on).
 	assert.Eventually(t, func() bool { return sideA.table.Len() == 0 }, 5*time.Second, time.Millisecond, "A let go of every tunnel")
 	a.Stop(t) // as the old process exits: its Run has returned
-	n, err := b.Import(context.Background(), ts)
-	require.NoError(t, err)
-	assert.Equal(t, tunnels, n)
 
 	load.waitMoving(t, "the tunnels move on through B")
 	checkEchoOnce(t, b.Addr) // a new connection to the listener A handed over
@@ -87,6 +93,44 @@ func TestClientHandOver(t *testing.T) { // not parallel: it sets the environment
 	require.Eventually(t, func() bool { return sideB.table.Len() == 0 && srvSide.table.Len() == 0 }, 10*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return sideA.budget.Used() == 0 && sideB.budget.Used() == 0 }, 10*time.Second, 10*time.Millisecond,
 		"every buffer given back")
+}
+
+// handOverAll: A exports every tunnel, then sends them (Client.HandOver);
+// B imports them once it has all (Client.Import).
+func handOverAll(t *testing.T, a, b *testutil.Client, parent, child *handover.Conn, tunnels int) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		done <- a.HandOver(context.Background(), func(ts []handover.Tunnel) error { return parent.SendTunnels(ts) })
+	}()
+	ts, err := child.RecvTunnels(b.HandoverLimits())
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	require.Equal(t, tunnels, len(ts), "tunnels handed over")
+	n, err := b.Import(context.Background(), ts)
+	require.NoError(t, err)
+	assert.Equal(t, tunnels, n)
+}
+
+// handOverEach: A sends each tunnel as soon as it is exported
+// (Client.HandOverEach) and B imports each as it arrives
+// (Client.ImportTunnel), as the daemons do.
+func handOverEach(t *testing.T, a, b *testutil.Client, parent, child *handover.Conn, tunnels int) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		done <- a.HandOverEach(context.Background(), handover.Sender{Tunnel: parent.SendTunnel, End: parent.SendEnd})
+	}()
+	var errs []error
+	n, err := child.RecvTunnelsEach(b.HandoverLimits(), func(tu handover.Tunnel) {
+		if err := b.ImportTunnel(context.Background(), tu); err != nil {
+			errs = append(errs, err)
+		}
+	})
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	assert.Empty(t, errs)
+	assert.Equal(t, tunnels, n, "tunnels handed over")
 }
 
 // checkEchoOnce opens a connection to addr (a client's listener in front

@@ -66,6 +66,18 @@ type EarlyUpgradable interface {
 	LoadUsage(ctx context.Context)
 }
 
+// EachUpgradable is an Upgradable that hands each tunnel over as soon as
+// it is exported and takes each as it arrives while it serves (the
+// client): the new process re-attaches the first ones while the rest come.
+type EachUpgradable interface {
+	Upgradable
+	// HandOverEach is HandOver with each tunnel sent as soon as it is
+	// exported.
+	HandOverEach(ctx context.Context, s handover.Sender) error
+	// ImportTunnel continues one tunnel handed over (as each arrives).
+	ImportTunnel(ctx context.Context, t handover.Tunnel) error
+}
+
 // Upgrade is what ServeUpgradable needs besides Serving.
 type Upgrade struct {
 	// Inherited is what the previous process handed over (nil: a normal
@@ -93,6 +105,9 @@ type Inherited struct {
 	ready     bool
 	released  time.Time
 	endImport func()
+	// gc: the collector's pacing, off from the ready message until the
+	// tunnels were taken (sendReady, gcBackLater).
+	gc *gcPause
 }
 
 // TakeInherited receives the sockets of the process that started this one
@@ -288,7 +303,7 @@ func (d *DaemonFlags) ServeUpgradable(ctx context.Context, s Serving, u Upgrade)
 				signal.Stop(sigs)
 				return // Serve ended: no ready, the previous process keeps serving
 			}
-			if err := u.Inherited.finish(uctx, u.Service, upm); err != nil {
+			if err := u.Inherited.finishServing(uctx, u.Service, upm); err != nil {
 				// The previous process kills this one when it sees no ready.
 				signal.Stop(sigs)
 				logger.Error(err, "Upgrade: could not take over from the previous process")
@@ -313,10 +328,9 @@ func (in *Inherited) awaitRelease(ctx context.Context, srv Upgradable) (EarlyUpg
 		return nil, nil
 	}
 	hc := in.conn
-	if err := hc.SendReady(os.Getpid()); err != nil {
-		return nil, fmt.Errorf("upgrade: report ready: %w", err)
+	if err := in.sendReady(); err != nil {
+		return nil, err
 	}
-	in.ready = true
 	_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
 	released, err := hc.RecvReleased()
 	if err != nil || !released {
@@ -362,6 +376,7 @@ func (in *Inherited) finishEarly(ctx context.Context, srv EarlyUpgradable, m *me
 		logger.Error(err, "Upgrade: could not take all the tunnels of the previous process; serving with those it took", "tunnels", n)
 		_ = hc.SendDone(n, err.Error())
 		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+		in.gcBackLater(logger)
 		return
 	}
 	if err := hc.RecvSaved(); err != nil {
@@ -387,6 +402,34 @@ func (in *Inherited) answer(logger klog.Logger, n int, ierr error, m *metrics.Up
 	}
 	m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
 	logger.Info("Upgrade: serving as the new process", append([]any{"pid", os.Getpid(), "tunnels", n}, kv...)...)
+	in.gcBackLater(logger)
+}
+
+// gcPauseGrace is how long the collector's pacing stays off once the
+// tunnels were taken: their re-attachments, which come meanwhile or in the
+// round trips after, are served first.
+const gcPauseGrace = time.Second
+
+// sendReady tells the old process this one is ready (it then hands its
+// service over); from then on until gcBackLater the collector's pacing is
+// off (pauseGC).
+func (in *Inherited) sendReady() error {
+	in.gc = pauseGC()
+	if err := in.conn.SendReady(os.Getpid()); err != nil {
+		in.gc.restore()
+		return fmt.Errorf("upgrade: report ready: %w", err)
+	}
+	in.ready = true
+	return nil
+}
+
+// gcBackLater gives the collector its pacing back gcPauseGrace from now.
+func (in *Inherited) gcBackLater(logger klog.Logger) {
+	if g := in.gc; g != nil {
+		time.AfterFunc(gcPauseGrace, func() {
+			logger.V(2).Info("Upgrade: the garbage collector paces itself again", "cyclesWhileOff", g.restore())
+		})
+	}
 }
 
 // finish takes the tunnels over once the service is built: it reports
@@ -399,8 +442,8 @@ func (in *Inherited) finish(ctx context.Context, srv Upgradable, m *metrics.Upgr
 	logger := klog.FromContext(ctx)
 	hc := in.conn
 	if !in.ready {
-		if err := hc.SendReady(os.Getpid()); err != nil {
-			return fmt.Errorf("upgrade: report ready: %w", err)
+		if err := in.sendReady(); err != nil {
+			return err
 		}
 		_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
 	}
@@ -409,10 +452,47 @@ func (in *Inherited) finish(ctx context.Context, srv Upgradable, m *metrics.Upgr
 		logger.Error(err, "Upgrade: could not take the tunnels of the previous process; serving without them")
 		_ = hc.SendDone(0, err.Error())
 		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+		in.gcBackLater(logger)
 		return nil
 	}
 	n, ierr := srv.Import(ctx, ts)
 	countImported(logger, m, n, len(ts), ierr)
+	in.answer(logger, n, ierr, m)
+	return nil
+}
+
+// finishServing is finish for a service that serves already (the
+// client's, once connected): an EachUpgradable one takes each tunnel as
+// it arrives (its re-attachment starts while the next ones come).
+func (in *Inherited) finishServing(ctx context.Context, srv Upgradable, m *metrics.Upgrade) error {
+	es, ok := srv.(EachUpgradable)
+	if !ok {
+		return in.finish(ctx, srv, m)
+	}
+	logger := klog.FromContext(ctx)
+	hc := in.conn
+	if err := in.sendReady(); err != nil {
+		return err
+	}
+	_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
+	var errs []error
+	n := 0
+	got, err := hc.RecvTunnelsEach(srv.HandoverLimits(), func(t handover.Tunnel) {
+		if err := es.ImportTunnel(ctx, t); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		n++
+	})
+	ierr := errors.Join(errs...)
+	countImported(logger, m, n, got, ierr)
+	if err != nil {
+		logger.Error(err, "Upgrade: could not take all the tunnels of the previous process; serving with those it took", "tunnels", n)
+		_ = hc.SendDone(n, err.Error())
+		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+		in.gcBackLater(logger)
+		return nil
+	}
 	in.answer(logger, n, ierr, m)
 	return nil
 }
@@ -580,10 +660,21 @@ func (u *upgrader) handOver(ctx context.Context, logger klog.Logger, parent *han
 		logger.Info("Upgrade: the new process took the tunnels", "pid", pid, "tunnels", n, "sent", sent)
 		return err
 	}
+	_ = parent.SetDeadline(time.Now().Add(handoverTimeout))
 	send := func(ts []handover.Tunnel) error {
-		_ = parent.SetDeadline(time.Now().Add(handoverTimeout))
 		sent = len(ts)
 		return parent.SendTunnels(ts)
+	}
+	if eu, ok := u.srv.(EachUpgradable); ok {
+		return eu.HandOverEach(ctx, handover.Sender{
+			Tunnel: func(t *handover.Tunnel) error { sent++; return parent.SendTunnel(t) },
+			End: func(n int) error {
+				if err := parent.SendEnd(n); err != nil {
+					return err
+				}
+				return wait()
+			},
+		})
 	}
 	es, ok := u.srv.(EarlyUpgradable)
 	if ok && !u.childReleases {

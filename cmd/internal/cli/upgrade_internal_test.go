@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"testing"
@@ -29,6 +30,16 @@ import (
 type fakeServer struct {
 	mu    sync.Mutex
 	steps []string
+	// gcPaced: whether the collector paced itself (GOGC on) at each
+	// tunnel's import.
+	gcPaced []bool
+}
+
+// importing records the collector's pacing at an import.
+func (f *fakeServer) importing() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gcPaced = append(f.gcPaced, gcPercent() >= 0)
 }
 
 func (f *fakeServer) record(s string) {
@@ -54,6 +65,7 @@ func (f *fakeServer) HandoverLimits() handover.Limits {
 func (f *fakeServer) Import(_ context.Context, ts []handover.Tunnel) (int, error) {
 	f.record("import " + strconv.Itoa(len(ts)))
 	for _, t := range ts {
+		f.importing()
 		_ = t.Conn.Close()
 	}
 	return len(ts), nil
@@ -66,6 +78,7 @@ func (f *fakeServer) BeginImport() func() {
 
 func (f *fakeServer) ImportTunnel(_ context.Context, t handover.Tunnel) error {
 	f.record("tunnel " + t.UUID)
+	f.importing()
 	return t.Conn.Close()
 }
 
@@ -95,8 +108,10 @@ func tunnelsOf(t *testing.T, n int) []handover.Tunnel {
 // imports each tunnel as it arrives, ends the import, reads the
 // accounting's totals only once the old process said it saved them, then
 // answers; a parent that does not send released (an older binary) gets
-// the import before serving, as before.
-func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environment (testutil.HandoverPair)
+// the import before serving, as before. Either way the tunnels are taken
+// with the garbage collector's pacing off, back once they are.
+func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environment (testutil.HandoverPair) and the collector's pacing
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	for _, tc := range []struct {
 		name     string
 		released bool
@@ -151,8 +166,62 @@ func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environ
 			require.NoError(t, <-answered)
 			assert.Equal(t, tc.want, srv.steps)
 			assert.Equal(t, float64(2), promtest.ToFloat64(m.Tunnels.WithLabelValues(metrics.UpgradeImported)))
+			// The collector's pacing was off from the ready message
+			// while the tunnels came, and comes back once they are
+			// taken (gcPauseGrace later).
+			assert.Equal(t, []bool{false, false}, srv.gcPaced, "pacing off while importing")
+			require.Eventually(t, func() bool { return gcPercent() == 100 }, 10*time.Second, 10*time.Millisecond, "pacing back")
 		})
 	}
+}
+
+// fakeClient is an EachUpgradable (as the client is) recording what the
+// upgrade asked of it.
+type fakeClient struct{ fakeServer }
+
+func (f *fakeClient) HandOverEach(context.Context, handover.Sender) error {
+	f.record("handover each")
+	return nil
+}
+
+// TestUpgradeEachClient: the new client process, serving already, takes
+// each tunnel as it arrives (ImportTunnel, not Import once all came; its
+// re-attachment starts while the next ones come) with the collector's
+// pacing off, and answers with the count.
+func TestUpgradeEachClient(t *testing.T) { // not parallel: it sets the environment (testutil.HandoverPair) and the collector's pacing
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	parent, child := testutil.HandoverPair(t)
+	in := &Inherited{conn: child}
+	ts := tunnelsOf(t, 2)
+	srv := &fakeClient{}
+	answered := make(chan error, 1)
+	go func() {
+		answered <- func() error {
+			if _, err := parent.WaitReady(time.Now().Add(10 * time.Second)); err != nil {
+				return err
+			}
+			for i := range ts {
+				if err := parent.SendTunnel(&ts[i]); err != nil {
+					return err
+				}
+			}
+			if err := parent.SendEnd(len(ts)); err != nil {
+				return err
+			}
+			n, err := parent.WaitDone(time.Now().Add(10 * time.Second))
+			if err == nil && n != len(ts) {
+				t.Errorf("the new process took %d tunnels, want %d", n, len(ts))
+			}
+			return err
+		}()
+	}()
+	m := metrics.NewUpgrade(prometheus.NewRegistry(), "client")
+	require.NoError(t, in.finishServing(context.Background(), srv, m))
+	require.NoError(t, <-answered)
+	assert.Equal(t, []string{"tunnel t0", "tunnel t1"}, srv.steps)
+	assert.Equal(t, []bool{false, false}, srv.gcPaced, "pacing off while importing")
+	assert.Equal(t, float64(2), promtest.ToFloat64(m.Tunnels.WithLabelValues(metrics.UpgradeImported)))
+	require.Eventually(t, func() bool { return gcPercent() == 100 }, 10*time.Second, 10*time.Millisecond, "pacing back")
 }
 
 // TestUpgradeEarlyServeEnds: Serve ending while the tunnels are still
