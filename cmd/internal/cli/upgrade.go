@@ -358,25 +358,12 @@ func (in *Inherited) finishEarly(ctx context.Context, srv EarlyUpgradable, m *me
 	// The loop yields after each: with one P (a daemon pinned to one CPU)
 	// its syscalls rarely block, and the goroutines serving the clients'
 	// handshakes and re-attachments would wait for preemption (10 ms).
-	var errs []error
-	n := 0
-	got, err := hc.RecvTunnelsEach(srv.HandoverLimits(), func(t handover.Tunnel) {
-		defer runtime.Gosched()
-		if err := srv.ImportTunnel(ctx, t); err != nil {
-			errs = append(errs, err)
-			return
-		}
-		n++
-	})
+	n, got, ierr, err := in.importEach(ctx, srv.HandoverLimits(), true, srv.ImportTunnel)
 	in.endImport()
 	imported := time.Since(in.released)
-	ierr := errors.Join(errs...)
 	countImported(logger, m, n, got, ierr)
 	if err != nil {
-		logger.Error(err, "Upgrade: could not take all the tunnels of the previous process; serving with those it took", "tunnels", n)
-		_ = hc.SendDone(n, err.Error())
-		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
-		in.gcBackLater(logger)
+		in.importFailed(logger, m, n, err)
 		return
 	}
 	if err := hc.RecvSaved(); err != nil {
@@ -385,6 +372,35 @@ func (in *Inherited) finishEarly(ctx context.Context, srv EarlyUpgradable, m *me
 	srv.LoadUsage(ctx)
 	in.answer(logger, n, ierr, m, "imported", imported.Round(100*time.Microsecond),
 		"usageLoaded", time.Since(in.released).Round(100*time.Microsecond))
+}
+
+// importEach receives the tunnels the previous process sends and imports
+// each with take as it arrives, yielding after each when yield is set (see
+// finishEarly). It returns how many it took of the got it received, their
+// import errors joined, and the receipt's error.
+func (in *Inherited) importEach(ctx context.Context, limits handover.Limits, yield bool,
+	take func(context.Context, handover.Tunnel) error) (n, got int, ierr, err error) {
+	var errs []error
+	got, err = in.conn.RecvTunnelsEach(limits, func(t handover.Tunnel) {
+		if yield {
+			defer runtime.Gosched()
+		}
+		if err := take(ctx, t); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		n++
+	})
+	return n, got, errors.Join(errs...), err
+}
+
+// importFailed ends an import whose receipt failed (err) after n tunnels:
+// the new process serves with those, and tells the previous one so.
+func (in *Inherited) importFailed(logger klog.Logger, m *metrics.Upgrade, n int, err error) {
+	logger.Error(err, "Upgrade: could not take all the tunnels of the previous process; serving with those it took", "tunnels", n)
+	_ = in.conn.SendDone(n, err.Error())
+	m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+	in.gcBackLater(logger)
 }
 
 // answer tells systemd this is the main process now (NotifyAccess=all)
@@ -475,22 +491,10 @@ func (in *Inherited) finishServing(ctx context.Context, srv Upgradable, m *metri
 		return err
 	}
 	_ = hc.SetDeadline(time.Now().Add(handoverTimeout))
-	var errs []error
-	n := 0
-	got, err := hc.RecvTunnelsEach(srv.HandoverLimits(), func(t handover.Tunnel) {
-		if err := es.ImportTunnel(ctx, t); err != nil {
-			errs = append(errs, err)
-			return
-		}
-		n++
-	})
-	ierr := errors.Join(errs...)
+	n, got, ierr, err := in.importEach(ctx, srv.HandoverLimits(), false, es.ImportTunnel)
 	countImported(logger, m, n, got, ierr)
 	if err != nil {
-		logger.Error(err, "Upgrade: could not take all the tunnels of the previous process; serving with those it took", "tunnels", n)
-		_ = hc.SendDone(n, err.Error())
-		m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
-		in.gcBackLater(logger)
+		in.importFailed(logger, m, n, err)
 		return nil
 	}
 	in.answer(logger, n, ierr, m)
