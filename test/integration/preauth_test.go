@@ -7,6 +7,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -493,12 +494,16 @@ func TestTicketRemembersRaisedStreamCredit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	qconf := transport.QUICConfig(transport.DefaultQUICOptions())
+	tokens := &countingTokens{TokenStore: quic.NewLRUTokenStore(4, 4)}
+	qconf.TokenStore = tokens
 
 	c, err := quic.DialAddr(ctx, srv.Addr, ctls, qconf)
 	require.NoError(t, err)
-	// Unverified, the connection has no ticket (it would come with the
-	// handshake's last flight, well within this on loopback).
-	time.Sleep(300 * time.Millisecond)
+	// Unverified, the connection has no ticket. The server queues a ticket
+	// it sends at the handshake's end before its address-validation token,
+	// so once the token is in, a ticket would be too.
+	require.Eventually(t, func() bool { return tokens.puts.Load() > 0 }, 10*time.Second, 5*time.Millisecond,
+		"the server's address-validation token at the handshake's end")
 	assert.Zero(t, tickets.puts.Load(), "a session ticket before a verified header")
 	str, err := c.OpenStream()
 	require.NoError(t, err)
@@ -526,6 +531,17 @@ func TestTicketRemembersRaisedStreamCredit(t *testing.T) {
 		require.NoError(t, proto.ReadReply(str), "stream %d served", i)
 	}
 	assert.True(t, ec.ConnectionState().Used0RTT, "the streams went as 0-RTT data")
+}
+
+// countingTokens is a QUIC token store that counts the tokens stored.
+type countingTokens struct {
+	quic.TokenStore
+	puts atomic.Int32
+}
+
+func (c *countingTokens) Put(key string, t *quic.ClientToken) {
+	c.puts.Add(1)
+	c.TokenStore.Put(key, t)
 }
 
 // requireClosedByServer waits up to limit for the server to close c with
