@@ -284,10 +284,7 @@ func (s *stream) authenticate(ctx context.Context) *failure {
 		return f
 	}
 	if s.keyName != "" {
-		s.logKey = true
-		if s.logMade {
-			s.logger = klog.LoggerWithValues(s.logger, "key", s.keyName)
-		}
+		s.logKey, s.logMade = true, false // made again with it at its next use
 	}
 	if s.st.MACVerified != nil {
 		s.st.MACVerified()
@@ -385,10 +382,7 @@ func (s *stream) hookCert(ctx context.Context) *failure {
 func (s *stream) identify() {
 	s.peer = s.st.Conn0.peerOf(s.st.Conn)
 	if s.peer.subject != "" {
-		s.logSubject = true
-		if s.logMade {
-			s.logger = klog.LoggerWithValues(s.logger, "clientSubject", s.peer.subject)
-		}
+		s.logSubject, s.logMade = true, false
 	}
 	s.identities = s.peer.identities(s.keyName)
 	s.audited = s.e.cfg.AuditLog
