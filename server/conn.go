@@ -253,13 +253,8 @@ func (c *conn) acceptStreams(ctx context.Context) error {
 }
 
 // goStream runs f, a stream's service, on one of the server's stream
-// workers (a goroutine per stream without them), counted among the
-// connection's goroutines until it returns.
+// workers, counted among the connection's goroutines until it returns.
 func (c *conn) goStream(f func()) {
-	if c.s.workers == nil {
-		c.streams.Go(f)
-		return
-	}
 	c.streams.Add(1)
 	c.s.workers.Go(func() {
 		defer c.streams.Done()

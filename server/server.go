@@ -245,7 +245,7 @@ type Server struct {
 	limits *sourceLimiter
 	// egress serves each stream once accepted: authentication, rules, dial, splice.
 	egress *egress.Handler
-	// workers run the streams (set by Run; nil: a goroutine per stream).
+	// workers run the streams; Run stops them.
 	workers *streamWorkers
 	// binder opens the listeners of reverse forwards (nil: none allowed).
 	binder *binder
@@ -522,6 +522,7 @@ func newServer(cfg Config, pc net.PacketConn, raiseStreamsTo int64, bind *binder
 		tcpSlots:       newTCPSlots(cfg.MaxTCPHandshakes),
 		conns:          map[uint64]liveConn{},
 		handover:       make(chan handoverReq),
+		workers:        newStreamWorkers(maxIdleStreamWorkers),
 	}
 	if bind != nil {
 		bind.init(srv)
@@ -642,7 +643,6 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancelConns()
 	var wg sync.WaitGroup
 	s.startServices(connCtx, tr, &wg)
-	s.workers = newStreamWorkers(maxIdleStreamWorkers)
 	defer s.workers.stop() // after conns.Wait: no stream can start then
 	// conns are the connections' goroutines (an upgrade waits for them
 	// alone before it exports the parked tunnels).
@@ -891,6 +891,12 @@ var (
 func refuseConn(ctx context.Context, conn egress.Conn, reason string) {
 	egress.CloseConn(ctx, conn, proto.CodeOverloaded, reason)
 }
+
+// IdleStreamWorkers is how many goroutines wait for the server's next
+// stream (at most 32, kept between streams so that each need not grow a
+// new stack): what a count of the process's goroutines after a burst of
+// streams finds beyond those the streams left.
+func (s *Server) IdleStreamWorkers() int { return s.workers.waiting() }
 
 // quicDefaultMaxIncomingStreams is quic-go's default for a zero
 // quic.Config.MaxIncomingStreams.

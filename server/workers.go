@@ -60,6 +60,9 @@ func (w *streamWorkers) run(f func()) {
 	}
 }
 
+// waiting returns how many workers wait for work.
+func (w *streamWorkers) waiting() int { return int(w.idle.Load()) }
+
 // stop ends the waiting workers and waits for the others to end their
 // work. Call it once, when Go can no longer be called.
 func (w *streamWorkers) stop() {
