@@ -476,7 +476,7 @@ func (c *Client) Ready() bool {
 	defer c.mu.Unlock()
 	for _, m := range c.members {
 		l := m.cur
-		if l.live() && !m.srv.authRefused.Load() && isClosed(l.conn.HandshakeComplete()) && (noSecret || l.confirmed.Load()) {
+		if l.live() && !m.srv.authRefused.Load() && transport.HandshakeComplete(l.conn) && (noSecret || l.confirmed.Load()) {
 			return true
 		}
 	}
@@ -511,15 +511,6 @@ func (c *Client) newSession(conn quicConn, m *member) *session {
 		WithRTT(func() time.Duration { return conn.ConnectionStats().SmoothedRTT })
 	return &session{Conn: conn.streams(), Prober: prober, Flows: udpflow.NewTable(c.cfg.Metrics.UDP.Drop), Waker: liveness.NewWaker(),
 		Server: m.srv.label}
-}
-
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }
 
 // LivenessStats counts heartbeat and tail-probe datagrams.
@@ -840,10 +831,10 @@ func (q *quicLink) connect(ctx context.Context) (l *link, start time.Time, ok bo
 	q.connID = c.nextConnID.Add(1)
 	l = c.setSession(m, c.newSession(conn, m), conn)
 	q.startHello(ctx, l)
-	if !isClosed(conn.HandshakeComplete()) {
+	if !transport.HandshakeComplete(conn) {
 		l = q.handshake(ctx, l)
 	}
-	if ctx.Err() == nil && !isClosed(l.conn.HandshakeComplete()) {
+	if ctx.Err() == nil && !transport.HandshakeComplete(l.conn) {
 		// A resumed attempt whose handshake did not complete (the
 		// handshake timeout, a refusal): a failed dial, not a connection.
 		c.setSession(m, nil, nil)
@@ -925,7 +916,7 @@ func (q *quicLink) dialFailed(ctx context.Context, err error) {
 // logged (announceConnected), the backoff reset. It returns when.
 func (q *quicLink) up(l *link, start time.Time) time.Time {
 	c, conn, met := q.c, l.conn, q.c.cfg.Metrics
-	if conn.Context().Err() == nil && isClosed(conn.HandshakeComplete()) {
+	if conn.Context().Err() == nil && transport.HandshakeComplete(conn) {
 		l.readyAt.Store(time.Now().UnixNano())
 	}
 	used0RTT := conn.ConnectionState().Used0RTT

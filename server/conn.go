@@ -14,6 +14,7 @@ import (
 	"github.com/quictun/quictun/pkg/liveness"
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
 
@@ -228,7 +229,7 @@ func (c *conn) acceptStreams(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		early := !isClosed(conn.HandshakeComplete())
+		early := !transport.HandshakeComplete(conn)
 		if s.draining.Load() {
 			egress.Reset(str, proto.CodeShutdown)
 			m.StreamsTotal.WithLabelValues(proto.CodeShutdown.String()).Inc()
@@ -350,14 +351,4 @@ func (c *conn) closed(acceptErr error) {
 		s.cfg.QUICStat.Closed(qc.ConnectionStats())
 	}
 	c.logger.V(2).Info("Closed connection", "result", result, "err", cause)
-}
-
-// isClosed reports whether ch is closed.
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }

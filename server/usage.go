@@ -9,6 +9,7 @@ import (
 
 	"github.com/quictun/quictun/pkg/ratecap"
 	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/transport"
 
 	"github.com/quictun/quictun/pkg/egress"
 	"github.com/quictun/quictun/pkg/metrics"
@@ -90,7 +91,7 @@ func (s *Server) rebindCaps(ctx context.Context) {
 			// Before its handshake completes, a connection verified from
 			// the start (mutual TLS) does not know its identity yet:
 			// identified binds it then.
-			if lc.verified.Load() && isClosed(lc.conn.HandshakeComplete()) {
+			if lc.verified.Load() && transport.HandshakeComplete(lc.conn) {
 				conns = append(conns, lc)
 			}
 		}

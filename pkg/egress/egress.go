@@ -20,6 +20,7 @@ import (
 	"github.com/quictun/quictun/pkg/lograte"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
@@ -462,22 +463,12 @@ func (s *ConnState) peerOf(conn Conn) peer {
 	if p := s.peer.Load(); p != nil {
 		return *p
 	}
-	complete := isDone(conn.HandshakeComplete()) // before the read: its answer is the handshake's
+	complete := transport.HandshakeComplete(conn) // before the read: its answer is the handshake's
 	p := peerOf(conn)
 	if complete {
 		s.peer.Store(&p)
 	}
 	return p
-}
-
-// isDone tells whether ch is closed, without waiting.
-func isDone(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
 }
 
 // Identity is who the connection's client proved to be with its latest

@@ -30,6 +30,7 @@ import (
 	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/splice"
 	"github.com/quictun/quictun/pkg/tcpmux"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 	"github.com/quictun/quictun/pkg/udpflow"
 )
@@ -328,15 +329,6 @@ func (h *Handler) audit(logger klog.Logger, source, token, bound, result string,
 // fields filled with their defaults.
 func (h *Handler) Config() Config { return h.cfg }
 
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 // Accept serves ln until it is closed: each local connection, within
 // MaxConnections, is carried by Serve on a goroutine added to handlers.
 // tokens chooses the destinations of this listener (a forward's fixed
@@ -542,7 +534,13 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	case <-ctx.Done():
 	}
 	stopWatch()
-	if isClosed(moved) {
+	wasMoved := false
+	select {
+	case <-moved:
+		wasMoved = true
+	default:
+	}
+	if wasMoved {
 		// Its write may wait on the stalled connection for good: ended, it
 		// returns (what the reader read is in sent already).
 		str.CancelWrite(0)
@@ -555,7 +553,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	}
 	// Moved, the stream's write side is cancelled: it goes to the next
 	// session even if the handshake completed meanwhile.
-	complete := !isClosed(moved) && isClosed(conn.HandshakeComplete())
+	complete := !wasMoved && transport.HandshakeComplete(conn)
 	if conn.Context().Err() == nil && complete && conn.ConnectionState().Used0RTT {
 		return earlyOutcome{str: str, id: id, sent: sent}, nil
 	}
@@ -657,7 +655,7 @@ func (h *Handler) readyElsewhere(ctx context.Context, conn *quic.Conn) bool {
 	if q == nil {
 		return true // TCP
 	}
-	return q != conn && isClosed(q.HandshakeComplete()) && q.Context().Err() == nil
+	return q != conn && transport.HandshakeComplete(q) && q.Context().Err() == nil
 }
 
 // nextSession waits for a connection whose handshake is done: a QUIC one

@@ -12,6 +12,7 @@ import (
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
 
@@ -241,7 +242,7 @@ func (l *local) sendHeader(ctx context.Context) *localFailure {
 		return &localFailure{proto.CodeConnReset.String(), "Could not write stream header", err}
 	}
 	conn := l.sess.Conn.QUIC() // nil on a TCP session: no 0-RTT
-	if conn != nil && !isClosed(conn.HandshakeComplete()) {
+	if conn != nil && !transport.HandshakeComplete(conn) {
 		o, err := l.h.earlyPhase(ctx, conn, l.sc, l.str, l.token, l.early, tunnelID)
 		if err != nil {
 			return &localFailure{proto.CodeConnReset.String(), "Could not re-send after 0-RTT rejection", err}

@@ -14,6 +14,7 @@ import (
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/resume"
 	"github.com/quictun/quictun/pkg/splice"
+	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
 )
 
@@ -259,7 +260,7 @@ var errSessionGone = errors.New("session ended")
 // (the link still dark) is tried again at once on the next one, as when
 // the wait for that handshake saw it end, not after the backoff.
 func sessionGone(sess *Session, err error) error {
-	if q := sess.Conn.QUIC(); q != nil && isClosed(q.Context().Done()) && !errors.Is(err, errSessionGone) {
+	if q := sess.Conn.QUIC(); q != nil && q.Context().Err() != nil && !errors.Is(err, errSessionGone) {
 		return fmt.Errorf("%w: %w", errSessionGone, err)
 	}
 	return err
@@ -281,13 +282,13 @@ func (l *local) resumableSession(ctx context.Context, sess *Session) (early bool
 	if q == nil {
 		return false, errNotResumable
 	}
-	if isClosed(q.Context().Done()) {
+	if q.Context().Err() != nil {
 		return false, errSessionGone
 	}
-	if !isClosed(q.HandshakeComplete()) && ackSender(sess.Conn) != nil {
+	if !transport.HandshakeComplete(q) && ackSender(sess.Conn) != nil {
 		return true, nil
 	}
-	if !isClosed(q.HandshakeComplete()) {
+	if !transport.HandshakeComplete(q) {
 		t := time.NewTimer(l.h.cfg.StreamOpenTimeout)
 		defer t.Stop()
 		select {

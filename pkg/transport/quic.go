@@ -121,3 +121,15 @@ func Linger(ctx context.Context, conns []*quic.Conn) {
 		}
 	}
 }
+
+// HandshakeComplete reports, without waiting, whether c's handshake has
+// completed (c.HandshakeComplete() is closed); c is a *quic.Conn or an
+// interface over one.
+func HandshakeComplete(c interface{ HandshakeComplete() <-chan struct{} }) bool {
+	select {
+	case <-c.HandshakeComplete():
+		return true
+	default:
+		return false
+	}
+}

@@ -593,3 +593,14 @@ func TestClientCAsReplaced(t *testing.T) {
 	assert.NoError(t, serr)
 	assert.NoError(t, cerr)
 }
+
+type handshakeChan chan struct{}
+
+func (c handshakeChan) HandshakeComplete() <-chan struct{} { return c }
+
+func TestHandshakeComplete(t *testing.T) {
+	c := make(handshakeChan)
+	require.False(t, transport.HandshakeComplete(c), "open: not complete, and no wait")
+	close(c)
+	require.True(t, transport.HandshakeComplete(c))
+}
