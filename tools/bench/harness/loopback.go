@@ -319,7 +319,7 @@ func (r *lbRun) startTunnel(ctx context.Context, work, name, bin string, env, sf
 		fwds = append(fwds, "--forward", "tcp:"+t.fwd[svc]+"=tcp:"+r.dst[svc])
 	}
 	sargs := append([]string{"--listen-on", udp, "--state-dir", state, "--secret-file", secret,
-		"--allow", strings.Join(allow, ","), "--httpd-listen-on", "", "--audit-log=false"}, r.opts.ServerArgs...)
+		"--allow", strings.Join(allow, ","), "--httpd-listen-on", ""}, r.opts.ServerArgs...)
 	sargs = append(sargs, sflags...)
 	sbin, sargs := r.pin.wrap(sideServer, filepath.Join(bin, "quictun-server"), sargs)
 	if t.server, err = startProcEnv(name+"-server", "", filepath.Join(r.logDir, name+"-server.log"), env, sbin, sargs...); err != nil {
@@ -587,7 +587,8 @@ func writeLoopbackReport(dir string, res *Results) error {
 	}
 	fmt.Fprintf(&b, "\nMethod: every process on this host's loopback. `direct` connects to the server itself; a quictun variant "+
 		"connects to quictun-client's forward, which carries it over one QUIC connection (loopback UDP) to quictun-server, "+
-		"which connects to the server. Variants alternate within each repetition (the first rotates); %d repetitions; "+
+		"which connects to the server; the daemons run with their defaults (the server's audit line per tunnel included, as users get it) "+
+		"plus the args listed below. Variants alternate within each repetition (the first rotates); %d repetitions; "+
 		"cells are median (min–max). CPU: seconds used during the sample by both quictun daemons (tunnel) and by the servers "+
 		"and the load generator (app); per op: per round trip, connection or redis request; wakeups: the daemons' voluntary context switches (a thread slept and was woken). The machine's cores are shared by all of them.\n\n", res.Reps)
 	for _, n := range res.Notes {
