@@ -365,7 +365,8 @@ func DefaultAllowList() *AllowList {
 		"loopback4-udp=udp:127.0.0.0/8:*", "loopback6-udp=udp:[::1]:*")
 }
 
-//nolint:funlen // one rule grammar parsed top to bottom, each branch returning its own error
+// parseRule parses rule i of kind, "[NAME=]tcp:HOST:PORTS", "udp:..." or
+// "unix:PATTERN"; an unnamed rule is named namePrefix+i.
 func parseRule(kind, namePrefix string, i int, s string) (rule, error) {
 	bad := func(format string, args ...any) (rule, error) {
 		return rule{}, fmt.Errorf("%w: %s rule %d %q: %s", ErrInvalidRule, kind, i, s, fmt.Sprintf(format, args...))
@@ -386,72 +387,90 @@ func parseRule(kind, namePrefix string, i int, s string) (rule, error) {
 	if !ok {
 		return bad("missing network prefix (tcp:, udp: or unix:)")
 	}
+	var err error
 	switch network {
 	case NetworkTCP, NetworkUDP:
 		r.network = network
-		colon := strings.LastIndexByte(rest, ':')
-		if colon < 0 {
-			return bad("want %s:HOST:PORT", network)
-		}
-		hostPart, portPart := rest[:colon], rest[colon+1:]
-		lo, hi, err := parsePortRange(portPart)
-		if err != nil {
-			return bad("%v", err)
-		}
-		r.portLo, r.portHi = lo, hi
-		if strings.HasPrefix(hostPart, "[") {
-			end := strings.IndexByte(hostPart, ']')
-			if end < 0 {
-				return bad("missing ']'")
-			}
-			hostPart = hostPart[1:end] + hostPart[end+1:]
-		}
-		switch {
-		case hostPart == "":
-			return bad("empty host")
-		case strings.Contains(hostPart, "/"):
-			p, err := netip.ParsePrefix(hostPart)
-			if err != nil {
-				return bad("%v", err)
-			}
-			if p != p.Masked() {
-				return bad("prefix %s has host bits set (did you mean %s?)", p, p.Masked())
-			}
-			if p.Addr().Is4In6() && p.Bits() >= 96 {
-				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-			}
-			r.prefix = p
-		default:
-			if ip, err := netip.ParseAddr(hostPart); err == nil {
-				if ip.Zone() != "" {
-					return bad("zoned address not supported")
-				}
-				ip = ip.Unmap()
-				r.prefix = netip.PrefixFrom(ip, ip.BitLen())
-				break
-			}
-			if strings.ContainsAny(hostPart, ":%") {
-				return bad("bad IP address %q", hostPart)
-			}
-			if err := validHostname(hostPart); err != nil {
-				return bad("%v", err)
-			}
-			r.host = strings.ToLower(hostPart)
-		}
+		err = r.parseHostPorts(rest)
 	case NetworkUnix:
 		r.network = NetworkUnix
-		p, err := cleanUnixPath(rest)
-		if err != nil {
-			return bad("%v", err)
-		}
-		if _, err := path.Match(p, ""); err != nil {
-			return bad("pattern %q: %v", p, err)
-		}
-		r.pattern = p
+		err = r.parseUnixPattern(rest)
 	default:
-		return bad("unknown network %q (want tcp, udp or unix)", network)
+		err = fmt.Errorf("unknown network %q (want tcp, udp or unix)", network)
+	}
+	if err != nil {
+		return bad("%v", err)
 	}
 	return r, nil
+}
+
+// parseHostPorts sets r's ports and its prefix or host name from the
+// "HOST:PORTS" of a tcp or udp rule (HOST: an IP address, a CIDR prefix, a
+// host name; an IPv6 one in brackets).
+func (r *rule) parseHostPorts(rest string) error {
+	colon := strings.LastIndexByte(rest, ':')
+	if colon < 0 {
+		return fmt.Errorf("want %s:HOST:PORT", r.network)
+	}
+	hostPart, portPart := rest[:colon], rest[colon+1:]
+	lo, hi, err := parsePortRange(portPart)
+	if err != nil {
+		return err
+	}
+	r.portLo, r.portHi = lo, hi
+	if strings.HasPrefix(hostPart, "[") {
+		end := strings.IndexByte(hostPart, ']')
+		if end < 0 {
+			return errors.New("missing ']'")
+		}
+		hostPart = hostPart[1:end] + hostPart[end+1:]
+	}
+	switch {
+	case hostPart == "":
+		return errors.New("empty host")
+	case strings.Contains(hostPart, "/"):
+		p, err := netip.ParsePrefix(hostPart)
+		if err != nil {
+			return err
+		}
+		if p != p.Masked() {
+			return fmt.Errorf("prefix %s has host bits set (did you mean %s?)", p, p.Masked())
+		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		r.prefix = p
+		return nil
+	}
+	if ip, err := netip.ParseAddr(hostPart); err == nil {
+		if ip.Zone() != "" {
+			return errors.New("zoned address not supported")
+		}
+		ip = ip.Unmap()
+		r.prefix = netip.PrefixFrom(ip, ip.BitLen())
+		return nil
+	}
+	if strings.ContainsAny(hostPart, ":%") {
+		return fmt.Errorf("bad IP address %q", hostPart)
+	}
+	if err := validHostname(hostPart); err != nil {
+		return err
+	}
+	r.host = strings.ToLower(hostPart)
+	return nil
+}
+
+// parseUnixPattern sets r's path pattern from a unix rule's PATTERN.
+func (r *rule) parseUnixPattern(rest string) error {
+	p, err := cleanUnixPath(rest)
+	if err != nil {
+		return err
+	}
+	if _, err := path.Match(p, ""); err != nil {
+		return fmt.Errorf("pattern %q: %w", p, err)
+	}
+	r.pattern = p
+	return nil
 }
 
 func validRuleName(n string) error {
