@@ -92,12 +92,18 @@ func TestDownloadCapSharedByConnections(t *testing.T) {
 	bob := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + source, Secret: bobSecret, WaitReady: true})
 	bc := dial(t, bob.Addr)
 	wg.Go(func() { _, _ = io.Copy(counterWriter{&bobGot}, bc) })
-	bobRate := measure(&bobGot, 500*time.Millisecond, time.Second)
+	bobRate := measure(&bobGot, 1500*time.Millisecond, 1500*time.Millisecond)
 	t.Logf("bob, uncapped, beside her: %.2f Mbit/s", bobRate*8/1e6)
-	// Held to alice's cap he would get at most 5 % over it. (Not "twice
-	// her cap": under make test's load, -race on two shared cores, an
-	// uncapped in-process download got 3.0-4.35 MB/s, less than 2x.)
-	assert.Greater(t, bobRate, 1.15*capBytes, "bob is not held to alice's cap")
+	// Held to alice's cap he would get at most 5 % over it. Only where the
+	// machine delivered her cap: starved of CPU (make test's -race beside two
+	// busy loops and a benchmark) an uncapped download here got 2-14 Mbit/s
+	// while alice's capped ones got 9-16 of their 20; on a quiet machine he
+	// gets 48-267.
+	if rate < 0.9*capBytes {
+		t.Logf("bob: not checked, the machine delivered only %.0f %% of alice's cap", 100*rate/capBytes)
+	} else {
+		assert.Greater(t, bobRate, 1.15*capBytes, "bob is not held to alice's cap")
+	}
 	for _, c := range append(conns, bc) {
 		_ = c.Close()
 	}
