@@ -7,6 +7,7 @@
 # 10 ms or more apart (one timer or packet wakes several Go threads in turn: each is a context
 # switch, the burst is one wake-up of the process, as powertop counts them).
 # MODE=ssh keeps one tunnel open but quiet (an echo, then nothing), as an idle ssh session.
+# DAEMON_ARGS adds flags to both daemons, e.g. DAEMON_ARGS='--resume-window 10m' (resumable tunnels).
 # OUT=file also writes the figures as JSON, for `bench scale-report --idle` (the bench report's Idle section).
 # Needs root and `make build`.
 #   scripts/idle-cost.sh [BIN=bin] [SECONDS=60] [MODE=none|ssh] [OUT=bench/runs/idle-DATE-MODE.json]
@@ -30,11 +31,11 @@ X=(ip netns exec "$ns")
 fp=$("$BIN/quictun-server" fingerprint --state-dir "$work/state")
 "${X[@]}" "$BIN/latency-client" serve --listen 127.0.0.1:7000 >"$work/echo.log" 2>&1 &
 "${X[@]}" "$BIN/quictun-server" --listen-on 127.0.0.1:7500 --state-dir "$work/state" --secret-file "$work/secret" \
-  --allow tcp:127.0.0.1:7000 --httpd-listen-on 127.0.0.1:8086 >"$work/server.log" 2>&1 &
+  --allow tcp:127.0.0.1:7000 --httpd-listen-on 127.0.0.1:8086 ${DAEMON_ARGS:-} >"$work/server.log" 2>&1 &
 spid=$!
 sleep 0.5
 "${X[@]}" "$BIN/quictun-client" --listen-on tcp:127.0.0.1:6500 --server-endpoint 127.0.0.1:7500 --server-fingerprint "$fp" \
-  --secret-file "$work/secret" --token-source tcp:127.0.0.1:7000 --httpd-listen-on 127.0.0.1:8087 >"$work/client.log" 2>&1 &
+  --secret-file "$work/secret" --token-source tcp:127.0.0.1:7000 --httpd-listen-on 127.0.0.1:8087 ${DAEMON_ARGS:-} >"$work/client.log" 2>&1 &
 cpid=$!
 sleep 2
 if [ "$MODE" = ssh ]; then

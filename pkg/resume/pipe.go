@@ -162,6 +162,9 @@ type Pipe struct {
 	cfg  Config
 	out  *Buffer
 	recv atomic.Uint64
+	// table is the Table the Pipe was added to (nil: none), whose Run it
+	// pokes when it receives bytes or is attached.
+	table atomic.Pointer[Table]
 
 	// ToStream counts bytes read from the application; FromStream bytes
 	// written to it.
@@ -238,6 +241,13 @@ func newPipe(conn splice.Conn, cfg Config) *Pipe {
 
 // Ended is closed once the tunnel ended for good, after OnEnd returned.
 func (p *Pipe) Ended() <-chan struct{} { return p.finished }
+
+// poke wakes the ack sender of p's Table if it sleeps.
+func (p *Pipe) poke() {
+	if t := p.table.Load(); t != nil {
+		t.poke()
+	}
+}
 
 // Received is how many bytes of the peer's reached the application.
 func (p *Pipe) Received() uint64 { return p.recv.Load() }

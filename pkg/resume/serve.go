@@ -79,6 +79,7 @@ func (p *Pipe) claim(att *Attachment) (*attachment, error) {
 	p.attached = true
 	p.state, p.cur = stateRunning, a
 	p.mu.Unlock()
+	p.poke() // bytes received before it was parked may wait for their ack
 	return a, nil
 }
 
@@ -264,6 +265,7 @@ func (p *Pipe) readStream(a *attachment) (lost bool) {
 			w, werr := p.conn.Write(buf[:n])
 			p.recv.Add(uint64(w))
 			p.FromStream.Add(int64(w))
+			p.poke()
 			if werr != nil {
 				if interrupted(a, werr) {
 					// Lost while the application was not reading: what it

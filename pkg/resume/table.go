@@ -7,6 +7,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quictun/quictun/pkg/dgram"
@@ -60,9 +61,10 @@ const ackRepeat = 200 * time.Millisecond
 type Table struct {
 	mu      sync.Mutex
 	tunnels map[ID]*entry
-	// added wakes Run when the first tunnel is added: an empty Table's Run
-	// does not tick.
-	added chan struct{}
+	// asleep: Run stopped ticking, nothing being due (no tunnel has an ack
+	// to send now or later); wake ends its sleep (poke).
+	asleep atomic.Bool
+	wake   chan struct{}
 	// importing is closed when the imports in progress end (nil: none;
 	// BeginImport); imports counts them; waiting are the re-attachments
 	// waiting for a tunnel meanwhile, by ID (LookupWait).
@@ -81,7 +83,7 @@ type entry struct {
 }
 
 // NewTable returns an empty Table.
-func NewTable() *Table { return &Table{tunnels: make(map[ID]*entry), added: make(chan struct{}, 1)} }
+func NewTable() *Table { return &Table{tunnels: make(map[ID]*entry), wake: make(chan struct{}, 1)} }
 
 // Add registers p as tunnel id of identity until remove is called.
 func (t *Table) Add(id ID, identity string, p *Pipe) (remove func(), err error) {
@@ -92,15 +94,10 @@ func (t *Table) Add(id ID, identity string, p *Pipe) (remove func(), err error) 
 	}
 	e := &entry{pipe: p, identity: identity}
 	t.tunnels[id] = e
+	p.table.Store(t) // it pokes Run when it receives bytes or is attached
 	if w := t.waiting[id]; w != nil {
 		close(w.added)
 		delete(t.waiting, id)
-	}
-	if len(t.tunnels) == 1 {
-		select {
-		case t.added <- struct{}{}:
-		default:
-		}
 	}
 	return sync.OnceFunc(func() {
 		t.mu.Lock()
@@ -276,7 +273,11 @@ func (c connAcks) Register(m *dgram.Mux) {
 // datagram per connection and 48 tunnels, until ctx ends. Each
 // connection's datagrams go out on a goroutine of their own (quic-go's
 // SendDatagram blocks while the connection's queue is full, in a
-// blackout) and a connection still sending is skipped that round.
+// blackout) and a connection still sending is skipped that round. While
+// no attached tunnel has an ack to send now or later (every offset sent
+// and repeated: idle tunnels, parked ones, none) it does not tick, so
+// idle tunnels cost no wake-ups; a tunnel that receives bytes or is
+// attached wakes it.
 func (t *Table) Run(ctx context.Context) {
 	tick := time.NewTicker(AckInterval)
 	defer tick.Stop()
@@ -286,20 +287,12 @@ func (t *Table) Run(ctx context.Context) {
 	busy := make(map[any]bool)
 	pending := make(map[any]*connPending)
 	for {
-		if t.Len() == 0 {
-			tick.Stop()
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.added:
-			}
-			tick.Reset(AckInterval)
-		}
+		var due bool
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			t.collect(now, pending)
+			due = t.collect(now, pending)
 		}
 		for conn, cp := range pending {
 			delete(pending, conn)
@@ -323,7 +316,55 @@ func (t *Table) Run(ctx context.Context) {
 				mu.Unlock()
 			})
 		}
+		if !due && !t.sleep(ctx, tick) {
+			return
+		}
 	}
+}
+
+// sleep stops tick until a tunnel pokes Run (poke), and returns false if
+// ctx ended first. asleep is set before the last look at the tunnels:
+// bytes received after it poke, bytes received before it are seen.
+func (t *Table) sleep(ctx context.Context, tick *time.Ticker) bool {
+	tick.Stop()
+	t.asleep.Store(true)
+	defer t.asleep.Store(false)
+	if !t.due() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.wake:
+		}
+	}
+	tick.Reset(AckInterval)
+	return true
+}
+
+// poke wakes Run if it sleeps; a tunnel calls it when it receives bytes
+// or is attached (one atomic load while Run ticks).
+func (t *Table) poke() {
+	if t.asleep.Load() {
+		select {
+		case t.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// due reports whether an attached tunnel has an ack to send now or later
+// (collect's rules, without changing anything).
+func (t *Table) due() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range t.tunnels {
+		if r := e.pipe.recv.Load(); r == e.acked && (e.repeated || r == 0) {
+			continue
+		}
+		if _, _, send := e.pipe.ackState(); send != nil {
+			return true
+		}
+	}
+	return false
 }
 
 type connPending struct {
@@ -331,8 +372,9 @@ type connPending struct {
 	acks []Ack
 }
 
-// collect gathers the acks due now by connection.
-func (t *Table) collect(now time.Time, pending map[any]*connPending) {
+// collect gathers the acks due now by connection, and reports whether
+// an attached tunnel will have one to send later (its repeat).
+func (t *Table) collect(now time.Time, pending map[any]*connPending) (later bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, e := range t.tunnels {
@@ -341,14 +383,16 @@ func (t *Table) collect(now time.Time, pending map[any]*connPending) {
 		}
 		recv, conn, send := e.pipe.ackState()
 		if send == nil {
-			continue
+			continue // parked: attaching it pokes Run
 		}
 		switch {
 		case recv != e.acked:
 			e.acked, e.ackedAt, e.repeated = recv, now, false
+			later = true // its repeat
 		case !e.repeated && recv > 0 && now.Sub(e.ackedAt) >= ackRepeat:
 			e.repeated = true
 		default:
+			later = true // its repeat, not yet
 			continue
 		}
 		cp := pending[conn]
@@ -358,6 +402,7 @@ func (t *Table) collect(now time.Time, pending map[any]*connPending) {
 		}
 		cp.acks = append(cp.acks, Ack{ID: id, Offset: recv})
 	}
+	return later
 }
 
 // Export hands over every parked tunnel (Pipe.Export; their OnEnd removes

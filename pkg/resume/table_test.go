@@ -114,6 +114,65 @@ func TestTableAcks(t *testing.T) {
 	<-tu.ended
 }
 
+// TestTableRunSleepsWhileIdle: once every offset was sent and repeated,
+// Run stops ticking (an idle resumable tunnel costs no wake-ups: with the
+// 20 ms ticker an idle ssh-like session cost each daemon ~300 context
+// switches a second); bytes received wake it and are acknowledged.
+func TestTableRunSleepsWhileIdle(t *testing.T) {
+	t.Parallel()
+	tu := newTunnel(t, Config{})
+	tb := NewTable()
+	rm, err := tb.Add(ID{1}, "", tu.cli)
+	require.NoError(t, err)
+	defer rm()
+	sent := make(chan []Ack, 16)
+	send := func(b []byte) error {
+		var acks []Ack
+		_ = ParseAcks(b, func(a Ack) { acks = append(acks, a) })
+		sent <- acks
+		return nil
+	}
+	a, b := streamPair()
+	cliErr := make(chan error, 1)
+	go func() { cliErr <- tu.cli.Serve(&Attachment{Stream: a, Conn: "conn1", SendAck: send}) }()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { tb.Run(ctx) })
+	require.Eventually(t, tb.asleep.Load, 10*time.Second, time.Millisecond, "nothing received: Run sleeps")
+	next := func() []Ack {
+		select {
+		case acks := <-sent:
+			return acks
+		case <-time.After(10 * time.Second):
+			t.Fatal("no ack sent")
+			return nil
+		}
+	}
+	var off uint64
+	for _, chunk := range []string{"12345", "678"} {
+		go func() { _, _ = b.w.Write([]byte(chunk)) }()
+		_, err = io.ReadFull(tu.appC, make([]byte, len(chunk)))
+		require.NoError(t, err)
+		off += uint64(len(chunk))
+		assert.Equal(t, []Ack{{ID: ID{1}, Offset: off}}, next(), "the bytes received wake Run")
+		assert.Equal(t, []Ack{{ID: ID{1}, Offset: off}}, next(), "and the ack is repeated once")
+		require.Eventually(t, tb.asleep.Load, 10*time.Second, time.Millisecond, "then it sleeps again")
+		select {
+		case acks := <-sent:
+			t.Fatalf("an ack sent while idle: %v", acks)
+		case <-time.After(3 * AckInterval):
+		}
+	}
+	cancel()
+	wg.Wait()
+	tu.cli.Abort(0)
+	<-cliErr
+	<-tu.ended
+	tu.srv.Abort(0)
+	<-tu.ended
+}
+
 // feed hands one datagram to m.
 func feed(m *dgram.Mux, b []byte) {
 	ctx, cancel := context.WithCancel(context.Background())
