@@ -29,7 +29,8 @@ func isTransientSendError(err error) bool {
 // from the new address, and the server follows it there (path validation).
 //
 // A *net.UDPConn stays an OOB-capable UDP conn for quic-go (GSO, ECN, batched
-// reads); any other PacketConn is wrapped as a plain net.PacketConn.
+// reads), with rawsock's raw system calls where it has them; any other
+// PacketConn is wrapped as a plain net.PacketConn.
 func sendErrorsAsLoss(pc net.PacketConn, logger klog.Logger) net.PacketConn {
 	d := &dropLog{logger: logger}
 	if u, ok := pc.(*net.UDPConn); ok {

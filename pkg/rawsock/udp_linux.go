@@ -129,12 +129,17 @@ func (c *UDPConn) sockaddr(addr *net.UDPAddr, sa *syscall.RawSockaddrInet6) (uin
 		sa4.Addr = ip.As4()
 		return syscall.SizeofSockaddrInet4, true
 	}
+	var scope uint64
 	if addr.Zone != "" {
-		return 0, false // a scope by name: net's path resolves it
+		var err error
+		if scope, err = strconv.ParseUint(addr.Zone, 10, 32); err != nil {
+			return 0, false // a scope by name: net's path resolves it
+		}
 	}
 	sa.Family = syscall.AF_INET6
 	sa.Port = port<<8 | port>>8
 	sa.Addr = ip.As16() // an IPv4 address as v4-mapped
+	sa.Scope_id = uint32(scope)
 	return syscall.SizeofSockaddrInet6, true
 }
 
@@ -246,17 +251,11 @@ func udpAddr(sa *syscall.RawSockaddrAny) *net.UDPAddr {
 		a := &net.UDPAddr{IP: make(net.IP, net.IPv6len), Port: int(p<<8 | p>>8)}
 		copy(a.IP, sa6.Addr[:])
 		if sa6.Scope_id != 0 {
-			a.Zone = zoneName(sa6.Scope_id)
+			// The interface's index, not its name (which would cost a
+			// netlink request per datagram); net and WriteMsgUDP take either.
+			a.Zone = strconv.FormatUint(uint64(sa6.Scope_id), 10)
 		}
 		return a
 	}
 	return nil
-}
-
-// zoneName is an interface index as net names it (its name, else the number).
-func zoneName(idx uint32) string {
-	if ifi, err := net.InterfaceByIndex(int(idx)); err == nil {
-		return ifi.Name
-	}
-	return strconv.FormatUint(uint64(idx), 10)
 }

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/assert"
@@ -226,4 +227,33 @@ func serverTLS(t *testing.T) *tls.Config {
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	require.NoError(t, err)
 	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{"rawsock-test"}}
+}
+
+// Addresses go into sockaddrs of the socket's family and come back the same:
+// IPv4 as v4-mapped on an IPv6 socket, a link-local scope by index.
+func TestSockaddr(t *testing.T) {
+	v4 := &UDPConn{}
+	v6 := &UDPConn{inet6: true}
+	for _, tc := range []struct {
+		c    *UDPConn
+		addr *net.UDPAddr
+		ok   bool
+		back *net.UDPAddr
+	}{
+		{v4, &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 443}, true, &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 443}},
+		{v4, &net.UDPAddr{IP: net.ParseIP("2001:db8::1"), Port: 443}, false, nil},
+		{v6, &net.UDPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 443}, true, &net.UDPAddr{IP: net.ParseIP("::ffff:192.0.2.1"), Port: 443}},
+		{v6, &net.UDPAddr{IP: net.ParseIP("fe80::1"), Port: 4433, Zone: "7"}, true, &net.UDPAddr{IP: net.ParseIP("fe80::1"), Port: 4433, Zone: "7"}},
+		{v6, &net.UDPAddr{IP: net.ParseIP("fe80::1"), Port: 4433, Zone: "eth0"}, false, nil},
+	} {
+		var sa syscall.RawSockaddrInet6
+		_, ok := tc.c.sockaddr(tc.addr, &sa)
+		require.Equal(t, tc.ok, ok, "%s", tc.addr)
+		if ok {
+			back := udpAddr((*syscall.RawSockaddrAny)(unsafe.Pointer(&sa)))
+			assert.True(t, back.IP.Equal(tc.back.IP), "%s: %s", tc.addr, back)
+			assert.Equal(t, tc.back.Port, back.Port)
+			assert.Equal(t, tc.back.Zone, back.Zone)
+		}
+	}
 }
