@@ -1,9 +1,14 @@
 package splice
 
 import (
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
 	"net"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,4 +31,56 @@ func TestRawIOOnlyOnNetSockets(t *testing.T) {
 	} else {
 		assert.Nil(t, newRawIO(tc))
 	}
+}
+
+// A raw write larger than the socket's buffers waits for room (EAGAIN, then
+// the poller) and goes on where it stopped; raw reads get every byte in
+// order, then io.EOF.
+func TestRawIOFullSocket(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("raw system calls are Linux only")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	peer := <-accepted
+	require.NotNil(t, peer)
+	defer peer.Close()
+	require.NoError(t, c.(*net.TCPConn).SetWriteBuffer(16<<10))
+	require.NoError(t, peer.(*net.TCPConn).SetReadBuffer(16<<10))
+
+	data := make([]byte, 8<<20)
+	_, _ = rand.Read(data)
+	wrote := make(chan error, 1)
+	go func() {
+		w := newRawIO(c.(*net.TCPConn))
+		n, err := w.write(data)
+		if err == nil && n != len(data) {
+			err = io.ErrShortWrite
+		}
+		wrote <- errors.Join(err, c.(*net.TCPConn).CloseWrite())
+	}()
+	time.Sleep(50 * time.Millisecond) // the writer fills both buffers and waits
+	r := newRawIO(peer.(*net.TCPConn))
+	got := make([]byte, 0, len(data))
+	buf := make([]byte, 3000)
+	for {
+		n, err := r.read(buf)
+		got = append(got, buf[:n]...)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		require.Positive(t, n)
+	}
+	require.NoError(t, <-wrote)
+	assert.Equal(t, sha256.Sum256(data), sha256.Sum256(got))
 }
