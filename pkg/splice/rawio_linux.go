@@ -3,6 +3,7 @@
 package splice
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -25,6 +26,7 @@ import (
 // One rawIO serves one direction (one goroutine): its callbacks are made once
 // and keep their state in the struct, so a read or a write allocates nothing.
 type rawIO struct {
+	c  Conn
 	rc syscall.RawConn
 
 	buf []byte // what the pending call reads into or writes from
@@ -52,7 +54,7 @@ func newRawIO(c Conn) *rawIO {
 	if err != nil {
 		return nil
 	}
-	r := &rawIO{rc: rc}
+	r := &rawIO{c: c, rc: rc}
 	r.readFn = r.readOnce
 	r.writeFn = r.writeSome
 	return r
@@ -65,12 +67,21 @@ func (r *rawIO) read(b []byte) (int, error) {
 		return 0, nil
 	}
 	r.buf, r.n, r.err = b, 0, nil
-	if err := r.rc.Read(r.readFn); err != nil {
-		r.buf = nil
-		return 0, err
-	}
+	err := r.rc.Read(r.readFn)
 	r.buf = nil
-	return r.n, r.err
+	if err == nil {
+		err = r.err
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = r.opError("read", err)
+	}
+	return r.n, err
+}
+
+// opError wraps err as the net package's Read and Write do (the
+// connection's addresses in the message).
+func (r *rawIO) opError(op string, err error) error {
+	return &net.OpError{Op: op, Net: r.c.LocalAddr().Network(), Source: r.c.LocalAddr(), Addr: r.c.RemoteAddr(), Err: err}
 }
 
 // readOnce is rawConn.Read's callback: false asks it to wait until the
@@ -104,6 +115,9 @@ func (r *rawIO) write(b []byte) (int, error) {
 	r.buf = nil
 	if err == nil {
 		err = r.err
+	}
+	if err != nil {
+		err = r.opError("write", err)
 	}
 	return r.n, err
 }

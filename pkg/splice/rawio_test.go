@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -83,4 +84,30 @@ func TestRawIOFullSocket(t *testing.T) {
 	}
 	require.NoError(t, <-wrote)
 	assert.Equal(t, sha256.Sum256(data), sha256.Sum256(got))
+}
+
+// A raw read's or write's error is a *net.OpError, as the net package's,
+// and still matches what it wraps.
+func TestRawIOErrors(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("raw system calls are Linux only")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	tc := c.(*net.TCPConn)
+	rw := newRawIO(tc)
+	require.NoError(t, tc.SetReadDeadline(time.Now().Add(-time.Second)))
+	_, err = rw.read(make([]byte, 10))
+	var oe *net.OpError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "read", oe.Op)
+	assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.NoError(t, tc.Close())
+	_, err = rw.write([]byte("x"))
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "write", oe.Op)
+	assert.ErrorIs(t, err, net.ErrClosed)
 }
