@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/quictun/quictun/pkg/rawsock"
 )
 
 func isTransientSendError(err error) bool {
@@ -27,10 +29,14 @@ func isTransientSendError(err error) bool {
 // from the new address, and the server follows it there (path validation).
 //
 // A *net.UDPConn stays an OOB-capable UDP conn for quic-go (GSO, ECN, batched
-// reads); any other PacketConn is wrapped as a plain net.PacketConn.
+// reads), with rawsock's raw system calls where it has them; any other
+// PacketConn is wrapped as a plain net.PacketConn.
 func sendErrorsAsLoss(pc net.PacketConn, logger klog.Logger) net.PacketConn {
 	d := &dropLog{logger: logger}
 	if u, ok := pc.(*net.UDPConn); ok {
+		if r, ok := rawsock.Wrap(u).(*rawsock.UDPConn); ok {
+			return &lossyRawUDPConn{UDPConn: r, log: d}
+		}
 		return &lossyUDPConn{UDPConn: u, log: d}
 	}
 	return &lossyPacketConn{PacketConn: pc, log: d}
@@ -65,6 +71,31 @@ func (c *lossyUDPConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn in
 }
 
 func (c *lossyUDPConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	n, err := c.UDPConn.WriteTo(b, addr)
+	if err != nil && isTransientSendError(err) {
+		c.log.dropped(err)
+		return len(b), nil
+	}
+	return n, err
+}
+
+// lossyRawUDPConn is lossyUDPConn on a socket with raw system calls (rawsock).
+type lossyRawUDPConn struct {
+	*rawsock.UDPConn
+	log *dropLog
+}
+
+// WriteMsgUDP is what quic-go sends with on a UDP socket.
+func (c *lossyRawUDPConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn int, err error) {
+	n, oobn, err = c.UDPConn.WriteMsgUDP(b, oob, addr)
+	if err != nil && isTransientSendError(err) {
+		c.log.dropped(err)
+		return len(b), len(oob), nil
+	}
+	return n, oobn, err
+}
+
+func (c *lossyRawUDPConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	n, err := c.UDPConn.WriteTo(b, addr)
 	if err != nil && isTransientSendError(err) {
 		c.log.dropped(err)

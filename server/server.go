@@ -24,6 +24,7 @@ import (
 	"github.com/quictun/quictun/pkg/metrics"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/ratecap"
+	"github.com/quictun/quictun/pkg/rawsock"
 	"github.com/quictun/quictun/pkg/tcpmux"
 	"github.com/quictun/quictun/pkg/transport"
 	"github.com/quictun/quictun/pkg/tunnel"
@@ -674,8 +675,12 @@ func (s *Server) Run(ctx context.Context) error {
 // admission checks of each new connection (--max-connections, the
 // handshake rate per source).
 func (s *Server) newTransport() *quic.Transport {
+	conn := s.pc
+	if u, ok := conn.(*net.UDPConn); ok {
+		conn = rawsock.Wrap(u) // sends and batched receives as raw system calls
+	}
 	return &quic.Transport{
-		Conn: s.pc, StatelessResetKey: s.cfg.ResetKey, TokenGeneratorKey: s.cfg.TokenKey,
+		Conn: conn, StatelessResetKey: s.cfg.ResetKey, TokenGeneratorKey: s.cfg.TokenKey,
 		// Every quictun client speaks QUIC v1: a Version Negotiation packet
 		// would only answer garbage (half of all random datagrams look like
 		// an unknown version), to whatever source it claims.

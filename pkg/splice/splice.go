@@ -163,9 +163,16 @@ func (p *Pipe) toStream() {
 	var cb copyBuf
 	cb.take()
 	defer cb.release()
+	in := newRawIO(p.conn)
 	for {
 		buf := cb.buf()
-		n, rerr := p.conn.Read(buf)
+		var n int
+		var rerr error
+		if in != nil {
+			n, rerr = in.read(buf)
+		} else {
+			n, rerr = p.conn.Read(buf)
+		}
 		if n > 0 {
 			if _, werr := p.str.Write(buf[:n]); werr != nil {
 				p.abort(codeFor(werr), werr)
@@ -196,6 +203,7 @@ func (p *Pipe) fromStream() {
 	var cb copyBuf
 	cb.take()
 	defer cb.release()
+	out := newRawIO(p.conn)
 	for {
 		buf := cb.buf()
 		n, rerr := p.str.Read(buf)
@@ -203,7 +211,13 @@ func (p *Pipe) fromStream() {
 			p.AfterRead()
 		}
 		if n > 0 {
-			if _, werr := p.conn.Write(buf[:n]); werr != nil {
+			var werr error
+			if out != nil {
+				_, werr = out.write(buf[:n])
+			} else {
+				_, werr = p.conn.Write(buf[:n])
+			}
+			if werr != nil {
 				p.abort(proto.CodeConnReset, werr)
 				return
 			}
