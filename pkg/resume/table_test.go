@@ -173,6 +173,34 @@ func TestTableRunSleepsWhileIdle(t *testing.T) {
 	<-tu.ended
 }
 
+// TestTableCollectParked: the count of a parked tunnel is not acked (its
+// next attachment tells the peer: the resume request's offset or the
+// reply's) nor its lock taken again until the count changes; new bytes
+// received on its next attachment are acked.
+func TestTableCollectParked(t *testing.T) {
+	t.Parallel()
+	tb := NewTable()
+	p := &Pipe{}
+	p.recv.Store(100) // received before it parked
+	_, err := tb.Add(ID{1}, "", p)
+	require.NoError(t, err)
+	now := time.Now()
+	pending := map[any]*connPending{}
+	tb.collect(now, pending)
+	assert.Empty(t, pending, "parked: nothing to send on")
+
+	p.cur = &attachment{Attachment: &Attachment{Conn: "conn2", SendAck: func([]byte) error { return nil }}}
+	for i := range 3 {
+		tb.collect(now.Add(time.Duration(i+1)*ackRepeat), pending)
+	}
+	assert.Empty(t, pending, "re-attached with nothing new: the attachment told the peer the count")
+
+	p.recv.Store(150)
+	tb.collect(now.Add(4*ackRepeat), pending)
+	require.Contains(t, pending, "conn2")
+	assert.Equal(t, []Ack{{ID: ID{1}, Offset: 150}}, pending["conn2"].acks)
+}
+
 // feed hands one datagram to m.
 func feed(m *dgram.Mux, b []byte) {
 	ctx, cancel := context.WithCancel(context.Background())
