@@ -108,6 +108,12 @@ type Inherited struct {
 	// gc: the collector's pacing, off from the ready message until the
 	// tunnels were taken (sendReady, gcBackLater).
 	gc *gcPause
+	// memory: what the old process's heap objects and stacks hold
+	// (envMemory; 0: not told); warmed: the bytes sendReady wrote for it
+	// (warmMemory), in warmDuration.
+	memory       int64
+	warmed       int64
+	warmDuration time.Duration
 }
 
 // TakeInherited receives the sockets of the process that started this one
@@ -123,7 +129,7 @@ func TakeInherited() (*Inherited, error) {
 		_ = hc.Close()
 		return nil, fmt.Errorf("upgrade: receive the listening sockets: %w", err)
 	}
-	in := &Inherited{conn: hc, files: make(map[string]*os.File, len(ls))}
+	in := &Inherited{conn: hc, files: make(map[string]*os.File, len(ls)), memory: memoryFromEnv()}
 	for _, l := range ls {
 		if old := in.files[l.Name]; old != nil {
 			_ = old.Close()
@@ -417,6 +423,7 @@ func (in *Inherited) answer(logger klog.Logger, n int, ierr error, m *metrics.Up
 		logger.Error(err, "Upgrade: could not answer the previous process")
 	}
 	m.Upgrades.WithLabelValues(metrics.UpgradeSucceeded).Inc()
+	kv = append(kv, "memoryWarmed", in.warmed, "warmDuration", in.warmDuration.Round(100*time.Microsecond))
 	logger.Info("Upgrade: serving as the new process", append([]any{"pid", os.Getpid(), "tunnels", n}, kv...)...)
 	in.gcBackLater(logger)
 }
@@ -428,9 +435,13 @@ const gcPauseGrace = time.Second
 
 // sendReady tells the old process this one is ready (it then hands its
 // service over); from then on until gcBackLater the collector's pacing is
-// off (pauseGC).
+// off (pauseGC). Before, it writes about the memory the old process holds
+// (warmMemory), so that taking the tunnels over does not fault it in.
 func (in *Inherited) sendReady() error {
 	in.gc = pauseGC()
+	start := time.Now()
+	in.warmed = in.gc.warm(in.memory)
+	in.warmDuration = time.Since(start)
 	if err := in.conn.SendReady(os.Getpid()); err != nil {
 		in.gc.restore()
 		return fmt.Errorf("upgrade: report ready: %w", err)
@@ -712,7 +723,8 @@ func (u *upgrader) start() (*handover.Conn, *exec.Cmd, <-chan struct{}, error) {
 		return nil, nil, nil, err
 	}
 	cmd := exec.Command(u.exe, u.args...)               //nolint:gosec // our own binary at the path it was started from, with our own arguments
-	cmd.Env = append(os.Environ(), handover.EnvFD+"=3") // ExtraFiles[0] is descriptor 3
+	cmd.Env = append(os.Environ(), handover.EnvFD+"=3", // ExtraFiles[0] is descriptor 3
+		envMemory+"="+strconv.FormatInt(heldMemory(), 10))
 	cmd.ExtraFiles = []*os.File{child}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	err = cmd.Start()
