@@ -112,20 +112,14 @@ func (p *Pipe) Export() (*State, error) {
 // Import rebuilds an exported tunnel (Export, in another process): parked,
 // its window timer armed, reading the application again (unless its EOF
 // was read), its bytes held for resending from the peer's offset. Import
-// takes st.Conn (closed here; the Pipe holds its own descriptor). Bytes
+// takes st.Conn (the Pipe's connection from now on: importConn). Bytes
 // past cfg's cap (plus ExtraBytes) are refused (ErrTooLarge), so are bytes
 // the Budget cannot hold (ErrBudget): then nothing is held and the
 // application's connection is reset.
 func Import(st *State, cfg Config) (*Pipe, error) {
-	nc, err := net.FileConn(st.Conn)
-	_ = st.Conn.Close()
+	sc, err := importConn(st.Conn)
 	if err != nil {
 		return nil, fmt.Errorf("import tunnel socket: %w", err)
-	}
-	sc, ok := nc.(splice.Conn)
-	if !ok {
-		_ = nc.Close()
-		return nil, fmt.Errorf("%w: %T", ErrNotExportable, nc)
 	}
 	cfg.ID, cfg.Window = st.ID, st.Window
 	p := newPipe(sc, cfg)
@@ -150,11 +144,33 @@ func Import(st *State, cfg Config) (*Pipe, error) {
 	return p, nil
 }
 
+// netFileConn makes f the tunnel's connection with net.FileConn (a
+// duplicate descriptor); it closes f.
+func netFileConn(f *os.File) (splice.Conn, error) {
+	nc, err := net.FileConn(f)
+	_ = f.Close()
+	if err != nil {
+		return nil, err
+	}
+	sc, ok := nc.(splice.Conn)
+	if !ok {
+		_ = nc.Close()
+		return nil, fmt.Errorf("%w: %T", ErrNotExportable, nc)
+	}
+	return sc, nil
+}
+
+// lingerer is a connection whose Close can reset it (SetLinger(0)):
+// *net.TCPConn, an imported tunnel's sockConn.
+type lingerer interface {
+	SetLinger(sec int) error
+}
+
 // resetConn closes c with a reset: the application must not take a
 // tunnel that could not be continued for a clean end.
 func resetConn(c splice.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
+	if l, ok := c.(lingerer); ok {
+		_ = l.SetLinger(0)
 	}
 	_ = c.Close()
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -385,8 +384,8 @@ func (p *Pipe) abort(code proto.Code, cause error, gaveUp string) {
 		}
 	}
 	p.mu.Unlock()
-	if tc, ok := p.conn.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0) // Close sends RST
+	if l, ok := p.conn.(lingerer); ok {
+		_ = l.SetLinger(0) // Close sends RST
 	}
 	_ = p.conn.Close()
 	if cur != nil && !idle {
