@@ -162,7 +162,7 @@ type Pipe struct {
 	out  *Buffer
 	recv atomic.Uint64
 	// table is the Table the Pipe was added to (nil: none), whose Run it
-	// pokes when it receives bytes or is attached.
+	// pokes when it receives bytes.
 	table atomic.Pointer[Table]
 
 	// ToStream counts bytes read from the application; FromStream bytes

@@ -79,7 +79,6 @@ func (p *Pipe) claim(att *Attachment) (*attachment, error) {
 	p.attached = true
 	p.state, p.cur = stateRunning, a
 	p.mu.Unlock()
-	p.poke() // bytes received before it was parked may wait for their ack
 	return a, nil
 }
 

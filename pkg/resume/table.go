@@ -94,7 +94,7 @@ func (t *Table) Add(id ID, identity string, p *Pipe) (remove func(), err error) 
 	}
 	e := &entry{pipe: p, identity: identity}
 	t.tunnels[id] = e
-	p.table.Store(t) // it pokes Run when it receives bytes or is attached
+	p.table.Store(t) // it pokes Run when it receives bytes
 	if w := t.waiting[id]; w != nil {
 		close(w.added)
 		delete(t.waiting, id)
@@ -276,8 +276,7 @@ func (c connAcks) Register(m *dgram.Mux) {
 // blackout) and a connection still sending is skipped that round. While
 // no attached tunnel has an ack to send now or later (every offset sent
 // and repeated: idle tunnels, parked ones, none) it does not tick, so
-// idle tunnels cost no wake-ups; a tunnel that receives bytes or is
-// attached wakes it.
+// idle tunnels cost no wake-ups; a tunnel that receives bytes wakes it.
 func (t *Table) Run(ctx context.Context) {
 	tick := time.NewTicker(AckInterval)
 	defer tick.Stop()
@@ -341,7 +340,7 @@ func (t *Table) sleep(ctx context.Context, tick *time.Ticker) bool {
 }
 
 // poke wakes Run if it sleeps; a tunnel calls it when it receives bytes
-// or is attached (one atomic load while Run ticks).
+// (one atomic load while Run ticks).
 func (t *Table) poke() {
 	if t.asleep.Load() {
 		select {
@@ -390,7 +389,6 @@ func (t *Table) collect(now time.Time, pending map[any]*connPending) (later bool
 			// count changes. Otherwise every parked tunnel was locked at
 			// every round (1,000 imported in an upgrade, until each
 			// re-attached: 7 % of the new server's CPU then).
-			// Attaching it pokes Run.
 			e.acked, e.ackedAt, e.repeated = r, now, true
 			continue
 		}
