@@ -94,12 +94,13 @@ demo: build
 
 ## test: what CI runs: format and lint checks (golangci-lint runs go vet's analyzers, so no separate
 ## vet pass: it cost CI about 4 minutes on a loaded machine), go vet or tools/typecheck for the other release
-## platforms (cross), tools/release's tests, then every test with the race detector
+## platforms (cross), tools/release's tests, then every test with the race detector (and TestWarmMemory without it)
 # (go test starts the packages' test runs in the order given, two at a time on two cores: the bench
 # harness's tests, which mostly wait on network namespaces, go first beside the rest instead of alone at
 # the end)
 test: quic-go fmt-check lint cross test-release test-quic-go
 	$(GO) test -race -shuffle=on -count=1 -timeout 15m ./tools/bench/... ./...
+	$(GO) test -count=1 -run '^TestWarmMemory$$' ./cmd/internal/cli # its page-fault count needs the race detector off
 	$(MAKE) fuzz-ci
 
 ## fuzz-ci: the fuzz targets of what a peer without credentials reaches first, for FUZZ_CI_TIME each (part of test)
