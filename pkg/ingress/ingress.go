@@ -533,13 +533,7 @@ func (h *Handler) earlyPhase(ctx context.Context, conn *quic.Conn, nc splice.Con
 	case <-moved:
 	case <-ctx.Done():
 	}
-	stopWatch()
-	wasMoved := false
-	select {
-	case <-moved:
-		wasMoved = true
-	default:
-	}
+	wasMoved := stopWatch()
 	if wasMoved {
 		// Its write may wait on the stalled connection for good: ended, it
 		// returns (what the reader read is in sent already).
@@ -610,12 +604,14 @@ const movedCheck = 100 * time.Millisecond
 
 // watchMoved returns a channel closed once new streams go on a connection
 // other than conn whose handshake is done (a TCP one, or a QUIC one that
-// completed it) while conn's handshake is not; stop ends the watch and
-// returns once its goroutine has.
-func (h *Handler) watchMoved(ctx context.Context, conn *quic.Conn) (moved <-chan struct{}, stop func()) {
+// completed it) while conn's handshake is not; stop ends the watch,
+// returns once its goroutine has, and reports whether the channel was
+// closed.
+func (h *Handler) watchMoved(ctx context.Context, conn *quic.Conn) (moved <-chan struct{}, stop func() (wasMoved bool)) {
 	ch := make(chan struct{})
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	var closed bool // written by the goroutine only, read after wg.Wait
 	wg.Go(func() {
 		t := time.NewTicker(movedCheck)
 		defer t.Stop()
@@ -628,12 +624,13 @@ func (h *Handler) watchMoved(ctx context.Context, conn *quic.Conn) (moved <-chan
 				return
 			}
 			if h.readyElsewhere(wctx, conn) {
+				closed = true
 				close(ch)
 				return
 			}
 		}
 	})
-	return ch, func() { cancel(); wg.Wait() }
+	return ch, func() bool { cancel(); wg.Wait(); return closed }
 }
 
 // readyElsewhere reports whether a new stream would now go on a connection
