@@ -82,6 +82,10 @@ type entry struct {
 	repeated bool
 }
 
+// settled reports whether e owes no ack for the count r: it was sent
+// and repeated, or nothing was received.
+func (e *entry) settled(r uint64) bool { return r == e.acked && (e.repeated || r == 0) }
+
 // NewTable returns an empty Table.
 func NewTable() *Table { return &Table{tunnels: make(map[ID]*entry), wake: make(chan struct{}, 1)} }
 
@@ -356,7 +360,7 @@ func (t *Table) due() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, e := range t.tunnels {
-		if r := e.pipe.recv.Load(); r == e.acked && (e.repeated || r == 0) {
+		if e.settled(e.pipe.recv.Load()) {
 			continue
 		}
 		if _, _, send := e.pipe.ackState(); send != nil {
@@ -378,7 +382,7 @@ func (t *Table) collect(now time.Time, pending map[any]*connPending) (later bool
 	defer t.mu.Unlock()
 	for id, e := range t.tunnels {
 		r := e.pipe.recv.Load()
-		if r == e.acked && (e.repeated || r == 0) {
+		if e.settled(r) {
 			continue // idle, its count sent twice: nothing to do (and no lock taken)
 		}
 		recv, conn, send := e.pipe.ackState()
