@@ -134,7 +134,7 @@ func TestZeroRTTReplay(t *testing.T) {
 	secret := []byte(strings.TrimSpace(string(raw)))
 
 	tlsConf := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"quictun/1"}, MinVersion: tls.VersionTLS13, // the test client does not verify
-		ServerName: "quictun-server", ClientSessionCache: tls.NewLRUClientSessionCache(4)}
+		ServerName: "quictun-server", ClientSessionCache: newTicketSignal()}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -144,6 +144,14 @@ func TestZeroRTTReplay(t *testing.T) {
 	code, err := streamReset(t, c1, append(header(t, "tcp:"+dest, secret), "warm-up"...), true)
 	require.Error(t, err, "warm-up stream was reset with %v", code)
 	require.Equal(t, "warm-up", <-got)
+	// The server sends its ticket only after a verified header (it
+	// withholds it until then): closed before it came, the next
+	// connection had no 0-RTT.
+	select {
+	case <-tlsConf.ClientSessionCache.(*ticketSignal).put:
+	case <-ctx.Done():
+		t.Fatal("no session ticket came")
+	}
 	_ = c1.CloseWithError(0, "")
 
 	// The resumed connection sends its request as 0-RTT data, through the recorder.
@@ -163,6 +171,7 @@ func TestZeroRTTReplay(t *testing.T) {
 	}
 	rec.record(false)
 	if !c2.ConnectionState().Used0RTT {
+		_ = c2.CloseWithError(0, "")
 		t.Skip("the server did not accept 0-RTT; nothing to replay")
 	}
 	_ = str.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -220,4 +229,25 @@ func TestZeroRTTReplay(t *testing.T) {
 			AdminPort: srv.adminPort, Allow: []string{"tcp:" + dest}, Args: srvArgs})
 		assert.Zero(t, replayN(t, srv2, 1), "the replayed request reached the destination again")
 	})
+}
+
+// ticketSignal is a client session cache that tells when a ticket was
+// stored (put).
+type ticketSignal struct {
+	tls.ClientSessionCache
+	put chan struct{}
+}
+
+func newTicketSignal() *ticketSignal {
+	return &ticketSignal{ClientSessionCache: tls.NewLRUClientSessionCache(4), put: make(chan struct{}, 1)}
+}
+
+func (c *ticketSignal) Put(key string, cs *tls.ClientSessionState) {
+	c.ClientSessionCache.Put(key, cs)
+	if cs != nil {
+		select {
+		case c.put <- struct{}{}:
+		default:
+		}
+	}
 }
