@@ -39,19 +39,25 @@ func TestConnectionFloodFromOneAddress(t *testing.T) {
 
 	from := dialerFrom(t, srv, net.IPv4(127, 0, 0, 2))
 	var opened []*quic.Conn
-	refused, legitFailures := 0, 0
+	// refused: dials the handshake rate refused in their Initial
+	// (CONNECTION_REFUSED); cappedEarly: dials the per-source cap closed
+	// before they completed (the server closes once its handshake is done or
+	// after a second; on a loaded machine the second can come first, and
+	// QUIC carries no application code that early, RFC 9000 §10.2.3: the
+	// client sees APPLICATION_ERROR).
+	refused, cappedEarly, legitFailures := 0, 0, 0
 	for i := range 40 {
 		c, err := from.dial(2 * time.Second)
-		if err != nil {
-			var te *quic.TransportError
-			// Refused in the Initial: CONNECTION_REFUSED, or APPLICATION_ERROR
-			// (QUIC carries no application code that early, RFC 9000 §10.2.3).
-			if assert.True(t, errors.As(err, &te), "dial %d: refusal is a QUIC transport error: %#v", i, err) {
-				assert.Contains(t, []quic.TransportErrorCode{quic.ConnectionRefused, quic.ApplicationErrorErrorCode}, te.ErrorCode, "dial %d", i)
-			}
-			refused++
-		} else {
+		var te *quic.TransportError
+		switch {
+		case err == nil:
 			opened = append(opened, c)
+		case !assert.True(t, errors.As(err, &te), "dial %d: refusal is a QUIC transport error: %#v", i, err):
+		case te.ErrorCode == quic.ApplicationErrorErrorCode:
+			cappedEarly++
+		default:
+			assert.Equal(t, quic.ConnectionRefused, te.ErrorCode, "dial %d", i)
+			refused++
 		}
 		if i%10 == 0 && echoOK(cl.Addr) != nil {
 			legitFailures++
@@ -73,29 +79,37 @@ func TestConnectionFloodFromOneAddress(t *testing.T) {
 		return promtest.ToFloat64(srv.Metrics.RefusedConnectionsTotal.WithLabelValues("per_source_limit"))
 	}
 	time.Sleep(500 * time.Millisecond) // closures not counted yet would show as one too many left open
-	require.Eventually(t, func() bool { return float64(closed()) >= byCap() }, 10*time.Second, 10*time.Millisecond,
+	assert.Eventually(t, func() bool { return float64(closed()+cappedEarly) >= byCap() }, 10*time.Second, 10*time.Millisecond,
 		"every closure the server counted reached its client")
 	overloaded := 0
 	for _, c := range opened {
 		if c.Context().Err() == nil {
 			continue
 		}
+		cause := context.Cause(c.Context())
 		var ae *quic.ApplicationError
-		// The server waits for the handshake to finish, so the client
-		// learns the reason: overloaded.
-		if assert.True(t, errors.As(context.Cause(c.Context()), &ae), "closed by the server: %#v", context.Cause(c.Context())) {
+		var te *quic.TransportError
+		switch {
+		case errors.As(cause, &ae):
+			// The server waited for the handshake to finish, so the client
+			// learns the reason: overloaded.
 			assert.Equal(t, proto.CodeOverloaded.ApplicationErrorCode(), ae.ErrorCode)
+		case errors.As(cause, &te):
+			// Its second ran out first (see cappedEarly).
+			assert.Equal(t, quic.ApplicationErrorErrorCode, te.ErrorCode, "closed by the server: %#v", cause)
+		default:
+			assert.Fail(t, "closed by the server", "%#v", cause)
 		}
 		overloaded++
 	}
 	alive := len(opened) - overloaded
 	byRate := promtest.ToFloat64(srv.Metrics.RefusedConnectionsTotal.WithLabelValues("handshake_rate"))
-	t.Logf("40 dials from one address: %d refused (handshake_rate metric %v), %d accepted then closed overloaded (per_source_limit metric %v), %d left open; the other client failed %d of 4 checks",
-		refused, byRate, overloaded, byCap(), alive, legitFailures)
+	t.Logf("40 dials from one address: %d refused (handshake_rate metric %v), %d accepted then closed overloaded and %d closed so before their handshake completed (per_source_limit metric %v), %d left open; the other client failed %d of 4 checks",
+		refused, byRate, overloaded, cappedEarly, byCap(), alive, legitFailures)
 	assert.LessOrEqual(t, alive, 4, "no more than --max-conns-per-source stay open")
 	assert.Positive(t, refused, "the handshake rate refused some")
 	assert.GreaterOrEqual(t, byRate, float64(refused), "every refusal counted (a retransmitted Initial counts again)")
-	assert.Equal(t, float64(overloaded), byCap(), "every cap closure counted")
+	assert.Equal(t, float64(overloaded+cappedEarly), byCap(), "every cap closure counted")
 	assert.Zero(t, legitFailures, "the client on another address is unaffected")
 	require.NoError(t, echoOK(cl.Addr))
 	for _, c := range opened {
