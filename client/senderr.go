@@ -48,11 +48,17 @@ type dropLog struct {
 	last   atomic.Int64 // unix nanoseconds of the last log line
 }
 
-func (d *dropLog) dropped(err error) {
+// lost reports whether err is a send error to count as a loss (logging it
+// at most once a second).
+func (d *dropLog) lost(err error) bool {
+	if err == nil || !isTransientSendError(err) {
+		return false
+	}
 	now, last := time.Now().UnixNano(), d.last.Load()
 	if now-last >= int64(time.Second) && d.last.CompareAndSwap(last, now) {
 		d.logger.V(2).Info("Network did not take a datagram; counting it as lost", "err", err)
 	}
+	return true
 }
 
 type lossyUDPConn struct {
@@ -63,8 +69,7 @@ type lossyUDPConn struct {
 // WriteMsgUDP is what quic-go sends with on a UDP socket.
 func (c *lossyUDPConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn int, err error) {
 	n, oobn, err = c.UDPConn.WriteMsgUDP(b, oob, addr)
-	if err != nil && isTransientSendError(err) {
-		c.log.dropped(err)
+	if c.log.lost(err) {
 		return len(b), len(oob), nil
 	}
 	return n, oobn, err
@@ -72,14 +77,15 @@ func (c *lossyUDPConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn in
 
 func (c *lossyUDPConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	n, err := c.UDPConn.WriteTo(b, addr)
-	if err != nil && isTransientSendError(err) {
-		c.log.dropped(err)
+	if c.log.lost(err) {
 		return len(b), nil
 	}
 	return n, err
 }
 
-// lossyRawUDPConn is lossyUDPConn on a socket with raw system calls (rawsock).
+// lossyRawUDPConn is lossyUDPConn on a socket with raw system calls (rawsock):
+// a type of its own, as quic-go finds a socket's batched reads by its
+// method set.
 type lossyRawUDPConn struct {
 	*rawsock.UDPConn
 	log *dropLog
@@ -88,8 +94,7 @@ type lossyRawUDPConn struct {
 // WriteMsgUDP is what quic-go sends with on a UDP socket.
 func (c *lossyRawUDPConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn int, err error) {
 	n, oobn, err = c.UDPConn.WriteMsgUDP(b, oob, addr)
-	if err != nil && isTransientSendError(err) {
-		c.log.dropped(err)
+	if c.log.lost(err) {
 		return len(b), len(oob), nil
 	}
 	return n, oobn, err
@@ -97,8 +102,7 @@ func (c *lossyRawUDPConn) WriteMsgUDP(b, oob []byte, addr *net.UDPAddr) (n, oobn
 
 func (c *lossyRawUDPConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	n, err := c.UDPConn.WriteTo(b, addr)
-	if err != nil && isTransientSendError(err) {
-		c.log.dropped(err)
+	if c.log.lost(err) {
 		return len(b), nil
 	}
 	return n, err
@@ -111,8 +115,7 @@ type lossyPacketConn struct {
 
 func (c *lossyPacketConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	n, err := c.PacketConn.WriteTo(b, addr)
-	if err != nil && isTransientSendError(err) {
-		c.log.dropped(err)
+	if c.log.lost(err) {
 		return len(b), nil
 	}
 	return n, err
