@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -514,4 +515,26 @@ func TestWrittenNotSentTwice(t *testing.T) {
 	_, _ = io.ReadAll(appC)
 	require.NoError(t, <-cliErr)
 	require.NoError(t, <-srvErr)
+}
+
+// TestServeGoroutines: an attachment runs on the goroutine that called
+// Serve and one more (the stream's writer, which then watches for
+// interruptAppWrites): a re-attachment of many tunnels starts one
+// goroutine each besides its caller's, not two.
+func TestServeGoroutines(t *testing.T) {
+	tu := newTunnel(t, Config{})
+	before := runtime.NumGoroutine()
+	a, b, cliErr, srvErr := tu.attach(1, false)
+	// Each Serve's caller (attach) and its writer.
+	want := before + 2*2
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() >= want }, 5*time.Second, time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	assert.Equal(t, want, runtime.NumGoroutine(), "goroutines of two running attachments")
+	kill(a, b)
+	require.ErrorIs(t, recvErr(t, cliErr), ErrParked)
+	require.ErrorIs(t, recvErr(t, srvErr), ErrParked)
+	tu.cli.Abort(proto.CodeConnReset)
+	tu.srv.Abort(proto.CodeConnReset)
+	recvErr(t, tu.ended)
+	recvErr(t, tu.ended)
 }
