@@ -323,26 +323,33 @@ func (p *Pipe) streamFailed(a *attachment, err error) bool {
 
 // copyBuf is the stream reader's buffer: 2 KiB while reads are small, a
 // pooled 32 KiB one while they fill it (as pkg/splice), so that an idle
-// tunnel holds little.
+// tunnel holds little. Both are on the heap, not the goroutine's stack: a
+// 2 KiB array there made each new reader (a re-attachment's) grow its
+// stack from the runtime's starting size, a copy and fresh pages.
 type copyBuf struct {
-	small [2 << 10]byte
-	large *[]byte
+	small, large *[]byte
 }
 
-var largePool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+var (
+	smallPool = sync.Pool{New: func() any { b := make([]byte, 2<<10); return &b }}
+	largePool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+)
 
 func (b *copyBuf) buf() []byte {
 	if b.large != nil {
 		return *b.large
 	}
-	return b.small[:]
+	if b.small == nil {
+		b.small = smallPool.Get().(*[]byte)
+	}
+	return *b.small
 }
 
 func (b *copyBuf) adapt(n int) {
 	switch {
-	case b.large == nil && n == len(b.small):
+	case b.large == nil && b.small != nil && n == len(*b.small):
 		b.large = largePool.Get().(*[]byte)
-	case b.large != nil && n < len(b.small):
+	case b.large != nil && n < 2<<10:
 		largePool.Put(b.large)
 		b.large = nil
 	}
@@ -352,5 +359,9 @@ func (b *copyBuf) release() {
 	if b.large != nil {
 		largePool.Put(b.large)
 		b.large = nil
+	}
+	if b.small != nil {
+		smallPool.Put(b.small)
+		b.small = nil
 	}
 }
