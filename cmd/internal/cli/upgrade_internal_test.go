@@ -121,6 +121,7 @@ func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environ
 		{"older parent", false, []string{"import 2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			waitPacing(t) // not paused by an earlier test's import
 			parent, child := testutil.HandoverPair(t)
 			in := &Inherited{conn: child}
 			ts := tunnelsOf(t, 2)
@@ -170,7 +171,7 @@ func TestUpgradeEarlyServer(t *testing.T) { // not parallel: it sets the environ
 			// while the tunnels came, and comes back once they are
 			// taken (gcPauseGrace later).
 			assert.Equal(t, []bool{false, false}, srv.gcPaced, "pacing off while importing")
-			require.Eventually(t, func() bool { return gcPercent() == 100 }, 10*time.Second, 10*time.Millisecond, "pacing back")
+			waitPacing(t)
 		})
 	}
 }
@@ -190,6 +191,7 @@ func (f *fakeClient) HandOverEach(context.Context, handover.Sender) error {
 // pacing off, and answers with the count.
 func TestUpgradeEachClient(t *testing.T) { // not parallel: it sets the environment (testutil.HandoverPair) and the collector's pacing
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	waitPacing(t) // not paused by an earlier test's import
 	parent, child := testutil.HandoverPair(t)
 	in := &Inherited{conn: child}
 	ts := tunnelsOf(t, 2)
@@ -221,7 +223,7 @@ func TestUpgradeEachClient(t *testing.T) { // not parallel: it sets the environm
 	assert.Equal(t, []string{"tunnel t0", "tunnel t1"}, srv.steps)
 	assert.Equal(t, []bool{false, false}, srv.gcPaced, "pacing off while importing")
 	assert.Equal(t, float64(2), promtest.ToFloat64(m.Tunnels.WithLabelValues(metrics.UpgradeImported)))
-	require.Eventually(t, func() bool { return gcPercent() == 100 }, 10*time.Second, 10*time.Millisecond, "pacing back")
+	waitPacing(t)
 }
 
 // TestUpgradeEarlyServeEnds: Serve ending while the tunnels are still
@@ -252,6 +254,16 @@ func TestUpgradeEarlyServeEnds(t *testing.T) {
 		t.Fatal("finishEarly did not return once its ctx ended")
 	}
 	assert.Equal(t, []string{"begin", "end"}, srv.steps)
+	// The import failed: the pacing comes back all the same (and must be
+	// back before another test pauses it: the setting is the process's).
+	waitPacing(t)
+}
+
+// waitPacing waits until the collector paces itself (a test's pause ends
+// gcPauseGrace after its import).
+func waitPacing(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool { return gcPercent() == 100 }, 10*time.Second, 10*time.Millisecond, "pacing back")
 }
 
 // TestUpgradeAsksTheNewBinary: the old server sends the released message
