@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil/tcptest"
 )
 
 // TestPipeExportImport: the server's end of a parked tunnel is exported
@@ -114,7 +116,7 @@ func TestImportBounds(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			app, ours := tcpPair(t)
+			app, ours := tcptest.Pair(t)
 			f, err := ours.File()
 			require.NoError(t, err)
 			require.NoError(t, ours.Close())
@@ -144,7 +146,7 @@ func TestImportBounds(t *testing.T) {
 // gives up when its window passes.
 func TestImportedTunnelWindow(t *testing.T) {
 	t.Parallel()
-	app, ours := tcpPair(t)
+	app, ours := tcptest.Pair(t)
 	f, err := ours.File()
 	require.NoError(t, err)
 	require.NoError(t, ours.Close())
@@ -166,7 +168,7 @@ func TestImportedTunnelWindow(t *testing.T) {
 // Config.Written without a check).
 func TestImportedFirstServeChecksOffset(t *testing.T) {
 	t.Parallel()
-	_, ours := tcpPair(t)
+	_, ours := tcptest.Pair(t)
 	f, err := ours.File()
 	require.NoError(t, err)
 	require.NoError(t, ours.Close())

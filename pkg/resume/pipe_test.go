@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/internal/testutil/tcptest"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
 )
@@ -81,25 +82,6 @@ func killLocal(s *fakeStream) {
 	_ = s.r.CloseWithError(errIdle)
 }
 
-// tcpPair returns the two ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	s := <-accepted
-	require.NotNil(t, s)
-	t.Cleanup(func() { _ = c.Close(); _ = s.Close() })
-	return c.(*net.TCPConn), s.(*net.TCPConn)
-}
-
 type countEvents struct{ parked, resumed, resent, gaveUp atomic.Int64 }
 
 func (e *countEvents) TunnelParked()                 { e.parked.Add(1) }
@@ -124,8 +106,8 @@ func newTunnel(t *testing.T, cfg Config) *tunnel {
 	if cfg.Window == 0 {
 		cfg.Window = time.Minute
 	}
-	appC, c := tcpPair(t)
-	s, appS := tcpPair(t)
+	appC, c := tcptest.Pair(t)
+	s, appS := tcptest.Pair(t)
 	tu.appC, tu.appS = appC, appS
 	tu.cli, tu.srv = NewPipe(c, cfg), NewPipe(s, cfg)
 	return tu
@@ -491,8 +473,8 @@ func TestPipeParksWhileApplicationNotReading(t *testing.T) {
 func TestWrittenNotSentTwice(t *testing.T) {
 	t.Parallel()
 	written := []byte("written before the pipe, ")
-	appC, c := tcpPair(t)
-	s, appS := tcpPair(t)
+	appC, c := tcptest.Pair(t)
+	s, appS := tcptest.Pair(t)
 	cli := NewPipe(c, Config{Window: time.Minute, Written: written})
 	srv := NewPipe(s, Config{Window: time.Minute})
 	a, b := streamPair()

@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil/tcptest"
 )
 
 // TestImportKeepsDescriptor: Import serves the descriptor it was handed
@@ -19,7 +21,7 @@ import (
 // duplicate, and the tunnel's bytes go through it both ways.
 func TestImportKeepsDescriptor(t *testing.T) {
 	t.Parallel()
-	app, c := tcpPair(t)
+	app, c := tcptest.Pair(t)
 	f, err := c.File()
 	require.NoError(t, err)
 	fd := rawFD(t, f)
@@ -60,7 +62,7 @@ func rawFD(t *testing.T, f *os.File) uintptr {
 func TestSockConn(t *testing.T) {
 	t.Parallel()
 	sockOf := func(t *testing.T) (*sockConn, func() (int, error)) {
-		app, c := tcpPair(t)
+		app, c := tcptest.Pair(t)
 		f, err := c.File()
 		require.NoError(t, err)
 		_ = c.Close()

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/quictun/quictun/internal/testutil/tcptest"
 	"github.com/quictun/quictun/pkg/proto"
 	"github.com/quictun/quictun/pkg/splice"
 )
@@ -173,7 +174,7 @@ func TestPipeStreamFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			pipeConn, app := tcpPair(t)
+			app, pipeConn := tcptest.Pair(t)
 			s := newFakeStream()
 			tc.setup(s)
 			p := splice.New(pipeConn, s)
@@ -200,7 +201,7 @@ func TestPipeStreamFailures(t *testing.T) {
 
 func TestPipeCleanEndDoesNotCancel(t *testing.T) {
 	t.Parallel()
-	pipeConn, app := tcpPair(t)
+	app, pipeConn := tcptest.Pair(t)
 	s := newFakeStream()
 	p := splice.New(pipeConn, s)
 	var after, reads int
@@ -237,7 +238,7 @@ func TestPipeCleanEndDoesNotCancel(t *testing.T) {
 // ends the upstream direction quietly; the other direction goes on.
 func TestPipeCloseErrorEndsDirectionQuietly(t *testing.T) {
 	t.Parallel()
-	pipeConn, app := tcpPair(t)
+	app, pipeConn := tcptest.Pair(t)
 	s := newFakeStream()
 	s.closeErr = errors.New("close called for canceled stream 0")
 	p := splice.New(pipeConn, s)

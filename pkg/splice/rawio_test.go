@@ -13,18 +13,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/quictun/quictun/internal/testutil/tcptest"
 )
 
 // The splice makes raw system calls only on the net package's own sockets:
 // a type wrapping one may do more in its Read and Write (buffered bytes).
 func TestRawIOOnlyOnNetSockets(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	defer c.Close()
-	tc := c.(*net.TCPConn)
+	tc, _ := tcptest.Pair(t)
 	type wrapped struct{ *net.TCPConn }
 	assert.Nil(t, newRawIO(wrapped{tc}), "a wrapper's Read and Write are called")
 	if runtime.GOOS == "linux" {
@@ -41,36 +37,23 @@ func TestRawIOFullSocket(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("raw system calls are Linux only")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	defer c.Close()
-	peer := <-accepted
-	require.NotNil(t, peer)
-	defer peer.Close()
-	require.NoError(t, c.(*net.TCPConn).SetWriteBuffer(16<<10))
-	require.NoError(t, peer.(*net.TCPConn).SetReadBuffer(16<<10))
+	c, peer := tcptest.Pair(t)
+	require.NoError(t, c.SetWriteBuffer(16<<10))
+	require.NoError(t, peer.SetReadBuffer(16<<10))
 
 	data := make([]byte, 8<<20)
 	_, _ = rand.Read(data)
 	wrote := make(chan error, 1)
 	go func() {
-		w := newRawIO(c.(*net.TCPConn))
+		w := newRawIO(c)
 		n, err := w.write(data)
 		if err == nil && n != len(data) {
 			err = io.ErrShortWrite
 		}
-		wrote <- errors.Join(err, c.(*net.TCPConn).CloseWrite())
+		wrote <- errors.Join(err, c.CloseWrite())
 	}()
 	time.Sleep(50 * time.Millisecond) // the writer fills both buffers and waits
-	r := newRawIO(peer.(*net.TCPConn))
+	r := newRawIO(peer)
 	got := make([]byte, 0, len(data))
 	buf := make([]byte, 3000)
 	for {
@@ -92,15 +75,10 @@ func TestRawIOErrors(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("raw system calls are Linux only")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	tc := c.(*net.TCPConn)
+	tc, _ := tcptest.Pair(t)
 	rw := newRawIO(tc)
 	require.NoError(t, tc.SetReadDeadline(time.Now().Add(-time.Second)))
-	_, err = rw.read(make([]byte, 10))
+	_, err := rw.read(make([]byte, 10))
 	var oe *net.OpError
 	require.ErrorAs(t, err, &oe)
 	assert.Equal(t, "read", oe.Op)

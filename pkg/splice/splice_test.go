@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/quictun/quictun/internal/testutil/quictest"
+	"github.com/quictun/quictun/internal/testutil/tcptest"
 
 	"github.com/quic-go/quic-go"
 	"github.com/stretchr/testify/assert"
@@ -47,32 +48,6 @@ func streamPair(tb testing.TB, cli, srv *quic.Conn) (a, b *quic.Stream) {
 	return a, b
 }
 
-// tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(tb testing.TB) (a, b *net.TCPConn) {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	defer func() { _ = ln.Close() }()
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		ch <- res{c, err}
-	}()
-	d, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(tb, err)
-	r := <-ch
-	require.NoError(tb, r.err)
-	tb.Cleanup(func() {
-		_ = d.Close()
-		_ = r.c.Close()
-	})
-	return r.c.(*net.TCPConn), d.(*net.TCPConn)
-}
-
 // fixture is a running Pipe between tcp (its TCP side: the test holds app, the
 // other end) and a QUIC stream whose other end is peer.
 type fixture struct {
@@ -88,7 +63,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	cli, srv := quictest.Pair(t)
 	pipeStr, peer := streamPair(t, cli, srv)
-	pipeConn, app := tcpPair(t)
+	app, pipeConn := tcptest.Pair(t)
 	f := &fixture{pipe: splice.New(pipeConn, pipeStr), app: app, peer: peer, done: make(chan error, 1)}
 	f.pipe.AfterWrite = func() { f.writes.Add(1) }
 	f.pipe.AfterRead = func() { f.reads.Add(1) }
@@ -366,7 +341,7 @@ func TestAbortedErrorUnwrap(t *testing.T) {
 func BenchmarkPipe(b *testing.B) {
 	cli, srv := quictest.Pair(b)
 	pipeStr, peer := streamPair(b, cli, srv)
-	pipeConn, app := tcpPair(b)
+	app, pipeConn := tcptest.Pair(b)
 	p := splice.New(pipeConn, pipeStr)
 	done := make(chan error, 1)
 	go func() { done <- p.Run() }()
@@ -443,7 +418,7 @@ func TestPipeAbortBeforeRun(t *testing.T) {
 	t.Parallel()
 	cli, srv := quictest.Pair(t)
 	pipeStr, peer := streamPair(t, cli, srv)
-	pipeConn, app := tcpPair(t)
+	app, pipeConn := tcptest.Pair(t)
 	p := splice.New(pipeConn, pipeStr)
 	p.Abort(proto.CodeRefused)
 	done := make(chan error, 1)
@@ -472,7 +447,7 @@ func TestPipeManyConcurrent(t *testing.T) {
 	errs := make(chan error, n)
 	for i := range n {
 		pipeStr, peer := streamPair(t, cli, srv)
-		pipeConn, app := tcpPair(t)
+		app, pipeConn := tcptest.Pair(t)
 		p := splice.New(pipeConn, pipeStr)
 		done := make(chan error, 1)
 		go func() { done <- p.Run() }()
@@ -512,7 +487,7 @@ func TestPipeEOFAfterPeerStopSending(t *testing.T) {
 	t.Parallel()
 	cli, srv := quictest.Pair(t)
 	pipeStr, peer := streamPair(t, cli, srv)
-	pipeConn, app := tcpPair(t)
+	app, pipeConn := tcptest.Pair(t)
 	p := splice.New(pipeConn, pipeStr)
 	r := runPipe(t, p)
 
