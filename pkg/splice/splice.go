@@ -163,16 +163,13 @@ func (p *Pipe) toStream() {
 	var cb copyBuf
 	cb.take()
 	defer cb.release()
-	in := newRawIO(p.conn)
+	read := p.conn.Read
+	if r := newRawIO(p.conn); r != nil {
+		read = r.read
+	}
 	for {
 		buf := cb.buf()
-		var n int
-		var rerr error
-		if in != nil {
-			n, rerr = in.read(buf)
-		} else {
-			n, rerr = p.conn.Read(buf)
-		}
+		n, rerr := read(buf)
 		if n > 0 {
 			if _, werr := p.str.Write(buf[:n]); werr != nil {
 				p.abort(codeFor(werr), werr)
@@ -203,7 +200,10 @@ func (p *Pipe) fromStream() {
 	var cb copyBuf
 	cb.take()
 	defer cb.release()
-	out := newRawIO(p.conn)
+	write := p.conn.Write
+	if r := newRawIO(p.conn); r != nil {
+		write = r.write
+	}
 	for {
 		buf := cb.buf()
 		n, rerr := p.str.Read(buf)
@@ -211,13 +211,7 @@ func (p *Pipe) fromStream() {
 			p.AfterRead()
 		}
 		if n > 0 {
-			var werr error
-			if out != nil {
-				_, werr = out.write(buf[:n])
-			} else {
-				_, werr = p.conn.Write(buf[:n])
-			}
-			if werr != nil {
+			if _, werr := write(buf[:n]); werr != nil {
 				p.abort(proto.CodeConnReset, werr)
 				return
 			}
