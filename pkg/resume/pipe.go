@@ -384,10 +384,7 @@ func (p *Pipe) abort(code proto.Code, cause error, gaveUp string) {
 		}
 	}
 	p.mu.Unlock()
-	if l, ok := p.conn.(lingerer); ok {
-		_ = l.SetLinger(0) // Close sends RST
-	}
-	_ = p.conn.Close()
+	resetConn(p.conn)
 	if cur != nil && !idle {
 		cur.cancel(code)
 	}
