@@ -85,7 +85,7 @@ func TestRoundTrip(t *testing.T) {
 			CreatedAt: time.Unix(1700000000, int64(i))}
 		tu.ID[0] = byte(i + 1)
 		tu.Identity, tu.Window, tu.Received, tu.Base, tu.Data = "key=alice", time.Minute, uint64(1000+i), uint64(77*i), data
-		tu.EOF, tu.DownDone, tu.ToStream, tu.FromStream, tu.Conn = i == 2, i == 1, int64(5*i), int64(6*i), f
+		tu.EOF, tu.DownDone, tu.Confirmed, tu.ToStream, tu.FromStream, tu.Conn = i == 2, i == 1, i == 0, int64(5*i), int64(6*i), f
 		sent = append(sent, tu)
 	}
 	errc := make(chan error, 1)

@@ -6,9 +6,12 @@ import (
 	"time"
 )
 
+// Flags of a tunnel record. A build that does not know a flag ignores
+// it: flagConfirmed only saves a round trip (resume.State.Confirmed).
 const (
 	flagEOF byte = 1 << iota
 	flagDownDone
+	flagConfirmed
 )
 
 // SendTunnels sends the tunnels (the parent): for each a record with its
@@ -65,6 +68,9 @@ func encodeTunnel(t *Tunnel) []byte {
 	if t.DownDone {
 		flags |= flagDownDone
 	}
+	if t.Confirmed {
+		flags |= flagConfirmed
+	}
 	w.u8(flags)
 	w.u64(uint64(t.ToStream))
 	w.u64(uint64(t.FromStream))
@@ -86,7 +92,7 @@ func decodeTunnel(body []byte, t *Tunnel) (int, error) {
 	t.Received, t.Base = r.u64(), r.u64()
 	n := r.u64()
 	flags := r.u8()
-	t.EOF, t.DownDone = flags&flagEOF != 0, flags&flagDownDone != 0
+	t.EOF, t.DownDone, t.Confirmed = flags&flagEOF != 0, flags&flagDownDone != 0, flags&flagConfirmed != 0
 	t.ToStream, t.FromStream = int64(r.u64()), int64(r.u64())
 	t.CreatedAt = time.Unix(0, int64(r.u64()))
 	t.Identity, t.UUID, t.Destination, t.Source, t.Endpoint, t.Server = r.str(), r.str(), r.str(), r.str(), r.str(), r.str()

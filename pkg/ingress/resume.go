@@ -91,8 +91,19 @@ func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 // ctx ended. A tunnel handed over to the new process (an upgrade) ends
 // while it waits here.
 func (l *local) carryParked(ctx context.Context, p *resume.Pipe, err error) {
+	noReply := 0
 	for errors.Is(err, resume.ErrParked) {
 		l.slog.V(2).Info("Parked tunnel: its connection was lost; re-attaching on the next one", "window", l.h.window())
+		if errors.Is(err, resume.ErrNoReply) {
+			// A request sent without waiting (AwaitReply) got no reply: the
+			// 0-RTT data it went in was rejected, the connection was lost
+			// again or the server did not answer in time. It is tried again
+			// as a failed request is (reattach), not at once.
+			noReply++
+			pause(ctx, p, min(sessionGoneRetry<<min(noReply-1, 9), 2*time.Second))
+		} else {
+			noReply = 0
+		}
 		att, rerr := l.reattach(ctx, p, *l.rid)
 		if rerr != nil {
 			reason := resume.GaveUpShutdown
@@ -103,6 +114,17 @@ func (l *local) carryParked(ctx context.Context, p *resume.Pipe, err error) {
 			return
 		}
 		err = p.Serve(att)
+	}
+}
+
+// pause waits d, or until ctx or p ends.
+func pause(ctx context.Context, p *resume.Pipe, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	case <-p.Ended():
 	}
 }
 
@@ -218,7 +240,7 @@ func (l *local) reattach(ctx context.Context, p *resume.Pipe, id resume.ID) (*re
 	}()
 	delay, quick := 50*time.Millisecond, 0
 	for {
-		att, err := l.tryResume(ctx, id, p.Received())
+		att, err := l.tryResume(ctx, p, id)
 		if err == nil || errors.Is(err, errResumeRefused) {
 			return att, err
 		}
@@ -308,8 +330,12 @@ func (l *local) resumableSession(ctx context.Context, sess *Session) (early bool
 }
 
 // tryResume sends one resume request on the next session and reads the
-// server's answer: the bytes it received of ours.
-func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*resume.Attachment, error) {
+// server's answer: the bytes it received of ours. When the server had
+// confirmed every byte sent before the loss (Pipe.Confirmed), it knows
+// the answer: the tunnel goes on at once and its Pipe reads the reply
+// (Attachment.AwaitReply), so that what the application wrote meanwhile
+// is not held back a round trip (the stall of an upgrade).
+func (l *local) tryResume(ctx context.Context, p *resume.Pipe, id resume.ID) (*resume.Attachment, error) {
 	sess, release, err := l.session(ctx)
 	if err != nil {
 		release()
@@ -325,7 +351,22 @@ func (l *local) tryResume(ctx context.Context, id resume.ID, received uint64) (*
 		release()
 		return nil, sessionGone(sess, err)
 	}
-	off, err := l.h.requestResume(str, resume.Request{ID: id, Offset: received})
+	req := resume.Request{ID: id, Offset: p.Received()}
+	if off, all := p.Confirmed(); all {
+		if err := l.h.sendResume(str, req); err != nil {
+			str.CancelRead(proto.CodeResumeRefused.StreamErrorCode())
+			str.CancelWrite(proto.CodeResumeRefused.StreamErrorCode())
+			release()
+			return nil, sessionGone(sess, err)
+		}
+		l.release()
+		l.release, l.sess = release, sess
+		l.slog.V(2).Info("Resuming tunnel without waiting for the reply", "bytesConfirmedByServer", off, "early", early)
+		a := l.attachment(str, off)
+		a.Early, a.AwaitReply, a.ReplyTimeout = early, true, l.h.cfg.StreamOpenTimeout
+		return a, nil
+	}
+	off, err := l.h.requestResume(str, req)
 	if err != nil {
 		str.CancelRead(proto.CodeResumeRefused.StreamErrorCode())
 		str.CancelWrite(proto.CodeResumeRefused.StreamErrorCode())
@@ -353,19 +394,25 @@ func (l *local) session(ctx context.Context) (*Session, func(), error) {
 	return l.h.links.Sessions.Wait(ctx)
 }
 
-// requestResume writes the resume request's header on str and reads the
-// reply, within StreamOpenTimeout.
-func (h *Handler) requestResume(str Stream, req resume.Request) (uint64, error) {
+// sendResume writes the resume request's header on str.
+func (h *Handler) sendResume(str Stream, req resume.Request) error {
 	hdr, err := proto.NewHeader(req.Token(), time.Now())
 	if err != nil {
-		return 0, err
+		return err
 	}
 	hdr.Kind = proto.KindResume
 	b, err := hdr.AppendSigned(nil, h.links.Signer())
 	if err != nil {
-		return 0, err
+		return err
 	}
-	if _, err := str.Write(b); err != nil {
+	_, err = str.Write(b)
+	return err
+}
+
+// requestResume writes the resume request's header on str and reads the
+// reply, within StreamOpenTimeout.
+func (h *Handler) requestResume(str Stream, req resume.Request) (uint64, error) {
+	if err := h.sendResume(str, req); err != nil {
 		return 0, err
 	}
 	_ = str.SetReadDeadline(time.Now().Add(h.cfg.StreamOpenTimeout))

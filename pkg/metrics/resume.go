@@ -7,14 +7,15 @@ import "github.com/prometheus/client_golang/prometheus"
 type Resume struct {
 	Parked, Resumed, Resent prometheus.Counter
 	// ResumedEarly counts the resumed tunnels whose request went as 0-RTT
-	// data.
-	ResumedEarly prometheus.Counter
-	GaveUp       *prometheus.CounterVec
+	// data; ResumedNoWait those whose client sent on without waiting for
+	// the reply.
+	ResumedEarly, ResumedNoWait prometheus.Counter
+	GaveUp                      *prometheus.CounterVec
 	// Refused is nil on the client (the server refuses).
 	Refused *prometheus.CounterVec
 }
 
-// NewResume registers quictun_<daemon>_tunnels_{parked,resumed,resumed_0rtt}_total,
+// NewResume registers quictun_<daemon>_tunnels_{parked,resumed,resumed_0rtt,resumed_nowait}_total,
 // _tunnels_resume_resent_bytes_total, _tunnels_resume_gaveup_total{reason}
 // (gaveUpReasons), _resume_buffer_bytes (held, read at scrape time) and,
 // with refusedReasons, _resume_requests_refused_total{reason}.
@@ -27,6 +28,8 @@ func NewResume(reg prometheus.Registerer, daemon string, gaveUpReasons, refusedR
 		Resumed: prometheus.NewCounter(opts("tunnels_resumed_total", "Resumable tunnels continued on a new stream after their connection was lost.")),
 		ResumedEarly: prometheus.NewCounter(opts("tunnels_resumed_0rtt_total",
 			"Of the resumed tunnels, those whose resume request went as 0-RTT data on a resumed connection: re-attached without waiting a round trip for the handshake.")),
+		ResumedNoWait: prometheus.NewCounter(opts("tunnels_resumed_nowait_total",
+			"Of the resumed tunnels, those whose client sent on without waiting a round trip for the server's reply to its resume request: the server had confirmed every byte sent before the loss (counted by the client; 0 on the server).")),
 		Resent: prometheus.NewCounter(opts("tunnels_resume_resent_bytes_total", "Bytes resent when tunnels resumed: sent before the loss but not received by the other end, or read from the application while parked.")),
 		GaveUp: prometheus.NewCounterVec(opts("tunnels_resume_gaveup_total",
 			"Parked tunnels that ended without resuming (their application connection reset), by reason: window (not re-attached within --resume-window), refused (the server held no such tunnel), offset (an end reported an offset the other could not resend from), shutdown."), []string{"reason"}),
@@ -34,7 +37,7 @@ func NewResume(reg prometheus.Registerer, daemon string, gaveUpReasons, refusedR
 	for _, r := range gaveUpReasons {
 		m.GaveUp.WithLabelValues(r)
 	}
-	reg.MustRegister(m.Parked, m.Resumed, m.ResumedEarly, m.Resent, m.GaveUp, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	reg.MustRegister(m.Parked, m.Resumed, m.ResumedEarly, m.ResumedNoWait, m.Resent, m.GaveUp, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: Namespace, Subsystem: daemon, Name: "resume_buffer_bytes",
 		Help: "Bytes the resumable tunnels hold for resending until the other end confirms them (at most --resume-buffer-mib in all).",
 	}, held))
@@ -53,10 +56,13 @@ func NewResume(reg prometheus.Registerer, daemon string, gaveUpReasons, refusedR
 func (m *Resume) TunnelParked() { m.Parked.Inc() }
 
 // TunnelResumed counts a resumed tunnel and the bytes it resent.
-func (m *Resume) TunnelResumed(resent int64, early bool) {
+func (m *Resume) TunnelResumed(resent int64, early, noWait bool) {
 	m.Resumed.Inc()
 	if early {
 		m.ResumedEarly.Inc()
+	}
+	if noWait {
+		m.ResumedNoWait.Inc()
 	}
 	m.Resent.Add(float64(resent))
 }

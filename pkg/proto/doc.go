@@ -91,6 +91,11 @@
 // identity that opened the tunnel sent it, and answers CodeOK followed by
 // the 8-byte count of bytes it received, or resets it with
 // CodeResumeRefused; both ends then resend from the other's count and go on.
+// A client whose bytes the server had all confirmed (acks) before the loss
+// knows that count: it sends its bytes right after the request, without
+// waiting for the reply, and reads the reply first; a reply with another
+// count ends the tunnel (reset both ways). Servers are unchanged by this: the
+// bytes after a resume request's header always start at the count it replies.
 // A running tunnel's stream reset with CodeResumeRefused means the peer moved
 // the tunnel to another stream (it is parked, not ended). Compatibility: a
 // server from before resumable tunnels refuses the flag with bad_header, so

@@ -85,6 +85,10 @@ type Buffer struct {
 	closed bool
 	cap    int
 	budget *Budget
+	// sentUnknown: restored from an export (restore), whose writes on the
+	// previous process's stream are not recorded: bytes past base may be
+	// in flight until the peer tells its offset (Rewind).
+	sentUnknown bool
 
 	grew  chan struct{} // closed when bytes were committed or eof set
 	freed chan struct{} // closed when chunks were given back
@@ -283,7 +287,16 @@ func (b *Buffer) Rewind(off uint64) error {
 	b.sent = b.end // every byte up to end may have been written
 	b.ackLocked(off)
 	b.sent = off
+	b.sentUnknown = false
 	return nil
+}
+
+// Confirmed returns base and whether the peer confirmed every byte sent
+// (base == sent, known): then the peer holds exactly base of them.
+func (b *Buffer) Confirmed() (base uint64, all bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.base, b.base == b.sent && !b.sentUnknown
 }
 
 // Offsets returns base, sent and end.

@@ -39,6 +39,11 @@ type State struct {
 	Received uint64
 	// Base is the offset of Data[0]: the peer confirmed every byte before.
 	Base uint64
+	// Confirmed: the peer confirmed every byte sent before the loss, so it
+	// holds exactly Base of them (Pipe.Confirmed); otherwise some of Data
+	// may have been sent, and the new process waits for the reply to learn
+	// where to go on from.
+	Confirmed bool
 	// Data are the bytes read from the application that the peer has not
 	// confirmed; EOF: the application's EOF follows them.
 	Data []byte
@@ -103,7 +108,8 @@ func (p *Pipe) Export() (*State, error) {
 	_ = p.conn.SetReadDeadline(time.Unix(1, 0)) // wakes the reader's Read
 	<-p.readerDone
 	base, data, eof := p.out.snapshot()
-	st := &State{ID: p.cfg.ID, Window: p.cfg.Window, Received: p.recv.Load(), Base: base, Data: data, EOF: eof,
+	_, confirmed := p.out.Confirmed()
+	st := &State{ID: p.cfg.ID, Window: p.cfg.Window, Received: p.recv.Load(), Base: base, Confirmed: confirmed, Data: data, EOF: eof,
 		DownDone: downDone, ToStream: p.ToStream.Load(), FromStream: p.FromStream.Load(), Conn: f, Meta: p.cfg.Meta}
 	p.end()
 	return st, nil
@@ -123,7 +129,7 @@ func Import(st *State, cfg Config) (*Pipe, error) {
 	}
 	cfg.ID, cfg.Window = st.ID, st.Window
 	p := newPipe(sc, cfg)
-	if err := p.out.restore(st.Base, st.Data, st.EOF); err != nil {
+	if err := p.out.restore(st.Base, st.Data, st.EOF, st.Confirmed); err != nil {
 		resetConn(sc)
 		return nil, err
 	}
@@ -193,8 +199,8 @@ func (b *Buffer) snapshot() (base uint64, data []byte, eof bool) {
 
 // restore fills an empty Buffer with an exported direction: data from
 // offset base on, eof after it; within the cap (plus ExtraBytes) and the
-// Budget, or nothing is held.
-func (b *Buffer) restore(base uint64, data []byte, eof bool) error {
+// Budget, or nothing is held. confirmed: none of data was sent (State).
+func (b *Buffer) restore(base uint64, data []byte, eof, confirmed bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	limit := (b.cap+ChunkSize-1)/ChunkSize*ChunkSize + ExtraBytes
@@ -202,6 +208,7 @@ func (b *Buffer) restore(base uint64, data []byte, eof bool) error {
 		return fmt.Errorf("%w: %d bytes > %d", ErrTooLarge, len(data), limit)
 	}
 	b.start, b.base, b.sent, b.end, b.eof = base, base, base, base, eof
+	b.sentUnknown = !confirmed // else the previous process may have sent past base
 	need := int64((len(data) + ChunkSize - 1) / ChunkSize * ChunkSize)
 	if need > 0 {
 		if ok, _ := b.budget.take(need); !ok {

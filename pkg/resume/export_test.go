@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/internal/testutil/tcptest"
+	"github.com/quictun/quictun/pkg/proto"
 )
 
 // TestPipeExportImport: the server's end of a parked tunnel is exported
@@ -190,4 +191,41 @@ func TestImportedFirstServeChecksOffset(t *testing.T) {
 	require.ErrorAs(t, err, &g)
 	assert.Equal(t, GaveUpOffset, g.Reason)
 	require.Error(t, recvErr(t, ended))
+}
+
+// TestExportKeepsConfirmed: a tunnel whose peer had confirmed every byte
+// sent is imported knowing it (Confirmed: the new process re-attaches
+// without waiting for the reply); one with bytes in flight is imported
+// not knowing what the peer holds.
+func TestExportKeepsConfirmed(t *testing.T) {
+	t.Parallel()
+	for _, inFlight := range []bool{false, true} {
+		tu := newTunnel(t, Config{})
+		parkConfirmed(t, tu, "ping")
+		if inFlight {
+			// A write on the next stream, lost before any confirmation.
+			a, b := streamPair()
+			cliErr := make(chan error, 1)
+			go func() { cliErr <- tu.cli.Serve(&Attachment{Stream: a, PeerOffset: 4, Reply: false, Conn: 2}) }()
+			_, err := tu.appC.Write([]byte("more"))
+			require.NoError(t, err)
+			_, err = io.ReadFull(b, make([]byte, 4))
+			require.NoError(t, err)
+			kill(a, b)
+			require.ErrorIs(t, recvErr(t, cliErr), ErrParked)
+		}
+		st, err := tu.cli.Export()
+		require.NoError(t, err)
+		require.ErrorIs(t, recvErr(t, tu.ended), ErrHandedOver)
+		assert.Equal(t, !inFlight, st.Confirmed, "in flight: %v", inFlight)
+		imp, err := Import(st, Config{OnEnd: func(err error) { tu.ended <- err }})
+		require.NoError(t, err)
+		off, all := imp.Confirmed()
+		assert.Equal(t, !inFlight, all, "in flight: %v", inFlight)
+		assert.Equal(t, uint64(4), off)
+		imp.Abort(proto.CodeConnReset)
+		tu.srv.Abort(proto.CodeConnReset)
+		recvErr(t, tu.ended)
+		recvErr(t, tu.ended)
+	}
 }

@@ -25,7 +25,15 @@ var (
 	// ErrEnded: the tunnel ended before this Serve (its window passed, or
 	// it was aborted); nothing was held for the stream.
 	ErrEnded = errors.New("tunnel ended")
+	// ErrNoReply comes with ErrParked when the stream was lost before the
+	// reply to a request sent without waiting for it (AwaitReply): the
+	// caller retries as after a request that failed, not at once.
+	ErrNoReply = errors.New("no reply to the resume request")
 )
+
+// errParkedNoReply is Serve's ErrParked of an attachment lost before its
+// reply (ErrNoReply).
+var errParkedNoReply = fmt.Errorf("%w (%w)", ErrParked, ErrNoReply)
 
 // Reasons a parked tunnel gave up (GaveUpError, the label of
 // quictun_*_tunnels_resume_gaveup_total).
@@ -71,8 +79,9 @@ type Events interface {
 	TunnelParked()
 	// TunnelResumed reports a tunnel continued on a new stream, and the
 	// bytes it resent there; early: its resume request went as 0-RTT data
-	// (Attachment.Early).
-	TunnelResumed(resent int64, early bool)
+	// (Attachment.Early); noWait: the client sent on without waiting for
+	// the reply (Attachment.AwaitReply).
+	TunnelResumed(resent int64, early, noWait bool)
 	// TunnelGaveUp reports a parked tunnel that ended (GaveUpReasons).
 	TunnelGaveUp(reason string)
 	// ResumeRefused reports a refused resume request (RefusedReasons; the
@@ -87,7 +96,7 @@ type NopEvents struct{}
 func (NopEvents) TunnelParked() {}
 
 // TunnelResumed implements Events.
-func (NopEvents) TunnelResumed(int64, bool) {}
+func (NopEvents) TunnelResumed(int64, bool, bool) {}
 
 // TunnelGaveUp implements Events.
 func (NopEvents) TunnelGaveUp(string) {}
@@ -119,6 +128,18 @@ type Attachment struct {
 	// data, before the new connection's handshake completed (counted by
 	// Events.TunnelResumed).
 	Early bool
+	// AwaitReply (the client): Stream starts with the peer's reply to our
+	// resume request, which was sent without waiting for it because the
+	// peer had confirmed every byte sent (Pipe.Confirmed; PeerOffset is
+	// that offset). The writer goes on from PeerOffset at once, a round
+	// trip sooner; the reader reads the reply first. A refusal ends the
+	// tunnel (GaveUpRefused), another offset than PeerOffset too
+	// (GaveUpOffset: the bytes sent went after the wrong one); a stream
+	// lost before the reply parks it again (Serve: ErrParked, ErrNoReply).
+	AwaitReply bool
+	// ReplyTimeout bounds the wait for that reply (0: none); past it the
+	// stream counts as lost.
+	ReplyTimeout time.Duration
 }
 
 // DefaultCap is the default bound of the bytes one direction of a tunnel
@@ -208,6 +229,11 @@ type attachment struct {
 	resumed   bool
 	// first: the tunnel's first attachment (claim).
 	first bool
+	// resent: the bytes to resend when the attachment began (counted
+	// once the reply came, with AwaitReply); noReply: the stream was lost
+	// before it.
+	resent  int64
+	noReply bool
 }
 
 func (a *attachment) cancel(code proto.Code) {
@@ -246,6 +272,23 @@ func (p *Pipe) poke() {
 	if t := p.table.Load(); t != nil {
 		t.poke()
 	}
+}
+
+// Confirmed returns, for a parked tunnel, how many of our bytes the peer
+// confirmed, and whether that is every byte sent before the connection
+// was lost: then the peer holds exactly that many, and the client may
+// re-attach without waiting for the reply (Attachment.AwaitReply). all is
+// false when bytes may have been in flight (the reply tells), for a
+// tunnel imported from another process until it re-attached (what that
+// process sent is not known), and for a tunnel that is not parked.
+func (p *Pipe) Confirmed() (off uint64, all bool) {
+	p.mu.Lock()
+	parked := p.state == stateParked && p.abortErr == nil
+	p.mu.Unlock()
+	if !parked {
+		return 0, false
+	}
+	return p.out.Confirmed()
 }
 
 // Received is how many bytes of the peer's reached the application.

@@ -82,12 +82,18 @@ func killLocal(s *fakeStream) {
 	_ = s.r.CloseWithError(errIdle)
 }
 
-type countEvents struct{ parked, resumed, resent, gaveUp atomic.Int64 }
+type countEvents struct{ parked, resumed, resent, noWait, gaveUp atomic.Int64 }
 
-func (e *countEvents) TunnelParked()                 { e.parked.Add(1) }
-func (e *countEvents) TunnelResumed(n int64, _ bool) { e.resumed.Add(1); e.resent.Add(n) }
-func (e *countEvents) TunnelGaveUp(reason string)    { e.gaveUp.Add(1) }
-func (e *countEvents) ResumeRefused(string)          {}
+func (e *countEvents) TunnelParked() { e.parked.Add(1) }
+func (e *countEvents) TunnelResumed(n int64, _, noWait bool) {
+	e.resumed.Add(1)
+	e.resent.Add(n)
+	if noWait {
+		e.noWait.Add(1)
+	}
+}
+func (e *countEvents) TunnelGaveUp(reason string) { e.gaveUp.Add(1) }
+func (e *countEvents) ResumeRefused(string)       {}
 
 // tunnel is a resumable tunnel between two applications: cli and srv are
 // its Pipes, appC and appS the applications' sockets.
@@ -314,6 +320,114 @@ func TestPipeBadOffset(t *testing.T) {
 	tu.cli.Abort(proto.CodeConnReset)
 	recvErr(t, tu.ended)
 	recvErr(t, tu.ended)
+}
+
+// parkConfirmed runs tu on a first stream, writes msg from the client's
+// application, waits until the server confirmed it (the client's buffer
+// empty) and loses the connection: both Pipes park. It returns the offset
+// the server confirmed.
+func parkConfirmed(t *testing.T, tu *tunnel, msg string) uint64 {
+	t.Helper()
+	var conn atomic.Value
+	conn.Store(1)
+	stopAck := tu.acker(&conn)
+	a, b, cliErr, srvErr := tu.attach(1, false)
+	_, err := tu.appC.Write([]byte(msg))
+	require.NoError(t, err)
+	_, err = io.ReadFull(tu.appS, make([]byte, len(msg)))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return tu.cli.Held() == 0 }, 30*time.Second, time.Millisecond, "the server confirms")
+	stopAck()
+	kill(a, b)
+	require.ErrorIs(t, recvErr(t, cliErr), ErrParked)
+	require.ErrorIs(t, recvErr(t, srvErr), ErrParked)
+	off, all := tu.cli.Confirmed()
+	require.True(t, all, "every byte sent was confirmed")
+	require.Equal(t, uint64(len(msg)), off)
+	return off
+}
+
+// TestPipeAwaitReply: a client re-attachment that does not wait for the
+// reply (AwaitReply) writes at once and reads the reply first; a refusal
+// or another offset than the one confirmed ends the tunnel (the
+// application's connection reset), a stream lost before the reply parks
+// it again with ErrNoReply. The peer here is the raw stream.
+func TestPipeAwaitReply(t *testing.T) {
+	t.Parallel()
+	serve := func(t *testing.T) (tu *tunnel, b *fakeStream, cliErr chan error) {
+		tu = newTunnel(t, Config{})
+		t.Cleanup(func() {
+			tu.cli.Abort(proto.CodeConnReset)
+			tu.srv.Abort(proto.CodeConnReset)
+			recvErr(t, tu.ended)
+			recvErr(t, tu.ended)
+		})
+		off := parkConfirmed(t, tu, "ping")
+		a, b := streamPair()
+		cliErr = make(chan error, 1)
+		go func() { cliErr <- tu.cli.Serve(&Attachment{Stream: a, PeerOffset: off, AwaitReply: true, Conn: 2}) }()
+		_, err := tu.appC.Write([]byte("more"))
+		require.NoError(t, err)
+		got := make([]byte, 4)
+		_, err = io.ReadFull(b, got) // no reply was written
+		require.NoError(t, err)
+		require.Equal(t, "more", string(got), "written before the reply")
+		return tu, b, cliErr
+	}
+	gaveUp := func(t *testing.T, tu *tunnel, err error, reason string) {
+		t.Helper()
+		var g *GaveUpError
+		require.ErrorAs(t, err, &g)
+		assert.Equal(t, reason, g.Reason)
+		_ = tu.appC.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, rerr := tu.appC.Read(make([]byte, 1))
+		require.ErrorIs(t, rerr, syscall.ECONNRESET, "the application's connection is reset")
+		assert.Equal(t, int64(1), tu.events.gaveUp.Load())
+		assert.Zero(t, tu.events.resumed.Load())
+	}
+
+	t.Run("reply", func(t *testing.T) {
+		t.Parallel()
+		tu, b, cliErr := serve(t)
+		_, err := b.Write(append(AppendReply(nil, 4), "pong"...))
+		require.NoError(t, err)
+		got := make([]byte, 4)
+		_, err = io.ReadFull(tu.appC, got)
+		require.NoError(t, err)
+		assert.Equal(t, "pong", string(got), "the reply is not the application's")
+		require.Eventually(t, func() bool { return tu.events.resumed.Load() == 1 }, 10*time.Second, time.Millisecond)
+		assert.Equal(t, int64(1), tu.events.noWait.Load())
+		kill(b, b)
+		require.ErrorIs(t, recvErr(t, cliErr), ErrParked)
+	})
+	t.Run("refused", func(t *testing.T) {
+		t.Parallel()
+		tu, b, cliErr := serve(t)
+		b.CancelWrite(proto.CodeResumeRefused.StreamErrorCode())
+		b.CancelRead(proto.CodeResumeRefused.StreamErrorCode())
+		gaveUp(t, tu, recvErr(t, cliErr), GaveUpRefused)
+	})
+	t.Run("another offset", func(t *testing.T) {
+		t.Parallel()
+		tu, b, cliErr := serve(t)
+		_, err := b.Write(AppendReply(nil, 2))
+		require.NoError(t, err)
+		gaveUp(t, tu, recvErr(t, cliErr), GaveUpOffset)
+		_, err = io.ReadAll(b)
+		code, ok := proto.FromError(err)
+		require.True(t, ok, "the peer's stream is reset: %v", err)
+		assert.Equal(t, proto.CodeConnReset, code)
+	})
+	t.Run("lost before the reply", func(t *testing.T) {
+		t.Parallel()
+		tu, b, cliErr := serve(t)
+		kill(b, b)
+		err := recvErr(t, cliErr)
+		require.ErrorIs(t, err, ErrParked)
+		require.ErrorIs(t, err, ErrNoReply)
+		_, all := tu.cli.Confirmed()
+		assert.False(t, all, "bytes were sent that the peer did not confirm")
+	})
 }
 
 // TestPipeLingersUntilConfirmed: an end whose both directions ended keeps

@@ -2,10 +2,13 @@ package resume
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
 	"time"
+
+	"github.com/quic-go/quic-go"
 
 	"github.com/quictun/quictun/pkg/proto"
 )
@@ -37,6 +40,9 @@ func (p *Pipe) Serve(att *Attachment) error {
 		p.mu.Unlock()
 		close(a.done)
 		p.cfg.Events.TunnelParked()
+		if a.noReply {
+			return errParkedNoReply
+		}
 		return ErrParked
 	}
 	p.state = stateEnded
@@ -106,7 +112,10 @@ func (p *Pipe) run(a *attachment) (lost bool) {
 	}
 	if a.resumed {
 		_, _, end := p.out.Offsets()
-		p.cfg.Events.TunnelResumed(int64(end-a.PeerOffset), a.Early)
+		a.resent = int64(end - a.PeerOffset)
+		if !a.AwaitReply {
+			p.cfg.Events.TunnelResumed(a.resent, a.Early, false)
+		}
 	}
 	// One goroutine writes the stream, then watches it for
 	// interruptAppWrites: a re-attachment of 1,000 tunnels starts 1,000 of
@@ -257,8 +266,13 @@ func (p *Pipe) write(a *attachment, prefix []byte) (lost bool) {
 }
 
 // readStream copies the stream to the application until EOF (false) or
-// the stream is lost (true).
+// the stream is lost (true), after the reply if a awaits it.
 func (p *Pipe) readStream(a *attachment) (lost bool) {
+	if a.AwaitReply {
+		if ok, lost := p.awaitReply(a); !ok {
+			return lost
+		}
+	}
 	var cb copyBuf
 	defer cb.release()
 	for {
@@ -303,6 +317,39 @@ func (p *Pipe) readStream(a *attachment) (lost bool) {
 		}
 		return p.streamFailed(a, rerr)
 	}
+}
+
+// awaitReply reads the peer's reply at the start of a's stream
+// (Attachment.AwaitReply): ok, the tunnel goes on; otherwise it ended
+// (refused, or another offset: the peer's stream is reset too) or, lost,
+// the stream was lost first.
+func (p *Pipe) awaitReply(a *attachment) (ok, lost bool) {
+	if d, can := a.Stream.(interface{ SetReadDeadline(time.Time) error }); can && a.ReplyTimeout > 0 {
+		_ = d.SetReadDeadline(time.Now().Add(a.ReplyTimeout))
+		defer func() { _ = d.SetReadDeadline(time.Time{}) }()
+	}
+	off, err := ReadReply(a.Stream)
+	var se *quic.StreamError
+	switch {
+	case err == nil && off == a.PeerOffset:
+		if a.AfterRead != nil {
+			a.AfterRead()
+		}
+		p.cfg.Events.TunnelResumed(a.resent, a.Early, true)
+		return true, false
+	case err == nil:
+		err = fmt.Errorf("the peer holds %d of our bytes but had confirmed %d: what was sent since went after the wrong offset", off, a.PeerOffset)
+		p.abort(proto.CodeConnReset, fmt.Errorf("%w (%s): %w", errGaveUp, GaveUpOffset, err), GaveUpOffset)
+		a.cancel(proto.CodeConnReset)
+		return false, false
+	case errors.Is(err, ErrBadRequest), errors.As(err, &se) && se.Remote && se.ErrorCode == proto.CodeResumeRefused.StreamErrorCode():
+		p.abort(proto.CodeConnReset, fmt.Errorf("%w (%s): %w", errGaveUp, GaveUpRefused, err), GaveUpRefused)
+		a.cancel(proto.CodeConnReset)
+		return false, false
+	}
+	a.noReply = true
+	a.cancel(codeDetached)
+	return false, true
 }
 
 // streamFailed handles a failed stream operation: a lost stream (true), or

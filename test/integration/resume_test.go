@@ -175,6 +175,43 @@ func TestResumeAcrossLostConnection(t *testing.T) {
 		"ended tunnels give back their buffers")
 }
 
+// TestResumeWithoutWaitingForReply: when the server had confirmed every
+// byte the client sent before the connection died, the client sends what
+// its application wrote while the tunnel was parked right after its resume
+// request, not a round trip later after the server's reply: counted as
+// such, and every byte arrives once and in order (SHA-256 both ways).
+func TestResumeWithoutWaitingForReply(t *testing.T) {
+	t.Parallel()
+	const part = 256 << 10
+	dest, gate, dests := serveGated(t, part)
+	srvSide := newResumeSide(server.NewResumeMetrics)
+	cliSide := newResumeSide(client.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + dest}, QUIC: shortIdle,
+		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
+	var dark atomic.Bool
+	proxy := lossyProxy(t, srv, 2*time.Millisecond, &dark, nil)
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + dest, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
+		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
+	app, far := startGated(t, cl.Addr, part, gate, dests)
+	require.Eventually(t, func() bool { return cliSide.budget.Used() == 0 }, 30*time.Second, 10*time.Millisecond,
+		"the server confirms every byte the client sent")
+
+	// The application writes once the tunnel parked (as after a server's
+	// close: bytes written into a link gone dark were sent, and may have
+	// arrived, so the reply must tell).
+	dark.Store(true)
+	for _, s := range []*resumeSide{srvSide, cliSide} {
+		require.Eventually(t, func() bool { return promtest.ToFloat64(s.metrics.Parked) == 1 }, 30*time.Second, 10*time.Millisecond)
+	}
+	close(gate)
+	require.Eventually(t, func() bool { return cliSide.budget.Used() > 0 }, 30*time.Second, 10*time.Millisecond,
+		"the client reads the application while parked")
+	dark.Store(false)
+	checkGated(t, app, far, part, srvSide, cliSide)
+	assert.Equal(t, 1.0, promtest.ToFloat64(cliSide.metrics.ResumedNoWait), "the client did not wait for the reply")
+	assert.Zero(t, promtest.ToFloat64(srvSide.metrics.ResumedNoWait), "the server answers, it does not request")
+}
+
 // darkUntilParked darkens the link, opens the gate (the applications
 // write on while it is dark), waits until both ends parked the tunnel and
 // lights the link again.
