@@ -21,7 +21,7 @@ import (
 
 // lossyProxy puts a UDP proxy with oneWay delay in front of srv; packets are
 // dropped while dark is true or when drop returns true.
-func lossyProxy(t *testing.T, srv *testutil.Server, oneWay time.Duration, dark *atomic.Bool, drop func() bool) string {
+func lossyProxy(t testing.TB, srv *testutil.Server, oneWay time.Duration, dark *atomic.Bool, drop func() bool) string {
 	t.Helper()
 	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/quictun/quictun/client"
@@ -65,4 +66,61 @@ func BenchmarkResumeCost(b *testing.B) {
 		b.Run("bulk/"+mode.name, bulkRun)
 		b.Run("pingpong64/"+mode.name, func(b *testing.B) { pingPong(b, pp.Addr, 64) })
 	}
+}
+
+// BenchmarkResumeAnswer: how long after a lost connection's link returns
+// the answer comes to a request the application wrote while its tunnel was
+// parked (an echo, 25 ms each way): ms/answer, which includes the client's
+// reconnect (its retries while the link was dark), and ms-after-reply/answer,
+// from the server's reply to the re-attachment reaching the client (counted
+// resumed) to the answer. Compare builds side by side: a re-attachment
+// that does not wait for the reply saves one round trip there.
+func BenchmarkResumeAnswer(b *testing.B) {
+	const oneWay = 25 * time.Millisecond
+	echo := testutil.EchoServer(b)
+	srvSide := newResumeSide(server.NewResumeMetrics)
+	cliSide := newResumeSide(client.NewResumeMetrics)
+	srv := testutil.StartServer(b, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, QUIC: shortIdle,
+		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
+	var dark atomic.Bool
+	proxy := lossyProxy(b, srv, oneWay, &dark, nil)
+	cl := testutil.StartClient(b, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
+		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
+	c := dial(b, cl.Addr)
+	buf := make([]byte, 4)
+	ping := func() {
+		_, err := c.Write([]byte("ping"))
+		require.NoError(b, err)
+		_, err = io.ReadFull(c, buf)
+		require.NoError(b, err)
+	}
+	ping()
+	var total, afterReply time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		require.Eventually(b, func() bool { return cliSide.budget.Used() == 0 && srvSide.budget.Used() == 0 }, 30*time.Second, time.Millisecond,
+			"every byte confirmed")
+		dark.Store(true)
+		for _, s := range []*resumeSide{srvSide, cliSide} {
+			require.Eventually(b, func() bool { return promtest.ToFloat64(s.metrics.Parked) == float64(i+1) }, 30*time.Second, time.Millisecond)
+		}
+		_, err := c.Write([]byte("ping"))
+		require.NoError(b, err)
+		resumed := make(chan time.Time, 1)
+		go func() { // the client counts the tunnel resumed when the server's reply came
+			for promtest.ToFloat64(cliSide.metrics.Resumed) < float64(i+1) {
+				time.Sleep(200 * time.Microsecond)
+			}
+			resumed <- time.Now()
+		}()
+		start := time.Now()
+		dark.Store(false)
+		_, err = io.ReadFull(c, buf)
+		require.NoError(b, err)
+		answered := time.Now()
+		total += answered.Sub(start)
+		afterReply += answered.Sub(<-resumed)
+	}
+	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/answer")
+	b.ReportMetric(float64(afterReply.Microseconds())/1000/float64(b.N), "ms-after-reply/answer")
 }

@@ -33,7 +33,7 @@ func tunnel(t *testing.T) (*testutil.Server, *testutil.Client) {
 	return srv, cl
 }
 
-func dial(t *testing.T, addr string) *net.TCPConn {
+func dial(t testing.TB, addr string) *net.TCPConn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	require.NoError(t, err)
