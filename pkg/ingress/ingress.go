@@ -61,6 +61,9 @@ type Session struct {
 	// verdicts: destinations the server accepted recently on this
 	// connection, which a proxy answers at once (verdicts.go).
 	verdicts verdicts
+	// aheads counts the re-attachments on this connection that did not
+	// wait for the server's reply (maxAheadPerSession).
+	aheads atomic.Int32
 }
 
 // Transport names the session's transport: "quic" or "tcp".

@@ -92,8 +92,8 @@
 // the 8-byte count of bytes it received, or resets it with
 // CodeResumeRefused; both ends then resend from the other's count and go on.
 // A client whose bytes the server had all confirmed (acks) before the loss
-// knows that count: it sends its bytes right after the request, without
-// waiting for the reply, and reads the reply first; a reply with another
+// knows that count: it may send its bytes right after the request, without
+// waiting for the reply, and read the reply first; a reply with another
 // count ends the tunnel (reset both ways). Servers are unchanged by this: the
 // bytes after a resume request's header always start at the count it replies.
 // A running tunnel's stream reset with CodeResumeRefused means the peer moved

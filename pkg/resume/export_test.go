@@ -220,7 +220,7 @@ func TestExportKeepsConfirmed(t *testing.T) {
 		assert.Equal(t, !inFlight, st.Confirmed, "in flight: %v", inFlight)
 		imp, err := Import(st, Config{OnEnd: func(err error) { tu.ended <- err }})
 		require.NoError(t, err)
-		off, all := imp.Confirmed()
+		off, all := imp.out.Confirmed()
 		assert.Equal(t, !inFlight, all, "in flight: %v", inFlight)
 		assert.Equal(t, uint64(4), off)
 		imp.Abort(proto.CodeConnReset)

@@ -279,8 +279,8 @@ func (p *Pipe) poke() {
 // was lost: then the peer holds exactly that many, and the client may
 // re-attach without waiting for the reply (Attachment.AwaitReply). all is
 // false when bytes may have been in flight (the reply tells), for a
-// tunnel imported from another process until it re-attached (what that
-// process sent is not known), and for a tunnel that is not parked.
+// tunnel imported from a process that did not know (State.Confirmed), and
+// for a tunnel that is not parked.
 func (p *Pipe) Confirmed() (off uint64, all bool) {
 	p.mu.Lock()
 	parked := p.state == stateParked && p.abortErr == nil

@@ -425,7 +425,7 @@ func TestPipeAwaitReply(t *testing.T) {
 		err := recvErr(t, cliErr)
 		require.ErrorIs(t, err, ErrParked)
 		require.ErrorIs(t, err, ErrNoReply)
-		_, all := tu.cli.Confirmed()
+		_, all := tu.cli.out.Confirmed()
 		assert.False(t, all, "bytes were sent that the peer did not confirm")
 	})
 }

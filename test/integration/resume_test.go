@@ -212,6 +212,52 @@ func TestResumeWithoutWaitingForReply(t *testing.T) {
 	assert.Zero(t, promtest.ToFloat64(srvSide.metrics.ResumedNoWait), "the server answers, it does not request")
 }
 
+// TestResumeAheadBounded: at most 64 re-attachments on one connection go
+// on without waiting for the server's reply (each starts its attachment
+// during the new connection's handshake, whose CPU 1,000 of them took);
+// the others wait for it, and every tunnel resumes.
+func TestResumeAheadBounded(t *testing.T) {
+	t.Parallel()
+	const n = 70
+	echo := testutil.EchoServer(t)
+	srvSide := newResumeSide(server.NewResumeMetrics)
+	cliSide := newResumeSide(client.NewResumeMetrics)
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, QUIC: shortIdle,
+		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
+	var dark atomic.Bool
+	proxy := lossyProxy(t, srv, time.Millisecond, &dark, nil)
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
+		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
+	conns := make([]*net.TCPConn, n)
+	roundTrip := func(c *net.TCPConn, msg string) {
+		_, err := c.Write([]byte(msg))
+		require.NoError(t, err)
+		got := make([]byte, len(msg))
+		_, err = io.ReadFull(c, got)
+		require.NoError(t, err)
+		require.Equal(t, msg, string(got))
+	}
+	for i := range conns {
+		conns[i] = dial(t, cl.Addr)
+		roundTrip(conns[i], "ping")
+	}
+	require.Eventually(t, func() bool { return cliSide.budget.Used() == 0 && srvSide.budget.Used() == 0 }, 30*time.Second, 10*time.Millisecond,
+		"every byte confirmed")
+	dark.Store(true)
+	for _, s := range []*resumeSide{srvSide, cliSide} {
+		require.Eventually(t, func() bool { return promtest.ToFloat64(s.metrics.Parked) == n }, 30*time.Second, 10*time.Millisecond)
+	}
+	dark.Store(false)
+	for _, c := range conns {
+		roundTrip(c, "pong")
+	}
+	require.Eventually(t, func() bool { return promtest.ToFloat64(cliSide.metrics.Resumed) == n }, 30*time.Second, 10*time.Millisecond)
+	ahead := promtest.ToFloat64(cliSide.metrics.ResumedNoWait)
+	assert.Positive(t, ahead)
+	assert.LessOrEqual(t, ahead, 64.0, "at most 64 on the connection they re-attached on")
+	assert.Equal(t, float64(n), promtest.ToFloat64(srvSide.metrics.Resumed))
+}
+
 // darkUntilParked darkens the link, opens the gate (the applications
 // write on while it is dark), waits until both ends parked the tunnel and
 // lights the link again.
