@@ -93,7 +93,6 @@ func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 func (l *local) carryParked(ctx context.Context, p *resume.Pipe, err error) {
 	noReply := 0
 	for errors.Is(err, resume.ErrParked) {
-		l.slog.V(2).Info("Parked tunnel: its connection was lost; re-attaching on the next one", "window", l.h.window())
 		if errors.Is(err, resume.ErrNoReply) {
 			// A request sent without waiting (AwaitReply) got no reply: the
 			// 0-RTT data it went in was rejected, the connection was lost
@@ -103,6 +102,7 @@ func (l *local) carryParked(ctx context.Context, p *resume.Pipe, err error) {
 			pause(ctx, p, min(sessionGoneRetry<<min(noReply-1, 9), 2*time.Second))
 		} else {
 			noReply = 0
+			l.slog.V(2).Info("Parked tunnel: its connection was lost; re-attaching on the next one", "window", l.h.window())
 		}
 		att, rerr := l.reattach(ctx, p, *l.rid)
 		if rerr != nil {
@@ -114,6 +114,14 @@ func (l *local) carryParked(ctx context.Context, p *resume.Pipe, err error) {
 			return
 		}
 		err = p.Serve(att)
+		if errors.Is(err, resume.ErrEnded) {
+			// It ended (its window, a kick) or was handed over while it
+			// re-attached: the server's end, on this stream, is told it is
+			// detached (it parks, as on a lost connection) rather than reset,
+			// since a new process may re-attach it.
+			att.Stream.CancelRead(proto.CodeResumeRefused.StreamErrorCode())
+			att.Stream.CancelWrite(proto.CodeResumeRefused.StreamErrorCode())
+		}
 	}
 }
 

@@ -197,14 +197,18 @@ type Pipe struct {
 	frozen     chan struct{}
 	freezeOnce sync.Once
 
-	mu        sync.Mutex
-	state     int
-	cur       *attachment
-	timer     *time.Timer
-	downDone  bool // the peer's FIN reached the application
-	abortErr  *splice.AbortedError
-	gaveUp    string
-	endCalled bool
+	mu    sync.Mutex
+	state int
+	cur   *attachment
+	timer *time.Timer
+	// parkedUntil is when the current wait's window ends: an attachment
+	// lost before its reply (AwaitReply) parks the tunnel again until
+	// then, not for a new window.
+	parkedUntil time.Time
+	downDone    bool // the peer's FIN reached the application
+	abortErr    *splice.AbortedError
+	gaveUp      string
+	endCalled   bool
 	// handedOver: Export gave the tunnel to another process; OnEnd gets
 	// ErrHandedOver.
 	handedOver bool

@@ -421,10 +421,18 @@ func TestPipeAwaitReply(t *testing.T) {
 	t.Run("lost before the reply", func(t *testing.T) {
 		t.Parallel()
 		tu, b, cliErr := serve(t)
+		parked := tu.events.parked.Load()
+		tu.cli.mu.Lock()
+		until := tu.cli.parkedUntil
+		tu.cli.mu.Unlock()
 		kill(b, b)
 		err := recvErr(t, cliErr)
 		require.ErrorIs(t, err, ErrParked)
 		require.ErrorIs(t, err, ErrNoReply)
+		assert.Equal(t, parked, tu.events.parked.Load(), "not counted parked again")
+		tu.cli.mu.Lock()
+		assert.Equal(t, until, tu.cli.parkedUntil, "it waits within the window it was parked for, not a new one")
+		tu.cli.mu.Unlock()
 		_, all := tu.cli.out.Confirmed()
 		assert.False(t, all, "bytes were sent that the peer did not confirm")
 	})

@@ -34,15 +34,21 @@ func (p *Pipe) Serve(att *Attachment) error {
 		p.mu.Unlock()
 		close(a.done)
 		return ErrTakenOver
+	case p.abortErr == nil && lost && a.noReply:
+		// The re-attachment never took: the tunnel waits on within the
+		// window it was parked for, and is not counted parked again.
+		p.state = stateParked
+		p.timer = time.AfterFunc(max(time.Until(p.parkedUntil), 0), p.expire)
+		p.mu.Unlock()
+		close(a.done)
+		return errParkedNoReply
 	case p.abortErr == nil && lost:
 		p.state = stateParked
+		p.parkedUntil = time.Now().Add(p.cfg.Window)
 		p.timer = time.AfterFunc(p.cfg.Window, p.expire)
 		p.mu.Unlock()
 		close(a.done)
 		p.cfg.Events.TunnelParked()
-		if a.noReply {
-			return errParkedNoReply
-		}
 		return ErrParked
 	}
 	p.state = stateEnded
