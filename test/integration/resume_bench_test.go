@@ -77,16 +77,9 @@ func BenchmarkResumeCost(b *testing.B) {
 // that does not wait for the reply saves one round trip there.
 func BenchmarkResumeAnswer(b *testing.B) {
 	const oneWay = 25 * time.Millisecond
-	echo := testutil.EchoServer(b)
-	srvSide := newResumeSide(server.NewResumeMetrics)
-	cliSide := newResumeSide(client.NewResumeMetrics)
-	srv := testutil.StartServer(b, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, QUIC: shortIdle,
-		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
-	var dark atomic.Bool
-	proxy := lossyProxy(b, srv, oneWay, &dark, nil)
-	cl := testutil.StartClient(b, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
-		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
-	c := dial(b, cl.Addr)
+	r := startResumable(b, testutil.EchoServer(b), oneWay)
+	srvSide, cliSide, dark := r.srv, r.cli, &r.dark
+	c := dial(b, r.addr)
 	buf := make([]byte, 4)
 	ping := func() {
 		_, err := c.Write([]byte("ping"))

@@ -55,6 +55,27 @@ func shortIdle(q *transport.QUICOptions) {
 	q.KeepAlivePeriod = 300 * time.Millisecond
 }
 
+// resumable is a server and a client to it through a proxy whose link goes
+// dark with dark (oneWay each way), both with resumable tunnels (a minute's
+// window) on connections that die after a second without packets.
+type resumable struct {
+	srv, cli *resumeSide
+	dark     atomic.Bool
+	addr     string // the client's listening address, whose tunnels go to dest
+}
+
+func startResumable(t testing.TB, dest string, oneWay time.Duration) *resumable {
+	t.Helper()
+	r := &resumable{srv: newResumeSide(server.NewResumeMetrics), cli: newResumeSide(client.NewResumeMetrics)}
+	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + dest}, QUIC: shortIdle,
+		Mutate: func(c *server.Config) { c.Resume = r.srv.egress(time.Minute) }})
+	proxy := lossyProxy(t, srv, oneWay, &r.dark, nil)
+	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + dest, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
+		Mutate: func(c *client.Config) { c.Resume = r.cli.ingress(time.Minute) }})
+	r.addr = cl.Addr
+	return r
+}
+
 // gatedPeer writes part random bytes on c, waits for gate, writes part
 // more and half-closes, while it reads everything c sends: got counts the
 // bytes read; sent and recv are the SHA-256 of each direction once done.
@@ -156,17 +177,11 @@ func TestResumeAcrossLostConnection(t *testing.T) {
 	t.Parallel()
 	const part = 1 << 20
 	dest, gate, dests := serveGated(t, part)
-	srvSide := newResumeSide(server.NewResumeMetrics)
-	cliSide := newResumeSide(client.NewResumeMetrics)
-	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + dest}, QUIC: shortIdle,
-		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
-	var dark atomic.Bool
-	proxy := lossyProxy(t, srv, 2*time.Millisecond, &dark, nil)
-	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + dest, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
-		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
-	app, far := startGated(t, cl.Addr, part, gate, dests)
+	r := startResumable(t, dest, 2*time.Millisecond)
+	srvSide, cliSide := r.srv, r.cli
+	app, far := startGated(t, r.addr, part, gate, dests)
 
-	darkUntilParked(t, &dark, gate, srvSide, cliSide)
+	darkUntilParked(t, &r.dark, gate, srvSide, cliSide)
 	checkGated(t, app, far, part, srvSide, cliSide)
 	t.Logf("resent after the outage: client %.0f bytes, server %.0f bytes",
 		promtest.ToFloat64(cliSide.metrics.Resent), promtest.ToFloat64(srvSide.metrics.Resent))
@@ -184,29 +199,23 @@ func TestResumeWithoutWaitingForReply(t *testing.T) {
 	t.Parallel()
 	const part = 256 << 10
 	dest, gate, dests := serveGated(t, part)
-	srvSide := newResumeSide(server.NewResumeMetrics)
-	cliSide := newResumeSide(client.NewResumeMetrics)
-	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + dest}, QUIC: shortIdle,
-		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
-	var dark atomic.Bool
-	proxy := lossyProxy(t, srv, 2*time.Millisecond, &dark, nil)
-	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + dest, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
-		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
-	app, far := startGated(t, cl.Addr, part, gate, dests)
+	r := startResumable(t, dest, 2*time.Millisecond)
+	srvSide, cliSide := r.srv, r.cli
+	app, far := startGated(t, r.addr, part, gate, dests)
 	require.Eventually(t, func() bool { return cliSide.budget.Used() == 0 }, 30*time.Second, 10*time.Millisecond,
 		"the server confirms every byte the client sent")
 
 	// The application writes once the tunnel parked (as after a server's
 	// close: bytes written into a link gone dark were sent, and may have
 	// arrived, so the reply must tell).
-	dark.Store(true)
+	r.dark.Store(true)
 	for _, s := range []*resumeSide{srvSide, cliSide} {
 		require.Eventually(t, func() bool { return promtest.ToFloat64(s.metrics.Parked) == 1 }, 30*time.Second, 10*time.Millisecond)
 	}
 	close(gate)
 	require.Eventually(t, func() bool { return cliSide.budget.Used() > 0 }, 30*time.Second, 10*time.Millisecond,
 		"the client reads the application while parked")
-	dark.Store(false)
+	r.dark.Store(false)
 	checkGated(t, app, far, part, srvSide, cliSide)
 	assert.Equal(t, 1.0, promtest.ToFloat64(cliSide.metrics.ResumedNoWait), "the client did not wait for the reply")
 	assert.Zero(t, promtest.ToFloat64(srvSide.metrics.ResumedNoWait), "the server answers, it does not request")
@@ -219,37 +228,22 @@ func TestResumeWithoutWaitingForReply(t *testing.T) {
 func TestResumeAheadBounded(t *testing.T) {
 	t.Parallel()
 	const n = 70
-	echo := testutil.EchoServer(t)
-	srvSide := newResumeSide(server.NewResumeMetrics)
-	cliSide := newResumeSide(client.NewResumeMetrics)
-	srv := testutil.StartServer(t, testutil.ServerOptions{Allow: []string{"tcp:" + echo}, QUIC: shortIdle,
-		Mutate: func(c *server.Config) { c.Resume = srvSide.egress(time.Minute) }})
-	var dark atomic.Bool
-	proxy := lossyProxy(t, srv, time.Millisecond, &dark, nil)
-	cl := testutil.StartClient(t, srv, testutil.ClientOptions{Token: "tcp:" + echo, ServerAddr: proxy, WaitReady: true, QUIC: shortIdle,
-		Mutate: func(c *client.Config) { c.Resume = cliSide.ingress(time.Minute) }})
+	r := startResumable(t, testutil.EchoServer(t), time.Millisecond)
+	srvSide, cliSide := r.srv, r.cli
 	conns := make([]*net.TCPConn, n)
-	roundTrip := func(c *net.TCPConn, msg string) {
-		_, err := c.Write([]byte(msg))
-		require.NoError(t, err)
-		got := make([]byte, len(msg))
-		_, err = io.ReadFull(c, got)
-		require.NoError(t, err)
-		require.Equal(t, msg, string(got))
-	}
 	for i := range conns {
-		conns[i] = dial(t, cl.Addr)
-		roundTrip(conns[i], "ping")
+		conns[i] = dial(t, r.addr)
+		echoMsg(t, conns[i], "ping")
 	}
 	require.Eventually(t, func() bool { return cliSide.budget.Used() == 0 && srvSide.budget.Used() == 0 }, 30*time.Second, 10*time.Millisecond,
 		"every byte confirmed")
-	dark.Store(true)
+	r.dark.Store(true)
 	for _, s := range []*resumeSide{srvSide, cliSide} {
 		require.Eventually(t, func() bool { return promtest.ToFloat64(s.metrics.Parked) == n }, 30*time.Second, 10*time.Millisecond)
 	}
-	dark.Store(false)
+	r.dark.Store(false)
 	for _, c := range conns {
-		roundTrip(c, "pong")
+		echoMsg(t, c, "pong")
 	}
 	require.Eventually(t, func() bool { return promtest.ToFloat64(cliSide.metrics.Resumed) == n }, 30*time.Second, 10*time.Millisecond)
 	ahead := promtest.ToFloat64(cliSide.metrics.ResumedNoWait)
