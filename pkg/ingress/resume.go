@@ -227,9 +227,9 @@ func (l *local) attachment(str splice.Stream, peerOffset uint64) *resume.Attachm
 // handshake: with 1,000 of them (an upgrade of 1,000 tunnels, bench
 // resume) the handshake took 66-134 ms against 71-88 and the longest
 // stall was higher in 5 of 6 server upgrades, though that build was
-// always measured first, which the bench favours less (KNOWN_LIMITS §8).
-// The bound keeps that burst small; an interactive session's few tunnels
-// all go ahead.
+// always measured first and one build differs from itself by as much
+// (KNOWN_LIMITS §8). The bound keeps that burst small; an interactive
+// session's few tunnels all go ahead.
 const maxAheadPerSession = 64
 
 // errResumeRefused: the server holds no such tunnel for us.
