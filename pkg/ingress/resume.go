@@ -93,18 +93,19 @@ func (l *local) spliceResumable(ctx context.Context, toServer splice.Stream) {
 func (l *local) carryParked(ctx context.Context, p *resume.Pipe, err error) {
 	noReply := 0
 	for errors.Is(err, resume.ErrParked) {
+		var first time.Duration
 		if errors.Is(err, resume.ErrNoReply) {
 			// A request sent without waiting (AwaitReply) got no reply: the
 			// 0-RTT data it went in was rejected, the connection was lost
 			// again or the server did not answer in time. It is tried again
-			// as a failed request is (reattach), not at once.
+			// as a failed request is, not at once.
 			noReply++
-			pause(ctx, p, min(sessionGoneRetry<<min(noReply-1, 9), 2*time.Second))
+			first = min(sessionGoneRetry<<min(noReply-1, 9), 2*time.Second)
 		} else {
 			noReply = 0
 			l.slog.V(2).Info("Parked tunnel: its connection was lost; re-attaching on the next one", "window", l.h.window())
 		}
-		att, rerr := l.reattach(ctx, p, *l.rid)
+		att, rerr := l.reattach(ctx, p, *l.rid, first)
 		if rerr != nil {
 			reason := resume.GaveUpShutdown
 			if errors.Is(rerr, errResumeRefused) {
@@ -122,17 +123,6 @@ func (l *local) carryParked(ctx context.Context, p *resume.Pipe, err error) {
 			att.Stream.CancelRead(proto.CodeResumeRefused.StreamErrorCode())
 			att.Stream.CancelWrite(proto.CodeResumeRefused.StreamErrorCode())
 		}
-	}
-}
-
-// pause waits d, or until ctx or p ends.
-func pause(ctx context.Context, p *resume.Pipe, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	case <-p.Ended():
 	}
 }
 
@@ -240,10 +230,10 @@ var errResumeRefused = errors.New("server refused to resume the tunnel")
 var errNotResumable = errors.New("session cannot carry a resumable tunnel")
 
 // reattach asks the server, on the next session, to continue tunnel id,
-// until it does, refuses (errResumeRefused), the tunnel ends (its window
-// passed) or ctx ends; it retries after 50 ms, doubling to 2 s, or after
-// sessionGoneRetry when the session picked had just ended.
-func (l *local) reattach(ctx context.Context, p *resume.Pipe, id resume.ID) (*resume.Attachment, error) {
+// after first, until it does, refuses (errResumeRefused), the tunnel ends
+// (its window passed) or ctx ends; it retries after 50 ms, doubling to
+// 2 s, or after sessionGoneRetry when the session picked had just ended.
+func (l *local) reattach(ctx context.Context, p *resume.Pipe, id resume.ID, first time.Duration) (*resume.Attachment, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	watchDone := make(chan struct{})
@@ -257,13 +247,22 @@ func (l *local) reattach(ctx context.Context, p *resume.Pipe, id resume.ID) (*re
 		case <-ctx.Done():
 		}
 	}()
-	delay, quick := 50*time.Millisecond, 0
+	delay, quick, wait := 50*time.Millisecond, 0, first
 	for {
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			case <-t.C:
+			}
+		}
 		att, err := l.tryResume(ctx, p, id)
 		if err == nil || errors.Is(err, errResumeRefused) {
 			return att, err
 		}
-		wait := delay
+		wait = delay
 		if (errors.Is(err, errSessionGone) || errors.Is(err, quic.Err0RTTRejected)) && quick < maxQuickRetries {
 			quick++
 			// The connection picked had just ended (the client has not
@@ -275,13 +274,6 @@ func (l *local) reattach(ctx context.Context, p *resume.Pipe, id resume.ID) (*re
 			delay = min(2*delay, 2*time.Second)
 		}
 		l.slog.V(4).Info("Could not re-attach tunnel; trying again", "err", err, "after", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
-		}
 	}
 }
 
@@ -372,21 +364,13 @@ func (l *local) tryResume(ctx context.Context, p *resume.Pipe, id resume.ID) (*r
 		return nil, sessionGone(sess, err)
 	}
 	req := resume.Request{ID: id, Offset: p.Received()}
-	if off, all := p.Confirmed(); all && sess.aheads.Add(1) <= maxAheadPerSession {
-		if err := l.h.sendResume(str, req); err != nil {
-			str.CancelRead(proto.CodeResumeRefused.StreamErrorCode())
-			str.CancelWrite(proto.CodeResumeRefused.StreamErrorCode())
-			release()
-			return nil, sessionGone(sess, err)
-		}
-		l.release()
-		l.release, l.sess = release, sess
-		l.slog.V(2).Info("Resuming tunnel without waiting for the reply", "bytesConfirmedByServer", off, "early", early)
-		a := l.attachment(str, off)
-		a.Early, a.AwaitReply, a.ReplyTimeout = early, true, l.h.cfg.StreamOpenTimeout
-		return a, nil
+	off, ahead := p.Confirmed()
+	ahead = ahead && sess.aheads.Add(1) <= maxAheadPerSession
+	if ahead {
+		err = l.h.sendResume(str, req) // off is the reply's, read by the Pipe
+	} else {
+		off, err = l.h.requestResume(str, req)
 	}
-	off, err := l.h.requestResume(str, req)
 	if err != nil {
 		str.CancelRead(proto.CodeResumeRefused.StreamErrorCode())
 		str.CancelWrite(proto.CodeResumeRefused.StreamErrorCode())
@@ -398,9 +382,12 @@ func (l *local) tryResume(ctx context.Context, p *resume.Pipe, id resume.ID) (*r
 	}
 	l.release()
 	l.release, l.sess = release, sess
-	l.slog.V(2).Info("Resumed tunnel", "bytesReceivedByServer", off, "early", early)
+	l.slog.V(2).Info("Resumed tunnel", "bytesReceivedByServer", off, "early", early, "withoutWaitingForReply", ahead)
 	a := l.attachment(str, off)
 	a.Early = early
+	if ahead {
+		a.AwaitReply, a.ReplyTimeout = true, l.h.cfg.StreamOpenTimeout
+	}
 	return a, nil
 }
 

@@ -139,9 +139,7 @@ func Import(st *State, cfg Config) (*Pipe, error) {
 	p.mu.Lock()
 	p.attached = true // it was: every Serve here re-attaches (offsets checked)
 	p.downDone = st.DownDone
-	p.state = stateParked
-	p.parkedUntil = time.Now().Add(cfg.Window)
-	p.timer = time.AfterFunc(cfg.Window, p.expire)
+	p.parkLocked(true)
 	p.mu.Unlock()
 	if st.EOF {
 		close(p.readerDone)

@@ -34,20 +34,16 @@ func (p *Pipe) Serve(att *Attachment) error {
 		p.mu.Unlock()
 		close(a.done)
 		return ErrTakenOver
-	case p.abortErr == nil && lost && a.noReply:
-		// The re-attachment never took: the tunnel waits on within the
-		// window it was parked for, and is not counted parked again.
-		p.state = stateParked
-		p.timer = time.AfterFunc(max(time.Until(p.parkedUntil), 0), p.expire)
-		p.mu.Unlock()
-		close(a.done)
-		return errParkedNoReply
 	case p.abortErr == nil && lost:
-		p.state = stateParked
-		p.parkedUntil = time.Now().Add(p.cfg.Window)
-		p.timer = time.AfterFunc(p.cfg.Window, p.expire)
+		// An attachment that never took (lost before its reply) leaves the
+		// tunnel waiting within the window it was parked for, and it is not
+		// counted parked again.
+		p.parkLocked(!a.noReply)
 		p.mu.Unlock()
 		close(a.done)
+		if a.noReply {
+			return errParkedNoReply
+		}
 		p.cfg.Events.TunnelParked()
 		return ErrParked
 	}
@@ -64,6 +60,16 @@ func (p *Pipe) Serve(att *Attachment) error {
 		return p.abortErr
 	}
 	return nil
+}
+
+// parkLocked parks the tunnel until its window ends (p.mu held): a new
+// window (fresh), or what is left of the one it was parked for.
+func (p *Pipe) parkLocked(fresh bool) {
+	p.state = stateParked
+	if fresh {
+		p.parkedUntil = time.Now().Add(p.cfg.Window)
+	}
+	p.timer = time.AfterFunc(max(time.Until(p.parkedUntil), 0), p.expire)
 }
 
 // claim makes att the current attachment, stopping the running one.
